@@ -1,0 +1,61 @@
+"""Lower bounds on the maximum GPU load: numbers no placement can beat (ARCHITECTURE.md section 3).
+
+All functions take ``weights [L, E]`` (non-negative float64) and a :class:`Topology` and return
+``[L]`` float64. Only GPUs that hold slots count (a masked GPU carries nothing).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .kernels.bounds import min_max_replica_load
+from .topology import Topology
+
+
+def average_bound(weights: np.ndarray, topology: Topology) -> np.ndarray:
+    """Perfect balance: ``sum(w) / G`` over the GPUs that hold slots."""
+    active_gpus = int((topology.slots_per_gpu > 0).sum())
+    return weights.sum(axis=-1) / active_gpus
+
+
+def replica_bound(weights: np.ndarray, topology: Topology) -> np.ndarray:
+    """The heaviest replica: ``min over r of max_e w_e / r_e`` with ``S`` replicas in all."""
+    return min_max_replica_load(np.ascontiguousarray(weights, dtype=np.float64), topology.num_slots)
+
+
+def cardinality_bound(weights: np.ndarray, topology: Topology) -> np.ndarray:
+    """The GPU holding the heaviest replica also holds ``k - 1`` other replicas.
+
+    Whatever the replication, expert ``e`` has at most ``S - E + 1`` replicas, each carrying at
+    least ``w_e / (S - E + 1)``, so the ``k - 1`` lightest other replicas carry at least the
+    ``k - 1`` smallest entries of the multiset holding ``S - E + 1`` copies of every
+    ``w_e / (S - E + 1)``. ``k`` is the fewest slots any GPU in use holds.
+    """
+    num_experts = weights.shape[-1]
+    k = int(topology.slots_per_gpu[topology.slots_per_gpu > 0].min())
+    max_copies = topology.num_slots - num_experts + 1
+    others = k - 1
+    lightest = np.sort(weights, axis=-1) / max_copies
+    # the k - 1 smallest entries: whole blocks of max_copies equal values, then a partial block
+    full_blocks, rest = divmod(others, max_copies)
+    total = lightest[:, :full_blocks].sum(axis=-1) * max_copies
+    if full_blocks < num_experts:
+        total = total + rest * lightest[:, full_blocks]
+    return replica_bound(weights, topology) + total
+
+
+BOUNDS = {
+    "average": average_bound,
+    "replica": replica_bound,
+    "cardinality": cardinality_bound,
+}
+
+
+def lower_bounds(weights: np.ndarray, topology: Topology) -> dict[str, np.ndarray]:
+    """Every bound by name, each ``[L]``."""
+    return {name: bound(weights, topology) for name, bound in BOUNDS.items()}
+
+
+def lower_bound(weights: np.ndarray, topology: Topology) -> np.ndarray:
+    """The strongest bound for each layer, ``[L]``: the largest of :data:`BOUNDS`."""
+    return np.max(np.stack(list(lower_bounds(weights, topology).values())), axis=0)
