@@ -1,0 +1,70 @@
+"""Metrics: loads, balancedness, imbalance, gap, wasted replicas, moves."""
+
+import numpy as np
+import pytest
+from hypothesis import given
+from strategies import problems
+
+import eplb
+from eplb import metrics
+from eplb.topology import Topology
+
+
+def test_gpu_loads_by_hand():
+    topology = Topology.uniform(4, 2)
+    phy2log = np.array([[0, 1, 0, 2]])  # GPU 0: experts 0, 1; GPU 1: experts 0, 2
+    logcnt = np.array([[2, 1, 1]])
+    counts = np.array([[10.0, 3.0, 4.0]])
+    loads = metrics.gpu_loads(counts, phy2log, logcnt, topology)
+    np.testing.assert_allclose(loads, [[8.0, 9.0]])
+    np.testing.assert_allclose(metrics.balancedness(loads), [8.5 / 9.0])
+    np.testing.assert_allclose(metrics.imbalance(loads), [(9.0 - 8.5) / 8.5])
+    assert metrics.replicas_sharing_a_gpu(phy2log, topology).tolist() == [0]
+    series = np.stack([counts, 2 * counts])
+    np.testing.assert_allclose(metrics.gpu_loads(series, phy2log, logcnt, topology), [[[8.0, 9.0]], [[16.0, 18.0]]])
+    np.testing.assert_allclose(metrics.mean_peak(metrics.gpu_loads(series, phy2log, logcnt, topology)), [13.5])
+
+
+def test_uneven_topology_sums_each_gpus_own_slots():
+    topology = Topology(np.array([3, 0, 1]))
+    phy2log = np.array([[0, 1, 2, 3]])
+    loads = metrics.gpu_loads(np.array([[1.0, 2.0, 4.0, 8.0]]), phy2log, np.ones((1, 4), np.int64), topology)
+    np.testing.assert_allclose(loads, [[7.0, 0.0, 8.0]])
+
+
+def test_zero_load_is_perfectly_balanced_and_has_no_gap():
+    assert metrics.balancedness(np.zeros((2, 4))).tolist() == [1.0, 1.0]
+    assert metrics.imbalance(np.zeros((1, 4))).tolist() == [0.0]
+    assert metrics.gap(np.array([0.0, 2.0]), np.array([0.0, 1.0])).tolist() == [0.0, 1.0]
+
+
+def test_static_loads_spread_experts_in_order():
+    loads = metrics.static_gpu_loads(np.arange(8.0)[None], 4)
+    np.testing.assert_allclose(loads, [[1.0, 5.0, 9.0, 13.0]])
+
+
+def test_shared_gpu_replicas_are_counted():
+    topology = Topology.uniform(4, 2)
+    assert metrics.replicas_sharing_a_gpu(np.array([[0, 0, 1, 2], [0, 1, 2, 0]]), topology).tolist() == [1, 0]
+
+
+def test_moves_count_slots_copies_and_cross_node_copies():
+    topology = Topology.uniform(4, 4, num_nodes=2)  # one slot per GPU; GPUs 0,1 on node 0
+    a = np.array([[0, 1, 2, 3]])
+    assert metrics.moves(a, a, topology).slots_changed == 0
+    swap_in_node = metrics.moves(a, np.array([[1, 0, 2, 3]]), topology)
+    assert (swap_in_node.slots_changed, swap_in_node.gpu_copies, swap_in_node.cross_node_copies) == (2, 2, 0)
+    swap_across = metrics.moves(a, np.array([[2, 1, 0, 3]]), topology)
+    assert (swap_across.slots_changed, swap_across.gpu_copies, swap_across.cross_node_copies) == (2, 2, 2)
+    with pytest.raises(ValueError, match="shape"):
+        metrics.moves(a, np.array([[0, 1]]), topology)
+
+
+@given(problems())
+def test_loads_conserve_tokens_and_balancedness_is_a_fraction(problem):
+    config, counts = problem
+    placement = eplb.plan(counts, method="greedy", **{k: v for k, v in config.items() if k != "num_experts"})
+    loads = placement.gpu_loads(counts)
+    np.testing.assert_allclose(loads.sum(axis=1), counts.sum(axis=1), rtol=1e-9)
+    b = placement.balancedness(counts)
+    assert ((b > 0) & (b <= 1.0 + 1e-12)).all()
