@@ -1,0 +1,138 @@
+"""What the readers return, and the checks every array read from a file goes through.
+
+Files from outside are untrusted: every array is checked for its shape, its type and its values
+here before anything is planned on it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..placement import Placement
+from .errors import FormatError
+
+
+@dataclass(frozen=True)
+class CountsFile:
+    """Expert counts read from a file.
+
+    Attributes:
+        counts: ``[T, L, E]`` float64, tokens routed to each logical expert in each recording
+            window (``T = 1`` for a file holding ``[L, E]``). Finite and non-negative.
+        layer_ids: ``[L]`` int64, the model's index of each MoE layer (``0 .. L-1`` unless the file
+            says otherwise; TensorRT-LLM skips dense layers, so its ids may start at 3).
+        format: the format name (see :data:`eplb.formats.COUNTS_FORMATS`).
+        path: the file or folder it was read from.
+        metadata: anything else the file said (top-k, ranks, ...).
+    """
+
+    counts: np.ndarray
+    layer_ids: np.ndarray
+    format: str
+    path: Path
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def weights(self) -> np.ndarray:
+        """``[L, E]``: the counts summed over windows (what a placement is planned on)."""
+        return self.counts.sum(axis=0)
+
+    @property
+    def num_windows(self) -> int:
+        return self.counts.shape[0]
+
+    @property
+    def num_layers(self) -> int:
+        return self.counts.shape[1]
+
+    @property
+    def num_experts(self) -> int:
+        return self.counts.shape[2]
+
+
+@dataclass(frozen=True)
+class PlacementFile:
+    """A placement read from a file.
+
+    Attributes:
+        placement: the :class:`eplb.Placement` (validated: every expert has a replica in every layer).
+        layer_ids: ``[L]`` int64, the model's index of each layer.
+        format: the format name (see :data:`eplb.formats.PLACEMENT_FORMATS`).
+        path: the file it was read from.
+        metadata: configuration and diagnostics stored with it (eplb's own JSON), else ``{}``.
+    """
+
+    placement: Placement
+    layer_ids: np.ndarray
+    format: str
+    path: Path
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+
+def check_counts(array, path, what: str = "counts") -> np.ndarray:
+    """Validate counts read from ``path``: ``[L, E]`` or ``[T, L, E]``, numeric, finite, >= 0.
+
+    Returns:
+        ``[T, L, E]`` float64 (a leading window axis of 1 is added to ``[L, E]``).
+    Raises:
+        FormatError: naming the file and the rule broken (wrong shape, NaN, negative, ...).
+    """
+    array = np.asarray(array)
+    if array.dtype == object or not (np.issubdtype(array.dtype, np.number) or array.dtype == bool):
+        raise FormatError(path, f"{what} must be numbers, got an array of dtype {array.dtype}")
+    if np.issubdtype(array.dtype, np.complexfloating):
+        raise FormatError(path, f"{what} must be real numbers, got dtype {array.dtype}")
+    if array.ndim not in (2, 3):
+        raise FormatError(path, f"{what} must have shape [L, E] or [T, L, E], got shape {list(array.shape)}")
+    if 0 in array.shape:
+        raise FormatError(path, f"{what} must not be empty, got shape {list(array.shape)}")
+    array = array.astype(np.float64)
+    if np.isnan(array).any():
+        where = tuple(int(i) for i in np.argwhere(np.isnan(array))[0])
+        raise FormatError(path, f"{what} contain NaN (first at index {list(where)})")
+    if np.isinf(array).any():
+        raise FormatError(path, f"{what} contain an infinite value")
+    if (array < 0).any():
+        where = tuple(int(i) for i in np.argwhere(array < 0)[0])
+        raise FormatError(path, f"{what} must be non-negative, found {array[where]:g} at index {list(where)}")
+    if array.ndim == 2:
+        array = array[None]
+    return np.ascontiguousarray(array)
+
+
+def check_layer_ids(layer_ids, num_layers: int, path) -> np.ndarray:
+    """``[L]`` distinct non-negative integer layer ids (``0 .. L-1`` when ``None``)."""
+    if layer_ids is None:
+        return np.arange(num_layers, dtype=np.int64)
+    ids = np.asarray(layer_ids)
+    if ids.ndim != 1 or ids.size != num_layers:
+        raise FormatError(path, f"layer_ids must list {num_layers} layers, got shape {list(ids.shape)}")
+    if not np.issubdtype(ids.dtype, np.integer):
+        raise FormatError(path, f"layer_ids must be integers, got dtype {ids.dtype}")
+    if (ids < 0).any() or np.unique(ids).size != ids.size:
+        raise FormatError(path, "layer_ids must be distinct non-negative integers")
+    return ids.astype(np.int64)
+
+
+def check_phy2log(array, path, what: str = "physical_to_logical_map") -> np.ndarray:
+    """A ``[L, S]`` table of integer expert ids read from ``path`` (values are checked by Placement)."""
+    try:
+        array = np.asarray(array)
+    except (ValueError, TypeError):
+        raise FormatError(path, f"{what} must be a rectangular table of integers") from None
+    if array.dtype == object or array.ndim != 2:
+        raise FormatError(path, f"{what} must be a rectangular [L, S] table of expert ids, got shape {list(array.shape)}")
+    if 0 in array.shape:
+        raise FormatError(path, f"{what} must not be empty")
+    if not np.issubdtype(array.dtype, np.integer):
+        if np.issubdtype(array.dtype, np.floating) and np.isfinite(array).all() and (array == np.round(array)).all():
+            array = array.astype(np.int64)
+        else:
+            raise FormatError(path, f"{what} must hold integer expert ids, got dtype {array.dtype}")
+    if array.min() < 0:
+        raise FormatError(path, f"{what} must hold expert ids >= 0, found {int(array.min())}")
+    return array.astype(np.int64)
