@@ -1,0 +1,148 @@
+"""Run every benchmark section and collect the results: ``python bench/run.py [--quick]``.
+
+Sections (each a ``bench/<name>.py`` with ``run(quick, results_dir) -> markdown``; those whose
+script is absent are listed as such): speed, start-up, quality, generalisation, exact solver gap,
+serving. Writes ``<results>/*.csv``, ``*.png`` and ``SUMMARY.md`` (headline table, then every
+section), and copies the headline table into the README between
+``<!-- bench:headline:start -->`` and ``<!-- bench:headline:end -->``.
+
+The full run writes ``bench/results/`` and updates the README; ``--quick`` (well under two minutes
+on a 2-core machine) writes ``bench/results/quick/`` and leaves the README alone unless
+``--readme`` is given. A failing section is reported in the summary and makes the exit status 1;
+the other sections still run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import importlib
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+
+from _common import BENCH, ROOT, load_note, markdown_table
+
+# (module name in bench/, title, what it measures)
+SECTIONS = (
+    ("speed", "Speed", "time per call vs experts, GPUs, layers, slots per GPU; NumPy port side by side"),
+    ("startup", "Start-up", "cold Numba compile, warm-cache fresh process"),
+    ("quality", "Quality", "every method on the quality configurations, synthetic and real traces"),
+    ("generalisation", "Generalisation", "plan on one window, serve another"),
+    ("exact_gap", "Exact solver", "gap of the methods to the exact optimum on small instances"),
+    ("serving", "Serving", "online balancer in a serving simulation"),
+)
+
+START = "<!-- bench:headline:start -->"
+END = "<!-- bench:headline:end -->"
+
+
+def run_sections(names: list[str], quick: bool, results_dir: Path) -> list[dict]:
+    """Import and run each section; one record per section with its markdown, status and time."""
+    records = []
+    for name in names:
+        title = next((t for n, t, _ in SECTIONS if n == name), name)
+        record = {"name": name, "title": title, "markdown": "", "status": "ok", "seconds": 0.0, "headline": []}
+        if not (BENCH / f"{name}.py").exists():
+            record["status"] = "absent"
+            record["markdown"] = f"## {title}\n\n`bench/{name}.py` is not in the repository yet.\n"
+            records.append(record)
+            continue
+        print(f"[bench] {name} ...", file=sys.stderr, flush=True)
+        start = time.perf_counter()
+        try:
+            module = importlib.import_module(name)
+            record["markdown"] = module.run(quick, results_dir)
+            if hasattr(module, "headline"):
+                record["headline"] = list(module.headline(results_dir))
+        except Exception:  # a broken section must not hide the others' results
+            record["status"] = "FAILED"
+            record["markdown"] = f"## {title}\n\nFAILED:\n\n```\n{traceback.format_exc()[-3000:]}```\n"
+        record["seconds"] = time.perf_counter() - start
+        print(f"[bench] {name}: {record['status']} in {record['seconds']:.1f} s", file=sys.stderr, flush=True)
+        records.append(record)
+    return records
+
+
+def headline_table(records: list[dict], quick: bool, when: str) -> str:
+    """The headline figures of every section as one markdown table, with how they were measured."""
+    rows = [row for record in records for row in record["headline"]]
+    if not rows:
+        return "(no headline figures: no section produced any)"
+    table = markdown_table(("figure", "measured", "target"), rows)
+    return (f"{table}\n\nMeasured by `python bench/run.py{' --quick' if quick else ''}` on {when} "
+            f"({load_note()}; the machine is shared, times are medians). Full results: `bench/results/SUMMARY.md`.")
+
+
+def git_commit() -> str:
+    try:
+        done = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+        return done.stdout.strip() or "unknown"
+    except OSError:
+        return "unknown"
+
+
+def summary(records: list[dict], quick: bool, when: str, total_s: float) -> str:
+    timing = markdown_table(("section", "status", "seconds"),
+                            [(r["title"], r["status"], f"{r['seconds']:.1f}") for r in records])
+    parts = [
+        "# eplb benchmark results", "",
+        f"`python bench/run.py{' --quick' if quick else ''}` at commit {git_commit()}, {when}; "
+        f"{load_note()}. Total {total_s:.0f} s.", "",
+        "## Headline", "", headline_table(records, quick, when), "",
+        "## Sections run", "", timing, "",
+    ]
+    parts += [r["markdown"] for r in records]
+    return "\n".join(parts) + "\n"
+
+
+def update_readme(readme: Path, table: str) -> None:
+    """Put ``table`` between the headline markers; add a ``## Benchmarks`` section above
+    ``## Design`` (or at the end) with the markers when the README has none."""
+    text = readme.read_text()
+    block = f"{START}\n{table}\n{END}"
+    if START in text and END in text:
+        head, rest = text.split(START, 1)
+        _, tail = rest.split(END, 1)
+        text = head + block + tail
+    else:
+        section = ("## Benchmarks\n\n`python bench/run.py` measures eplb against a pure-NumPy port of the "
+                   "published greedy algorithm (`bench/published_greedy.py`) in the same run and writes "
+                   "`bench/results/` (CSV, PNG plots, `SUMMARY.md`); `--quick` takes under two minutes.\n\n"
+                   f"{block}\n\n")
+        if "\n## Design" in text:
+            head, tail = text.split("\n## Design", 1)
+            text = head + "\n" + section + "## Design" + tail
+        else:
+            text = text.rstrip("\n") + "\n\n" + section
+    readme.write_text(text)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Run eplb's benchmarks (every section of bench/).")
+    parser.add_argument("--quick", action="store_true", help="small sizes and few repeats (< 2 minutes)")
+    parser.add_argument("--only", nargs="+", choices=[n for n, _, _ in SECTIONS], help="run these sections only")
+    parser.add_argument("--results-dir", type=Path, help="default: bench/results (bench/results/quick with --quick)")
+    parser.add_argument("--readme", action=argparse.BooleanOptionalAction, default=None,
+                        help="copy the headline table into README.md (default: on for the full run)")
+    args = parser.parse_args(argv)
+    results_dir = args.results_dir or (BENCH / "results" / ("quick" if args.quick else ""))
+    results_dir.mkdir(parents=True, exist_ok=True)
+    names = args.only or [n for n, _, _ in SECTIONS]
+    when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+
+    start = time.perf_counter()
+    records = run_sections(names, args.quick, results_dir)
+    total = time.perf_counter() - start
+    (results_dir / "SUMMARY.md").write_text(summary(records, args.quick, when, total))
+    write_readme = args.readme if args.readme is not None else not args.quick
+    if write_readme:
+        update_readme(ROOT / "README.md", headline_table(records, args.quick, when))
+    print(f"[bench] {total:.0f} s in all; summary: {results_dir / 'SUMMARY.md'}", file=sys.stderr)
+    return 1 if any(r["status"] == "FAILED" for r in records) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
