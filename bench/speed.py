@@ -79,20 +79,31 @@ def plot(rows: list[dict], methods: list[str], path: Path) -> None:
                          for r in sweep if r["method"] == method)
             if pts:
                 ax.loglog(*zip(*pts), marker="o", label=method, linestyle="--" if method == NUMPY_PORT else "-")
+        values = sorted({int(r[axis]) for r in sweep})
+        if values:
+            from matplotlib.ticker import NullLocator
+
+            ax.xaxis.set_minor_locator(NullLocator())
+            ax.set_xticks(values, [str(v) for v in values])
         ax.set_xlabel(axis.replace("_", " "))
         ax.set_ylabel("ms per call (median)")
         ax.grid(True, which="both", alpha=0.3)
-    axes[0].legend(fontsize=8)
+    for ax in axes:
+        if ax.lines:
+            ax.legend(fontsize=8)
+            break
     fig.suptitle("rebalance_experts time per call (others fixed at DeepSeek-V3 size)")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
 
-def run(quick: bool, results_dir: Path, sweeps=SWEEPS) -> str:
-    """Time the DeepSeek-V3 point closely, then every sweep; write ``speed*.csv`` and ``speed.png``."""
+def run(quick: bool, results_dir: Path, sweeps=SWEEPS, methods: list[str] | None = None) -> str:
+    """Time the DeepSeek-V3 point closely, then every sweep; write ``speed*.csv`` and ``speed.png``.
+
+    ``sweeps`` and ``methods`` (default: every registered method but ``exact``) narrow the run."""
     results_dir.mkdir(parents=True, exist_ok=True)
-    methods = planning_methods()
+    methods = planning_methods() if methods is None else methods
     note = load_note()
 
     # The headline point: DeepSeek-V3 size, many calls.

@@ -1,0 +1,107 @@
+"""The benchmark scripts on tiny sizes, so that ``bench/`` keeps running as the package changes.
+
+Timings are not asserted (they belong to ``bench/results``); the tests check that every section
+runs, writes its CSV / PNG files and reports what it should.
+"""
+
+import csv
+import importlib
+
+import pytest
+
+import eplb
+
+speed = importlib.import_module("speed")
+startup = importlib.import_module("startup")
+generalisation = importlib.import_module("generalisation")
+runner = importlib.import_module("run")
+
+
+def read(path):
+    with open(path, newline="") as handle:
+        return list(csv.DictReader(handle))
+
+
+def test_speed_times_greedy_and_the_numpy_port_side_by_side(tmp_path):
+    text = speed.run(True, tmp_path, sweeps=(("layers", (1, 2), (1, 2)),), methods=["greedy"])
+    rows = read(tmp_path / "speed.csv")
+    assert {r["method"] for r in rows} == {"greedy", speed.NUMPY_PORT}
+    assert sorted({int(r["layers"]) for r in rows}) == [1, 2]
+    assert all(float(r["median_ms"]) > 0 and float(r["speedup_vs_numpy_port"]) > 0 for r in rows)
+    deepseek = {r["method"]: r for r in read(tmp_path / "speed_deepseek_v3.csv")}
+    assert {"greedy", speed.NUMPY_PORT, "plan(greedy)"} <= set(deepseek)
+    assert (deepseek["greedy"]["experts"], deepseek["greedy"]["slots"], deepseek["greedy"]["gpus"]) == ("256", "288", "32")
+    assert (tmp_path / "speed.png").stat().st_size > 0
+    assert "## Speed" in text and "<= 2 ms" in text
+    assert any("greedy" in figure for figure, _, _ in speed.headline(tmp_path))
+
+
+def test_sweep_points_are_valid_deployments():
+    for axis, values, quick_values in speed.SWEEPS:
+        assert set(quick_values) <= set(values)
+        for value in values:
+            c = speed.point_config(axis, value)
+            assert c[axis] == value
+            assert c["slots"] >= c["experts"] and c["slots"] % c["gpus"] == 0
+            assert c["experts"] % c["groups"] == 0 and c["gpus"] % c["nodes"] == 0
+
+
+def test_startup_measures_cold_and_warm_fresh_processes(tmp_path):
+    text = startup.run(True, tmp_path, methods=["greedy"])
+    rows = read(tmp_path / "startup.csv")
+    assert [(r["kind"], r["entry"]) for r in rows] == [
+        ("cold (empty cache)", "plan"), ("warm cache", "plan"), ("warm cache", "rebalance_experts")]
+    for r in rows:
+        assert float(r["import_s"]) > 0 and float(r["first_call_s"]) > 0
+        assert float(r["process_wall_s"]) >= float(r["import_plus_first_call_s"])
+    assert "## Start-up" in text and (tmp_path / "startup.png").exists()
+    assert len(startup.headline(tmp_path)) == 3
+
+
+def test_generalisation_reports_in_and_out_of_sample_for_every_method(tmp_path):
+    text = generalisation.run(True, tmp_path)
+    rows = read(tmp_path / "generalisation.csv")
+    methods = {r["method"] for r in rows}
+    assert set(eplb.METHODS) - {"exact"} <= methods and generalisation.NO_DATA in methods
+    for r in rows:
+        assert 0 < float(r["out_of_sample"]) <= 1
+        if r["method"] != generalisation.NO_DATA:
+            assert 0 < float(r["in_sample"]) <= 1
+    drift = [r for r in rows if r["scheme"].startswith("drift")]
+    assert drift, "the synthetic drift cases run even without real traces"
+    assert "## Generalisation" in text and (tmp_path / "generalisation.png").exists()
+
+
+def test_runner_reports_absent_and_failing_sections_and_keeps_going(tmp_path, monkeypatch):
+    (tmp_path / "broken_section.py").write_text("def run(quick, results_dir):\n    raise RuntimeError('boom')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(runner, "BENCH", tmp_path)
+    (tmp_path / "fine_section.py").write_text(
+        "def run(quick, results_dir):\n    return '## Fine'\n"
+        "def headline(results_dir):\n    return [('a figure', '1 ms', '<= 2 ms')]\n")
+    records = runner.run_sections(["not_there", "broken_section", "fine_section"], True, tmp_path)
+    assert [r["status"] for r in records] == ["absent", "FAILED", "ok"]
+    assert "boom" in records[1]["markdown"]
+    text = runner.summary(records, True, "now", 1.0)
+    assert "| a figure | 1 ms | <= 2 ms |" in text and "## Fine" in text
+
+
+def test_runner_main_writes_the_summary(tmp_path):
+    status = runner.main(["--quick", "--only", "generalisation", "--results-dir", str(tmp_path), "--no-readme"])
+    assert status == 0
+    summary = (tmp_path / "SUMMARY.md").read_text()
+    assert "## Generalisation" in summary and "## Headline" in summary
+
+
+@pytest.mark.parametrize("has_markers", [False, True])
+def test_readme_headline_goes_between_markers_above_design(tmp_path, has_markers):
+    readme = tmp_path / "README.md"
+    original = "# eplb\n\n## Use\n\ntext\n\n## Design\n\nmore\n"
+    readme.write_text(original)
+    if has_markers:
+        runner.update_readme(readme, "old table")
+    runner.update_readme(readme, "| figure | measured | target |")
+    text = readme.read_text()
+    assert text.count(runner.START) == 1 and text.count(runner.END) == 1 and "old table" not in text
+    assert text.index("## Use") < text.index("## Benchmarks") < text.index(runner.START) < text.index("## Design")
+    assert "| figure | measured | target |" in text and text.endswith("## Design\n\nmore\n")
