@@ -1,16 +1,83 @@
-"""The ``eplb`` command line."""
+"""The ``eplb`` command line: ``plan``, ``report``, ``validate`` and ``demo``.
+
+Exit codes: 0 success; 2 the command line is wrong (unknown option, missing argument, a value of
+the wrong type); 1 the command could not be done (a file missing, unreadable or invalid, counts
+with NaN or the wrong shape, a configuration that does not fit the counts, a missing optional
+dependency). Errors are one line naming the file and the problem, never a traceback.
+"""
 
 from __future__ import annotations
 
+import functools
+import inspect
+import shlex
+import sys
+import time
+from pathlib import Path
+
 import click
+import numpy as np
 
 from . import __version__
+from .methods import DEFAULT_METHOD, METHODS
+
+COUNTS_FORMAT_NAMES = ("npy", "npz", "csv", "logical-count-json", "sglang-dump", "trtllm-stats")
+PLACEMENT_FORMAT_NAMES = ("eplb", "npz", "sglang", "trtllm")
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class Failure(click.ClickException):
+    """Exit 1 with ``Error: <message>`` and no traceback."""
+
+    exit_code = 1
+
+
+def friendly_errors(command):
+    """Turn the errors a user can cause into one-line messages with exit code 1."""
+
+    @functools.wraps(command)
+    def wrapper(*args, **kwargs):
+        from .formats import FormatError, MissingExtraError
+
+        try:
+            return command(*args, **kwargs)
+        except (click.ClickException, click.exceptions.Exit, click.Abort):
+            raise
+        except (FormatError, MissingExtraError) as exc:
+            raise Failure(str(exc)) from None
+        except ValueError as exc:
+            raise Failure(f"incompatible configuration: {exc}") from None
+        except OSError as exc:
+            name = f"{exc.filename}: " if getattr(exc, "filename", None) else ""
+            raise Failure(f"{name}{exc.strerror or exc}") from None
+
+    return wrapper
+
+
+def show_progress(quiet: bool) -> bool:
+    """Progress bars only for a person watching: not with ``--quiet``, not when stderr is not a terminal."""
+    return not quiet and sys.stderr.isatty()
+
+
+quiet_option = click.option("-q", "--quiet", is_flag=True, help="No progress bar and no summary (errors still go to stderr).")
+gpus_hint = "GPUs (ranks); needed to read SGLang and TensorRT-LLM placement files, which do not record it."
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.version_option(__version__, prog_name="eplb")
 def main():
-    """Expert-parallel load balancing for Mixture-of-Experts serving."""
+    """Expert-parallel load balancing for Mixture-of-Experts serving.
+
+    Plan replicated expert placements from the expert counts your engine recorded, write them in
+    the format your engine loads, and see what you got.
+
+    \b
+    Counts in:   .npy/.npz ([L, E] or [T, L, E]), .csv, JSON {"logical_count": ...},
+                 SGLang expert-distribution dumps (.pt), TensorRT-LLM statistics folders.
+    Plans out:   eplb JSON, .npz, SGLang --init-expert-location JSON, TensorRT-LLM YAML.
+
+    Exit codes: 0 success, 1 failure (bad file, bad data, incompatible configuration),
+    2 usage error.
+    """
 
 
 @main.command()
@@ -24,3 +91,338 @@ def demo(methods):
         if method not in METHODS:
             raise click.BadParameter(f"must be one of {sorted(METHODS)}, got {method!r}", param_hint="--method")
     click.echo(format_demo(run_demo(tuple(methods) or None)))
+
+
+# -- plan ------------------------------------------------------------------------------------------
+
+
+def _accepts(fn, name: str) -> bool:
+    parameters = inspect.signature(fn).parameters
+    return name in parameters
+
+
+def plan_with_progress(weights, *, num_slots, num_gpus, num_nodes, num_groups, method, previous=None,
+                       progress=False, **options):
+    """``eplb.plan`` with a per-layer progress bar for slow methods; passes ``previous`` when
+    ``eplb.plan`` supports migration-aware planning.
+
+    Methods that draw their own progress bar get ``progress=``; other slow methods are planned
+    one layer at a time (layers are independent, so the plan is the same) under a tqdm bar.
+
+    Returns:
+        ``(placement, used_previous)``.
+    """
+    import eplb
+    from .methods import DEFAULT_METHOD, METHODS
+    from .placement import Placement
+
+    use_previous = previous is not None and _accepts(eplb.plan, "previous")
+    common = dict(num_slots=num_slots, num_gpus=num_gpus, num_nodes=num_nodes, num_groups=num_groups,
+                  method=method, **options)
+    method_fn = METHODS[method]
+    num_layers = weights.shape[0]
+    if _accepts(method_fn, "progress") or method in ("greedy", DEFAULT_METHOD) or num_layers == 1:
+        if _accepts(method_fn, "progress"):
+            common["progress"] = progress
+        if use_previous:
+            common["previous"] = previous
+        return eplb.plan(weights, **common), use_previous
+
+    from tqdm import tqdm
+
+    parts = []
+    for layer in tqdm(range(num_layers), desc=f"planning ({method})", unit="layer", disable=not progress,
+                      file=sys.stderr):
+        extra = {}
+        if use_previous:
+            extra["previous"] = Placement(previous.phy2log[layer:layer + 1], previous.num_experts,
+                                          previous.topology, previous.num_groups, previous.method)
+        parts.append(eplb.plan(weights[layer:layer + 1], **common, **extra))
+    first = parts[0]
+    placement = Placement(
+        phy2log=np.concatenate([p.phy2log for p in parts]), num_experts=first.num_experts,
+        topology=first.topology, num_groups=first.num_groups, method=method,
+        lower_bound=np.concatenate([p.lower_bound for p in parts]),
+        max_load=np.concatenate([p.max_load for p in parts]),
+        info=_merge_infos([dict(p.info) for p in parts]),
+    )
+    return placement, use_previous
+
+
+def _merge_infos(infos: list[dict]) -> dict:
+    """Diagnostics of per-layer calls as one: times add up, per-layer arrays are concatenated,
+    flags must hold for every layer, anything else is kept as a per-layer list."""
+    merged = {}
+    for key in infos[0]:
+        values = [info.get(key) for info in infos]
+        if key.endswith("time_s") and all(isinstance(v, (int, float)) for v in values):
+            merged[key] = float(sum(values))
+        elif all(isinstance(v, (bool, np.bool_)) for v in values):
+            merged[key] = bool(all(values))
+        elif all(np.ndim(v) == 1 and len(v) == 1 for v in values):
+            merged[key] = np.concatenate([np.asarray(v) for v in values]).tolist()
+        elif all(v == values[0] for v in values if not isinstance(v, np.ndarray)) and not any(
+                isinstance(v, np.ndarray) for v in values):
+            merged[key] = values[0]
+        else:
+            merged[key] = [v.tolist() if isinstance(v, np.ndarray) else v for v in values]
+    return merged
+
+
+def _read_previous(path, fmt, *, num_gpus, num_nodes, num_experts):
+    from .formats import read_placement
+
+    return read_placement(path, fmt, num_gpus=num_gpus, num_nodes=num_nodes, num_experts=num_experts)
+
+
+def _check_previous(previous, placement_like, path):
+    """The previous plan must describe the same layers, experts, slots, GPUs and nodes."""
+    from .formats import FormatError
+
+    old = previous.placement
+    mine = (placement_like["layers"], placement_like["experts"], placement_like["slots"],
+            placement_like["gpus"], placement_like["nodes"])
+    theirs = (old.num_layers, old.num_experts, old.num_slots, old.num_gpus, old.num_nodes)
+    if mine != theirs:
+        names = ("layers", "experts", "slots", "GPUs", "nodes")
+        diffs = ", ".join(f"{n} {t} vs {m}" for n, t, m in zip(names, theirs, mine) if t != m)
+        raise FormatError(path, f"incompatible configuration: the previous placement differs from this plan ({diffs})")
+
+
+@main.command()
+@click.argument("counts", type=click.Path(path_type=Path))
+@click.option("--slots", "-s", type=click.IntRange(min=1), required=True, help="Physical expert slots in all (S >= E).")
+@click.option("--gpus", "-g", type=click.IntRange(min=1), required=True, help="GPUs (ranks); S must divide by it.")
+@click.option("--nodes", "-n", type=click.IntRange(min=1), default=1, show_default=True, help="Nodes; GPUs must divide by it.")
+@click.option("--groups", "-k", type=click.IntRange(min=1), default=None,
+              help="Expert groups (kept on one node each when groups divide by nodes). Default: none.")
+@click.option("--method", "-m", type=click.Choice(sorted(METHODS)), default=DEFAULT_METHOD, show_default=True,
+              help="Planning method.")
+@click.option("--previous", type=click.Path(path_type=Path), default=None,
+              help="The placement now deployed (any placement format): plan close to it and count the moves.")
+@click.option("--previous-format", type=click.Choice(PLACEMENT_FORMAT_NAMES), default=None,
+              help="Format of --previous (default: detected).")
+@click.option("--time-limit", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="Per-layer time limit in seconds, for methods that take one (exact).")
+@click.option("--input-format", type=click.Choice(COUNTS_FORMAT_NAMES), default=None,
+              help="Format of COUNTS (default: detected from the name).")
+@click.option("--format", "-f", "output_format", type=click.Choice(PLACEMENT_FORMAT_NAMES), default=None,
+              help="Output format (default: from the suffix of -o: .json eplb, .npz, .yaml trtllm; "
+                   "SGLang's .json needs --format sglang).")
+@click.option("--output", "-o", type=click.Path(path_type=Path), required=True, help="Where to write the placement.")
+@click.option("--layer-updates-per-iter", type=click.IntRange(min=0), default=0, show_default=True,
+              help="TensorRT-LLM YAML only: layers the engine may re-balance per iteration (0 = static).")
+@quiet_option
+@friendly_errors
+def plan(counts, slots, gpus, nodes, groups, method, previous, previous_format, time_limit, input_format,
+         output_format, output, layer_updates_per_iter, quiet):
+    """Plan a placement from recorded expert COUNTS and write it for your engine.
+
+    COUNTS is a file or a TensorRT-LLM statistics folder; a series [T, L, E] is summed over
+    windows. Prints balancedness (mean / max GPU load, 1.0 is perfect) without rebalancing and
+    with the plan, the gap of the max GPU load to the proven lower bound, the moves from
+    --previous and the time taken.
+
+    \b
+    Example:
+      eplb plan expert_distribution_recorder.pt --slots 288 --gpus 32 --nodes 4 --groups 8 \\
+          --format sglang -o init_expert_location.json
+    """
+    from . import metrics
+    from .formats import placement_format_for_output, read_counts, write_placement
+
+    options = {}
+    if time_limit is not None:
+        if not _accepts(METHODS[method], "time_limit"):
+            takers = [m for m, fn in sorted(METHODS.items()) if _accepts(fn, "time_limit")]
+            raise click.BadParameter(f"method {method!r} takes no time limit (methods that do: {', '.join(takers) or 'none'})",
+                                     param_hint="--time-limit")
+        options["time_limit"] = time_limit
+    output_format = output_format or _output_format(output, placement_format_for_output)
+
+    start = time.perf_counter()
+    data = read_counts(counts, input_format)
+    weights = data.weights
+    num_layers, num_experts = weights.shape
+    prev = None
+    if previous is not None:
+        prev = _read_previous(previous, previous_format, num_gpus=gpus, num_nodes=nodes, num_experts=num_experts)
+        _check_previous(prev, dict(layers=num_layers, experts=num_experts, slots=slots, gpus=gpus, nodes=nodes), previous)
+
+    placement, used_previous = plan_with_progress(
+        weights, num_slots=slots, num_gpus=gpus, num_nodes=nodes, num_groups=groups, method=method,
+        previous=None if prev is None else prev.placement, progress=show_progress(quiet), **options)
+    elapsed = time.perf_counter() - start
+
+    before = metrics.balancedness(metrics.static_gpu_loads(weights, gpus))
+    after = placement.balancedness(weights)
+    moves = None if prev is None else metrics.moves(prev.placement.phy2log, placement.phy2log, placement.topology)
+    configuration = {
+        "num_slots": slots, "num_gpus": gpus, "num_nodes": nodes, "num_groups": groups, "method": method,
+        "options": options, "counts_file": str(counts), "counts_format": data.format,
+        "counts_shape": list(data.counts.shape), "previous": None if previous is None else str(previous),
+        "migration_aware": used_previous, "command": "eplb " + shlex.join(sys.argv[1:]),
+    }
+    diagnostics = {
+        "balancedness_no_rebalancing": before, "balancedness": after, "gap": placement.gap,
+        "lower_bound": placement.lower_bound, "max_load": placement.max_load,
+        "replicas_sharing_a_gpu": placement.replicas_sharing_a_gpu(), "time_s": elapsed,
+    }
+    if moves is not None:
+        diagnostics["moves"] = {"slots_changed": moves.slots_changed, "gpu_copies": moves.gpu_copies,
+                                "cross_node_copies": moves.cross_node_copies,
+                                "per_layer_slots_changed": moves.per_layer_slots_changed}
+    write_placement(placement, output, output_format, layer_ids=data.layer_ids, configuration=configuration,
+                    diagnostics=diagnostics, layer_updates_per_iter=layer_updates_per_iter)
+    if quiet:
+        return
+    gap = placement.gap
+    finite = gap[np.isfinite(gap)]
+    lines = [
+        f"counts   {data.path} ({data.format}): {_shape_text(data)}",
+        f"plan     {method}: {num_layers} layers x {num_experts} experts -> {slots} slots on {gpus} GPUs"
+        f" in {nodes} node{'s' if nodes > 1 else ''}" + (f", {groups} groups" if groups else ""),
+        f"balance  {before.mean():.4f} without rebalancing -> {after.mean():.4f} with the plan"
+        f" (mean over layers; worst layer {after.min():.4f})",
+        f"gap      {100 * finite.mean():.2f}% mean, {100 * finite.max():.2f}% max above the proven lower bound"
+        if finite.size else "gap      n/a",
+    ]
+    if moves is not None:
+        total = placement.num_layers * placement.num_slots
+        how = "migration-aware" if used_previous else "planned from scratch: this eplb.plan has no previous="
+        lines.append(f"moves    {moves.slots_changed} of {total} slots changed ({100 * moves.slots_changed / total:.1f}%),"
+                     f" {moves.gpu_copies} weight copies to GPUs, {moves.cross_node_copies} across nodes ({how})")
+    lines.append(f"time     {elapsed:.2f} s")
+    lines.append(f"wrote    {output} ({output_format})")
+    click.echo("\n".join(lines))
+
+
+def _output_format(path, infer):
+    try:
+        return infer(path)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--format") from None
+
+
+def _shape_text(data) -> str:
+    text = f"{data.num_layers} layers x {data.num_experts} experts"
+    if data.num_windows > 1:
+        text = f"{data.num_windows} windows x {text} (summed over windows)"
+    return text
+
+
+# -- validate --------------------------------------------------------------------------------------
+
+
+@main.command()
+@click.argument("plan_file", metavar="PLAN", type=click.Path(path_type=Path))
+@click.option("--counts", "counts_file", type=click.Path(path_type=Path), default=None,
+              help="Expert counts to measure the placement on (balancedness, gap to the lower bound).")
+@click.option("--format", "-f", "plan_format", type=click.Choice(PLACEMENT_FORMAT_NAMES), default=None,
+              help="Format of PLAN (default: detected).")
+@click.option("--input-format", type=click.Choice(COUNTS_FORMAT_NAMES), default=None, help="Format of --counts.")
+@click.option("--gpus", "-g", type=click.IntRange(min=1), default=None, help=gpus_hint)
+@click.option("--nodes", "-n", type=click.IntRange(min=1), default=None, help="Nodes (default: from the file, else 1).")
+@friendly_errors
+def validate(plan_file, counts_file, plan_format, input_format, gpus, nodes):
+    """Check a placement file of any supported format and print its metrics.
+
+    Checks that it parses, that every expert has a replica in every layer and that the slots
+    divide over the GPUs; with --counts, that it fits the counts and how well it balances them.
+    Exits 1 when the file is not a valid placement.
+    """
+    from . import metrics
+    from .bounds import lower_bound
+    from .formats import FormatError, read_counts, read_placement
+
+    data = read_counts(counts_file, input_format) if counts_file is not None else None
+    loaded = read_placement(plan_file, plan_format, num_gpus=gpus, num_nodes=nodes,
+                            num_experts=None if data is None else data.num_experts)
+    p = loaded.placement
+    if gpus is not None and p.num_gpus != gpus:
+        raise FormatError(plan_file, f"the file places slots on {p.num_gpus} GPUs, not --gpus {gpus}")
+    replicas = p.logcnt
+    lines = [
+        f"valid    {plan_file} ({loaded.format})",
+        f"shape    {p.num_layers} layers x {p.num_experts} experts, {p.num_slots} slots on {p.num_gpus} GPUs"
+        f" in {p.num_nodes} node{'s' if p.num_nodes > 1 else ''}"
+        + (f", {p.num_groups} groups" if p.num_groups else "")
+        + ("" if p.topology.is_uniform else f" (slots per GPU {p.topology.slots_per_gpu.tolist()})"),
+        f"replicas {replicas.min()}..{replicas.max()} per expert; {p.replicas_sharing_a_gpu().sum()} slots hold"
+        " a second replica on a GPU that already has the expert",
+    ]
+    if data is not None:
+        if (data.num_layers, data.num_experts) != (p.num_layers, p.num_experts):
+            raise FormatError(counts_file, f"counts have {data.num_layers} layers x {data.num_experts} experts but the "
+                                           f"placement has {p.num_layers} x {p.num_experts}")
+        weights = data.weights
+        loads = p.gpu_loads(weights)
+        bal = metrics.balancedness(loads)
+        before = metrics.balancedness(metrics.static_gpu_loads(weights, p.num_gpus))
+        gap = metrics.gap(loads.max(axis=-1), lower_bound(weights, p.topology))
+        finite = gap[np.isfinite(gap)]
+        lines += [
+            f"balance  {bal.mean():.4f} mean, {bal.min():.4f} worst layer (no rebalancing: {before.mean():.4f})",
+            f"imbalance {metrics.imbalance(loads).mean():.4f} mean (max - mean) / mean",
+            f"gap      {100 * finite.mean():.2f}% mean, {100 * finite.max():.2f}% max above the lower bound"
+            if finite.size else "gap      n/a",
+        ]
+        if data.num_windows > 1:
+            series = metrics.balancedness(p.gpu_loads(data.counts))
+            lines.append(f"windows  {data.num_windows}: balancedness per window {series.mean(axis=1).min():.4f}.."
+                         f"{series.mean(axis=1).max():.4f}")
+    click.echo("\n".join(lines))
+
+
+# -- report ----------------------------------------------------------------------------------------
+
+
+@main.command()
+@click.argument("counts", type=click.Path(path_type=Path))
+@click.argument("plan_file", metavar="PLAN", type=click.Path(path_type=Path))
+@click.option("--output", "-o", type=click.Path(path_type=Path), required=True, help="Folder for index.html and the PNGs.")
+@click.option("--previous", type=click.Path(path_type=Path), default=None, help="An earlier placement: show what moved.")
+@click.option("--input-format", type=click.Choice(COUNTS_FORMAT_NAMES), default=None, help="Format of COUNTS.")
+@click.option("--format", "-f", "plan_format", type=click.Choice(PLACEMENT_FORMAT_NAMES), default=None,
+              help="Format of PLAN and --previous (default: detected).")
+@click.option("--gpus", "-g", type=click.IntRange(min=1), default=None, help=gpus_hint)
+@click.option("--nodes", "-n", type=click.IntRange(min=1), default=None, help="Nodes (default: from the file, else 1).")
+@click.option("--top", type=click.IntRange(min=1), default=16, show_default=True, help="Hottest experts to show.")
+@quiet_option
+@friendly_errors
+def report(counts, plan_file, output, previous, input_format, plan_format, gpus, nodes, top, quiet):
+    """Write an HTML report with PNG figures on how PLAN balances COUNTS.
+
+    Figures: per-layer balancedness of the plan against greedy and against no rebalancing, a
+    per-GPU load heatmap (layers x GPUs), replica counts of the hottest experts, balancedness per
+    window (for a series of counts) and, with --previous, what moved. Open OUTPUT/index.html.
+    """
+    from .formats import FormatError, read_counts, read_placement
+    from .report import make_report
+
+    data = read_counts(counts, input_format)
+    loaded = read_placement(plan_file, plan_format, num_gpus=gpus, num_nodes=nodes, num_experts=data.num_experts)
+    p = loaded.placement
+    if (data.num_layers, data.num_experts) != (p.num_layers, p.num_experts):
+        raise FormatError(counts, f"counts have {data.num_layers} layers x {data.num_experts} experts but the "
+                                  f"placement {plan_file} has {p.num_layers} x {p.num_experts}")
+    prev = None
+    if previous is not None:
+        prev = read_placement(previous, plan_format, num_gpus=p.num_gpus, num_nodes=p.num_nodes,
+                              num_experts=p.num_experts)
+        _check_previous(prev, dict(layers=p.num_layers, experts=p.num_experts, slots=p.num_slots, gpus=p.num_gpus,
+                                   nodes=p.num_nodes), previous)
+        if prev.placement.topology != p.topology:
+            raise FormatError(previous, "incompatible configuration: slots per GPU differ from the plan's")
+    if output.exists() and not output.is_dir():
+        raise FormatError(output, "exists and is not a folder")
+    output.mkdir(parents=True, exist_ok=True)
+    result = make_report(data, loaded, output, previous=prev, top=top, progress=show_progress(quiet))
+    if not quiet:
+        click.echo(f"wrote    {result.html}")
+        for figure in result.figures:
+            click.echo(f"         {figure}")
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

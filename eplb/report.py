@@ -1,0 +1,295 @@
+"""An HTML report with PNG figures on how a placement balances recorded expert counts.
+
+``make_report`` writes into a folder:
+
+- ``balancedness.png``: per-layer balancedness (mean / max GPU load) of the plan, of the published
+  greedy on the same configuration, and without rebalancing (expert ``e`` on GPU ``e * G // E``);
+- ``gpu_loads.png``: heatmap of each GPU's load relative to its layer's mean (layers x GPUs);
+- ``hottest_experts.png``: replica counts of the hottest (layer, expert) pairs and the load each
+  of their replicas carries;
+- ``windows.png`` (counts with several windows): mean balancedness in each window;
+- ``moves.png`` (with a previous placement): which slots changed and the weight copies per layer;
+- ``index.html``: a summary table and every figure, embedded, so the page stands alone.
+
+Needs matplotlib (``pip install 'eplb[report]'``); drawn with the Agg backend (no display).
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from . import metrics
+from .formats.data import CountsFile, PlacementFile
+from .formats.errors import require
+
+#: windows evaluated per step of the progress bar
+WINDOW_CHUNK = 64
+
+
+@dataclass(frozen=True)
+class Report:
+    """Paths of what :func:`make_report` wrote, and the numbers in its summary table."""
+
+    html: Path
+    figures: tuple[Path, ...]
+    summary: dict
+
+
+def _pyplot():
+    matplotlib = require("matplotlib", "report", "eplb report")
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def make_report(counts: CountsFile, plan: PlacementFile, out_dir, *, previous: PlacementFile | None = None,
+                top: int = 16, progress: bool = False) -> Report:
+    """Write ``index.html`` and the PNG figures into ``out_dir`` (which must exist).
+
+    Args:
+        counts: the counts to evaluate on (``[T, L, E]``; the plan is judged on their sum over windows).
+        plan: the placement, with as many layers and experts as the counts.
+        previous: an earlier placement on the same topology, to show what moved.
+        top: how many of the hottest (layer, expert) pairs to show.
+        progress: a tqdm bar over windows on stderr.
+    """
+    from .api import plan as make_plan
+
+    plt = _pyplot()
+    out_dir = Path(out_dir)
+    placement = plan.placement
+    weights = counts.weights
+    layer_ids = plan.layer_ids if len(plan.layer_ids) == counts.num_layers else counts.layer_ids
+    num_gpus = placement.num_gpus
+
+    loads = placement.gpu_loads(weights)                                    # [L, G]
+    plan_bal = metrics.balancedness(loads)                                  # [L]
+    none_bal = metrics.balancedness(metrics.static_gpu_loads(weights, num_gpus))
+    try:
+        greedy = make_plan(weights, method="greedy", topology=placement.topology, num_groups=placement.num_groups)
+        greedy_bal = greedy.balancedness(weights)
+    except ValueError:
+        greedy, greedy_bal = None, None
+    from .bounds import lower_bound
+
+    gap = metrics.gap(loads.max(axis=-1), lower_bound(weights, placement.topology))
+
+    figures = []
+    figures.append(_balancedness_figure(plt, out_dir, layer_ids, plan_bal, greedy_bal, none_bal, placement.method))
+    figures.append(_heatmap_figure(plt, out_dir, layer_ids, loads))
+    figures.append(_hottest_figure(plt, out_dir, layer_ids, weights, placement.logcnt, top))
+    window_rows = None
+    if counts.num_windows > 1:
+        window_rows = _window_balancedness(counts, placement, greedy, progress)
+        figures.append(_windows_figure(plt, out_dir, window_rows, placement.method))
+    moves = None
+    if previous is not None:
+        moves = metrics.moves(previous.placement.phy2log, placement.phy2log, placement.topology)
+        figures.append(_moves_figure(plt, out_dir, layer_ids, previous.placement, placement))
+
+    finite = gap[np.isfinite(gap)]
+    summary = {
+        "counts": f"{counts.path} ({counts.format}), {counts.num_windows} window(s) x {counts.num_layers} layers"
+                  f" x {counts.num_experts} experts",
+        "placement": f"{plan.path} ({plan.format}), method {placement.method}",
+        "configuration": f"{placement.num_slots} slots on {num_gpus} GPUs in {placement.num_nodes} node(s)"
+                         + (f", {placement.num_groups} groups" if placement.num_groups else ""),
+        "balancedness (mean over layers)": f"plan {plan_bal.mean():.4f} · greedy "
+                                           + ("n/a" if greedy_bal is None else f"{greedy_bal.mean():.4f}")
+                                           + f" · no rebalancing {none_bal.mean():.4f}",
+        "worst layer": f"layer {layer_ids[int(plan_bal.argmin())]}: balancedness {plan_bal.min():.4f}",
+        "gap to the lower bound": (f"{100 * finite.mean():.2f}% mean, {100 * finite.max():.2f}% max"
+                                   if finite.size else "n/a"),
+        "replicas sharing a GPU": f"{int(placement.replicas_sharing_a_gpu().sum())} slots",
+    }
+    if window_rows is not None:
+        summary["per window"] = (f"plan balancedness {window_rows['plan'].min():.4f} .. {window_rows['plan'].max():.4f}"
+                                 f" over {counts.num_windows} windows")
+    if moves is not None:
+        total = placement.num_layers * placement.num_slots
+        summary["moves from previous"] = (f"{moves.slots_changed} of {total} slots changed "
+                                          f"({100 * moves.slots_changed / total:.1f}%), {moves.gpu_copies} weight "
+                                          f"copies to GPUs, {moves.cross_node_copies} across nodes")
+    page = out_dir / "index.html"
+    page.write_text(_html(summary, figures))
+    return Report(page, tuple(figures), summary)
+
+
+# -- figures ---------------------------------------------------------------------------------------
+
+
+def _save(plt, fig, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _layer_axis(ax, layer_ids):
+    ax.set_xlabel("MoE layer")
+    positions = np.arange(len(layer_ids))
+    step = max(1, len(layer_ids) // 16)
+    ax.set_xticks(positions[::step])
+    ax.set_xticklabels([str(i) for i in layer_ids[::step]])
+    return positions
+
+
+def _balancedness_figure(plt, out_dir, layer_ids, plan_bal, greedy_bal, none_bal, method) -> Path:
+    fig, ax = plt.subplots(figsize=(9, 4))
+    x = _layer_axis(ax, layer_ids)
+    ax.plot(x, none_bal, "o-", color="#bbbbbb", label=f"no rebalancing (mean {none_bal.mean():.3f})", markersize=3)
+    if greedy_bal is not None:
+        ax.plot(x, greedy_bal, "s-", color="#e08214", label=f"greedy (mean {greedy_bal.mean():.3f})", markersize=3)
+    ax.plot(x, plan_bal, "o-", color="#2166ac", label=f"this plan: {method} (mean {plan_bal.mean():.3f})",
+            markersize=3)
+    ax.set_ylabel("balancedness = mean / max GPU load")
+    ax.set_ylim(min(0.0, float(none_bal.min())) if none_bal.min() < 0.5 else 0.5, 1.005)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="best", fontsize=8)
+    ax.set_title("Balancedness per layer (1.0 = every GPU equally loaded)")
+    return _save(plt, fig, out_dir / "balancedness.png")
+
+
+def _heatmap_figure(plt, out_dir, layer_ids, loads) -> Path:
+    mean = loads.mean(axis=1, keepdims=True)
+    relative = np.divide(loads, mean, out=np.ones_like(loads), where=mean > 0)
+    num_layers, num_gpus = loads.shape
+    fig, ax = plt.subplots(figsize=(min(14, 4 + 0.18 * num_gpus), min(12, 2.5 + 0.14 * num_layers)))
+    spread = max(0.05, float(np.abs(relative - 1).max()))
+    image = ax.imshow(relative, aspect="auto", cmap="RdBu_r", vmin=1 - spread, vmax=1 + spread,
+                      interpolation="nearest")
+    ax.set_xlabel("GPU")
+    ax.set_ylabel("MoE layer")
+    step = max(1, num_layers // 20)
+    ax.set_yticks(np.arange(num_layers)[::step])
+    ax.set_yticklabels([str(i) for i in layer_ids[::step]])
+    fig.colorbar(image, ax=ax, label="GPU load / layer mean")
+    ax.set_title("GPU load / layer mean under the plan\n(red: above the mean)", fontsize=10)
+    return _save(plt, fig, out_dir / "gpu_loads.png")
+
+
+def _hottest_figure(plt, out_dir, layer_ids, weights, logcnt, top) -> Path:
+    totals = weights.sum(axis=1, keepdims=True)
+    share = np.divide(weights, totals, out=np.zeros_like(weights), where=totals > 0)
+    order = np.argsort(-share, axis=None, kind="stable")[:top]
+    layers, experts = np.unravel_index(order, share.shape)
+    fig, ax = plt.subplots(figsize=(max(6, 0.55 * len(order) + 2), 4))
+    x = np.arange(len(order))
+    replicas = logcnt[layers, experts]
+    ax.bar(x, replicas, color="#2166ac")
+    ax.set_xticks(x)
+    ax.set_xticklabels([f"L{layer_ids[l]}\nE{e}" for l, e in zip(layers, experts)], fontsize=7)
+    ax.set_ylabel("replicas")
+    ax.set_ylim(0, replicas.max() * 1.25 + 0.5)
+    for xi, r, s in zip(x, replicas, share[layers, experts]):
+        ax.text(xi, r + 0.05, f"{100 * s:.1f}%", ha="center", va="bottom", fontsize=7)
+    ax.set_title(f"The {len(order)} hottest experts: replicas (label: share of their layer's tokens)")
+    return _save(plt, fig, out_dir / "hottest_experts.png")
+
+
+def _window_balancedness(counts: CountsFile, placement, greedy, progress: bool) -> dict:
+    from tqdm import tqdm
+
+    series = {"plan": [], "no rebalancing": []}
+    if greedy is not None:
+        series["greedy"] = []
+    starts = range(0, counts.num_windows, WINDOW_CHUNK)
+    for start in tqdm(starts, desc="windows", unit="chunk", disable=not progress, file=sys.stderr):
+        chunk = counts.counts[start:start + WINDOW_CHUNK]                    # [t, L, E]
+        series["plan"].append(metrics.balancedness(placement.gpu_loads(chunk)).mean(axis=1))
+        series["no rebalancing"].append(
+            metrics.balancedness(metrics.static_gpu_loads(chunk, placement.num_gpus)).mean(axis=1))
+        if greedy is not None:
+            series["greedy"].append(metrics.balancedness(greedy.gpu_loads(chunk)).mean(axis=1))
+    return {name: np.concatenate(parts) for name, parts in series.items()}
+
+
+def _windows_figure(plt, out_dir, rows, method) -> Path:
+    fig, ax = plt.subplots(figsize=(9, 3.8))
+    x = np.arange(len(rows["plan"]))
+    styles = {"no rebalancing": ("#bbbbbb", "o-"), "greedy": ("#e08214", "s-"), "plan": ("#2166ac", "o-")}
+    for name in ("no rebalancing", "greedy", "plan"):
+        if name in rows:
+            color, style = styles[name]
+            label = f"this plan: {method}" if name == "plan" else name
+            ax.plot(x, rows[name], style, color=color, label=f"{label} (mean {rows[name].mean():.3f})", markersize=3)
+    ax.set_xlabel("recording window")
+    ax.set_ylabel("balancedness (mean over layers)")
+    ax.grid(alpha=0.3)
+    ax.legend(loc="best", fontsize=8)
+    ax.set_title("One placement for all windows: balancedness in each window")
+    return _save(plt, fig, out_dir / "windows.png")
+
+
+def _moves_figure(plt, out_dir, layer_ids, old, new) -> Path:
+    changed = old.phy2log != new.phy2log                                    # [L, S]
+    per_layer = [metrics.moves(old.phy2log[i:i + 1], new.phy2log[i:i + 1], new.topology) for i in range(new.num_layers)]
+    copies = np.array([m.gpu_copies for m in per_layer])
+    cross = np.array([m.cross_node_copies for m in per_layer])
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4), gridspec_kw={"width_ratios": [3, 2]})
+    left.imshow(changed, aspect="auto", cmap="Greys", interpolation="nearest", vmin=0, vmax=1)
+    for boundary in new.topology.slot_offsets[1:-1]:
+        left.axvline(boundary - 0.5, color="#f4a582", linewidth=0.8)
+    left.set_xlabel("slot (orange lines: GPU boundaries)")
+    left.set_ylabel("MoE layer")
+    step = max(1, new.num_layers // 20)
+    left.set_yticks(np.arange(new.num_layers)[::step])
+    left.set_yticklabels([str(i) for i in layer_ids[::step]])
+    left.set_title(f"Slots whose expert changed (black): {int(changed.sum())} of {changed.size}")
+    x = _layer_axis(right, layer_ids)
+    right.bar(x, copies - cross, color="#2166ac", label="copies within a node")
+    right.bar(x, cross, bottom=copies - cross, color="#b2182b", label="copies across nodes")
+    right.set_ylabel("expert weights copied to a GPU")
+    right.legend(fontsize=8)
+    right.set_title("Weight copies per layer")
+    return _save(plt, fig, out_dir / "moves.png")
+
+
+# -- page ------------------------------------------------------------------------------------------
+
+_CAPTIONS = {
+    "balancedness.png": "Balancedness per layer: the plan against the published greedy and against no rebalancing.",
+    "gpu_loads.png": "Load of each GPU relative to its layer's mean, under the plan.",
+    "hottest_experts.png": "Replica counts of the hottest experts.",
+    "windows.png": "Balancedness of the one placement in each recording window.",
+    "moves.png": "What moved from the previous placement.",
+}
+
+
+def _html(summary: dict, figures: list[Path]) -> str:
+    rows = "\n".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(str(v))}</td></tr>" for k, v in summary.items())
+    blocks = []
+    for path in figures:
+        data = base64.b64encode(path.read_bytes()).decode("ascii")
+        caption = html.escape(_CAPTIONS.get(path.name, path.name))
+        blocks.append(f'<figure id="{path.stem}"><img src="data:image/png;base64,{data}" alt="{caption}">'
+                      f'<figcaption>{caption} (<a href="{html.escape(path.name)}">{html.escape(path.name)}</a>)'
+                      "</figcaption></figure>")
+    from . import __version__
+
+    return f"""<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><title>eplb placement report</title>
+<style>
+body {{ font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1100px; color: #222; }}
+table {{ border-collapse: collapse; margin-bottom: 1.5em; }}
+th, td {{ text-align: left; padding: 0.3em 0.8em; border-bottom: 1px solid #ddd; vertical-align: top; }}
+figure {{ margin: 1.5em 0; }} img {{ max-width: 100%; border: 1px solid #eee; }}
+figcaption {{ color: #555; font-size: 0.9em; }}
+</style></head>
+<body>
+<h1>eplb placement report</h1>
+<table id="summary">
+{rows}
+</table>
+{''.join(blocks)}
+<p style="color:#888;font-size:0.8em">balancedness = mean / max GPU load (1.0 is perfect); gap = max GPU load /
+proven lower bound - 1. Written by eplb {html.escape(__version__)}.</p>
+</body></html>
+"""
