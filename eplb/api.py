@@ -49,7 +49,8 @@ def _weights_2d(counts, name: str) -> np.ndarray:
 
 
 def plan(counts, *, num_slots=None, num_gpus=None, num_nodes=1, num_groups=None,
-         method: str = DEFAULT_METHOD, topology: Topology | None = None, **options) -> Placement:
+         method: str = DEFAULT_METHOD, topology: Topology | None = None, previous=None,
+         tolerance: float | None = 0.005, max_moves=None, **options) -> Placement:
     """Plan a replicated expert placement for every layer.
 
     Args:
@@ -61,6 +62,12 @@ def plan(counts, *, num_slots=None, num_gpus=None, num_nodes=1, num_groups=None,
         method: one of ``eplb.METHODS``.
         topology: instead of ``num_slots/num_gpus/num_nodes``, an explicit :class:`Topology`
             (uneven slots per GPU, masked GPUs).
+        previous: the placement in service (a :class:`Placement` or ``phy2log [L, S]``). Then the
+            plan stays close to it (see :mod:`eplb.migration`): experts keep their slots where that
+            costs little balance; ``info["slots_changed"]`` gives the changed slots per layer.
+        tolerance: with ``previous``, accept a max GPU load up to ``(1 + tolerance)`` times the one
+            of planning from scratch with ``method`` (``None``: as balanced as ``max_moves`` allows).
+        max_moves: with ``previous``, at most this many slots change per layer (``None``: no limit).
         **options: passed to the method.
     Returns:
         A :class:`Placement` with its lower bound, max load and gap on ``counts``.
@@ -70,6 +77,12 @@ def plan(counts, *, num_slots=None, num_gpus=None, num_nodes=1, num_groups=None,
     method_fn = get_method(method)
     start = time.perf_counter()
     phy2log, info = method_fn(weights, problem, **options)
+    if previous is not None:
+        from .migration import as_previous, migrate
+
+        old = as_previous(previous, weights.shape[1], problem, weights.shape[0])
+        phy2log, moved = migrate(weights, problem, old, phy2log, tolerance=tolerance, max_moves=max_moves)
+        info = {**info, **moved}
     elapsed = time.perf_counter() - start
     placement = Placement(
         phy2log=phy2log, num_experts=weights.shape[1], topology=problem.topology,

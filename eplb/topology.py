@@ -62,6 +62,34 @@ class Topology:
             raise ValueError(f"num_gpus ({num_gpus}) must be divisible by num_nodes ({num_nodes})")
         return cls(np.full(num_gpus, num_slots // num_gpus, np.int64), num_nodes)
 
+    @classmethod
+    def from_layout(cls, num_slots, num_gpus, num_nodes=1, masked_gpus=()) -> "Topology":
+        """``num_slots`` spread as evenly as possible over the GPUs not in ``masked_gpus``.
+
+        When the slots do not divide evenly, the first ``num_slots % active`` active GPUs hold one
+        slot more; a masked GPU (failed or drained rank) holds none.
+
+        Args:
+            num_slots: ``S >= 1``; num_gpus: ``G``, a multiple of ``num_nodes``.
+            masked_gpus: GPU indices in ``[0, G)`` that get no slots (at least one GPU must stay).
+        """
+        num_slots = as_int(num_slots, "num_slots", minimum=1)
+        num_gpus = as_int(num_gpus, "num_gpus", minimum=1)
+        num_nodes = as_int(num_nodes, "num_nodes", minimum=1)
+        if num_gpus % num_nodes:
+            raise ValueError(f"num_gpus ({num_gpus}) must be divisible by num_nodes ({num_nodes})")
+        masked = sorted({as_int(g, "masked_gpus entry") for g in masked_gpus})
+        if masked and (masked[0] < 0 or masked[-1] >= num_gpus):
+            raise ValueError(f"masked_gpus must hold GPU indices in [0, {num_gpus}), got {masked}")
+        active = np.setdiff1d(np.arange(num_gpus), masked)
+        if active.size == 0:
+            raise ValueError("masked_gpus must leave at least one GPU with slots")
+        base, extra = divmod(num_slots, active.size)
+        slots = np.zeros(num_gpus, np.int64)
+        slots[active] = base
+        slots[active[:extra]] += 1
+        return cls(slots, num_nodes)
+
     @property
     def num_slots(self) -> int:
         return int(self.slot_offsets[-1])

@@ -1,0 +1,423 @@
+"""Kernels of migration-aware planning: improve a previous placement with few slot changes, and
+relabel a fresh placement so that it keeps as many experts in place as possible.
+
+Shapes: ``L`` layers, ``E`` experts, ``S`` slots, ``G`` GPUs, ``N`` nodes, ``K`` expert groups.
+A "change" is a slot whose expert differs from the previous placement.
+"""
+
+import numpy as np
+from numba import njit
+
+_EPS = 1e-12
+
+
+@njit(cache=True, nogil=True)
+def _shares(w, cnt, e, share, share_up, gain_down):
+    """Refresh expert ``e``'s entries of the per-replica load tables after its count changed."""
+    c = cnt[e]
+    share[e] = w[e] / c
+    share_up[e] = w[e] / (c + 1)
+    gain_down[e] = w[e] / (c - 1) - share[e] if c > 1 else np.inf
+
+
+@njit(cache=True, nogil=True)
+def _loads_from_shares(row, share, gpu_of_slot, x):
+    """Fill ``x [G]`` with each GPU's load: the sum of its replicas' shares."""
+    x[:] = 0.0
+    for s in range(row.shape[0]):
+        x[gpu_of_slot[s]] += share[row[s]]
+
+
+@njit(cache=True, nogil=True)
+def _remove_slot(expert_slots, cnt, e, s):
+    """Drop slot ``s`` from expert ``e``'s slot list (order of the rest is kept)."""
+    n = cnt[e]
+    j = 0
+    while expert_slots[e, j] != s:
+        j += 1
+    for i in range(j, n - 1):
+        expert_slots[e, i] = expert_slots[e, i + 1]
+    cnt[e] = n - 1
+
+
+@njit(cache=True, nogil=True)
+def _add_slot(expert_slots, cnt, e, s):
+    expert_slots[e, cnt[e]] = s
+    cnt[e] += 1
+
+
+@njit(cache=True, nogil=True)
+def improve_placement(weights, previous, gpu_of_slot, slot_offsets, node_of_gpu, group_of_expert,
+                      keep_groups, num_groups, target, max_changes):
+    """Local search from ``previous``: lower the heaviest GPU until it is at most ``target``.
+
+    Each step takes the move with the largest reduction of the heaviest GPU's load per slot changed
+    (undoing an earlier change is nearly free): swap two slots between the heaviest GPU and another
+    one, give a slot of the heaviest GPU to another expert, or give a slot elsewhere to a second
+    replica of an expert on the heaviest GPU. No move creates two replicas of one expert on a GPU;
+    with ``keep_groups`` no move puts an expert on a node that holds no expert of its group. Every
+    step strictly lowers the sorted vector of GPU loads, so the search ends.
+
+    Args:
+        weights: ``[L, E]`` float64 loads.
+        previous: ``[L, S]`` int64, the placement to start from (every expert present).
+        gpu_of_slot: ``[S]``; slot_offsets: ``[G + 1]``; node_of_gpu: ``[G]``; group_of_expert: ``[E]``.
+        keep_groups: bool; num_groups: ``K`` (>= 1).
+        target: ``[L]`` stop once the max GPU load is at most this.
+        max_changes: ``[L]`` int64, at most this many slots of a layer may differ from ``previous``.
+    Returns:
+        ``phy2log [L, S]`` int64 and ``changes [L]`` int64 (slots that differ from ``previous``).
+    """
+    num_layers, num_slots = previous.shape
+    num_experts = weights.shape[1]
+    num_gpus = slot_offsets.shape[0] - 1
+    num_nodes = 0
+    for g in range(num_gpus):
+        num_nodes = max(num_nodes, node_of_gpu[g] + 1)
+    width = num_slots - num_experts + 1
+    out = previous.copy()
+    changes = np.zeros(num_layers, np.int64)
+    cnt = np.zeros(num_experts, np.int64)
+    expert_slots = np.empty((num_experts, width), np.int64)
+    has = np.zeros((num_gpus, num_experts), np.int64)
+    node_group = np.zeros((num_nodes, num_groups), np.int64)
+    x = np.zeros(num_gpus)
+    share = np.zeros(num_experts)  # w / cnt: load of each replica
+    share_up = np.zeros(num_experts)  # w / (cnt + 1): with one replica more
+    gain_down = np.zeros(num_experts)  # w / (cnt - 1) - w / cnt: what each other replica gains if one goes
+    for layer in range(num_layers):
+        w = weights[layer]
+        row = out[layer]
+        prev = previous[layer]
+        cnt[:] = 0
+        has[:, :] = 0
+        node_group[:, :] = 0
+        for s in range(num_slots):
+            e = row[s]
+            _add_slot(expert_slots, cnt, e, s)
+            has[gpu_of_slot[s], e] += 1
+            node_group[node_of_gpu[gpu_of_slot[s]], group_of_expert[e]] += 1
+        for e in range(num_experts):
+            _shares(w, cnt, e, share, share_up, gain_down)
+        _loads_from_shares(row, share, gpu_of_slot, x)
+        changed = 0
+        for _ in range(4 * num_slots + 16):
+            heavy = 0
+            for g in range(1, num_gpus):
+                if x[g] > x[heavy]:
+                    heavy = g
+            peak = x[heavy]
+            if peak <= target[layer] or changed >= max_changes[layer]:
+                break
+            budget = max_changes[layer] - changed
+            limit = peak - _EPS * peak
+            floor = target[layer]
+            node_h = node_of_gpu[heavy]
+            best_score = 0.0
+            best_local = peak
+            best_kind = -1
+            best_a = -1
+            best_b = -1
+            # (A) swap slot a (heaviest GPU) with slot b (another GPU)
+            for a in range(slot_offsets[heavy], slot_offsets[heavy + 1]):
+                e = row[a]
+                pe = share[e]
+                for b in range(num_slots):
+                    d = pe - share[row[b]]
+                    if d <= 0.0:
+                        continue
+                    gb = gpu_of_slot[b]
+                    local = max(peak - d, x[gb] + d)
+                    if local >= limit or gb == heavy:
+                        continue
+                    f = row[b]
+                    if has[gb, e] > 0 or has[heavy, f] > 0:
+                        continue
+                    if keep_groups and node_of_gpu[gb] != node_h:
+                        if node_group[node_of_gpu[gb], group_of_expert[e]] == 0:
+                            continue
+                        if node_group[node_h, group_of_expert[f]] == 0:
+                            continue
+                    cost = (int(f != prev[a]) - int(e != prev[a]) + int(e != prev[b]) - int(f != prev[b]))
+                    if cost > budget:
+                        continue
+                    score = (peak - max(local, floor)) / (cost if cost > 0 else 0.25)
+                    if score > best_score or (score == best_score and local < best_local):
+                        best_score, best_local, best_kind, best_a, best_b = score, local, 0, a, b
+            # (B) give slot a of the heaviest GPU (expert e with >= 2 replicas) to expert f
+            for a in range(slot_offsets[heavy], slot_offsets[heavy + 1]):
+                e = row[a]
+                if cnt[e] < 2:
+                    continue
+                gain_e = gain_down[e]
+                holders = 0.0
+                for i in range(cnt[e]):
+                    g = gpu_of_slot[expert_slots[e, i]]
+                    if g != heavy:
+                        holders = max(holders, x[g] + gain_e * has[g, e])
+                if holders >= limit:
+                    continue
+                base = peak - share[e] + (has[heavy, e] - 1) * gain_e
+                for f in range(num_experts):
+                    local = max(base + share_up[f], holders)
+                    if local >= limit or f == e or has[heavy, f] > 0:
+                        continue
+                    if keep_groups and node_group[node_h, group_of_expert[f]] == 0:
+                        continue
+                    cost = int(f != prev[a]) - int(e != prev[a])
+                    if cost > budget:
+                        continue
+                    score = (peak - max(local, floor)) / (cost if cost > 0 else 0.25)
+                    if score > best_score or (score == best_score and local < best_local):
+                        best_score, best_local, best_kind, best_a, best_b = score, local, 1, a, f
+            # (C) give slot b elsewhere (expert g with >= 2 replicas) to a new replica of expert e
+            for a in range(slot_offsets[heavy], slot_offsets[heavy + 1]):
+                e = row[a]
+                if a > slot_offsets[heavy] and has[heavy, e] > 1:
+                    seen = False
+                    for t in range(slot_offsets[heavy], a):
+                        if row[t] == e:
+                            seen = True
+                    if seen:
+                        continue
+                if cnt[e] >= width:
+                    continue
+                relief = (share[e] - share_up[e]) * has[heavy, e]
+                new_share = share_up[e]
+                for b in range(num_slots):
+                    g2 = row[b]
+                    if cnt[g2] < 2 or g2 == e:
+                        continue
+                    gain_g = gain_down[g2]
+                    gb = gpu_of_slot[b]
+                    new_h = peak - relief + gain_g * has[heavy, g2]
+                    local = max(new_h, x[gb] - share[g2] + new_share + (has[gb, g2] - 1) * gain_g)
+                    if local >= limit or gb == heavy or has[gb, e] > 0:
+                        continue
+                    if keep_groups and node_of_gpu[gb] != node_h:
+                        if node_group[node_of_gpu[gb], group_of_expert[e]] == 0:
+                            continue
+                    for i in range(cnt[g2]):
+                        g = gpu_of_slot[expert_slots[g2, i]]
+                        if g != heavy and g != gb:
+                            local = max(local, x[g] + gain_g * has[g, g2])
+                    if local >= limit:
+                        continue
+                    cost = int(e != prev[b]) - int(g2 != prev[b])
+                    if cost > budget:
+                        continue
+                    score = (peak - max(local, floor)) / (cost if cost > 0 else 0.25)
+                    if score > best_score or (score == best_score and local < best_local):
+                        best_score, best_local, best_kind, best_a, best_b = score, local, 2, b, e
+            if best_kind < 0:
+                break
+            # apply the move: slot -> new expert, one or two slots
+            if best_kind == 0:
+                a, b = best_a, best_b
+                e, f = row[a], row[b]
+                _set_slot(row, a, f, expert_slots, cnt, has, node_group, gpu_of_slot, node_of_gpu, group_of_expert)
+                _set_slot(row, b, e, expert_slots, cnt, has, node_group, gpu_of_slot, node_of_gpu, group_of_expert)
+                changed += (int(f != prev[a]) - int(e != prev[a]) + int(e != prev[b]) - int(f != prev[b]))
+            else:
+                s, f = best_a, best_b
+                e = row[s]
+                _set_slot(row, s, f, expert_slots, cnt, has, node_group, gpu_of_slot, node_of_gpu, group_of_expert)
+                changed += int(f != prev[s]) - int(e != prev[s])
+                _shares(w, cnt, e, share, share_up, gain_down)
+                _shares(w, cnt, f, share, share_up, gain_down)
+            _loads_from_shares(row, share, gpu_of_slot, x)
+        changes[layer] = changed
+    return out, changes
+
+
+@njit(cache=True, nogil=True)
+def _set_slot(row, s, f, expert_slots, cnt, has, node_group, gpu_of_slot, node_of_gpu, group_of_expert):
+    """Put expert ``f`` into slot ``s`` and update the bookkeeping arrays."""
+    e = row[s]
+    g = gpu_of_slot[s]
+    _remove_slot(expert_slots, cnt, e, s)
+    _add_slot(expert_slots, cnt, f, s)
+    has[g, e] -= 1
+    has[g, f] += 1
+    node_group[node_of_gpu[g], group_of_expert[e]] -= 1
+    node_group[node_of_gpu[g], group_of_expert[f]] += 1
+    row[s] = f
+
+
+@njit(cache=True, nogil=True)
+def min_cost_assignment(cost):
+    """Optimal assignment of an ``[n, n]`` float64 cost matrix (shortest augmenting paths, O(n^3)).
+
+    Returns:
+        ``[n]`` int64: the column assigned to each row, minimising the total cost.
+    """
+    n = cost.shape[0]
+    inf = np.inf
+    u = np.zeros(n + 1)
+    v = np.zeros(n + 1)
+    match_col = np.zeros(n + 1, np.int64)  # row (1-based) matched to each column; 0 = free
+    way = np.zeros(n + 1, np.int64)
+    min_v = np.empty(n + 1)
+    used = np.zeros(n + 1, np.bool_)
+    for i in range(1, n + 1):
+        match_col[0] = i
+        j0 = 0
+        min_v[:] = inf
+        used[:] = False
+        while True:
+            used[j0] = True
+            i0 = match_col[j0]
+            delta = inf
+            j1 = 0
+            for j in range(1, n + 1):
+                if not used[j]:
+                    cur = cost[i0 - 1, j - 1] - u[i0] - v[j]
+                    if cur < min_v[j]:
+                        min_v[j] = cur
+                        way[j] = j0
+                    if min_v[j] < delta:
+                        delta = min_v[j]
+                        j1 = j
+            for j in range(n + 1):
+                if used[j]:
+                    u[match_col[j]] += delta
+                    v[j] -= delta
+                else:
+                    min_v[j] -= delta
+            j0 = j1
+            if match_col[j0] == 0:
+                break
+        while j0 != 0:
+            j1 = way[j0]
+            match_col[j0] = match_col[j1]
+            j0 = j1
+    result = np.empty(n, np.int64)
+    for j in range(1, n + 1):
+        result[match_col[j] - 1] = j - 1
+    return result
+
+
+@njit(cache=True, nogil=True)
+def _overlap(new_row, prev_row, slot_offsets, num_experts):
+    """``[G, G]``: experts GPU ``gn`` holds under ``new_row`` that GPU ``go`` holds under ``prev_row``
+    (multiset intersection); ``-1`` where the two GPUs hold different numbers of slots."""
+    num_gpus = slot_offsets.shape[0] - 1
+    held = np.zeros((num_gpus, num_experts), np.int64)
+    for g in range(num_gpus):
+        for s in range(slot_offsets[g], slot_offsets[g + 1]):
+            held[g, prev_row[s]] += 1
+    overlap = np.zeros((num_gpus, num_gpus))
+    mine = np.zeros(num_experts, np.int64)
+    for gn in range(num_gpus):
+        size = slot_offsets[gn + 1] - slot_offsets[gn]
+        for s in range(slot_offsets[gn], slot_offsets[gn + 1]):
+            mine[new_row[s]] += 1
+        for go in range(num_gpus):
+            if slot_offsets[go + 1] - slot_offsets[go] != size:
+                overlap[gn, go] = -1.0
+                continue
+            total = 0
+            for s in range(slot_offsets[gn], slot_offsets[gn + 1]):
+                e = new_row[s]
+                if mine[e] > 0:  # count each distinct expert once
+                    total += min(mine[e], held[go, e])
+                    mine[e] = -mine[e]
+            for s in range(slot_offsets[gn], slot_offsets[gn + 1]):
+                e = new_row[s]
+                if mine[e] < 0:
+                    mine[e] = -mine[e]
+            overlap[gn, go] = total
+        for s in range(slot_offsets[gn], slot_offsets[gn + 1]):
+            mine[new_row[s]] = 0
+    return overlap
+
+
+@njit(cache=True, nogil=True)
+def _match_gpus(overlap, gpus_per_node, by_node):
+    """GPU relabelling ``[G]`` (new GPU -> position) maximising the kept experts.
+
+    ``by_node``: permute whole nodes, then GPUs inside each node (keeps groups on one node);
+    otherwise any GPU may take any position with the same slot count.
+    """
+    num_gpus = overlap.shape[0]
+    big = 1e9
+    if not by_node:
+        cost = np.empty((num_gpus, num_gpus))
+        for i in range(num_gpus):
+            for j in range(num_gpus):
+                cost[i, j] = big if overlap[i, j] < 0 else -overlap[i, j]
+        return min_cost_assignment(cost)
+    num_nodes = num_gpus // gpus_per_node
+    node_cost = np.empty((num_nodes, num_nodes))
+    inner = np.empty((num_nodes, num_nodes, gpus_per_node), np.int64)
+    sub = np.empty((gpus_per_node, gpus_per_node))
+    for a in range(num_nodes):
+        for b in range(num_nodes):
+            for i in range(gpus_per_node):
+                for j in range(gpus_per_node):
+                    o = overlap[a * gpus_per_node + i, b * gpus_per_node + j]
+                    sub[i, j] = big if o < 0 else -o
+            assignment = min_cost_assignment(sub)
+            total = 0.0
+            for i in range(gpus_per_node):
+                total += sub[i, assignment[i]]
+            inner[a, b] = assignment
+            node_cost[a, b] = total
+    nodes = min_cost_assignment(node_cost)
+    result = np.empty(num_gpus, np.int64)
+    for a in range(num_nodes):
+        for i in range(gpus_per_node):
+            result[a * gpus_per_node + i] = nodes[a] * gpus_per_node + inner[a, nodes[a], i]
+    return result
+
+
+@njit(cache=True, nogil=True)
+def _align_slots(row, prev_row, slot_offsets, num_experts, out):
+    """Order each GPU's experts so that those it held in a slot under ``prev_row`` stay there."""
+    num_gpus = slot_offsets.shape[0] - 1
+    want = np.zeros(num_experts, np.int64)
+    for g in range(num_gpus):
+        lo, hi = slot_offsets[g], slot_offsets[g + 1]
+        for s in range(lo, hi):
+            want[row[s]] += 1
+            out[s] = -1
+        for s in range(lo, hi):
+            e = prev_row[s]
+            if want[e] > 0:
+                out[s] = e
+                want[e] -= 1
+        t = lo
+        for s in range(lo, hi):
+            e = row[s]
+            if want[e] > 0:
+                while out[t] >= 0:
+                    t += 1
+                out[t] = e
+                want[e] -= 1
+
+
+@njit(cache=True, nogil=True)
+def relabel_like(new, previous, slot_offsets, gpus_per_node, by_node, num_experts):
+    """Relabel GPUs (and nodes) of ``new [L, S]``, then slots inside each GPU, to keep the most
+    experts where ``previous [L, S]`` had them. GPU loads are only permuted.
+
+    Returns:
+        ``phy2log [L, S]`` int64 and ``changes [L]`` int64 (slots that differ from ``previous``).
+    """
+    num_layers, num_slots = new.shape
+    num_gpus = slot_offsets.shape[0] - 1
+    out = np.empty_like(new)
+    moved = np.empty(num_slots, np.int64)
+    changes = np.zeros(num_layers, np.int64)
+    for layer in range(num_layers):
+        overlap = _overlap(new[layer], previous[layer], slot_offsets, num_experts)
+        position = _match_gpus(overlap, gpus_per_node, by_node)
+        for gn in range(num_gpus):
+            go = position[gn]
+            for i in range(slot_offsets[gn + 1] - slot_offsets[gn]):
+                moved[slot_offsets[go] + i] = new[layer, slot_offsets[gn] + i]
+        _align_slots(moved, previous[layer], slot_offsets, num_experts, out[layer])
+        for s in range(num_slots):
+            if out[layer, s] != previous[layer, s]:
+                changes[layer] += 1
+    return out, changes
