@@ -102,12 +102,14 @@ def _accepts(fn, name: str) -> bool:
 
 
 def plan_with_progress(weights, *, num_slots, num_gpus, num_nodes, num_groups, method, previous=None,
-                       progress=False, **options):
+                       migration=None, progress=False, **options):
     """``eplb.plan`` with a per-layer progress bar for slow methods; passes ``previous`` when
     ``eplb.plan`` supports migration-aware planning.
 
     Methods that draw their own progress bar get ``progress=``; other slow methods are planned
     one layer at a time (layers are independent, so the plan is the same) under a tqdm bar.
+
+    ``migration`` (``tolerance``, ``max_moves``) goes to ``eplb.plan`` with ``previous``.
 
     Returns:
         ``(placement, used_previous)``.
@@ -117,6 +119,7 @@ def plan_with_progress(weights, *, num_slots, num_gpus, num_nodes, num_groups, m
     from .placement import Placement
 
     use_previous = previous is not None and _accepts(eplb.plan, "previous")
+    migration = {k: v for k, v in (migration or {}).items() if use_previous and _accepts(eplb.plan, k)}
     common = dict(num_slots=num_slots, num_gpus=num_gpus, num_nodes=num_nodes, num_groups=num_groups,
                   method=method, **options)
     method_fn = METHODS[method]
@@ -125,7 +128,7 @@ def plan_with_progress(weights, *, num_slots, num_gpus, num_nodes, num_groups, m
         if _accepts(method_fn, "progress"):
             common["progress"] = progress
         if use_previous:
-            common["previous"] = previous
+            common.update(previous=previous, **migration)
         return eplb.plan(weights, **common), use_previous
 
     from tqdm import tqdm
@@ -135,6 +138,7 @@ def plan_with_progress(weights, *, num_slots, num_gpus, num_nodes, num_groups, m
                       file=sys.stderr):
         extra = {}
         if use_previous:
+            extra.update(migration)
             extra["previous"] = Placement(previous.phy2log[layer:layer + 1], previous.num_experts,
                                           previous.topology, previous.num_groups, previous.method)
         parts.append(eplb.plan(weights[layer:layer + 1], **common, **extra))
@@ -202,6 +206,11 @@ def _check_previous(previous, placement_like, path):
               help="The placement now deployed (any placement format): plan close to it and count the moves.")
 @click.option("--previous-format", type=click.Choice(PLACEMENT_FORMAT_NAMES), default=None,
               help="Format of --previous (default: detected).")
+@click.option("--tolerance", type=click.FloatRange(min=0), default=None,
+              help="With --previous: accept a max GPU load up to (1 + tolerance) x planning from scratch, "
+                   "to keep more experts in place (default: eplb.plan's).")
+@click.option("--max-moves", type=click.IntRange(min=0), default=None,
+              help="With --previous: at most this many slots change per layer.")
 @click.option("--time-limit", type=click.FloatRange(min=0, min_open=True), default=None,
               help="Per-layer time limit in seconds, for methods that take one (exact).")
 @click.option("--input-format", type=click.Choice(COUNTS_FORMAT_NAMES), default=None,
@@ -214,8 +223,8 @@ def _check_previous(previous, placement_like, path):
               help="TensorRT-LLM YAML only: layers the engine may re-balance per iteration (0 = static).")
 @quiet_option
 @friendly_errors
-def plan(counts, slots, gpus, nodes, groups, method, previous, previous_format, time_limit, input_format,
-         output_format, output, layer_updates_per_iter, quiet):
+def plan(counts, slots, gpus, nodes, groups, method, previous, previous_format, tolerance, max_moves, time_limit,
+         input_format, output_format, output, layer_updates_per_iter, quiet):
     """Plan a placement from recorded expert COUNTS and write it for your engine.
 
     COUNTS is a file or a TensorRT-LLM statistics folder; a series [T, L, E] is summed over
@@ -231,6 +240,9 @@ def plan(counts, slots, gpus, nodes, groups, method, previous, previous_format, 
     from . import metrics
     from .formats import placement_format_for_output, read_counts, write_placement
 
+    if previous is None and (tolerance is not None or max_moves is not None):
+        raise click.UsageError("--tolerance and --max-moves apply only with --previous")
+    migration = {k: v for k, v in (("tolerance", tolerance), ("max_moves", max_moves)) if v is not None}
     options = {}
     if time_limit is not None:
         if not _accepts(METHODS[method], "time_limit"):
@@ -251,7 +263,8 @@ def plan(counts, slots, gpus, nodes, groups, method, previous, previous_format, 
 
     placement, used_previous = plan_with_progress(
         weights, num_slots=slots, num_gpus=gpus, num_nodes=nodes, num_groups=groups, method=method,
-        previous=None if prev is None else prev.placement, progress=show_progress(quiet), **options)
+        previous=None if prev is None else prev.placement, migration=migration, progress=show_progress(quiet),
+        **options)
     elapsed = time.perf_counter() - start
 
     before = metrics.balancedness(metrics.static_gpu_loads(weights, gpus))
@@ -261,7 +274,7 @@ def plan(counts, slots, gpus, nodes, groups, method, previous, previous_format, 
         "num_slots": slots, "num_gpus": gpus, "num_nodes": nodes, "num_groups": groups, "method": method,
         "options": options, "counts_file": str(counts), "counts_format": data.format,
         "counts_shape": list(data.counts.shape), "previous": None if previous is None else str(previous),
-        "migration_aware": used_previous, "command": "eplb " + shlex.join(sys.argv[1:]),
+        "migration_aware": used_previous, "migration": migration, "command": "eplb " + shlex.join(sys.argv[1:]),
     }
     diagnostics = {
         "balancedness_no_rebalancing": before, "balancedness": after, "gap": placement.gap,

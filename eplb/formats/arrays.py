@@ -7,6 +7,7 @@ unpickled.
 from __future__ import annotations
 
 import csv
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -32,7 +33,7 @@ def _load_npy(path: Path) -> np.ndarray:
 def _open_npz(path: Path):
     try:
         return np.load(path, allow_pickle=False)
-    except (ValueError, OSError, EOFError) as exc:
+    except (ValueError, OSError, EOFError, zipfile.BadZipFile) as exc:
         raise FormatError(path, f"not a readable .npz archive ({exc})") from None
 
 
