@@ -13,7 +13,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
-from typing import Callable, Iterable, Sequence
+from typing import Callable, Iterable, NamedTuple, Sequence
 
 import numpy as np
 
@@ -92,24 +92,31 @@ def planning_methods(include_exact: bool = False) -> list[str]:
 
 # ---------------------------------------------------------------------------------------- timing
 
-def median_time(fn: Callable[[], object], *, repeats: int, budget_s: float = 2.0,
-                warmup: int = 1) -> tuple[float, int]:
-    """Median seconds per call of ``fn()`` after ``warmup`` untimed calls.
+class Timing(NamedTuple):
+    """Medians over the timed calls: ``wall`` seconds (what a caller waits) and ``cpu`` seconds of
+    this process (what one core spends; less inflated when other processes share the CPU)."""
 
-    Runs ``repeats`` timed calls, or fewer (at least 1) once ``budget_s`` seconds have been spent.
-    Returns ``(median_seconds, calls_timed)``.
+    wall: float
+    cpu: float
+    calls: int
+
+
+def median_time(fn: Callable[[], object], *, repeats: int, budget_s: float = 2.0, warmup: int = 1) -> Timing:
+    """Median wall and CPU seconds per call of ``fn()`` after ``warmup`` untimed calls.
+
+    Runs ``repeats`` timed calls, or fewer (at least 1) once ``budget_s`` wall seconds are spent.
     """
     for _ in range(warmup):
         fn()
-    times: list[float] = []
-    spent = 0.0
-    while len(times) < repeats and (not times or spent < budget_s):
+    walls: list[float] = []
+    cpus: list[float] = []
+    while len(walls) < repeats and (not walls or sum(walls) < budget_s):
+        cpu = time.process_time()
         start = time.perf_counter()
         fn()
-        elapsed = time.perf_counter() - start
-        times.append(elapsed)
-        spent += elapsed
-    return statistics.median(times), len(times)
+        walls.append(time.perf_counter() - start)
+        cpus.append(time.process_time() - cpu)
+    return Timing(statistics.median(walls), statistics.median(cpus), len(walls))
 
 
 def load_note() -> str:
