@@ -62,7 +62,7 @@ def test_help_on_every_command(tmp_path):
 def test_plan_writes_eplb_json_with_summary_and_matches_the_library(tmp_path):
     np.save(tmp_path / "counts.npy", COUNTS)
     out, err = run("plan", "counts.npy", "--slots", "40", "--gpus", "8", "--nodes", "2", "--groups", "4",
-                   "-o", "plan.json", cwd=tmp_path)
+                   "--method", "greedy", "-o", "plan.json", cwd=tmp_path)
     assert err == ""                                          # no progress bar when stderr is not a terminal
     assert "5 windows x 6 layers x 32 experts" in out
     assert "without rebalancing ->" in out and "above the proven lower bound" in out and "time" in out
@@ -76,14 +76,14 @@ def test_plan_writes_eplb_json_with_summary_and_matches_the_library(tmp_path):
     assert len(diagnostics["balancedness"]) == 6 and len(diagnostics["gap"]) == 6
     assert np.mean(diagnostics["balancedness"]) > np.mean(diagnostics["balancedness_no_rebalancing"])
     # the same plan as the library computes in this process (deterministic across processes)
-    expected = eplb.plan(COUNTS, num_slots=40, num_gpus=8, num_nodes=2, num_groups=4)
+    expected = eplb.plan(COUNTS, num_slots=40, num_gpus=8, num_nodes=2, num_groups=4, method="greedy")
     assert read_placement(tmp_path / "plan.json").placement == expected
     assert f"{np.mean(diagnostics['balancedness']):.4f}" in out
 
     # the summary can be silenced; CSV input with an explicit format; npz output
     np.savetxt(tmp_path / "counts.txt", COUNTS.sum(axis=0), delimiter=",")
     out, err = run("plan", "counts.txt", "--input-format", "csv", "-s", "40", "-g", "8", "-n", "2", "-k", "4",
-                   "-o", "plan.npz", "--quiet", cwd=tmp_path)
+                   "-m", "greedy", "-o", "plan.npz", "--quiet", cwd=tmp_path)
     assert out == "" and err == ""
     assert read_placement(tmp_path / "plan.npz").placement == expected
 
