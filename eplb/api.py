@@ -88,7 +88,7 @@ def plan(counts, *, num_slots=None, num_gpus=None, num_nodes=1, num_groups=None,
         phy2log=phy2log, num_experts=weights.shape[1], topology=problem.topology,
         num_groups=problem.num_groups, method=method, info={**info, "time_s": elapsed},
     )
-    bound = lower_bound(weights, problem.topology)
+    bound = lower_bound(weights, problem.topology, problem.num_groups, problem.hierarchical)
     peak = placement.gpu_loads(weights).max(axis=-1)
     # the bound can only tighten with what the method proved (the exact solver reports one)
     if "proven_bound" in info:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .kernels.bounds import min_max_replica_load
+from .kernels.bounds import min_max_replica_load, pigeonhole_bound
 from .topology import Topology
 
 
@@ -44,10 +44,19 @@ def cardinality_bound(weights: np.ndarray, topology: Topology) -> np.ndarray:
     return replica_bound(weights, topology) + total
 
 
+def pigeonhole(weights: np.ndarray, topology: Topology) -> np.ndarray:
+    """Where the largest replicas must go, for every replication
+    (:func:`eplb.kernels.bounds.pigeonhole_bound`)."""
+    active = topology.slots_per_gpu > 0
+    return pigeonhole_bound(np.ascontiguousarray(weights, dtype=np.float64), topology.num_slots, int(active.sum()),
+                            int(topology.slots_per_gpu[active].min()))
+
+
 BOUNDS = {
     "average": average_bound,
     "replica": replica_bound,
     "cardinality": cardinality_bound,
+    "pigeonhole": pigeonhole,
 }
 
 
@@ -56,6 +65,27 @@ def lower_bounds(weights: np.ndarray, topology: Topology) -> dict[str, np.ndarra
     return {name: bound(weights, topology) for name, bound in BOUNDS.items()}
 
 
-def lower_bound(weights: np.ndarray, topology: Topology) -> np.ndarray:
-    """The strongest bound for each layer, ``[L]``: the largest of :data:`BOUNDS`."""
+def hierarchical_bound(weights: np.ndarray, topology: Topology, num_groups: int) -> np.ndarray:
+    """A bound for placements that keep every group of experts on one node, ``[L]``.
+
+    Every node ``n`` reaching max load ``<= T`` needs the groups it holds to load it by at most
+    ``T`` per GPU and to need at most its slots in replicas of ``<= T`` each; an exhaustive search
+    over group -> node assignments (:mod:`eplb.kernels.hierarchy`) proves the largest ``T`` for
+    which no assignment meets that. Where the search runs out of budget the global bound stays.
+    """
+    from .methods.balanced import group_assignment  # the search lives with the method that uses it
+    from .methods import Problem
+
+    base = np.max(np.stack(list(lower_bounds(weights, topology).values())), axis=0)
+    problem = Problem(topology=topology, num_groups=num_groups, hierarchical=True)
+    _, proven = group_assignment(np.ascontiguousarray(weights, dtype=np.float64), problem, lower=base)
+    return np.maximum(base, proven)
+
+
+def lower_bound(weights: np.ndarray, topology: Topology, num_groups: int | None = None,
+                hierarchical: bool = False) -> np.ndarray:
+    """The strongest bound for each layer, ``[L]``: the largest of :data:`BOUNDS`, and with
+    ``hierarchical`` (every one of ``num_groups`` groups on one node) the :func:`hierarchical_bound`."""
+    if hierarchical:
+        return hierarchical_bound(weights, topology, num_groups)
     return np.max(np.stack(list(lower_bounds(weights, topology).values())), axis=0)

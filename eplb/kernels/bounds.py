@@ -36,3 +36,111 @@ def min_max_replica_load(weights, num_replicas):
             peak = max(peak, w[e] / counts[e])
         out[layer] = peak
     return out
+
+
+@njit(cache=True, nogil=True)
+def _fewest_items_at_least(sorted_desc, extra, x):
+    """Fewest replicas carrying ``>= x`` over every replication with ``extra`` replicas beyond one each.
+
+    An expert with ``w_e >= x`` either keeps one replica ``>= x`` or takes ``floor(w_e / x)`` extra
+    replicas to bring every replica below ``x``; the cheapest experts (the lightest) are pushed
+    first. Args: ``sorted_desc`` ``[E]`` loads in decreasing order.
+    """
+    n = 0
+    while n < sorted_desc.shape[0] and sorted_desc[n] >= x:
+        n += 1
+    budget = extra
+    pushed = 0
+    for i in range(n - 1, -1, -1):
+        cost = np.floor(sorted_desc[i] / x)
+        if cost > budget:
+            break
+        budget -= cost
+        pushed += 1
+    return n - pushed
+
+
+@njit(cache=True, nogil=True)
+def _smallest_item_lower(sorted_desc, extra, rank):
+    """``t_rank``: the smallest possible ``rank``-th largest replica load over every replication
+    (``rank`` 1-based), to ~1e-9 relative precision from below."""
+    lo = 0.0
+    hi = sorted_desc[0] * (1.0 + 1e-12) + 1e-300
+    if _fewest_items_at_least(sorted_desc, extra, hi) >= rank:
+        return hi
+    for _ in range(60):
+        mid = 0.5 * (lo + hi)
+        if _fewest_items_at_least(sorted_desc, extra, mid) >= rank:
+            lo = mid
+        else:
+            hi = mid
+        if hi - lo <= 1e-10 * hi:
+            break
+    return lo
+
+
+@njit(cache=True, nogil=True)
+def pigeonhole_bound(weights, num_slots, active_gpus, min_slots):
+    """A bound that holds for every replication, from where the largest replicas must go.
+
+    With ``t_i`` the smallest possible ``i``-th largest replica load over every replication and
+    ``small(q)`` a lower bound on the sum of any ``q`` replicas (the ``q`` smallest entries of the
+    multiset holding ``S - E + 1`` copies of each ``w_e / (S - E + 1)``), every placement on
+    ``G`` GPUs holding ``>= k`` slots each has a GPU of load at least:
+
+    - ``j <= G``: either the ``j`` largest replicas sit on ``j`` distinct GPUs, whose mean load is
+      ``>= (t_1 + ... + t_j + small(j (k - 1))) / j``, or two share a GPU, of load
+      ``>= t_{j-1} + t_j + small(k - 2)``; the smaller of the two holds;
+    - ``m >= 1``: some GPU holds ``m + 1`` of the ``m G + 1`` largest replicas, so its load is
+      ``>= t_{mG-m+1} + ... + t_{mG+1} + small(k - m - 1)``.
+
+    Args:
+        weights: ``[L, E]`` float64; num_slots: ``S``; active_gpus: ``G`` (GPUs with slots);
+        min_slots: ``k``, fewest slots of an active GPU.
+    Returns:
+        ``[L]`` float64.
+    """
+    num_layers, num_experts = weights.shape
+    out = np.zeros(num_layers)
+    extra = num_slots - num_experts
+    copies = extra + 1
+    top = min(num_experts, active_gpus + 1)
+    for layer in range(num_layers):
+        w = np.sort(weights[layer])[::-1].copy()
+        if w[0] <= 0.0:
+            continue
+        t = np.zeros(num_experts + 1)
+        for i in range(1, top + 1):
+            t[i] = _smallest_item_lower(w, extra, i)
+        asc = w[::-1].copy()
+        # small(q): the q smallest of copies x (w_e / copies), in increasing order of w_e
+
+        def small(q):
+            if q <= 0:
+                return 0.0
+            full = q // copies
+            rest = q - full * copies
+            total = 0.0
+            for i in range(min(full, num_experts)):
+                total += asc[i]
+            if full < num_experts:
+                total += rest * asc[full] / copies
+            return total
+
+        best = 0.0
+        prefix = 0.0
+        for j in range(1, min(active_gpus, num_experts) + 1):
+            prefix += t[j]
+            spread = (prefix + small(j * (min_slots - 1))) / j
+            if j >= 2 and min_slots >= 2:
+                spread = min(spread, t[j - 1] + t[j] + small(min_slots - 2))
+            best = max(best, spread)
+        m = 1
+        while m < min_slots and m * active_gpus + 1 <= num_experts:
+            total = 0.0
+            for i in range(m * active_gpus - m + 1, m * active_gpus + 2):
+                total += _smallest_item_lower(w, extra, i)
+            best = max(best, total + small(min_slots - m - 1))
+            m += 1
+        out[layer] = best
+    return out

@@ -56,5 +56,6 @@ def get_method(name: str) -> MethodFn:
 
 # Importing the modules registers the methods.
 from . import greedy  # noqa: E402,F401
+from . import balanced, best  # noqa: E402,F401
 
-DEFAULT_METHOD = "greedy"
+DEFAULT_METHOD = "balanced"

@@ -1,0 +1,115 @@
+"""The default placement kernel: replicate, pack spread out, then swap descent, for every layer.
+
+Experts and GPUs are split into *domains* (the whole cluster in global mode, one node per domain
+in hierarchical mode); every domain is placed on its own.
+"""
+
+import numpy as np
+from numba import njit
+
+from .local_search import spread_duplicates, swap_descent
+from .packing import pack_spread_largest_first, recompute_loads, store_state
+from .replication import replicate_capped
+
+
+@njit(cache=True, nogil=True)
+def pack_domain(w, experts, counts, gpus, slots_per_gpu, first_item, item_expert, item_load, gpu_items, gpu_fill,
+                gpu_load, holds, max_steps):
+    """Pack ``counts[i]`` replicas of ``experts[i]`` on the slots of ``gpus``: spread largest-first,
+    duplicates swapped apart, swap descent.
+
+    Args:
+        w: ``[E]`` float64 loads of the layer; experts: ``[n]`` int64; counts: ``[n]`` int64 replicas
+            (summing to the slots of ``gpus``); gpus: ``[m]`` int64 GPU ids (with slots).
+        slots_per_gpu: ``[G]`` int64; first_item: first free replica id in the item arrays.
+        State arrays: :mod:`eplb.kernels.packing` (``gpu_fill``/``gpu_load``/``holds`` of ``gpus``
+        must be zero on entry).
+        max_steps: most swaps of the descent.
+    Returns:
+        the next free replica id.
+    """
+    item = first_item
+    for i in range(experts.shape[0]):
+        e = experts[i]
+        for _ in range(counts[i]):
+            item_expert[item] = e
+            item_load[item] = w[e] / counts[i]
+            item += 1
+    items = first_item + np.argsort(-item_load[first_item:item], kind="mergesort")
+    pack_spread_largest_first(item_load, item_expert, items, gpus, slots_per_gpu, gpu_items, gpu_fill, gpu_load,
+                              holds)
+    spread_duplicates(item_load, item_expert, gpus, gpu_items, gpu_fill, gpu_load, holds)
+    swap_descent(item_load, item_expert, gpus, gpu_items, gpu_fill, gpu_load, holds, max_steps)
+    recompute_loads(item_load, gpus, gpu_items, gpu_fill, gpu_load)
+    return item
+
+
+@njit(cache=True, nogil=True)
+def domain_slots(gpus, slots_per_gpu):
+    """Slots of the listed GPUs."""
+    total = 0
+    for gi in range(gpus.shape[0]):
+        total += slots_per_gpu[gpus[gi]]
+    return total
+
+
+@njit(cache=True, nogil=True)
+def place_domain(w, experts, gpus, slots_per_gpu, first_item, item_expert, item_load, gpu_items, gpu_fill,
+                 gpu_load, holds, max_steps):
+    """Capped D'Hondt replication of ``experts`` over the slots of ``gpus``, then :func:`pack_domain`."""
+    counts = np.empty(experts.shape[0], np.int64)
+    replicate_capped(w, experts, domain_slots(gpus, slots_per_gpu), gpus.shape[0], counts)
+    return pack_domain(w, experts, counts, gpus, slots_per_gpu, first_item, item_expert, item_load, gpu_items,
+                       gpu_fill, gpu_load, holds, max_steps)
+
+
+@njit(cache=True, nogil=True)
+def balanced_placement(weights, slots_per_gpu, gpu_domain, expert_domain, max_steps):
+    """Place every layer, each domain on its own.
+
+    Args:
+        weights: ``[L, E]`` float64 loads.
+        slots_per_gpu: ``[G]`` int64 (0 = masked GPU).
+        gpu_domain: ``[G]`` int64 domain of each GPU.
+        expert_domain: ``[L, E]`` int64 domain of each expert in each layer; every domain with
+            slots holds at least one expert and at most as many experts as slots.
+        max_steps: most swaps of the descent per layer and domain.
+    Returns:
+        ``phy2log [L, S]`` int64.
+    """
+    num_layers, num_experts = weights.shape
+    num_gpus = slots_per_gpu.shape[0]
+    num_slots = 0
+    width = 1
+    num_domains = 0
+    for g in range(num_gpus):
+        num_slots += slots_per_gpu[g]
+        width = max(width, slots_per_gpu[g])
+        num_domains = max(num_domains, gpu_domain[g] + 1)
+    slot_offsets = np.zeros(num_gpus + 1, np.int64)
+    for g in range(num_gpus):
+        slot_offsets[g + 1] = slot_offsets[g] + slots_per_gpu[g]
+    phy2log = np.empty((num_layers, num_slots), np.int64)
+    item_expert = np.empty(num_slots, np.int64)
+    item_load = np.empty(num_slots)
+    gpu_items = np.empty((num_gpus, width), np.int64)
+    gpu_fill = np.zeros(num_gpus, np.int64)
+    gpu_load = np.zeros(num_gpus)
+    holds = np.zeros((num_gpus, num_experts), np.int64)
+    domain_gpus = []
+    for d in range(num_domains):
+        domain_gpus.append(np.where((gpu_domain == d) & (slots_per_gpu > 0))[0].astype(np.int64))
+    for layer in range(num_layers):
+        gpu_fill[:] = 0
+        gpu_load[:] = 0.0
+        holds[:, :] = 0
+        item = 0
+        for d in range(num_domains):
+            gpus = domain_gpus[d]
+            if gpus.shape[0] == 0:
+                continue
+            experts = np.where(expert_domain[layer] == d)[0].astype(np.int64)
+            item = place_domain(weights[layer], experts, gpus, slots_per_gpu, item, item_expert, item_load,
+                                gpu_items, gpu_fill, gpu_load, holds, max_steps)
+        store_state(item_expert, gpu_items, gpu_fill, slot_offsets, phy2log[layer])
+    return phy2log

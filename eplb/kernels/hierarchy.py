@@ -1,0 +1,218 @@
+"""Kernels that assign expert groups to nodes (hierarchical placement).
+
+A node ``n`` with ``slots[n]`` slots on ``active[n]`` GPUs can only reach a max GPU load ``<= T``
+if the groups it holds satisfy two necessary conditions:
+
+- load: ``sum of their loads <= T * active[n]``;
+- replicas: ``sum over their experts of max(1, ceil(w_e / T)) <= slots[n]`` (a replica carries
+  ``w_e / r_e``, so each expert needs that many replicas to keep every replica ``<= T``).
+
+A depth-first search over group -> node assignments (heaviest group first, nodes tried from the
+least loaded, identical empty nodes tried once) decides whether some assignment meets them for
+every node; a binary search on ``T`` finds the smallest such ``T``. When the search is exhaustive,
+a ``T`` with no assignment is a proven lower bound on the max load of every hierarchical
+placement; the assignment found at the smallest feasible ``T`` is the one used.
+"""
+
+import numpy as np
+from numba import njit
+
+# status codes of _search
+FEASIBLE = 1
+INFEASIBLE = 0
+UNDECIDED = -1
+
+
+@njit(cache=True, nogil=True)
+def _replicas_needed(weights, group_size, num_groups, target, need):
+    """``need [K]``: replicas each group needs so that every replica carries ``<= target``."""
+    for k in range(num_groups):
+        total = 0
+        for j in range(group_size):
+            w = weights[k * group_size + j]
+            if target > 0.0 and w > target:
+                r = int(np.ceil(w / target))
+                # guard against rounding: r replicas must really bring the load to <= target
+                while w / r > target:
+                    r += 1
+                while r > 1 and w / (r - 1) <= target:
+                    r -= 1
+                total += r
+            else:
+                total += 1
+        need[k] = total
+
+
+@njit(cache=True, nogil=True)
+def _search(target, order, group_load, need, node_slots, node_active, node_class, budget, assign):
+    """Depth-first search for a group -> node assignment meeting both conditions at ``target``.
+
+    Args:
+        order: ``[K]`` int64 groups in the order they are assigned (heaviest first).
+        group_load: ``[K]`` float64; need: ``[K]`` int64 replicas each group needs.
+        node_slots, node_active: ``[N]`` int64; node_class: ``[N]`` int64, equal for interchangeable nodes.
+        budget: most search steps; assign: ``[K]`` int64 output, node of each group when feasible.
+    Returns:
+        FEASIBLE, INFEASIBLE (proven: no assignment exists) or UNDECIDED (budget ran out).
+    """
+    num_groups = order.shape[0]
+    num_nodes = node_slots.shape[0]
+    load = np.zeros(num_nodes)
+    used = np.zeros(num_nodes, np.int64)
+    held = np.zeros(num_nodes, np.int64)
+    cand = np.empty((num_groups, num_nodes), np.int64)
+    key = np.empty(num_nodes)
+    ncand = np.zeros(num_groups, np.int64)
+    pos = np.zeros(num_groups, np.int64)
+    chosen = np.empty(num_groups, np.int64)
+    empty_nodes = 0
+    for n in range(num_nodes):
+        if node_slots[n] > 0:
+            empty_nodes += 1
+    t = 0
+    steps = 0
+    building = True
+    while True:
+        if building:
+            if t == num_groups:
+                for i in range(num_groups):
+                    assign[order[i]] = chosen[i]
+                return FEASIBLE
+            g = order[t]
+            m = 0
+            for n in range(num_nodes):
+                if node_slots[n] == 0 or used[n] + need[g] > node_slots[n]:
+                    continue
+                if load[n] + group_load[g] > target * node_active[n] * (1.0 + 1e-12):
+                    continue
+                if held[n] == 0:
+                    duplicate = False
+                    for n2 in range(n):
+                        if held[n2] == 0 and node_class[n2] == node_class[n] and node_slots[n2] > 0:
+                            duplicate = True
+                            break
+                    if duplicate:
+                        continue
+                    if empty_nodes - 1 > num_groups - t - 1:
+                        continue
+                elif empty_nodes > num_groups - t - 1:
+                    continue
+                # insertion sort by the node's load per GPU after taking the group
+                value = (load[n] + group_load[g]) / node_active[n]
+                i = m
+                while i > 0 and key[cand[t, i - 1]] > value:
+                    cand[t, i] = cand[t, i - 1]
+                    i -= 1
+                cand[t, i] = n
+                key[n] = value
+                m += 1
+            ncand[t] = m
+            pos[t] = 0
+            building = False
+        if pos[t] < ncand[t]:
+            steps += 1
+            if steps > budget:
+                return UNDECIDED
+            n = cand[t, pos[t]]
+            pos[t] += 1
+            g = order[t]
+            if held[n] == 0:
+                empty_nodes -= 1
+            load[n] += group_load[g]
+            used[n] += need[g]
+            held[n] += 1
+            chosen[t] = n
+            t += 1
+            building = True
+        else:
+            t -= 1
+            if t < 0:
+                return INFEASIBLE
+            g = order[t]
+            n = chosen[t]
+            load[n] -= group_load[g]
+            used[n] -= need[g]
+            held[n] -= 1
+            if held[n] == 0:
+                empty_nodes += 1
+
+
+@njit(cache=True, nogil=True)
+def assign_groups(weights, num_groups, node_slots, node_active, node_class, lower, budget, rel_tol,
+                  node_of_group):
+    """Assign the groups of every layer to nodes, minimising the smallest ``T`` both conditions allow.
+
+    Args:
+        weights: ``[L, E]`` float64; experts ``k*E/K ... (k+1)*E/K - 1`` form group ``k``.
+        node_slots, node_active, node_class: ``[N]`` int64 (see :func:`_search`).
+        lower: ``[L]`` float64 valid lower bounds on the max load to start the search from.
+        budget: most search steps per feasibility test; rel_tol: relative precision of ``T``.
+        node_of_group: ``[L, K]`` int64 output.
+    Returns:
+        ``[L]`` float64: the largest ``T`` proven infeasible for every assignment (a lower bound on
+        the max load of every hierarchical placement), or ``lower`` where nothing was proven.
+    """
+    num_layers, num_experts = weights.shape
+    group_size = num_experts // num_groups
+    num_nodes = node_slots.shape[0]
+    proven = lower.copy()
+    group_load = np.empty(num_groups)
+    need = np.empty(num_groups, np.int64)
+    assign = np.empty(num_groups, np.int64)
+    best = np.empty(num_groups, np.int64)
+    total_active = 0
+    for n in range(num_nodes):
+        total_active += node_active[n]
+    for layer in range(num_layers):
+        w = weights[layer]
+        total = 0.0
+        for k in range(num_groups):
+            s = 0.0
+            for j in range(group_size):
+                s += w[k * group_size + j]
+            group_load[k] = s
+            total += s
+        order = np.argsort(-group_load, kind="mergesort")
+        # a feasible start: capacity only (T = infinity)
+        _replicas_needed(w, group_size, num_groups, 0.0, need)
+        status = _search(np.inf, order, group_load, need, node_slots, node_active, node_class, budget, best)
+        if status != FEASIBLE:
+            node_of_group[layer, :] = -1  # no assignment fits the slots (the caller raises)
+            continue
+        if total <= 0.0:
+            node_of_group[layer, :] = best
+            continue
+        lo = lower[layer]
+        # an upper end: the loads of the capacity-only assignment
+        hi = 0.0
+        for n in range(num_nodes):
+            s = 0.0
+            for k in range(num_groups):
+                if best[k] == n:
+                    s += group_load[k]
+            if node_active[n] > 0:
+                hi = max(hi, s / node_active[n])
+        hi = max(hi, w.max())
+        if hi < lo:
+            hi = lo
+        # check the upper end holds both conditions; raise it until it does
+        for _ in range(64):
+            _replicas_needed(w, group_size, num_groups, hi, need)
+            status = _search(hi, order, group_load, need, node_slots, node_active, node_class, budget, assign)
+            if status == FEASIBLE:
+                best[:] = assign
+                break
+            hi *= 2.0
+        while hi - lo > rel_tol * hi:
+            mid = 0.5 * (lo + hi)
+            _replicas_needed(w, group_size, num_groups, mid, need)
+            status = _search(mid, order, group_load, need, node_slots, node_active, node_class, budget, assign)
+            if status == FEASIBLE:
+                hi = mid
+                best[:] = assign
+            else:
+                if status == INFEASIBLE and mid > proven[layer]:
+                    proven[layer] = mid
+                lo = mid
+        node_of_group[layer, :] = best
+    return proven

@@ -1,0 +1,243 @@
+"""Local search on a packing: swap replicas between the heaviest GPU and the others.
+
+The working state of a layer is described in :mod:`eplb.kernels.packing`. Every move keeps the
+replica counts and the number of replicas on each GPU, and never puts a second replica of an
+expert on a GPU that did not already hold one.
+"""
+
+import numpy as np
+from numba import njit
+
+from .packing import load_state, recompute_loads, store_state
+
+
+@njit(cache=True, nogil=True)
+def _swap(h, i, g, j, item_load, item_expert, gpu_items, gpu_load, holds):
+    """Exchange replica ``gpu_items[h, i]`` with ``gpu_items[g, j]``."""
+    a = gpu_items[h, i]
+    b = gpu_items[g, j]
+    gpu_items[h, i] = b
+    gpu_items[g, j] = a
+    d = item_load[a] - item_load[b]
+    gpu_load[h] -= d
+    gpu_load[g] += d
+    holds[h, item_expert[a]] -= 1
+    holds[g, item_expert[a]] += 1
+    holds[g, item_expert[b]] -= 1
+    holds[h, item_expert[b]] += 1
+
+
+@njit(cache=True, nogil=True)
+def spread_duplicates(item_load, item_expert, gpus, gpu_items, gpu_fill, gpu_load, holds):
+    """Swap every second replica of an expert on one GPU with a replica on another GPU of ``gpus``
+    that does not hold that expert (and whose expert the first GPU lacks), choosing the swap that
+    keeps the larger of the two loads smallest. Replicas with no such partner stay.
+
+    Args:
+        gpus: ``[m]`` int64 GPU ids the swaps may use. State arrays: :mod:`eplb.kernels.packing`.
+    Returns:
+        the number of swaps made.
+    """
+    swaps = 0
+    for gi in range(gpus.shape[0]):
+        g = gpus[gi]
+        for i in range(gpu_fill[g]):
+            a = gpu_items[g, i]
+            ea = item_expert[a]
+            if holds[g, ea] < 2:
+                continue
+            best_g = -1
+            best_j = -1
+            best_score = np.inf
+            for gj in range(gpus.shape[0]):
+                g2 = gpus[gj]
+                if g2 == g or holds[g2, ea] > 0:
+                    continue
+                for j in range(gpu_fill[g2]):
+                    b = gpu_items[g2, j]
+                    if holds[g, item_expert[b]] > 0:
+                        continue
+                    d = item_load[a] - item_load[b]
+                    score = max(gpu_load[g] - d, gpu_load[g2] + d)
+                    if score < best_score:
+                        best_score = score
+                        best_g = g2
+                        best_j = j
+            if best_g >= 0:
+                _swap(g, i, best_g, best_j, item_load, item_expert, gpu_items, gpu_load, holds)
+                swaps += 1
+    return swaps
+
+
+@njit(cache=True, nogil=True)
+def swap_descent(item_load, item_expert, gpus, gpu_items, gpu_fill, gpu_load, holds, max_steps):
+    """Lower the heaviest GPU by swaps until no single swap lowers it.
+
+    Each step takes the heaviest GPU ``h`` of ``gpus`` and, over every other GPU ``g`` and every
+    pair (replica on ``h``, lighter replica on ``g``), applies the swap that makes
+    ``max(load_h, load_g)`` smallest, if that is below the old ``load_h``. The sum of squared
+    loads falls at every step, so the search ends; ``max_steps`` bounds it.
+
+    Args:
+        gpus: ``[m]`` int64 GPU ids the search may use. State arrays: :mod:`eplb.kernels.packing`.
+        max_steps: most swaps.
+    Returns:
+        the number of swaps made.
+    """
+    steps = 0
+    order = np.empty(gpus.shape[0], np.int64)
+    while steps < max_steps:
+        h = -1
+        for gi in range(gpus.shape[0]):  # insertion sort of the GPUs by load, and the heaviest
+            g = gpus[gi]
+            i = gi
+            while i > 0 and gpu_load[order[i - 1]] > gpu_load[g]:
+                order[i] = order[i - 1]
+                i -= 1
+            order[i] = g
+            if gpu_fill[g] > 0 and (h < 0 or gpu_load[g] > gpu_load[h]):
+                h = g
+        if h < 0:
+            break
+        top = gpu_load[h]
+        best_score = top - 1e-12 * top
+        best_g = -1
+        best_i = -1
+        best_j = -1
+        # lightest partners first: a swap with g leaves max(load_h, load_g) >= (load_h + load_g) / 2,
+        # so once that reaches the best score found no heavier partner can do better
+        for gi in range(gpus.shape[0]):
+            g = order[gi]
+            if g == h or gpu_fill[g] == 0:
+                continue
+            low = gpu_load[g]
+            if 0.5 * (top + low) >= best_score:
+                break
+            for i in range(gpu_fill[h]):
+                a = gpu_items[h, i]
+                la = item_load[a]
+                if holds[g, item_expert[a]] > 0:
+                    continue
+                for j in range(gpu_fill[g]):
+                    b = gpu_items[g, j]
+                    d = la - item_load[b]
+                    if d <= 0.0:
+                        continue
+                    score = max(top - d, low + d)
+                    if score < best_score and holds[h, item_expert[b]] == 0:
+                        best_score = score
+                        best_g = g
+                        best_i = i
+                        best_j = j
+        if best_g < 0:
+            break
+        _swap(h, best_i, best_g, best_j, item_load, item_expert, gpu_items, gpu_load, holds)
+        steps += 1
+    return steps
+
+
+@njit(cache=True, nogil=True)
+def improve_placement(weights, phy2log, slot_offsets, gpu_domain, max_swaps):
+    """Improve a given placement with few changes: swap descent on every layer.
+
+    Replica counts stay; only the slots of swapped replicas change (each swap rewrites two slots),
+    and swaps stay inside a domain (pass the node of each GPU to keep every expert group on its
+    node, or zeros for a global placement). The max GPU load of every layer never rises.
+
+    Args:
+        weights: ``[L, E]`` float64 expert loads.
+        phy2log: ``[L, S]`` int64 placement to start from (not modified).
+        slot_offsets: ``[G + 1]`` int64 (``Topology.slot_offsets``).
+        gpu_domain: ``[G]`` int64 domain of each GPU; swaps only between GPUs of one domain.
+        max_swaps: most swaps per layer and domain (each changes two slots).
+    Returns:
+        ``(phy2log [L, S] int64, swaps [L] int64)``: the improved placement and swaps per layer.
+    """
+    num_layers, num_experts = weights.shape
+    num_slots = phy2log.shape[1]
+    num_gpus = slot_offsets.shape[0] - 1
+    width = 1
+    for g in range(num_gpus):
+        width = max(width, slot_offsets[g + 1] - slot_offsets[g])
+    out = phy2log.copy()
+    swaps = np.zeros(num_layers, np.int64)
+    item_expert = np.empty(num_slots, np.int64)
+    item_load = np.empty(num_slots)
+    gpu_items = np.empty((num_gpus, width), np.int64)
+    gpu_fill = np.zeros(num_gpus, np.int64)
+    gpu_load = np.zeros(num_gpus)
+    holds = np.zeros((num_gpus, num_experts), np.int64)
+    num_domains = 0
+    for g in range(num_gpus):
+        num_domains = max(num_domains, gpu_domain[g] + 1)
+    for layer in range(num_layers):
+        load_state(phy2log[layer], weights[layer], slot_offsets, item_expert, item_load, gpu_items, gpu_fill,
+                   gpu_load, holds)
+        for d in range(num_domains):
+            gpus = np.where(gpu_domain == d)[0].astype(np.int64)
+            swaps[layer] += swap_descent(item_load, item_expert, gpus, gpu_items, gpu_fill, gpu_load, holds,
+                                         max_swaps)
+            recompute_loads(item_load, gpus, gpu_items, gpu_fill, gpu_load)
+        store_state(item_expert, gpu_items, gpu_fill, slot_offsets, out[layer])
+    return out, swaps
+
+
+@njit(cache=True, nogil=True)
+def pair_swap_descent(item_load, item_expert, gpus, gpu_items, gpu_fill, gpu_load, holds, max_steps):
+    """Like :func:`swap_descent`, but also exchanges two replicas of the heaviest GPU for two of
+    another GPU when no single swap helps (slower: ``k^4`` pairs per GPU pair).
+
+    Returns:
+        the number of moves made.
+    """
+    steps = 0
+    while steps < max_steps:
+        steps += swap_descent(item_load, item_expert, gpus, gpu_items, gpu_fill, gpu_load, holds, max_steps - steps)
+        if steps >= max_steps:
+            break
+        h = -1
+        for gi in range(gpus.shape[0]):
+            g = gpus[gi]
+            if gpu_fill[g] > 0 and (h < 0 or gpu_load[g] > gpu_load[h]):
+                h = g
+        if h < 0:
+            break
+        top = gpu_load[h]
+        best_score = top - 1e-12 * top
+        best = (-1, -1, -1, -1, -1)
+        for gi in range(gpus.shape[0]):
+            g = gpus[gi]
+            low = gpu_load[g]
+            if g == h or gpu_fill[g] < 2 or 0.5 * (top + low) >= best_score:
+                continue
+            for i1 in range(gpu_fill[h]):
+                a1 = gpu_items[h, i1]
+                if holds[g, item_expert[a1]] > 0:
+                    continue
+                for i2 in range(i1 + 1, gpu_fill[h]):
+                    a2 = gpu_items[h, i2]
+                    if holds[g, item_expert[a2]] > 0 or item_expert[a2] == item_expert[a1]:
+                        continue
+                    la = item_load[a1] + item_load[a2]
+                    for j1 in range(gpu_fill[g]):
+                        b1 = gpu_items[g, j1]
+                        if holds[h, item_expert[b1]] > 0:
+                            continue
+                        for j2 in range(j1 + 1, gpu_fill[g]):
+                            b2 = gpu_items[g, j2]
+                            if holds[h, item_expert[b2]] > 0 or item_expert[b2] == item_expert[b1]:
+                                continue
+                            d = la - item_load[b1] - item_load[b2]
+                            if d <= 0.0:
+                                continue
+                            score = max(top - d, low + d)
+                            if score < best_score:
+                                best_score = score
+                                best = (g, i1, i2, j1, j2)
+        if best[0] < 0:
+            break
+        g, i1, i2, j1, j2 = best
+        _swap(h, i1, g, j1, item_load, item_expert, gpu_items, gpu_load, holds)
+        _swap(h, i2, g, j2, item_load, item_expert, gpu_items, gpu_load, holds)
+        steps += 1
+    return steps

@@ -1,0 +1,95 @@
+"""Kernels that pack replicas onto GPUs.
+
+Working state of one layer, shared with :mod:`eplb.kernels.local_search`:
+
+- ``item_expert [S]`` int64 and ``item_load [S]`` float64: the expert of each replica and the load
+  it carries (``w_e / r_e``);
+- ``gpu_items [G, K]`` int64: the replicas on each GPU, ``K`` = most slots of any GPU; entry
+  ``j < gpu_fill[g]`` sits in slot ``slot_offsets[g] + j``;
+- ``gpu_fill [G]`` int64, ``gpu_load [G]`` float64: replicas on and load of each GPU;
+- ``holds [G, E]`` int64: replicas of each expert on each GPU.
+"""
+
+import numpy as np
+from numba import njit
+
+
+@njit(cache=True, nogil=True)
+def pack_spread_largest_first(item_load, item_expert, items, gpus, slots_per_gpu, gpu_items, gpu_fill,
+                              gpu_load, holds):
+    """Place replicas in decreasing load, each on the lightest GPU with a free slot that does not
+    already hold its expert (the lightest GPU with a free slot if every such GPU holds it).
+
+    Args:
+        items: ``[n]`` int64 replica ids in decreasing load; ``n`` = free slots of ``gpus``.
+        gpus: ``[m]`` int64 GPU ids to fill (in tie-breaking order).
+        slots_per_gpu: ``[G]`` int64.
+        The working-state arrays (module docstring) are updated in place.
+    """
+    for t in range(items.shape[0]):
+        item = items[t]
+        e = item_expert[item]
+        best = -1
+        for gi in range(gpus.shape[0]):
+            g = gpus[gi]
+            if gpu_fill[g] < slots_per_gpu[g] and (best < 0 or gpu_load[g] < gpu_load[best]):
+                best = g
+        if holds[best, e] > 0:  # rare: look for the lightest GPU with room that lacks the expert
+            for gi in range(gpus.shape[0]):
+                g = gpus[gi]
+                if gpu_fill[g] < slots_per_gpu[g] and holds[g, e] == 0 and (
+                    holds[best, e] > 0 or gpu_load[g] < gpu_load[best]
+                ):
+                    best = g
+        gpu_items[best, gpu_fill[best]] = item
+        gpu_fill[best] += 1
+        gpu_load[best] += item_load[item]
+        holds[best, e] += 1
+
+
+@njit(cache=True, nogil=True)
+def load_state(phy2log_row, weights_row, slot_offsets, item_expert, item_load, gpu_items, gpu_fill,
+               gpu_load, holds):
+    """Build the working state of one layer from a placement.
+
+    Args:
+        phy2log_row: ``[S]`` int64 expert of each slot; ``weights_row``: ``[E]`` float64.
+        slot_offsets: ``[G + 1]`` int64. Item ``s`` is the replica in slot ``s``.
+    """
+    num_gpus = slot_offsets.shape[0] - 1
+    num_experts = weights_row.shape[0]
+    counts = np.zeros(num_experts, np.int64)
+    for s in range(phy2log_row.shape[0]):
+        counts[phy2log_row[s]] += 1
+    holds[:, :] = 0
+    for g in range(num_gpus):
+        gpu_fill[g] = 0
+        gpu_load[g] = 0.0
+        for s in range(slot_offsets[g], slot_offsets[g + 1]):
+            e = phy2log_row[s]
+            item_expert[s] = e
+            item_load[s] = weights_row[e] / counts[e]
+            gpu_items[g, gpu_fill[g]] = s
+            gpu_fill[g] += 1
+            gpu_load[g] += item_load[s]
+            holds[g, e] += 1
+
+
+@njit(cache=True, nogil=True)
+def store_state(item_expert, gpu_items, gpu_fill, slot_offsets, phy2log_row):
+    """Write the working state of one layer back as ``phy2log_row [S]``."""
+    num_gpus = slot_offsets.shape[0] - 1
+    for g in range(num_gpus):
+        for j in range(gpu_fill[g]):
+            phy2log_row[slot_offsets[g] + j] = item_expert[gpu_items[g, j]]
+
+
+@njit(cache=True, nogil=True)
+def recompute_loads(item_load, gpus, gpu_items, gpu_fill, gpu_load):
+    """Sum every listed GPU's load afresh (removes rounding drift of incremental updates)."""
+    for gi in range(gpus.shape[0]):
+        g = gpus[gi]
+        total = 0.0
+        for j in range(gpu_fill[g]):
+            total += item_load[gpu_items[g, j]]
+        gpu_load[g] = total

@@ -1,0 +1,40 @@
+"""Kernels that decide how many replicas each expert gets."""
+
+import numpy as np
+from numba import njit
+
+
+@njit(cache=True, nogil=True)
+def replicate_capped(weights, experts, num_replicas, cap, counts):
+    """Give one replica at a time to the expert with the largest load per replica, at most ``cap`` each.
+
+    Without the cap this is the D'Hondt rule, which minimises the largest load per replica. The
+    cap (the number of GPUs that can hold the experts) keeps every replica of an expert on its own
+    GPU: an expert with more replicas than GPUs puts two on one GPU, which carries more than if it
+    had one replica per GPU. When ``cap * len(experts) < num_replicas`` the cap grows by whole
+    multiples so that every replica finds an expert.
+
+    Args:
+        weights: ``[E]`` float64 loads of all experts.
+        experts: ``[n]`` int64 ids of the experts to replicate (``n <= num_replicas``).
+        num_replicas: replicas in all for these experts.
+        cap: ``>= 1``, most replicas of one expert.
+        counts: ``[n]`` int64 output, replicas of ``experts[i]`` (``>= 1``, summing to ``num_replicas``).
+    """
+    n = experts.shape[0]
+    if cap < 1:
+        cap = 1
+    limit = cap
+    while limit * n < num_replicas:
+        limit += cap
+    per_replica = np.empty(n)
+    for i in range(n):
+        counts[i] = 1
+        per_replica[i] = weights[experts[i]] if limit > 1 else -1.0
+    for _ in range(num_replicas - n):
+        best = 0
+        for i in range(1, n):
+            if per_replica[i] > per_replica[best]:
+                best = i
+        counts[best] += 1
+        per_replica[best] = weights[experts[best]] / counts[best] if counts[best] < limit else -1.0

@@ -1,0 +1,174 @@
+"""``method="balanced"`` (the default): replication and packing that close the greedy's gap.
+
+Per layer, and per node in hierarchical mode:
+
+1. hierarchical only: assign the expert groups to nodes with the smallest target max load that
+   the node's load and replica needs allow (exhaustive search when the number of groups is small,
+   see :mod:`eplb.kernels.hierarchy`); a node's replica count is then its slot count;
+2. replicate by the D'Hondt rule capped at one replica per GPU, so that no two replicas of an
+   expert need to share a GPU;
+3. pack replicas largest-first onto the lightest GPU that does not yet hold the expert;
+4. swap replicas between the heaviest GPU and the others while that lowers the heaviest GPU
+   (:func:`eplb.kernels.local_search.swap_descent`);
+5. on layers still above the simple bounds, try a few other replications (a replica or three
+   moved between experts, each packed again; the seeded search of ``method="best"`` with few
+   starts) and keep the best;
+6. on every layer keep the published greedy's placement instead if it has a strictly lower max
+   load, so the method is never worse than greedy.
+
+The name says what it optimises for: balanced GPU loads at serving-loop speed.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..kernels.balanced import balanced_placement
+from ..kernels.greedy import greedy_placement
+from ..kernels.hierarchy import assign_groups
+from ..kernels.layout import replica_counts
+from ..kernels.multistart import best_placement
+from ..bounds import average_bound
+from ..topology import Topology
+from . import Problem, register
+
+SEARCH_BUDGET = 20000
+"""Most steps of one group -> node feasibility search before it gives up (undecided)."""
+
+SEARCH_TOL = 1e-6
+"""Relative precision of the target max load in the group -> node binary search."""
+
+
+def node_arrays(topology: Topology) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(slots [N], active GPUs [N], class [N])`` int64; nodes of one class have equal slots per GPU."""
+    per_node = topology.slots_per_gpu.reshape(topology.num_nodes, -1)
+    slots = per_node.sum(axis=1).astype(np.int64)
+    active = (per_node > 0).sum(axis=1).astype(np.int64)
+    _, node_class = np.unique(per_node, axis=0, return_inverse=True)
+    return slots, active, np.asarray(node_class, dtype=np.int64).ravel()
+
+
+def check_hierarchical(num_experts: int, problem: Problem) -> None:
+    """Raise ``ValueError`` when no group -> node assignment fits the slots of the nodes."""
+    topology = problem.topology
+    groups = problem.num_groups
+    size = num_experts // groups
+    slots, _, _ = node_arrays(topology)
+    used = slots[slots > 0]
+    if (used < size).any():
+        node = int(np.flatnonzero((slots > 0) & (slots < size))[0])
+        raise ValueError(
+            f"hierarchical placement: node {node} has {int(slots[node])} slots, fewer than the {size} experts "
+            "of one group; every node with slots must hold at least one whole group"
+        )
+    if (used // size).sum() < groups:
+        raise ValueError(
+            f"hierarchical placement: the nodes hold at most {int((used // size).sum())} whole groups of "
+            f"{size} experts, fewer than num_groups ({groups})"
+        )
+    if used.size > groups:
+        raise ValueError(
+            f"hierarchical placement: {used.size} nodes have slots but there are only {groups} groups; "
+            "every node with slots must hold at least one group"
+        )
+
+
+def group_assignment(weights: np.ndarray, problem: Problem, lower: np.ndarray | None = None,
+                     budget: int = SEARCH_BUDGET) -> tuple[np.ndarray, np.ndarray]:
+    """Node of every group in every layer, and the proven hierarchical bound.
+
+    Args:
+        weights: ``[L, E]`` float64. lower: ``[L]`` valid lower bounds to start from.
+    Returns:
+        ``node_of_group [L, K]`` int64 and ``[L]`` float64 lower bound on the max load of any
+        placement that keeps every group on one node.
+    """
+    check_hierarchical(weights.shape[1], problem)
+    slots, active, node_class = node_arrays(problem.topology)
+    if lower is None:
+        lower = weights.sum(axis=1) / max(1, int((problem.topology.slots_per_gpu > 0).sum()))
+    node_of_group = np.empty((weights.shape[0], problem.num_groups), np.int64)
+    proven = assign_groups(np.ascontiguousarray(weights), problem.num_groups, slots, active, node_class,
+                           np.ascontiguousarray(lower, dtype=np.float64), budget, SEARCH_TOL, node_of_group)
+    if (node_of_group < 0).any():  # cannot happen after check_hierarchical; kept as a clear error
+        raise ValueError("hierarchical placement: no group -> node assignment fits the slots of the nodes")
+    return node_of_group, proven
+
+
+def domains(weights: np.ndarray, problem: Problem) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(gpu_domain [G], expert_domain [L, E], bound [L])``: nodes in hierarchical mode, one domain
+    otherwise; ``bound`` is the hierarchical bound the group search proved (zeros when global)."""
+    topology = problem.topology
+    num_layers, num_experts = weights.shape
+    if not problem.hierarchical:
+        return (np.zeros(topology.num_gpus, np.int64), np.zeros((num_layers, num_experts), np.int64),
+                np.zeros(num_layers))
+    node_of_group, proven = group_assignment(weights, problem)
+    size = num_experts // problem.num_groups
+    return topology.node_of_gpu.astype(np.int64), np.repeat(node_of_group, size, axis=1), proven
+
+
+def max_loads(weights: np.ndarray, phy2log: np.ndarray, topology: Topology) -> np.ndarray:
+    """``[L]`` max GPU load of a placement (float64)."""
+    counts = replica_counts(phy2log, weights.shape[1])
+    rows = np.arange(weights.shape[0])[:, None]
+    per_slot = weights[rows, phy2log] / counts[rows, phy2log]
+    cumulative = np.zeros((weights.shape[0], phy2log.shape[1] + 1))
+    np.cumsum(per_slot, axis=1, out=cumulative[:, 1:])
+    offsets = topology.slot_offsets
+    return (cumulative[:, offsets[1:]] - cumulative[:, offsets[:-1]]).max(axis=1)
+
+
+def keep_better_than_greedy(weights: np.ndarray, problem: Problem, phy2log: np.ndarray) -> tuple[np.ndarray, int]:
+    """Replace the layers where the published greedy has a strictly lower max load.
+
+    Returns the placement and the number of layers taken from greedy (greedy needs equal slots per GPU).
+    """
+    topology = problem.topology
+    if not topology.is_uniform:
+        return phy2log, 0
+    groups, nodes = (problem.num_groups, topology.num_nodes) if problem.hierarchical else (1, 1)
+    greedy, _ = greedy_placement(np.ascontiguousarray(weights, dtype=np.float32), topology.num_slots, groups,
+                                 nodes, topology.num_gpus)
+    worse = max_loads(weights, greedy, topology) < max_loads(weights, phy2log, topology)
+    if worse.any():
+        phy2log = phy2log.copy()
+        phy2log[worse] = greedy[worse]
+    return phy2log, int(worse.sum())
+
+
+def retry_replication(weights: np.ndarray, problem: Problem, phy2log: np.ndarray, gpu_domain: np.ndarray,
+                      bound: np.ndarray, num_starts: int, max_steps: int, tolerance: float = 1e-3
+                      ) -> tuple[np.ndarray, int]:
+    """Try a few other replications (:func:`eplb.kernels.multistart.best_placement`) on the layers
+    whose max load is more than ``tolerance`` above the average and heaviest-replica bounds
+    (and ``bound [L]``, a valid bound the caller has).
+
+    Returns the placement and the number of layers retried.
+    """
+    topology = problem.topology
+    if num_starts <= 1:
+        return phy2log, 0
+    cheap = np.maximum(average_bound(weights, topology), weights.max(axis=1) / topology.num_gpus)
+    cheap = np.maximum(cheap, bound)
+    retry = max_loads(weights, phy2log, topology) > cheap * (1 + tolerance)
+    if retry.any():
+        phy2log = phy2log.copy()
+        phy2log[retry] = best_placement(np.ascontiguousarray(weights[retry]), topology.slots_per_gpu, gpu_domain,
+                                        np.ascontiguousarray(phy2log[retry]), int(num_starts), int(max_steps), 0, False)
+    return phy2log, int(retry.sum())
+
+
+@register("balanced")
+def balanced(weights: np.ndarray, problem: Problem, max_steps: int = 4096, num_starts: int = 4
+             ) -> tuple[np.ndarray, dict]:
+    """The default method (module docstring). ``max_steps``: most swaps per layer and node;
+    ``num_starts``: replications tried on layers left above the simple bounds (1 = none)."""
+    weights = np.ascontiguousarray(weights, dtype=np.float64)
+    topology = problem.topology
+    gpu_domain, expert_domain, bound = domains(weights, problem)
+    phy2log = balanced_placement(weights, topology.slots_per_gpu, gpu_domain, expert_domain, int(max_steps))
+    phy2log, retried = retry_replication(weights, problem, phy2log, gpu_domain, bound, num_starts, max_steps)
+    phy2log, from_greedy = keep_better_than_greedy(weights, problem, phy2log)
+    return phy2log, {"hierarchical": problem.hierarchical, "layers_retried": retried,
+                     "layers_from_greedy": from_greedy}

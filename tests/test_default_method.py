@@ -1,0 +1,200 @@
+"""The default method ("balanced") and "best": never worse than greedy (resp. the default),
+replicas spread over GPUs, groups kept on one node, any topology, and the reusable local search."""
+
+import numpy as np
+import pytest
+from checks import assert_valid
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from strategies import configs, counts_for, problems
+
+import eplb
+from eplb.kernels.local_search import improve_placement
+from eplb.methods import DEFAULT_METHOD
+
+QUALITY_METHODS = ["balanced", "best"]
+
+
+def kwargs(config):
+    return {k: v for k, v in config.items() if k != "num_experts"}
+
+
+def hierarchical(config):
+    return config["num_groups"] is not None and config["num_groups"] % config["num_nodes"] == 0
+
+
+def sharing_is_avoidable(config, placement):
+    """A placement without two replicas of one expert on a GPU exists (per node when hierarchical)."""
+    k = config["num_slots"] // config["num_gpus"]
+    if not hierarchical(config):
+        return k <= config["num_experts"] and config["num_slots"] <= config["num_experts"] * config["num_gpus"]
+    # per node: its experts fill its slots without sharing
+    topo = placement.topology
+    size = config["num_experts"] // config["num_groups"]
+    node_of_slot = topo.node_of_gpu[topo.gpu_of_slot]
+    for layer in range(placement.num_layers):
+        for node in range(topo.num_nodes):
+            experts = len(set(placement.phy2log[layer, node_of_slot == node] // size)) * size
+            if k > experts or topo.slots_per_node[node] > experts * topo.gpus_per_node:
+                return False
+    return True
+
+
+def groups_stay_on_one_node(placement, num_groups):
+    topo = placement.topology
+    size = placement.num_experts // num_groups
+    node_of_slot = topo.node_of_gpu[topo.gpu_of_slot]
+    for layer in range(placement.num_layers):
+        group = placement.phy2log[layer] // size
+        for g in range(num_groups):
+            if len(set(node_of_slot[group == g])) != 1:
+                return False
+    return True
+
+
+def test_the_default_method_is_balanced():
+    assert DEFAULT_METHOD == "balanced"
+
+
+@given(problems(), st.sampled_from(QUALITY_METHODS))
+def test_never_worse_than_greedy_on_any_layer(problem, method):
+    config, counts = problem
+    greedy = eplb.plan(counts, method="greedy", **kwargs(config))
+    ours = eplb.plan(counts, method=method, **kwargs(config))
+    assert_valid(ours, config["num_experts"])
+    assert (ours.max_load <= greedy.max_load * (1 + 1e-12)).all()
+    assert (ours.lower_bound <= ours.max_load * (1 + 1e-9)).all()
+
+
+@given(problems())
+def test_best_is_never_worse_than_the_default(problem):
+    config, counts = problem
+    default = eplb.plan(counts, method="balanced", **kwargs(config))
+    best = eplb.plan(counts, method="best", **kwargs(config))
+    assert (best.max_load <= default.max_load * (1 + 1e-12)).all()
+
+
+@given(problems())
+def test_no_two_replicas_of_an_expert_share_a_gpu_when_avoidable(problem):
+    config, counts = problem
+    placement = eplb.plan(counts, **kwargs(config))
+    if sharing_is_avoidable(config, placement) and placement.info["layers_from_greedy"] == 0:
+        assert (placement.replicas_sharing_a_gpu() == 0).all()
+
+
+@given(problems(hierarchical=True), st.sampled_from(QUALITY_METHODS))
+def test_hierarchical_placement_keeps_every_group_on_one_node(problem, method):
+    config, counts = problem
+    placement = eplb.plan(counts, method=method, **kwargs(config))
+    assert groups_stay_on_one_node(placement, config["num_groups"])
+
+
+def test_far_better_than_greedy_on_deepseek_v3_sized_loads():
+    from eplb.synthetic import DEEPSEEK_V3, deepseek_v3_counts
+
+    counts = deepseek_v3_counts(seed=5)
+    config = {k: DEEPSEEK_V3[k] for k in ("num_slots", "num_gpus", "num_nodes", "num_groups")}
+    for groups in (8, None):  # hierarchical, then global
+        config["num_groups"] = groups
+        greedy = eplb.plan(counts, method="greedy", **config)
+        ours = eplb.plan(counts, **config)
+        assert ours.gap.mean() < greedy.gap.mean() / 5
+        assert ours.replicas_sharing_a_gpu().sum() == 0 < greedy.replicas_sharing_a_gpu().sum()
+    assert ours.gap.mean() < 5e-4  # global: within 0.05% of the proven bound
+
+
+@st.composite
+def uneven_topologies(draw, hierarchical_groups=False):
+    """A Topology with uneven slots per GPU (some GPUs masked) and counts that fit it."""
+    num_nodes = draw(st.sampled_from([1, 2, 3]))
+    gpus_per_node = draw(st.integers(1, 4))
+    slots = np.array(draw(st.lists(st.integers(0, 5), min_size=num_nodes * gpus_per_node,
+                                   max_size=num_nodes * gpus_per_node)), np.int64)
+    if hierarchical_groups:
+        per_node = slots.reshape(num_nodes, -1)
+        group_size = draw(st.integers(1, 3))
+        for n in range(num_nodes):  # every node holds at least one group
+            if per_node[n].sum() < group_size:
+                per_node[n, 0] += group_size
+        capacity = int((per_node.sum(axis=1) // group_size).sum())
+        num_groups = draw(st.integers(num_nodes, max(num_nodes, capacity)))
+        num_groups = num_nodes * max(1, num_groups // num_nodes)
+        num_groups = min(num_groups, num_nodes * (capacity // num_nodes)) or num_nodes
+        topology = eplb.Topology(per_node.ravel(), num_nodes)
+        return topology, num_groups * group_size, num_groups
+    if slots.sum() == 0:
+        slots[0] = 1
+    topology = eplb.Topology(slots, num_nodes)
+    num_experts = draw(st.integers(1, int(slots.sum())))
+    return topology, num_experts, None
+
+
+@settings(max_examples=40)
+@given(uneven_topologies(), st.data())
+def test_any_topology_in_global_mode(topo_case, data):
+    topology, num_experts, _ = topo_case
+    counts = data.draw(counts_for(num_experts))
+    for method in QUALITY_METHODS:
+        placement = eplb.plan(counts, topology=topology, method=method)
+        assert_valid(placement, num_experts)
+        loads = placement.gpu_loads(counts)
+        assert (loads[:, topology.slots_per_gpu == 0] == 0).all()  # masked GPUs carry nothing
+        assert (placement.lower_bound <= placement.max_load * (1 + 1e-9)).all()
+        k = topology.slots_per_gpu
+        if (method == "best" or placement.info["layers_from_greedy"] == 0) and k.max() <= num_experts and (
+                topology.num_slots <= num_experts * (k > 0).sum()):
+            # no sharing is possible whenever the uneven layout allows it (Gale-Ryser, checked by search)
+            assert (placement.replicas_sharing_a_gpu() == 0).all() or not _spread_exists(k, placement)
+
+
+def _spread_exists(slots_per_gpu, placement):
+    """Whether the placement's replica counts fit with every GPU holding distinct experts."""
+    for layer in range(placement.num_layers):
+        r = np.sort(placement.logcnt[layer])[::-1]
+        k = slots_per_gpu[slots_per_gpu > 0]
+        for j in range(1, len(r) + 1):  # Gale-Ryser
+            if r[:j].sum() > np.minimum(k, j).sum():
+                return False
+    return True
+
+
+@settings(max_examples=40)
+@given(uneven_topologies(hierarchical_groups=True), st.data())
+def test_any_topology_in_hierarchical_mode(topo_case, data):
+    topology, num_experts, num_groups = topo_case
+    counts = data.draw(counts_for(num_experts))
+    placement = eplb.plan(counts, topology=topology, num_groups=num_groups)
+    assert_valid(placement, num_experts)
+    assert groups_stay_on_one_node(placement, num_groups)
+    assert (placement.lower_bound <= placement.max_load * (1 + 1e-9)).all()
+
+
+def test_impossible_hierarchical_layouts_raise_a_clear_error():
+    counts = np.ones((1, 8))
+    # 8 experts in 2 groups of 4 on 2 nodes; node 1 has 3 slots: fewer than a group's experts
+    topology = eplb.Topology(np.array([3, 3, 3, 0]), num_nodes=2)
+    with pytest.raises(ValueError, match="node 1 has 3 slots"):
+        eplb.plan(counts, topology=topology, num_groups=2)
+    # 4 groups of 2 on 2 nodes with 8 slots, but node 0 (3 slots) fits 1 group and node 1 (5 slots) 2
+    topology = eplb.Topology(np.array([2, 1, 3, 2]), num_nodes=2)
+    with pytest.raises(ValueError, match="at most 3 whole groups"):
+        eplb.plan(counts, topology=topology, num_groups=4)
+
+
+@given(configs(), st.integers(0, 2**32 - 1), st.integers(0, 20))
+def test_local_search_from_any_placement_only_improves(config, seed, max_swaps):
+    """improve_placement: replica counts kept, max load never up, at most 2 slots per swap change."""
+    rng = np.random.default_rng(seed)
+    topology = eplb.Topology.uniform(config["num_slots"], config["num_gpus"], config["num_nodes"])
+    num_experts = config["num_experts"]
+    counts = rng.random((2, num_experts)) * 100
+    start = eplb.plan(counts, method="greedy", **kwargs(config))
+    domain = topology.node_of_gpu if hierarchical(config) else np.zeros(topology.num_gpus, np.int64)
+    improved, swaps = improve_placement(counts, start.phy2log, topology.slot_offsets, domain, max_swaps)
+    after = eplb.Placement(improved, num_experts, topology)
+    assert np.array_equal(after.logcnt, start.logcnt)
+    assert (after.gpu_loads(counts).max(axis=1) <= start.max_load * (1 + 1e-12)).all()
+    assert ((improved != start.phy2log).sum(axis=1) <= 2 * swaps).all()
+    assert (swaps <= max_swaps * topology.num_nodes).all()
+    if hierarchical(config):
+        assert groups_stay_on_one_node(after, config["num_groups"])
