@@ -57,5 +57,6 @@ def get_method(name: str) -> MethodFn:
 # Importing the modules registers the methods.
 from . import greedy  # noqa: E402,F401
 from . import balanced, best  # noqa: E402,F401
+from . import exact  # noqa: E402,F401
 
 DEFAULT_METHOD = "balanced"
