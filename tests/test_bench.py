@@ -46,16 +46,16 @@ def test_sweep_points_are_valid_deployments():
             assert c["experts"] % c["groups"] == 0 and c["gpus"] % c["nodes"] == 0
 
 
-def test_startup_measures_cold_and_warm_fresh_processes(tmp_path):
-    text = startup.run(True, tmp_path, methods=["greedy"])
+def test_startup_measures_fresh_processes(tmp_path):
+    # the cold compile (an empty cache folder) takes tens of seconds here: the full bench run measures it
+    text = startup.run(True, tmp_path, methods=["greedy"], cold=False)
     rows = read(tmp_path / "startup.csv")
-    assert [(r["kind"], r["entry"]) for r in rows] == [
-        ("cold (empty cache)", "plan"), ("warm cache", "plan"), ("warm cache", "rebalance_experts")]
+    assert [(r["kind"], r["entry"]) for r in rows] == [("warm cache", "plan"), ("warm cache", "rebalance_experts")]
     for r in rows:
         assert float(r["import_s"]) > 0 and float(r["first_call_s"]) > 0
         assert float(r["process_wall_s"]) >= float(r["import_plus_first_call_s"])
     assert "## Start-up" in text and (tmp_path / "startup.png").exists()
-    assert len(startup.headline(tmp_path)) == 3
+    assert len(startup.headline(tmp_path)) == 2
 
 
 def test_generalisation_reports_in_and_out_of_sample_for_every_method(tmp_path):
