@@ -1,20 +1,25 @@
 """eplb: expert-parallel load balancing for Mixture-of-Experts serving."""
 
 from .api import plan, rebalance_experts
+from .balancer import Balancer
 from .bounds import lower_bound, lower_bounds
 from .methods import DEFAULT_METHOD, METHODS
 from .placement import Placement
 from .topology import Topology
+from .transfer import TransferPlan, transfer_plan
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "Balancer",
     "DEFAULT_METHOD",
     "METHODS",
     "Placement",
     "Topology",
+    "TransferPlan",
     "lower_bound",
     "lower_bounds",
     "plan",
     "rebalance_experts",
+    "transfer_plan",
 ]

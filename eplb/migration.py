@@ -16,13 +16,15 @@ layer:
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 
 from ._validation import as_int
 from .kernels.layout import replica_counts
 from .kernels.migration import improve_placement, relabel_like
 from .metrics import gpu_loads
-from .methods import Problem
+from .methods import Problem, get_method
 from .placement import Placement, check_placement
 
 
@@ -86,9 +88,9 @@ def migrate(weights: np.ndarray, problem: Problem, previous: np.ndarray, scratch
     else:
         group_of_expert = np.zeros(num_experts, np.int64)
         num_groups = 1
-    local, local_changes = improve_placement(
+    local, local_changes, _ = improve_placement(
         weights, previous, topology.gpu_of_slot, topology.slot_offsets, topology.node_of_gpu,
-        group_of_expert, problem.hierarchical, num_groups, target, np.full(num_layers, budget, np.int64),
+        group_of_expert, problem.hierarchical, num_groups, target, np.full(num_layers, budget, np.int64), 2 * num_slots,
     )
     local_peak = _peaks(weights, local, topology)
     # the relabelled fresh plan is only needed where the local search missed the target
@@ -126,6 +128,19 @@ def migrate(weights: np.ndarray, problem: Problem, previous: np.ndarray, scratch
         "max_moves": max_moves,
     }
     return phy2log, info
+
+
+def plan_near(weights: np.ndarray, problem: Problem, previous: np.ndarray | None, *, method: str,
+              tolerance: float | None = 0.005, max_moves=None, options: dict | None = None) -> tuple[np.ndarray, dict]:
+    """``phy2log [L, S]`` and info for ``weights [L, E]``: from scratch with ``method``, then (with
+    ``previous [L, S]``) close to ``previous`` via :func:`migrate`. No bounds are computed: this is
+    the fast path for serving engines (:class:`eplb.Balancer`, the engine adapters)."""
+    start = time.perf_counter()
+    phy2log, info = get_method(method)(weights, problem, **(options or {}))
+    if previous is not None:
+        phy2log, moved = migrate(weights, problem, previous, phy2log, tolerance=tolerance, max_moves=max_moves)
+        info = {**info, **moved}
+    return phy2log, {**info, "time_s": time.perf_counter() - start}
 
 
 def _peaks(weights: np.ndarray, phy2log: np.ndarray, topology) -> np.ndarray:

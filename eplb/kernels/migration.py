@@ -48,7 +48,7 @@ def _add_slot(expert_slots, cnt, e, s):
 
 @njit(cache=True, nogil=True)
 def improve_placement(weights, previous, gpu_of_slot, slot_offsets, node_of_gpu, group_of_expert,
-                      keep_groups, num_groups, target, max_changes):
+                      keep_groups, num_groups, target, max_changes, max_steps):
     """Local search from ``previous``: lower the heaviest GPU until it is at most ``target``.
 
     Each step takes the move with the largest reduction of the heaviest GPU's load per slot changed
@@ -65,8 +65,10 @@ def improve_placement(weights, previous, gpu_of_slot, slot_offsets, node_of_gpu,
         keep_groups: bool; num_groups: ``K`` (>= 1).
         target: ``[L]`` stop once the max GPU load is at most this.
         max_changes: ``[L]`` int64, at most this many slots of a layer may differ from ``previous``.
+        max_steps: at most this many moves per layer.
     Returns:
-        ``phy2log [L, S]`` int64 and ``changes [L]`` int64 (slots that differ from ``previous``).
+        ``phy2log [L, S]`` int64, ``changes [L]`` int64 (slots that differ from ``previous``) and
+        ``steps [L]`` int64 (moves made).
     """
     num_layers, num_slots = previous.shape
     num_experts = weights.shape[1]
@@ -77,6 +79,7 @@ def improve_placement(weights, previous, gpu_of_slot, slot_offsets, node_of_gpu,
     width = num_slots - num_experts + 1
     out = previous.copy()
     changes = np.zeros(num_layers, np.int64)
+    steps = np.zeros(num_layers, np.int64)
     cnt = np.zeros(num_experts, np.int64)
     expert_slots = np.empty((num_experts, width), np.int64)
     has = np.zeros((num_gpus, num_experts), np.int64)
@@ -85,13 +88,13 @@ def improve_placement(weights, previous, gpu_of_slot, slot_offsets, node_of_gpu,
     share = np.zeros(num_experts)  # w / cnt: load of each replica
     share_up = np.zeros(num_experts)  # w / (cnt + 1): with one replica more
     gain_down = np.zeros(num_experts)  # w / (cnt - 1) - w / cnt: what each other replica gains if one goes
+    slot_share = np.zeros(num_slots)  # share of the expert in each slot
+    spare = np.empty(num_slots, np.int64)  # slots whose expert has another replica
     for layer in range(num_layers):
         w = weights[layer]
         row = out[layer]
         prev = previous[layer]
-        cnt[:] = 0
-        has[:, :] = 0
-        node_group[:, :] = 0
+        cnt[:] = 0  # has and node_group are all zero here: cleared after each layer
         for s in range(num_slots):
             e = row[s]
             _add_slot(expert_slots, cnt, e, s)
@@ -101,7 +104,7 @@ def improve_placement(weights, previous, gpu_of_slot, slot_offsets, node_of_gpu,
             _shares(w, cnt, e, share, share_up, gain_down)
         _loads_from_shares(row, share, gpu_of_slot, x)
         changed = 0
-        for _ in range(4 * num_slots + 16):
+        for step in range(max_steps):
             heavy = 0
             for g in range(1, num_gpus):
                 if x[g] > x[heavy]:
@@ -119,35 +122,53 @@ def improve_placement(weights, previous, gpu_of_slot, slot_offsets, node_of_gpu,
             best_a = -1
             best_b = -1
             # (A) swap slot a (heaviest GPU) with slot b (another GPU)
+            for b in range(num_slots):
+                slot_share[b] = share[row[b]]
             for a in range(slot_offsets[heavy], slot_offsets[heavy + 1]):
                 e = row[a]
-                pe = share[e]
-                for b in range(num_slots):
-                    d = pe - share[row[b]]
-                    if d <= 0.0:
+                pe = slot_share[a]
+                for gb in range(num_gpus):
+                    room = limit - x[gb]
+                    if gb == heavy or room <= 0.0:
                         continue
-                    gb = gpu_of_slot[b]
-                    local = max(peak - d, x[gb] + d)
-                    if local >= limit or gb == heavy:
-                        continue
-                    f = row[b]
-                    if has[gb, e] > 0 or has[heavy, f] > 0:
-                        continue
-                    if keep_groups and node_of_gpu[gb] != node_h:
-                        if node_group[node_of_gpu[gb], group_of_expert[e]] == 0:
+                    lowest = pe - room  # d = pe - share must stay below room
+                    for b in range(slot_offsets[gb], slot_offsets[gb + 1]):
+                        sb = slot_share[b]
+                        if sb >= pe or sb <= lowest:
                             continue
-                        if node_group[node_h, group_of_expert[f]] == 0:
+                        d = pe - sb
+                        local = max(peak - d, x[gb] + d)
+                        if local >= limit:
                             continue
-                    cost = (int(f != prev[a]) - int(e != prev[a]) + int(e != prev[b]) - int(f != prev[b]))
-                    if cost > budget:
-                        continue
-                    score = (peak - max(local, floor)) / (cost if cost > 0 else 0.25)
-                    if score > best_score or (score == best_score and local < best_local):
-                        best_score, best_local, best_kind, best_a, best_b = score, local, 0, a, b
-            # (B) give slot a of the heaviest GPU (expert e with >= 2 replicas) to expert f
+                        f = row[b]
+                        if has[gb, e] > 0 or has[heavy, f] > 0:
+                            continue
+                        if keep_groups and node_of_gpu[gb] != node_h:
+                            if node_group[node_of_gpu[gb], group_of_expert[e]] == 0:
+                                continue
+                            if node_group[node_h, group_of_expert[f]] == 0:
+                                continue
+                        cost = (int(f != prev[a]) - int(e != prev[a]) + int(e != prev[b]) - int(f != prev[b]))
+                        if cost > budget:
+                            continue
+                        score = (peak - max(local, floor)) / (cost if cost > 0 else 0.25)
+                        if score > best_score or (score == best_score and local < best_local):
+                            best_score, best_local, best_kind, best_a, best_b = score, local, 0, a, b
+            # (B) give slot a of the heaviest GPU (expert e with >= 2 replicas) to expert f: the best
+            # f is the lightest new replica the GPU may take, or the slot's previous expert (cheaper)
+            first = -1
+            second = -1
+            for f in range(num_experts):
+                if has[heavy, f] > 0 or (keep_groups and node_group[node_h, group_of_expert[f]] == 0):
+                    continue
+                if first < 0 or share_up[f] < share_up[first]:
+                    second = first
+                    first = f
+                elif second < 0 or share_up[f] < share_up[second]:
+                    second = f
             for a in range(slot_offsets[heavy], slot_offsets[heavy + 1]):
                 e = row[a]
-                if cnt[e] < 2:
+                if cnt[e] < 2 or first < 0:
                     continue
                 gain_e = gain_down[e]
                 holders = 0.0
@@ -158,11 +179,17 @@ def improve_placement(weights, previous, gpu_of_slot, slot_offsets, node_of_gpu,
                 if holders >= limit:
                     continue
                 base = peak - share[e] + (has[heavy, e] - 1) * gain_e
-                for f in range(num_experts):
-                    local = max(base + share_up[f], holders)
-                    if local >= limit or f == e or has[heavy, f] > 0:
+                for option in range(2):
+                    if option == 0:
+                        f = second if first == prev[a] else first
+                    else:
+                        f = prev[a]
+                        if f == e or has[heavy, f] > 0 or (keep_groups and node_group[node_h, group_of_expert[f]] == 0):
+                            continue
+                    if f < 0:
                         continue
-                    if keep_groups and node_group[node_h, group_of_expert[f]] == 0:
+                    local = max(base + share_up[f], holders)
+                    if local >= limit:
                         continue
                     cost = int(f != prev[a]) - int(e != prev[a])
                     if cost > budget:
@@ -171,6 +198,11 @@ def improve_placement(weights, previous, gpu_of_slot, slot_offsets, node_of_gpu,
                     if score > best_score or (score == best_score and local < best_local):
                         best_score, best_local, best_kind, best_a, best_b = score, local, 1, a, f
             # (C) give slot b elsewhere (expert g with >= 2 replicas) to a new replica of expert e
+            num_spare = 0
+            for b in range(num_slots):
+                if cnt[row[b]] >= 2 and gpu_of_slot[b] != heavy:
+                    spare[num_spare] = b
+                    num_spare += 1
             for a in range(slot_offsets[heavy], slot_offsets[heavy + 1]):
                 e = row[a]
                 if a > slot_offsets[heavy] and has[heavy, e] > 1:
@@ -184,9 +216,10 @@ def improve_placement(weights, previous, gpu_of_slot, slot_offsets, node_of_gpu,
                     continue
                 relief = (share[e] - share_up[e]) * has[heavy, e]
                 new_share = share_up[e]
-                for b in range(num_slots):
+                for i_spare in range(num_spare):
+                    b = spare[i_spare]
                     g2 = row[b]
-                    if cnt[g2] < 2 or g2 == e:
+                    if g2 == e:
                         continue
                     gain_g = gain_down[g2]
                     gb = gpu_of_slot[b]
@@ -226,8 +259,12 @@ def improve_placement(weights, previous, gpu_of_slot, slot_offsets, node_of_gpu,
                 _shares(w, cnt, e, share, share_up, gain_down)
                 _shares(w, cnt, f, share, share_up, gain_down)
             _loads_from_shares(row, share, gpu_of_slot, x)
+            steps[layer] += 1
         changes[layer] = changed
-    return out, changes
+        for s in range(num_slots):
+            has[gpu_of_slot[s], row[s]] = 0
+            node_group[node_of_gpu[gpu_of_slot[s]], group_of_expert[row[s]]] = 0
+    return out, changes, steps
 
 
 @njit(cache=True, nogil=True)

@@ -1,0 +1,322 @@
+"""The online balancer a serving engine plugs in: record loads every forward pass, decide when a
+rebalance pays for its weight copies, and plan it close to the placement in service.
+
+Typical use inside an engine::
+
+    balancer = eplb.Balancer(num_layers=58, num_experts=256, num_slots=288, num_gpus=32,
+                             num_nodes=4, num_groups=8, window=1000, expert_bytes=44 << 20)
+    for step in serving_loop:
+        balancer.record(tokens_per_expert)          # [L, E] logical or [L, S] per slot
+        if step % 100 == 0 and balancer.should_rebalance():
+            placement, transfer = balancer.rebalance()   # may run on a background thread
+            engine.apply(placement.phy2log, transfer.chunks(8))
+
+Thread safety: :meth:`record` and the window snapshot taken by planning share a lock; planning
+itself runs in Numba kernels that release the GIL, so :meth:`rebalance` can run on a background
+thread while the engine keeps recording.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import numpy as np
+
+from ._validation import as_int
+from .api import make_problem
+from .bounds import lower_bound
+from .kernels.window import first_bad_count, store_logical, store_physical, weighted_window
+from .methods import DEFAULT_METHOD, get_method
+from .migration import plan_near
+from .metrics import balancedness
+from .placement import Placement
+from .topology import Topology
+from .transfer import TransferPlan, transfer_plan
+
+STATE_VERSION = 1
+
+
+def round_robin_placement(num_layers: int, num_experts: int, topology: Topology, num_groups=None) -> Placement:
+    """The layout engines start from: slot ``s`` holds expert ``s % E`` in every layer."""
+    row = np.arange(topology.num_slots, dtype=np.int64) % num_experts
+    return Placement(np.tile(row, (num_layers, 1)), num_experts, topology, num_groups, method="round_robin")
+
+
+class Balancer:
+    """Online expert-load balancer: a window of recent loads and the placement in service.
+
+    Args:
+        num_layers: ``L`` MoE layers; num_experts: ``E`` logical experts per layer.
+        num_slots, num_gpus, num_nodes, num_groups, topology: the deployment, as for :func:`eplb.plan`.
+        window: ``W``, forward passes kept (a ring buffer ``[W, L, E]`` allocated once).
+        decay: ``None`` (all passes in the window weigh the same) or a factor in ``(0, 1]``: a pass
+            ``a`` steps old weighs ``decay ** a``.
+        method: the planning method (``eplb.METHODS``); tolerance, max_moves: the trade-off of
+            migration-aware planning (see :func:`eplb.plan`).
+        min_gain: rebalance only if the mean balancedness over layers rises by at least this much
+            (on the window's loads) ...
+        move_cost: ... plus ``move_cost`` times the fraction of slots that change (the migration cost
+            expressed in balancedness points: with 0.05, moving every slot must buy 0.05).
+        expert_bytes: bytes of one expert's weights in one layer (for transfer-plan byte totals).
+        placement: the placement in service at start (default: slot ``s`` holds expert ``s % E``).
+        options: passed to the planning method.
+    """
+
+    def __init__(self, num_layers, num_experts, *, num_slots=None, num_gpus=None, num_nodes=1, num_groups=None,
+                 topology: Topology | None = None, window: int = 100, decay: float | None = None,
+                 method: str = DEFAULT_METHOD, tolerance: float | None = 0.005, max_moves=None,
+                 min_gain: float = 0.01, move_cost: float = 0.05, expert_bytes: int | None = None,
+                 placement: Placement | None = None, options: dict | None = None):
+        self.num_layers = as_int(num_layers, "num_layers", minimum=1)
+        self.num_experts = as_int(num_experts, "num_experts", minimum=1)
+        problem = make_problem(self.num_experts, num_slots, num_gpus, num_nodes, num_groups, topology)
+        self._problem = problem
+        self.topology = problem.topology
+        self.num_groups = problem.num_groups
+        get_method(method)  # fail early on an unknown method
+        self.window = as_int(window, "window", minimum=1)
+        if decay is not None:
+            decay = float(decay)
+            if not 0.0 < decay <= 1.0:
+                raise ValueError(f"decay must be in (0, 1] or None, got {decay}")
+        self.decay = decay
+        self.method = method
+        if tolerance is not None and not (np.isfinite(float(tolerance)) and float(tolerance) >= 0):
+            raise ValueError(f"tolerance must be a non-negative number or None, got {tolerance}")
+        if tolerance is None and max_moves is None:
+            raise ValueError("give tolerance, max_moves or both")
+        self.tolerance = tolerance
+        self.max_moves = None if max_moves is None else as_int(max_moves, "max_moves", minimum=0)
+        self.min_gain = _non_negative(min_gain, "min_gain")
+        self.move_cost = _non_negative(move_cost, "move_cost")
+        self.expert_bytes = None if expert_bytes is None else as_int(expert_bytes, "expert_bytes", minimum=0)
+        self.options = dict(options or {})
+        if placement is None:
+            placement = round_robin_placement(self.num_layers, self.num_experts, self.topology, self.num_groups)
+        self._check_placement(placement)
+        self.placement = placement
+        self._buffer = np.zeros((self.window, self.num_layers, self.num_experts))
+        self._position = 0  # next row of the ring buffer to write
+        self._filled = 0  # rows holding data
+        self.steps = 0  # forward passes recorded in all
+        self.rebalances = 0
+        self.history: list[dict] = []
+        self.last_decision: dict = {}
+        self._candidate: tuple[int, int, Placement] | None = None  # (steps, rebalances, plan)
+        self._lock = threading.Lock()
+
+    # -- recording -------------------------------------------------------------------------------
+    def record(self, counts, *, physical: bool | None = None) -> None:
+        """Add one forward pass's token counts to the window (no allocation for numpy input).
+
+        Args:
+            counts: ``[L, E]`` tokens per logical expert, or ``[L, S]`` tokens per physical slot
+                (mapped back through the placement in service); numpy or torch, any numeric dtype.
+            physical: which of the two ``counts`` is; inferred from the shape unless ``E == S``.
+        """
+        if type(counts).__module__.split(".")[0] == "torch":
+            counts = counts.detach().cpu().numpy()
+        if not isinstance(counts, np.ndarray):
+            counts = np.asarray(counts, dtype=np.float64)
+        if counts.dtype.kind not in "biuf":
+            raise ValueError(f"counts must hold numbers, got dtype {counts.dtype}")
+        num_slots = self.topology.num_slots
+        if counts.ndim != 2 or counts.shape[0] != self.num_layers or counts.shape[1] not in (self.num_experts, num_slots):
+            raise ValueError(
+                f"counts must have shape [L, E] = [{self.num_layers}, {self.num_experts}] or per slot "
+                f"[L, S] = [{self.num_layers}, {num_slots}], got {counts.shape}"
+            )
+        if physical is None:
+            if self.num_experts == num_slots:
+                raise ValueError("E == S: pass physical=True (per-slot counts) or physical=False (per expert)")
+            physical = counts.shape[1] == num_slots
+        expected = num_slots if physical else self.num_experts
+        if counts.shape[1] != expected:
+            raise ValueError(f"counts must have {expected} columns with physical={physical}, got {counts.shape[1]}")
+        if counts.dtype.kind == "b":
+            counts = counts.view(np.uint8)
+        bad = first_bad_count(counts)
+        if bad >= 0:
+            raise ValueError(f"counts must be finite and non-negative, found {counts.flat[bad]} at flat index {bad}")
+        with self._lock:
+            row = self._buffer[self._position]
+            if physical:
+                store_physical(counts, self.placement.phy2log, row)
+            else:
+                store_logical(counts, row)
+            self._position = (self._position + 1) % self.window
+            self._filled = min(self._filled + 1, self.window)
+            self.steps += 1
+
+    def window_counts(self) -> np.ndarray:
+        """``[L, E]`` float64: the window's loads (decay-weighted sum over the recorded passes)."""
+        with self._lock:
+            ages = (self._position - 1 - np.arange(self.window)) % self.window  # age of each buffer row
+            weights = np.where(ages < self._filled, 1.0, 0.0)
+            if self.decay is not None:
+                weights *= self.decay ** ages
+            out = np.empty((self.num_layers, self.num_experts))
+            weighted_window(self._buffer, weights, out)
+        return out
+
+    # -- deciding and planning -------------------------------------------------------------------
+    def _plan(self, load: np.ndarray) -> Placement:
+        """Migration-aware plan for ``load [L, E]`` from the placement in service (no bounds: the
+        balancer needs the placement, not its certificate, and keeps planning fast)."""
+        phy2log, info = plan_near(load, self._problem, self.placement.phy2log, method=self.method,
+                                  tolerance=self.tolerance, max_moves=self.max_moves, options=self.options)
+        return Placement(phy2log, self.num_experts, self.topology, self.num_groups, method=self.method, info=info)
+
+    def should_rebalance(self) -> bool:
+        """Whether a rebalance now is worth its weight copies.
+
+        The predicted gain is the rise in mean balancedness (over layers) on the window's loads.
+        First a free check: the lower bound caps what any plan can reach; if even that is less than
+        ``min_gain`` above today's balancedness, no. Otherwise plan (migration-aware; the plan is
+        kept for :meth:`rebalance`) and say yes when
+        ``gain >= min_gain + move_cost * fraction of slots changed``. Details in ``last_decision``.
+        """
+        if self._filled == 0:
+            self.last_decision = {"rebalance": False, "reason": "no loads recorded"}
+            return False
+        steps, rebalances = self.steps, self.rebalances
+        load = self.window_counts()
+        current = float(balancedness(self.placement.gpu_loads(load)).mean())
+        active = int((self.topology.slots_per_gpu > 0).sum())
+        bound = lower_bound(load, self.topology)
+        mean = load.sum(axis=1) / active
+        ceiling = float(np.divide(mean, bound, out=np.ones_like(mean), where=bound > 0).mean())
+        decision = {"step": steps, "balancedness": current, "ceiling": ceiling}
+        if ceiling - current < self.min_gain:
+            self.last_decision = {**decision, "rebalance": False, "reason": "even an optimal plan gains too little"}
+            return False
+        candidate = self._plan(load)
+        gain = float(balancedness(candidate.gpu_loads(load)).mean()) - current
+        moved = float(np.sum(candidate.info["slots_changed"])) / candidate.phy2log.size
+        worth = gain >= self.min_gain + self.move_cost * moved
+        self._candidate = (steps, rebalances, candidate)
+        self.last_decision = {**decision, "rebalance": bool(worth), "gain": gain, "moved_fraction": moved,
+                              "cost": self.move_cost * moved,
+                              "reason": "gain exceeds cost" if worth else "gain below min_gain + migration cost"}
+        return bool(worth)
+
+    def rebalance(self, *, commit: bool = True) -> tuple[Placement, TransferPlan]:
+        """Plan a new placement close to the one in service, for the window's loads.
+
+        Args:
+            commit: make it the placement in service now (physical counts recorded afterwards are
+                mapped through it). With ``commit=False`` call :meth:`commit` once the engine has
+                moved the weights.
+        Returns:
+            The new :class:`Placement` (``info["slots_changed"]`` per layer) and the
+            :class:`TransferPlan` of weight copies from the current placement.
+        """
+        start = time.perf_counter()
+        cached = self._candidate
+        if cached is not None and cached[0] == self.steps and cached[1] == self.rebalances:
+            candidate = cached[2]
+        else:
+            if self._filled == 0:
+                raise ValueError("record() some loads before rebalance()")
+            candidate = self._plan(self.window_counts())
+        old = self.placement
+        transfer = transfer_plan(old, candidate, expert_bytes=self.expert_bytes)
+        moved = int(np.sum(candidate.info["slots_changed"]))
+        self.history.append({
+            "step": self.steps, "slots_changed": moved, "moved_fraction": moved / candidate.phy2log.size,
+            "plan_time_s": float(candidate.info["time_s"]), "time_s": time.perf_counter() - start,
+            "copies": transfer.counts(),
+        })
+        if commit:
+            self.commit(candidate)
+        return candidate, transfer
+
+    def commit(self, placement: Placement) -> None:
+        """Make ``placement`` the one in service (after the engine moved the weights)."""
+        self._check_placement(placement)
+        with self._lock:
+            self.placement = placement
+            self.rebalances += 1
+            self._candidate = None
+
+    def _check_placement(self, placement) -> None:
+        if not isinstance(placement, Placement):
+            raise ValueError(f"placement must be an eplb.Placement, got {type(placement).__name__}")
+        if placement.topology != self.topology or placement.num_experts != self.num_experts \
+                or placement.num_layers != self.num_layers:
+            raise ValueError("placement must match the balancer's layers, experts and topology")
+
+    # -- persistence -----------------------------------------------------------------------------
+    def _config(self) -> dict:
+        return {
+            "num_layers": self.num_layers, "num_experts": self.num_experts, "topology": self.topology.to_dict(),
+            "num_groups": self.num_groups, "window": self.window, "decay": self.decay, "method": self.method,
+            "tolerance": self.tolerance, "max_moves": self.max_moves, "min_gain": self.min_gain,
+            "move_cost": self.move_cost, "expert_bytes": self.expert_bytes, "options": self.options,
+        }
+
+    def state_dict(self) -> dict:
+        """Everything a restarted server needs, as numpy arrays, ints and a JSON string (no pickle):
+        save it with ``np.savez(path, **state)`` (load with ``allow_pickle=False``) or as JSON after
+        ``tolist()``."""
+        with self._lock:
+            return {
+                "format_version": STATE_VERSION,
+                "config": json.dumps(self._config()),
+                "window_buffer": self._buffer.copy(),
+                "position": self._position,
+                "filled": self._filled,
+                "steps": self.steps,
+                "rebalances": self.rebalances,
+                "phy2log": self.placement.phy2log.copy(),
+            }
+
+    def load_state_dict(self, state) -> None:
+        """Restore a :meth:`state_dict` (also as read back by ``np.load`` or from JSON lists)."""
+        try:
+            version = int(np.asarray(state["format_version"]))
+            config = json.loads(str(np.asarray(state["config"])))
+            buffer = np.asarray(state["window_buffer"], dtype=np.float64)
+            position, filled = int(np.asarray(state["position"])), int(np.asarray(state["filled"]))
+            steps, rebalances = int(np.asarray(state["steps"])), int(np.asarray(state["rebalances"]))
+            phy2log = np.asarray(state["phy2log"], dtype=np.int64)
+        except KeyError as exc:
+            raise ValueError(f"state is missing the key {exc}") from None
+        if version != STATE_VERSION:
+            raise ValueError(f"unsupported balancer state format_version {version}")
+        mine = self._config()
+        for key in ("num_layers", "num_experts", "topology", "window"):
+            if config[key] != mine[key]:
+                raise ValueError(f"state has {key}={config[key]!r}, this balancer has {mine[key]!r}")
+        if buffer.shape != self._buffer.shape:
+            raise ValueError(f"state window_buffer has shape {buffer.shape}, expected {self._buffer.shape}")
+        if not (0 <= position < self.window and 0 <= filled <= self.window):
+            raise ValueError("state position/filled are out of range for the window")
+        placement = Placement(phy2log, self.num_experts, self.topology, self.num_groups, method="restored")
+        with self._lock:
+            self._buffer[...] = buffer
+            self._position, self._filled = position, filled
+            self.steps, self.rebalances = steps, rebalances
+            self.placement = placement
+            self._candidate = None
+
+    @classmethod
+    def from_state_dict(cls, state) -> "Balancer":
+        """A new balancer with the configuration and state saved by :meth:`state_dict`."""
+        try:
+            config = json.loads(str(np.asarray(state["config"])))
+        except KeyError as exc:
+            raise ValueError(f"state is missing the key {exc}") from None
+        topology = Topology.from_dict(config.pop("topology"))
+        balancer = cls(config.pop("num_layers"), config.pop("num_experts"), topology=topology, **config)
+        balancer.load_state_dict(state)
+        return balancer
+
+
+def _non_negative(value, name: str) -> float:
+    value = float(value)
+    if not np.isfinite(value) or value < 0:
+        raise ValueError(f"{name} must be a non-negative number, got {value}")
+    return value

@@ -1,0 +1,72 @@
+"""Kernel of transfer plans: which old slot each new replica's weights are copied from."""
+
+import numpy as np
+from numba import njit
+
+INTRA_GPU, INTRA_NODE, CROSS_NODE = 0, 1, 2
+
+
+@njit(cache=True, nogil=True)
+def weight_copies(old, new, gpu_of_slot, node_of_gpu, num_gpus, num_experts):
+    """The weight copies that turn placement ``old`` into ``new``.
+
+    A slot whose expert is unchanged needs nothing. Otherwise its expert's weights come from a
+    slot holding that expert under ``old``: on the same GPU if there is one, else on the same node,
+    else on another node; among candidates of one kind, the GPU that has sent the fewest copies of
+    this layer so far (lowest slot first on ties), so that senders share the work.
+
+    Args:
+        old, new: ``[L, S]`` int64 placements on one topology.
+        gpu_of_slot: ``[S]``; node_of_gpu: ``[G]``.
+    Returns:
+        ``copies [C, 6]`` int64 rows ``(layer, expert, src_slot, dst_slot, src_gpu, dst_gpu)`` in
+        layer then destination-slot order, and ``kind [C]`` int64 (0 intra-GPU, 1 intra-node,
+        2 cross-node).
+    """
+    num_layers, num_slots = old.shape
+    width = num_slots - num_experts + 1
+    total = 0
+    for layer in range(num_layers):
+        for s in range(num_slots):
+            if old[layer, s] != new[layer, s]:
+                total += 1
+    copies = np.empty((total, 6), np.int64)
+    kind = np.empty(total, np.int64)
+    held = np.zeros(num_experts, np.int64)
+    slots_of = np.empty((num_experts, width), np.int64)
+    sends = np.zeros(num_gpus, np.int64)
+    c = 0
+    for layer in range(num_layers):
+        held[:] = 0
+        sends[:] = 0
+        for s in range(num_slots):
+            e = old[layer, s]
+            slots_of[e, held[e]] = s
+            held[e] += 1
+        for d in range(num_slots):
+            e = new[layer, d]
+            if e == old[layer, d]:
+                continue
+            dst_gpu = gpu_of_slot[d]
+            dst_node = node_of_gpu[dst_gpu]
+            best = -1
+            best_kind = 3
+            for i in range(held[e]):
+                s = slots_of[e, i]
+                g = gpu_of_slot[s]
+                k = INTRA_GPU if g == dst_gpu else (INTRA_NODE if node_of_gpu[g] == dst_node else CROSS_NODE)
+                if k < best_kind or (k == best_kind and k != INTRA_GPU and sends[g] < sends[gpu_of_slot[best]]):
+                    best = s
+                    best_kind = k
+            src_gpu = gpu_of_slot[best]
+            if best_kind != INTRA_GPU:
+                sends[src_gpu] += 1
+            copies[c, 0] = layer
+            copies[c, 1] = e
+            copies[c, 2] = best
+            copies[c, 3] = d
+            copies[c, 4] = src_gpu
+            copies[c, 5] = dst_gpu
+            kind[c] = best_kind
+            c += 1
+    return copies, kind

@@ -1,0 +1,48 @@
+"""Kernels of the online balancer's load window: check and store one forward pass without allocating."""
+
+import numpy as np
+from numba import njit
+
+
+@njit(cache=True, nogil=True)
+def first_bad_count(counts):
+    """Index (flattened) of the first negative, NaN or infinite entry of ``counts [L, X]``, or -1."""
+    rows, cols = counts.shape
+    for i in range(rows):
+        for j in range(cols):
+            v = counts[i, j]
+            if not (v >= 0) or v == np.inf:
+                return i * cols + j
+    return -1
+
+
+@njit(cache=True, nogil=True)
+def store_logical(counts, out):
+    """``out [L, E] = counts [L, E]`` (any numeric dtype, converted to float64)."""
+    rows, cols = counts.shape
+    for i in range(rows):
+        for j in range(cols):
+            out[i, j] = counts[i, j]
+
+
+@njit(cache=True, nogil=True)
+def store_physical(counts, phy2log, out):
+    """``out [L, E]``: per-slot counts ``[L, S]`` summed over the slots of each expert (``phy2log [L, S]``)."""
+    rows, slots = counts.shape
+    out[:, :] = 0.0
+    for i in range(rows):
+        for s in range(slots):
+            out[i, phy2log[i, s]] += counts[i, s]
+
+
+@njit(cache=True, nogil=True)
+def weighted_window(buffer, weights, out):
+    """``out [L, E] = sum_t weights[t] * buffer[t]`` over a ring buffer ``[W, L, E]``."""
+    out[:, :] = 0.0
+    for t in range(buffer.shape[0]):
+        wt = weights[t]
+        if wt == 0.0:
+            continue
+        for i in range(buffer.shape[1]):
+            for j in range(buffer.shape[2]):
+                out[i, j] += wt * buffer[t, i, j]
