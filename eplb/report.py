@@ -247,7 +247,11 @@ def _moves_figure(plt, out_dir, layer_ids, old, new) -> Path:
     right.bar(x, copies - cross, color="#2166ac", label="copies within a node")
     right.bar(x, cross, bottom=copies - cross, color="#b2182b", label="copies across nodes")
     right.set_ylabel("expert weights copied to a GPU")
-    right.legend(fontsize=8)
+    right.set_ylim(0, max(1, int(copies.max())) * 1.3)
+    from matplotlib.ticker import MaxNLocator
+
+    right.yaxis.set_major_locator(MaxNLocator(integer=True))
+    right.legend(fontsize=8, loc="upper left", ncol=2)
     right.set_title("Weight copies per layer")
     return _save(plt, fig, out_dir / "moves.png")
 
