@@ -422,7 +422,7 @@ def solve(weights: np.ndarray, problem: Problem, warm: np.ndarray, *, time_limit
     from tqdm.auto import tqdm
 
     num_layers = weights.shape[0]
-    bounds = lower_bound(weights, problem.topology)
+    bounds = lower_bound(weights, problem.topology, problem.num_groups, problem.hierarchical)
     phy2log = warm.copy()
     optimal = np.zeros(num_layers, bool)
     proven = bounds.astype(np.float64).copy()

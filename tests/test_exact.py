@@ -1,0 +1,200 @@
+"""The exact solver (``method="exact"``) and the certificates it gives every other method.
+
+Differential tests: an independent brute-force enumeration (``tests/brute_force.py``) and the CP-SAT
+model must agree on the optimum of tiny instances; every lower bound must stay at or below it and
+every heuristic at or above it; the default method must stay within a stated tolerance of it.
+"""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pytest
+from brute_force import optimum
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import eplb
+from eplb import exact
+from eplb.methods import DEFAULT_METHOD
+from eplb.synthetic import skewed_counts
+
+HEURISTICS = [m for m in eplb.METHODS if m != "exact"]
+# The default method on the tiny instances below: at most 25% above the optimum when every GPU has
+# the same number of slots (worst seen in bench/exact_gap.py: see the README), at most 2x otherwise.
+DEFAULT_TOLERANCE = {True: 0.25, False: 1.0}
+REL = 1e-9
+
+
+@st.composite
+def tiny_instances(draw, hierarchical: bool):
+    """``(counts [E], topology, num_groups)`` small enough for the enumeration."""
+    if hierarchical:
+        num_nodes = draw(st.sampled_from([1, 2]))
+        gpus_per_node = draw(st.integers(1, 2))
+        groups_per_node = draw(st.integers(1, 2))
+        num_groups = num_nodes * groups_per_node
+        size = draw(st.integers(1, max(1, 5 // num_groups)))
+        fewest = -(-size * groups_per_node // gpus_per_node)  # each node must fit its groups
+        k = draw(st.integers(fewest, max(fewest, 8 // (num_nodes * gpus_per_node))))
+        slots = np.full(num_nodes * gpus_per_node, k)
+        num_experts = size * num_groups
+    else:
+        slots = np.asarray(draw(st.lists(st.integers(1, 3), min_size=1, max_size=3)))
+        num_nodes, num_groups = 1, None
+        num_experts = draw(st.integers(1, min(5, int(slots.sum()))))
+    kind = draw(st.sampled_from(["random", "ties", "zeros", "skewed"]))
+    seed = draw(st.integers(0, 2**32 - 1))
+    rng = np.random.default_rng(seed)
+    if kind == "random":
+        counts = rng.integers(0, 100, num_experts)
+    elif kind == "ties":
+        counts = rng.choice([0, 6, 12], num_experts)
+    elif kind == "zeros":
+        counts = rng.integers(0, 30, num_experts) * (rng.random(num_experts) < 0.5)
+    else:
+        counts = np.floor(rng.pareto(0.8, num_experts) * 50)
+    return counts.astype(np.float64), eplb.Topology(slots.astype(np.int64), num_nodes), num_groups
+
+
+def check_against_brute_force(counts, topology, num_groups):
+    """The brute-force optimum equals the exact plan's load; bounds below, heuristics above it."""
+    best = float(optimum(counts, topology.slots_per_gpu, topology.num_nodes, num_groups))
+    placement = eplb.plan(counts, topology=topology, num_groups=num_groups, method="exact", time_limit=20)
+    assert placement.info["optimal"][0], placement.info["status"]
+    assert placement.max_load[0] == pytest.approx(best, rel=REL, abs=1e-12)
+    assert placement.lower_bound[0] == pytest.approx(best, rel=REL, abs=1e-12)
+    if num_groups is not None:
+        assert_groups_on_one_node(placement, num_groups)
+    for bound_name, bound in eplb.lower_bounds(counts[None, :], topology).items():
+        assert bound[0] <= best * (1 + REL) + 1e-12, bound_name
+    if num_groups is not None:
+        hier = eplb.lower_bound(counts[None, :], topology, num_groups, hierarchical=True)
+        assert hier[0] <= best * (1 + REL) + 1e-12
+    for method in HEURISTICS:
+        try:
+            other = eplb.plan(counts, topology=topology, num_groups=num_groups, method=method)
+        except ValueError as exc:  # e.g. greedy declines uneven slots per GPU
+            assert "slots" in str(exc)
+            continue
+        assert other.max_load[0] >= best * (1 - REL) - 1e-12, method
+        if method == DEFAULT_METHOD:
+            assert other.max_load[0] <= best * (1 + DEFAULT_TOLERANCE[topology.is_uniform]) + 1e-12
+
+
+def assert_groups_on_one_node(placement, num_groups):
+    topology = placement.topology
+    node_of_slot = topology.node_of_gpu[topology.gpu_of_slot]
+    group = placement.phy2log // (placement.num_experts // num_groups)
+    for layer in range(placement.num_layers):
+        for q in range(num_groups):
+            assert len(set(node_of_slot[group[layer] == q].tolist())) == 1
+
+
+@settings(max_examples=40)
+@given(tiny_instances(hierarchical=False))
+def test_exact_matches_brute_force_and_certifies_every_method(instance):
+    check_against_brute_force(*instance)
+
+
+@settings(max_examples=25)
+@given(tiny_instances(hierarchical=True))
+def test_exact_matches_brute_force_hierarchical(instance):
+    check_against_brute_force(*instance)
+
+
+def test_fractional_counts_use_rounded_loads_and_stay_exact_within_precision():
+    counts = np.array([[10.3, 0.7, 5.25, 2.125, 7.0]])
+    topology = eplb.Topology(np.array([2, 3]))
+    best = float(optimum(counts[0], topology.slots_per_gpu))
+    placement = eplb.plan(counts, topology=topology, method="exact")
+    assert not placement.info["exact_arithmetic"][0]
+    assert placement.max_load[0] == pytest.approx(best, rel=1e-9)
+    assert placement.lower_bound[0] <= best
+    assert placement.info["optimal"][0]
+
+
+@pytest.mark.parametrize("config", [dict(num_slots=12, num_gpus=2),
+                                    dict(num_slots=16, num_gpus=4, num_nodes=2, num_groups=4)])
+def test_medium_instances_certify_every_method(config):
+    """Beyond brute-force sizes: when CP-SAT proves optimality, nothing beats it and no bound exceeds it."""
+    counts = skewed_counts(3, 8, tokens=256, num_groups=config.get("num_groups"), seed=11)
+    placement = eplb.plan(counts, method="exact", time_limit=20, **config)
+    info = placement.info
+    assert set(info) >= {"optimal", "proven_bound", "solve_time_s", "status"}
+    assert info["optimal"].shape == info["proven_bound"].shape == info["solve_time_s"].shape == (3,)
+    assert len(info["status"]) == 3
+    assert np.all(placement.lower_bound <= placement.max_load * (1 + REL))
+    for layer in np.flatnonzero(info["optimal"]):
+        assert placement.lower_bound[layer] == pytest.approx(placement.max_load[layer], rel=REL)
+        for bound in eplb.lower_bounds(counts, placement.topology).values():
+            assert bound[layer] <= placement.max_load[layer] * (1 + REL)
+    assert info["optimal"].any()
+    for method in HEURISTICS:
+        other = eplb.plan(counts, method=method, **config)
+        assert np.all(other.max_load[info["optimal"]] >= placement.max_load[info["optimal"]] * (1 - REL))
+
+
+def test_same_input_same_placement():
+    counts = skewed_counts(2, 10, tokens=512, seed=5)
+    runs = [eplb.plan(counts, num_slots=15, num_gpus=3, method="exact", time_limit=0.5) for _ in range(2)]
+    assert runs[0] == runs[1]
+    several = [eplb.plan(counts, num_slots=15, num_gpus=3, method="exact", time_limit=0.5, workers=3)
+               for _ in range(2)]
+    assert several[0] == several[1]
+
+
+def test_dense_layer_and_warm_start_fallback():
+    counts = np.zeros((1, 4))
+    placement = eplb.plan(counts, num_slots=6, num_gpus=2, method="exact")
+    assert placement.info["status"] == ["TRIVIAL"] and placement.info["optimal"][0]
+    assert placement.max_load[0] == 0.0
+
+
+def test_interrupt_keeps_the_best_plan_so_far(monkeypatch):
+    """A Ctrl-C during layer 1 stops the search: layer 0 stays solved, layer 1 keeps its best plan (at
+    worst the warm start), layers 2+ get the warm-start plan."""
+    counts = skewed_counts(4, 8, tokens=256, seed=2)
+    config = dict(num_slots=12, num_gpus=2)
+    calls = []
+    real_wait = exact._wait
+
+    def wait_then_interrupt(thread):
+        calls.append(thread)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        real_wait(thread)
+
+    monkeypatch.setattr(exact, "_wait", wait_then_interrupt)
+    placement = eplb.plan(counts, method="exact", time_limit=20, **config)
+    info = placement.info
+    assert info["interrupted"]
+    assert info["status"][0] != "INTERRUPTED" and info["status"][1] == "INTERRUPTED"
+    assert info["status"][2:] == ["SKIPPED", "SKIPPED"]
+    warm = eplb.plan(counts, method=info["warm_start_method"], **config)
+    assert np.array_equal(placement.phy2log[2:], warm.phy2log[2:])
+    assert np.all(placement.max_load <= warm.max_load * (1 + REL))
+    assert not info["optimal"][2:].any()
+    assert np.all(placement.lower_bound <= placement.max_load * (1 + REL))
+
+
+def test_progress_bar_goes_to_stderr(monkeypatch):
+    err = io.StringIO()
+    monkeypatch.setattr("sys.stderr", err)
+    eplb.plan(skewed_counts(2, 4, tokens=64), num_slots=6, num_gpus=2, method="exact", progress=True)
+    assert "2/2" in err.getvalue()
+    quiet = io.StringIO()
+    monkeypatch.setattr("sys.stderr", quiet)
+    eplb.plan(skewed_counts(2, 4, tokens=64), num_slots=6, num_gpus=2, method="exact", progress=False)
+    assert quiet.getvalue() == ""
+
+
+@pytest.mark.parametrize("options, name", [
+    (dict(time_limit=-1), "time_limit"), (dict(time_limit=0), "time_limit"),
+    (dict(time_limit=float("nan")), "time_limit"), (dict(time_limit="10"), "time_limit"),
+    (dict(workers=0), "workers"), (dict(workers=1.5), "workers"), (dict(progress="yes"), "progress"),
+])
+def test_bad_options_name_the_argument(options, name):
+    with pytest.raises(ValueError, match=name):
+        eplb.plan(np.ones((1, 4)), num_slots=4, num_gpus=2, method="exact", **options)
