@@ -10,8 +10,8 @@ averaged over layers; 1.0 is perfect) on that same window (*in-sample*) and on o
   *pairwise*: plan on window A, evaluate on every window B != A;
   *leave-one-out*: plan on the sum of all other windows, evaluate on the held-out one.
 - synthetic drift (``eplb.synthetic.drifting_counts``) on the DeepSeek-V3-sized deployment
-  (hierarchical, 8 groups on 4 nodes): plan on window t, evaluate on window t + 1, for several
-  drift sizes (drift 0 isolates the sampling noise between two windows).
+  (hierarchical: 8 groups on 4 nodes; and global): plan on window t, evaluate on window t + 1,
+  for several drift sizes (drift 0 isolates the sampling noise between two windows).
 
 Run: ``python bench/generalisation.py [--quick]``.
 """
@@ -75,14 +75,19 @@ def trace_cases(quick: bool):
 
 
 def drift_cases(quick: bool):
+    """Synthetic drift at DeepSeek-V3 size: hierarchical (8 groups on 4 nodes) for every drift
+    size, and global (groups ignored) for two of them (full run only)."""
     c = DEEPSEEK_V3
     layers, windows = (8, 3) if quick else (c["num_layers"], 6)
-    deployment = {k: c[k] for k in ("num_slots", "num_gpus", "num_nodes", "num_groups")}
+    hierarchical = {k: c[k] for k in ("num_slots", "num_gpus", "num_nodes", "num_groups")}
+    runs = [("hierarchical", hierarchical, drift) for drift in (QUICK_DRIFTS if quick else DRIFTS)]
+    if not quick:
+        runs += [("global", {**hierarchical, "num_groups": None}, drift) for drift in (0.0, 0.1)]
     cases = []
-    for drift in QUICK_DRIFTS if quick else DRIFTS:
+    for mode, deployment, drift in runs:
         series = drifting_counts(windows, layers, c["num_experts"], drift=drift, num_groups=c["num_groups"],
                                  tokens=16384, top_k=c["top_k"], seed=1)
-        cases.append((f"synthetic DeepSeek-V3 ({layers} layers)", f"drift {drift}",
+        cases.append((f"synthetic DeepSeek-V3 {mode} ({layers} layers)", f"drift {drift}",
                       [series[t] for t in range(windows - 1)], [[series[t + 1]] for t in range(windows - 1)],
                       deployment))
     return cases
@@ -153,6 +158,14 @@ def run(quick: bool, results_dir: Path, include_traces: bool = True) -> str:
            "a placement knows without data), as a reference. Plot: `generalisation.png`. "
            f"({'quick mode: fewer cases' if quick else 'full run'})", "",
            markdown_table(header, body), ""]
+    for method in methods[1:]:
+        pairs = [(r, next(g for g in rows if g["method"] == "greedy" and g["dataset"] == r["dataset"]
+                          and g["scheme"] == r["scheme"])) for r in rows if r["method"] == method]
+        if "greedy" in methods and pairs:
+            ins = np.mean([r["in_sample"] - g["in_sample"] for r, g in pairs])
+            outs = np.mean([r["out_of_sample"] - g["out_of_sample"] for r, g in pairs])
+            out.append(f"- `{method}` minus `greedy`, mean over the {len(pairs)} cases: in-sample "
+                       f"{ins:+.4f}, out-of-sample {outs:+.4f} balancedness.")
     out += [f"- {note}" for note in missing]
     return "\n".join(out)
 
