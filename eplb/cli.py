@@ -103,74 +103,59 @@ def _accepts(fn, name: str) -> bool:
 
 def plan_with_progress(weights, *, num_slots, num_gpus, num_nodes, num_groups, method, previous=None,
                        migration=None, progress=False, **options):
-    """``eplb.plan`` with a per-layer progress bar for slow methods; passes ``previous`` when
-    ``eplb.plan`` supports migration-aware planning.
+    """``eplb.plan`` with progress shown on stderr; passes ``previous`` (and ``migration``:
+    ``tolerance``, ``max_moves``) when ``eplb.plan`` supports migration-aware planning.
 
-    Methods that draw their own progress bar get ``progress=``; other slow methods are planned
-    one layer at a time (layers are independent, so the plan is the same) under a tqdm bar.
-
-    ``migration`` (``tolerance``, ``max_moves``) goes to ``eplb.plan`` with ``previous``.
+    A method that draws its own per-layer progress bar (it takes ``progress=``, like ``exact``)
+    gets ``progress``; for any other method other than greedy a timer runs on stderr while the
+    plan is computed (on a worker thread: the kernels release the GIL). The plan is always
+    exactly what one ``eplb.plan`` call returns.
 
     Returns:
         ``(placement, used_previous)``.
     """
     import eplb
-    from .methods import DEFAULT_METHOD, METHODS
-    from .placement import Placement
 
     use_previous = previous is not None and _accepts(eplb.plan, "previous")
     migration = {k: v for k, v in (migration or {}).items() if use_previous and _accepts(eplb.plan, k)}
-    common = dict(num_slots=num_slots, num_gpus=num_gpus, num_nodes=num_nodes, num_groups=num_groups,
+    kwargs = dict(num_slots=num_slots, num_gpus=num_gpus, num_nodes=num_nodes, num_groups=num_groups,
                   method=method, **options)
+    if use_previous:
+        kwargs.update(previous=previous, **migration)
     method_fn = METHODS[method]
-    num_layers = weights.shape[0]
-    if _accepts(method_fn, "progress") or method in ("greedy", DEFAULT_METHOD) or num_layers == 1:
-        if _accepts(method_fn, "progress"):
-            common["progress"] = progress
-        if use_previous:
-            common.update(previous=previous, **migration)
-        return eplb.plan(weights, **common), use_previous
+    if _accepts(method_fn, "progress"):
+        kwargs["progress"] = progress
+        return eplb.plan(weights, **kwargs), use_previous
+    if not progress or method == "greedy":
+        return eplb.plan(weights, **kwargs), use_previous
+    return _with_timer(lambda: eplb.plan(weights, **kwargs), f"planning {weights.shape[0]} layers ({method})"), \
+        use_previous
+
+
+def _with_timer(work, description: str):
+    """Run ``work()`` on a daemon thread while a tqdm timer ticks on stderr; return its result
+    (or raise its exception)."""
+    import threading
 
     from tqdm import tqdm
 
-    parts = []
-    for layer in tqdm(range(num_layers), desc=f"planning ({method})", unit="layer", disable=not progress,
-                      file=sys.stderr):
-        extra = {}
-        if use_previous:
-            extra.update(migration)
-            extra["previous"] = Placement(previous.phy2log[layer:layer + 1], previous.num_experts,
-                                          previous.topology, previous.num_groups, previous.method)
-        parts.append(eplb.plan(weights[layer:layer + 1], **common, **extra))
-    first = parts[0]
-    placement = Placement(
-        phy2log=np.concatenate([p.phy2log for p in parts]), num_experts=first.num_experts,
-        topology=first.topology, num_groups=first.num_groups, method=method,
-        lower_bound=np.concatenate([p.lower_bound for p in parts]),
-        max_load=np.concatenate([p.max_load for p in parts]),
-        info=_merge_infos([dict(p.info) for p in parts]),
-    )
-    return placement, use_previous
+    outcome = {}
 
+    def target():
+        try:
+            outcome["value"] = work()
+        except BaseException as exc:  # handed to the caller's thread below
+            outcome["error"] = exc
 
-def _merge_infos(infos: list[dict]) -> dict:
-    """Diagnostics of per-layer calls as one: times add up, per-layer arrays are concatenated,
-    flags must hold for every layer, anything else is kept as a per-layer list."""
-    merged = {}
-    for key in infos[0]:
-        values = [info.get(key) for info in infos]
-        if key.endswith("time_s") and all(isinstance(v, (int, float)) for v in values):
-            merged[key] = float(sum(values))
-        elif all(isinstance(v, (bool, np.bool_)) for v in values):
-            merged[key] = bool(all(values))
-        elif all(np.ndim(v) == 1 and len(v) == 1 for v in values):
-            merged[key] = np.concatenate([np.asarray(v) for v in values]).tolist()
-        elif all(v == values[0] for v in values if not isinstance(v, np.ndarray)) and not any(
-                isinstance(v, np.ndarray) for v in values):
-            merged[key] = values[0]
-        else:
-            merged[key] = [v.tolist() if isinstance(v, np.ndarray) else v for v in values]
-    return merged
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    with tqdm(desc=description, bar_format="{desc}: {elapsed}", file=sys.stderr, leave=False) as timer:
+        while thread.is_alive():
+            thread.join(0.2)
+            timer.refresh()
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]
 
 
 def _read_previous(path, fmt, *, num_gpus, num_nodes, num_experts):

@@ -193,21 +193,32 @@ def test_demo_still_runs():
     assert "no rebalancing" in out and "greedy" in out and "balancedness" in out
 
 
-def test_progress_bar_for_methods_planned_layer_by_layer(monkeypatch, capsys):
-    """A slow method without its own progress bar is planned one layer at a time under a tqdm bar,
-    giving the same plan as one call."""
+def test_progress_goes_to_the_method_or_a_timer_and_never_changes_the_plan(monkeypatch, capsys):
+    """A method with its own per-layer bar gets ``progress``; another slow method runs under a
+    timer on stderr. Either way the plan is the one eplb.plan returns, and nothing is drawn
+    without progress."""
     from eplb.cli import plan_with_progress
     from eplb.methods import METHODS
 
     greedy = METHODS["greedy"]
-    monkeypatch.setitem(METHODS, "layer_by_layer", lambda weights, problem: greedy(weights, problem))
+    seen = []
+
+    def with_own_bar(weights, problem, progress=None):
+        seen.append(progress)
+        return greedy(weights, problem)
+
+    monkeypatch.setitem(METHODS, "slow", lambda weights, problem: greedy(weights, problem))
+    monkeypatch.setitem(METHODS, "own_bar", with_own_bar)
     weights = COUNTS.sum(axis=0).astype(float)
     kwargs = dict(num_slots=40, num_gpus=8, num_nodes=2, num_groups=4)
-    placement, used_previous = plan_with_progress(weights, method="layer_by_layer", progress=True, **kwargs)
-    assert "planning (layer_by_layer)" in capsys.readouterr().err
     expected = eplb.plan(weights, method="greedy", **kwargs)
+    placement, used_previous = plan_with_progress(weights, method="slow", progress=True, **kwargs)
+    assert "planning 6 layers (slow)" in capsys.readouterr().err
     assert placement == expected and not used_previous
-    np.testing.assert_allclose(placement.lower_bound, expected.lower_bound)
-    np.testing.assert_allclose(placement.max_load, expected.max_load)
-    plan_with_progress(weights, method="layer_by_layer", progress=False, **kwargs)
-    assert capsys.readouterr().err == ""
+    placement, _ = plan_with_progress(weights, method="own_bar", progress=True, **kwargs)
+    assert placement == expected and seen == [True]
+    for method in ("slow", "own_bar"):
+        assert plan_with_progress(weights, method=method, progress=False, **kwargs)[0] == expected
+    assert seen == [True, False] and capsys.readouterr().err == ""
+    with pytest.raises(ValueError, match="num_slots"):               # errors come back from the worker thread
+        plan_with_progress(weights, method="slow", progress=True, **{**kwargs, "num_slots": 16})
