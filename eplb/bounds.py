@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .kernels.bounds import min_max_replica_load, pigeonhole_bound
+from .kernels.bounds import min_max_replica_load, pigeonhole_bound, threshold_bound
 from .topology import Topology
 
 
@@ -52,11 +52,24 @@ def pigeonhole(weights: np.ndarray, topology: Topology) -> np.ndarray:
                             int(topology.slots_per_gpu[active].min()))
 
 
+def threshold(weights: np.ndarray, topology: Topology, max_m: int = 3) -> np.ndarray:
+    """Binary search on the target max load with necessary conditions that hold for one
+    replication at once: no replica above what a GPU can hold, at most ``m`` per GPU above
+    ``1 / (m + 1)`` of it (:func:`eplb.kernels.bounds.threshold_bound`), from the other bounds up."""
+    weights = np.ascontiguousarray(weights, dtype=np.float64)
+    active = topology.slots_per_gpu > 0
+    start = np.maximum(np.maximum(average_bound(weights, topology), replica_bound(weights, topology)),
+                       cardinality_bound(weights, topology))
+    return threshold_bound(weights, start, topology.num_slots, int(active.sum()),
+                           int(topology.slots_per_gpu[active].min()), int(max_m))
+
+
 BOUNDS = {
     "average": average_bound,
     "replica": replica_bound,
     "cardinality": cardinality_bound,
     "pigeonhole": pigeonhole,
+    "threshold": threshold,
 }
 
 

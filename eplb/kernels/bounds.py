@@ -63,7 +63,9 @@ def _fewest_items_at_least(sorted_desc, extra, x):
 @njit(cache=True, nogil=True)
 def _smallest_item_lower(sorted_desc, extra, rank):
     """``t_rank``: the smallest possible ``rank``-th largest replica load over every replication
-    (``rank`` 1-based), to ~1e-9 relative precision from below."""
+    (``rank`` 1-based), to ~1e-6 relative precision from below."""
+    if extra == 0:  # one replica each: the rank-th largest load itself
+        return sorted_desc[rank - 1] if rank <= sorted_desc.shape[0] else 0.0
     lo = 0.0
     hi = sorted_desc[0] * (1.0 + 1e-12) + 1e-300
     if _fewest_items_at_least(sorted_desc, extra, hi) >= rank:
@@ -74,7 +76,7 @@ def _smallest_item_lower(sorted_desc, extra, rank):
             lo = mid
         else:
             hi = mid
-        if hi - lo <= 1e-10 * hi:
+        if hi - lo <= 1e-6 * hi:
             break
     return lo
 
@@ -143,4 +145,104 @@ def pigeonhole_bound(weights, num_slots, active_gpus, min_slots):
             best = max(best, total + small(min_slots - m - 1))
             m += 1
         out[layer] = best
+    return out
+
+
+@njit(cache=True, nogil=True)
+def _fewest_replicas(w, x):
+    """Fewest replicas of an expert of load ``w`` that keep each replica ``<= x`` (``x > 0``)."""
+    if w <= x:
+        return 1
+    r = int(np.ceil(w / x))
+    while w / r > x:
+        r += 1
+    while r > 1 and w / (r - 1) <= x:
+        r -= 1
+    return r
+
+
+@njit(cache=True, nogil=True)
+def _threshold_feasible(w, target, num_slots, active_gpus, min_slots, filler, max_m):
+    """Necessary conditions for a max load ``<= target``, for one replication chosen for all at once.
+
+    With every replica carrying at least ``filler``, a GPU with ``k`` slots and load ``<= T`` holds
+    no replica above ``x_0 = T - (k - 1) filler`` and at most ``m`` replicas above
+    ``x_m = (T - (k - m - 1) filler) / (m + 1)``. So some replication ``r`` (``sum r <= S``) must
+    keep every replica ``<= x_0`` and at most ``m G`` replicas above ``x_m``: for each ``m``, a
+    dynamic program over the experts (each either has its fewest replicas below ``x_0``, counted
+    when above ``x_m``, or its fewest below ``x_m``) finds the fewest slots that achieves it.
+    """
+    num_experts = w.shape[0]
+    x0 = target - (min_slots - 1) * filler
+    if x0 <= 0.0:
+        return False
+    need = 0
+    for e in range(num_experts):
+        need += _fewest_replicas(w[e], x0) if w[e] > 0.0 else 1
+    if need > num_slots:
+        return False
+    big = num_slots + 1
+    for m in range(1, min(min_slots - 1, max_m) + 1):
+        xm = (target - max(0, min_slots - m - 1) * filler) / (m + 1)
+        if xm <= 0.0:
+            return False
+        cap = m * active_gpus
+        dp = np.full(cap + 1, big, np.int64)
+        dp[0] = 0
+        for e in range(num_experts):
+            if w[e] <= xm:
+                for n in range(cap + 1):
+                    if dp[n] < big:
+                        dp[n] += 1
+                continue
+            ra = _fewest_replicas(w[e], x0)
+            ca = ra if w[e] / ra > xm else 0
+            rb = _fewest_replicas(w[e], xm)
+            for n in range(cap, -1, -1):
+                best = big
+                if dp[n] < big:
+                    best = dp[n] + rb
+                if n >= ca and dp[n - ca] < big:
+                    best = min(best, dp[n - ca] + ra)
+                dp[n] = min(best, big)
+        if dp.min() > num_slots:
+            return False
+    return True
+
+
+@njit(cache=True, nogil=True)
+def threshold_bound(weights, lower, num_slots, active_gpus, min_slots, max_m):
+    """The smallest max load that :func:`_threshold_feasible` allows, searched upward from ``lower``.
+
+    Args:
+        weights: ``[L, E]`` float64; lower: ``[L]`` valid lower bounds (the search starts there);
+        num_slots, active_gpus, min_slots: ``S``, GPUs with slots, fewest slots of such a GPU;
+        max_m: most replicas per GPU considered by the conditions.
+    Returns:
+        ``[L]`` float64, never below ``lower``; a target proven infeasible, shaded down by 1e-9.
+    """
+    num_layers, num_experts = weights.shape
+    out = lower.copy()
+    copies = num_slots - num_experts + 1
+    for layer in range(num_layers):
+        w = weights[layer]
+        lo = lower[layer]
+        if lo <= 0.0:
+            continue
+        filler = w.min() / copies
+        if _threshold_feasible(w, lo, num_slots, active_gpus, min_slots, filler, max_m):
+            continue
+        hi = 2.0 * lo
+        for _ in range(60):
+            if _threshold_feasible(w, hi, num_slots, active_gpus, min_slots, filler, max_m):
+                break
+            lo = hi
+            hi *= 2.0
+        while hi - lo > 1e-7 * hi:
+            mid = 0.5 * (lo + hi)
+            if _threshold_feasible(w, mid, num_slots, active_gpus, min_slots, filler, max_m):
+                hi = mid
+            else:
+                lo = mid
+        out[layer] = max(lower[layer], lo * (1.0 - 1e-9))
     return out
