@@ -66,14 +66,18 @@ def run_sections(names: list[str], quick: bool, results_dir: Path) -> list[dict]
     return records
 
 
-def headline_table(records: list[dict], quick: bool, when: str) -> str:
+def headline_table(records: list[dict], quick: bool, when: str, results_dir: Path) -> str:
     """The headline figures of every section as one markdown table, with how they were measured."""
     rows = [row for record in records for row in record["headline"]]
     if not rows:
         return "(no headline figures: no section produced any)"
     table = markdown_table(("figure", "measured", "target"), rows)
+    try:
+        where = results_dir.resolve().relative_to(ROOT).as_posix()
+    except ValueError:
+        where = str(results_dir)
     return (f"{table}\n\nMeasured by `python bench/run.py{' --quick' if quick else ''}` on {when} "
-            f"({load_note()}; the machine is shared, times are medians). Full results: `bench/results/SUMMARY.md`.")
+            f"({load_note()}; the machine is shared, times are medians). All results: `{where}/SUMMARY.md`.")
 
 
 def git_commit() -> str:
@@ -84,14 +88,14 @@ def git_commit() -> str:
         return "unknown"
 
 
-def summary(records: list[dict], quick: bool, when: str, total_s: float) -> str:
+def summary(records: list[dict], quick: bool, when: str, total_s: float, results_dir: Path) -> str:
     timing = markdown_table(("section", "status", "seconds"),
                             [(r["title"], r["status"], f"{r['seconds']:.1f}") for r in records])
     parts = [
         "# eplb benchmark results", "",
         f"`python bench/run.py{' --quick' if quick else ''}` at commit {git_commit()}, {when}; "
         f"{load_note()}. Total {total_s:.0f} s.", "",
-        "## Headline", "", headline_table(records, quick, when), "",
+        "## Headline", "", headline_table(records, quick, when, results_dir), "",
         "## Sections run", "", timing, "",
     ]
     parts += [r["markdown"] for r in records]
@@ -108,9 +112,14 @@ def update_readme(readme: Path, table: str) -> None:
         _, tail = rest.split(END, 1)
         text = head + block + tail
     else:
-        section = ("## Benchmarks\n\n`python bench/run.py` measures eplb against a pure-NumPy port of the "
-                   "published greedy algorithm (`bench/published_greedy.py`) in the same run and writes "
-                   "`bench/results/` (CSV, PNG plots, `SUMMARY.md`); `--quick` takes under two minutes.\n\n"
+        section = ("## Benchmarks\n\n"
+                   "```bash\npython bench/run.py            # every section; writes bench/results/ and this table\n"
+                   "python bench/run.py --quick    # the same at small sizes, under two minutes\n```\n\n"
+                   "eplb is measured against a pure-NumPy port of the published greedy algorithm "
+                   "(`bench/published_greedy.py`) in the same run, so speed-ups are ratios measured side by "
+                   "side. Results: `bench/results/` (CSV, PNG plots, `SUMMARY.md`). Executed examples with "
+                   "plots: `notebooks/quickstart.ipynb`, `notebooks/algorithms.ipynb`, "
+                   "`notebooks/serving.ipynb`.\n\n"
                    f"{block}\n\n")
         if "\n## Design" in text:
             head, tail = text.split("\n## Design", 1)
@@ -136,10 +145,10 @@ def main(argv: list[str] | None = None) -> int:
     start = time.perf_counter()
     records = run_sections(names, args.quick, results_dir)
     total = time.perf_counter() - start
-    (results_dir / "SUMMARY.md").write_text(summary(records, args.quick, when, total))
+    (results_dir / "SUMMARY.md").write_text(summary(records, args.quick, when, total, results_dir))
     write_readme = args.readme if args.readme is not None else not args.quick
     if write_readme:
-        update_readme(ROOT / "README.md", headline_table(records, args.quick, when))
+        update_readme(ROOT / "README.md", headline_table(records, args.quick, when, results_dir))
     print(f"[bench] {total:.0f} s in all; summary: {results_dir / 'SUMMARY.md'}", file=sys.stderr)
     return 1 if any(r["status"] == "FAILED" for r in records) else 0
 

@@ -207,7 +207,7 @@ def headline(results_dir: Path) -> list[tuple[str, str, str]]:
         target = bar_ms(method)
         wall, cpu = float(row["median_ms"]), float(row["cpu_median_ms"])
         out.append((f"{label} per call, DeepSeek-V3 size (58x256 -> 288 slots, 32 GPUs, 4 nodes, 8 groups)",
-                    f"{wall:.2f} ms wall, {cpu:.2f} ms CPU (speed-up vs the NumPy port: "
+                    f"{fmt_ms(wall / 1e3)} ms wall, {fmt_ms(cpu / 1e3)} ms CPU (speed-up vs the NumPy port: "
                     f"{ratio(float(row['speedup_vs_numpy_port']))})",
                     "" if target is None else f"<= {target:g} ms: {verdict(wall, cpu, target)}"))
     if NUMPY_PORT in rows:

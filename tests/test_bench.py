@@ -82,7 +82,7 @@ def test_runner_reports_absent_and_failing_sections_and_keeps_going(tmp_path, mo
     records = runner.run_sections(["not_there", "broken_section", "fine_section"], True, tmp_path)
     assert [r["status"] for r in records] == ["absent", "FAILED", "ok"]
     assert "boom" in records[1]["markdown"]
-    text = runner.summary(records, True, "now", 1.0)
+    text = runner.summary(records, True, "now", 1.0, tmp_path)
     assert "| a figure | 1 ms | <= 2 ms |" in text and "## Fine" in text
 
 
