@@ -8,15 +8,28 @@ import numpy as np
 from numba import njit
 
 from .local_search import spread_duplicates, swap_descent
-from .packing import pack_spread_largest_first, recompute_loads, store_state
+from .packing import pack_spread_by_free_slots, pack_spread_largest_first, recompute_loads, store_state
 from .replication import replicate_capped
+
+
+@njit(cache=True, nogil=True)
+def _shared(gpus, gpu_items, gpu_fill, item_expert, holds):
+    """Replicas on the listed GPUs that share the GPU with another replica of their expert."""
+    total = 0
+    for gi in range(gpus.shape[0]):
+        g = gpus[gi]
+        for j in range(gpu_fill[g]):
+            if holds[g, item_expert[gpu_items[g, j]]] > 1:
+                total += 1
+    return total
 
 
 @njit(cache=True, nogil=True)
 def pack_domain(w, experts, counts, gpus, slots_per_gpu, first_item, item_expert, item_load, gpu_items, gpu_fill,
                 gpu_load, holds, max_steps):
     """Pack ``counts[i]`` replicas of ``experts[i]`` on the slots of ``gpus``: spread largest-first,
-    duplicates swapped apart, swap descent.
+    duplicates swapped apart (or, if some remain, a rebuild that spreads every expert whenever the
+    counts allow), swap descent.
 
     Args:
         w: ``[E]`` float64 loads of the layer; experts: ``[n]`` int64; counts: ``[n]`` int64 replicas
@@ -39,6 +52,16 @@ def pack_domain(w, experts, counts, gpus, slots_per_gpu, first_item, item_expert
     pack_spread_largest_first(item_load, item_expert, items, gpus, slots_per_gpu, gpu_items, gpu_fill, gpu_load,
                               holds)
     spread_duplicates(item_load, item_expert, gpus, gpu_items, gpu_fill, gpu_load, holds)
+    if _shared(gpus, gpu_items, gpu_fill, item_expert, holds) > 0:
+        # rare (uneven slots, few GPUs): rebuild expert by expert, which spreads whenever possible
+        for gi in range(gpus.shape[0]):
+            g = gpus[gi]
+            for j in range(gpu_fill[g]):
+                holds[g, item_expert[gpu_items[g, j]]] = 0
+            gpu_fill[g] = 0
+            gpu_load[g] = 0.0
+        pack_spread_by_free_slots(item_load, item_expert, first_item + np.arange(item - first_item), gpus,
+                                  slots_per_gpu, gpu_items, gpu_fill, gpu_load, holds)
     swap_descent(item_load, item_expert, gpus, gpu_items, gpu_fill, gpu_load, holds, max_steps)
     recompute_loads(item_load, gpus, gpu_items, gpu_fill, gpu_load)
     return item

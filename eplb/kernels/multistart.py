@@ -11,7 +11,7 @@ numbers come from a fixed-seed generator, so the result is deterministic.
 import numpy as np
 from numba import njit
 
-from .balanced import domain_slots, pack_domain
+from .balanced import _shared, domain_slots, pack_domain
 from .local_search import pair_swap_descent
 from .packing import load_state, recompute_loads, store_state
 
@@ -35,18 +35,6 @@ def _domain_max(gpus, gpu_load):
     for gi in range(gpus.shape[0]):
         top = max(top, gpu_load[gpus[gi]])
     return top
-
-
-@njit(cache=True, nogil=True)
-def _shared(gpus, gpu_items, gpu_fill, item_expert, holds):
-    """Replicas on the listed GPUs that share the GPU with another replica of their expert."""
-    total = 0
-    for gi in range(gpus.shape[0]):
-        g = gpus[gi]
-        for j in range(gpu_fill[g]):
-            if holds[g, item_expert[gpu_items[g, j]]] > 1:
-                total += 1
-    return total
 
 
 @njit(cache=True, nogil=True)
@@ -137,6 +125,8 @@ def best_placement(weights, slots_per_gpu, gpu_domain, start, num_starts, max_st
                 for s in range(slot_offsets[g], slot_offsets[g + 1]):
                     seen[start[layer, s]] = True
             experts = np.where(seen)[0].astype(np.int64)
+            # heaviest first: the search then does not depend on how the experts are numbered
+            experts = experts[np.argsort(-w[experts], kind="mergesort")]
             best_counts = counts_all[experts].copy()
             load_state(out[layer], w, slot_offsets, item_expert, item_load, gpu_items, gpu_fill, gpu_load, holds)
             best_max = _domain_max(gpus, gpu_load)

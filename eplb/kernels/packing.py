@@ -93,3 +93,52 @@ def recompute_loads(item_load, gpus, gpu_items, gpu_fill, gpu_load):
         for j in range(gpu_fill[g]):
             total += item_load[gpu_items[g, j]]
         gpu_load[g] = total
+
+
+@njit(cache=True, nogil=True)
+def pack_spread_by_free_slots(item_load, item_expert, items, gpus, slots_per_gpu, gpu_items, gpu_fill, gpu_load,
+                              holds):
+    """Place the replicas of one expert after another (most replicas first), each on a different
+    GPU: the GPUs with the most free slots, the lightest among equals.
+
+    This is the Havel-Hakimi construction: it puts no two replicas of an expert on one GPU
+    whenever the replica counts and slot counts allow it (Gale-Ryser), at the price of balance
+    (the swap descent restores it). Arguments as :func:`pack_spread_largest_first`; ``items``
+    holds each expert's replicas next to each other.
+    """
+    n = items.shape[0]
+    # runs of one expert in `items`
+    starts = np.empty(n + 1, np.int64)
+    runs = 0
+    for t in range(n):
+        if t == 0 or item_expert[items[t]] != item_expert[items[t - 1]]:
+            starts[runs] = t
+            runs += 1
+    starts[runs] = n
+    sizes = np.empty(runs, np.int64)
+    for i in range(runs):
+        sizes[i] = starts[i + 1] - starts[i]
+    order = np.argsort(-sizes, kind="mergesort")
+    for oi in range(runs):
+        run = order[oi]
+        for t in range(starts[run], starts[run + 1]):
+            item = items[t]
+            e = item_expert[item]
+            best = -1
+            for gi in range(gpus.shape[0]):
+                g = gpus[gi]
+                free = slots_per_gpu[g] - gpu_fill[g]
+                if free <= 0:
+                    continue
+                if best < 0:
+                    best = g
+                    continue
+                shared, best_shared = holds[g, e] > 0, holds[best, e] > 0
+                best_free = slots_per_gpu[best] - gpu_fill[best]
+                if (best_shared and not shared) or (shared == best_shared and (
+                        free > best_free or (free == best_free and gpu_load[g] < gpu_load[best]))):
+                    best = g
+            gpu_items[best, gpu_fill[best]] = item
+            gpu_fill[best] += 1
+            gpu_load[best] += item_load[item]
+            holds[best, e] += 1
