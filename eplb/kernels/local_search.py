@@ -73,9 +73,10 @@ def spread_duplicates(item_load, item_expert, gpus, gpu_items, gpu_fill, gpu_loa
 def swap_descent(item_load, item_expert, gpus, gpu_items, gpu_fill, gpu_load, holds, max_steps):
     """Lower the heaviest GPU by swaps until no single swap lowers it.
 
-    Each step takes the heaviest GPU ``h`` of ``gpus`` and, over every other GPU ``g`` and every
-    pair (replica on ``h``, lighter replica on ``g``), applies the swap that makes
-    ``max(load_h, load_g)`` smallest, if that is below the old ``load_h``. The sum of squared
+    Each step takes the heaviest GPU ``h`` of ``gpus`` and, over the other GPUs ``g`` from the
+    lightest (the 4 lightest when one of them helps, else all) and every pair (replica on ``h``,
+    lighter replica on ``g``), applies the swap that makes ``max(load_h, load_g)`` smallest, if that
+    is below the old ``load_h``; it stops when no GPU offers such a swap. The sum of squared
     loads falls at every step, so the search ends; ``max_steps`` bounds it.
 
     Args:
@@ -106,6 +107,7 @@ def swap_descent(item_load, item_expert, gpus, gpu_items, gpu_fill, gpu_load, ho
         best_j = -1
         # lightest partners first: a swap with g leaves max(load_h, load_g) >= (load_h + load_g) / 2,
         # so once that reaches the best score found no heavier partner can do better
+        scanned = 0
         for gi in range(gpus.shape[0]):
             g = order[gi]
             if g == h or gpu_fill[g] == 0:
@@ -113,6 +115,9 @@ def swap_descent(item_load, item_expert, gpus, gpu_items, gpu_fill, gpu_load, ho
             low = gpu_load[g]
             if 0.5 * (top + low) >= best_score:
                 break
+            if scanned >= 4 and best_g >= 0:
+                break  # an improving swap with one of the 4 lightest GPUs will do
+            scanned += 1
             for i in range(gpu_fill[h]):
                 a = gpu_items[h, i]
                 la = item_load[a]

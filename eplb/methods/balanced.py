@@ -10,7 +10,8 @@ Per layer, and per node in hierarchical mode:
 3. pack replicas largest-first onto the lightest GPU that does not yet hold the expert;
 4. swap replicas between the heaviest GPU and the others while that lowers the heaviest GPU
    (:func:`eplb.kernels.local_search.swap_descent`);
-5. on layers still above the simple bounds, try a few other replications (a replica or three
+5. on layers still above the simple bounds (at most an eighth of the layers, the worst), try a
+   few other replications (a replica or three
    moved between experts, each packed again; the seeded search of ``method="best"`` with few
    starts) and keep the best;
 6. on every layer keep the published greedy's placement instead if it has a strictly lower max
@@ -141,7 +142,8 @@ def retry_replication(weights: np.ndarray, problem: Problem, phy2log: np.ndarray
                       bound: np.ndarray, num_starts: int, max_steps: int, tolerance: float = 1e-3
                       ) -> tuple[np.ndarray, int]:
     """Try a few other replications (:func:`eplb.kernels.multistart.best_placement`) on the layers
-    whose max load is more than ``tolerance`` above the average and heaviest-replica bounds
+    (at most an eighth of them, the worst) whose max load is more than ``tolerance`` above the
+    average and heaviest-replica bounds
     (and ``bound [L]``, a valid bound the caller has).
 
     Returns the placement and the number of layers retried.
@@ -151,7 +153,13 @@ def retry_replication(weights: np.ndarray, problem: Problem, phy2log: np.ndarray
         return phy2log, 0
     cheap = np.maximum(average_bound(weights, topology), weights.max(axis=1) / topology.num_gpus)
     cheap = np.maximum(cheap, bound)
-    retry = max_loads(weights, phy2log, topology) > cheap * (1 + tolerance)
+    excess = max_loads(weights, phy2log, topology) / np.where(cheap > 0, cheap, 1.0)
+    retry = excess > 1 + tolerance
+    limit = max(1, weights.shape[0] // 8)  # at most an eighth of the layers: the worst ones
+    if retry.sum() > limit:
+        worst = np.argsort(-excess, kind="stable")[:limit]
+        retry = np.zeros_like(retry)
+        retry[worst] = True
     if retry.any():
         phy2log = phy2log.copy()
         phy2log[retry] = best_placement(np.ascontiguousarray(weights[retry]), topology.slots_per_gpu, gpu_domain,

@@ -18,7 +18,7 @@ from .balanced import balanced, max_loads
 
 
 @register("best")
-def best(weights: np.ndarray, problem: Problem, num_starts: int = 48, max_steps: int = 4096,
+def best(weights: np.ndarray, problem: Problem, num_starts: int = 32, max_steps: int = 4096,
          seed: int = 0) -> tuple[np.ndarray, dict]:
     """``num_starts``: replications tried per layer and domain; ``seed``: generator seed."""
     weights = np.ascontiguousarray(weights, dtype=np.float64)
