@@ -22,7 +22,7 @@ import numpy as np
 
 from ._validation import as_int
 from .kernels.layout import replica_counts
-from .kernels.migration import improve_placement, relabel_like
+from .kernels.migration import improve_placement, min_cost_assignment, relabel_like
 from .metrics import gpu_loads
 from .methods import Problem, get_method
 from .placement import Placement, check_placement
@@ -88,36 +88,53 @@ def migrate(weights: np.ndarray, problem: Problem, previous: np.ndarray, scratch
     else:
         group_of_expert = np.zeros(num_experts, np.int64)
         num_groups = 1
-    local, local_changes, _ = improve_placement(
-        weights, previous, topology.gpu_of_slot, topology.slot_offsets, topology.node_of_gpu,
-        group_of_expert, problem.hierarchical, num_groups, target, np.full(num_layers, budget, np.int64), 2 * num_slots,
-    )
+    search = (topology.gpu_of_slot, topology.slot_offsets, topology.node_of_gpu, group_of_expert,
+              problem.hierarchical, num_groups)
+    budgets = np.full(num_layers, budget, np.int64)
+    local, local_changes, _ = improve_placement(weights, previous, previous, *search, target, budgets, 2 * num_slots)
     local_peak = _peaks(weights, local, topology)
+    # Where the search from the previous placement stalls above the target, search again from
+    # (a) the previous placement with the fresh plan's replica counts, and in hierarchical mode
+    # (b) the previous placement with whole groups moved to the nodes the fresh plan gives them.
+    for restart in ("recount", "regroup"):
+        if restart == "regroup" and not (problem.hierarchical and topology.num_nodes > 1):
+            continue
+        missed = np.flatnonzero(local_peak > target)
+        if restart == "recount":
+            starts = [(layer, _recounted(weights[layer], previous[layer], scratch[layer], topology, group_of_expert,
+                                         problem.hierarchical)) for layer in missed]
+        else:
+            starts = [(layer, _regrouped(weights[layer], previous[layer], scratch[layer], topology,
+                                         problem.num_groups)) for layer in missed]
+        starts = [(layer, row) for layer, row in starts if row is not None]
+        if starts:
+            rows = np.array([layer for layer, _ in starts])
+            tried, tried_changes, _ = improve_placement(
+                weights[rows], np.stack([row for _, row in starts]), np.ascontiguousarray(previous[rows]), *search,
+                target[rows], budgets[rows], 2 * num_slots)
+            tried_peak = _peaks(weights[rows], tried, topology)
+            for i, layer in enumerate(rows):
+                if tried_changes[i] <= budget and _better(tried_peak[i], tried_changes[i], local_peak[layer],
+                                                          local_changes[layer], target[layer]):
+                    local[layer], local_changes[layer], local_peak[layer] = tried[i], tried_changes[i], tried_peak[i]
     # the relabelled fresh plan is only needed where the local search missed the target
     missed = np.flatnonzero(local_peak > target)
     relabelled = local.copy()
     fresh_changes = np.full(num_layers, num_slots + 1, np.int64)
     fresh_peak = np.full(num_layers, np.inf)
     if missed.size:
-        relabelled[missed], fresh_changes[missed] = relabel_like(
-            np.ascontiguousarray(scratch[missed], dtype=np.int64), np.ascontiguousarray(previous[missed]),
-            topology.slot_offsets, topology.gpus_per_node, problem.hierarchical, num_experts,
-        )
+        before = np.ascontiguousarray(previous[missed])
+        matched, _ = relabel_like(np.ascontiguousarray(scratch[missed], dtype=np.int64), before,
+                                  topology.slot_offsets, topology.gpus_per_node, problem.hierarchical, num_experts)
+        # then give slots back their previous expert wherever the target allows (no search steps)
+        relabelled[missed], fresh_changes[missed], _ = improve_placement(
+            weights[missed], matched, before, *search, target[missed], budgets[missed], 0)
         fresh_peak[missed] = _peaks(weights[missed], relabelled[missed], topology)
 
     use_fresh = np.zeros(num_layers, bool)
     for layer in range(num_layers):
-        if fresh_changes[layer] > budget:
-            continue
-        local_ok = local_peak[layer] <= target[layer]
-        fresh_ok = fresh_peak[layer] <= target[layer]
-        if fresh_ok and not local_ok:
-            use_fresh[layer] = True
-        elif fresh_ok == local_ok:
-            if local_ok:
-                use_fresh[layer] = fresh_changes[layer] < local_changes[layer]
-            else:
-                use_fresh[layer] = fresh_peak[layer] < local_peak[layer]
+        use_fresh[layer] = fresh_changes[layer] <= budget and _better(
+            fresh_peak[layer], fresh_changes[layer], local_peak[layer], local_changes[layer], target[layer])
     phy2log = np.where(use_fresh[:, None], relabelled, local)
     changes = np.where(use_fresh, fresh_changes, local_changes)
     info = {
@@ -141,6 +158,145 @@ def plan_near(weights: np.ndarray, problem: Problem, previous: np.ndarray | None
         phy2log, moved = migrate(weights, problem, previous, phy2log, tolerance=tolerance, max_moves=max_moves)
         info = {**info, **moved}
     return phy2log, {**info, "time_s": time.perf_counter() - start}
+
+
+def _better(peak_a, changes_a, peak_b, changes_b, target) -> bool:
+    """Whether candidate a beats b: meeting the target first, then fewer changes (both meet it) or
+    a lower peak (neither does)."""
+    ok_a, ok_b = peak_a <= target, peak_b <= target
+    if ok_a != ok_b:
+        return bool(ok_a)
+    if ok_a:
+        return bool(changes_a < changes_b)
+    return bool(peak_a < peak_b)
+
+
+def _recounted(weights: np.ndarray, previous: np.ndarray, scratch: np.ndarray, topology, group_of_expert,
+               hierarchical: bool):
+    """A start for the local search of one layer: the previous placement with the replica counts
+    of the fresh plan. Surplus replicas leave the most loaded GPUs first; the freed slots go to the
+    experts short of replicas, largest per-replica load first, lightest GPU first (same node as the
+    expert's group in hierarchical mode). ``None`` when that is not possible.
+
+    Args:
+        weights: ``[E]``; previous, scratch: ``[S]``; group_of_expert: ``[E]``.
+    Returns:
+        ``[S]`` int64 or ``None``.
+    """
+    num_experts = weights.shape[0]
+    have = np.bincount(previous, minlength=num_experts)
+    want = np.bincount(scratch, minlength=num_experts)
+    if np.array_equal(have, want):
+        return None
+    gpu = topology.gpu_of_slot
+    node_of_slot = topology.node_of_gpu[gpu]
+    share = weights / np.maximum(want, 1)
+    row = previous.copy()
+    loads = np.bincount(gpu, weights=share[row], minlength=topology.num_gpus)
+    free = []
+    for e in np.flatnonzero(have > want):
+        slots = np.flatnonzero(row == e)
+        slots = slots[np.lexsort((slots, -loads[gpu[slots]]))][: have[e] - want[e]]
+        for s in slots:
+            loads[gpu[s]] -= share[e]
+        free.extend(slots.tolist())
+    short = np.flatnonzero(want > have)
+    needs = np.repeat(short, (want - have)[short])
+    needs = needs[np.lexsort((needs, -share[needs]))]
+    free = np.array(free, dtype=np.int64)
+    taken = np.zeros(free.size, bool)
+    group_node = {}
+    if hierarchical:
+        for g in np.unique(group_of_expert):
+            nodes = np.unique(node_of_slot[group_of_expert[previous] == g])
+            if nodes.size != 1:
+                return None
+            group_node[g] = nodes[0]
+    for e in needs:
+        best = -1
+        for i in np.flatnonzero(~taken):
+            s = free[i]
+            if hierarchical and node_of_slot[s] != group_node[group_of_expert[e]]:
+                continue
+            key = (np.any(row[topology.slot_offsets[gpu[s]]:topology.slot_offsets[gpu[s] + 1]] == e), loads[gpu[s]], s)
+            if best < 0 or key < best_key:
+                best, best_key = i, key
+        if best < 0:
+            return None
+        taken[best] = True
+        row[free[best]] = e
+        loads[gpu[free[best]]] += share[e]
+    return row
+
+
+def _regrouped(weights: np.ndarray, previous: np.ndarray, scratch: np.ndarray, topology, num_groups: int):
+    """A start for the local search of one layer: every group on the node the fresh plan gives it
+    (nodes matched to keep the most groups in place), groups that stay keep their slots, arriving
+    groups take the slots of leaving ones (one replica per expert, then the largest per-replica
+    loads get the spare slots). ``None`` if a placement does not keep its groups on one node.
+
+    Args:
+        weights: ``[E]``; previous, scratch: ``[S]`` placements keeping each group on one node.
+    Returns:
+        ``[S]`` int64 or ``None``.
+    """
+    num_experts = weights.shape[0]
+    size = num_experts // num_groups
+    node_of_slot = topology.node_of_gpu[topology.gpu_of_slot]
+    group = np.arange(num_experts) // size
+
+    def node_of_group(row):
+        nodes = np.full(num_groups, -1)
+        for g in range(num_groups):
+            held = np.unique(node_of_slot[group[row] == g])
+            if held.size != 1:
+                return None
+            nodes[g] = held[0]
+        return nodes
+
+    old_node, new_node = node_of_group(previous), node_of_group(scratch)
+    if old_node is None or new_node is None:
+        return None
+    num_nodes = topology.num_nodes
+    per_node = topology.slots_per_gpu.reshape(num_nodes, -1)
+    cost = np.zeros((num_nodes, num_nodes))
+    for a in range(num_nodes):
+        for b in range(num_nodes):
+            if not np.array_equal(per_node[a], per_node[b]):
+                cost[a, b] = 1e9
+            else:
+                cost[a, b] = -np.sum((new_node == a) & (old_node == b))
+    new_node = min_cost_assignment(cost)[new_node]  # in the previous placement's node labels
+    row = previous.copy()
+    for n in range(num_nodes):
+        arriving = [e for g in np.flatnonzero((new_node == n) & (old_node != n)) for e in range(g * size, (g + 1) * size)]
+        if not arriving:
+            continue
+        slots = np.flatnonzero(node_of_slot == n)
+        free = [s for s in slots if new_node[group[row[s]]] != n]
+        if len(free) < len(arriving):
+            # take spare replicas of staying experts, the lightest per replica first
+            counts = np.bincount(row[slots], minlength=num_experts)
+            spare = [s for s in slots if new_node[group[row[s]]] == n and counts[row[s]] > 1]
+            spare.sort(key=lambda s: (weights[row[s]] / counts[row[s]], s))
+            for s in spare:
+                if len(free) >= len(arriving):
+                    break
+                if counts[row[s]] > 1:
+                    counts[row[s]] -= 1
+                    free.append(s)
+        if len(free) < len(arriving):
+            return None
+        free.sort()
+        for s, e in zip(free, arriving):
+            row[s] = e
+        counts = np.bincount(row[slots][[new_node[group[e]] == n for e in row[slots]]], minlength=num_experts)
+        members = np.flatnonzero(new_node[group] == n)
+        for s in free[len(arriving):]:
+            e = members[np.argmax(weights[members] / np.maximum(counts[members], 1) * (counts[members] > 0))]
+            row[s] = e
+            counts[e] += 1
+    return row
 
 
 def _peaks(weights: np.ndarray, phy2log: np.ndarray, topology) -> np.ndarray:

@@ -47,9 +47,10 @@ def _add_slot(expert_slots, cnt, e, s):
 
 
 @njit(cache=True, nogil=True)
-def improve_placement(weights, previous, gpu_of_slot, slot_offsets, node_of_gpu, group_of_expert,
+def improve_placement(weights, start, previous, gpu_of_slot, slot_offsets, node_of_gpu, group_of_expert,
                       keep_groups, num_groups, target, max_changes, max_steps):
-    """Local search from ``previous``: lower the heaviest GPU until it is at most ``target``.
+    """Local search from ``start``: lower the heaviest GPU until it is at most ``target``, counting
+    changes against ``previous``.
 
     Each step takes the move with the largest reduction of the heaviest GPU's load per slot changed
     (undoing an earlier change is nearly free): swap two slots between the heaviest GPU and another
@@ -60,7 +61,8 @@ def improve_placement(weights, previous, gpu_of_slot, slot_offsets, node_of_gpu,
 
     Args:
         weights: ``[L, E]`` float64 loads.
-        previous: ``[L, S]`` int64, the placement to start from (every expert present).
+        start: ``[L, S]`` int64, the placement to start from (every expert present).
+        previous: ``[L, S]`` int64, the placement in service (a slot differing from it is a change).
         gpu_of_slot: ``[S]``; slot_offsets: ``[G + 1]``; node_of_gpu: ``[G]``; group_of_expert: ``[E]``.
         keep_groups: bool; num_groups: ``K`` (>= 1).
         target: ``[L]`` stop once the max GPU load is at most this.
@@ -77,7 +79,7 @@ def improve_placement(weights, previous, gpu_of_slot, slot_offsets, node_of_gpu,
     for g in range(num_gpus):
         num_nodes = max(num_nodes, node_of_gpu[g] + 1)
     width = num_slots - num_experts + 1
-    out = previous.copy()
+    out = start.copy()
     changes = np.zeros(num_layers, np.int64)
     steps = np.zeros(num_layers, np.int64)
     cnt = np.zeros(num_experts, np.int64)
@@ -104,6 +106,9 @@ def improve_placement(weights, previous, gpu_of_slot, slot_offsets, node_of_gpu,
             _shares(w, cnt, e, share, share_up, gain_down)
         _loads_from_shares(row, share, gpu_of_slot, x)
         changed = 0
+        for s in range(num_slots):
+            if row[s] != prev[s]:
+                changed += 1
         for step in range(max_steps):
             heavy = 0
             for g in range(1, num_gpus):
@@ -260,11 +265,89 @@ def improve_placement(weights, previous, gpu_of_slot, slot_offsets, node_of_gpu,
                 _shares(w, cnt, f, share, share_up, gain_down)
             _loads_from_shares(row, share, gpu_of_slot, x)
             steps[layer] += 1
+        changed -= _undo_needless(w, row, prev, cnt, expert_slots, has, node_group, gpu_of_slot, node_of_gpu,
+                                  group_of_expert, keep_groups, share, share_up, gain_down, x, target[layer])
         changes[layer] = changed
         for s in range(num_slots):
             has[gpu_of_slot[s], row[s]] = 0
             node_group[node_of_gpu[gpu_of_slot[s]], group_of_expert[row[s]]] = 0
     return out, changes, steps
+
+
+@njit(cache=True, nogil=True)
+def _undo_needless(w, row, prev, cnt, expert_slots, has, node_group, gpu_of_slot, node_of_gpu, group_of_expert,
+                   keep_groups, share, share_up, gain_down, x, target):
+    """Give changed slots back their previous expert (one slot, or two slots that swapped) wherever
+    the max GPU load stays at most ``max(target, current max)``. Returns the slots given back."""
+    num_slots = row.shape[0]
+    cap = target
+    for g in range(x.shape[0]):
+        cap = max(cap, x[g])
+    changed = np.empty(num_slots, np.int64)
+    before = 0
+    for s in range(num_slots):
+        if row[s] != prev[s]:
+            changed[before] = s
+            before += 1
+    if before < 2:  # one changed slot alone cannot be given back without losing its gain
+        return 0
+    changed = changed[:before]
+    progress = True
+    while progress:
+        progress = False
+        for s in changed:
+            if _undo_one(s, changed, w, row, prev, cnt, expert_slots, has, node_group, gpu_of_slot, node_of_gpu,
+                         group_of_expert, keep_groups, share, share_up, gain_down, x, cap):
+                progress = True
+    after = 0
+    for s in changed:
+        if row[s] != prev[s]:
+            after += 1
+    return before - after
+
+
+@njit(cache=True, nogil=True)
+def _undo_one(s, changed, w, row, prev, cnt, expert_slots, has, node_group, gpu_of_slot, node_of_gpu, group_of_expert,
+              keep_groups, share, share_up, gain_down, x, cap):
+    """Give slot ``s`` (and a slot that swapped with it) back its previous expert if the max GPU
+    load stays at most ``cap``; True if done. ``changed``: the slots that may differ from ``prev``."""
+    e = row[s]
+    f = prev[s]
+    if e == f:
+        return False
+    partner = -1  # a slot holding f that previously held e: undo both
+    for t in changed:
+        if t != s and row[t] == f and prev[t] == e:
+            partner = t
+            break
+    if partner < 0 and cnt[e] < 2:
+        return False
+    node_s = node_of_gpu[gpu_of_slot[s]]
+    if keep_groups and partner < 0 and node_group[node_s, group_of_expert[f]] == 0:
+        return False
+    if keep_groups and partner >= 0 and node_of_gpu[gpu_of_slot[partner]] != node_s:
+        if node_group[node_s, group_of_expert[f]] == 0:
+            return False
+        if node_group[node_of_gpu[gpu_of_slot[partner]], group_of_expert[e]] == 0:
+            return False
+    _set_slot(row, s, f, expert_slots, cnt, has, node_group, gpu_of_slot, node_of_gpu, group_of_expert)
+    if partner >= 0:
+        _set_slot(row, partner, e, expert_slots, cnt, has, node_group, gpu_of_slot, node_of_gpu, group_of_expert)
+    _shares(w, cnt, e, share, share_up, gain_down)
+    _shares(w, cnt, f, share, share_up, gain_down)
+    _loads_from_shares(row, share, gpu_of_slot, x)
+    peak = 0.0
+    for g in range(x.shape[0]):
+        peak = max(peak, x[g])
+    if peak <= cap:
+        return True
+    if partner >= 0:
+        _set_slot(row, partner, f, expert_slots, cnt, has, node_group, gpu_of_slot, node_of_gpu, group_of_expert)
+    _set_slot(row, s, e, expert_slots, cnt, has, node_group, gpu_of_slot, node_of_gpu, group_of_expert)
+    _shares(w, cnt, e, share, share_up, gain_down)
+    _shares(w, cnt, f, share, share_up, gain_down)
+    _loads_from_shares(row, share, gpu_of_slot, x)
+    return False
 
 
 @njit(cache=True, nogil=True)

@@ -1,0 +1,192 @@
+"""Migration-aware planning: plan(..., previous=) stays close to the placement in service."""
+
+import numpy as np
+import pytest
+from checks import assert_valid
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from strategies import problems
+
+import eplb
+from eplb.kernels.migration import improve_placement, min_cost_assignment, relabel_like
+from eplb.metrics import moves
+from eplb.synthetic import drifting_counts
+
+
+def kwargs(config):
+    return {k: v for k, v in config.items() if k != "num_experts"}
+
+
+def random_previous(config, num_layers, seed):
+    """A valid random placement: every expert once, the other slots random experts."""
+    rng = np.random.default_rng(seed)
+    num_experts, num_slots = config["num_experts"], config["num_slots"]
+    rows = []
+    for _ in range(num_layers):
+        row = np.concatenate([np.arange(num_experts), rng.integers(0, num_experts, num_slots - num_experts)])
+        rows.append(rng.permutation(row))
+    return np.array(rows, dtype=np.int64)
+
+
+@settings(max_examples=40)
+@given(problems(), st.integers(0, 2**32 - 1), st.sampled_from([0.0, 0.005, 0.05]))
+def test_close_plan_is_valid_and_within_tolerance_of_scratch(problem, seed, tolerance):
+    config, counts = problem
+    previous = random_previous(config, counts.shape[0], seed)
+    scratch = eplb.plan(counts, **kwargs(config))
+    near = eplb.plan(counts, previous=previous, tolerance=tolerance, **kwargs(config))
+    assert_valid(near, config["num_experts"])
+    assert (near.max_load <= scratch.max_load * (1 + tolerance) * (1 + 1e-9) + 1e-9).all()
+    changed = (near.phy2log != previous).sum(axis=1)
+    np.testing.assert_array_equal(near.info["slots_changed"], changed)
+
+
+@settings(max_examples=40)
+@given(problems(), st.integers(0, 2**32 - 1), st.integers(0, 6))
+def test_budget_of_moves_is_never_exceeded(problem, seed, budget):
+    config, counts = problem
+    previous = random_previous(config, counts.shape[0], seed)
+    near = eplb.plan(counts, previous=previous, max_moves=budget, tolerance=None, **kwargs(config))
+    assert_valid(near, config["num_experts"])
+    assert ((near.phy2log != previous).sum(axis=1) <= budget).all()
+    # within the budget the plan is never worse than the previous placement
+    before = eplb.Placement(previous, config["num_experts"], near.topology).gpu_loads(counts).max(axis=1)
+    assert (near.max_load <= before * (1 + 1e-12) + 1e-9).all()
+
+
+def test_unchanged_loads_change_nothing():
+    counts = drifting_counts(1, 6, 64, num_groups=8, seed=3)[0]
+    config = dict(num_slots=80, num_gpus=8, num_nodes=2, num_groups=8)
+    first = eplb.plan(counts, **config)
+    again = eplb.plan(counts, previous=first, **config)
+    assert again == first
+    assert (again.info["slots_changed"] == 0).all()
+
+
+@pytest.mark.parametrize("num_groups", [None, 8])
+def test_relabelled_previous_is_recognised(num_groups):
+    """A previous placement that is the fresh plan with nodes, GPUs and slots renamed is kept as is."""
+    counts = drifting_counts(1, 4, 64, num_groups=8, seed=5)[0]
+    config = dict(num_slots=96, num_gpus=8, num_nodes=2, num_groups=num_groups)
+    fresh = eplb.plan(counts, **config)
+    rng = np.random.default_rng(0)
+    k = 12
+    previous = np.empty_like(fresh.phy2log)
+    for layer in range(fresh.num_layers):
+        nodes = rng.permutation(2)
+        gpus = np.concatenate([n * 4 + rng.permutation(4) for n in nodes])  # stays node by node
+        blocks = [rng.permutation(fresh.phy2log[layer, g * k:(g + 1) * k]) for g in gpus]
+        previous[layer] = np.concatenate(blocks)
+    # the local search alone cannot undo a relabelling; the assignment matching must
+    topo = fresh.topology
+    relabelled, changes = relabel_like(fresh.phy2log, previous, topo.slot_offsets, topo.gpus_per_node,
+                                       num_groups is not None, 64)
+    np.testing.assert_array_equal(relabelled, previous)
+    assert (changes == 0).all()
+    near = eplb.plan(counts, previous=previous, tolerance=0.0, **config)
+    np.testing.assert_allclose(near.max_load, fresh.max_load)
+    assert near.info["slots_changed"].sum() == 0
+
+
+def test_min_cost_assignment_is_optimal_like_ortools():
+    from ortools.graph.python import linear_sum_assignment
+
+    rng = np.random.default_rng(1)
+    for n in (1, 2, 5, 9, 16):
+        cost = rng.integers(0, 50, (n, n)).astype(float)
+        ours = min_cost_assignment(cost)
+        assert sorted(ours.tolist()) == list(range(n))
+        solver = linear_sum_assignment.SimpleLinearSumAssignment()
+        for i in range(n):
+            for j in range(n):
+                solver.add_arc_with_cost(i, j, int(cost[i, j]))
+        assert solver.solve() == solver.OPTIMAL
+        assert cost[np.arange(n), ours].sum() == solver.optimal_cost()
+
+
+def test_hierarchical_moves_keep_every_group_on_one_node():
+    series = drifting_counts(4, 8, 64, num_groups=8, drift=0.2, seed=2)
+    config = dict(num_slots=80, num_gpus=8, num_nodes=2, num_groups=8)
+    current = eplb.plan(series[0], **config)
+    for t in range(1, 4):
+        current = eplb.plan(series[t], previous=current, **config)
+        node_of_slot = current.topology.node_of_gpu[current.topology.gpu_of_slot]
+        group = current.phy2log // 8
+        for layer in range(current.num_layers):
+            for g in range(8):
+                assert len(set(node_of_slot[group[layer] == g])) == 1
+
+
+def drift_stats(series, config, method="balanced"):
+    """Mean fraction of slots changed per rebalance and worst max-load ratio to planning from scratch."""
+    current = eplb.plan(series[0], method=method, **config)
+    fractions, ratios, scratch_fractions = [], [], []
+    for t in range(1, len(series)):
+        near = eplb.plan(series[t], previous=current, method=method, **config)
+        fresh = eplb.plan(series[t], method=method, **config)
+        fractions.append(near.info["slots_changed"].sum() / near.phy2log.size)
+        scratch_fractions.append(moves(current.phy2log, fresh.phy2log, fresh.topology).slots_changed / near.phy2log.size)
+        live = fresh.max_load > 0
+        ratios.append((near.max_load[live] / fresh.max_load[live]).max())
+        current = near
+    return np.mean(fractions), max(ratios), np.mean(scratch_fractions)
+
+
+@pytest.mark.parametrize("num_groups", [None, 8])
+def test_drifting_synthetic_loads_move_few_slots(num_groups):
+    series = drifting_counts(5, 12, 128, num_groups=8, drift=0.05, tokens=16384, seed=11)
+    config = dict(num_slots=144, num_gpus=16, num_nodes=2, num_groups=num_groups)
+    moved, ratio, scratch_moved = drift_stats(series, config)
+    assert moved <= 0.20
+    assert ratio <= 1.005 + 1e-9
+    assert scratch_moved > 2 * moved  # planning from scratch moves far more
+
+
+def test_drifting_real_trace_moves_few_slots(trace_counts):
+    """gpt-oss-20b: a sliding sum over recorded windows (40 wide, moved by 5) drifts like a serving
+    load. Its 32 experts in 40 slots make every move coarse (one slot is 2.5% of a layer), so the
+    bench reports ~24% here; the guard is a quarter of what planning from scratch moves."""
+    counts = trace_counts("gpt_oss_20b_benchmark_windows.npz")
+    series = np.stack([counts[t:t + 40].sum(axis=0) for t in range(0, 30, 5)])
+    config = dict(num_slots=40, num_gpus=8, num_nodes=2)
+    moved, ratio, scratch_moved = drift_stats(series, config)
+    assert moved <= 0.3
+    assert moved <= scratch_moved / 3
+    assert ratio <= 1.005 + 1e-9
+
+
+def test_mixed_real_domains_move_few_slots(trace_counts):
+    """OLMoE: the load drifts from one text domain to the next in small steps of the mixture."""
+    counts = trace_counts("olmoe_1b7b_domains_layers0-7-15.npz")
+    steps = np.linspace(0, 1, 6)
+    series = np.stack([(1 - a) * counts[0] + a * counts[1] for a in steps])
+    config = dict(num_slots=80, num_gpus=8, num_nodes=2)
+    moved, ratio, scratch_moved = drift_stats(series, config)
+    assert moved <= 0.20
+    assert ratio <= 1.005 + 1e-9
+    assert scratch_moved > 2 * moved
+
+
+def test_bad_previous_is_refused():
+    counts = drifting_counts(1, 2, 16, seed=0)[0]
+    config = dict(num_slots=20, num_gpus=4)
+    good = eplb.plan(counts, **config)
+    with pytest.raises(ValueError, match="previous"):
+        eplb.plan(counts, previous=good.phy2log[:, :16], **config)
+    with pytest.raises(ValueError, match="layers"):
+        eplb.plan(counts, previous=good.phy2log[:1], **config)
+    with pytest.raises(ValueError, match="previous"):
+        eplb.plan(counts, previous=np.zeros_like(good.phy2log), **config)
+    with pytest.raises(ValueError, match="topology"):
+        eplb.plan(counts, previous=good, num_slots=20, num_gpus=2)
+    with pytest.raises(ValueError, match="tolerance"):
+        eplb.plan(counts, previous=good, tolerance=-0.1, **config)
+    with pytest.raises(ValueError, match="max_moves"):
+        eplb.plan(counts, previous=good, max_moves=-1, **config)
+    with pytest.raises(ValueError, match="tolerance, max_moves"):
+        eplb.plan(counts, previous=good, tolerance=None, **config)
+
+
+def test_kernels_release_the_gil():
+    for kernel in (improve_placement, relabel_like, min_cost_assignment):
+        assert kernel.targetoptions.get("nogil") is True
