@@ -1,0 +1,235 @@
+"""The online balancer: window, decisions, rebalances, persistence, background planning."""
+
+import json
+import sys
+import threading
+import time
+import tracemalloc
+
+import numpy as np
+import pytest
+
+import eplb
+from eplb.metrics import balancedness
+from eplb.synthetic import drifting_counts
+
+CONFIG = dict(num_slots=80, num_gpus=8, num_nodes=2, num_groups=8)
+
+
+def make(**kwargs):
+    return eplb.Balancer(6, 64, **{**CONFIG, **kwargs})
+
+
+def test_window_keeps_the_last_passes():
+    rng = np.random.default_rng(0)
+    balancer = make(window=4)
+    passes = rng.integers(0, 100, (7, 6, 64))
+    for counts in passes:
+        balancer.record(counts)
+    np.testing.assert_allclose(balancer.window_counts(), passes[-4:].sum(axis=0))
+    assert balancer.steps == 7
+
+
+def test_decay_weighs_recent_passes_more():
+    rng = np.random.default_rng(1)
+    balancer = make(window=3, decay=0.5)
+    passes = rng.random((5, 6, 64)) * 100
+    for counts in passes:
+        balancer.record(counts)
+    np.testing.assert_allclose(balancer.window_counts(), passes[4] + 0.5 * passes[3] + 0.25 * passes[2])
+
+
+def test_physical_counts_map_back_to_experts():
+    rng = np.random.default_rng(2)
+    balancer = make(window=2)
+    placement = balancer.placement
+    per_slot = rng.integers(0, 50, (6, 80))
+    balancer.record(per_slot)
+    expected = np.zeros((6, 64))
+    for layer in range(6):
+        np.add.at(expected[layer], placement.phy2log[layer], per_slot[layer])
+    np.testing.assert_allclose(balancer.window_counts(), expected)
+
+
+def test_recording_allocates_nothing_per_step():
+    balancer = make(window=8)
+    counts = np.random.default_rng(3).integers(0, 100, (6, 64))
+    per_slot = np.random.default_rng(3).integers(0, 100, (6, 80)).astype(np.float32)
+    balancer.record(counts)
+    balancer.record(per_slot)  # compile both paths first
+    tracemalloc.start()
+    for _ in range(200):
+        balancer.record(counts)
+        balancer.record(per_slot)
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert peak < counts.size * 8  # less than one [L, E] float64 array for 400 passes
+
+
+def test_bad_counts_are_refused():
+    balancer = make()
+    with pytest.raises(ValueError, match="shape"):
+        balancer.record(np.zeros((6, 63)))
+    with pytest.raises(ValueError, match="non-negative"):
+        balancer.record(-np.ones((6, 64)))
+    bad = np.zeros((6, 64))
+    bad[2, 3] = np.nan
+    with pytest.raises(ValueError, match="finite"):
+        balancer.record(bad)
+    square = eplb.Balancer(2, 8, num_slots=8, num_gpus=2)
+    with pytest.raises(ValueError, match="physical"):
+        square.record(np.ones((2, 8)))
+    square.record(np.ones((2, 8)), physical=True)
+    assert balancer.steps == 0  # refused passes are not recorded
+    with pytest.raises(ValueError, match="record"):
+        balancer.rebalance()
+    with pytest.raises(ValueError, match="decay"):
+        make(decay=1.5)
+    with pytest.raises(ValueError, match="window"):
+        make(window=0)
+    with pytest.raises(ValueError, match="method"):
+        make(method="nope")
+
+
+def test_decisions_follow_gain_and_cost():
+    series = drifting_counts(3, 6, 64, num_groups=8, drift=0.4, tokens=65536, seed=5)
+    balancer = make(window=1, min_gain=0.01, move_cost=0.05)
+    assert not balancer.should_rebalance()  # nothing recorded
+    balancer.record(series[0])
+    assert balancer.should_rebalance()  # the start layout ignores the load
+    placement, transfer = balancer.rebalance()
+    assert balancer.placement is placement and balancer.rebalances == 1
+    balancer.record(series[0])
+    assert not balancer.should_rebalance()  # same load: nothing to gain
+    assert balancer.last_decision["rebalance"] is False
+    expensive = make(window=1, min_gain=0.0, move_cost=1e6, placement=placement)
+    expensive.record(series[2])
+    assert not expensive.should_rebalance()  # any move costs more than it gains
+    assert expensive.last_decision["gain"] > 0
+
+
+def test_rebalance_returns_the_copies_to_apply():
+    series = drifting_counts(2, 6, 64, num_groups=8, drift=0.3, seed=6)
+    balancer = make(window=1, expert_bytes=1 << 20)
+    balancer.record(series[0])
+    old = balancer.placement
+    new, transfer = balancer.rebalance(commit=False)
+    assert balancer.placement is old  # not committed yet
+    moved = old.phy2log.copy()
+    moved[transfer.layer, transfer.dst_slot] = old.phy2log[transfer.layer, transfer.src_slot]
+    np.testing.assert_array_equal(moved, new.phy2log)
+    assert transfer.bytes()["total"] == len(transfer) << 20
+    balancer.commit(new)
+    assert balancer.placement is new
+    with pytest.raises(ValueError, match="placement"):
+        balancer.commit(eplb.plan(series[0][:3], **CONFIG))
+
+
+def test_state_survives_a_restart(tmp_path):
+    series = drifting_counts(6, 6, 64, num_groups=8, drift=0.2, seed=7)
+    balancer = make(window=3, decay=0.9)
+    for t in range(4):
+        balancer.record(series[t])
+    balancer.rebalance()
+    balancer.record(series[4])
+    state = balancer.state_dict()
+    np.savez(tmp_path / "state.npz", **state)
+    with np.load(tmp_path / "state.npz", allow_pickle=False) as data:
+        from_npz = eplb.Balancer.from_state_dict(dict(data))
+    from_json = eplb.Balancer.from_state_dict(
+        json.loads(json.dumps({k: v.tolist() if isinstance(v, np.ndarray) else v for k, v in state.items()})))
+    for restored in (from_npz, from_json):
+        assert restored.placement == balancer.placement
+        np.testing.assert_allclose(restored.window_counts(), balancer.window_counts())
+        assert restored.steps == balancer.steps and restored.decay == 0.9
+        restored.record(series[5])
+    balancer.record(series[5])
+    for restored in (from_npz, from_json):
+        assert restored.rebalance()[0] == balancer.rebalance(commit=False)[0]
+    other = make(window=5)
+    with pytest.raises(ValueError, match="window"):
+        other.load_state_dict(state)
+    with pytest.raises(ValueError, match="missing"):
+        other.load_state_dict({})
+
+
+def test_planning_kernel_releases_the_gil():
+    """With a huge switch interval the main thread can only run while the planner thread waits or
+    sits in a GIL-free kernel: it makes progress during the migration search."""
+    from eplb.api import make_problem
+    from eplb.kernels.migration import improve_placement
+
+    series = drifting_counts(2, 58, 256, num_groups=8, drift=0.3, seed=8).astype(float)
+    weights = np.concatenate([series[1]] * 4)
+    problem = make_problem(256, 288, 32, 4, None)
+    topo = problem.topology
+    previous = np.concatenate([eplb.plan(series[0], topology=topo).phy2log] * 4)
+    args = (weights, previous, previous, topo.gpu_of_slot, topo.slot_offsets, topo.node_of_gpu,
+            np.zeros(256, np.int64), False, 1, np.zeros(len(weights)), np.full(len(weights), 288), 576)
+    improve_placement(*args[:1], previous[:1], previous[:1], *args[3:9], np.zeros(1), np.full(1, 288), 576)
+    started = threading.Event()
+    done = []
+
+    def search():
+        started.set()
+        improve_placement(*args)
+        done.append(True)
+
+    old_interval = sys.getswitchinterval()
+    sys.setswitchinterval(100.0)
+    try:
+        worker = threading.Thread(target=search)
+        worker.start()
+        started.wait()
+        progressed = 0
+        while not done:
+            progressed += 1
+            time.sleep(0)  # hand the GIL back so the worker can leave the kernel
+        worker.join()
+    finally:
+        sys.setswitchinterval(old_interval)
+    assert progressed > 0
+    for kernel in (improve_placement,):
+        assert kernel.targetoptions.get("nogil") is True
+
+
+def test_background_rebalance_while_the_engine_records():
+    """The pattern an engine uses: rebalance on a thread, keep recording, commit when done."""
+    series = drifting_counts(40, 6, 64, num_groups=8, drift=0.1, seed=10)
+    balancer = make(window=5)
+    for t in range(5):
+        balancer.record(series[t])
+    box = []
+    worker = threading.Thread(target=lambda: box.append(balancer.rebalance(commit=False)))
+    worker.start()
+    recorded = 5
+    while worker.is_alive() and recorded < 40:
+        balancer.record(series[recorded])
+        recorded += 1
+    worker.join()
+    placement, transfer = box[0]
+    balancer.commit(placement)
+    assert balancer.placement is placement and balancer.steps == recorded
+
+
+def test_simulated_serving_loop_keeps_balance_with_few_moves():
+    """Drifting load, the balancer deciding every 10 passes: balance stays close to planning from
+    scratch every window, and each rebalance after the first moves few slots."""
+    steps, every = 120, 10
+    series = drifting_counts(steps, 6, 64, num_groups=8, drift=0.02, tokens=8192, seed=9)
+    balancer = make(window=20, min_gain=0.005, move_cost=0.05)
+    served, static = [], []
+    start = balancer.placement
+    for t in range(steps):
+        balancer.record(series[t])
+        served.append(balancedness(balancer.placement.gpu_loads(series[t])).mean())
+        static.append(balancedness(start.gpu_loads(series[t])).mean())
+        if t % every == every - 1 and balancer.should_rebalance():
+            balancer.rebalance()
+    assert 2 <= balancer.rebalances <= steps // every
+    later = [h["moved_fraction"] for h in balancer.history[1:]]
+    assert max(later) <= 0.2
+    assert np.mean(served[every:]) > np.mean(static[every:]) + 0.1
+    fresh = [balancedness(eplb.plan(series[t - 20:t].sum(axis=0), **CONFIG).gpu_loads(series[t])).mean()
+             for t in range(every + 20, steps, every)]
+    assert np.mean(served[every + 20::every]) >= np.mean(fresh) - 0.03
