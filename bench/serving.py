@@ -1,0 +1,292 @@
+"""Serving: migration-aware rebalancing and the online balancer in a simulated serving loop.
+
+Two parts, measured side by side in one run:
+
+1. **Rebalancing drifting loads.** Sequences of windows whose load drifts: synthetic
+   (``eplb.synthetic.drifting_counts``, DeepSeek-V3 size, hierarchical and global) and built from
+   the real traces (gpt-oss-20b: a sum over 40 recorded windows sliding by 5; OLMoE and Mixtral:
+   the mixture moving from one text domain to the next in steps of 20%). For every window after the
+   first: the slots changed from the previous placement and the max GPU load relative to planning
+   from scratch with the default method, for eplb's migration-aware planning
+   (``plan(previous=...)``, tolerance 0.5%), the default method from scratch and the published
+   greedy from scratch. Targets: <= 20% of slots per rebalance, max load within 0.5%.
+2. **Serving loop.** A DeepSeek-V3-sized model (58 x 256 -> 288 slots, 32 GPUs, 4 nodes, 8 groups)
+   serves a load that drifts a little every forward pass; ``eplb.Balancer`` records every pass,
+   is asked ``should_rebalance()`` every few passes and rebalances when the gain pays for the copies.
+   Reported: balancedness over time (vs. never rebalancing and vs. a fresh plan from scratch at every
+   check), slots changed and weight copies per rebalance, planning time per rebalance (target
+   < 10 ms).
+
+Run: ``python bench/serving.py [--quick]`` (results in ``bench/results/``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from pathlib import Path
+
+import numpy as np
+from _common import load_note, load_trace, markdown_table, pyplot, read_csv, write_csv
+
+import eplb
+from eplb.metrics import balancedness
+from eplb.synthetic import DEEPSEEK_V3, drifting_counts
+
+DS = dict(num_slots=DEEPSEEK_V3["num_slots"], num_gpus=DEEPSEEK_V3["num_gpus"], num_nodes=DEEPSEEK_V3["num_nodes"])
+EXPERT_BYTES = 3 * 7168 * 2048  # one DeepSeek-V3 routed expert (gate, up, down) in FP8
+TOLERANCE = 0.005
+
+
+# ------------------------------------------------------------------------------ drifting sequences
+
+def sequences(quick: bool) -> tuple[list[tuple[str, np.ndarray, dict]], list[str]]:
+    """``(name, series [T, L, E], deployment)`` of drifting loads, and notes on absent traces."""
+    windows = 4 if quick else 8
+    out, notes = [], []
+    synthetic = drifting_counts(windows, 58, 256, num_groups=8, drift=0.05, tokens=16384, seed=1)
+    out.append(("synthetic drift, DeepSeek-V3 size, hierarchical", synthetic, dict(DS, num_groups=8)))
+    out.append(("synthetic drift, DeepSeek-V3 size, global", synthetic, dict(DS, num_groups=None)))
+    gpt = load_trace("gpt_oss_20b_benchmark_windows.npz")
+    if gpt is None:
+        notes.append("gpt_oss_20b_benchmark_windows.npz absent: skipped")
+    else:
+        counts = gpt["counts"]
+        series = np.stack([counts[t:t + 40].sum(axis=0) for t in range(0, 5 * windows, 5)])
+        out.append(("gpt-oss-20b, 40 windows sliding by 5, 40 slots / 8 GPUs", series,
+                    dict(num_slots=40, num_gpus=8, num_nodes=2)))
+        out.append(("gpt-oss-20b, 40 windows sliding by 5, 64 slots / 8 GPUs", series,
+                    dict(num_slots=64, num_gpus=8, num_nodes=2)))
+    for file, label, deployment in (
+        ("olmoe_1b7b_domains_layers0-7-15.npz", "OLMoE-1B-7B, domain mixture in 20% steps, 80 slots / 8 GPUs",
+         dict(num_slots=80, num_gpus=8, num_nodes=2)),
+        ("mixtral_8x7b_domains_layers0-7-15.npz", "Mixtral-8x7B, domain mixture in 20% steps, 12 slots / 4 GPUs",
+         dict(num_slots=12, num_gpus=4, num_nodes=1)),
+    ):
+        data = load_trace(file)
+        if data is None:
+            notes.append(f"{file} absent: skipped")
+            continue
+        counts = data["counts"]
+        steps = []
+        for i in range(min(len(counts) - 1, 2 if quick else len(counts) - 1)):
+            for a in np.linspace(0, 1, 6)[:-1]:
+                steps.append((1 - a) * counts[i] + a * counts[i + 1])
+        out.append((label, np.stack(steps), deployment))
+    return out, notes
+
+
+def drift_rows(name: str, series: np.ndarray, deployment: dict) -> list[dict]:
+    """One row per (sequence, strategy): mean/max slots changed per rebalance, max-load ratio to the
+    default method from scratch, median planning time."""
+    strategies = {"eplb migration-aware": [], f"{eplb.DEFAULT_METHOD} from scratch": [], "greedy from scratch": []}
+    times = {k: [] for k in strategies}
+    current = {k: eplb.plan(series[0], **deployment) for k in strategies}
+    current["greedy from scratch"] = eplb.plan(series[0], method="greedy", **deployment)
+    for t in range(1, len(series)):
+        reference = eplb.plan(series[t], **deployment)
+        live = reference.max_load > 0
+        for key in strategies:
+            if key == "eplb migration-aware":
+                new = eplb.plan(series[t], previous=current[key], tolerance=TOLERANCE, **deployment)
+            elif key == "greedy from scratch":
+                new = eplb.plan(series[t], method="greedy", **deployment)
+            else:
+                new = reference
+            times[key].append(new.info["time_s"])  # the method (+ migration), without the bounds
+            changed = (new.phy2log != current[key].phy2log).mean()
+            ratio = (new.max_load[live] / reference.max_load[live]).max() if live.any() else 1.0
+            strategies[key].append((changed, ratio))
+            current[key] = new
+    rows = []
+    for key, values in strategies.items():
+        changed = np.array([v[0] for v in values])
+        ratio = np.array([v[1] for v in values])
+        rows.append({
+            "sequence": name, "strategy": key, "rebalances": len(values),
+            "mean_slots_changed": round(float(changed.mean()), 4), "max_slots_changed": round(float(changed.max()), 4),
+            "worst_max_load_ratio": round(float(ratio.max()), 5), "mean_max_load_ratio": round(float(ratio.mean()), 5),
+            "median_plan_ms": round(1e3 * statistics.median(times[key]), 2),
+        })
+    return rows
+
+
+# ------------------------------------------------------------------------------ serving loop
+
+def serving_loop(quick: bool, method: str) -> tuple[list[dict], list[dict]]:
+    """Simulate serving: per-pass balancedness rows and per-rebalance rows."""
+    steps = 150 if quick else 600
+    every, window = 25, 100
+    passes = drifting_counts(steps, 58, 256, num_groups=8, drift=0.02, tokens=4096, seed=7)
+    balancer = eplb.Balancer(58, 256, **DS, num_groups=8, window=window, method=method,
+                             min_gain=0.005, move_cost=0.05, expert_bytes=EXPERT_BYTES)
+    start_layout = balancer.placement
+    fresh = None
+    per_pass, per_rebalance = [], []
+    for t in range(steps):
+        counts = passes[t]
+        balancer.record(counts)
+        per_pass.append({
+            "method": method, "step": t,
+            "balancer": float(balancedness(balancer.placement.gpu_loads(counts)).mean()),
+            "never_rebalance": float(balancedness(start_layout.gpu_loads(counts)).mean()),
+            "fresh_every_check": float(balancedness(fresh.gpu_loads(counts)).mean()) if fresh is not None else np.nan,
+        })
+        if t % every == every - 1:
+            fresh = eplb.plan(balancer.window_counts(), **DS, num_groups=8, method=method)
+            if balancer.should_rebalance():
+                placement, transfer = balancer.rebalance()
+                record = balancer.history[-1]
+                copies = transfer.counts()
+                per_rebalance.append({
+                    "method": method, "step": t + 1, "slots_changed": record["slots_changed"],
+                    "moved_fraction": round(record["moved_fraction"], 4),
+                    "plan_ms": round(1e3 * record["plan_time_s"], 2),
+                    "intra_gpu": copies["intra_gpu"], "intra_node": copies["intra_node"],
+                    "cross_node": copies["cross_node"],
+                    "gib_moved": round(transfer.bytes()["total"] / 2**30, 2),
+                    "gain": round(balancer.last_decision.get("gain", np.nan), 4),
+                })
+    return per_pass, per_rebalance
+
+
+def plan_time_split(method: str, repeats: int) -> dict:
+    """Median time of the method from scratch alone and of the whole migration-aware plan, on two
+    consecutive windows of a drifting DeepSeek-V3-sized load."""
+    from eplb.api import make_problem
+    from eplb.methods import get_method
+    from eplb.migration import plan_near
+
+    series = drifting_counts(2, 58, 256, num_groups=8, drift=0.02, tokens=4096 * 100, seed=3).astype(float)
+    problem = make_problem(256, **DS, num_groups=8)
+    previous, _ = plan_near(series[0], problem, None, method=method)
+    plan_near(series[1], problem, previous, method=method)
+    scratch, total = [], []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        get_method(method)(series[1], problem)
+        scratch.append(time.perf_counter() - start)
+        start = time.perf_counter()
+        plan_near(series[1], problem, previous, method=method)
+        total.append(time.perf_counter() - start)
+    return {"method": method, "scratch_ms": round(1e3 * statistics.median(scratch), 2),
+            "migration_aware_ms": round(1e3 * statistics.median(total), 2)}
+
+
+# ------------------------------------------------------------------------------ report
+
+def run(quick: bool, results_dir: Path) -> str:
+    results_dir = Path(results_dir)
+    results_dir.mkdir(parents=True, exist_ok=True)
+    seqs, notes = sequences(quick)
+    drift = [row for name, series, deployment in seqs for row in drift_rows(name, series, deployment)]
+    write_csv(results_dir / "serving_drift.csv", drift)
+
+    passes, rebalances = [], []
+    for method in (eplb.DEFAULT_METHOD, "greedy"):
+        p, r = serving_loop(quick, method)
+        passes += p
+        rebalances += r
+    write_csv(results_dir / "serving_loop.csv", passes)
+    write_csv(results_dir / "serving_rebalances.csv", rebalances)
+    split = [plan_time_split(m, 5 if quick else 21) for m in (eplb.DEFAULT_METHOD, "greedy")]
+    write_csv(results_dir / "serving_plan_time.csv", split)
+    plot(passes, rebalances, results_dir / "serving.png")
+
+    lines = ["## Serving", "", f"Machine: {load_note()}. Tolerance {TOLERANCE:.1%} on the max load.", ""]
+    lines += ["### Rebalancing drifting loads", "",
+              "Slots changed per rebalance (fraction of all layer x slot pairs) and the max GPU load relative "
+              f"to planning from scratch with the default method (`{eplb.DEFAULT_METHOD}`); worst over layers "
+              "and windows. Targets: <= 20% of slots, within 0.5% (ratio <= 1.005).", ""]
+    lines.append(markdown_table(
+        ["sequence", "strategy", "rebalances", "slots changed (mean / max)", "max load ratio (worst / mean)",
+         "plan ms (median)"],
+        [(r["sequence"], r["strategy"], r["rebalances"], f"{r['mean_slots_changed']:.1%} / {r['max_slots_changed']:.1%}",
+          f"{r['worst_max_load_ratio']:.4f} / {r['mean_max_load_ratio']:.4f}", r["median_plan_ms"]) for r in drift]))
+    lines += [""] + [f"- {n}" for n in notes]
+    lines += ["", "### Serving loop (DeepSeek-V3 size, drifting load)", ""]
+    rows = []
+    for method in (eplb.DEFAULT_METHOD, "greedy"):
+        p = [r for r in passes if r["method"] == method]
+        r = [x for x in rebalances if x["method"] == method]
+        later = [x for x in r[1:]]
+        rows.append((
+            method, len(r),
+            f"{np.mean([x['balancer'] for x in p[25:]]):.3f}",
+            f"{np.nanmean([x['fresh_every_check'] for x in p[25:]]):.3f}",
+            f"{np.mean([x['never_rebalance'] for x in p[25:]]):.3f}",
+            f"{r[0]['moved_fraction']:.1%}" if r else "-",
+            f"{np.mean([x['moved_fraction'] for x in later]):.1%}" if later else "-",
+            f"{np.mean([x['gib_moved'] for x in later]):.1f}" if later else "-",
+            f"{statistics.median([x['plan_ms'] for x in r]):.1f}" if r else "-",
+        ))
+    lines.append(markdown_table(
+        ["planning method", "rebalances", "balancedness (balancer)", "balancedness (fresh plan every check)",
+         "balancedness (never rebalance)", "slots changed, first rebalance", "slots changed, later (mean)",
+         "GiB copied per later rebalance", "plan ms per rebalance (median)"], rows))
+    lines += ["", "Planning time per rebalance, DeepSeek-V3 size, split (medians, same run): the method from "
+              "scratch alone vs the whole migration-aware plan (method + local search + relabelling). "
+              "Target < 10 ms.", ""]
+    lines.append(markdown_table(["method", "from scratch ms", "migration-aware plan ms"],
+                                [(s["method"], s["scratch_ms"], s["migration_aware_ms"]) for s in split]))
+    lines += ["", "![balancedness over time and slots changed per rebalance](serving.png)", ""]
+    return "\n".join(lines)
+
+
+def plot(passes: list[dict], rebalances: list[dict], path: Path) -> None:
+    plt = pyplot()
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(9, 6), sharex=True)
+    method = eplb.DEFAULT_METHOD
+    p = [r for r in passes if r["method"] == method]
+    steps = [r["step"] for r in p]
+    for key, label in (("balancer", "eplb.Balancer (migration-aware)"), ("fresh_every_check", "fresh plan at every check"),
+                       ("never_rebalance", "never rebalance")):
+        top.plot(steps, [r[key] for r in p], label=label, linewidth=1)
+    top.set_ylabel("balancedness (mean / max)")
+    top.legend(fontsize=8)
+    r = [x for x in rebalances if x["method"] == method]
+    bottom.bar([x["step"] for x in r], [100 * x["moved_fraction"] for x in r], width=6)
+    bottom.axhline(20, color="grey", linestyle="--", linewidth=0.8)
+    bottom.set_ylabel("% slots changed")
+    bottom.set_xlabel("forward pass")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def headline(results_dir: Path) -> list[tuple[str, str, str]]:
+    """README headline rows ``(figure, measured, target)``."""
+    path = Path(results_dir) / "serving_drift.csv"
+    if not path.exists():
+        return []
+    rows = [r for r in read_csv(path) if r["strategy"] == "eplb migration-aware"]
+    greedy = [r for r in read_csv(path) if r["strategy"] == "greedy from scratch"]
+    out = []
+    if rows:
+        moved = [float(r["mean_slots_changed"]) for r in rows]
+        worst = max(float(r["worst_max_load_ratio"]) for r in rows)
+        met = sum(m <= 0.2 for m in moved)
+        out.append(("Migration-aware rebalance: slots changed per rebalance on drifting loads",
+                    f"{min(moved):.1%}-{max(moved):.1%} over {len(rows)} sequences (greedy from scratch: "
+                    f"{min(float(r['mean_slots_changed']) for r in greedy):.0%}-"
+                    f"{max(float(r['mean_slots_changed']) for r in greedy):.0%})",
+                    f"<= 20%: met on {met} of {len(rows)}"))
+        out.append(("Migration-aware rebalance: max load vs planning from scratch", f"worst {worst:.4f}",
+                    f"<= 1.005: {'met' if worst <= 1.005 + 1e-9 else 'not met'}"))
+    split = Path(results_dir) / "serving_plan_time.csv"
+    if split.exists():
+        for r in read_csv(split):
+            ms = float(r["migration_aware_ms"])
+            out.append((f"Planning time per rebalance, DeepSeek-V3 size (`{r['method']}` + migration)",
+                        f"{ms:.1f} ms (method alone {float(r['scratch_ms']):.1f} ms)",
+                        f"< 10 ms: {'met' if ms < 10 else 'not met'}"))
+    return out
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer windows and passes (well under a minute)")
+    args = parser.parse_args()
+    out = Path(__file__).resolve().parent / "results" / ("quick" if args.quick else "")
+    print(run(args.quick, out))
