@@ -14,8 +14,9 @@ The model, for one layer with loads ``w[E]`` and GPUs ``g`` holding ``k_g`` slot
 ``M`` is a common multiple of every possible replica count (``lcm(1 .. S - E + 1)``), so with
 integer counts every per-replica load ``w_e * M / r`` is an exact integer and the optimum is exact.
 The product ``x * w / r`` is linearised by the enforcement literals ``y[e, r]``: no product of
-variables appears. When the counts are not integers, or ``w * M`` would not fit in 50 bits, the
-table is ``P[e, r] = floor(w_e * s / r)`` for a scale ``s``: every load is then rounded down, so the
+variables appears. When the counts are not integers, or ``sum(w) * M`` would exceed 2**31 (larger
+numbers make CP-SAT's internal arithmetic unreliable), the table is ``P[e, r] = floor(w_e * s / r)``
+for a scale ``s`` with ``sum(w) * s = 2**31``: every load is then rounded down, so the
 proven bound stays a valid lower bound (the plan's true load is recomputed from the counts).
 
 Hierarchical mode (``problem.hierarchical``) adds a boolean ``a[q, n]`` per group and node: each
@@ -45,18 +46,22 @@ from .bounds import lower_bound
 from .methods import Problem
 from .topology import Topology
 
-_EXACT_LIMIT = 2**50  # largest scaled total load for exact integer arithmetic
+# Largest scaled total load of a layer. CP-SAT computes in int64 but multiplies coefficients in places
+# (linearisation, cuts): measured on a 24-expert instance, totals of 2**37 gave false INFEASIBLE / OPTIMAL
+# answers, 2**34 and below did not; 2**31 keeps a wide margin.
+_SCALED_TOTAL = 2**31
+OPTIMALITY_TOLERANCE = 1e-6  # relative, only when the loads had to be rounded
 
 
 @dataclass(frozen=True)
 class Levers:
     """Which strengthenings the model uses (all on by default; ``bench/exact_gap.py`` measures them)."""
 
-    exact_loads: bool = True  # integer loads w * lcm(counts) / r (else floor-rounded to 2**40)
+    exact_loads: bool = True  # integer loads w * lcm(counts) / r (else floor-rounded, total 2**31)
     spread_constraint: bool = True  # sum_g c[e, g] == w_e * M (needs exact loads)
     bound_constraints: bool = True  # T >= lower_bound, T >= per-replica load of every expert
     symmetry_breaking: bool = True
-    branch_on_counts: bool = True  # decide replica counts first, heaviest expert first
+    branch_on_counts: bool = False  # decide replica counts first, heaviest expert first (measured: slower)
     warm_start: bool = True
 
 
@@ -81,7 +86,7 @@ def load_table(w: np.ndarray, max_count: int, exact: bool = True) -> tuple[np.nd
 
     Args:
         w: ``[E]`` float64 non-negative loads; ``max_count``: largest possible replica count.
-        exact: try exact integers ``w * lcm(1..max_count) / r`` first.
+        exact: try exact integers ``w * lcm(1..max_count) / r`` first (integer ``w``, small enough).
     Returns:
         ``(P [E, max_count] int64, scale, is_exact)``: ``P / scale`` is the per-replica load, exactly
         when ``is_exact``, else rounded down.
@@ -90,10 +95,10 @@ def load_table(w: np.ndarray, max_count: int, exact: bool = True) -> tuple[np.nd
     total = float(w.sum())
     if exact and np.all(w == np.round(w)):
         multiple = math.lcm(*range(1, max_count + 1))
-        if total * multiple <= _EXACT_LIMIT:
+        if total * multiple <= _SCALED_TOTAL:
             wi = w.astype(np.int64)
             return wi[:, None] * (multiple // counts)[None, :], float(multiple), True
-    scale = 2.0**40 / total if total > 0 else 1.0
+    scale = _SCALED_TOTAL / total if total > 0 else 1.0
     table = np.floor(w[:, None] * scale / counts[None, :]).astype(np.int64)
     return table, scale, False
 
@@ -162,7 +167,7 @@ class LayerModel:
             for g in gpus:
                 most = min(int(slots[g]), max_count)
                 x[e, g] = model.new_int_var(0, most, f"x[{e},{g}]")
-                c[e, g] = model.new_int_var(0, most * int(table[e, 0]), f"c[{e},{g}]")
+                c[e, g] = model.new_int_var(0, int(table[e, 0]), f"c[{e},{g}]")  # x <= r: at most w_e
                 for n in counts:
                     model.add(c[e, g] == int(table[e, n - 1]) * x[e, g]).only_enforce_if(y[e][n - 1])
             model.add(sum(x[e, g] for g in gpus) == r[e])
@@ -176,6 +181,8 @@ class LayerModel:
         self.load = load = {g: model.new_int_var(0, total, f"load[{g}]") for g in gpus}
         for g in gpus:
             model.add(load[g] == sum(c[e, g] for e in experts))
+        if self.exact and levers.spread_constraint:
+            model.add(sum(load.values()) == total)  # so T close to the mean forces every load close to it
         floor = 0
         if levers.bound_constraints:
             floor = _lower_bound_scaled(closed_form_bound, self.scale, self.exact, int(slots.max()))
@@ -329,6 +336,13 @@ def solver_parameters(time_limit: float, workers: int) -> cp_model.CpSolver:
     return solver
 
 
+def _configure_search(solver: cp_model.CpSolver, levers: Levers) -> None:
+    """With ``branch_on_counts``, follow the model's decision strategy first (CP-SAT's automatic
+    search otherwise ignores it with one worker)."""
+    if levers.branch_on_counts:
+        solver.parameters.search_branching = cp_model.PARTIAL_FIXED_SEARCH
+
+
 def solve_layer(w: np.ndarray, problem: Problem, warm: np.ndarray, closed_form_bound: float, *,
                 time_limit: float, workers: int, levers: Levers = Levers()) -> tuple[LayerResult, bool]:
     """Solve one layer. Returns ``(result, interrupted)``.
@@ -346,6 +360,7 @@ def solve_layer(w: np.ndarray, problem: Problem, warm: np.ndarray, closed_form_b
     if levers.warm_start:
         layer_model.add_hint(warm)
     solver = solver_parameters(time_limit, workers)
+    _configure_search(solver, levers)
     keep = _KeepBest(layer_model)
     outcome = {}
     thread = threading.Thread(target=lambda: outcome.setdefault("status", solver.solve(layer_model.model, keep)))
@@ -366,11 +381,16 @@ def solve_layer(w: np.ndarray, problem: Problem, warm: np.ndarray, closed_form_b
     if row is None or _peak(row, w, problem.topology) > _peak(warm, w, problem.topology):
         row = warm.copy()  # never worse than the warm start (matters only for rounded loads)
     peak = _peak(row, w, problem.topology)
-    if status == cp_model.OPTIMAL and layer_model.exact:
+    # with exact integer loads the model's optimum must be the plan's load, to the unit
+    consistent = (status != cp_model.OPTIMAL or not layer_model.exact
+                  or abs(solver.objective_value - peak * layer_model.scale) <= 0.5)
+    if status == cp_model.OPTIMAL and layer_model.exact and consistent:
         optimal = True
         bound = peak  # exact arithmetic: the model's optimum is the plan's load
+    elif not consistent:  # the solver's objective disagrees with the plan it returned: trust neither
+        optimal, bound = False, 0.0
     else:
-        optimal = peak <= bound * (1.0 + 1e-9)
+        optimal = peak <= bound * (1.0 + OPTIMALITY_TOLERANCE)
     name = "INTERRUPTED" if interrupted else solver.status_name(status)
     return LayerResult(row, bool(optimal), float(min(bound, peak)), elapsed, name, peak,
                        {"exact_arithmetic": layer_model.exact}), interrupted
