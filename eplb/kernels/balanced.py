@@ -7,7 +7,7 @@ in hierarchical mode); every domain is placed on its own.
 import numpy as np
 from numba import njit
 
-from .local_search import spread_duplicates, swap_descent
+from .local_search import pair_swap_descent, spread_duplicates, swap_descent
 from .packing import pack_spread_by_free_slots, pack_spread_largest_first, recompute_loads, store_state
 from .replication import replicate_capped
 
@@ -26,7 +26,7 @@ def _shared(gpus, gpu_items, gpu_fill, item_expert, holds):
 
 @njit(cache=True, nogil=True)
 def pack_domain(w, experts, counts, gpus, slots_per_gpu, first_item, item_expert, item_load, gpu_items, gpu_fill,
-                gpu_load, holds, max_steps):
+                gpu_load, holds, max_steps, pair_swaps=False):
     """Pack ``counts[i]`` replicas of ``experts[i]`` on the slots of ``gpus``: spread largest-first,
     duplicates swapped apart (or, if some remain, a rebuild that spreads every expert whenever the
     counts allow), swap descent.
@@ -37,12 +37,14 @@ def pack_domain(w, experts, counts, gpus, slots_per_gpu, first_item, item_expert
         slots_per_gpu: ``[G]`` int64; first_item: first free replica id in the item arrays.
         State arrays: :mod:`eplb.kernels.packing` (``gpu_fill``/``gpu_load``/``holds`` of ``gpus``
         must be zero on entry).
-        max_steps: most swaps of the descent.
+        max_steps: most swaps of the descent; pair_swaps: descend with pair swaps too
+            (:func:`eplb.kernels.local_search.pair_swap_descent`).
     Returns:
         the next free replica id.
     """
     item = first_item
-    for i in range(experts.shape[0]):
+    # heaviest expert first, so that ties below do not depend on how the experts are numbered
+    for i in np.argsort(-w[experts], kind="mergesort"):
         e = experts[i]
         for _ in range(counts[i]):
             item_expert[item] = e
@@ -62,7 +64,10 @@ def pack_domain(w, experts, counts, gpus, slots_per_gpu, first_item, item_expert
             gpu_load[g] = 0.0
         pack_spread_by_free_slots(item_load, item_expert, first_item + np.arange(item - first_item), gpus,
                                   slots_per_gpu, gpu_items, gpu_fill, gpu_load, holds)
-    swap_descent(item_load, item_expert, gpus, gpu_items, gpu_fill, gpu_load, holds, max_steps)
+    if pair_swaps:
+        pair_swap_descent(item_load, item_expert, gpus, gpu_items, gpu_fill, gpu_load, holds, max_steps)
+    else:
+        swap_descent(item_load, item_expert, gpus, gpu_items, gpu_fill, gpu_load, holds, max_steps)
     recompute_loads(item_load, gpus, gpu_items, gpu_fill, gpu_load)
     return item
 
@@ -78,16 +83,16 @@ def domain_slots(gpus, slots_per_gpu):
 
 @njit(cache=True, nogil=True)
 def place_domain(w, experts, gpus, slots_per_gpu, first_item, item_expert, item_load, gpu_items, gpu_fill,
-                 gpu_load, holds, max_steps):
+                 gpu_load, holds, max_steps, pair_swaps=False):
     """Capped D'Hondt replication of ``experts`` over the slots of ``gpus``, then :func:`pack_domain`."""
     counts = np.empty(experts.shape[0], np.int64)
     replicate_capped(w, experts, domain_slots(gpus, slots_per_gpu), gpus.shape[0], counts)
     return pack_domain(w, experts, counts, gpus, slots_per_gpu, first_item, item_expert, item_load, gpu_items,
-                       gpu_fill, gpu_load, holds, max_steps)
+                       gpu_fill, gpu_load, holds, max_steps, pair_swaps)
 
 
 @njit(cache=True, nogil=True)
-def balanced_placement(weights, slots_per_gpu, gpu_domain, expert_domain, max_steps):
+def balanced_placement(weights, slots_per_gpu, gpu_domain, expert_domain, max_steps, pair_swaps=False):
     """Place every layer, each domain on its own.
 
     Args:
@@ -96,7 +101,7 @@ def balanced_placement(weights, slots_per_gpu, gpu_domain, expert_domain, max_st
         gpu_domain: ``[G]`` int64 domain of each GPU.
         expert_domain: ``[L, E]`` int64 domain of each expert in each layer; every domain with
             slots holds at least one expert and at most as many experts as slots.
-        max_steps: most swaps of the descent per layer and domain.
+        max_steps: most swaps of the descent per layer and domain; pair_swaps: also two-for-two.
     Returns:
         ``phy2log [L, S]`` int64.
     """
@@ -133,6 +138,6 @@ def balanced_placement(weights, slots_per_gpu, gpu_domain, expert_domain, max_st
                 continue
             experts = np.where(expert_domain[layer] == d)[0].astype(np.int64)
             item = place_domain(weights[layer], experts, gpus, slots_per_gpu, item, item_expert, item_load,
-                                gpu_items, gpu_fill, gpu_load, holds, max_steps)
+                                gpu_items, gpu_fill, gpu_load, holds, max_steps, pair_swaps)
         store_state(item_expert, gpu_items, gpu_fill, slot_offsets, phy2log[layer])
     return phy2log

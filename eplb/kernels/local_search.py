@@ -188,13 +188,50 @@ def improve_placement(weights, phy2log, slot_offsets, gpu_domain, max_swaps):
 
 
 @njit(cache=True, nogil=True)
+def _pairs(g, other, item_load, item_expert, gpu_items, gpu_fill, holds, sums, first, second):
+    """Pairs of replicas on ``g`` of two different experts that ``other`` lacks: their load sums
+    in increasing order in ``sums[:n]`` with their positions ``first``/``second``. Returns ``n``."""
+    n = 0
+    for i1 in range(gpu_fill[g]):
+        a1 = gpu_items[g, i1]
+        if holds[other, item_expert[a1]] > 0:
+            continue
+        for i2 in range(i1 + 1, gpu_fill[g]):
+            a2 = gpu_items[g, i2]
+            if holds[other, item_expert[a2]] > 0 or item_expert[a2] == item_expert[a1]:
+                continue
+            value = item_load[a1] + item_load[a2]
+            j = n  # insertion sort
+            while j > 0 and sums[j - 1] > value:
+                sums[j] = sums[j - 1]
+                first[j] = first[j - 1]
+                second[j] = second[j - 1]
+                j -= 1
+            sums[j] = value
+            first[j] = i1
+            second[j] = i2
+            n += 1
+    return n
+
+
+@njit(cache=True, nogil=True)
 def pair_swap_descent(item_load, item_expert, gpus, gpu_items, gpu_fill, gpu_load, holds, max_steps):
     """Like :func:`swap_descent`, but also exchanges two replicas of the heaviest GPU for two of
-    another GPU when no single swap helps (slower: ``k^4`` pairs per GPU pair).
+    another GPU (the lightest first, as in :func:`swap_descent`) when no single swap helps. The
+    pair sums of both GPUs are sorted, so the best exchange is found by a merge-like scan.
 
     Returns:
         the number of moves made.
     """
+    width = gpu_items.shape[1]
+    size = max(1, width * (width - 1) // 2)
+    h_sums = np.empty(size)
+    h_first = np.empty(size, np.int64)
+    h_second = np.empty(size, np.int64)
+    g_sums = np.empty(size)
+    g_first = np.empty(size, np.int64)
+    g_second = np.empty(size, np.int64)
+    order = np.empty(gpus.shape[0], np.int64)
     steps = 0
     while steps < max_steps:
         steps += swap_descent(item_load, item_expert, gpus, gpu_items, gpu_fill, gpu_load, holds, max_steps - steps)
@@ -203,46 +240,54 @@ def pair_swap_descent(item_load, item_expert, gpus, gpu_items, gpu_fill, gpu_loa
         h = -1
         for gi in range(gpus.shape[0]):
             g = gpus[gi]
+            i = gi
+            while i > 0 and gpu_load[order[i - 1]] > gpu_load[g]:
+                order[i] = order[i - 1]
+                i -= 1
+            order[i] = g
             if gpu_fill[g] > 0 and (h < 0 or gpu_load[g] > gpu_load[h]):
                 h = g
         if h < 0:
             break
         top = gpu_load[h]
         best_score = top - 1e-12 * top
-        best = (-1, -1, -1, -1, -1)
+        best_g = -1
+        bi1 = bi2 = bj1 = bj2 = -1
+        scanned = 0
         for gi in range(gpus.shape[0]):
-            g = gpus[gi]
+            g = order[gi]
             low = gpu_load[g]
-            if g == h or gpu_fill[g] < 2 or 0.5 * (top + low) >= best_score:
+            if g == h or gpu_fill[g] < 2:
                 continue
-            for i1 in range(gpu_fill[h]):
-                a1 = gpu_items[h, i1]
-                if holds[g, item_expert[a1]] > 0:
-                    continue
-                for i2 in range(i1 + 1, gpu_fill[h]):
-                    a2 = gpu_items[h, i2]
-                    if holds[g, item_expert[a2]] > 0 or item_expert[a2] == item_expert[a1]:
+            if 0.5 * (top + low) >= best_score or (scanned >= 4 and best_g >= 0):
+                break  # lightest partners first; one of the 4 lightest that helps will do
+            scanned += 1
+            nh = _pairs(h, g, item_load, item_expert, gpu_items, gpu_fill, holds, h_sums, h_first, h_second)
+            ng = _pairs(g, h, item_load, item_expert, gpu_items, gpu_fill, holds, g_sums, g_first, g_second)
+            if nh == 0 or ng == 0:
+                continue
+            half = 0.5 * (top - low)
+            # for each pair of h (increasing), the best pair of g has sum closest to h_sum - half,
+            # which only increases: one pointer walks g's sorted sums
+            j = 0
+            for p in range(nh):
+                want = h_sums[p] - half
+                while j + 1 < ng and g_sums[j + 1] <= want:
+                    j += 1
+                for q in (j, j + 1):
+                    if q >= ng:
                         continue
-                    la = item_load[a1] + item_load[a2]
-                    for j1 in range(gpu_fill[g]):
-                        b1 = gpu_items[g, j1]
-                        if holds[h, item_expert[b1]] > 0:
-                            continue
-                        for j2 in range(j1 + 1, gpu_fill[g]):
-                            b2 = gpu_items[g, j2]
-                            if holds[h, item_expert[b2]] > 0 or item_expert[b2] == item_expert[b1]:
-                                continue
-                            d = la - item_load[b1] - item_load[b2]
-                            if d <= 0.0:
-                                continue
-                            score = max(top - d, low + d)
-                            if score < best_score:
-                                best_score = score
-                                best = (g, i1, i2, j1, j2)
-        if best[0] < 0:
+                    d = h_sums[p] - g_sums[q]
+                    if d <= 0.0:
+                        continue
+                    score = max(top - d, low + d)
+                    if score < best_score:
+                        best_score = score
+                        best_g = g
+                        bi1, bi2, bj1, bj2 = h_first[p], h_second[p], g_first[q], g_second[q]
+        if best_g < 0:
             break
-        g, i1, i2, j1, j2 = best
-        _swap(h, i1, g, j1, item_load, item_expert, gpu_items, gpu_load, holds)
-        _swap(h, i2, g, j2, item_load, item_expert, gpu_items, gpu_load, holds)
+        _swap(h, bi1, best_g, bj1, item_load, item_expert, gpu_items, gpu_load, holds)
+        _swap(h, bi2, best_g, bj2, item_load, item_expert, gpu_items, gpu_load, holds)
         steps += 1
     return steps

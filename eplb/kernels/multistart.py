@@ -144,9 +144,10 @@ def best_placement(weights, slots_per_gpu, gpu_domain, start, num_starts, max_st
                     break
                 for gi in range(gpus.shape[0]):
                     g = gpus[gi]
+                    for j in range(gpu_fill[g]):
+                        holds[g, item_expert[gpu_items[g, j]]] = 0
                     gpu_fill[g] = 0
                     gpu_load[g] = 0.0
-                holds[:, :] = 0
                 pack_domain(w, experts, counts, gpus, slots_per_gpu, 0, item_expert, item_load, gpu_items, gpu_fill,
                             gpu_load, holds, max_steps)
                 top = _domain_max(gpus, gpu_load)

@@ -10,8 +10,8 @@ Per layer, and per node in hierarchical mode:
 3. pack replicas largest-first onto the lightest GPU that does not yet hold the expert;
 4. swap replicas between the heaviest GPU and the others while that lowers the heaviest GPU
    (:func:`eplb.kernels.local_search.swap_descent`);
-5. on layers still above the simple bounds (at most an eighth of the layers, the worst), try a
-   few other replications (a replica or three
+5. on layers still above the simple bounds (the worst first, within a work budget that lets
+   small models try many), try other replications (a replica or three
    moved between experts, each packed again; the seeded search of ``method="best"`` with few
    starts) and keep the best;
 6. on every layer keep the published greedy's placement instead if it has a strictly lower max
@@ -138,13 +138,19 @@ def keep_better_than_greedy(weights: np.ndarray, problem: Problem, phy2log: np.n
     return phy2log, int(worse.sum())
 
 
+RETRY_WORK = 150_000
+"""Work budget of the replication retries, in (slot x GPU) units: each retried start of a layer
+costs about its domain's slots times GPUs (a DeepSeek-V3-sized global layer: 288 x 32)."""
+
+
 def retry_replication(weights: np.ndarray, problem: Problem, phy2log: np.ndarray, gpu_domain: np.ndarray,
-                      bound: np.ndarray, num_starts: int, max_steps: int, tolerance: float = 1e-3
-                      ) -> tuple[np.ndarray, int]:
-    """Try a few other replications (:func:`eplb.kernels.multistart.best_placement`) on the layers
-    (at most an eighth of them, the worst) whose max load is more than ``tolerance`` above the
-    average and heaviest-replica bounds
-    (and ``bound [L]``, a valid bound the caller has).
+                      bound: np.ndarray, num_starts: int, max_steps: int, tolerance: float = 2e-4,
+                      work: int = RETRY_WORK) -> tuple[np.ndarray, int]:
+    """Try other replications (:func:`eplb.kernels.multistart.best_placement`) on the layers whose
+    max load is more than ``tolerance`` above the average and heaviest-replica bounds (and
+    ``bound [L]``, a valid bound the caller has), worst layers first, within a work budget:
+    at least ``num_starts`` starts per retried layer, up to 64 when the budget allows (small
+    models get many), and a pair-swap descent when a GPU holds few slots.
 
     Returns the placement and the number of layers retried.
     """
@@ -154,16 +160,20 @@ def retry_replication(weights: np.ndarray, problem: Problem, phy2log: np.ndarray
     cheap = np.maximum(average_bound(weights, topology), weights.max(axis=1) / topology.num_gpus)
     cheap = np.maximum(cheap, bound)
     excess = max_loads(weights, phy2log, topology) / np.where(cheap > 0, cheap, 1.0)
-    retry = excess > 1 + tolerance
-    limit = max(1, weights.shape[0] // 8)  # at most an eighth of the layers: the worst ones
-    if retry.sum() > limit:
-        worst = np.argsort(-excess, kind="stable")[:limit]
-        retry = np.zeros_like(retry)
-        retry[worst] = True
-    if retry.any():
-        phy2log = phy2log.copy()
-        phy2log[retry] = best_placement(np.ascontiguousarray(weights[retry]), topology.slots_per_gpu, gpu_domain,
-                                        np.ascontiguousarray(phy2log[retry]), int(num_starts), int(max_steps), 0, False)
+    candidates = np.flatnonzero(excess > 1 + tolerance)
+    if candidates.size == 0:
+        return phy2log, 0
+    domain_gpus = topology.num_gpus // (topology.num_nodes if problem.hierarchical else 1)
+    affordable = max(num_starts, int(work) // max(1, topology.num_slots * domain_gpus))
+    layers = candidates[np.argsort(-excess[candidates], kind="stable")][: max(1, affordable // num_starts)]
+    starts = int(min(64, max(num_starts, affordable // layers.size)))
+    k = int(topology.slots_per_gpu.max())
+    pair_swaps = domain_gpus * (k * (k - 1) // 2) ** 2 <= 2000
+    retry = np.zeros(weights.shape[0], bool)
+    retry[layers] = True
+    phy2log = phy2log.copy()
+    phy2log[retry] = best_placement(np.ascontiguousarray(weights[retry]), topology.slots_per_gpu, gpu_domain,
+                                    np.ascontiguousarray(phy2log[retry]), starts, int(max_steps), 0, pair_swaps)
     return phy2log, int(retry.sum())
 
 

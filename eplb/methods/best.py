@@ -23,7 +23,7 @@ def best(weights: np.ndarray, problem: Problem, num_starts: int = 32, max_steps:
     """``num_starts``: replications tried per layer and domain; ``seed``: generator seed."""
     weights = np.ascontiguousarray(weights, dtype=np.float64)
     topology = problem.topology
-    start, info = balanced(weights, problem, max_steps=max_steps, num_starts=1)
+    start, info = balanced(weights, problem, max_steps=max_steps)
     if problem.hierarchical:
         domain = topology.node_of_gpu.astype(np.int64)
     else:
