@@ -126,26 +126,30 @@ def improve_placement(weights, start, previous, gpu_of_slot, slot_offsets, node_
             best_kind = -1
             best_a = -1
             best_b = -1
-            # (A) swap slot a (heaviest GPU) with slot b (another GPU)
+            # (A) swap slot a (heaviest GPU) with slot b (another GPU): the heaviest GPU's slots in
+            # decreasing share, so that only pairs with 0 < share(a) - share(b) < room are visited
             for b in range(num_slots):
                 slot_share[b] = share[row[b]]
-            for a in range(slot_offsets[heavy], slot_offsets[heavy + 1]):
-                e = row[a]
-                pe = slot_share[a]
-                for gb in range(num_gpus):
-                    room = limit - x[gb]
-                    if gb == heavy or room <= 0.0:
-                        continue
-                    lowest = pe - room  # d = pe - share must stay below room
-                    for b in range(slot_offsets[gb], slot_offsets[gb + 1]):
-                        sb = slot_share[b]
-                        if sb >= pe or sb <= lowest:
-                            continue
+            lo = slot_offsets[heavy]
+            order = np.argsort(-slot_share[lo:slot_offsets[heavy + 1]], kind="mergesort") + lo
+            for gb in range(num_gpus):
+                room = limit - x[gb]
+                if gb == heavy or room <= 0.0:
+                    continue
+                for b in range(slot_offsets[gb], slot_offsets[gb + 1]):
+                    sb = slot_share[b]
+                    f = row[b]
+                    for a in order:
+                        pe = slot_share[a]
+                        if pe <= sb:
+                            break
                         d = pe - sb
+                        if d >= room:
+                            continue
                         local = max(peak - d, x[gb] + d)
                         if local >= limit:
                             continue
-                        f = row[b]
+                        e = row[a]
                         if has[gb, e] > 0 or has[heavy, f] > 0:
                             continue
                         if keep_groups and node_of_gpu[gb] != node_h:
@@ -208,8 +212,16 @@ def improve_placement(weights, start, previous, gpu_of_slot, slot_offsets, node_
                 if cnt[row[b]] >= 2 and gpu_of_slot[b] != heavy:
                     spare[num_spare] = b
                     num_spare += 1
+            # only the experts whose extra replica relieves the heaviest GPU most are worth trying
+            reliefs = np.empty(slot_offsets[heavy + 1] - slot_offsets[heavy])
+            for a in range(slot_offsets[heavy], slot_offsets[heavy + 1]):
+                reliefs[a - slot_offsets[heavy]] = share[row[a]] - share_up[row[a]]
+            reliefs.sort()
+            min_relief = reliefs[max(0, reliefs.shape[0] - 3)] if reliefs.shape[0] > 0 else 0.0
             for a in range(slot_offsets[heavy], slot_offsets[heavy + 1]):
                 e = row[a]
+                if share[e] - share_up[e] < min_relief:
+                    continue
                 if a > slot_offsets[heavy] and has[heavy, e] > 1:
                     seen = False
                     for t in range(slot_offsets[heavy], a):
