@@ -26,7 +26,7 @@ import numpy as np
 
 from ._validation import as_int
 from .api import make_problem
-from .bounds import lower_bound
+from .bounds import average_bound, replica_bound
 from .kernels.window import first_bad_count, store_logical, store_physical, weighted_window
 from .methods import DEFAULT_METHOD, get_method
 from .migration import plan_near
@@ -185,7 +185,8 @@ class Balancer:
         load = self.window_counts()
         current = float(balancedness(self.placement.gpu_loads(load)).mean())
         active = int((self.topology.slots_per_gpu > 0).sum())
-        bound = lower_bound(load, self.topology)
+        # the cheap bounds only: this check runs often and must cost far less than planning
+        bound = np.maximum(average_bound(load, self.topology), replica_bound(load, self.topology))
         mean = load.sum(axis=1) / active
         ceiling = float(np.divide(mean, bound, out=np.ones_like(mean), where=bound > 0).mean())
         decision = {"step": steps, "balancedness": current, "ceiling": ceiling}
