@@ -5,13 +5,16 @@ slots), and every changed slot is an expert's weights (tens of MiB) copied acros
 layer:
 
 1. plan from scratch with the chosen method: the reference max GPU load ``M``;
-2. improve the previous placement by local search (swap two slots, re-assign one slot to another
-   expert), best balance gain per changed slot first, until its max load is at most
-   ``(1 + tolerance) * M`` or the budget of changed slots is spent;
-3. relabel the fresh plan's GPUs and nodes (assignment matching) and its slots inside each GPU so
-   that what stays, stays put;
-4. keep whichever of (2) and (3) reaches the tolerance with fewer changed slots (if neither does,
-   the one with the lower max load).
+2. improve the previous placement by local search (swap two slots, give a slot to another expert),
+   best balance gain per changed slot first, until its max load is at most ``(1 + tolerance) * M``
+   or the budget of changed slots is spent; then give back every changed slot the target does not
+   need (:mod:`eplb.kernels.migration`);
+3. where that stalls above the target, search again from the previous placement with the fresh
+   plan's replica counts, and (hierarchical) with whole groups moved to the fresh plan's nodes;
+4. where that still misses, relabel the fresh plan's nodes, GPUs and slots (assignment matching) so
+   that what stays, stays put, and give back changed slots the target does not need;
+5. keep the candidate that reaches the target with the fewest changed slots (if none does, the one
+   with the lowest max load). A budget of moves (``max_moves``) is never exceeded.
 """
 
 from __future__ import annotations
