@@ -190,3 +190,27 @@ def test_bad_previous_is_refused():
 def test_kernels_release_the_gil():
     for kernel in (improve_placement, relabel_like, min_cost_assignment):
         assert kernel.targetoptions.get("nogil") is True
+
+
+def test_close_plan_is_the_same_in_another_process():
+    """Every rank of an engine plans on its own: the migration-aware plan must agree everywhere."""
+    import subprocess
+    import sys
+
+    code = (
+        "import numpy as np, eplb\n"
+        "from eplb.synthetic import drifting_counts\n"
+        "s = drifting_counts(2, 6, 64, num_groups=8, drift=0.2, seed=12)\n"
+        "for groups in (None, 8):\n"
+        "    c = dict(num_slots=80, num_gpus=8, num_nodes=2, num_groups=groups)\n"
+        "    old = eplb.plan(s[0], **c)\n"
+        "    print(eplb.plan(s[1], previous=old, **c).phy2log.tobytes().hex())\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    series = drifting_counts(2, 6, 64, num_groups=8, drift=0.2, seed=12)
+    for line, groups in zip(out.stdout.split(), (None, 8)):
+        config = dict(num_slots=80, num_gpus=8, num_nodes=2, num_groups=groups)
+        old = eplb.plan(series[0], **config)
+        here = eplb.plan(series[1], previous=old, **config)
+        assert line == here.phy2log.tobytes().hex()
+        assert here == eplb.plan(series[1].copy(), previous=old.phy2log.copy(), **config)
