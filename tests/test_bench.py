@@ -86,6 +86,15 @@ def test_runner_reports_absent_and_failing_sections_and_keeps_going(tmp_path, mo
     assert "| a figure | 1 ms | <= 2 ms |" in text and "## Fine" in text
 
 
+def test_partial_rerun_keeps_the_other_sections_headlines(tmp_path):
+    generalisation.run(True, tmp_path)  # recorded earlier
+    records = runner.run_sections(["not_there"], True, tmp_path)
+    runner.collect_headlines(records, tmp_path)
+    by_name = {r["name"]: r for r in records}
+    assert by_name["generalisation"]["status"] == "not run" and by_name["generalisation"]["headline"]
+    assert "Balancedness in-sample" in runner.headline_table(records, True, "now", tmp_path)
+
+
 def test_runner_main_writes_the_summary(tmp_path):
     status = runner.main(["--quick", "--only", "generalisation", "--results-dir", str(tmp_path), "--no-readme"])
     assert status == 0
