@@ -9,8 +9,9 @@ layer:
    best balance gain per changed slot first, until its max load is at most ``(1 + tolerance) * M``
    or the budget of changed slots is spent; then give back every changed slot the target does not
    need (:mod:`eplb.kernels.migration`);
-3. where that stalls above the target, search again from the previous placement with the fresh
-   plan's replica counts, and (hierarchical) with whole groups moved to the fresh plan's nodes;
+3. where that stalls above the target, search again: by steepest descent, from the previous
+   placement with the fresh plan's replica counts, and (hierarchical) with whole groups moved to
+   the fresh plan's nodes;
 4. where that still misses, relabel the fresh plan's nodes, GPUs and slots (assignment matching) so
    that what stays, stays put, and give back changed slots the target does not need;
 5. keep the candidate that reaches the target with the fewest changed slots (if none does, the one
@@ -52,6 +53,9 @@ def as_previous(previous, num_experts: int, problem: Problem, num_layers: int) -
     if phy2log.shape[0] != num_layers:
         raise ValueError(f"previous has {phy2log.shape[0]} layers, counts have {num_layers}")
     return np.ascontiguousarray(phy2log, dtype=np.int64)
+
+
+RESTARTS = ("steepest", "recount", "regroup")  # the searches tried where the first one stalls
 
 
 def migrate(weights: np.ndarray, problem: Problem, previous: np.ndarray, scratch: np.ndarray, *,
@@ -96,14 +100,16 @@ def migrate(weights: np.ndarray, problem: Problem, previous: np.ndarray, scratch
     budgets = np.full(num_layers, budget, np.int64)
     local, local_changes, _ = improve_placement(weights, previous, previous, *search, target, budgets, 2 * num_slots)
     local_peak = _peaks(weights, local, topology)
-    # Where the search from the previous placement stalls above the target, search again from
-    # (a) the previous placement with the fresh plan's replica counts, and in hierarchical mode
-    # (b) the previous placement with whole groups moved to the nodes the fresh plan gives them.
-    for restart in ("recount", "regroup"):
+    # Where the search from the previous placement stalls above the target, search again: (a) by
+    # steepest descent, (b) from the previous placement with the fresh plan's replica counts, and
+    # in hierarchical mode (c) with whole groups moved to the nodes the fresh plan gives them.
+    for restart in RESTARTS:
         if restart == "regroup" and not (problem.hierarchical and topology.num_nodes > 1):
             continue
         missed = np.flatnonzero(local_peak > target)
-        if restart == "recount":
+        if restart == "steepest":
+            starts = [(layer, previous[layer]) for layer in missed]
+        elif restart == "recount":
             starts = [(layer, _recounted(weights[layer], previous[layer], scratch[layer], topology, group_of_expert,
                                          problem.hierarchical)) for layer in missed]
         else:
@@ -114,7 +120,7 @@ def migrate(weights: np.ndarray, problem: Problem, previous: np.ndarray, scratch
             rows = np.array([layer for layer, _ in starts])
             tried, tried_changes, _ = improve_placement(
                 weights[rows], np.stack([row for _, row in starts]), np.ascontiguousarray(previous[rows]), *search,
-                target[rows], budgets[rows], 2 * num_slots)
+                target[rows], budgets[rows], 2 * num_slots, restart != "steepest")
             tried_peak = _peaks(weights[rows], tried, topology)
             for i, layer in enumerate(rows):
                 if tried_changes[i] <= budget and _better(tried_peak[i], tried_changes[i], local_peak[layer],

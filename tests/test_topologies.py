@@ -47,7 +47,11 @@ def layouts(draw):
 def test_default_method_and_migration_handle_uneven_and_masked_layouts(layout, seed):
     topology, num_experts, num_groups = layout
     series = drifting_counts(2, 2, num_experts, drift=0.3, seed=seed)
-    first = eplb.plan(series[0], topology=topology, num_groups=num_groups)
+    try:
+        first = eplb.plan(series[0], topology=topology, num_groups=num_groups)
+    except ValueError as exc:  # groups that cannot stay whole on the nodes: refused, and said why
+        assert num_groups is not None and "group" in str(exc)
+        return
     assert_valid(first, num_experts)
     masked = topology.slots_per_gpu == 0
     assert (first.gpu_loads(series[0])[:, masked] == 0).all()  # masked ranks carry nothing

@@ -48,7 +48,7 @@ def _add_slot(expert_slots, cnt, e, s):
 
 @njit(cache=True, nogil=True)
 def improve_placement(weights, start, previous, gpu_of_slot, slot_offsets, node_of_gpu, group_of_expert,
-                      keep_groups, num_groups, target, max_changes, max_steps):
+                      keep_groups, num_groups, target, max_changes, max_steps, per_change=True):
     """Local search from ``start``: lower the heaviest GPU until it is at most ``target``, counting
     changes against ``previous``.
 
@@ -68,6 +68,8 @@ def improve_placement(weights, start, previous, gpu_of_slot, slot_offsets, node_
         target: ``[L]`` stop once the max GPU load is at most this.
         max_changes: ``[L]`` int64, at most this many slots of a layer may differ from ``previous``.
         max_steps: at most this many moves per layer.
+        per_change: rank moves by gain per changed slot (else by gain alone: steepest descent,
+            which escapes some stalls at the price of bigger moves).
     Returns:
         ``phy2log [L, S]`` int64, ``changes [L]`` int64 (slots that differ from ``previous``) and
         ``steps [L]`` int64 (moves made).
@@ -160,7 +162,7 @@ def improve_placement(weights, start, previous, gpu_of_slot, slot_offsets, node_
                         cost = (int(f != prev[a]) - int(e != prev[a]) + int(e != prev[b]) - int(f != prev[b]))
                         if cost > budget:
                             continue
-                        score = (peak - max(local, floor)) / (cost if cost > 0 else 0.25)
+                        score = (peak - max(local, floor)) / (cost if cost > 0 and per_change else 0.25 if per_change else 1.0)
                         if score > best_score or (score == best_score and local < best_local):
                             best_score, best_local, best_kind, best_a, best_b = score, local, 0, a, b
             # (B) give slot a of the heaviest GPU (expert e with >= 2 replicas) to expert f: the best
@@ -203,7 +205,7 @@ def improve_placement(weights, start, previous, gpu_of_slot, slot_offsets, node_
                     cost = int(f != prev[a]) - int(e != prev[a])
                     if cost > budget:
                         continue
-                    score = (peak - max(local, floor)) / (cost if cost > 0 else 0.25)
+                    score = (peak - max(local, floor)) / (cost if cost > 0 and per_change else 0.25 if per_change else 1.0)
                     if score > best_score or (score == best_score and local < best_local):
                         best_score, best_local, best_kind, best_a, best_b = score, local, 1, a, f
             # (C) give slot b elsewhere (expert g with >= 2 replicas) to a new replica of expert e
@@ -256,7 +258,7 @@ def improve_placement(weights, start, previous, gpu_of_slot, slot_offsets, node_
                     cost = int(e != prev[b]) - int(g2 != prev[b])
                     if cost > budget:
                         continue
-                    score = (peak - max(local, floor)) / (cost if cost > 0 else 0.25)
+                    score = (peak - max(local, floor)) / (cost if cost > 0 and per_change else 0.25 if per_change else 1.0)
                     if score > best_score or (score == best_score and local < best_local):
                         best_score, best_local, best_kind, best_a, best_b = score, local, 2, b, e
             if best_kind < 0:
