@@ -1,6 +1,5 @@
 """Configurations engines really run: uneven slot counts, masked ranks, models without groups."""
 
-import numpy as np
 import pytest
 from checks import assert_valid
 from hypothesis import given, settings
