@@ -17,7 +17,6 @@ import argparse
 import math
 import sys
 import time
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -97,6 +96,13 @@ def solve_one(instance: dict, time_limit: float, levers: exact.Levers = exact.Le
                 wall_s=wall, cpu_s=cpu)
 
 
+def _relative(reference: float, value: float) -> float:
+    """``(reference - value) / reference``; 0 when both are 0, NaN when the reference is unknown."""
+    if math.isnan(reference):
+        return math.nan
+    return (reference - value) / reference if reference > 0 else 0.0
+
+
 def measure(instance: dict, time_limit: float, methods: list[str]) -> dict:
     """One CSV row: the instance, the exact result, every method's load and gap, the bound's gap."""
     row = {k: instance[k] for k in ("size", "num_slots", "num_gpus", "num_nodes", "num_groups", "tokens",
@@ -110,11 +116,11 @@ def measure(instance: dict, time_limit: float, methods: list[str]) -> dict:
     closed = float(lower_bound(counts, problem.topology, problem.num_groups, problem.hierarchical)[0])
     reference = result["exact_load"] if result["optimal"] else math.nan
     row["closed_form_bound"] = closed
-    row["bound_gap"] = (reference - closed) / reference if reference > 0 else (0.0 if reference == 0 else math.nan)
+    row["bound_gap"] = _relative(reference, closed)
     for method in methods:
         load = float(eplb.plan(counts, method=method, **config).max_load[0])
         row[f"{method}_load"] = load
-        row[f"{method}_gap"] = (load - reference) / reference if reference > 0 else (0.0 if reference == 0 else math.nan)
+        row[f"{method}_gap"] = -_relative(reference, load)
         # against what is always known: the best proven bound
         best_bound = max(result["proven_bound"], closed)
         row[f"{method}_gap_to_bound"] = (load - best_bound) / best_bound if best_bound > 0 else 0.0

@@ -55,7 +55,8 @@ OPTIMALITY_TOLERANCE = 1e-6  # relative, only when the loads had to be rounded
 
 @dataclass(frozen=True)
 class Levers:
-    """Which strengthenings the model uses (all on by default; ``bench/exact_gap.py`` measures them)."""
+    """Which strengthenings the model uses (the defaults are the measured best; ``bench/exact_gap.py``
+    switches each in turn)."""
 
     exact_loads: bool = True  # integer loads w * lcm(counts) / r (else floor-rounded, total 2**31)
     spread_constraint: bool = True  # sum_g c[e, g] == w_e * M (needs exact loads)
@@ -74,7 +75,7 @@ class LayerResult:
     proven_bound: float  # in the units of the counts
     solve_time_s: float
     status: str
-    objective: float = math.nan  # the model's scaled objective divided by the scale
+    max_load: float = math.nan  # of the returned plan, in count units
     info: dict = field(default_factory=dict)
 
 
@@ -439,7 +440,7 @@ def solve(weights: np.ndarray, problem: Problem, warm: np.ndarray, *, time_limit
         After a Ctrl-C, the interrupted layer keeps its best plan so far and later layers are
         ``SKIPPED`` (the warm-start plan, bound = the closed-form lower bound).
     """
-    from tqdm.auto import tqdm
+    from tqdm import tqdm
 
     num_layers = weights.shape[0]
     bounds = lower_bound(weights, problem.topology, problem.num_groups, problem.hierarchical)
