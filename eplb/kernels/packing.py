@@ -142,3 +142,23 @@ def pack_spread_by_free_slots(item_load, item_expert, items, gpus, slots_per_gpu
             gpu_fill[best] += 1
             gpu_load[best] += item_load[item]
             holds[best, e] += 1
+
+
+@njit(cache=True, nogil=True)
+def max_gpu_loads(weights, phy2log, slot_offsets):
+    """``[L]`` float64: the max GPU load of a placement ``phy2log [L, S]`` for ``weights [L, E]``."""
+    num_layers, num_experts = weights.shape
+    num_gpus = slot_offsets.shape[0] - 1
+    out = np.zeros(num_layers)
+    counts = np.zeros(num_experts, np.int64)
+    for layer in range(num_layers):
+        counts[:] = 0
+        for s in range(phy2log.shape[1]):
+            counts[phy2log[layer, s]] += 1
+        for g in range(num_gpus):
+            total = 0.0
+            for s in range(slot_offsets[g], slot_offsets[g + 1]):
+                e = phy2log[layer, s]
+                total += weights[layer, e] / counts[e]
+            out[layer] = max(out[layer], total)
+    return out

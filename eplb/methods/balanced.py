@@ -27,7 +27,7 @@ import numpy as np
 from ..kernels.balanced import balanced_placement
 from ..kernels.greedy import greedy_placement
 from ..kernels.hierarchy import assign_groups
-from ..kernels.layout import replica_counts
+from ..kernels.packing import max_gpu_loads
 from ..kernels.multistart import best_placement
 from ..bounds import average_bound
 from ..topology import Topology
@@ -111,13 +111,7 @@ def domains(weights: np.ndarray, problem: Problem) -> tuple[np.ndarray, np.ndarr
 
 def max_loads(weights: np.ndarray, phy2log: np.ndarray, topology: Topology) -> np.ndarray:
     """``[L]`` max GPU load of a placement (float64)."""
-    counts = replica_counts(phy2log, weights.shape[1])
-    rows = np.arange(weights.shape[0])[:, None]
-    per_slot = weights[rows, phy2log] / counts[rows, phy2log]
-    cumulative = np.zeros((weights.shape[0], phy2log.shape[1] + 1))
-    np.cumsum(per_slot, axis=1, out=cumulative[:, 1:])
-    offsets = topology.slot_offsets
-    return (cumulative[:, offsets[1:]] - cumulative[:, offsets[:-1]]).max(axis=1)
+    return max_gpu_loads(weights, phy2log, topology.slot_offsets)
 
 
 def keep_better_than_greedy(weights: np.ndarray, problem: Problem, phy2log: np.ndarray) -> tuple[np.ndarray, int]:
@@ -138,7 +132,7 @@ def keep_better_than_greedy(weights: np.ndarray, problem: Problem, phy2log: np.n
     return phy2log, int(worse.sum())
 
 
-RETRY_WORK = 150_000
+RETRY_WORK = 100_000
 """Work budget of the replication retries, in (slot x GPU) units: each retried start of a layer
 costs about its domain's slots times GPUs (a DeepSeek-V3-sized global layer: 288 x 32)."""
 
