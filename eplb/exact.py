@@ -332,6 +332,7 @@ def solver_parameters(time_limit: float, workers: int) -> cp_model.CpSolver:
     params.num_workers = int(workers)
     params.random_seed = 0
     params.log_search_progress = False
+    params.catch_sigint_signal = False  # Ctrl-C reaches Python (see solve_layer), not CP-SAT's handler
     if workers > 1:
         params.interleave_search = True
     return solver
@@ -364,20 +365,32 @@ def solve_layer(w: np.ndarray, problem: Problem, warm: np.ndarray, closed_form_b
     _configure_search(solver, levers)
     keep = _KeepBest(layer_model)
     outcome = {}
-    thread = threading.Thread(target=lambda: outcome.setdefault("status", solver.solve(layer_model.model, keep)))
+
+    def run():
+        try:
+            outcome["status"] = solver.solve(layer_model.model, keep)
+        except BaseException as exc:  # re-raised in the calling thread below
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=run, name="eplb-exact-solve")
     thread.start()
     interrupted = False
     try:
         _wait(thread)
     except KeyboardInterrupt:
         interrupted = True
-        solver.stop_search()
-        thread.join()
+        while thread.is_alive():  # repeat: the search may not have started when the signal came
+            solver.stop_search()
+            thread.join(0.05)
+    if "error" in outcome and not interrupted:
+        raise outcome["error"]
     status = outcome.get("status", cp_model.UNKNOWN)
     elapsed = time.perf_counter() - start
     has_solution = status in (cp_model.OPTIMAL, cp_model.FEASIBLE)
     row = layer_model.plan_from(solver.value) if has_solution else keep.best
-    bound = solver.best_objective_bound / layer_model.scale if has_solution or status == cp_model.UNKNOWN else 0.0
+    bound = 0.0
+    if "status" in outcome and status in (cp_model.OPTIMAL, cp_model.FEASIBLE, cp_model.UNKNOWN):
+        bound = solver.best_objective_bound / layer_model.scale
     bound = max(bound, 0.0)
     if row is None or _peak(row, w, problem.topology) > _peak(warm, w, problem.topology):
         row = warm.copy()  # never worse than the warm start (matters only for rounded loads)
@@ -455,8 +468,13 @@ def solve(weights: np.ndarray, problem: Problem, warm: np.ndarray, *, time_limit
     interrupted = False
     try:
         for layer in range(num_layers):
-            result, interrupted = solve_layer(weights[layer], problem, warm[layer], float(bounds[layer]),
-                                              time_limit=time_limit, workers=workers, levers=levers)
+            try:
+                result, interrupted = solve_layer(weights[layer], problem, warm[layer], float(bounds[layer]),
+                                                  time_limit=time_limit, workers=workers, levers=levers)
+            except KeyboardInterrupt:  # outside the search (building the model): keep the warm start
+                interrupted = True
+                status[layer] = "INTERRUPTED"
+                break
             phy2log[layer] = result.slots
             optimal[layer] = result.optimal
             proven[layer] = max(result.proven_bound, proven[layer]) if not result.optimal else result.proven_bound

@@ -199,3 +199,21 @@ def test_progress_bar_goes_to_stderr(monkeypatch):
 def test_bad_options_name_the_argument(options, name):
     with pytest.raises(ValueError, match=name):
         eplb.plan(np.ones((1, 4)), num_slots=4, num_gpus=2, method="exact", **options)
+
+
+def test_interrupt_while_building_a_model_keeps_the_solved_layers(monkeypatch):
+    counts = skewed_counts(3, 6, tokens=256, seed=4)
+    built = []
+    real_model = exact.LayerModel
+
+    def build_then_interrupt(*args, **kwargs):
+        built.append(1)
+        if len(built) == 2:
+            raise KeyboardInterrupt
+        return real_model(*args, **kwargs)
+
+    monkeypatch.setattr(exact, "LayerModel", build_then_interrupt)
+    placement = eplb.plan(counts, num_slots=8, num_gpus=2, method="exact")
+    assert placement.info["interrupted"]
+    assert placement.info["status"][1:] == ["INTERRUPTED", "SKIPPED"]
+    assert placement.info["optimal"][0] and not placement.info["optimal"][1:].any()
