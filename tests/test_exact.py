@@ -92,13 +92,13 @@ def assert_groups_on_one_node(placement, num_groups):
             assert len(set(node_of_slot[group[layer] == q].tolist())) == 1
 
 
-@settings(max_examples=40)
+@settings(max_examples=150)
 @given(tiny_instances(hierarchical=False))
 def test_exact_matches_brute_force_and_certifies_every_method(instance):
     check_against_brute_force(*instance)
 
 
-@settings(max_examples=25)
+@settings(max_examples=100)
 @given(tiny_instances(hierarchical=True))
 def test_exact_matches_brute_force_hierarchical(instance):
     check_against_brute_force(*instance)
