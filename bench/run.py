@@ -61,14 +61,16 @@ def run_sections(names: list[str], quick: bool, results_dir: Path) -> list[dict]
             record["status"] = "FAILED"
             record["markdown"] = f"## {title}\n\nFAILED:\n\n```\n{traceback.format_exc()[-3000:]}```\n"
         record["seconds"] = time.perf_counter() - start
+        if record["status"] == "ok":  # kept so that a partial re-run (--only) still shows this section
+            (results_dir / f"section_{name}.md").write_text(record["markdown"])
         print(f"[bench] {name}: {record['status']} in {record['seconds']:.1f} s", file=sys.stderr, flush=True)
         records.append(record)
     return records
 
 
 def collect_headlines(records: list[dict], results_dir: Path) -> None:
-    """Give the sections not run this time (``--only``) the headline rows of their recorded results
-    in ``results_dir``, so a partial re-run keeps the whole table."""
+    """Give the sections not run this time (``--only``) the headline rows and markdown of their
+    results recorded earlier in ``results_dir``, so a partial re-run keeps the whole summary."""
     ran = {r["name"] for r in records}
     for name, title, _ in SECTIONS:
         if name in ran or not (BENCH / f"{name}.py").exists():
@@ -78,8 +80,11 @@ def collect_headlines(records: list[dict], results_dir: Path) -> None:
             rows = list(module.headline(results_dir)) if hasattr(module, "headline") else []
         except Exception:  # an old or broken section has no headline rows
             rows = []
-        records.append({"name": name, "title": title, "markdown": "", "status": "not run", "seconds": 0.0,
-                        "headline": rows})
+        recorded = results_dir / f"section_{name}.md"
+        markdown = (f"{recorded.read_text()}\n\n(recorded by an earlier run; not re-run this time)\n"
+                    if recorded.exists() else f"## {title}\n\nNot run this time; see its files in this folder.\n")
+        records.append({"name": name, "title": title, "markdown": markdown, "status": "not run (recorded earlier)",
+                        "seconds": 0.0, "headline": rows})
     order = [n for n, _, _ in SECTIONS]
     records.sort(key=lambda r: order.index(r["name"]) if r["name"] in order else len(order))
 
@@ -94,8 +99,10 @@ def headline_table(records: list[dict], quick: bool, when: str, results_dir: Pat
         where = results_dir.resolve().relative_to(ROOT).as_posix()
     except ValueError:
         where = str(results_dir)
+    earlier = [r["title"] for r in records if r["status"].startswith("not run") and r["headline"]]
+    note = f" {', '.join(earlier)}: figures recorded by an earlier run." if earlier else ""
     return (f"{table}\n\nMeasured by `python bench/run.py{' --quick' if quick else ''}` on {when} "
-            f"({load_note()}; the machine is shared, times are medians). All results: `{where}/SUMMARY.md`.")
+            f"({load_note()}; the machine is shared, times are medians).{note} All results: `{where}/SUMMARY.md`.")
 
 
 def git_commit() -> str:
