@@ -183,6 +183,15 @@ def headline(results_dir: Path) -> list[tuple[str, str, str]]:
                               for r in chosen if r["method"] != NO_DATA)
             out.append((f"Balancedness in-sample -> out-of-sample, {dataset} (plan on one "
                         f"{'benchmark' if dataset.startswith('gpt') else 'domain'}, serve another)", cells, ""))
+    default = eplb.DEFAULT_METHOD
+    greedy = {(r["dataset"], r["scheme"]): r for r in rows if r["method"] == "greedy"}
+    pairs = [(r, greedy[r["dataset"], r["scheme"]]) for r in rows
+             if r["method"] == default and default != "greedy" and (r["dataset"], r["scheme"]) in greedy]
+    if pairs:
+        ins = np.mean([float(r["in_sample"]) - float(g["in_sample"]) for r, g in pairs])
+        outs = np.mean([float(r["out_of_sample"]) - float(g["out_of_sample"]) for r, g in pairs])
+        out.append((f"`{default}` minus `greedy` balancedness, mean over {len(pairs)} generalisation cases",
+                    f"in-sample {ins:+.4f}, out-of-sample {outs:+.4f}", ""))
     return out
 
 
