@@ -157,7 +157,7 @@ def run(quick: bool, results_dir: Path, include_traces: bool = True) -> str:
            "popularities take random steps of size d. *plan ignoring counts* = greedy on equal counts (what "
            "a placement knows without data), as a reference. Plot: `generalisation.png`. "
            f"({'quick mode: fewer cases' if quick else 'full run'})", "",
-           markdown_table(header, body), ""]
+           markdown_table(header, body), "", "![in-sample vs out-of-sample](generalisation.png)", ""]
     for method in methods[1:]:
         pairs = [(r, next(g for g in rows if g["method"] == "greedy" and g["dataset"] == r["dataset"]
                           and g["scheme"] == r["scheme"])) for r in rows if r["method"] == method]

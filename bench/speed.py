@@ -175,7 +175,7 @@ def run(quick: bool, results_dir: Path, sweeps=SWEEPS, methods: list[str] | None
                             "speed-up vs NumPy port", "bar"), table), ""]
 
     out += ["Scaling (one axis changed at a time from the size above; `S = E + G` in the experts and "
-            "GPUs sweeps). Plot: `speed.png` (log-log).", ""]
+            "GPUs sweeps), log-log:", "", "![time per call vs size](speed.png)", ""]
     shown = methods + [NUMPY_PORT]
     for axis, _, _ in sweeps:
         sweep = [r for r in rows if r["axis"] == axis]

@@ -156,7 +156,7 @@ def run(quick: bool, results_dir: Path, methods: list[str] | None = None, cold: 
         f"`next call` is the second call in that process ({note}).", "",
         markdown_table(("method", "kind", "first call of", "import s", "first call s", "import + first call s",
                         "same, CPU s", "process s", "next call ms", "bar"), table), "",
-        *skipped,
+        *skipped, "![start-up](startup.png)", "",
     ])
 
 
