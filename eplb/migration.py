@@ -310,5 +310,5 @@ def _regrouped(weights: np.ndarray, previous: np.ndarray, scratch: np.ndarray, t
 
 def _peaks(weights: np.ndarray, phy2log: np.ndarray, topology) -> np.ndarray:
     """``[L]`` max GPU load of ``phy2log`` on ``weights``."""
-    logcnt = replica_counts(np.ascontiguousarray(phy2log), weights.shape[1])
+    logcnt = replica_counts(np.require(phy2log, requirements="CW"), weights.shape[1])  # one specialization
     return gpu_loads(weights, phy2log, logcnt, topology).max(axis=-1)

@@ -25,7 +25,8 @@ def build_log2phy(phy2log: np.ndarray, num_experts: int, width: int | None = Non
     Returns:
         ``[L, E, R]`` int64.
     """
-    phy2log = np.ascontiguousarray(phy2log, dtype=np.int64)
+    # writable C int64 (a frozen Placement's array is read-only): one compiled specialization per kernel
+    phy2log = np.require(phy2log, dtype=np.int64, requirements="CW")
     needed = int(replica_counts(phy2log, num_experts).max())
     if width is None:
         width = needed

@@ -131,7 +131,7 @@ def balanced_placement(weights, slots_per_gpu, gpu_domain, expert_domain, max_st
         gpu_fill[:] = 0
         gpu_load[:] = 0.0
         holds[:, :] = 0
-        item = 0
+        item = np.int64(0)  # not the literal 0: one compiled specialization of place_domain
         for d in range(num_domains):
             gpus = domain_gpus[d]
             if gpus.shape[0] == 0:

@@ -50,7 +50,9 @@ def pack_largest_first(weights, num_packs, capacity, pack_of_item, rank_in_pack)
             pack_of_item[i] = i
             rank_in_pack[i] = 0
         return
-    order = np.argsort(-weights, kind="mergesort")
+    # float32 -> float64 is exact and keeps every comparison, so the stable order is the same; the
+    # float64 argsort is compiled anyway (group search, default method), a float32 one would be a second
+    order = np.argsort(-weights.astype(np.float64), kind="mergesort")
     pack_load = np.zeros(num_packs, np.float32)
     pack_size = np.zeros(num_packs, np.int64)
     for item in order:

@@ -46,8 +46,8 @@ def spread_duplicates(item_load, item_expert, gpus, gpu_items, gpu_fill, gpu_loa
             ea = item_expert[a]
             if holds[g, ea] < 2:
                 continue
-            best_g = -1
-            best_j = -1
+            best_g = np.int64(-1)  # int64 sentinels, not literals: one specialization of _swap
+            best_j = np.int64(-1)
             best_score = np.inf
             for gj in range(gpus.shape[0]):
                 g2 = gpus[gj]
@@ -88,7 +88,7 @@ def swap_descent(item_load, item_expert, gpus, gpu_items, gpu_fill, gpu_load, ho
     steps = 0
     order = np.empty(gpus.shape[0], np.int64)
     while steps < max_steps:
-        h = -1
+        h = np.int64(-1)
         for gi in range(gpus.shape[0]):  # insertion sort of the GPUs by load, and the heaviest
             g = gpus[gi]
             i = gi
@@ -102,9 +102,9 @@ def swap_descent(item_load, item_expert, gpus, gpu_items, gpu_fill, gpu_load, ho
             break
         top = gpu_load[h]
         best_score = top - 1e-12 * top
-        best_g = -1
-        best_i = -1
-        best_j = -1
+        best_g = np.int64(-1)
+        best_i = np.int64(-1)
+        best_j = np.int64(-1)
         # lightest partners first: a swap with g leaves max(load_h, load_g) >= (load_h + load_g) / 2,
         # so once that reaches the best score found no heavier partner can do better
         scanned = 0
@@ -237,7 +237,7 @@ def pair_swap_descent(item_load, item_expert, gpus, gpu_items, gpu_fill, gpu_loa
         steps += swap_descent(item_load, item_expert, gpus, gpu_items, gpu_fill, gpu_load, holds, max_steps - steps)
         if steps >= max_steps:
             break
-        h = -1
+        h = np.int64(-1)
         for gi in range(gpus.shape[0]):
             g = gpus[gi]
             i = gi
@@ -251,8 +251,8 @@ def pair_swap_descent(item_load, item_expert, gpus, gpu_items, gpu_fill, gpu_loa
             break
         top = gpu_load[h]
         best_score = top - 1e-12 * top
-        best_g = -1
-        bi1 = bi2 = bj1 = bj2 = -1
+        best_g = np.int64(-1)
+        bi1 = bi2 = bj1 = bj2 = np.int64(-1)
         scanned = 0
         for gi in range(gpus.shape[0]):
             g = order[gi]

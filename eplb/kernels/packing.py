@@ -118,7 +118,9 @@ def pack_spread_by_free_slots(item_load, item_expert, items, gpus, slots_per_gpu
     sizes = np.empty(runs, np.int64)
     for i in range(runs):
         sizes[i] = starts[i + 1] - starts[i]
-    order = np.argsort(-sizes, kind="mergesort")
+    # sorted as float64 (exact for these counts, same stable order): the float64 argsort is compiled
+    # anyway, an int64 one would be a second compiled sort
+    order = np.argsort(-sizes.astype(np.float64), kind="mergesort")
     for oi in range(runs):
         run = order[oi]
         for t in range(starts[run], starts[run + 1]):

@@ -40,6 +40,15 @@ SEARCH_TOL = 1e-6
 """Relative precision of the target max load in the group -> node binary search."""
 
 
+def writable(array: np.ndarray) -> np.ndarray:
+    """``array`` as a writable C-contiguous array (a copy if it is read-only, as a Topology's are).
+
+    Kernels get a compiled specialization per argument type and read-only is a type of its own:
+    passing every array writable keeps one per kernel (a shorter first, compiling call).
+    """
+    return np.require(array, requirements="CW")
+
+
 def node_arrays(topology: Topology) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``(slots [N], active GPUs [N], class [N])`` int64; nodes of one class have equal slots per GPU."""
     per_node = topology.slots_per_gpu.reshape(topology.num_nodes, -1)
@@ -166,8 +175,9 @@ def retry_replication(weights: np.ndarray, problem: Problem, phy2log: np.ndarray
     retry = np.zeros(weights.shape[0], bool)
     retry[layers] = True
     phy2log = phy2log.copy()
-    phy2log[retry] = best_placement(np.ascontiguousarray(weights[retry]), topology.slots_per_gpu, gpu_domain,
-                                    np.ascontiguousarray(phy2log[retry]), starts, int(max_steps), 0, pair_swaps)
+    phy2log[retry] = best_placement(np.ascontiguousarray(weights[retry]), writable(topology.slots_per_gpu),
+                                    gpu_domain, np.ascontiguousarray(phy2log[retry]), starts, int(max_steps), 0,
+                                    pair_swaps)
     return phy2log, int(retry.sum())
 
 
@@ -179,7 +189,8 @@ def balanced(weights: np.ndarray, problem: Problem, max_steps: int = 4096, num_s
     weights = np.ascontiguousarray(weights, dtype=np.float64)
     topology = problem.topology
     gpu_domain, expert_domain, bound = domains(weights, problem)
-    phy2log = balanced_placement(weights, topology.slots_per_gpu, gpu_domain, expert_domain, int(max_steps))
+    phy2log = balanced_placement(weights, writable(topology.slots_per_gpu), gpu_domain, expert_domain,
+                                 int(max_steps))
     phy2log, retried = retry_replication(weights, problem, phy2log, gpu_domain, bound, num_starts, max_steps)
     phy2log, from_greedy = keep_better_than_greedy(weights, problem, phy2log)
     return phy2log, {"hierarchical": problem.hierarchical, "layers_retried": retried,

@@ -14,7 +14,7 @@ import numpy as np
 
 from ..kernels.multistart import best_placement
 from . import Problem, register
-from .balanced import balanced, max_loads
+from .balanced import balanced, max_loads, writable
 
 
 @register("best")
@@ -28,8 +28,8 @@ def best(weights: np.ndarray, problem: Problem, num_starts: int = 32, max_steps:
         domain = topology.node_of_gpu.astype(np.int64)
     else:
         domain = np.zeros(topology.num_gpus, np.int64)
-    phy2log = best_placement(weights, topology.slots_per_gpu, domain, start, int(num_starts), int(max_steps),
-                             int(seed), True)
+    phy2log = best_placement(weights, writable(topology.slots_per_gpu), domain, start, int(num_starts),
+                             int(max_steps), int(seed), True)
     worse = max_loads(weights, phy2log, topology) > max_loads(weights, start, topology)
     phy2log[worse] = start[worse]  # per-domain improvement cannot raise a layer's max; kept as a guarantee
     return phy2log, {**info, "num_starts": int(num_starts), "seed": int(seed)}
