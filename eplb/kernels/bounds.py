@@ -108,7 +108,13 @@ def pigeonhole_bound(weights, num_slots, active_gpus, min_slots):
     copies = extra + 1
     top = min(num_experts, active_gpus + 1)
     for layer in range(num_layers):
-        w = np.sort(weights[layer])[::-1].copy()
+        # the loads in decreasing order, sorted by the (compiled anyway) float64 argsort rather than
+        # np.sort, whose quicksort would be a second sort to compile: the same values in the same order
+        row = weights[layer]
+        order = np.argsort(row, kind="mergesort")
+        w = np.empty(num_experts)
+        for i in range(num_experts):
+            w[i] = row[order[num_experts - 1 - i]]
         if w[0] <= 0.0:
             continue
         t = np.zeros(num_experts + 1)
@@ -187,7 +193,8 @@ def _threshold_feasible(w, target, num_slots, active_gpus, min_slots, filler, ma
         if xm <= 0.0:
             return False
         cap = m * active_gpus
-        dp = np.full(cap + 1, big, np.int64)
+        dp = np.empty(cap + 1, np.int64)  # np.full and .min() cost extra compile time; loops do not
+        dp[:] = big
         dp[0] = 0
         for e in range(num_experts):
             if w[e] <= xm:
@@ -205,7 +212,12 @@ def _threshold_feasible(w, target, num_slots, active_gpus, min_slots, filler, ma
                 if n >= ca and dp[n - ca] < big:
                     best = min(best, dp[n - ca] + ra)
                 dp[n] = min(best, big)
-        if dp.min() > num_slots:
+        fits = False
+        for n in range(cap + 1):
+            if dp[n] <= num_slots:
+                fits = True
+                break
+        if not fits:
             return False
     return True
 
@@ -229,7 +241,13 @@ def threshold_bound(weights, lower, num_slots, active_gpus, min_slots, max_m):
         lo = lower[layer]
         if lo <= 0.0:
             continue
-        filler = w.min() / copies
+        lightest = w[0]  # w.min() (NaN first wins, as NumPy), as a loop: shorter to compile
+        for e in range(1, num_experts):
+            if lightest != lightest:
+                break
+            if w[e] < lightest or w[e] != w[e]:
+                lightest = w[e]
+        filler = lightest / copies
         if _threshold_feasible(w, lo, num_slots, active_gpus, min_slots, filler, max_m):
             continue
         hi = 2.0 * lo

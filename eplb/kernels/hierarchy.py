@@ -24,6 +24,15 @@ UNDECIDED = -1
 
 
 @njit(cache=True, nogil=True)
+def _copy(src, dst):
+    """``dst[:] = src`` for two ``[n]`` int64 arrays, element by element: a slice assignment from an
+    array compiles Numba's shape-mismatch error message (string formatting), a second or more of
+    first-call compile time."""
+    for i in range(src.shape[0]):
+        dst[i] = src[i]
+
+
+@njit(cache=True, nogil=True)
 def _replicas_needed(weights, group_size, num_groups, target, need):
     """``need [K]``: replicas each group needs so that every replica carries ``<= target``."""
     for k in range(num_groups):
@@ -180,7 +189,7 @@ def assign_groups(weights, num_groups, node_slots, node_active, node_class, lowe
             node_of_group[layer, :] = -1  # no assignment fits the slots (the caller raises)
             continue
         if total <= 0.0:
-            node_of_group[layer, :] = best
+            _copy(best, node_of_group[layer])
             continue
         lo = lower[layer]
         # an upper end: the loads of the capacity-only assignment
@@ -192,7 +201,13 @@ def assign_groups(weights, num_groups, node_slots, node_active, node_class, lowe
                     s += group_load[k]
             if node_active[n] > 0:
                 hi = max(hi, s / node_active[n])
-        hi = max(hi, w.max())
+        heaviest = w[0]  # w.max() (a NaN wins, as NumPy), as a loop: shorter to compile
+        for e in range(1, num_experts):
+            if heaviest != heaviest:
+                break
+            if w[e] > heaviest or w[e] != w[e]:
+                heaviest = w[e]
+        hi = max(hi, heaviest)
         if hi < lo:
             hi = lo
         # check the upper end holds both conditions; raise it until it does
@@ -200,7 +215,7 @@ def assign_groups(weights, num_groups, node_slots, node_active, node_class, lowe
             _replicas_needed(w, group_size, num_groups, hi, need)
             status = _search(hi, order, group_load, need, node_slots, node_active, node_class, budget, assign)
             if status == FEASIBLE:
-                best[:] = assign
+                _copy(assign, best)
                 break
             hi *= 2.0
         while hi - lo > rel_tol * hi:
@@ -209,10 +224,10 @@ def assign_groups(weights, num_groups, node_slots, node_active, node_class, lowe
             status = _search(mid, order, group_load, need, node_slots, node_active, node_class, budget, assign)
             if status == FEASIBLE:
                 hi = mid
-                best[:] = assign
+                _copy(assign, best)
             else:
                 if status == INFEASIBLE and mid > proven[layer]:
                     proven[layer] = mid
                 lo = mid
-        node_of_group[layer, :] = best
+        _copy(best, node_of_group[layer])
     return proven

@@ -19,7 +19,8 @@ def replica_counts(phy2log, num_experts):
 def slots_of_experts(phy2log, num_experts, width):
     """``[L, S] -> [L, E, width]`` int64: each expert's slots in increasing order, ``-1`` padded."""
     num_layers, num_slots = phy2log.shape
-    log2phy = np.full((num_layers, num_experts, width), -1, np.int64)
+    log2phy = np.empty((num_layers, num_experts, width), np.int64)  # not np.full: shorter to compile
+    log2phy[:, :, :] = -1
     filled = np.zeros(num_experts, np.int64)
     for layer in range(num_layers):
         filled[:] = 0

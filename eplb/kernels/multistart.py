@@ -156,7 +156,8 @@ def best_placement(weights, slots_per_gpu, gpu_domain, start, num_starts, max_st
                 if top < best_max * (1.0 - 1e-12) and _shared(gpus, gpu_items, gpu_fill, item_expert,
                                                                holds) <= best_shared:
                     best_max = top
-                    best_counts[:] = counts
+                    for i in range(counts.shape[0]):  # not best_counts[:] = counts: see hierarchy._copy
+                        best_counts[i] = counts[i]
                     for gi in range(gpus.shape[0]):
                         g = gpus[gi]
                         for j in range(gpu_fill[g]):
