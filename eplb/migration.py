@@ -52,7 +52,8 @@ def as_previous(previous, num_experts: int, problem: Problem, num_layers: int) -
             raise ValueError(f"previous: {exc}") from None
     if phy2log.shape[0] != num_layers:
         raise ValueError(f"previous has {phy2log.shape[0]} layers, counts have {num_layers}")
-    return np.ascontiguousarray(phy2log, dtype=np.int64)
+    # writable (a Placement's array is read-only): the kernels then get one compiled specialization
+    return np.require(phy2log, dtype=np.int64, requirements="CW")
 
 
 RESTARTS = ("steepest", "recount", "regroup")  # the searches tried where the first one stalls
@@ -98,7 +99,9 @@ def migrate(weights: np.ndarray, problem: Problem, previous: np.ndarray, scratch
     search = (topology.gpu_of_slot, topology.slot_offsets, topology.node_of_gpu, group_of_expert,
               problem.hierarchical, num_groups)
     budgets = np.full(num_layers, budget, np.int64)
-    local, local_changes, _ = improve_placement(weights, previous, previous, *search, target, budgets, 2 * num_slots)
+    # per_change given (True, the default) in every call: one compiled specialization
+    local, local_changes, _ = improve_placement(weights, previous, previous, *search, target, budgets, 2 * num_slots,
+                                                True)
     local_peak = _peaks(weights, local, topology)
     # Where the search from the previous placement stalls above the target, search again: (a) by
     # steepest descent, (b) from the previous placement with the fresh plan's replica counts, and
@@ -137,7 +140,7 @@ def migrate(weights: np.ndarray, problem: Problem, previous: np.ndarray, scratch
                                   topology.slot_offsets, topology.gpus_per_node, problem.hierarchical, num_experts)
         # then give slots back their previous expert wherever the target allows (no search steps)
         relabelled[missed], fresh_changes[missed], _ = improve_placement(
-            weights[missed], matched, before, *search, target[missed], budgets[missed], 0)
+            weights[missed], matched, before, *search, target[missed], budgets[missed], 0, True)
         fresh_peak[missed] = _peaks(weights[missed], relabelled[missed], topology)
 
     use_fresh = np.zeros(num_layers, bool)

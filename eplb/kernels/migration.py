@@ -125,9 +125,9 @@ def improve_placement(weights, start, previous, gpu_of_slot, slot_offsets, node_
             node_h = node_of_gpu[heavy]
             best_score = 0.0
             best_local = peak
-            best_kind = -1
-            best_a = -1
-            best_b = -1
+            best_kind = np.int64(-1)  # int64 sentinels, not literals: one specialization per callee
+            best_a = np.int64(-1)
+            best_b = np.int64(-1)
             # (A) swap slot a (heaviest GPU) with slot b (another GPU): the heaviest GPU's slots in
             # decreasing share, so that only pairs with 0 < share(a) - share(b) < room are visited
             for b in range(num_slots):
@@ -167,8 +167,8 @@ def improve_placement(weights, start, previous, gpu_of_slot, slot_offsets, node_
                             best_score, best_local, best_kind, best_a, best_b = score, local, 0, a, b
             # (B) give slot a of the heaviest GPU (expert e with >= 2 replicas) to expert f: the best
             # f is the lightest new replica the GPU may take, or the slot's previous expert (cheaper)
-            first = -1
-            second = -1
+            first = np.int64(-1)
+            second = np.int64(-1)
             for f in range(num_experts):
                 if has[heavy, f] > 0 or (keep_groups and node_group[node_h, group_of_expert[f]] == 0):
                     continue
@@ -329,7 +329,7 @@ def _undo_one(s, changed, w, row, prev, cnt, expert_slots, has, node_group, gpu_
     f = prev[s]
     if e == f:
         return False
-    partner = -1  # a slot holding f that previously held e: undo both
+    partner = np.int64(-1)  # a slot holding f that previously held e: undo both
     for t in changed:
         if t != s and row[t] == f and prev[t] == e:
             partner = t
