@@ -82,16 +82,6 @@ def domain_slots(gpus, slots_per_gpu):
 
 
 @njit(cache=True, nogil=True)
-def place_domain(w, experts, gpus, slots_per_gpu, first_item, item_expert, item_load, gpu_items, gpu_fill,
-                 gpu_load, holds, max_steps, pair_swaps=False):
-    """Capped D'Hondt replication of ``experts`` over the slots of ``gpus``, then :func:`pack_domain`."""
-    counts = np.empty(experts.shape[0], np.int64)
-    replicate_capped(w, experts, domain_slots(gpus, slots_per_gpu), gpus.shape[0], counts)
-    return pack_domain(w, experts, counts, gpus, slots_per_gpu, first_item, item_expert, item_load, gpu_items,
-                       gpu_fill, gpu_load, holds, max_steps, pair_swaps)
-
-
-@njit(cache=True, nogil=True)
 def balanced_placement(weights, slots_per_gpu, gpu_domain, expert_domain, max_steps, pair_swaps=False):
     """Place every layer, each domain on its own.
 
@@ -131,13 +121,17 @@ def balanced_placement(weights, slots_per_gpu, gpu_domain, expert_domain, max_st
         gpu_fill[:] = 0
         gpu_load[:] = 0.0
         holds[:, :] = 0
-        item = np.int64(0)  # not the literal 0: one compiled specialization of place_domain
+        item = np.int64(0)  # not the literal 0: one compiled specialization of pack_domain
         for d in range(num_domains):
             gpus = domain_gpus[d]
             if gpus.shape[0] == 0:
                 continue
             experts = np.where(expert_domain[layer] == d)[0].astype(np.int64)
-            item = place_domain(weights[layer], experts, gpus, slots_per_gpu, item, item_expert, item_load,
-                                gpu_items, gpu_fill, gpu_load, holds, max_steps, pair_swaps)
+            # capped D'Hondt replication of the domain's experts over its slots, then pack_domain (called
+            # from here, not through a helper: each kernel level re-optimises its callees when compiled)
+            counts = np.empty(experts.shape[0], np.int64)
+            replicate_capped(weights[layer], experts, domain_slots(gpus, slots_per_gpu), gpus.shape[0], counts)
+            item = pack_domain(weights[layer], experts, counts, gpus, slots_per_gpu, item, item_expert, item_load,
+                               gpu_items, gpu_fill, gpu_load, holds, max_steps, pair_swaps)
         store_state(item_expert, gpu_items, gpu_fill, slot_offsets, phy2log[layer])
     return phy2log

@@ -148,7 +148,7 @@ def best_placement(weights, slots_per_gpu, gpu_domain, start, num_starts, max_st
                         holds[g, item_expert[gpu_items[g, j]]] = 0
                     gpu_fill[g] = 0
                     gpu_load[g] = 0.0
-                # first_item an int64 and pair_swaps=False given as place_domain passes them: one
+                # first_item an int64 and pair_swaps=False given as balanced_placement passes them: one
                 # compiled specialization of pack_domain
                 pack_domain(w, experts, counts, gpus, slots_per_gpu, np.int64(0), item_expert, item_load, gpu_items,
                             gpu_fill, gpu_load, holds, max_steps, False)
