@@ -55,7 +55,8 @@ def test_scaling_the_counts_keeps_the_placement(problem, method, factor):
 
 @given(configs(), st.sampled_from(FAST_METHODS), st.integers(0, 2**32 - 1))
 def test_relabelling_experts_relabels_the_placement(config, method, seed):
-    """Renaming experts (groups kept whole) renames the plan: the same GPU loads, up to GPU order."""
+    """Renaming experts (groups kept whole) renames the plan: the same max load (and, but for
+    ``best``, the same GPU loads up to GPU order)."""
     rng = np.random.default_rng(seed)
     num_experts = config["num_experts"]
     counts = rng.random((2, num_experts)) * 1000  # continuous: no ties for tie-breaking to decide
@@ -64,5 +65,7 @@ def test_relabelling_experts_relabels_the_placement(config, method, seed):
     perm = (rng.permutation(groups)[:, None] * size + np.stack([rng.permutation(size) for _ in range(groups)])).ravel()
     base = eplb.plan(counts, method=method, **plan_kwargs(config))
     renamed = eplb.plan(counts[:, perm], method=method, **plan_kwargs(config))
-    np.testing.assert_allclose(np.sort(renamed.gpu_loads(counts[:, perm]), axis=1),
-                               np.sort(base.gpu_loads(counts), axis=1), rtol=1e-9)
+    np.testing.assert_allclose(renamed.max_load, base.max_load, rtol=1e-9)
+    if method != "best":  # best's seeded search may leave the GPUs below the peak in another order
+        np.testing.assert_allclose(np.sort(renamed.gpu_loads(counts[:, perm]), axis=1),
+                                   np.sort(base.gpu_loads(counts), axis=1), rtol=1e-9)
