@@ -70,6 +70,23 @@ def spread_duplicates(item_load, item_expert, gpus, gpu_items, gpu_fill, gpu_loa
 
 
 @njit(cache=True, nogil=True)
+def _order_by_load(gpus, gpu_load, gpu_fill, order):
+    """Insertion-sort ``gpus [n]`` by load into ``order [n]`` (lightest first); return the heaviest
+    GPU that holds a replica, or -1."""
+    h = np.int64(-1)
+    for gi in range(gpus.shape[0]):
+        g = gpus[gi]
+        i = gi
+        while i > 0 and gpu_load[order[i - 1]] > gpu_load[g]:
+            order[i] = order[i - 1]
+            i -= 1
+        order[i] = g
+        if gpu_fill[g] > 0 and (h < 0 or gpu_load[g] > gpu_load[h]):
+            h = g
+    return h
+
+
+@njit(cache=True, nogil=True)
 def swap_descent(item_load, item_expert, gpus, gpu_items, gpu_fill, gpu_load, holds, max_steps):
     """Lower the heaviest GPU by swaps until no single swap lowers it.
 
@@ -88,16 +105,7 @@ def swap_descent(item_load, item_expert, gpus, gpu_items, gpu_fill, gpu_load, ho
     steps = 0
     order = np.empty(gpus.shape[0], np.int64)
     while steps < max_steps:
-        h = np.int64(-1)
-        for gi in range(gpus.shape[0]):  # insertion sort of the GPUs by load, and the heaviest
-            g = gpus[gi]
-            i = gi
-            while i > 0 and gpu_load[order[i - 1]] > gpu_load[g]:
-                order[i] = order[i - 1]
-                i -= 1
-            order[i] = g
-            if gpu_fill[g] > 0 and (h < 0 or gpu_load[g] > gpu_load[h]):
-                h = g
+        h = _order_by_load(gpus, gpu_load, gpu_fill, order)
         if h < 0:
             break
         top = gpu_load[h]
@@ -237,16 +245,7 @@ def pair_swap_descent(item_load, item_expert, gpus, gpu_items, gpu_fill, gpu_loa
         steps += swap_descent(item_load, item_expert, gpus, gpu_items, gpu_fill, gpu_load, holds, max_steps - steps)
         if steps >= max_steps:
             break
-        h = np.int64(-1)
-        for gi in range(gpus.shape[0]):
-            g = gpus[gi]
-            i = gi
-            while i > 0 and gpu_load[order[i - 1]] > gpu_load[g]:
-                order[i] = order[i - 1]
-                i -= 1
-            order[i] = g
-            if gpu_fill[g] > 0 and (h < 0 or gpu_load[g] > gpu_load[h]):
-                h = g
+        h = _order_by_load(gpus, gpu_load, gpu_fill, order)
         if h < 0:
             break
         top = gpu_load[h]
