@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .kernels.bounds import min_max_replica_load, pigeonhole_bound, threshold_bound
+from .kernels.bounds import min_max_replica_load, pigeonhole_bound, pigeonhole_upper, threshold_bound
 from .topology import Topology
 
 
@@ -31,6 +31,11 @@ def cardinality_bound(weights: np.ndarray, topology: Topology) -> np.ndarray:
     ``k - 1`` smallest entries of the multiset holding ``S - E + 1`` copies of every
     ``w_e / (S - E + 1)``. ``k`` is the fewest slots any GPU in use holds.
     """
+    return _cardinality(weights, topology, replica_bound(weights, topology))
+
+
+def _cardinality(weights: np.ndarray, topology: Topology, replica: np.ndarray) -> np.ndarray:
+    """:func:`cardinality_bound` given the replica bound ``replica [L]`` (computed once)."""
     num_experts = weights.shape[-1]
     k = int(topology.slots_per_gpu[topology.slots_per_gpu > 0].min())
     max_copies = topology.num_slots - num_experts + 1
@@ -41,7 +46,7 @@ def cardinality_bound(weights: np.ndarray, topology: Topology) -> np.ndarray:
     total = lightest[:, :full_blocks].sum(axis=-1) * max_copies
     if full_blocks < num_experts:
         total = total + rest * lightest[:, full_blocks]
-    return replica_bound(weights, topology) + total
+    return replica + total
 
 
 def pigeonhole(weights: np.ndarray, topology: Topology) -> np.ndarray:
@@ -57,9 +62,15 @@ def threshold(weights: np.ndarray, topology: Topology, max_m: int = 3) -> np.nda
     replication at once: no replica above what a GPU can hold, at most ``m`` per GPU above
     ``1 / (m + 1)`` of it (:func:`eplb.kernels.bounds.threshold_bound`), from the other bounds up."""
     weights = np.ascontiguousarray(weights, dtype=np.float64)
+    replica = replica_bound(weights, topology)
+    start = np.maximum(np.maximum(average_bound(weights, topology), replica),
+                       _cardinality(weights, topology, replica))
+    return _threshold(weights, topology, start, max_m)
+
+
+def _threshold(weights: np.ndarray, topology: Topology, start: np.ndarray, max_m: int = 3) -> np.ndarray:
+    """:func:`threshold` from ``start [L]``, the largest of the average, replica and cardinality bounds."""
     active = topology.slots_per_gpu > 0
-    start = np.maximum(np.maximum(average_bound(weights, topology), replica_bound(weights, topology)),
-                       cardinality_bound(weights, topology))
     return threshold_bound(weights, start, topology.num_slots, int(active.sum()),
                            int(topology.slots_per_gpu[active].min()), int(max_m))
 
@@ -89,7 +100,7 @@ def hierarchical_bound(weights: np.ndarray, topology: Topology, num_groups: int)
     from .methods.balanced import group_assignment  # the search lives with the method that uses it
     from .methods import Problem
 
-    base = np.max(np.stack(list(lower_bounds(weights, topology).values())), axis=0)
+    base = _strongest(weights, topology)
     problem = Problem(topology=topology, num_groups=num_groups, hierarchical=True)
     _, proven = group_assignment(np.ascontiguousarray(weights, dtype=np.float64), problem, lower=base)
     return np.maximum(base, proven)
@@ -101,4 +112,26 @@ def lower_bound(weights: np.ndarray, topology: Topology, num_groups: int | None 
     ``hierarchical`` (every one of ``num_groups`` groups on one node) the :func:`hierarchical_bound`."""
     if hierarchical:
         return hierarchical_bound(weights, topology, num_groups)
-    return np.max(np.stack(list(lower_bounds(weights, topology).values())), axis=0)
+    return _strongest(weights, topology)
+
+
+def _strongest(weights: np.ndarray, topology: Topology) -> np.ndarray:
+    """The largest of :data:`BOUNDS` per layer, ``[L]``: the same values as the maximum over
+    :func:`lower_bounds`, faster. The replica bound is computed once for the bounds built on it,
+    and the pigeonhole bound (the costliest) only on the layers where its cheap upper bound
+    (:func:`eplb.kernels.bounds.pigeonhole_upper`, with a margin far above rounding) reaches the
+    others: elsewhere it cannot be the largest, so the maximum is unchanged."""
+    weights = np.ascontiguousarray(weights, dtype=np.float64)
+    replica = replica_bound(weights, topology)
+    others = np.maximum(np.maximum(average_bound(weights, topology), replica),
+                        _cardinality(weights, topology, replica))
+    others = np.maximum(others, _threshold(weights, topology, others))
+    active = topology.slots_per_gpu > 0
+    args = (topology.num_slots, int(active.sum()), int(topology.slots_per_gpu[active].min()))
+    upper = pigeonhole_upper(weights, *args)
+    needed = ~(upper * (1.0 + 1e-6) < others)
+    if needed.any():
+        rows = np.flatnonzero(needed)
+        others = others.copy()
+        others[rows] = np.maximum(others[rows], pigeonhole_bound(np.ascontiguousarray(weights[rows]), *args))
+    return others

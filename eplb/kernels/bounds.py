@@ -46,9 +46,16 @@ def _fewest_items_at_least(sorted_desc, extra, x):
     replicas to bring every replica below ``x``; the cheapest experts (the lightest) are pushed
     first. Args: ``sorted_desc`` ``[E]`` loads in decreasing order.
     """
-    n = 0
-    while n < sorted_desc.shape[0] and sorted_desc[n] >= x:
-        n += 1
+    # n = how many loads are >= x: a binary search over the decreasing loads (the same count as a scan)
+    lo = 0
+    hi = sorted_desc.shape[0]
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if sorted_desc[mid] >= x:
+            lo = mid + 1
+        else:
+            hi = mid
+    n = lo
     budget = extra
     pushed = 0
     for i in range(n - 1, -1, -1):
@@ -79,6 +86,83 @@ def _smallest_item_lower(sorted_desc, extra, rank):
         if hi - lo <= 1e-6 * hi:
             break
     return lo
+
+
+@njit(cache=True, nogil=True)
+def _smallest_items_lower(sorted_desc, extra, ranks, out):
+    """:func:`_smallest_item_lower` for many ranks at once, the same values bit for bit.
+
+    Every rank's bisection starts from the same interval and takes the same midpoints until the
+    test ``fewest(mid) >= rank`` splits them, so the ranks are bisected together: one count per
+    node of the shared bisection tree, and at each node the ranks ``<= fewest(mid)`` go up, the
+    others down (the same decisions, midpoints and stopping rule as one rank at a time).
+
+    Args:
+        sorted_desc: ``[E]`` loads in decreasing order; ranks: ``[R]`` increasing ranks (1-based).
+        out: ``[R]`` float64, written with ``t_rank`` for each rank.
+    """
+    num = ranks.shape[0]
+    if num == 0:
+        return
+    if extra == 0:
+        for i in range(num):
+            out[i] = _smallest_item_lower(sorted_desc, extra, ranks[i])
+        return
+    hi0 = sorted_desc[0] * (1.0 + 1e-12) + 1e-300
+    top = _fewest_items_at_least(sorted_desc, extra, hi0)
+    first = 0  # ranks answered by the first test take hi0
+    while first < num and top >= ranks[first]:
+        out[first] = hi0
+        first += 1
+    if first == num:
+        return
+    # a stack of tree nodes: (lo, hi, ranks[a:b], iterations done)
+    size = 64 * (num + 1)
+    st_lo = np.empty(size)
+    st_hi = np.empty(size)
+    st_a = np.empty(size, np.int64)
+    st_b = np.empty(size, np.int64)
+    st_it = np.empty(size, np.int64)
+    st_lo[0] = 0.0
+    st_hi[0] = hi0
+    st_a[0] = first
+    st_b[0] = num
+    st_it[0] = 0
+    depth = 1
+    while depth > 0:
+        depth -= 1
+        lo = st_lo[depth]
+        hi = st_hi[depth]
+        a = st_a[depth]
+        b = st_b[depth]
+        it = st_it[depth] + 1
+        mid = 0.5 * (lo + hi)
+        count = _fewest_items_at_least(sorted_desc, extra, mid)
+        split = a  # ranks[a:split] have fewest(mid) >= rank: lo = mid; ranks[split:b]: hi = mid
+        while split < b and count >= ranks[split]:
+            split += 1
+        if split > a:  # lo = mid
+            if hi - mid <= 1e-6 * hi or it >= 60:
+                for i in range(a, split):
+                    out[i] = mid
+            else:
+                st_lo[depth] = mid
+                st_hi[depth] = hi
+                st_a[depth] = a
+                st_b[depth] = split
+                st_it[depth] = it
+                depth += 1
+        if split < b:  # hi = mid
+            if mid - lo <= 1e-6 * mid or it >= 60:
+                for i in range(split, b):
+                    out[i] = lo
+            else:
+                st_lo[depth] = lo
+                st_hi[depth] = mid
+                st_a[depth] = split
+                st_b[depth] = b
+                st_it[depth] = it
+                depth += 1
 
 
 @njit(cache=True, nogil=True)
@@ -117,9 +201,30 @@ def pigeonhole_bound(weights, num_slots, active_gpus, min_slots):
             w[i] = row[order[num_experts - 1 - i]]
         if w[0] <= 0.0:
             continue
-        t = np.zeros(num_experts + 1)
+        # t[i] for every rank used below (1..top and the windows of the m loop), bisected together
+        wanted = np.zeros(num_experts + 2, np.bool_)
         for i in range(1, top + 1):
-            t[i] = _smallest_item_lower(w, extra, i)
+            wanted[i] = True
+        m = 1
+        while m < min_slots and m * active_gpus + 1 <= num_experts:
+            for i in range(m * active_gpus - m + 1, m * active_gpus + 2):
+                wanted[i] = True
+            m += 1
+        num_ranks = 0
+        for i in range(num_experts + 2):
+            if wanted[i]:
+                num_ranks += 1
+        ranks = np.empty(num_ranks, np.int64)
+        num_ranks = 0
+        for i in range(num_experts + 2):
+            if wanted[i]:
+                ranks[num_ranks] = i
+                num_ranks += 1
+        values = np.empty(num_ranks)
+        _smallest_items_lower(w, extra, ranks, values)
+        t = np.zeros(num_experts + 2)
+        for i in range(num_ranks):
+            t[ranks[i]] = values[i]
         asc = w[::-1].copy()
         # small(q): the q smallest of copies x (w_e / copies), in increasing order of w_e
 
@@ -147,10 +252,111 @@ def pigeonhole_bound(weights, num_slots, active_gpus, min_slots):
         while m < min_slots and m * active_gpus + 1 <= num_experts:
             total = 0.0
             for i in range(m * active_gpus - m + 1, m * active_gpus + 2):
-                total += _smallest_item_lower(w, extra, i)
+                total += t[i]
             best = max(best, total + small(min_slots - m - 1))
             m += 1
         out[layer] = best
+    return out
+
+
+@njit(cache=True, nogil=True)
+def _shell_sort(values):
+    """Sort ``values [n]`` float64 in place, increasing (Shell sort with Ciura's gaps: a few simple
+    loops, fast on the few hundred values of a layer and cheap to compile)."""
+    n = values.shape[0]
+    gaps = (701, 301, 132, 57, 23, 10, 4, 1)
+    for gap in gaps:
+        for i in range(gap, n):
+            value = values[i]
+            j = i
+            while j >= gap and values[j - gap] > value:
+                values[j] = values[j - gap]
+                j -= gap
+            values[j] = value
+
+
+@njit(cache=True, nogil=True)
+def _small(asc, copies, q):
+    """The ``q`` smallest entries of the multiset holding ``copies`` copies of each
+    ``asc[e] / copies`` (``asc [E]`` increasing), summed as :func:`pigeonhole_bound` does."""
+    if q <= 0:
+        return 0.0
+    num_experts = asc.shape[0]
+    full = q // copies
+    rest = q - full * copies
+    total = 0.0
+    for i in range(min(full, num_experts)):
+        total += asc[i]
+    if full < num_experts:
+        total += rest * asc[full] / copies
+    return total
+
+
+@njit(cache=True, nogil=True)
+def pigeonhole_upper(weights, num_slots, active_gpus, min_slots):
+    """An upper bound on :func:`pigeonhole_bound`, per layer, at a fraction of its cost.
+
+    ``t_i`` (the smallest possible ``i``-th largest replica load over every replication) is at
+    most the ``i``-th largest replica load of any one replication; this takes the D'Hondt
+    replication and evaluates the pigeonhole formulas with those loads in place of ``t_i`` (every
+    formula grows with the ``t_i``). :func:`eplb.bounds.lower_bound` uses it to skip the exact
+    bound on layers where it cannot be the largest.
+
+    Args:
+        weights: ``[L, E]`` float64; num_slots: ``S``; active_gpus: ``G``; min_slots: ``k``.
+    Returns:
+        ``[L]`` float64, ``>=`` :func:`pigeonhole_bound` up to rounding (compare with a margin).
+    """
+    num_layers, num_experts = weights.shape
+    out = np.zeros(num_layers)
+    extra = num_slots - num_experts
+    copies = extra + 1
+    top = min(num_experts, active_gpus + 1)
+    counts = np.empty(num_experts, np.int64)
+    share = np.empty(num_experts)
+    loads = np.empty(num_slots)
+    for layer in range(num_layers):
+        row = weights[layer]
+        asc = row.copy()
+        _shell_sort(asc)
+        if asc[num_experts - 1] <= 0.0:
+            continue
+        counts[:] = 1
+        share[:] = row
+        for _ in range(extra):
+            best = 0
+            for e in range(1, num_experts):
+                if share[e] > share[best]:
+                    best = e
+            counts[best] += 1
+            share[best] = row[best] / counts[best]
+        n = 0
+        for e in range(num_experts):
+            for _ in range(counts[e]):
+                loads[n] = row[e] / counts[e]
+                n += 1
+        _shell_sort(loads)
+        u = np.zeros(num_experts + 2)
+        for i in range(1, num_experts + 2):
+            if i <= num_slots:
+                u[i] = loads[num_slots - i]
+
+        best_value = 0.0
+        prefix = 0.0
+        for j in range(1, min(active_gpus, num_experts) + 1):
+            prefix += u[j]
+            spread = (prefix + _small(asc, copies, j * (min_slots - 1))) / j
+            if j >= 2 and min_slots >= 2:
+                spread = min(spread, u[j - 1] + u[j] + _small(asc, copies, min_slots - 2))
+            best_value = max(best_value, spread)
+        m = 1
+        while m < min_slots and m * active_gpus + 1 <= num_experts:
+            total = 0.0
+            for i in range(m * active_gpus - m + 1, m * active_gpus + 2):
+                total += u[i]
+            best_value = max(best_value, total + _small(asc, copies, min_slots - m - 1))
+            m += 1
+        out[layer] = best_value
     return out
 
 
