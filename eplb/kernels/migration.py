@@ -138,9 +138,13 @@ def improve_placement(weights, start, previous, gpu_of_slot, slot_offsets, node_
                 room = limit - x[gb]
                 if gb == heavy or room <= 0.0:
                     continue
+                other_node = keep_groups and node_of_gpu[gb] != node_h
                 for b in range(slot_offsets[gb], slot_offsets[gb + 1]):
-                    sb = slot_share[b]
                     f = row[b]
+                    # the tests on slot b alone, before the pairs (every pair with b would fail them)
+                    if has[heavy, f] > 0 or (other_node and node_group[node_h, group_of_expert[f]] == 0):
+                        continue
+                    sb = slot_share[b]
                     for a in order:
                         pe = slot_share[a]
                         if pe <= sb:
@@ -152,13 +156,10 @@ def improve_placement(weights, start, previous, gpu_of_slot, slot_offsets, node_
                         if local >= limit:
                             continue
                         e = row[a]
-                        if has[gb, e] > 0 or has[heavy, f] > 0:
+                        if has[gb, e] > 0:
                             continue
-                        if keep_groups and node_of_gpu[gb] != node_h:
-                            if node_group[node_of_gpu[gb], group_of_expert[e]] == 0:
-                                continue
-                            if node_group[node_h, group_of_expert[f]] == 0:
-                                continue
+                        if other_node and node_group[node_of_gpu[gb], group_of_expert[e]] == 0:
+                            continue
                         cost = (int(f != prev[a]) - int(e != prev[a]) + int(e != prev[b]) - int(f != prev[b]))
                         if cost > budget:
                             continue
