@@ -8,7 +8,8 @@ import numpy as np
 from numba import njit
 
 from .local_search import pair_swap_descent, spread_duplicates, swap_descent
-from .packing import pack_spread_by_free_slots, pack_spread_largest_first, recompute_loads, store_state
+from .packing import (clear_gpus, new_state, pack_spread_by_free_slots, pack_spread_largest_first,
+                      recompute_loads, store_state)
 from .replication import replicate_capped
 
 
@@ -56,12 +57,7 @@ def pack_domain(w, experts, counts, gpus, slots_per_gpu, first_item, item_expert
     spread_duplicates(item_load, item_expert, gpus, gpu_items, gpu_fill, gpu_load, holds)
     if _shared(gpus, gpu_items, gpu_fill, item_expert, holds) > 0:
         # rare (uneven slots, few GPUs): rebuild expert by expert, which spreads whenever possible
-        for gi in range(gpus.shape[0]):
-            g = gpus[gi]
-            for j in range(gpu_fill[g]):
-                holds[g, item_expert[gpu_items[g, j]]] = 0
-            gpu_fill[g] = 0
-            gpu_load[g] = 0.0
+        clear_gpus(gpus, item_expert, gpu_items, gpu_fill, gpu_load, holds)
         pack_spread_by_free_slots(item_load, item_expert, first_item + np.arange(item - first_item), gpus,
                                   slots_per_gpu, gpu_items, gpu_fill, gpu_load, holds)
     if pair_swaps:
@@ -108,12 +104,7 @@ def balanced_placement(weights, slots_per_gpu, gpu_domain, expert_domain, max_st
     for g in range(num_gpus):
         slot_offsets[g + 1] = slot_offsets[g] + slots_per_gpu[g]
     phy2log = np.empty((num_layers, num_slots), np.int64)
-    item_expert = np.empty(num_slots, np.int64)
-    item_load = np.empty(num_slots)
-    gpu_items = np.empty((num_gpus, width), np.int64)
-    gpu_fill = np.zeros(num_gpus, np.int64)
-    gpu_load = np.zeros(num_gpus)
-    holds = np.zeros((num_gpus, num_experts), np.int64)
+    item_expert, item_load, gpu_items, gpu_fill, gpu_load, holds = new_state(num_slots, num_gpus, width, num_experts)
     domain_gpus = []
     for d in range(num_domains):
         domain_gpus.append(np.where((gpu_domain == d) & (slots_per_gpu > 0))[0].astype(np.int64))

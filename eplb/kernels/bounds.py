@@ -89,6 +89,22 @@ def _smallest_item_lower(sorted_desc, extra, rank):
 
 
 @njit(cache=True, nogil=True)
+def _settle_or_push(lo, hi, a, b, it, out, st_lo, st_hi, st_a, st_b, st_it, depth):
+    """Bisection step for ``ranks[a:b]`` now known to lie in ``[lo, hi]``: answer ``lo`` when the
+    interval is narrow (or after 60 halvings), else push it on the stack. Returns the new depth."""
+    if hi - lo <= 1e-6 * hi or it >= 60:
+        for i in range(a, b):
+            out[i] = lo
+        return depth
+    st_lo[depth] = lo
+    st_hi[depth] = hi
+    st_a[depth] = a
+    st_b[depth] = b
+    st_it[depth] = it
+    return depth + 1
+
+
+@njit(cache=True, nogil=True)
 def _smallest_items_lower(sorted_desc, extra, ranks, out):
     """:func:`_smallest_item_lower` for many ranks at once, the same values bit for bit.
 
@@ -142,27 +158,9 @@ def _smallest_items_lower(sorted_desc, extra, ranks, out):
         while split < b and count >= ranks[split]:
             split += 1
         if split > a:  # lo = mid
-            if hi - mid <= 1e-6 * hi or it >= 60:
-                for i in range(a, split):
-                    out[i] = mid
-            else:
-                st_lo[depth] = mid
-                st_hi[depth] = hi
-                st_a[depth] = a
-                st_b[depth] = split
-                st_it[depth] = it
-                depth += 1
+            depth = _settle_or_push(mid, hi, a, split, it, out, st_lo, st_hi, st_a, st_b, st_it, depth)
         if split < b:  # hi = mid
-            if mid - lo <= 1e-6 * mid or it >= 60:
-                for i in range(split, b):
-                    out[i] = lo
-            else:
-                st_lo[depth] = lo
-                st_hi[depth] = mid
-                st_a[depth] = split
-                st_b[depth] = b
-                st_it[depth] = it
-                depth += 1
+            depth = _settle_or_push(lo, mid, split, b, it, out, st_lo, st_hi, st_a, st_b, st_it, depth)
 
 
 @njit(cache=True, nogil=True)

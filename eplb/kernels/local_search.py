@@ -8,7 +8,7 @@ expert on a GPU that did not already hold one.
 import numpy as np
 from numba import njit
 
-from .packing import load_state, recompute_loads, store_state
+from .packing import load_state, new_state, recompute_loads, store_state
 
 
 @njit(cache=True, nogil=True)
@@ -174,12 +174,7 @@ def improve_placement(weights, phy2log, slot_offsets, gpu_domain, max_swaps):
         width = max(width, slot_offsets[g + 1] - slot_offsets[g])
     out = phy2log.copy()
     swaps = np.zeros(num_layers, np.int64)
-    item_expert = np.empty(num_slots, np.int64)
-    item_load = np.empty(num_slots)
-    gpu_items = np.empty((num_gpus, width), np.int64)
-    gpu_fill = np.zeros(num_gpus, np.int64)
-    gpu_load = np.zeros(num_gpus)
-    holds = np.zeros((num_gpus, num_experts), np.int64)
+    item_expert, item_load, gpu_items, gpu_fill, gpu_load, holds = new_state(num_slots, num_gpus, width, num_experts)
     num_domains = 0
     for g in range(num_gpus):
         num_domains = max(num_domains, gpu_domain[g] + 1)

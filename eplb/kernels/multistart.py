@@ -13,7 +13,7 @@ from numba import njit
 
 from .balanced import _shared, domain_slots, pack_domain
 from .local_search import pair_swap_descent
-from .packing import load_state, recompute_loads, store_state
+from .packing import clear_gpus, load_state, new_state, recompute_loads, store_state
 
 _MASK = (1 << 64) - 1
 
@@ -99,12 +99,7 @@ def best_placement(weights, slots_per_gpu, gpu_domain, start, num_starts, max_st
     for g in range(num_gpus):
         slot_offsets[g + 1] = slot_offsets[g] + slots_per_gpu[g]
     out = start.copy()
-    item_expert = np.empty(num_slots, np.int64)
-    item_load = np.empty(num_slots)
-    gpu_items = np.empty((num_gpus, width), np.int64)
-    gpu_fill = np.zeros(num_gpus, np.int64)
-    gpu_load = np.zeros(num_gpus)
-    holds = np.zeros((num_gpus, num_experts), np.int64)
+    item_expert, item_load, gpu_items, gpu_fill, gpu_load, holds = new_state(num_slots, num_gpus, width, num_experts)
     best_expert = np.empty(num_slots, np.int64)
     state = np.zeros(1, np.uint64)
     counts_all = np.zeros(num_experts, np.int64)
@@ -142,12 +137,7 @@ def best_placement(weights, slots_per_gpu, gpu_domain, start, num_starts, max_st
                 counts = best_counts.copy()
                 if trial > 0 and not _perturb(w, experts, counts, cap, 1 + trial % 3, state):
                     break
-                for gi in range(gpus.shape[0]):
-                    g = gpus[gi]
-                    for j in range(gpu_fill[g]):
-                        holds[g, item_expert[gpu_items[g, j]]] = 0
-                    gpu_fill[g] = 0
-                    gpu_load[g] = 0.0
+                clear_gpus(gpus, item_expert, gpu_items, gpu_fill, gpu_load, holds)
                 # first_item an int64 and pair_swaps=False given as balanced_placement passes them: one
                 # compiled specialization of pack_domain
                 pack_domain(w, experts, counts, gpus, slots_per_gpu, np.int64(0), item_expert, item_load, gpu_items,

@@ -15,6 +15,25 @@ from numba import njit
 
 
 @njit(cache=True, nogil=True)
+def new_state(num_slots, num_gpus, width, num_experts):
+    """Empty working state (module docstring) for ``num_slots`` replicas on ``num_gpus`` GPUs of at
+    most ``width`` slots: ``(item_expert, item_load, gpu_items, gpu_fill, gpu_load, holds)``."""
+    return (np.empty(num_slots, np.int64), np.empty(num_slots), np.empty((num_gpus, width), np.int64),
+            np.zeros(num_gpus, np.int64), np.zeros(num_gpus), np.zeros((num_gpus, num_experts), np.int64))
+
+
+@njit(cache=True, nogil=True)
+def clear_gpus(gpus, item_expert, gpu_items, gpu_fill, gpu_load, holds):
+    """Take every replica off the GPUs ``gpus [m]``."""
+    for gi in range(gpus.shape[0]):
+        g = gpus[gi]
+        for j in range(gpu_fill[g]):
+            holds[g, item_expert[gpu_items[g, j]]] = 0
+        gpu_fill[g] = 0
+        gpu_load[g] = 0.0
+
+
+@njit(cache=True, nogil=True)
 def pack_spread_largest_first(item_load, item_expert, items, gpus, slots_per_gpu, gpu_items, gpu_fill,
                               gpu_load, holds):
     """Place replicas in decreasing load, each on the lightest GPU with a free slot that does not
