@@ -1,12 +1,13 @@
-"""Kernels of the ``best`` method: a seeded search over replications, each packed and improved.
+"""Kernels of the ``best`` method: a search over replications, each packed and improved.
 
-From a start placement, every layer and domain tries ``num_starts`` replications, each one or a
+From a start placement, every layer and domain first tries the *aligned* replications of
+:func:`aligned_counts` (the heavy experts get a multiple of the domain's GPUs in replicas, so every
+GPU can carry the same number of heavy replicas), then ``num_starts`` seeded ones, each one or a
 few replicas moved from one expert to another (a donor with several replicas, a receiver drawn
-by load per replica), packs each with :func:`eplb.kernels.balanced.pack_domain` and keeps it when
-the domain's heaviest GPU gets lighter
-(and no more replicas share a GPU with their expert). The best packing then gets a pair-swap descent. The random
-numbers come from a fixed-seed generator, so the result is deterministic.
-"""
+by load per replica); it packs each with :func:`eplb.kernels.balanced.pack_domain` and keeps it
+when the domain's heaviest GPU gets lighter (and no more replicas share a GPU with their
+expert). The best packing then gets a pair-swap descent. The random numbers come from a
+fixed-seed generator, so the result is deterministic."""
 
 import numpy as np
 from numba import njit
@@ -76,7 +77,98 @@ def _perturb(w, experts, counts, cap, moves, state):
 
 
 @njit(cache=True, nogil=True)
-def best_placement(weights, slots_per_gpu, gpu_domain, start, num_starts, max_steps, seed, pair_swaps):
+def _apportion(w, experts, first, last, seats, cap, counts):
+    """D'Hondt: ``seats`` replicas over ``experts[first:last]`` (one each, then one at a time to the
+    largest load per replica, at most ``cap`` each), written to ``counts[first:last]``. Returns False
+    when the seats do not fit (fewer than the experts, or more than ``cap`` each)."""
+    n = last - first
+    if seats < n or seats > cap * n or n <= 0:
+        return False
+    for i in range(first, last):
+        counts[i] = 1
+    for _ in range(seats - n):
+        best = -1
+        best_load = -1.0
+        for i in range(first, last):
+            if counts[i] < cap:
+                load = w[experts[i]] / counts[i]
+                if load > best_load:
+                    best = i
+                    best_load = load
+        counts[best] += 1
+    return True
+
+
+@njit(cache=True, nogil=True)
+def aligned_counts(w, experts, counts, num_slots, num_gpus, cap, candidates):
+    """Replications whose heavy replicas spread evenly over the GPUs of a domain.
+
+    A replication that minimises the largest replica (D'Hondt) can leave, say, 11 heavy replicas
+    for 8 GPUs: three GPUs then carry two, whatever the packing. Each candidate takes the ``t``
+    heaviest experts as the *heavy tier* and gives them exactly ``j * num_gpus`` replicas (D'Hondt
+    within the tier, so every GPU can take ``j`` heavy replicas of similar load) and the other
+    experts the remaining slots (D'Hondt). Tiers ``t``: the experts up to the last one with several
+    replicas in ``counts``, two fewer to one more; ``j``: the two multiples of ``num_gpus`` around
+    the tier's current replica count.
+
+    Args:
+        w: ``[E]`` float64 loads; experts: ``[n]`` int64, heaviest first; counts: ``[n]`` int64 the
+            current replication (summing to ``num_slots``); cap: most replicas of one expert.
+        candidates: ``[c, n]`` int64 output rows.
+    Returns:
+        the number of candidate rows written (each differs from ``counts`` and from the others).
+    """
+    n = experts.shape[0]
+    total = 0.0
+    for i in range(n):
+        total += w[experts[i]]
+    if total <= 0.0 or num_gpus < 2:
+        return 0
+    heavy = 0  # the experts up to the last one with several replicas
+    for i in range(n):
+        if counts[i] >= 2:
+            heavy = i + 1
+    found = 0
+    row = np.empty(n, np.int64)
+    for dt in range(0, 1):
+        t = heavy + dt
+        if t < 1 or t >= n:
+            continue
+        items = 0
+        for i in range(t):
+            items += counts[i]
+        low = max(1, items // num_gpus)
+        for j in range(low, low + 1):
+            if found >= candidates.shape[0]:
+                return found
+            seats = j * num_gpus
+            if not _apportion(w, experts, 0, t, seats, cap, row):
+                continue
+            if not _apportion(w, experts, t, n, num_slots - seats, cap, row):
+                continue
+            new = False
+            for i in range(n):
+                if row[i] != counts[i]:
+                    new = True
+                    break
+            for c in range(found):
+                same = True
+                for i in range(n):
+                    if candidates[c, i] != row[i]:
+                        same = False
+                        break
+                if same:
+                    new = False
+                    break
+            if new:
+                for i in range(n):
+                    candidates[found, i] = row[i]
+                found += 1
+    return found
+
+
+@njit(cache=True, nogil=True)
+def best_placement(weights, slots_per_gpu, gpu_domain, start, num_starts, max_steps, seed, pair_swaps, threshold):
     """Improve ``start`` layer by layer (module docstring).
 
     Args:
@@ -84,6 +176,8 @@ def best_placement(weights, slots_per_gpu, gpu_domain, start, num_starts, max_st
         start: ``[L, S]`` int64 placement to improve; each expert's replicas lie in one domain.
         num_starts: replications tried per layer and domain; max_steps: most swaps per descent.
         seed: seed of the generator; pair_swaps: finish with :func:`pair_swap_descent` (slower).
+        threshold: ``[L]`` float64; a domain whose heaviest GPU is not above ``threshold[layer]``
+            is left as it is (pass a proven bound to skip domains that cannot matter, zeros for all).
     Returns:
         ``phy2log [L, S]`` int64 whose max load per layer and domain is never above ``start``'s.
     """
@@ -101,6 +195,7 @@ def best_placement(weights, slots_per_gpu, gpu_domain, start, num_starts, max_st
     out = start.copy()
     item_expert, item_load, gpu_items, gpu_fill, gpu_load, holds = new_state(num_slots, num_gpus, width, num_experts)
     best_expert = np.empty(num_slots, np.int64)
+    aligned = np.empty((8, num_experts), np.int64)
     state = np.zeros(1, np.uint64)
     counts_all = np.zeros(num_experts, np.int64)
     for layer in range(num_layers):
@@ -109,10 +204,15 @@ def best_placement(weights, slots_per_gpu, gpu_domain, start, num_starts, max_st
         counts_all[:] = 0
         for s in range(num_slots):
             counts_all[start[layer, s]] += 1
+        loaded = False  # whether the working state holds out[layer] outside the domains already searched
         for d in range(num_domains):
             gpus = np.where((gpu_domain == d) & (slots_per_gpu > 0))[0].astype(np.int64)
             if gpus.shape[0] == 0:
                 continue
+            # GPUs in one block (nodes): the domain's replicas keep the ids of its slots, so packing it
+            # leaves the other domains' state intact and the layer's state is loaded once
+            first_item = slot_offsets[gpus[0]]
+            contiguous = gpus[gpus.shape[0] - 1] - gpus[0] + 1 == gpus.shape[0]
             # the domain's experts: those in its slots
             seen = np.zeros(num_experts, np.bool_)
             for gi in range(gpus.shape[0]):
@@ -123,8 +223,12 @@ def best_placement(weights, slots_per_gpu, gpu_domain, start, num_starts, max_st
             # heaviest first: the search then does not depend on how the experts are numbered
             experts = experts[np.argsort(-w[experts], kind="mergesort")]
             best_counts = counts_all[experts].copy()
-            load_state(out[layer], w, slot_offsets, item_expert, item_load, gpu_items, gpu_fill, gpu_load, holds)
+            if not (loaded and contiguous):
+                load_state(out[layer], w, slot_offsets, item_expert, item_load, gpu_items, gpu_fill, gpu_load, holds)
+            loaded = contiguous
             best_max = _domain_max(gpus, gpu_load)
+            if best_max <= threshold[layer]:
+                continue
             best_shared = _shared(gpus, gpu_items, gpu_fill, item_expert, holds)
             for gi in range(gpus.shape[0]):
                 g = gpus[gi]
@@ -133,15 +237,22 @@ def best_placement(weights, slots_per_gpu, gpu_domain, start, num_starts, max_st
             cap = gpus.shape[0]
             while cap * experts.shape[0] < domain_slots(gpus, slot_offsets[1:] - slot_offsets[:-1]):
                 cap += gpus.shape[0]
-            for trial in range(num_starts):
-                counts = best_counts.copy()
-                if trial > 0 and not _perturb(w, experts, counts, cap, 1 + trial % 3, state):
-                    break
+            # the aligned replications first (from the start's counts), then the seeded perturbations
+            num_aligned = aligned_counts(w, experts, best_counts, domain_slots(gpus, slots_per_gpu), gpus.shape[0],
+                                         cap, aligned)
+            for trial in range(num_aligned + num_starts):
+                if trial < num_aligned:
+                    counts = aligned[trial, :experts.shape[0]].copy()
+                else:
+                    counts = best_counts.copy()
+                    step = trial - num_aligned
+                    if step > 0 and not _perturb(w, experts, counts, cap, 1 + step % 3, state):
+                        break
                 clear_gpus(gpus, item_expert, gpu_items, gpu_fill, gpu_load, holds)
                 # first_item an int64 and pair_swaps=False given as balanced_placement passes them: one
                 # compiled specialization of pack_domain
-                pack_domain(w, experts, counts, gpus, slots_per_gpu, np.int64(0), item_expert, item_load, gpu_items,
-                            gpu_fill, gpu_load, holds, max_steps, False)
+                pack_domain(w, experts, counts, gpus, slots_per_gpu, first_item if contiguous else np.int64(0),
+                            item_expert, item_load, gpu_items, gpu_fill, gpu_load, holds, max_steps, False)
                 top = _domain_max(gpus, gpu_load)
                 if top < best_max * (1.0 - 1e-12) and _shared(gpus, gpu_items, gpu_fill, item_expert,
                                                                holds) <= best_shared:
@@ -164,6 +275,7 @@ def best_placement(weights, slots_per_gpu, gpu_domain, start, num_starts, max_st
                 for s in range(slot_offsets[g], slot_offsets[g + 1]):
                     out[layer, s] = best_expert[s]
             load_state(out[layer], w, slot_offsets, item_expert, item_load, gpu_items, gpu_fill, gpu_load, holds)
+            loaded = True
             pair_swap_descent(item_load, item_expert, gpus, gpu_items, gpu_fill, gpu_load, holds, max_steps)
             recompute_loads(item_load, gpus, gpu_items, gpu_fill, gpu_load)
             if _domain_max(gpus, gpu_load) <= best_max:

@@ -177,8 +177,28 @@ def retry_replication(weights: np.ndarray, problem: Problem, phy2log: np.ndarray
     phy2log = phy2log.copy()
     phy2log[retry] = best_placement(np.ascontiguousarray(weights[retry]), writable(topology.slots_per_gpu),
                                     gpu_domain, np.ascontiguousarray(phy2log[retry]), starts, int(max_steps), 0,
-                                    pair_swaps)
+                                    pair_swaps, np.zeros(int(retry.sum())))
     return phy2log, int(retry.sum())
+
+
+def align_replication(weights: np.ndarray, problem: Problem, phy2log: np.ndarray, gpu_domain: np.ndarray,
+                      bound: np.ndarray, max_steps: int, tolerance: float = 2e-3) -> tuple[np.ndarray, int]:
+    """Try the aligned replications (:func:`eplb.kernels.multistart.aligned_counts`: the heavy experts
+    of a domain get a multiple of its GPUs in replicas) on every domain whose heaviest GPU is more
+    than ``tolerance`` above the average and heaviest-replica bounds and ``bound [L]``.
+
+    Returns the placement and the number of layers tried.
+    """
+    topology = problem.topology
+    cheap = np.maximum(average_bound(weights, topology), weights.max(axis=1) / topology.num_gpus)
+    threshold = np.maximum(cheap, bound) * (1 + tolerance)
+    rows = max_loads(weights, phy2log, topology) > threshold
+    if rows.any():
+        phy2log = phy2log.copy()
+        phy2log[rows] = best_placement(np.ascontiguousarray(weights[rows]), writable(topology.slots_per_gpu),
+                                       gpu_domain, np.ascontiguousarray(phy2log[rows]), 0, int(max_steps), 0, False,
+                                       np.ascontiguousarray(threshold[rows]))
+    return phy2log, int(rows.sum())
 
 
 @register("balanced")
@@ -191,6 +211,8 @@ def balanced(weights: np.ndarray, problem: Problem, max_steps: int = 4096, num_s
     gpu_domain, expert_domain, bound = domains(weights, problem)
     phy2log = balanced_placement(weights, writable(topology.slots_per_gpu), gpu_domain, expert_domain,
                                  int(max_steps))
+    if problem.hierarchical:
+        phy2log, _ = align_replication(weights, problem, phy2log, gpu_domain, bound, max_steps)
     phy2log, retried = retry_replication(weights, problem, phy2log, gpu_domain, bound, num_starts, max_steps)
     phy2log, from_greedy = keep_better_than_greedy(weights, problem, phy2log)
     return phy2log, {"hierarchical": problem.hierarchical, "layers_retried": retried,

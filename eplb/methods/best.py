@@ -29,7 +29,7 @@ def best(weights: np.ndarray, problem: Problem, num_starts: int = 32, max_steps:
     else:
         domain = np.zeros(topology.num_gpus, np.int64)
     phy2log = best_placement(weights, writable(topology.slots_per_gpu), domain, start, int(num_starts),
-                             int(max_steps), int(seed), True)
+                             int(max_steps), int(seed), True, np.zeros(weights.shape[0]))
     worse = max_loads(weights, phy2log, topology) > max_loads(weights, start, topology)
     phy2log[worse] = start[worse]  # per-domain improvement cannot raise a layer's max; kept as a guarantee
     return phy2log, {**info, "num_starts": int(num_starts), "seed": int(seed)}
