@@ -10,11 +10,14 @@ Per layer, and per node in hierarchical mode:
 3. pack replicas largest-first onto the lightest GPU that does not yet hold the expert;
 4. swap replicas between the heaviest GPU and the others while that lowers the heaviest GPU
    (:func:`eplb.kernels.local_search.swap_descent`);
-5. on layers still above the simple bounds (the worst first, within a work budget that lets
+5. on domains more than 0.2% above the bounds, try the aligned replication (the heavy experts get
+   a multiple of the domain's GPUs in replicas, so that every GPU can carry as many heavy
+   replicas: :func:`eplb.kernels.multistart.aligned_counts`) and keep it if it packs better;
+6. on layers still above the simple bounds (the worst first, within a work budget that lets
    small models try many), try other replications (a replica or three
    moved between experts, each packed again; the seeded search of ``method="best"`` with few
    starts) and keep the best;
-6. on every layer keep the published greedy's placement instead if it has a strictly lower max
+7. on every layer keep the published greedy's placement instead if it has a strictly lower max
    load, so the method is never worse than greedy.
 
 The name says what it optimises for: balanced GPU loads at serving-loop speed.
@@ -211,9 +214,8 @@ def balanced(weights: np.ndarray, problem: Problem, max_steps: int = 4096, num_s
     gpu_domain, expert_domain, bound = domains(weights, problem)
     phy2log = balanced_placement(weights, writable(topology.slots_per_gpu), gpu_domain, expert_domain,
                                  int(max_steps))
-    if problem.hierarchical:
-        phy2log, _ = align_replication(weights, problem, phy2log, gpu_domain, bound, max_steps)
+    phy2log, aligned = align_replication(weights, problem, phy2log, gpu_domain, bound, max_steps)
     phy2log, retried = retry_replication(weights, problem, phy2log, gpu_domain, bound, num_starts, max_steps)
     phy2log, from_greedy = keep_better_than_greedy(weights, problem, phy2log)
-    return phy2log, {"hierarchical": problem.hierarchical, "layers_retried": retried,
+    return phy2log, {"hierarchical": problem.hierarchical, "layers_aligned": aligned, "layers_retried": retried,
                      "layers_from_greedy": from_greedy}
