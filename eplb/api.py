@@ -68,6 +68,9 @@ def plan(counts, *, num_slots=None, num_gpus=None, num_nodes=1, num_groups=None,
         tolerance: with ``previous``, accept a max GPU load up to ``(1 + tolerance)`` times the one
             of planning from scratch with ``method`` (``None``: as balanced as ``max_moves`` allows).
         max_moves: with ``previous``, at most this many slots change per layer (``None``: no limit).
+            With ``method="exact"`` and ``previous``, the fewest changed slots within the tolerance
+            (and budget), from a CP-SAT model (:mod:`eplb.exact_migration`); ``info`` then has
+            ``fewest_changes_proven [L]`` and ``fewest_changes_bound [L]``.
         **options: passed to the method.
     Returns:
         A :class:`Placement` with its lower bound, max load and gap on ``counts``.
@@ -81,7 +84,8 @@ def plan(counts, *, num_slots=None, num_gpus=None, num_nodes=1, num_groups=None,
         from .migration import as_previous, migrate
 
         old = as_previous(previous, weights.shape[1], problem, weights.shape[0])
-        phy2log, moved = migrate(weights, problem, old, phy2log, tolerance=tolerance, max_moves=max_moves)
+        phy2log, moved = migrate(weights, problem, old, phy2log, tolerance=tolerance, max_moves=max_moves,
+                                 exact=options if method == "exact" else None)
         info = {**info, **moved}
     elapsed = time.perf_counter() - start
     placement = Placement(

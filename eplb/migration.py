@@ -60,7 +60,7 @@ RESTARTS = ("steepest", "recount", "regroup")  # the searches tried where the fi
 
 
 def migrate(weights: np.ndarray, problem: Problem, previous: np.ndarray, scratch: np.ndarray, *,
-            tolerance: float | None = 0.005, max_moves=None) -> tuple[np.ndarray, dict]:
+            tolerance: float | None = 0.005, max_moves=None, exact: dict | None = None) -> tuple[np.ndarray, dict]:
     """Choose, per layer, a placement close to ``previous`` and about as balanced as ``scratch``.
 
     Args:
@@ -72,10 +72,15 @@ def migrate(weights: np.ndarray, problem: Problem, previous: np.ndarray, scratch
         tolerance: accept a max GPU load up to ``(1 + tolerance)`` times the one of ``scratch``
             (``None``: as balanced as the budget allows).
         max_moves: at most this many slots change per layer (``None``: no limit).
+        exact: ``None``, or the options (``time_limit``, ``workers``) of the CP-SAT model of
+            :mod:`eplb.exact_migration`, warm-started from the search's result: the fewest changed
+            slots within the tolerance (and the budget), proven per layer where the solver finishes.
     Returns:
         ``phy2log [L, S]`` and info: ``slots_changed [L]``, ``scratch_max_load [L]``,
         ``from_scratch [L]`` bool (the layer took the relabelled fresh plan: the local search
-        missed the target and the fresh plan fits the budget).
+        missed the target and the fresh plan fits the budget); with ``exact`` also
+        ``fewest_changes_proven [L]`` bool and ``fewest_changes_bound [L]`` (proven fewest changes
+        within the tolerance; 0 where unknown).
     """
     topology = problem.topology
     num_layers, num_experts = weights.shape
@@ -149,7 +154,18 @@ def migrate(weights: np.ndarray, problem: Problem, previous: np.ndarray, scratch
             fresh_peak[layer], fresh_changes[layer], local_peak[layer], local_changes[layer], target[layer])
     phy2log = np.where(use_fresh[:, None], relabelled, local)
     changes = np.where(use_fresh, fresh_changes, local_changes)
+    info = {}
+    if exact is not None:
+        from .exact_migration import fewest_changes
+
+        options = {k: v for k, v in exact.items() if k in ("time_limit", "workers")}
+        phy2log, solved = fewest_changes(weights, problem, previous, np.ascontiguousarray(phy2log),
+                                         cap=None if tolerance is None else target,
+                                         max_moves=max_moves if max_moves is None else budget, **options)
+        changes = solved["slots_changed"]
+        info = {"fewest_changes_proven": solved["proven"], "fewest_changes_bound": solved["fewest_changes_bound"]}
     info = {
+        **info,
         "slots_changed": changes,
         "scratch_max_load": scratch_peak,
         "from_scratch": use_fresh,
@@ -167,7 +183,8 @@ def plan_near(weights: np.ndarray, problem: Problem, previous: np.ndarray | None
     start = time.perf_counter()
     phy2log, info = get_method(method)(weights, problem, **(options or {}))
     if previous is not None:
-        phy2log, moved = migrate(weights, problem, previous, phy2log, tolerance=tolerance, max_moves=max_moves)
+        phy2log, moved = migrate(weights, problem, previous, phy2log, tolerance=tolerance, max_moves=max_moves,
+                                 exact=(options or {}) if method == "exact" else None)
         info = {**info, **moved}
     return phy2log, {**info, "time_s": time.perf_counter() - start}
 

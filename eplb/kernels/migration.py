@@ -507,7 +507,7 @@ def _match_gpus(overlap, gpus_per_node, by_node):
 
 
 @njit(cache=True, nogil=True)
-def _align_slots(row, prev_row, slot_offsets, num_experts, out):
+def align_slots(row, prev_row, slot_offsets, num_experts, out):
     """Order each GPU's experts so that those it held in a slot under ``prev_row`` stay there."""
     num_gpus = slot_offsets.shape[0] - 1
     want = np.zeros(num_experts, np.int64)
@@ -551,7 +551,7 @@ def relabel_like(new, previous, slot_offsets, gpus_per_node, by_node, num_expert
             go = position[gn]
             for i in range(slot_offsets[gn + 1] - slot_offsets[gn]):
                 moved[slot_offsets[go] + i] = new[layer, slot_offsets[gn] + i]
-        _align_slots(moved, previous[layer], slot_offsets, num_experts, out[layer])
+        align_slots(moved, previous[layer], slot_offsets, num_experts, out[layer])
         for s in range(num_slots):
             if out[layer, s] != previous[layer, s]:
                 changes[layer] += 1
