@@ -13,10 +13,11 @@ Per layer, and per node in hierarchical mode:
 5. on domains more than 0.2% above the bounds, try the aligned replication (the heavy experts get
    a multiple of the domain's GPUs in replicas, so that every GPU can carry as many heavy
    replicas: :func:`eplb.kernels.multistart.aligned_counts`) and keep it if it packs better;
-6. on layers still above the simple bounds (the worst first, within a work budget that lets
-   small models try many), try other replications (a replica or three
-   moved between experts, each packed again; the seeded search of ``method="best"`` with few
-   starts) and keep the best;
+6. on layers still above the simple bounds, try other replications (a replica or three moved
+   between experts, each packed again: the seeded search of ``method="best"``), as many as a
+   per-layer work budget affords (many on small models, none at DeepSeek-V3 size), and keep the
+   best; every layer is searched on its own, so a layer's row never depends on the other layers
+   planned with it;
 7. on every layer keep the published greedy's placement instead if it has a strictly lower max
    load, so the method is never worse than greedy.
 
@@ -144,9 +145,10 @@ def keep_better_than_greedy(weights: np.ndarray, problem: Problem, phy2log: np.n
     return phy2log, int(worse.sum())
 
 
-RETRY_WORK = 100_000
-"""Work budget of the replication retries, in (slot x GPU) units: each retried start of a layer
-costs about its domain's slots times GPUs (a DeepSeek-V3-sized global layer: 288 x 32)."""
+RETRY_WORK = 16_384
+"""Work budget of the replication retries of one layer, in (slot x GPU) units: each retried start
+costs about its domain's slots times GPUs, so a layer gets ``RETRY_WORK // (slots x GPUs)`` starts
+(at most 64; none when that is below 2: a DeepSeek-V3-sized global layer, 288 x 32, gets none)."""
 
 
 def retry_replication(weights: np.ndarray, problem: Problem, phy2log: np.ndarray, gpu_domain: np.ndarray,
@@ -154,34 +156,42 @@ def retry_replication(weights: np.ndarray, problem: Problem, phy2log: np.ndarray
                       work: int = RETRY_WORK) -> tuple[np.ndarray, int]:
     """Try other replications (:func:`eplb.kernels.multistart.best_placement`) on the layers whose
     max load is more than ``tolerance`` above the average and heaviest-replica bounds (and
-    ``bound [L]``, a valid bound the caller has), worst layers first, within a work budget:
-    at least ``num_starts`` starts per retried layer, up to 64 when the budget allows (small
-    models get many), and a pair-swap descent when a GPU holds few slots.
+    ``bound [L]``, a valid bound the caller has): each such layer gets the starts its own work
+    budget affords (``work // (domain slots x domain GPUs)``, at most 64, at least ``num_starts``
+    when it gets any), and a pair-swap descent when a GPU holds few slots.
+
+    Every decision is per layer and every layer is searched on its own (its own seed), so a layer's
+    row is the same whether it is planned alone or with other layers.
 
     Returns the placement and the number of layers retried.
     """
     topology = problem.topology
     if num_starts <= 1:
         return phy2log, 0
+    domains_count = topology.num_nodes if problem.hierarchical else 1
+    domain_gpus = topology.num_gpus // domains_count
+    domain_slots = topology.num_slots // domains_count
+    starts = min(64, int(work) // max(1, domain_slots * domain_gpus))
+    if starts < 2:
+        return phy2log, 0
+    starts = max(starts, int(num_starts))
     cheap = np.maximum(average_bound(weights, topology), weights.max(axis=1) / topology.num_gpus)
     cheap = np.maximum(cheap, bound)
     excess = max_loads(weights, phy2log, topology) / np.where(cheap > 0, cheap, 1.0)
-    candidates = np.flatnonzero(excess > 1 + tolerance)
-    if candidates.size == 0:
+    layers = np.flatnonzero(excess > 1 + tolerance)
+    if layers.size == 0:
         return phy2log, 0
-    domain_gpus = topology.num_gpus // (topology.num_nodes if problem.hierarchical else 1)
-    affordable = max(num_starts, int(work) // max(1, topology.num_slots * domain_gpus))
-    layers = candidates[np.argsort(-excess[candidates], kind="stable")][: max(1, affordable // num_starts)]
-    starts = int(min(64, max(num_starts, affordable // layers.size)))
     k = int(topology.slots_per_gpu.max())
     pair_swaps = domain_gpus * (k * (k - 1) // 2) ** 2 <= 2000
-    retry = np.zeros(weights.shape[0], bool)
-    retry[layers] = True
+    slots_per_gpu = writable(topology.slots_per_gpu)
+    no_threshold = np.zeros(1)
     phy2log = phy2log.copy()
-    phy2log[retry] = best_placement(np.ascontiguousarray(weights[retry]), writable(topology.slots_per_gpu),
-                                    gpu_domain, np.ascontiguousarray(phy2log[retry]), starts, int(max_steps), 0,
-                                    pair_swaps, np.zeros(int(retry.sum())))
-    return phy2log, int(retry.sum())
+    for layer in layers:  # one call per layer: the search's seed then depends on that layer alone
+        rows = slice(int(layer), int(layer) + 1)
+        phy2log[rows] = best_placement(np.ascontiguousarray(weights[rows]), slots_per_gpu, gpu_domain,
+                                       np.ascontiguousarray(phy2log[rows]), starts, int(max_steps), 0, pair_swaps,
+                                       no_threshold)
+    return phy2log, int(layers.size)
 
 
 def align_replication(weights: np.ndarray, problem: Problem, phy2log: np.ndarray, gpu_domain: np.ndarray,
