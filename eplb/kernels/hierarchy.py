@@ -5,7 +5,14 @@ if the groups it holds satisfy two necessary conditions:
 
 - load: ``sum of their loads <= T * active[n]``;
 - replicas: ``sum over their experts of max(1, ceil(w_e / T)) <= slots[n]`` (a replica carries
-  ``w_e / r_e``, so each expert needs that many replicas to keep every replica ``<= T``).
+  ``w_e / r_e``, so each expert needs that many replicas to keep every replica ``<= T``);
+- hot expert: if an expert ``h`` of the node has ``w_h > (active[n] - 1) T``, every GPU of the node
+  holds a replica of it (a GPU without one leaves its ``r_h`` replicas to ``active[n] - 1`` GPUs,
+  one of which then carries ``>= w_h / (active[n] - 1) > T``), so ``r_h >= active[n]`` and every
+  other expert's replicas sit beside one of load ``w_h / r_h``: some ``r_h`` with
+  ``ceil(r_h / active[n]) w_h / r_h <= T`` (the GPU holding the most of them) must satisfy
+  ``r_h + sum over the other experts of max(1, ceil(w_e / (T - w_h / r_h))) <= slots[n]``.
+  Adding groups to a node only adds terms, so a node that fails stays failed.
 
 A depth-first search over group -> node assignments (heaviest group first, nodes tried from the
 least loaded, identical empty nodes tried once) decides whether some assignment meets them for
@@ -40,20 +47,74 @@ def _replicas_needed(weights, group_size, num_groups, target, need):
         for j in range(group_size):
             w = weights[k * group_size + j]
             if target > 0.0 and w > target:
-                r = int(np.ceil(w / target))
-                # guard against rounding: r replicas must really bring the load to <= target
-                while w / r > target:
-                    r += 1
-                while r > 1 and w / (r - 1) <= target:
-                    r -= 1
-                total += r
+                total += _fewest(w, target)  # guarded against rounding
             else:
                 total += 1
         need[k] = total
 
 
 @njit(cache=True, nogil=True)
-def _search(target, order, group_load, need, node_slots, node_active, node_class, budget, assign):
+def _fewest(w, x):
+    """Fewest replicas of an expert of load ``w > x > 0`` that keep each replica ``<= x``."""
+    r = int(np.ceil(w / x))
+    while w / r > x:
+        r += 1
+    while r > 1 and w / (r - 1) <= x:
+        r -= 1
+    return r
+
+
+@njit(cache=True, nogil=True)
+def _hot_expert_fits(weights, group_size, group_max, order, chosen, depth, group, node, active, slots, target):
+    """The hot-expert condition for ``node`` holding the groups ``order[i]`` (``i < depth``,
+    ``chosen[i] == node``) and ``group`` (module docstring); ``group_max [K]``: each group's
+    heaviest load. Returns False only when no placement of those groups on the node's ``active``
+    GPUs and ``slots`` slots keeps every GPU ``<= target``."""
+    if active < 2:
+        return True
+    tol = target * (1.0 + 1e-12)
+    hot_group = group
+    held = 1
+    for i in range(depth):
+        if chosen[i] == node:
+            held += 1
+            if group_max[order[i]] > group_max[hot_group]:
+                hot_group = order[i]
+    hot_load = group_max[hot_group]
+    if hot_load <= (active - 1) * tol:
+        return True
+    hot = hot_group * group_size
+    for j in range(group_size):
+        if weights[hot_group * group_size + j] == hot_load:
+            hot = hot_group * group_size + j
+            break
+    num_experts = held * group_size
+    for r in range(active, slots - num_experts + 2):
+        if ((r + active - 1) // active) * (hot_load / r) > tol:
+            continue  # some GPU holds ceil(r / active) replicas of the hot expert
+        room = tol - hot_load / r  # what every GPU has left beside its replica of the hot expert
+        if room <= 0.0:
+            continue
+        total = r
+        for i in range(depth + 1):
+            q = group if i == depth else order[i]
+            if i < depth and chosen[i] != node:
+                continue
+            for j in range(group_size):
+                e = q * group_size + j
+                if e == hot:
+                    continue
+                total += 1 if weights[e] <= room else _fewest(weights[e], room)
+            if total > slots:
+                break
+        if total <= slots:
+            return True
+    return False
+
+
+@njit(cache=True, nogil=True)
+def _search(target, order, group_load, need, node_slots, node_active, node_class, budget, assign, weights,
+            group_size, group_max):
     """Depth-first search for a group -> node assignment meeting both conditions at ``target``.
 
     Args:
@@ -61,6 +122,8 @@ def _search(target, order, group_load, need, node_slots, node_active, node_class
         group_load: ``[K]`` float64; need: ``[K]`` int64 replicas each group needs.
         node_slots, node_active: ``[N]`` int64; node_class: ``[N]`` int64, equal for interchangeable nodes.
         budget: most search steps; assign: ``[K]`` int64 output, node of each group when feasible.
+        weights: ``[E]`` float64 loads of the layer; group_size: experts per group; group_max:
+            ``[K]`` float64 heaviest load of each group.
     Returns:
         FEASIBLE, INFEASIBLE (proven: no assignment exists) or UNDECIDED (budget ran out).
     """
@@ -78,6 +141,14 @@ def _search(target, order, group_load, need, node_slots, node_active, node_class
     for n in range(num_nodes):
         if node_slots[n] > 0:
             empty_nodes += 1
+    # the hot-expert condition can only bind when some group's heaviest expert exceeds (active - 1) T
+    heaviest = 0.0
+    for k in range(num_groups):
+        heaviest = max(heaviest, group_max[k])
+    hot_possible = False
+    for n in range(num_nodes):
+        if node_active[n] >= 2 and heaviest > (node_active[n] - 1) * target * (1.0 + 1e-12):
+            hot_possible = True
     t = 0
     steps = 0
     building = True
@@ -93,6 +164,9 @@ def _search(target, order, group_load, need, node_slots, node_active, node_class
                 if node_slots[n] == 0 or used[n] + need[g] > node_slots[n]:
                     continue
                 if load[n] + group_load[g] > target * node_active[n] * (1.0 + 1e-12):
+                    continue
+                if hot_possible and not _hot_expert_fits(weights, group_size, group_max, order, chosen, t, g, n, node_active[n],
+                                        node_slots[n], target):
                     continue
                 if held[n] == 0:
                     duplicate = False
@@ -166,6 +240,7 @@ def assign_groups(weights, num_groups, node_slots, node_active, node_class, lowe
     num_nodes = node_slots.shape[0]
     proven = lower.copy()
     group_load = np.empty(num_groups)
+    group_max = np.empty(num_groups)
     need = np.empty(num_groups, np.int64)
     assign = np.empty(num_groups, np.int64)
     best = np.empty(num_groups, np.int64)
@@ -177,14 +252,18 @@ def assign_groups(weights, num_groups, node_slots, node_active, node_class, lowe
         total = 0.0
         for k in range(num_groups):
             s = 0.0
+            top = 0.0
             for j in range(group_size):
                 s += w[k * group_size + j]
+                top = max(top, w[k * group_size + j])
             group_load[k] = s
+            group_max[k] = top
             total += s
         order = np.argsort(-group_load, kind="mergesort")
         # a feasible start: capacity only (T = infinity)
         _replicas_needed(w, group_size, num_groups, 0.0, need)
-        status = _search(np.inf, order, group_load, need, node_slots, node_active, node_class, budget, best)
+        status = _search(np.inf, order, group_load, need, node_slots, node_active, node_class, budget, best, w,
+                         group_size, group_max)
         if status != FEASIBLE:
             node_of_group[layer, :] = -1  # no assignment fits the slots (the caller raises)
             continue
@@ -213,7 +292,8 @@ def assign_groups(weights, num_groups, node_slots, node_active, node_class, lowe
         # check the upper end holds both conditions; raise it until it does
         for _ in range(64):
             _replicas_needed(w, group_size, num_groups, hi, need)
-            status = _search(hi, order, group_load, need, node_slots, node_active, node_class, budget, assign)
+            status = _search(hi, order, group_load, need, node_slots, node_active, node_class, budget, assign, w,
+                             group_size, group_max)
             if status == FEASIBLE:
                 _copy(assign, best)
                 break
@@ -221,7 +301,8 @@ def assign_groups(weights, num_groups, node_slots, node_active, node_class, lowe
         while hi - lo > rel_tol * hi:
             mid = 0.5 * (lo + hi)
             _replicas_needed(w, group_size, num_groups, mid, need)
-            status = _search(mid, order, group_load, need, node_slots, node_active, node_class, budget, assign)
+            status = _search(mid, order, group_load, need, node_slots, node_active, node_class, budget, assign, w,
+                             group_size, group_max)
             if status == FEASIBLE:
                 hi = mid
                 _copy(assign, best)
