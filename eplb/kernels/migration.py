@@ -188,9 +188,28 @@ def improve_placement(weights, start, previous, gpu_of_slot, slot_offsets, node_
                     g = gpu_of_slot[expert_slots[e, i]]
                     if g != heavy:
                         holders = max(holders, x[g] + gain_e * has[g, e])
-                if holders >= limit:
-                    continue
                 base = peak - share[e] + (has[heavy, e] - 1) * gain_e
+                if holders >= limit:
+                    # a holder of e would overload, unless the new replica relieves an expert it
+                    # holds: try every f, each with the exact loads of e's holders
+                    for f in range(num_experts):
+                        if f == e or has[heavy, f] > 0 or (keep_groups and node_group[node_h, group_of_expert[f]] == 0):
+                            continue
+                        local = base + share_up[f]
+                        relief_f = share[f] - share_up[f]
+                        for i in range(cnt[e]):
+                            g = gpu_of_slot[expert_slots[e, i]]
+                            if g != heavy:
+                                local = max(local, x[g] + gain_e * has[g, e] - relief_f * has[g, f])
+                        if local >= limit:
+                            continue
+                        cost = int(f != prev[a]) - int(e != prev[a])
+                        if cost > budget:
+                            continue
+                        score = (peak - max(local, floor)) / (cost if cost > 0 and per_change else 0.25 if per_change else 1.0)
+                        if score > best_score or (score == best_score and local < best_local):
+                            best_score, best_local, best_kind, best_a, best_b = score, local, 1, a, f
+                    continue
                 for option in range(2):
                     if option == 0:
                         f = second if first == prev[a] else first
