@@ -146,9 +146,9 @@ def keep_better_than_greedy(weights: np.ndarray, problem: Problem, phy2log: np.n
 
 
 RETRY_WORK = 16_384
-"""Work budget of the replication retries of one layer, in (slot x GPU) units: each retried start
-costs about its domain's slots times GPUs, so a layer gets ``RETRY_WORK // (slots x GPUs)`` starts
-(at most 64; none when that is below 2: a DeepSeek-V3-sized global layer, 288 x 32, gets none)."""
+"""Work budget of the replication retries of one layer, in (slot x GPU) units: a layer gets
+``RETRY_WORK // (its slots x all GPUs)`` starts, in hierarchical mode too (at most 64; none when
+that is below 2: a DeepSeek-V3-sized layer, 288 x 32, gets none)."""
 
 
 def retry_replication(weights: np.ndarray, problem: Problem, phy2log: np.ndarray, gpu_domain: np.ndarray,
@@ -170,8 +170,8 @@ def retry_replication(weights: np.ndarray, problem: Problem, phy2log: np.ndarray
         return phy2log, 0
     domains_count = topology.num_nodes if problem.hierarchical else 1
     domain_gpus = topology.num_gpus // domains_count
-    domain_slots = topology.num_slots // domains_count
-    starts = min(64, int(work) // max(1, domain_slots * domain_gpus))
+    # a hierarchical layer costs as much as a global one: DeepSeek-V3 size (288 x 32) gets no retries either
+    starts = min(64, int(work) // max(1, topology.num_slots * topology.num_gpus))
     if starts < 2:
         return phy2log, 0
     starts = max(starts, int(num_starts))
