@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .kernels.bounds import min_max_replica_load, pigeonhole_bound, pigeonhole_upper, threshold_bound
+from .kernels.bounds import min_max_replica_load, pigeonhole_bound, pigeonhole_upper, threshold_bound, tier_bound
 from .topology import Topology
 
 
@@ -75,12 +75,28 @@ def _threshold(weights: np.ndarray, topology: Topology, start: np.ndarray, max_m
                            int(topology.slots_per_gpu[active].min()), int(max_m))
 
 
+def tier(weights: np.ndarray, topology: Topology) -> np.ndarray:
+    """The GPUs holding the replicas of the heaviest experts also hold the lightest others
+    (:func:`eplb.kernels.bounds.tier_bound`), from the average and replica bounds up."""
+    weights = np.ascontiguousarray(weights, dtype=np.float64)
+    replica = replica_bound(weights, topology)
+    return _tier(weights, topology, np.maximum(average_bound(weights, topology), replica), replica)
+
+
+def _tier(weights: np.ndarray, topology: Topology, start: np.ndarray, replica: np.ndarray) -> np.ndarray:
+    """:func:`tier` from ``start [L]`` (valid bounds: tiers that cannot beat them are skipped)."""
+    active = topology.slots_per_gpu[topology.slots_per_gpu > 0]
+    return tier_bound(weights, np.ascontiguousarray(start, dtype=np.float64), replica, topology.num_slots,
+                      int(active.size), int(active.min()), int(active.max()))
+
+
 BOUNDS = {
     "average": average_bound,
     "replica": replica_bound,
     "cardinality": cardinality_bound,
     "pigeonhole": pigeonhole,
     "threshold": threshold,
+    "tier": tier,
 }
 
 
@@ -126,6 +142,7 @@ def _strongest(weights: np.ndarray, topology: Topology) -> np.ndarray:
     others = np.maximum(np.maximum(average_bound(weights, topology), replica),
                         _cardinality(weights, topology, replica))
     others = np.maximum(others, _threshold(weights, topology, others))
+    others = _tier(weights, topology, others, replica)
     active = topology.slots_per_gpu > 0
     args = (topology.num_slots, int(active.sum()), int(topology.slots_per_gpu[active].min()))
     upper = pigeonhole_upper(weights, *args)

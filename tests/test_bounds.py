@@ -112,7 +112,7 @@ def test_the_reported_bound_is_below_every_methods_max_load(problem):
 
 
 def test_the_bounds_are_listed_by_name():
-    assert set(BOUNDS) == {"average", "replica", "cardinality", "pigeonhole", "threshold"}
+    assert set(BOUNDS) == {"average", "replica", "cardinality", "pigeonhole", "threshold", "tier"}
 
 
 def test_threshold_bound_sees_what_the_average_misses():
@@ -124,6 +124,35 @@ def test_threshold_bound_sees_what_the_average_misses():
     optimum = brute_force_optimum(weights, topology)[0]
     assert optimum == 10.0
     assert bounds["average"][0] < 7.4 and optimum * (1 - 1e-6) < bounds["threshold"][0] <= optimum
+
+
+def test_tier_bound_sees_the_lightest_experts_the_hot_gpus_must_take():
+    """8 slots on 4 GPUs (2 each), one hot expert (40) and six of 10: the hot expert's replicas
+    need GPUs that also hold a 10 each, so the optimum is 30; every other bound stays at <= 25."""
+    weights = np.array([[40.0, 10, 10, 10, 10, 10, 10]])
+    topology = eplb.Topology.uniform(8, 4)
+    bounds = lower_bounds(weights, topology)
+    optimum = brute_force_optimum(weights, topology)[0]
+    assert optimum == 30.0
+    assert max(v[0] for name, v in bounds.items() if name != "tier") <= 25.0
+    assert optimum * (1 - 1e-6) < bounds["tier"][0] <= optimum
+    assert lower_bound(weights, topology)[0] == bounds["tier"][0]
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(2, 4), st.integers(2, 3), st.integers(0, 4), st.integers(1, 2), st.integers(0, 2**32 - 1))
+def test_tier_bound_is_at_most_the_exact_optimum_with_hot_experts(gpus, k, spare, hot, seed):
+    """A few hot experts over more slots than brute force reaches: the tier bound never exceeds the
+    optimum the CP-SAT solver proves."""
+    rng = np.random.default_rng(seed)
+    num_slots = gpus * k
+    num_experts = max(hot + 1, num_slots - spare)
+    weights = rng.integers(1, 20, (1, num_experts)).astype(float)
+    weights[0, :hot] *= rng.integers(3, 12, hot)
+    topology = eplb.Topology.uniform(num_slots, gpus)
+    exact = eplb.plan(weights, topology=topology, method="exact", time_limit=2.0, progress=False)
+    if exact.info["optimal"][0]:
+        assert lower_bounds(weights, topology)["tier"][0] <= exact.max_load[0] * (1 + 1e-9)
 
 
 def test_pigeonhole_sees_the_hot_gpus_without_redundant_slots():

@@ -468,3 +468,140 @@ def threshold_bound(weights, lower, num_slots, active_gpus, min_slots, max_m):
                 lo = mid
         out[layer] = max(lower[layer], lo * (1.0 - 1e-9))
     return out
+
+
+@njit(cache=True, nogil=True)
+def _unused_savings(asc, prefix, n, unused):
+    """Most load that ``unused`` replicas left out of a set can save on the ``n`` lightest experts.
+
+    An expert of load ``w`` split into ``j + u`` replicas of which a set takes ``j`` contributes
+    ``j w / (j + u) >= w - w u / (1 + u)`` to it, and ``w u / (1 + u) <= min(u / 2, 1) w``: so the
+    savings are at most the ``unused`` largest entries of the multiset holding every ``w / 2``
+    twice. Args: ``asc [n0]`` increasing loads, ``prefix [n0 + 1]`` their prefix sums.
+    """
+    if unused <= 0 or n <= 0:
+        return 0.0
+    full = min(unused // 2, n)
+    total = prefix[n] - prefix[n - full]
+    if unused % 2 == 1 and n - full - 1 >= 0:
+        total += 0.5 * asc[n - full - 1]
+    return total
+
+
+@njit(cache=True, nogil=True)
+def _lightest_items(asc, prefix, extra, m, exact_extra):
+    """A lower bound on the sum of any ``m`` replicas of the experts ``asc [n0]`` (increasing loads,
+    ``prefix`` their prefix sums) over every replication with ``extra`` replicas beyond one each.
+
+    The ``m`` replicas come from ``n`` distinct experts and take ``m - n`` of the extra replicas
+    (so ``n >= m - extra``); the other extras, left out, save at most :func:`_unused_savings`; the
+    ``n`` lightest experts are the cheapest. Every ``n`` is tried when ``extra <= exact_extra``,
+    else one cruder bound (the fewest experts, the most savings).
+    """
+    if m <= 0:
+        return 0.0
+    num = asc.shape[0]
+    if m > num + extra:
+        m = num + extra
+    if extra <= exact_extra:
+        best = np.inf
+        for n in range(max(1, m - extra), min(m, num) + 1):
+            best = min(best, prefix[n] - _unused_savings(asc, prefix, n, extra - (m - n)))
+        return max(best, 0.0)
+    return max(0.0, prefix[max(0, min(num, m - extra))] - _unused_savings(asc, prefix, min(m, num), extra))
+
+
+@njit(cache=True, nogil=True)
+def _tier_value(hot_load, asc, prefix, num_hot, num_slots, num_experts, active_gpus, min_slots, max_slots, floor):
+    """:func:`tier_bound` for one heavy tier of ``num_hot`` experts of total load ``hot_load``: the
+    minimum over its replica count ``R`` and the number ``q`` of GPUs holding its replicas, or the
+    first value found ``<= floor`` (the tier then cannot raise the bound: the search stops)."""
+    cold = num_experts - num_hot
+    value = np.inf
+    # q = min(G, R) first for every R (where the minimum usually is): a value <= floor ends it early
+    for sweep in range(2):
+        for hot in range(num_hot, num_slots - cold + 1):
+            extra = num_slots - hot - cold
+            q_top = min(active_gpus, hot)
+            q_low = q_top if sweep == 0 else (hot + max_slots - 1) // max_slots
+            q_high = q_top if sweep == 0 else q_top - 1
+            for q in range(q_low, q_high + 1):
+                load = (hot_load + _lightest_items(asc, prefix, extra, q * min_slots - hot, 8)) / q
+                value = min(value, load)
+                if value <= floor:
+                    return value
+    return value
+
+
+@njit(cache=True, nogil=True)
+def tier_bound(weights, lower, replica, num_slots, active_gpus, min_slots, max_slots):
+    """A bound from the GPUs that carry the heavy experts, for every replication.
+
+    Take the ``t`` heaviest experts (the *tier*, total load ``W_t``). Whatever the placement, their
+    replicas (``R`` of them, ``t <= R <= S - (E - t)``) lie on some ``q`` GPUs
+    (``ceil(R / k_max) <= q <= min(G, R)``), which hold at least ``q k - R`` other replicas, of the
+    other experts replicated with ``S - R - (E - t)`` extra slots: the heaviest of those GPUs
+    carries at least ``(W_t + lightest(q k - R)) / q`` (:func:`_lightest_items`). The minimum over
+    ``R`` and ``q`` is a bound for each ``t``; tiers tried: the experts above the replica bound
+    (those the D'Hondt replication gives several replicas), one fewer and one more, and those up to the largest relative drop
+    between consecutive loads. It sees what the average misses when a few very hot experts must
+    share GPUs with the lightest ones (every GPU holding a hot replica also holds ``k - 1`` others).
+
+    Args:
+        weights: ``[L, E]`` float64; lower: ``[L]`` valid bounds (tiers that cannot beat them are
+            skipped); replica: ``[L]`` the replica bound (:func:`min_max_replica_load`);
+        num_slots: ``S``; active_gpus: ``G``; min_slots / max_slots: ``k`` / ``k_max``, fewest /
+            most slots of a GPU with slots.
+    Returns:
+        ``[L]`` float64, never below ``lower``.
+    """
+    num_layers, num_experts = weights.shape
+    out = lower.copy()
+    extra = num_slots - num_experts
+    desc = np.empty(num_experts)
+    asc = np.empty(num_experts)
+    prefix = np.zeros(num_experts + 1)
+    tiers = np.empty(4, np.int64)
+    for layer in range(num_layers):
+        row = weights[layer]
+        order = np.argsort(row, kind="mergesort")  # the sort pigeonhole_bound compiles already
+        for e in range(num_experts):
+            asc[e] = row[order[e]]
+        for e in range(num_experts):
+            desc[e] = asc[num_experts - 1 - e]
+        if desc[0] <= 0.0 or num_experts < 2:
+            continue
+        several = 0  # the experts with several replicas in the D'Hondt replication: above its peak
+        while several < num_experts and desc[several] > replica[layer]:
+            several += 1
+        drop = 1
+        for e in range(1, num_experts):
+            if desc[e] * desc[drop - 1] < desc[drop] * desc[e - 1]:  # desc[e] / desc[e-1] smallest
+                drop = e
+        tiers[0] = several - 1
+        tiers[1] = several
+        tiers[2] = several + 1
+        tiers[3] = drop
+        for i in range(4):
+            t = tiers[i]
+            if t < 1 or t >= num_experts:
+                continue
+            seen = False
+            for j in range(i):
+                if tiers[j] == t:
+                    seen = True
+            if seen:
+                continue
+            hot_load = 0.0
+            for e in range(t):
+                hot_load += desc[e]
+            # the other experts, lightest first, and their prefix sums
+            cold = num_experts - t
+            for e in range(cold):
+                prefix[e + 1] = prefix[e] + asc[e]
+            cold_asc = asc[:cold]
+            value = _tier_value(hot_load, cold_asc, prefix, t, num_slots, num_experts, active_gpus, min_slots,
+                                max_slots, out[layer])
+            if value > out[layer]:
+                out[layer] = value * (1.0 - 1e-9)  # shaded far above the rounding of the sums
+    return out
