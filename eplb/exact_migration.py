@@ -83,10 +83,13 @@ class MoveModel:
     Args:
         w: ``[E]`` loads; problem: topology and groups; previous: ``[S]`` the placement in service.
         cap: max GPU load (count units) or None; max_moves: budget of changed slots or None.
+        cap_units: the cap in the model's integer units (default: from ``cap``).
+        shared: allow a GPU to hold several replicas of one expert (default: at most as many as
+            the previous placement has there, and at least one, as eplb's own search does).
     """
 
     def __init__(self, w: np.ndarray, problem: Problem, previous: np.ndarray, cap: float | None,
-                 max_moves: int | None, cap_units: int | None = None):
+                 max_moves: int | None, cap_units: int | None = None, shared: bool = False):
         topology = problem.topology
         self.w, self.problem, self.previous = w, problem, previous
         num_experts, slots = len(w), topology.slots_per_gpu
@@ -116,6 +119,13 @@ class MoveModel:
                 model.add(n[e, g, r] <= most * var)
             model.add(sum(n[e, g, r] for g in gpus) == r * var)
         self.x = x = {(e, g): sum(n[e, g, r] for r in counts[e]) for e in range(num_experts) for g in gpus}
+        self.prev_on_gpu = prev_on_gpu = _on_gpu(previous, num_experts, topology)
+        self.most_on_gpu = None
+        if not shared:  # like eplb's search: no GPU gets a second replica of an expert it holds
+            self.most_on_gpu = np.maximum(prev_on_gpu, 1)
+            for (e, g), expr in x.items():
+                if int(slots[g]) > int(self.most_on_gpu[e, g]):
+                    model.add(expr <= int(self.most_on_gpu[e, g]))
         for g in gpus:
             model.add(sum(x[e, g] for e in range(num_experts)) == int(slots[g]))
         self.peak = model.new_int_var(0, top, "T")
@@ -124,7 +134,6 @@ class MoveModel:
                       <= self.peak)
         if problem.hierarchical:
             self._add_groups_on_nodes()
-        self.prev_on_gpu = prev_on_gpu = _on_gpu(previous, num_experts, topology)
         self.kept = kept = {}
         for (e, g), expr in x.items():
             if prev_on_gpu[e, g] > 0:
@@ -159,6 +168,8 @@ class MoveModel:
         have = on_gpu.sum(axis=1)
         if any(int(have[e]) not in self.counts[e] for e in range(len(self.w))):
             return
+        if self.most_on_gpu is not None and (on_gpu > self.most_on_gpu).any():
+            return
         model = self.model
         for (e, r), var in self.y.items():
             model.add_hint(var, r == have[e])
@@ -185,7 +196,7 @@ class MoveModel:
 
 def fewest_changes_layer(w: np.ndarray, problem: Problem, previous: np.ndarray, hint: np.ndarray, *,
                          cap: float | None, max_moves: int | None, time_limit: float = 10.0,
-                         workers: int = 1) -> MoveResult:
+                         workers: int = 1, shared: bool = False) -> MoveResult:
     """Solve one layer.
 
     Args:
@@ -196,6 +207,7 @@ def fewest_changes_layer(w: np.ndarray, problem: Problem, previous: np.ndarray, 
             max load is minimised).
         max_moves: at most this many changed slots, or None.
         time_limit: CP-SAT deterministic seconds; workers: CP-SAT workers.
+        shared: allow several replicas of one expert on a GPU (see :class:`MoveModel`).
     """
     topology = problem.topology
     hint_changes = int((hint != previous).sum())
@@ -206,18 +218,18 @@ def fewest_changes_layer(w: np.ndarray, problem: Problem, previous: np.ndarray, 
         return MoveResult(previous.copy(), 0, 0.0, True, 0.0, "TRIVIAL")
     if cap is not None and max_moves is not None:
         result = fewest_changes_layer(w, problem, previous, hint, cap=cap, max_moves=None,
-                                      time_limit=time_limit, workers=workers)
+                                      time_limit=time_limit, workers=workers, shared=shared)
         if result.changes <= max_moves and result.max_load <= cap:
             return result
         # the cap needs more changes than the budget: the lowest max load within the budget
         return fewest_changes_layer(w, problem, previous, hint, cap=None, max_moves=max_moves,
-                                    time_limit=time_limit, workers=workers)
+                                    time_limit=time_limit, workers=workers, shared=shared)
     hint_ok = (cap is None or hint_peak <= cap) and (max_moves is None or hint_changes <= max_moves)
     relaxation = True  # the model admits every plan within the cap (its bound is a proven bound)
     cap_units = None
     name = "UNKNOWN"
     for _attempt in range(3):
-        move_model = MoveModel(w, problem, previous, cap, max_moves, cap_units)
+        move_model = MoveModel(w, problem, previous, cap, max_moves, cap_units, shared)
         if hint_ok:
             move_model.add_hint(hint)
         solver = solver_parameters(time_limit, workers)
@@ -252,7 +264,7 @@ def fewest_changes_layer(w: np.ndarray, problem: Problem, previous: np.ndarray, 
 
 def fewest_changes(weights: np.ndarray, problem: Problem, previous: np.ndarray, hint: np.ndarray, *,
                    cap: np.ndarray | None, max_moves: int | None, time_limit: float = 10.0,
-                   workers: int = 1) -> tuple[np.ndarray, dict]:
+                   workers: int = 1, shared: bool = False) -> tuple[np.ndarray, dict]:
     """Every layer with :func:`fewest_changes_layer`.
 
     Args:
@@ -270,7 +282,7 @@ def fewest_changes(weights: np.ndarray, problem: Problem, previous: np.ndarray, 
     for layer in range(num_layers):
         result = fewest_changes_layer(weights[layer], problem, previous[layer], hint[layer],
                                       cap=None if cap is None else float(cap[layer]), max_moves=max_moves,
-                                      time_limit=time_limit, workers=workers)
+                                      time_limit=time_limit, workers=workers, shared=shared)
         out[layer], changes[layer], proven[layer], bound[layer] = (result.slots, result.changes, result.proven,
                                                                    result.lower_bound)
         status.append(result.status)
