@@ -100,21 +100,23 @@ def _apportion(w, experts, first, last, seats, cap, counts):
 
 
 @njit(cache=True, nogil=True)
-def aligned_counts(w, experts, counts, num_slots, num_gpus, cap, candidates):
+def aligned_counts(w, experts, counts, num_slots, num_gpus, cap, wide, candidates):
     """Replications whose heavy replicas spread evenly over the GPUs of a domain.
 
     A replication that minimises the largest replica (D'Hondt) can leave, say, 11 heavy replicas
     for 8 GPUs: three GPUs then carry two, whatever the packing. Each candidate takes the ``t``
     heaviest experts as the *heavy tier* and gives them exactly ``j * num_gpus`` replicas (D'Hondt
     within the tier, so every GPU can take ``j`` heavy replicas of similar load) and the other
-    experts the remaining slots (D'Hondt). Tiers ``t``: the experts up to the last one with several
-    replicas in ``counts``, two fewer to one more; ``j``: the two multiples of ``num_gpus`` around
-    the tier's current replica count.
+    experts the remaining slots (D'Hondt). The tier: the experts up to the last one with several
+    replicas in ``counts``; ``j``: the largest multiple of ``num_gpus`` not above the tier's current
+    replica count. With ``wide`` (more time): also tiers of two experts fewer to two more, and the
+    next multiple.
 
     Args:
         w: ``[E]`` float64 loads; experts: ``[n]`` int64, heaviest first; counts: ``[n]`` int64 the
             current replication (summing to ``num_slots``); cap: most replicas of one expert.
-        candidates: ``[c, n]`` int64 output rows.
+        wide: try the ten tiers and multiples around the one, not only it.
+        candidates: ``[c, n]`` int64 output rows (``c >= 10`` for every candidate when ``wide``).
     Returns:
         the number of candidate rows written (each differs from ``counts`` and from the others).
     """
@@ -130,7 +132,8 @@ def aligned_counts(w, experts, counts, num_slots, num_gpus, cap, candidates):
             heavy = i + 1
     found = 0
     row = np.empty(n, np.int64)
-    for dt in range(0, 1):
+    spread = 2 if wide else 0
+    for dt in range(-spread, spread + 1):
         t = heavy + dt
         if t < 1 or t >= n:
             continue
@@ -138,7 +141,7 @@ def aligned_counts(w, experts, counts, num_slots, num_gpus, cap, candidates):
         for i in range(t):
             items += counts[i]
         low = max(1, items // num_gpus)
-        for j in range(low, low + 1):
+        for j in range(low, low + (2 if wide else 1)):
             if found >= candidates.shape[0]:
                 return found
             seats = j * num_gpus
@@ -195,7 +198,7 @@ def best_placement(weights, slots_per_gpu, gpu_domain, start, num_starts, max_st
     out = start.copy()
     item_expert, item_load, gpu_items, gpu_fill, gpu_load, holds = new_state(num_slots, num_gpus, width, num_experts)
     best_expert = np.empty(num_slots, np.int64)
-    aligned = np.empty((8, num_experts), np.int64)
+    aligned = np.empty((10, num_experts), np.int64)
     state = np.zeros(1, np.uint64)
     counts_all = np.zeros(num_experts, np.int64)
     for layer in range(num_layers):
@@ -239,7 +242,7 @@ def best_placement(weights, slots_per_gpu, gpu_domain, start, num_starts, max_st
                 cap += gpus.shape[0]
             # the aligned replications first (from the start's counts), then the seeded perturbations
             num_aligned = aligned_counts(w, experts, best_counts, domain_slots(gpus, slots_per_gpu), gpus.shape[0],
-                                         cap, aligned)
+                                         cap, num_starts > 0, aligned)
             for trial in range(num_aligned + num_starts):
                 if trial < num_aligned:
                     counts = aligned[trial, :experts.shape[0]].copy()
