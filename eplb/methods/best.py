@@ -2,10 +2,15 @@
 
 Starts from the default method's placement (so it is never worse, and never worse than greedy),
 then, on every layer and domain (the cluster, or each node in hierarchical mode, with the default
-method's group -> node assignment), tries a seeded series of replications that move a few replicas
-between experts, packs each one (spread largest-first + swap descent) and keeps the best; a
-pair-swap descent (two replicas for two) finishes the best packing
-(:mod:`eplb.kernels.multistart`). Fixed seed: the same input gives the same placement.
+method's group -> node assignment), tries the aligned replications (heavy experts given a multiple
+of the domain's GPUs in replicas, ten tiers and multiples around the default's one) and a seeded
+series of replications that move a few replicas between experts, packs each one (spread
+largest-first + swap descent) and keeps the best; a pair-swap descent (two replicas for two)
+finishes the best packing (:mod:`eplb.kernels.multistart`). Fixed seed: the same input gives the
+same placement.
+
+Re-solving the heaviest GPU and a few partners exactly (CP-SAT) after this was measured and not
+kept: ``bench/best_levers.py`` (it gains little at hundreds of milliseconds per layer).
 """
 
 from __future__ import annotations
