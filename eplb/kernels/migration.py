@@ -94,6 +94,7 @@ def improve_placement(weights, start, previous, gpu_of_slot, slot_offsets, node_
     gain_down = np.zeros(num_experts)  # w / (cnt - 1) - w / cnt: what each other replica gains if one goes
     slot_share = np.zeros(num_slots)  # share of the expert in each slot
     spare = np.empty(num_slots, np.int64)  # slots whose expert has another replica
+    undone = np.empty(num_slots, np.int64)  # previous experts of the heaviest GPU's changed slots
     for layer in range(num_layers):
         w = weights[layer]
         row = out[layer]
@@ -128,44 +129,9 @@ def improve_placement(weights, start, previous, gpu_of_slot, slot_offsets, node_
             best_kind = np.int64(-1)  # int64 sentinels, not literals: one specialization per callee
             best_a = np.int64(-1)
             best_b = np.int64(-1)
-            # (A) swap slot a (heaviest GPU) with slot b (another GPU): the heaviest GPU's slots in
-            # decreasing share, so that only pairs with 0 < share(a) - share(b) < room are visited
-            for b in range(num_slots):
-                slot_share[b] = share[row[b]]
-            lo = slot_offsets[heavy]
-            order = np.argsort(-slot_share[lo:slot_offsets[heavy + 1]], kind="mergesort") + lo
-            for gb in range(num_gpus):
-                room = limit - x[gb]
-                if gb == heavy or room <= 0.0:
-                    continue
-                other_node = keep_groups and node_of_gpu[gb] != node_h
-                for b in range(slot_offsets[gb], slot_offsets[gb + 1]):
-                    f = row[b]
-                    # the tests on slot b alone, before the pairs (every pair with b would fail them)
-                    if has[heavy, f] > 0 or (other_node and node_group[node_h, group_of_expert[f]] == 0):
-                        continue
-                    sb = slot_share[b]
-                    for a in order:
-                        pe = slot_share[a]
-                        if pe <= sb:
-                            break
-                        d = pe - sb
-                        if d >= room:
-                            continue
-                        local = max(peak - d, x[gb] + d)
-                        if local >= limit:
-                            continue
-                        e = row[a]
-                        if has[gb, e] > 0:
-                            continue
-                        if other_node and node_group[node_of_gpu[gb], group_of_expert[e]] == 0:
-                            continue
-                        cost = (int(f != prev[a]) - int(e != prev[a]) + int(e != prev[b]) - int(f != prev[b]))
-                        if cost > budget:
-                            continue
-                        score = (peak - max(local, floor)) / (cost if cost > 0 and per_change else 0.25 if per_change else 1.0)
-                        if score > best_score or (score == best_score and local < best_local):
-                            best_score, best_local, best_kind, best_a, best_b = score, local, 0, a, b
+            # (B) and (C) first, then (A) with what they found as a bar to prune pairs against;
+            # the pick is the same as scanning (A), (B), (C) in that order: the best score, then the
+            # lowest local max, then the first found
             # (B) give slot a of the heaviest GPU (expert e with >= 2 replicas) to expert f: the best
             # f is the lightest new replica the GPU may take, or the slot's previous expert (cheaper)
             first = np.int64(-1)
@@ -281,6 +247,80 @@ def improve_placement(weights, start, previous, gpu_of_slot, slot_offsets, node_
                     score = (peak - max(local, floor)) / (cost if cost > 0 and per_change else 0.25 if per_change else 1.0)
                     if score > best_score or (score == best_score and local < best_local):
                         best_score, best_local, best_kind, best_a, best_b = score, local, 2, b, e
+            bc_score, bc_local, bc_kind, bc_a, bc_b = best_score, best_local, best_kind, best_a, best_b
+            best_score = 0.0
+            best_local = peak
+            best_kind = np.int64(-1)
+            best_a = np.int64(-1)
+            best_b = np.int64(-1)
+            # (A) swap slot a (heaviest GPU) with slot b (another GPU): the heaviest GPU's slots in
+            # decreasing share, so that only pairs with 0 < share(a) - share(b) < room are visited
+            for b in range(num_slots):
+                slot_share[b] = share[row[b]]
+            lo = slot_offsets[heavy]
+            order = np.argsort(-slot_share[lo:slot_offsets[heavy + 1]], kind="mergesort") + lo
+            # pruning, which never skips a pair that could be picked: with slot b, a swap lowers the
+            # heaviest GPU at most by the largest share difference, leaves a local max at least
+            # midway between the two GPUs, and changes at least `fewest` slots (both unchanged: 2)
+            pe_max = slot_share[order[0]] if order.shape[0] > 0 else 0.0
+            num_undone = 0  # changed slots of the heaviest GPU: their previous experts
+            for a in order:
+                if row[a] != prev[a]:
+                    undone[num_undone] = prev[a]
+                    num_undone += 1
+            for gb in range(num_gpus):
+                room = limit - x[gb]
+                if gb == heavy or room <= 0.0:
+                    continue
+                other_node = keep_groups and node_of_gpu[gb] != node_h
+                middle = (peak + x[gb]) * 0.5 * (1.0 - 1e-12)  # rounding slack: local >= middle
+                for b in range(slot_offsets[gb], slot_offsets[gb + 1]):
+                    f = row[b]
+                    # the tests on slot b alone, before the pairs (every pair with b would fail them)
+                    if has[heavy, f] > 0 or (other_node and node_group[node_h, group_of_expert[f]] == 0):
+                        continue
+                    sb = slot_share[b]
+                    if pe_max <= sb:
+                        continue
+                    divisor = 1.0
+                    if per_change:
+                        divisor = 0.25
+                        if f == prev[b]:
+                            fewest = 2 if num_undone == 0 else 1
+                            for i in range(num_undone):
+                                if undone[i] == f:
+                                    fewest = 0
+                            if fewest > 0:
+                                divisor = float(fewest)
+                    least_local = max(peak - (pe_max - sb), middle)
+                    bound = (peak - max(least_local, floor)) / divisor
+                    if bound < bc_score or (bound == bc_score and least_local > bc_local):
+                        continue  # cannot beat what (B) and (C) found
+                    if bound < best_score or (bound == best_score and least_local >= best_local):
+                        continue  # cannot beat an earlier swap
+                    for a in order:
+                        pe = slot_share[a]
+                        if pe <= sb:
+                            break
+                        d = pe - sb
+                        if d >= room:
+                            continue
+                        local = max(peak - d, x[gb] + d)
+                        if local >= limit:
+                            continue
+                        e = row[a]
+                        if has[gb, e] > 0:
+                            continue
+                        if other_node and node_group[node_of_gpu[gb], group_of_expert[e]] == 0:
+                            continue
+                        cost = (int(f != prev[a]) - int(e != prev[a]) + int(e != prev[b]) - int(f != prev[b]))
+                        if cost > budget:
+                            continue
+                        score = (peak - max(local, floor)) / (cost if cost > 0 and per_change else 0.25 if per_change else 1.0)
+                        if score > best_score or (score == best_score and local < best_local):
+                            best_score, best_local, best_kind, best_a, best_b = score, local, 0, a, b
+            if bc_kind >= 0 and (bc_score > best_score or (bc_score == best_score and bc_local < best_local)):
+                best_score, best_local, best_kind, best_a, best_b = bc_score, bc_local, bc_kind, bc_a, bc_b
             if best_kind < 0:
                 break
             # apply the move: slot -> new expert, one or two slots
