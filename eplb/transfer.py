@@ -140,6 +140,9 @@ def transfer_plan(old, new, *, topology: Topology | None = None, num_experts: in
             num_experts = int(max(np.max(old), np.max(new))) + 1
     arrays = []
     for name, p in (("old", old), ("new", new)):
+        if isinstance(p, Placement) and p.num_experts == num_experts:
+            arrays.append(p.phy2log)  # checked when the Placement was built (C-contiguous int64)
+            continue
         array = p.phy2log if isinstance(p, Placement) else p
         try:
             array, _ = check_placement(np.asarray(array), num_experts, topology)
