@@ -158,3 +158,14 @@ def test_exact_migration_needs_a_cap_or_a_budget():
     problem = make_problem(3, 4, 2)
     with pytest.raises(ValueError, match="cap"):
         fewest_changes_layer(w, problem, np.array([0, 1, 2, 0]), np.array([0, 1, 2, 0]), cap=None, max_moves=None)
+
+
+def test_balancer_with_the_exact_method_rebalances_with_the_fewest_changes():
+    old, new = drifting(3)
+    balancer = eplb.Balancer(2, 8, **CONFIG, window=1, method="exact", options={"time_limit": 5.0, "progress": False})
+    balancer.record(old)
+    balancer.rebalance()
+    balancer.record(new)
+    placement, transfer = balancer.rebalance()
+    assert placement.info["fewest_changes_proven"].all()
+    assert len(transfer) == int(placement.info["slots_changed"].sum())
