@@ -9,7 +9,14 @@ from __future__ import annotations
 import numpy as np
 
 from .kernels.bounds import min_max_replica_load, pigeonhole_bound, pigeonhole_upper, threshold_bound, tier_bound
+from .kernels.tiny import tiny_bound
 from .topology import Topology
+
+TINY_SLOTS = 16
+"""Instances with at most this many slots get the exact search's proven optimum as their bound."""
+
+TINY_BUDGET = 50_000
+"""Most nodes of that search per layer (Mixtral-8x7b's 8 experts on 12 slots: a few hundred)."""
 
 
 def average_bound(weights: np.ndarray, topology: Topology) -> np.ndarray:
@@ -90,6 +97,22 @@ def _tier(weights: np.ndarray, topology: Topology, start: np.ndarray, replica: n
                       int(active.size), int(active.min()), int(active.max()))
 
 
+def search(weights: np.ndarray, topology: Topology) -> np.ndarray:
+    """The optimum itself on tiny instances (at most :data:`TINY_SLOTS` slots) where the exact
+    branch and bound (:mod:`eplb.kernels.tiny`) finishes within :data:`TINY_BUDGET` nodes; the
+    average bound elsewhere."""
+    weights = np.ascontiguousarray(weights, dtype=np.float64)
+    return _search(weights, topology, average_bound(weights, topology))
+
+
+def _search(weights: np.ndarray, topology: Topology, start: np.ndarray) -> np.ndarray:
+    """:func:`search` from ``start [L]`` (valid bounds, kept where the search does not finish)."""
+    if topology.num_slots > TINY_SLOTS:
+        return start
+    return tiny_bound(weights, np.require(topology.slots_per_gpu, dtype=np.int64, requirements="CW"),
+                      np.ascontiguousarray(start, dtype=np.float64), TINY_BUDGET)
+
+
 BOUNDS = {
     "average": average_bound,
     "replica": replica_bound,
@@ -97,6 +120,7 @@ BOUNDS = {
     "pigeonhole": pigeonhole,
     "threshold": threshold,
     "tier": tier,
+    "search": search,
 }
 
 
@@ -143,6 +167,7 @@ def _strongest(weights: np.ndarray, topology: Topology) -> np.ndarray:
                         _cardinality(weights, topology, replica))
     others = np.maximum(others, _threshold(weights, topology, others))
     others = _tier(weights, topology, others, replica)
+    others = _search(weights, topology, others)
     active = topology.slots_per_gpu > 0
     args = (topology.num_slots, int(active.sum()), int(topology.slots_per_gpu[active].min()))
     upper = pigeonhole_upper(weights, *args)

@@ -18,7 +18,10 @@ Per layer, and per node in hierarchical mode:
    per-layer work budget affords (many on small models, none at DeepSeek-V3 size), and keep the
    best; every layer is searched on its own, so a layer's row never depends on the other layers
    planned with it;
-7. on every layer keep the published greedy's placement instead if it has a strictly lower max
+7. on tiny global instances (at most 16 slots, e.g. Mixtral's 8 experts on 12), replace every
+   layer by the optimum over spread placements when the exact branch and bound
+   (:mod:`eplb.kernels.tiny`) finds one lighter within its node budget;
+8. on every layer keep the published greedy's placement instead if it has a strictly lower max
    load, so the method is never worse than greedy.
 
 The name says what it optimises for: balanced GPU loads at serving-loop speed.
@@ -33,7 +36,8 @@ from ..kernels.greedy import greedy_placement
 from ..kernels.hierarchy import assign_groups
 from ..kernels.packing import max_gpu_loads
 from ..kernels.multistart import best_placement
-from ..bounds import average_bound
+from ..kernels.tiny import tiny_optimum
+from ..bounds import TINY_BUDGET, TINY_SLOTS, average_bound
 from ..topology import Topology
 from . import Problem, register
 
@@ -214,6 +218,27 @@ def align_replication(weights: np.ndarray, problem: Problem, phy2log: np.ndarray
     return phy2log, int(rows.sum())
 
 
+def solve_tiny(weights: np.ndarray, problem: Problem, phy2log: np.ndarray) -> tuple[np.ndarray, int]:
+    """On tiny global instances (at most :data:`eplb.bounds.TINY_SLOTS` slots), replace every layer
+    by the best placement with no two replicas of an expert on one GPU, when the exact branch and
+    bound (:func:`eplb.kernels.tiny.tiny_optimum`, :data:`eplb.bounds.TINY_BUDGET` nodes) finds one
+    strictly lighter. Returns the placement and the number of layers replaced."""
+    topology = problem.topology
+    if problem.hierarchical or topology.num_slots > TINY_SLOTS:
+        return phy2log, 0
+    peaks = max_loads(weights, phy2log, topology)
+    slots_per_gpu = writable(topology.slots_per_gpu)
+    phy2log = phy2log.copy()
+    row = np.empty(topology.num_slots, np.int64)
+    replaced = 0
+    for layer in range(weights.shape[0]):
+        _, found, _ = tiny_optimum(weights[layer], slots_per_gpu, True, float(peaks[layer]), TINY_BUDGET, row)
+        if found:
+            phy2log[layer] = row
+            replaced += 1
+    return phy2log, replaced
+
+
 @register("balanced")
 def balanced(weights: np.ndarray, problem: Problem, max_steps: int = 4096, num_starts: int = 4
              ) -> tuple[np.ndarray, dict]:
@@ -226,6 +251,7 @@ def balanced(weights: np.ndarray, problem: Problem, max_steps: int = 4096, num_s
                                  int(max_steps))
     phy2log, aligned = align_replication(weights, problem, phy2log, gpu_domain, bound, max_steps)
     phy2log, retried = retry_replication(weights, problem, phy2log, gpu_domain, bound, num_starts, max_steps)
+    phy2log, solved = solve_tiny(weights, problem, phy2log)
     phy2log, from_greedy = keep_better_than_greedy(weights, problem, phy2log)
     return phy2log, {"hierarchical": problem.hierarchical, "layers_aligned": aligned, "layers_retried": retried,
-                     "layers_from_greedy": from_greedy}
+                     "layers_solved_exactly": solved, "layers_from_greedy": from_greedy}
