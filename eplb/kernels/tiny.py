@@ -6,7 +6,8 @@ largest-first into GPUs by depth-first search, looking only for packings strictl
 max load found so far. Symmetries are broken exactly: GPUs are opened in order (an empty GPU is
 tried only if no earlier GPU of the same slot count is empty) and the replicas of one expert go to
 GPUs in non-decreasing order (increasing when spread). A branch is cut when a GPU's load plus the
-lightest replicas that must still fill its slots reaches the best max load. When the search ends
+lightest replicas that must still fill its slots reaches the best max load, or when filling a GPU
+leaves the open GPUs more load than they can take below it. When the search ends
 within its budget, the best value found is the proven optimum.
 """
 
@@ -32,11 +33,19 @@ def _pack(item_load, item_expert, num_items, caps, spread, best, num_experts, no
     for j in range(1, num_items + 1):
         tail[j] = tail[j - 1] + item_load[num_items - j]
     limit = best  # packings strictly below it only
+    total = 0.0
+    for j in range(num_items):
+        total += item_load[j]
+    full_load = 0.0  # load of the GPUs whose slots are all taken, and their number
+    full = 0
     i = 0
     while i >= 0:
         e = item_expert[i]
         b = choice[i]
         if b >= 0:  # undo the previous choice of item i
+            if fill[b] == caps[b]:
+                full -= 1
+                full_load -= load[b]
             load[b] -= item_load[i]
             fill[b] -= 1
             holds[b, e] -= 1
@@ -60,6 +69,10 @@ def _pack(item_load, item_expert, num_items, caps, spread, best, num_experts, no
                 remaining = num_items - 1 - i
                 if need > remaining or load[b] + item_load[i] + tail[need] >= limit:
                     ok = False
+            if ok and fill[b] + 1 == caps[b]:
+                # the GPUs left open must take the rest, each strictly below the limit
+                if total - full_load - load[b] - item_load[i] >= (num_bins - full - 1) * limit and full + 1 < num_bins:
+                    ok = False
             if ok:
                 placed = True
                 break
@@ -72,6 +85,9 @@ def _pack(item_load, item_expert, num_items, caps, spread, best, num_experts, no
         fill[b] += 1
         holds[b, e] += 1
         choice[i] = b
+        if fill[b] == caps[b]:
+            full += 1
+            full_load += load[b]
         nodes += 1
         if nodes > budget:
             return limit, nodes, True
