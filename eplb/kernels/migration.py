@@ -29,6 +29,20 @@ def _loads_from_shares(row, share, gpu_of_slot, x):
 
 
 @njit(cache=True, nogil=True)
+def _refresh_loads(row, share, slot_offsets, gpu_of_slot, expert_slots, cnt, e, f, x):
+    """Recompute ``x`` of the GPUs holding expert ``e`` or ``f`` (the same sums, in the same order,
+    as :func:`_loads_from_shares`): the only loads a change of those two experts' counts moves."""
+    for j in range(2):
+        expert = e if j == 0 else f
+        for i in range(cnt[expert]):
+            g = gpu_of_slot[expert_slots[expert, i]]
+            total = 0.0
+            for t in range(slot_offsets[g], slot_offsets[g + 1]):
+                total += share[row[t]]
+            x[g] = total
+
+
+@njit(cache=True, nogil=True)
 def _remove_slot(expert_slots, cnt, e, s):
     """Drop slot ``s`` from expert ``e``'s slot list (order of the rest is kept)."""
     n = cnt[e]
@@ -95,6 +109,7 @@ def improve_placement(weights, start, previous, gpu_of_slot, slot_offsets, node_
     slot_share = np.zeros(num_slots)  # share of the expert in each slot
     spare = np.empty(num_slots, np.int64)  # slots whose expert has another replica
     undone = np.empty(num_slots, np.int64)  # previous experts of the heaviest GPU's changed slots
+    held = np.empty(num_slots, np.int64)  # experts of one GPU
     for layer in range(num_layers):
         w = weights[layer]
         row = out[layer]
@@ -157,8 +172,23 @@ def improve_placement(weights, start, previous, gpu_of_slot, slot_offsets, node_
                 base = peak - share[e] + (has[heavy, e] - 1) * gain_e
                 if holders >= limit:
                     # a holder of e would overload, unless the new replica relieves an expert it
-                    # holds: try every f, each with the exact loads of e's holders
-                    for f in range(num_experts):
+                    # holds: try those experts f (in increasing order), each with the exact loads of
+                    # e's holders (any other f leaves that holder at its load, >= limit)
+                    over = np.int64(-1)
+                    for i in range(cnt[e]):
+                        g = gpu_of_slot[expert_slots[e, i]]
+                        if g != heavy and x[g] + gain_e * has[g, e] >= limit:
+                            over = g
+                            break
+                    num_held = 0
+                    for t in range(slot_offsets[over], slot_offsets[over + 1]):
+                        held[num_held] = row[t]
+                        num_held += 1
+                    held[:num_held].sort()
+                    for i_held in range(num_held):
+                        f = held[i_held]
+                        if i_held > 0 and f == held[i_held - 1]:
+                            continue
                         if f == e or has[heavy, f] > 0 or (keep_groups and node_group[node_h, group_of_expert[f]] == 0):
                             continue
                         local = base + share_up[f]
@@ -340,7 +370,8 @@ def improve_placement(weights, start, previous, gpu_of_slot, slot_offsets, node_
             _loads_from_shares(row, share, gpu_of_slot, x)
             steps[layer] += 1
         changed -= _undo_needless(w, row, prev, cnt, expert_slots, has, node_group, gpu_of_slot, node_of_gpu,
-                                  group_of_expert, keep_groups, share, share_up, gain_down, x, target[layer])
+                                  group_of_expert, keep_groups, share, share_up, gain_down, x, target[layer],
+                                  slot_offsets)
         changes[layer] = changed
         for s in range(num_slots):
             has[gpu_of_slot[s], row[s]] = 0
@@ -350,7 +381,7 @@ def improve_placement(weights, start, previous, gpu_of_slot, slot_offsets, node_
 
 @njit(cache=True, nogil=True)
 def _undo_needless(w, row, prev, cnt, expert_slots, has, node_group, gpu_of_slot, node_of_gpu, group_of_expert,
-                   keep_groups, share, share_up, gain_down, x, target):
+                   keep_groups, share, share_up, gain_down, x, target, slot_offsets):
     """Give changed slots back their previous expert (one slot, or two slots that swapped) wherever
     the max GPU load stays at most ``max(target, current max)``. Returns the slots given back."""
     num_slots = row.shape[0]
@@ -371,7 +402,7 @@ def _undo_needless(w, row, prev, cnt, expert_slots, has, node_group, gpu_of_slot
         progress = False
         for s in changed:
             if _undo_one(s, changed, w, row, prev, cnt, expert_slots, has, node_group, gpu_of_slot, node_of_gpu,
-                         group_of_expert, keep_groups, share, share_up, gain_down, x, cap):
+                         group_of_expert, keep_groups, share, share_up, gain_down, x, cap, slot_offsets):
                 progress = True
     after = 0
     for s in changed:
@@ -382,7 +413,7 @@ def _undo_needless(w, row, prev, cnt, expert_slots, has, node_group, gpu_of_slot
 
 @njit(cache=True, nogil=True)
 def _undo_one(s, changed, w, row, prev, cnt, expert_slots, has, node_group, gpu_of_slot, node_of_gpu, group_of_expert,
-              keep_groups, share, share_up, gain_down, x, cap):
+              keep_groups, share, share_up, gain_down, x, cap, slot_offsets):
     """Give slot ``s`` (and a slot that swapped with it) back its previous expert if the max GPU
     load stays at most ``cap``; True if done. ``changed``: the slots that may differ from ``prev``."""
     e = row[s]
@@ -409,7 +440,8 @@ def _undo_one(s, changed, w, row, prev, cnt, expert_slots, has, node_group, gpu_
         _set_slot(row, partner, e, expert_slots, cnt, has, node_group, gpu_of_slot, node_of_gpu, group_of_expert)
     _shares(w, cnt, e, share, share_up, gain_down)
     _shares(w, cnt, f, share, share_up, gain_down)
-    _loads_from_shares(row, share, gpu_of_slot, x)
+    # the GPUs of s and partner hold e or f both before and after: refreshed with the others
+    _refresh_loads(row, share, slot_offsets, gpu_of_slot, expert_slots, cnt, e, f, x)
     peak = 0.0
     for g in range(x.shape[0]):
         peak = max(peak, x[g])
@@ -420,7 +452,7 @@ def _undo_one(s, changed, w, row, prev, cnt, expert_slots, has, node_group, gpu_
     _set_slot(row, s, e, expert_slots, cnt, has, node_group, gpu_of_slot, node_of_gpu, group_of_expert)
     _shares(w, cnt, e, share, share_up, gain_down)
     _shares(w, cnt, f, share, share_up, gain_down)
-    _loads_from_shares(row, share, gpu_of_slot, x)
+    _refresh_loads(row, share, slot_offsets, gpu_of_slot, expert_slots, cnt, e, f, x)
     return False
 
 
