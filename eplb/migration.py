@@ -15,7 +15,9 @@ layer:
 4. where that still misses, relabel the fresh plan's nodes, GPUs and slots (assignment matching) so
    that what stays, stays put, and give back changed slots the target does not need;
 5. keep the candidate that reaches the target with the fewest changed slots (if none does, the one
-   with the lowest max load). A budget of moves (``max_moves``) is never exceeded.
+   with the lowest max load). A budget of moves (``max_moves``) is never exceeded;
+6. on small layers (at most ``TINY_SLOTS`` slots, global mode), search every set of fewer changed
+   slots exhaustively, within a fixed amount of work.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import numpy as np
 
 from ._validation import as_int
 from .kernels.layout import replica_counts
-from .kernels.migration import improve_placement, min_cost_assignment, relabel_like
+from .kernels.migration import fewest_changes_search, improve_placement, min_cost_assignment, relabel_like
 from .metrics import gpu_loads
 from .methods import Problem, get_method
 from .placement import Placement, check_placement
@@ -57,6 +59,8 @@ def as_previous(previous, num_experts: int, problem: Problem, num_layers: int) -
 
 
 RESTARTS = ("steepest", "recount", "regroup")  # the searches tried where the first one stalls
+TINY_SLOTS = 16  # layers with at most this many slots also get an exhaustive search for fewer changes
+TINY_WORK = 1_300_000  # placements that search checks per layer at most (~40 ms if it finds none)
 
 
 def migrate(weights: np.ndarray, problem: Problem, previous: np.ndarray, scratch: np.ndarray, *,
@@ -154,6 +158,18 @@ def migrate(weights: np.ndarray, problem: Problem, previous: np.ndarray, scratch
             fresh_peak[layer], fresh_changes[layer], local_peak[layer], local_changes[layer], target[layer])
     phy2log = np.where(use_fresh[:, None], relabelled, local)
     changes = np.where(use_fresh, fresh_changes, local_changes)
+    if topology.num_slots <= TINY_SLOTS and not problem.hierarchical and tolerance is not None:
+        # small layers: an exhaustive search for fewer changes (within a fixed amount of work)
+        chosen_peak = np.where(use_fresh, fresh_peak, local_peak)
+        for layer in range(num_layers):
+            met = chosen_peak[layer] <= target[layer]
+            most = int(changes[layer]) if met else budget + 1  # missed: any fit within the budget is better
+            if most < 2:
+                continue
+            row, fewer = fewest_changes_search(weights[layer], previous[layer], topology.slot_offsets, target[layer],
+                                               min(most, num_slots + 1), TINY_WORK)
+            if fewer > 0 and _peaks(weights[layer:layer + 1], row[None], topology)[0] <= target[layer]:
+                phy2log[layer], changes[layer] = row, fewer
     info = {}
     if exact is not None:
         from .exact_migration import fewest_changes
