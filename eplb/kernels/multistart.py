@@ -109,14 +109,16 @@ def aligned_counts(w, experts, counts, num_slots, num_gpus, cap, wide, candidate
     within the tier, so every GPU can take ``j`` heavy replicas of similar load) and the other
     experts the remaining slots (D'Hondt). The tier: the experts up to the last one with several
     replicas in ``counts``; ``j``: the largest multiple of ``num_gpus`` not above the tier's current
-    replica count. With ``wide`` (more time): also tiers of two experts fewer to two more, and the
-    next multiple.
+    replica count. Before it, the tier that leaves every other expert one replica
+    (``t = j * num_gpus - (num_slots - n)``, the smallest ``j`` that gives a new replication). With
+    ``wide`` (more time): the three smallest such ``j``, tiers of two experts fewer to two more than
+    the first, and the next multiple.
 
     Args:
         w: ``[E]`` float64 loads; experts: ``[n]`` int64, heaviest first; counts: ``[n]`` int64 the
             current replication (summing to ``num_slots``); cap: most replicas of one expert.
-        wide: try the ten tiers and multiples around the one, not only it.
-        candidates: ``[c, n]`` int64 output rows (``c >= 10`` for every candidate when ``wide``).
+        wide: try the thirteen tiers and multiples, not only two.
+        candidates: ``[c, n]`` int64 output rows (``c >= 13`` for every candidate when ``wide``).
     Returns:
         the number of candidate rows written (each differs from ``counts`` and from the others).
     """
@@ -132,6 +134,17 @@ def aligned_counts(w, experts, counts, num_slots, num_gpus, cap, wide, candidate
             heavy = i + 1
     found = 0
     row = np.empty(n, np.int64)
+    # every expert outside the tier keeps one replica: the tier is then t = j * num_gpus - (num_slots - n)
+    # experts for a multiple j (with near-uniform loads, 24 experts x 3 replicas fill 72 GPUs one each,
+    # where D'Hondt's 48 x 2 leave 24 GPUs with two)
+    spare = num_slots - n
+    for j in range(1, num_slots // num_gpus + 1):
+        t = j * num_gpus - spare
+        if t < 1 or t >= n:
+            continue
+        found = _add_candidate(w, experts, counts, t, j * num_gpus, num_slots, cap, row, candidates, found)
+        if found >= (3 if wide else 1):
+            break  # the narrowest tiers only: the heaviest experts take the spare slots
     spread = 2 if wide else 0
     for dt in range(-spread, spread + 1):
         t = heavy + dt
@@ -144,30 +157,40 @@ def aligned_counts(w, experts, counts, num_slots, num_gpus, cap, wide, candidate
         for j in range(low, low + (2 if wide else 1)):
             if found >= candidates.shape[0]:
                 return found
-            seats = j * num_gpus
-            if not _apportion(w, experts, 0, t, seats, cap, row):
-                continue
-            if not _apportion(w, experts, t, n, num_slots - seats, cap, row):
-                continue
-            new = False
-            for i in range(n):
-                if row[i] != counts[i]:
-                    new = True
-                    break
-            for c in range(found):
-                same = True
-                for i in range(n):
-                    if candidates[c, i] != row[i]:
-                        same = False
-                        break
-                if same:
-                    new = False
-                    break
-            if new:
-                for i in range(n):
-                    candidates[found, i] = row[i]
-                found += 1
+            found = _add_candidate(w, experts, counts, t, j * num_gpus, num_slots, cap, row, candidates, found)
     return found
+
+
+@njit(cache=True, nogil=True)
+def _add_candidate(w, experts, counts, t, seats, num_slots, cap, row, candidates, found):
+    """Append the replication giving ``seats`` replicas to the ``t`` heaviest experts and the rest to
+    the others (D'Hondt in each) to ``candidates`` unless it does not fit, equals ``counts`` or is
+    already there. Returns the new number of candidates."""
+    n = experts.shape[0]
+    if found >= candidates.shape[0]:
+        return found
+    if not _apportion(w, experts, 0, t, seats, cap, row):
+        return found
+    if not _apportion(w, experts, t, n, num_slots - seats, cap, row):
+        return found
+    same = True
+    for i in range(n):
+        if row[i] != counts[i]:
+            same = False
+            break
+    if same:
+        return found
+    for c in range(found):
+        same = True
+        for i in range(n):
+            if candidates[c, i] != row[i]:
+                same = False
+                break
+        if same:
+            return found
+    for i in range(n):
+        candidates[found, i] = row[i]
+    return found + 1
 
 
 @njit(cache=True, nogil=True)
@@ -198,7 +221,7 @@ def best_placement(weights, slots_per_gpu, gpu_domain, start, num_starts, max_st
     out = start.copy()
     item_expert, item_load, gpu_items, gpu_fill, gpu_load, holds = new_state(num_slots, num_gpus, width, num_experts)
     best_expert = np.empty(num_slots, np.int64)
-    aligned = np.empty((10, num_experts), np.int64)
+    aligned = np.empty((13, num_experts), np.int64)
     state = np.zeros(1, np.uint64)
     counts_all = np.zeros(num_experts, np.int64)
     for layer in range(num_layers):
