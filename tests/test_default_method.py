@@ -82,15 +82,15 @@ def test_no_two_replicas_of_an_expert_share_a_gpu_when_avoidable(problem):
         assert (placement.replicas_sharing_a_gpu() == 0).all()
 
 
-@given(problems(), st.data())
-def test_a_layers_row_depends_only_on_that_layers_loads(problem, data):
+@given(problems(), st.sampled_from(QUALITY_METHODS), st.data())
+def test_a_layers_row_depends_only_on_that_layers_loads(problem, method, data):
     """Planning a layer alone or with any other layers gives it the same placement row."""
     config, counts = problem
     extra = data.draw(counts_for(config["num_experts"], num_layers=3))
     stacked = np.concatenate([counts, extra])
-    together = eplb.plan(stacked, **kwargs(config))
+    together = eplb.plan(stacked, method=method, **kwargs(config))
     for layer in range(counts.shape[0]):
-        alone = eplb.plan(counts[layer:layer + 1], **kwargs(config))
+        alone = eplb.plan(counts[layer:layer + 1], method=method, **kwargs(config))
         np.testing.assert_array_equal(alone.phy2log[0], together.phy2log[layer])
         assert alone.lower_bound[0] == together.lower_bound[layer]
 

@@ -226,7 +226,8 @@ def best_placement(weights, slots_per_gpu, gpu_domain, start, num_starts, max_st
     counts_all = np.zeros(num_experts, np.int64)
     for layer in range(num_layers):
         w = weights[layer]
-        state[0] = np.uint64(seed) * np.uint64(1000003) + np.uint64(layer)
+        # the same seed for every layer: a layer's row depends on its own loads, not on where it sits
+        state[0] = np.uint64(seed) * np.uint64(1000003)
         counts_all[:] = 0
         for s in range(num_slots):
             counts_all[start[layer, s]] += 1
