@@ -62,13 +62,15 @@ class Balancer:
         expert_bytes: bytes of one expert's weights in one layer (for transfer-plan byte totals).
         placement: the placement in service at start (default: slot ``s`` holds expert ``s % E``).
         options: passed to the planning method.
+        threads: plan chunks of layers on this many threads (the kernels release the GIL); the
+            placement is the same for any number, only the wall time of a rebalance changes.
     """
 
     def __init__(self, num_layers, num_experts, *, num_slots=None, num_gpus=None, num_nodes=1, num_groups=None,
                  topology: Topology | None = None, window: int = 100, decay: float | None = None,
                  method: str = DEFAULT_METHOD, tolerance: float | None = 0.005, max_moves=None,
                  min_gain: float = 0.01, move_cost: float = 0.05, expert_bytes: int | None = None,
-                 placement: Placement | None = None, options: dict | None = None):
+                 placement: Placement | None = None, options: dict | None = None, threads: int = 1):
         self.num_layers = as_int(num_layers, "num_layers", minimum=1)
         self.num_experts = as_int(num_experts, "num_experts", minimum=1)
         problem = make_problem(self.num_experts, num_slots, num_gpus, num_nodes, num_groups, topology)
@@ -93,6 +95,7 @@ class Balancer:
         self.move_cost = _non_negative(move_cost, "move_cost")
         self.expert_bytes = None if expert_bytes is None else as_int(expert_bytes, "expert_bytes", minimum=0)
         self.options = dict(options or {})
+        self.threads = as_int(threads, "threads", minimum=1)
         if placement is None:
             placement = round_robin_placement(self.num_layers, self.num_experts, self.topology, self.num_groups)
         self._check_placement(placement)
@@ -166,7 +169,8 @@ class Balancer:
         """Migration-aware plan for ``load [L, E]`` from the placement in service (no bounds: the
         balancer needs the placement, not its certificate, and keeps planning fast)."""
         phy2log, info = plan_near(load, self._problem, self.placement.phy2log, method=self.method,
-                                  tolerance=self.tolerance, max_moves=self.max_moves, options=self.options)
+                                  tolerance=self.tolerance, max_moves=self.max_moves, options=self.options,
+                                  threads=self.threads)
         return Placement(phy2log, self.num_experts, self.topology, self.num_groups, method=self.method, info=info)
 
     def should_rebalance(self) -> bool:
@@ -256,6 +260,7 @@ class Balancer:
             "num_groups": self.num_groups, "window": self.window, "decay": self.decay, "method": self.method,
             "tolerance": self.tolerance, "max_moves": self.max_moves, "min_gain": self.min_gain,
             "move_cost": self.move_cost, "expert_bytes": self.expert_bytes, "options": self.options,
+            "threads": self.threads,
         }
 
     def state_dict(self) -> dict:

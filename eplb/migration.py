@@ -192,17 +192,60 @@ def migrate(weights: np.ndarray, problem: Problem, previous: np.ndarray, scratch
 
 
 def plan_near(weights: np.ndarray, problem: Problem, previous: np.ndarray | None, *, method: str,
-              tolerance: float | None = 0.005, max_moves=None, options: dict | None = None) -> tuple[np.ndarray, dict]:
+              tolerance: float | None = 0.005, max_moves=None, options: dict | None = None,
+              threads: int = 1) -> tuple[np.ndarray, dict]:
     """``phy2log [L, S]`` and info for ``weights [L, E]``: from scratch with ``method``, then (with
     ``previous [L, S]``) close to ``previous`` via :func:`migrate`. No bounds are computed: this is
-    the fast path for serving engines (:class:`eplb.Balancer`, the engine adapters)."""
+    the fast path for serving engines (:class:`eplb.Balancer`, the engine adapters).
+
+    ``threads > 1`` plans contiguous chunks of layers on that many threads (the kernels release
+    the GIL). Every layer's row depends on that layer alone, so the result is the same for any
+    number of threads (property-tested); only the wall time changes.
+    """
     start = time.perf_counter()
+    threads = as_int(threads, "threads", minimum=1)
+    chunks = np.array_split(np.arange(weights.shape[0]), min(threads, weights.shape[0]))
+    if len(chunks) == 1:
+        phy2log, info = _plan_layers(weights, problem, previous, method, tolerance, max_moves, options)
+    else:
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(len(chunks)) as pool:
+            parts = list(pool.map(lambda rows: _plan_layers(
+                weights[rows], problem, None if previous is None else previous[rows], method, tolerance, max_moves,
+                options), chunks))
+        phy2log = np.concatenate([part for part, _ in parts])
+        info = _merge_infos([part_info for _, part_info in parts])
+    return phy2log, {**info, "time_s": time.perf_counter() - start}
+
+
+def _plan_layers(weights, problem, previous, method, tolerance, max_moves, options):
+    """:func:`plan_near` on one chunk of layers (no timing)."""
     phy2log, info = get_method(method)(weights, problem, **(options or {}))
     if previous is not None:
         phy2log, moved = migrate(weights, problem, previous, phy2log, tolerance=tolerance, max_moves=max_moves,
                                  exact=(options or {}) if method == "exact" else None)
         info = {**info, **moved}
-    return phy2log, {**info, "time_s": time.perf_counter() - start}
+    return phy2log, info
+
+
+def _merge_infos(infos: list[dict]) -> dict:
+    """The info of the whole plan from the infos of its chunks of layers: per-layer arrays and lists
+    concatenated, counts of layers summed, flags or-ed, settings (equal in every chunk) kept."""
+    merged = {}
+    for key, first in infos[0].items():
+        values = [info[key] for info in infos]
+        if isinstance(first, np.ndarray) and first.ndim >= 1:
+            merged[key] = np.concatenate(values)
+        elif isinstance(first, list):
+            merged[key] = [item for value in values for item in value]
+        elif isinstance(first, bool):  # flags ("interrupted") or settings equal in every chunk
+            merged[key] = any(values)
+        elif isinstance(first, (int, np.integer)) and key.startswith("layers_"):
+            merged[key] = int(sum(values))
+        else:
+            merged[key] = first
+    return merged
 
 
 def _better(peak_a, changes_a, peak_b, changes_b, target) -> bool:

@@ -8,6 +8,8 @@ import tracemalloc
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import eplb
 from eplb.metrics import balancedness
@@ -233,3 +235,27 @@ def test_simulated_serving_loop_keeps_balance_with_few_moves():
     fresh = [balancedness(eplb.plan(series[t - 20:t].sum(axis=0), **CONFIG).gpu_loads(series[t])).mean()
              for t in range(every + 20, steps, every)]
     assert np.mean(served[every + 20::every]) >= np.mean(fresh) - 0.03
+
+
+@settings(max_examples=12, deadline=None)
+@given(st.integers(0, 10_000), st.sampled_from(["greedy", "balanced", "best"]), st.sampled_from([8, None]),
+       st.integers(2, 4))
+def test_planning_on_threads_gives_the_same_placements(seed, method, groups, threads):
+    """Chunks of layers planned on threads: the same placements, moves and info as one thread."""
+    series = drifting_counts(3, 6, 64, num_groups=8, drift=0.3, tokens=2048, seed=seed)
+    one = make(num_groups=groups, method=method, window=1)
+    many = make(num_groups=groups, method=method, window=1, threads=threads)
+    for counts in series:
+        one.record(counts)
+        many.record(counts)
+        a, _ = one.rebalance()
+        b, _ = many.rebalance()
+        np.testing.assert_array_equal(a.phy2log, b.phy2log)
+        np.testing.assert_array_equal(a.info["slots_changed"], b.info["slots_changed"])
+        np.testing.assert_array_equal(a.info["scratch_max_load"], b.info["scratch_max_load"])
+    assert eplb.Balancer.from_state_dict(many.state_dict()).threads == threads
+
+
+def test_threads_must_be_a_positive_integer():
+    with pytest.raises(ValueError, match="threads"):
+        make(threads=0)
