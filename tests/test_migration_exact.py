@@ -86,7 +86,8 @@ def test_fewest_changes_match_brute_force(config, seed, tolerance, shared):
     near = eplb.plan(w, topology=topology, num_groups=num_groups, previous=previous[None], tolerance=tolerance)
     result = fewest_changes_layer(w, problem, previous, near.phy2log[0], cap=cap, max_moves=None, time_limit=5.0,
                                   shared=shared)
-    expected = brute_force(w, previous, slots, Fraction(cap), num_nodes, num_groups, shared)
+    # cap is a float (a plan at exactly the reference max load may round just above it): a hair of slack
+    expected = brute_force(w, previous, slots, Fraction(cap) * Fraction(1 + 1e-12), num_nodes, num_groups, shared)
     heuristic_changes = int((near.phy2log[0] != previous).sum())
     if expected is None or expected > heuristic_changes:  # only the heuristic's plan (a shared GPU) fits
         assert not shared and result.changes == heuristic_changes
@@ -94,7 +95,7 @@ def test_fewest_changes_match_brute_force(config, seed, tolerance, shared):
     assert result.proven
     assert result.changes == expected == result.lower_bound
     assert result.changes == int((result.slots != previous).sum())  # kept experts stay in their slots
-    assert exact_peak(result.slots, w, slots) <= Fraction(cap)
+    assert exact_peak(result.slots, w, slots) <= Fraction(cap) * Fraction(1 + 1e-12)
     assert result.changes <= int((near.phy2log[0] != previous).sum())  # never worse than the heuristic
 
 
@@ -183,7 +184,7 @@ def test_exhaustive_search_of_small_layers_finds_the_fewest_changes(config, seed
     topology = eplb.Topology(slots, num_nodes)
     previous = eplb.plan(rng.integers(1, 50, num_experts).astype(float), topology=topology).phy2log[0]
     cap = float(eplb.plan(w, topology=topology).max_load[0]) * (1 + tolerance)
-    expected = brute_force(w, previous, slots, Fraction(cap), num_nodes)
+    expected = brute_force(w, previous, slots, Fraction(cap) * Fraction(1 + 1e-12), num_nodes)
     row, changes = fewest_changes_search(w, previous, topology.slot_offsets, cap, len(previous) + 1, 10**7)
     if expected == 0:  # the previous placement fits: the search looks for 1 change or more
         return

@@ -29,20 +29,6 @@ def _loads_from_shares(row, share, gpu_of_slot, x):
 
 
 @njit(cache=True, nogil=True)
-def _refresh_loads(row, share, slot_offsets, gpu_of_slot, expert_slots, cnt, e, f, x):
-    """Recompute ``x`` of the GPUs holding expert ``e`` or ``f`` (the same sums, in the same order,
-    as :func:`_loads_from_shares`): the only loads a change of those two experts' counts moves."""
-    for j in range(2):
-        expert = e if j == 0 else f
-        for i in range(cnt[expert]):
-            g = gpu_of_slot[expert_slots[expert, i]]
-            total = 0.0
-            for t in range(slot_offsets[g], slot_offsets[g + 1]):
-                total += share[row[t]]
-            x[g] = total
-
-
-@njit(cache=True, nogil=True)
 def _remove_slot(expert_slots, cnt, e, s):
     """Drop slot ``s`` from expert ``e``'s slot list (order of the rest is kept)."""
     n = cnt[e]
@@ -370,8 +356,7 @@ def improve_placement(weights, start, previous, gpu_of_slot, slot_offsets, node_
             _loads_from_shares(row, share, gpu_of_slot, x)
             steps[layer] += 1
         changed -= _undo_needless(w, row, prev, cnt, expert_slots, has, node_group, gpu_of_slot, node_of_gpu,
-                                  group_of_expert, keep_groups, share, share_up, gain_down, x, target[layer],
-                                  slot_offsets)
+                                  group_of_expert, keep_groups, share, share_up, gain_down, x, target[layer])
         changes[layer] = changed
         for s in range(num_slots):
             has[gpu_of_slot[s], row[s]] = 0
@@ -381,7 +366,7 @@ def improve_placement(weights, start, previous, gpu_of_slot, slot_offsets, node_
 
 @njit(cache=True, nogil=True)
 def _undo_needless(w, row, prev, cnt, expert_slots, has, node_group, gpu_of_slot, node_of_gpu, group_of_expert,
-                   keep_groups, share, share_up, gain_down, x, target, slot_offsets):
+                   keep_groups, share, share_up, gain_down, x, target):
     """Give changed slots back their previous expert (one slot, or two slots that swapped) wherever
     the max GPU load stays at most ``max(target, current max)``. Returns the slots given back."""
     num_slots = row.shape[0]
@@ -402,7 +387,7 @@ def _undo_needless(w, row, prev, cnt, expert_slots, has, node_group, gpu_of_slot
         progress = False
         for s in changed:
             if _undo_one(s, changed, w, row, prev, cnt, expert_slots, has, node_group, gpu_of_slot, node_of_gpu,
-                         group_of_expert, keep_groups, share, share_up, gain_down, x, cap, slot_offsets):
+                         group_of_expert, keep_groups, share, share_up, gain_down, x, cap):
                 progress = True
     after = 0
     for s in changed:
@@ -413,7 +398,7 @@ def _undo_needless(w, row, prev, cnt, expert_slots, has, node_group, gpu_of_slot
 
 @njit(cache=True, nogil=True)
 def _undo_one(s, changed, w, row, prev, cnt, expert_slots, has, node_group, gpu_of_slot, node_of_gpu, group_of_expert,
-              keep_groups, share, share_up, gain_down, x, cap, slot_offsets):
+              keep_groups, share, share_up, gain_down, x, cap):
     """Give slot ``s`` (and a slot that swapped with it) back its previous expert if the max GPU
     load stays at most ``cap``; True if done. ``changed``: the slots that may differ from ``prev``."""
     e = row[s]
@@ -440,8 +425,8 @@ def _undo_one(s, changed, w, row, prev, cnt, expert_slots, has, node_group, gpu_
         _set_slot(row, partner, e, expert_slots, cnt, has, node_group, gpu_of_slot, node_of_gpu, group_of_expert)
     _shares(w, cnt, e, share, share_up, gain_down)
     _shares(w, cnt, f, share, share_up, gain_down)
-    # the GPUs of s and partner hold e or f both before and after: refreshed with the others
-    _refresh_loads(row, share, slot_offsets, gpu_of_slot, expert_slots, cnt, e, f, x)
+    # every GPU's load (refreshing only the holders of e and f gave wrong peaks: tests/test_topologies)
+    _loads_from_shares(row, share, gpu_of_slot, x)
     peak = 0.0
     for g in range(x.shape[0]):
         peak = max(peak, x[g])
@@ -452,7 +437,7 @@ def _undo_one(s, changed, w, row, prev, cnt, expert_slots, has, node_group, gpu_
     _set_slot(row, s, e, expert_slots, cnt, has, node_group, gpu_of_slot, node_of_gpu, group_of_expert)
     _shares(w, cnt, e, share, share_up, gain_down)
     _shares(w, cnt, f, share, share_up, gain_down)
-    _refresh_loads(row, share, slot_offsets, gpu_of_slot, expert_slots, cnt, e, f, x)
+    _loads_from_shares(row, share, gpu_of_slot, x)
     return False
 
 
