@@ -24,6 +24,8 @@ placement; the assignment found at the smallest feasible ``T`` is the one used.
 import numpy as np
 from numba import njit
 
+from .bounds import _fewest_replicas
+
 # status codes of _search
 FEASIBLE = 1
 INFEASIBLE = 0
@@ -47,21 +49,10 @@ def _replicas_needed(weights, group_size, num_groups, target, need):
         for j in range(group_size):
             w = weights[k * group_size + j]
             if target > 0.0 and w > target:
-                total += _fewest(w, target)  # guarded against rounding
+                total += _fewest_replicas(w, target)  # guarded against rounding
             else:
                 total += 1
         need[k] = total
-
-
-@njit(cache=True, nogil=True)
-def _fewest(w, x):
-    """Fewest replicas of an expert of load ``w > x > 0`` that keep each replica ``<= x``."""
-    r = int(np.ceil(w / x))
-    while w / r > x:
-        r += 1
-    while r > 1 and w / (r - 1) <= x:
-        r -= 1
-    return r
 
 
 @njit(cache=True, nogil=True)
@@ -104,7 +95,7 @@ def _hot_expert_fits(weights, group_size, group_max, order, chosen, depth, group
                 e = q * group_size + j
                 if e == hot:
                     continue
-                total += 1 if weights[e] <= room else _fewest(weights[e], room)
+                total += 1 if weights[e] <= room else _fewest_replicas(weights[e], room)
             if total > slots:
                 break
         if total <= slots:
