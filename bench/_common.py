@@ -163,6 +163,11 @@ def pyplot():
     return plt
 
 
+def pct(x: float) -> str:
+    """A fraction as a percentage with three decimals (gaps are often hundredths of a percent)."""
+    return f"{100 * x:.3f}%"
+
+
 def fmt_ms(seconds: float) -> str:
     ms = seconds * 1e3
     return f"{ms:.2f}" if ms < 10 else f"{ms:.1f}" if ms < 100 else f"{ms:.0f}"

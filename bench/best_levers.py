@@ -25,7 +25,8 @@ import time
 from pathlib import Path
 
 import numpy as np
-from _common import load_note, markdown_table, median_time, trace_workloads, write_csv
+from _common import load_note, markdown_table, pct, trace_workloads, write_csv
+from quality import speed_rows
 
 import eplb.methods.balanced as balanced_module
 from eplb.api import make_problem
@@ -72,19 +73,6 @@ def gap_rows(quick: bool) -> list[dict]:
                 peak = balanced_module.max_loads(counts, phy2log, problem.topology)
                 row[name] = float((peak / bound - 1).mean())
             rows.append(row)
-    return rows
-
-
-def speed_rows(quick: bool) -> list[dict]:
-    counts = deepseek_v3_counts(seed=0).astype(np.float64)
-    rows = []
-    for mode, groups in (("hierarchical", 8), ("global", None)):
-        problem = make_problem(256, 288, 32, 4, groups)
-        for method in ("balanced", "best"):
-            fn = get_method(method)
-            t = median_time(lambda: fn(counts, problem), repeats=5 if quick else 21, budget_s=3 if quick else 20)
-            rows.append({"mode": mode, "method": method, "wall_ms": t.wall * 1e3, "cpu_ms": t.cpu * 1e3,
-                         "calls": t.calls})
     return rows
 
 
@@ -210,15 +198,11 @@ def resolve_rows(quick: bool) -> list[dict]:
     return rows
 
 
-def pct(x: float) -> str:
-    return f"{100 * x:.3f}%"
-
-
 def run(quick: bool, results_dir: Path) -> str:
     results_dir = Path(results_dir)
     gaps = gap_rows(quick)
     write_csv(results_dir / "best_levers_gap.csv", gaps)
-    speed = speed_rows(quick)
+    speed = speed_rows(quick, methods=("balanced", "best"))
     write_csv(results_dir / "best_levers_speed.csv", speed)
     resolve = resolve_rows(quick)
     write_csv(results_dir / "best_levers_resolve.csv", resolve)

@@ -17,7 +17,7 @@ import argparse
 from pathlib import Path
 
 import numpy as np
-from _common import fmt_ms, load_note, markdown_table, median_time, trace_workloads, write_csv
+from _common import fmt_ms, load_note, markdown_table, median_time, pct, trace_workloads, write_csv
 
 import eplb
 from eplb.api import make_problem
@@ -101,22 +101,18 @@ def trace_rows(quick: bool) -> tuple[list[dict], list[str]]:
     return rows, missing
 
 
-def speed_rows(quick: bool) -> list[dict]:
+def speed_rows(quick: bool, methods=METHODS) -> list[dict]:
     """Median planning time of one call (the method alone, after warm-up) on DeepSeek-V3 sizes."""
     counts = deepseek_v3_counts(seed=0).astype(np.float64)
     rows = []
     for mode, groups in (("hierarchical", 8), ("global", None)):
         problem = make_problem(256, 288, 32, 4, groups)
-        for method in METHODS:
+        for method in methods:
             fn = get_method(method)
             t = median_time(lambda: fn(counts, problem), repeats=5 if quick else 21, budget_s=3 if quick else 15)
             rows.append({"mode": mode, "method": method, "wall_ms": t.wall * 1e3, "cpu_ms": t.cpu * 1e3,
                          "calls": t.calls})
     return rows
-
-
-def pct(x: float) -> str:
-    return f"{100 * x:.3f}%"
 
 
 def run(quick: bool, results_dir: Path) -> str:

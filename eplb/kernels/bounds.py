@@ -223,35 +223,21 @@ def pigeonhole_bound(weights, num_slots, active_gpus, min_slots):
         t = np.zeros(num_experts + 2)
         for i in range(num_ranks):
             t[ranks[i]] = values[i]
-        asc = w[::-1].copy()
-        # small(q): the q smallest of copies x (w_e / copies), in increasing order of w_e
-
-        def small(q):
-            if q <= 0:
-                return 0.0
-            full = q // copies
-            rest = q - full * copies
-            total = 0.0
-            for i in range(min(full, num_experts)):
-                total += asc[i]
-            if full < num_experts:
-                total += rest * asc[full] / copies
-            return total
-
+        asc = w[::-1].copy()  # for _small: the q smallest of copies x (w_e / copies)
         best = 0.0
         prefix = 0.0
         for j in range(1, min(active_gpus, num_experts) + 1):
             prefix += t[j]
-            spread = (prefix + small(j * (min_slots - 1))) / j
+            spread = (prefix + _small(asc, copies, j * (min_slots - 1))) / j
             if j >= 2 and min_slots >= 2:
-                spread = min(spread, t[j - 1] + t[j] + small(min_slots - 2))
+                spread = min(spread, t[j - 1] + t[j] + _small(asc, copies, min_slots - 2))
             best = max(best, spread)
         m = 1
         while m < min_slots and m * active_gpus + 1 <= num_experts:
             total = 0.0
             for i in range(m * active_gpus - m + 1, m * active_gpus + 2):
                 total += t[i]
-            best = max(best, total + small(min_slots - m - 1))
+            best = max(best, total + _small(asc, copies, min_slots - m - 1))
             m += 1
         out[layer] = best
     return out
@@ -276,7 +262,7 @@ def _shell_sort(values):
 @njit(cache=True, nogil=True)
 def _small(asc, copies, q):
     """The ``q`` smallest entries of the multiset holding ``copies`` copies of each
-    ``asc[e] / copies`` (``asc [E]`` increasing), summed as :func:`pigeonhole_bound` does."""
+    ``asc[e] / copies`` (``asc [E]`` increasing): the ``small(q)`` of :func:`pigeonhole_bound`."""
     if q <= 0:
         return 0.0
     num_experts = asc.shape[0]
