@@ -77,16 +77,15 @@ def plan(counts, *, num_slots=None, num_gpus=None, num_nodes=1, num_groups=None,
     """
     weights = _weights_2d(counts, "counts")
     problem = make_problem(weights.shape[1], num_slots, num_gpus, num_nodes, num_groups, topology)
-    method_fn = get_method(method)
     start = time.perf_counter()
-    phy2log, info = method_fn(weights, problem, **options)
-    if previous is not None:
-        from .migration import as_previous, migrate
+    if previous is None:
+        phy2log, info = get_method(method)(weights, problem, **options)
+    else:
+        from .migration import as_previous, plan_near
 
         old = as_previous(previous, weights.shape[1], problem, weights.shape[0])
-        phy2log, moved = migrate(weights, problem, old, phy2log, tolerance=tolerance, max_moves=max_moves,
-                                 exact=options if method == "exact" else None)
-        info = {**info, **moved}
+        phy2log, info = plan_near(weights, problem, old, method=method, tolerance=tolerance, max_moves=max_moves,
+                                  options=options)
     elapsed = time.perf_counter() - start
     placement = Placement(
         phy2log=phy2log, num_experts=weights.shape[1], topology=problem.topology,

@@ -4,6 +4,11 @@ Planning from scratch after the loads drift moves almost every expert (greedy ch
 slots), and every changed slot is an expert's weights (tens of MiB) copied across GPUs. Here, per
 layer:
 
+0. (:func:`plan_near`, the path of :func:`eplb.plan` and :class:`eplb.Balancer`) first improve the
+   previous placement as in step 2 until it is within the tolerance of a cheap lower bound
+   (:func:`reference_bound`); a layer that gets there is within the tolerance of any plan from
+   scratch, so none is made for it: most layers of a drifting load, and the plan from scratch is
+   most of the time of a rebalance. Only the other layers go on to steps 1-6;
 1. plan from scratch with the chosen method: the reference max GPU load ``M``;
 2. improve the previous placement by local search (swap two slots, give a slot to another expert),
    best balance gain per changed slot first, until its max load is at most ``(1 + tolerance) * M``
@@ -27,6 +32,7 @@ import time
 import numpy as np
 
 from ._validation import as_int
+from .bounds import average_bound
 from .kernels.layout import replica_counts
 from .kernels.migration import fewest_changes_search, improve_placement, min_cost_assignment, relabel_like
 from .metrics import gpu_loads
@@ -89,24 +95,12 @@ def migrate(weights: np.ndarray, problem: Problem, previous: np.ndarray, scratch
     topology = problem.topology
     num_layers, num_experts = weights.shape
     num_slots = topology.num_slots
-    if tolerance is not None:
-        tolerance = float(tolerance)
-        if not np.isfinite(tolerance) or tolerance < 0:
-            raise ValueError(f"tolerance must be a non-negative number or None, got {tolerance}")
-    budget = num_slots if max_moves is None else as_int(max_moves, "max_moves", minimum=0)
-    if tolerance is None and max_moves is None:
-        raise ValueError("give tolerance, max_moves or both (else there is no trade-off to make)")
+    tolerance, budget = check_trade_off(tolerance, max_moves, num_slots)
 
     scratch_peak = _peaks(weights, scratch, topology)
     target = np.full(num_layers, -1.0) if tolerance is None else scratch_peak * (1.0 + tolerance)
-    if problem.hierarchical:
-        group_of_expert = np.arange(num_experts, dtype=np.int64) // (num_experts // problem.num_groups)
-        num_groups = problem.num_groups
-    else:
-        group_of_expert = np.zeros(num_experts, np.int64)
-        num_groups = 1
-    search = (topology.gpu_of_slot, topology.slot_offsets, topology.node_of_gpu, group_of_expert,
-              problem.hierarchical, num_groups)
+    search = _search_arguments(problem, num_experts)
+    group_of_expert = search[3]
     budgets = np.full(num_layers, budget, np.int64)
     # per_change given (True, the default) in every call: one compiled specialization
     local, local_changes, _ = improve_placement(weights, previous, previous, *search, target, budgets, 2 * num_slots,
@@ -221,12 +215,35 @@ def plan_near(weights: np.ndarray, problem: Problem, previous: np.ndarray | None
 
 def _plan_layers(weights, problem, previous, method, tolerance, max_moves, options):
     """:func:`plan_near` on one chunk of layers (no timing)."""
-    phy2log, info = get_method(method)(weights, problem, **(options or {}))
-    if previous is not None:
-        phy2log, moved = migrate(weights, problem, previous, phy2log, tolerance=tolerance, max_moves=max_moves,
-                                 exact=(options or {}) if method == "exact" else None)
-        info = {**info, **moved}
-    return phy2log, info
+    options = options or {}
+    if previous is None:
+        return get_method(method)(weights, problem, **options)
+    num_layers = weights.shape[0]
+    within = np.zeros(num_layers, bool)
+    if _bound_first(problem, tolerance, method):
+        tolerance, budget = check_trade_off(tolerance, max_moves, problem.topology.num_slots)
+        near, near_changes, within = near_bound(weights, problem, previous, tolerance=tolerance, budget=budget)
+    rows = np.flatnonzero(~within)
+    # the other layers: plan from scratch (the reference), then migrate towards it
+    scratch, info = get_method(method)(np.ascontiguousarray(weights[rows]), problem, **options)
+    phy2log, moved = migrate(np.ascontiguousarray(weights[rows]), problem, np.ascontiguousarray(previous[rows]),
+                             scratch, tolerance=tolerance, max_moves=max_moves,
+                             exact=options if method == "exact" else None)
+    if rows.size == num_layers:
+        return phy2log, {**info, **moved, "within_bound": within}
+    changes, scratch_peak, from_scratch = near_changes.copy(), np.full(num_layers, np.nan), np.zeros(num_layers, bool)
+    near[rows], changes[rows] = phy2log, moved["slots_changed"]
+    scratch_peak[rows], from_scratch[rows] = moved["scratch_max_load"], moved["from_scratch"]
+    return near, {**info, **moved, "slots_changed": changes, "scratch_max_load": scratch_peak,
+                  "from_scratch": from_scratch, "within_bound": within}
+
+
+def _bound_first(problem: Problem, tolerance: float | None, method: str) -> bool:
+    """Whether :func:`plan_near` tries :func:`near_bound` before planning from scratch: with a
+    tolerance, except for the exact method (its reference is its own plan) and for small global
+    layers (their exhaustive search for fewest changes needs the plan from scratch as the cap)."""
+    return (tolerance is not None and method != "exact"
+            and (problem.hierarchical or problem.topology.num_slots > TINY_SLOTS))
 
 
 def _merge_infos(infos: list[dict]) -> dict:
@@ -246,6 +263,60 @@ def _merge_infos(infos: list[dict]) -> dict:
         else:
             merged[key] = first
     return merged
+
+
+def check_trade_off(tolerance, max_moves, num_slots: int) -> tuple[float | None, int]:
+    """``(tolerance, budget of changed slots per layer)`` checked: a clear ``ValueError`` otherwise."""
+    if tolerance is not None:
+        tolerance = float(tolerance)
+        if not np.isfinite(tolerance) or tolerance < 0:
+            raise ValueError(f"tolerance must be a non-negative number or None, got {tolerance}")
+    if tolerance is None and max_moves is None:
+        raise ValueError("give tolerance, max_moves or both (else there is no trade-off to make)")
+    return tolerance, num_slots if max_moves is None else as_int(max_moves, "max_moves", minimum=0)
+
+
+def _search_arguments(problem: Problem, num_experts: int) -> tuple:
+    """The topology and group arguments of :func:`eplb.kernels.migration.improve_placement`."""
+    topology = problem.topology
+    if problem.hierarchical:
+        group_of_expert = np.arange(num_experts, dtype=np.int64) // (num_experts // problem.num_groups)
+        num_groups = problem.num_groups
+    else:
+        group_of_expert = np.zeros(num_experts, np.int64)
+        num_groups = 1
+    return (topology.gpu_of_slot, topology.slot_offsets, topology.node_of_gpu, group_of_expert,
+            problem.hierarchical, num_groups)
+
+
+def reference_bound(weights: np.ndarray, problem: Problem) -> np.ndarray:
+    """``[L]`` a lower bound on the max load of any plan from scratch, cheap enough for every
+    rebalance: the average bound, and in hierarchical mode the bound that the group -> node search
+    proves (about 2 ms at DeepSeek-V3 size; the full :func:`eplb.bounds.lower_bound` costs ~5 ms)."""
+    bound = average_bound(weights, problem.topology)
+    if problem.hierarchical:
+        from .methods.balanced import group_assignment  # the search lives with the method that uses it
+
+        _, proven = group_assignment(weights, problem, lower=bound)
+        bound = np.maximum(bound, proven)
+    return bound
+
+
+def near_bound(weights: np.ndarray, problem: Problem, previous: np.ndarray, *, tolerance: float,
+               budget: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The first search of :func:`migrate` with a lower bound as the reference: improve ``previous``
+    until its max load is within ``(1 + tolerance)`` of :func:`reference_bound`, at most ``budget``
+    changed slots per layer.
+
+    A layer that gets there is within the tolerance of any plan from scratch (none is lighter than
+    the bound), so it needs none. Returns ``phy2log [L, S]``, ``slots_changed [L]`` and
+    ``within [L]`` bool (the layers that got there).
+    """
+    num_layers, num_experts = weights.shape
+    target = reference_bound(weights, problem) * (1.0 + tolerance)
+    near, changes, _ = improve_placement(weights, previous, previous, *_search_arguments(problem, num_experts), target,
+                                         np.full(num_layers, budget, np.int64), 2 * problem.topology.num_slots, True)
+    return near, changes, _peaks(weights, near, problem.topology) <= target
 
 
 def _better(peak_a, changes_a, peak_b, changes_b, target) -> bool:
@@ -389,5 +460,7 @@ def _regrouped(weights: np.ndarray, previous: np.ndarray, scratch: np.ndarray, t
 
 def _peaks(weights: np.ndarray, phy2log: np.ndarray, topology) -> np.ndarray:
     """``[L]`` max GPU load of ``phy2log`` on ``weights``."""
+    if phy2log.shape[0] == 0:
+        return np.zeros(0)
     logcnt = replica_counts(np.require(phy2log, requirements="CW"), weights.shape[1])  # one specialization
     return gpu_loads(weights, phy2log, logcnt, topology).max(axis=-1)

@@ -214,3 +214,25 @@ def test_close_plan_is_the_same_in_another_process():
         here = eplb.plan(series[1], previous=old, **config)
         assert line == here.phy2log.tobytes().hex()
         assert here == eplb.plan(series[1].copy(), previous=old.phy2log.copy(), **config)
+
+
+@settings(max_examples=30)
+@given(problems(), st.integers(0, 2**32 - 1), st.sampled_from([0.0, 0.005, 0.05]))
+def test_layers_near_the_bound_skip_the_plan_from_scratch_soundly(problem, seed, tolerance):
+    """A layer whose search from the previous placement got within the tolerance of the cheap bound
+    made no plan from scratch; the bound is below every method's plan, so the layer is within the
+    tolerance of any of them."""
+    from eplb.api import make_problem
+    from eplb.migration import reference_bound
+
+    config, counts = problem
+    previous = random_previous(config, counts.shape[0], seed)
+    near = eplb.plan(counts, previous=previous, tolerance=tolerance, **kwargs(config))
+    bound = reference_bound(counts.astype(float), make_problem(
+        config["num_experts"], config["num_slots"], config["num_gpus"], config["num_nodes"], config["num_groups"], None))
+    for method in ("greedy", eplb.DEFAULT_METHOD):
+        assert (bound <= eplb.plan(counts, method=method, **kwargs(config)).max_load * (1 + 1e-9) + 1e-9).all()
+    within = near.info["within_bound"]
+    assert (near.max_load[within] <= bound[within] * (1 + tolerance) * (1 + 1e-9) + 1e-9).all()
+    assert np.isnan(near.info["scratch_max_load"][within]).all() and not near.info["from_scratch"][within].any()
+    assert not np.isnan(near.info["scratch_max_load"][~within]).any()

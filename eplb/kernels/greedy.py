@@ -10,8 +10,37 @@ from numba import njit
 
 
 @njit(cache=True, nogil=True)
+def _before(keys, a, b):
+    """Heap order: the smaller key first, the smaller id on ties (the published code's argmin/argmax
+    picks the first index among equal values)."""
+    return keys[a] < keys[b] or (keys[a] == keys[b] and a < b)
+
+
+@njit(cache=True, nogil=True)
+def _sift_down(heap, size, keys, i):
+    """Restore the min-heap ``heap[:size]`` (ids ordered by ``keys[id]``, then id) below position ``i``."""
+    while True:
+        child = 2 * i + 1
+        if child >= size:
+            return
+        if child + 1 < size and _before(keys, heap[child + 1], heap[child]):
+            child += 1
+        if not _before(keys, heap[child], heap[i]):
+            return
+        heap[i], heap[child] = heap[child], heap[i]
+        i = child
+
+
+@njit(cache=True, nogil=True)
+def _heapify(heap, size, keys):
+    for i in range(size // 2 - 1, -1, -1):
+        _sift_down(heap, size, keys, i)
+
+
+@njit(cache=True, nogil=True)
 def replicate_greedy(weights, num_replicas, phy2expert, replica_counts):
-    """Give one extra replica at a time to the expert with the largest load per replica.
+    """Give one extra replica at a time to the expert with the largest load per replica (the first
+    such expert on ties, as torch.max picks), via a heap: O(R log E) instead of O(R E).
 
     Args:
         weights: ``[E]`` float32 loads.
@@ -20,24 +49,26 @@ def replicate_greedy(weights, num_replicas, phy2expert, replica_counts):
         replica_counts: ``[E]`` int64 output: replicas per expert.
     """
     num_experts = weights.shape[0]
+    minus_load = np.empty(num_experts, np.float32)  # min-heap keys: the largest load first
+    heap = np.empty(num_experts, np.int64)
     for e in range(num_experts):
         phy2expert[e] = e
         replica_counts[e] = 1
+        minus_load[e] = -weights[e]
+        heap[e] = e
+    _heapify(heap, num_experts, minus_load)
     for i in range(num_experts, num_replicas):
-        best = 0
-        best_load = weights[0] / np.float32(replica_counts[0])
-        for e in range(1, num_experts):
-            load = weights[e] / np.float32(replica_counts[e])
-            if load > best_load:  # strict: the first expert wins ties, as torch.max does
-                best = e
-                best_load = load
+        best = heap[0]
         phy2expert[i] = best
         replica_counts[best] += 1
+        minus_load[best] = -(weights[best] / np.float32(replica_counts[best]))
+        _sift_down(heap, num_experts, minus_load, 0)
 
 
 @njit(cache=True, nogil=True)
 def pack_largest_first(weights, num_packs, capacity, pack_of_item, rank_in_pack):
-    """Balanced packing: items in decreasing weight, each into the lightest pack with room.
+    """Balanced packing: items in decreasing weight, each into the lightest pack with room (the
+    first such pack on ties), the packs with room kept in a heap.
 
     Args:
         weights: ``[n]`` float32 item weights, ``n == num_packs * capacity``.
@@ -55,15 +86,18 @@ def pack_largest_first(weights, num_packs, capacity, pack_of_item, rank_in_pack)
     order = np.argsort(-weights.astype(np.float64), kind="mergesort")
     pack_load = np.zeros(num_packs, np.float32)
     pack_size = np.zeros(num_packs, np.int64)
+    heap = np.arange(num_packs)  # packs with room; all loads 0: already a heap
+    open_packs = num_packs
     for item in order:
-        best = -1
-        for p in range(num_packs):
-            if pack_size[p] < capacity and (best < 0 or pack_load[p] < pack_load[best]):
-                best = p
+        best = heap[0]
         pack_of_item[item] = best
         rank_in_pack[item] = pack_size[best]
         pack_load[best] += weights[item]
         pack_size[best] += 1
+        if pack_size[best] == capacity:  # full: leaves the heap
+            open_packs -= 1
+            heap[0] = heap[open_packs]
+        _sift_down(heap, open_packs, pack_load, 0)
 
 
 @njit(cache=True, nogil=True)
