@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from .kernels.bounds import min_max_replica_load, pigeonhole_bound, pigeonhole_upper, threshold_bound, tier_bound
+from .kernels.budget import budget_tier_bound
 from .kernels.tiny import tiny_bound
 from .topology import Topology
 
@@ -17,6 +18,10 @@ TINY_SLOTS = 16
 
 TINY_BUDGET = 50_000
 """Most nodes of that search per layer (Mixtral-8x7b's 8 experts on 12 slots: a few hundred)."""
+
+BUDGET_TIERS = 16
+"""Most tiers of heaviest experts the slot-budget tier bound tries per layer
+(:func:`eplb.kernels.budget.budget_tier_bound`)."""
 
 
 def average_bound(weights: np.ndarray, topology: Topology) -> np.ndarray:
@@ -84,7 +89,9 @@ def _threshold(weights: np.ndarray, topology: Topology, start: np.ndarray, max_m
 
 def tier(weights: np.ndarray, topology: Topology) -> np.ndarray:
     """The GPUs holding the replicas of the heaviest experts also hold the lightest others
-    (:func:`eplb.kernels.bounds.tier_bound`), from the average and replica bounds up."""
+    (:func:`eplb.kernels.bounds.tier_bound`), and those replicas, the other heavy experts' and
+    every replica's fillers share the slots (:func:`eplb.kernels.budget.budget_tier_bound`), from
+    the average and replica bounds up."""
     weights = np.ascontiguousarray(weights, dtype=np.float64)
     replica = replica_bound(weights, topology)
     return _tier(weights, topology, np.maximum(average_bound(weights, topology), replica), replica)
@@ -93,8 +100,10 @@ def tier(weights: np.ndarray, topology: Topology) -> np.ndarray:
 def _tier(weights: np.ndarray, topology: Topology, start: np.ndarray, replica: np.ndarray) -> np.ndarray:
     """:func:`tier` from ``start [L]`` (valid bounds: tiers that cannot beat them are skipped)."""
     active = topology.slots_per_gpu[topology.slots_per_gpu > 0]
-    return tier_bound(weights, np.ascontiguousarray(start, dtype=np.float64), replica, topology.num_slots,
-                      int(active.size), int(active.min()), int(active.max()))
+    args = (topology.num_slots, int(active.size), int(active.min()), int(active.max()))
+    tiers = tier_bound(weights, np.ascontiguousarray(start, dtype=np.float64), replica, *args)
+    # the same tiers with the slot budget shared by the tier, the other heavy experts and the fillers
+    return budget_tier_bound(weights, tiers, replica, *args, BUDGET_TIERS)
 
 
 def search(weights: np.ndarray, topology: Topology) -> np.ndarray:
