@@ -1,0 +1,165 @@
+"""Depth-first search for a packing of given replicas under a load cap (identical GPUs).
+
+Given the replica loads of one layer (one replica count per expert already chosen) and a cap
+``T``, :func:`pack_under_cap` looks for an assignment of the replicas to ``G`` GPUs of exactly
+``k`` slots each with every GPU load ``<= T``. GPUs are filled one at a time, each with the
+largest replica still unplaced (the GPUs are identical, so this loses no packing) and ``k - 1``
+others in increasing position, kept only when the GPU's load lies in the window
+``[R - (G' - 1) T, T]`` (``R``: load still unplaced, ``G'``: GPUs still empty) that the remaining
+GPUs can still absorb. Replicas of one expert are interchangeable, so only the first unused one
+is tried at a position. The search ends at the first packing found, when the tree is exhausted
+(no packing of these replicas meets the cap) or after ``budget`` nodes.
+"""
+
+import numpy as np
+from numba import njit
+
+FOUND = 1
+EXHAUSTED = 0
+OUT_OF_BUDGET = -1
+
+
+@njit(cache=True, nogil=True)
+def pack_under_cap(loads, experts, num_gpus, slots, cap, spread, budget):
+    """Pack ``G k`` replicas onto ``G`` GPUs of ``k`` slots each with every GPU load ``<= cap``.
+
+    Args:
+        loads: ``[G k]`` float64 replica loads, non-increasing; replicas of one expert adjacent.
+        experts: ``[G k]`` int64 expert of each replica.
+        num_gpus: ``G``; slots: ``k``; cap: ``T``.
+        spread: if True, no GPU holds two replicas of one expert.
+        budget: most search nodes (replica choices) before giving up.
+    Returns:
+        ``(status, gpu [G k] int64, nodes)``: status :data:`FOUND` (``gpu`` holds the GPU of every
+        replica), :data:`EXHAUSTED` (proven: no such packing of these replicas) or
+        :data:`OUT_OF_BUDGET`; ``nodes`` the search nodes spent.
+    """
+    n = loads.shape[0]
+    gpu = np.full(n, -1, np.int64)
+    if n != num_gpus * slots or slots < 1:
+        return EXHAUSTED, gpu, 0
+    used = np.zeros(n, np.bool_)
+    # choice[g, j]: position of the j-th replica of GPU g (j = 0 is its largest)
+    choice = np.full((num_gpus, slots), -1, np.int64)
+    partial = np.zeros((num_gpus, slots + 1))  # partial[g, j]: load of GPU g's first j replicas
+    remaining = np.zeros(num_gpus + 1)  # load unplaced before GPU g is filled
+    total = 0.0
+    for i in range(n):
+        total += loads[i]
+    remaining[0] = total
+    tol = 1e-12 * max(total, 1.0)
+    nodes = 0
+    g = 0
+    j = 0
+    resume = -1  # position after which to look for the next candidate at (g, j); -1: a fresh slot
+    while True:
+        if nodes >= budget:
+            return OUT_OF_BUDGET, gpu, nodes
+        if g == num_gpus:
+            for gg in range(num_gpus):
+                for jj in range(slots):
+                    gpu[choice[gg, jj]] = gg
+            return FOUND, gpu, nodes
+        low = remaining[g] - (num_gpus - g - 1) * cap - tol
+        picked = -1
+        if j == 0:
+            if resume < 0:  # the largest unplaced replica opens the GPU
+                for i in range(n):
+                    if not used[i]:
+                        picked = i
+                        break
+                if loads[picked] > cap + tol:
+                    picked = -1
+        else:
+            start = choice[g, j - 1] + 1 if resume < 0 else resume + 1
+            s = partial[g, j]
+            need = slots - j  # replicas still to add, this one included
+            # the (need - 1) lightest unused replicas: what the rest of the GPU adds at least
+            light = 0.0
+            taken = 0
+            for i in range(n - 1, -1, -1):
+                if taken == need - 1:
+                    break
+                if not used[i]:
+                    light += loads[i]
+                    taken += 1
+            i = start
+            while i < n:
+                if used[i] or (resume >= 0 and i <= resume):
+                    i += 1
+                    continue
+                if spread:
+                    clash = False
+                    for jj in range(j):
+                        if experts[choice[g, jj]] == experts[i]:
+                            clash = True
+                            break
+                    if clash:
+                        i += 1
+                        continue
+                if s + loads[i] + light > cap + tol:  # too heavy: lighter ones come later
+                    i += 1
+                    continue
+                # the heaviest completion from here: this replica and the next need - 1 unused ones
+                heavy = loads[i]
+                taken = 0
+                for ii in range(i + 1, n):
+                    if taken == need - 1:
+                        break
+                    if not used[ii]:
+                        heavy += loads[ii]
+                        taken += 1
+                if taken < need - 1 or s + heavy < low:  # too light, and so is every later one
+                    break
+                picked = i
+                break
+        nodes += 1
+        if picked >= 0:
+            choice[g, j] = picked
+            used[picked] = True
+            partial[g, j + 1] = partial[g, j] + loads[picked]
+            resume = -1
+            if j + 1 == slots:
+                if partial[g, slots] < low:
+                    # the GPU is too light: undo and try the next replica at this slot
+                    used[picked] = False
+                    resume = _skip_twins(picked, experts)
+                    continue
+                remaining[g + 1] = remaining[g] - partial[g, slots]
+                g += 1
+                j = 0
+            else:
+                j += 1
+            continue
+        # no candidate at (g, j): backtrack to the previous slot
+        if j == 0:
+            if g == 0:
+                return EXHAUSTED, gpu, nodes
+            g -= 1
+            j = slots - 1
+        else:
+            j -= 1
+        last = choice[g, j]
+        used[last] = False
+        choice[g, j] = -1
+        if j == 0:
+            resume = -1
+            # the opening replica is forced: backtrack further
+            if g == 0:
+                return EXHAUSTED, gpu, nodes
+            g -= 1
+            j = slots - 1
+            last = choice[g, j]
+            used[last] = False
+            choice[g, j] = -1
+        resume = _skip_twins(last, experts)
+
+
+@njit(cache=True, nogil=True)
+def _skip_twins(position, experts):
+    """The last position holding a replica of the same expert as ``position`` (replicas of one
+    expert are adjacent and interchangeable: after one fails at a slot, the others fail too)."""
+    n = experts.shape[0]
+    while position + 1 < n and experts[position + 1] == experts[position]:
+        position += 1
+    return position
