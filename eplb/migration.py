@@ -4,11 +4,12 @@ Planning from scratch after the loads drift moves almost every expert (greedy ch
 slots), and every changed slot is an expert's weights (tens of MiB) copied across GPUs. Here, per
 layer:
 
-0. (:func:`plan_near`, the path of :func:`eplb.plan` and :class:`eplb.Balancer`) first improve the
-   previous placement as in step 2 until it is within the tolerance of a cheap lower bound
-   (:func:`reference_bound`); a layer that gets there is within the tolerance of any plan from
-   scratch, so none is made for it: most layers of a drifting load, and the plan from scratch is
-   most of the time of a rebalance. Only the other layers go on to steps 1-6;
+0. (:func:`plan_near`, the path of :func:`eplb.plan` and :class:`eplb.Balancer`, on layers of at
+   least :data:`BOUND_FIRST_SLOTS` slots) first improve the previous placement as in step 2 until
+   it is within the tolerance of a cheap lower bound (:func:`reference_bound`); a layer that gets
+   there is within the tolerance of any plan from scratch, so none is made for it: most layers of a
+   drifting load, and the plan from scratch is most of the time of a rebalance. Only the other
+   layers go on to steps 1-6;
 1. plan from scratch with the chosen method: the reference max GPU load ``M``;
 2. improve the previous placement by local search (swap two slots, give a slot to another expert),
    best balance gain per changed slot first, until its max load is at most ``(1 + tolerance) * M``
@@ -66,6 +67,13 @@ def as_previous(previous, num_experts: int, problem: Problem, num_layers: int) -
 
 RESTARTS = ("steepest", "recount", "regroup")  # the searches tried where the first one stalls
 TINY_SLOTS = 16  # layers with at most this many slots also get an exhaustive search for fewer changes
+BOUND_FIRST_SLOTS = 128
+"""Layers with at least this many slots take the bound-first search (:func:`near_bound`). There the
+plan from scratch is most of a rebalance's time (DeepSeek-V3 size: 11 -> 6.6 ms hierarchical, 19
+-> 10 ms global), and the tighter cap costs few moves (3.8 -> 4.0% of the slots per rebalance
+hierarchical, 8.8 -> 9.0% global, bench/serving.py). In smaller layers one slot is a large share
+of the layer, every avoided move matters (gpt-oss-20b on 40 slots: 27.4% -> 27.9%), and planning
+from scratch takes a few milliseconds anyway."""
 TINY_WORK = 1_300_000  # placements that search checks per layer at most (~40 ms if it finds none)
 
 
@@ -240,10 +248,9 @@ def _plan_layers(weights, problem, previous, method, tolerance, max_moves, optio
 
 def _bound_first(problem: Problem, tolerance: float | None, method: str) -> bool:
     """Whether :func:`plan_near` tries :func:`near_bound` before planning from scratch: with a
-    tolerance, except for the exact method (its reference is its own plan) and for small global
-    layers (their exhaustive search for fewest changes needs the plan from scratch as the cap)."""
-    return (tolerance is not None and method != "exact"
-            and (problem.hierarchical or problem.topology.num_slots > TINY_SLOTS))
+    tolerance, on layers of at least :data:`BOUND_FIRST_SLOTS` slots, except for the exact method
+    (its reference is its own plan)."""
+    return tolerance is not None and method != "exact" and problem.topology.num_slots >= BOUND_FIRST_SLOTS
 
 
 def _merge_infos(infos: list[dict]) -> dict:
