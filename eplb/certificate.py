@@ -77,12 +77,17 @@ def _replicas(w: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray
 class _Layer:
     """The packing search of one layer: ``try_cap`` packs given counts under a cap."""
 
-    def __init__(self, w: np.ndarray, num_gpus: int, slots: int, spread: bool, budget: int):
+    def __init__(self, w: np.ndarray, num_gpus: int, slots: int, spread: bool, budget: int, max_attempts: int):
         self.w, self.num_gpus, self.slots, self.spread, self.budget = w, num_gpus, slots, spread, budget
         self.nodes = 0
+        self.attempts = max_attempts
 
     def try_cap(self, counts: np.ndarray, cap: float):
-        """``(max load, phy2log row [S])`` of a packing of ``counts`` under ``cap``, or ``None``."""
+        """``(max load, phy2log row [S])`` of a packing of ``counts`` under ``cap``, or ``None``
+        (also once the layer's attempts are spent)."""
+        if self.attempts <= 0:
+            return None
+        self.attempts -= 1
         loads, experts = _replicas(self.w, counts)
         status, gpu, nodes = pack_under_cap(loads, experts, self.num_gpus, self.slots, float(cap), self.spread,
                                             self.budget)
@@ -96,7 +101,7 @@ class _Layer:
     def bisect(self, counts: np.ndarray, low: float, found):
         """Lower ``found = (max load, row)`` for ``counts`` by bisection down to ``low``."""
         high = found[0]
-        while high - low > RELATIVE_STEP * high:
+        while high - low > RELATIVE_STEP * high and self.attempts > 0:
             mid = 0.5 * (low + high)
             better = self.try_cap(counts, mid)
             if better is None:
@@ -108,7 +113,8 @@ class _Layer:
 
 
 def improve_layer(w: np.ndarray, row: np.ndarray, num_gpus: int, slots: int, lower: float, *,
-                  neighbours: bool = True, spread: bool = True, budget: int = 20_000):
+                  neighbours: bool = True, spread: bool = True, budget: int = 20_000,
+                  max_attempts: int = 20_000):
     """The lightest placement of one layer the capped search finds from ``row``.
 
     Args:
@@ -117,12 +123,14 @@ def improve_layer(w: np.ndarray, row: np.ndarray, num_gpus: int, slots: int, low
         neighbours: also descend over replica counts (one replica moved between two experts).
         spread: no two replicas of one expert on a GPU.
         budget: search nodes per packing attempt (an attempt out of budget counts as failed).
+        max_attempts: most packing attempts for the layer (bounds the time on large layers, where
+            one pass of the descent tries ``E (E - 1)`` moves).
     Returns:
         ``(max load, row [S] int64, nodes)``.
     """
     counts = np.bincount(row, minlength=w.shape[0]).astype(np.int64)
     start = float(np.bincount(np.arange(row.shape[0]) // slots, weights=w[row] / counts[row], minlength=num_gpus).max())
-    search = _Layer(w, num_gpus, slots, spread, budget)
+    search = _Layer(w, num_gpus, slots, spread, budget, max_attempts)
     best = (start, np.asarray(row, dtype=np.int64))
     if start <= lower or w.max() <= 0.0:
         return best[0], best[1], 0
@@ -131,7 +139,7 @@ def improve_layer(w: np.ndarray, row: np.ndarray, num_gpus: int, slots: int, low
         best = search.bisect(counts, lower, found)
     if neighbours:
         improved = True
-        while improved and best[0] > lower * (1.0 + RELATIVE_STEP):
+        while improved and best[0] > lower * (1.0 + RELATIVE_STEP) and search.attempts > 0:
             improved = False
             for a in range(w.shape[0]):
                 if counts[a] == 1:
@@ -154,7 +162,7 @@ def improve_layer(w: np.ndarray, row: np.ndarray, num_gpus: int, slots: int, low
 
 
 def certify(counts, topology: Topology, start=None, *, neighbours: bool = True, spread: bool = True,
-            budget: int = 20_000) -> Certificate:
+            budget: int = 20_000, max_attempts: int = 20_000) -> Certificate:
     """Bracket the optimal max load of every layer (see the module docstring).
 
     Args:
@@ -162,7 +170,7 @@ def certify(counts, topology: Topology, start=None, *, neighbours: bool = True, 
         topology: identical GPUs (every GPU the same number of slots), one placement domain.
         start: ``[L, S]`` starting placement (``phy2log``) or a :class:`~eplb.Placement`;
             default ``eplb.plan(counts, topology=topology, method="best")``.
-        neighbours, spread, budget: see :func:`improve_layer`.
+        neighbours, spread, budget, max_attempts: see :func:`improve_layer`.
     Returns:
         A :class:`Certificate`.
     """
@@ -174,8 +182,9 @@ def certify(counts, topology: Topology, start=None, *, neighbours: bool = True, 
         raise ValueError(f"topology must be an eplb.Topology, got {type(topology).__name__}")
     if not topology.is_uniform or int(topology.slots_per_gpu.min()) < 1:
         raise ValueError("topology must give every GPU the same number of slots (>= 1) for certify")
-    if not isinstance(budget, (int, np.integer)) or budget < 1:
-        raise ValueError(f"budget must be a positive integer, got {budget!r}")
+    for name, value in (("budget", budget), ("max_attempts", max_attempts)):
+        if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
     if start is None:
         start = plan(weights, topology=topology, method="best")
     start = getattr(start, "phy2log", start)
@@ -195,6 +204,6 @@ def certify(counts, topology: Topology, start=None, *, neighbours: bool = True, 
                                    weights=w[start[layer]] / counts_row[start[layer]], minlength=num_gpus).max()
         upper[layer], phy2log[layer], nodes[layer] = improve_layer(
             w, start[layer], num_gpus, slots, float(lower[layer]), neighbours=neighbours, spread=spread,
-            budget=int(budget))
+            budget=int(budget), max_attempts=int(max_attempts))
     optimal = upper <= lower * (1.0 + 1e-9)
     return Certificate(lower=lower, upper=upper, start=first, phy2log=phy2log, optimal=optimal, nodes=nodes)

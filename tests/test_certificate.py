@@ -115,6 +115,8 @@ def test_certificate_rejects_what_it_cannot_handle():
         certify(w, Topology(np.array([3, 5]), 1))
     with pytest.raises(ValueError, match="budget"):
         certify(w, Topology.uniform(8, 2), budget=0)
+    with pytest.raises(ValueError, match="max_attempts"):
+        certify(w, Topology.uniform(8, 2), max_attempts=0)
     with pytest.raises(ValueError, match="start"):
         certify(np.ones((2, 6)), Topology.uniform(8, 2), start=np.zeros((1, 8), np.int64) + np.arange(8) % 6)
 
@@ -133,3 +135,16 @@ def test_gpt_oss_layers_are_certified_within_the_bar(trace_counts):
         assert all(len(set(r)) == 5 for r in row)  # spread: no expert twice on a GPU
     single = improve_layer(w[0], cert.phy2log[0], 8, 5, float(cert.lower[0]), budget=1_000)
     assert single[0] <= cert.upper[0]
+
+
+def test_attempt_limit_bounds_the_work_and_keeps_a_valid_placement():
+    from eplb.synthetic import skewed_counts as counts_of
+
+    w = counts_of(1, 32, family="zipf", skew=1.0, seed=3).astype(float)
+    topology = Topology.uniform(40, 8)
+    start = eplb.plan(w, topology=topology, method="greedy")
+    few = certify(w, topology, start, max_attempts=3)
+    many = certify(w, topology, start, max_attempts=2_000)
+    assert many.upper[0] <= few.upper[0] <= few.start[0]
+    placement = eplb.Placement(phy2log=few.phy2log, num_experts=32, topology=topology)
+    assert placement.gpu_loads(w).max() == pytest.approx(few.upper[0])
