@@ -2,7 +2,8 @@
 
 From a start placement, every layer and domain first tries the *aligned* replications of
 :func:`aligned_counts` (the heavy experts get a multiple of the domain's GPUs in replicas, so every
-GPU can carry the same number of heavy replicas), then ``num_starts`` seeded ones, each one or a
+GPU can carry the same number of heavy replicas) and the :func:`light_split` variants of those
+and of the start (the light experts' extra replicas moved to the lightest), then ``num_starts`` seeded ones, each one or a
 few replicas moved from one expert to another (a donor with several replicas, a receiver drawn
 by load per replica); it packs each with :func:`eplb.kernels.balanced.pack_domain` and keeps it
 when the domain's heaviest GPU gets lighter (and no more replicas share a GPU with their
@@ -194,6 +195,53 @@ def _add_candidate(w, experts, counts, t, seats, num_slots, cap, row, candidates
 
 
 @njit(cache=True, nogil=True)
+def light_split(w, experts, counts, level, row):
+    """The replication ``counts`` with the extra replicas of the light experts (load ``<= level``,
+    the domain's mean GPU load) moved to the lightest experts, one each, written to ``row``.
+
+    The largest-load-per-replica rule splits the heaviest of the light experts first, and their
+    halves, kept apart (one replica of an expert per GPU), land on the GPUs of the hot experts'
+    replicas, where the room left is smaller than such a half (one hot expert with ~40% of the load:
+    ``bench/quality.py``, Zipf 1.5). Splitting the lightest experts instead makes fillers that fit
+    anywhere. Args: ``experts [n]`` heaviest first, ``counts [n]``, ``row [n]`` int64.
+    Returns: whether ``row`` differs from ``counts``.
+    """
+    n = experts.shape[0]
+    moved = 0
+    for i in range(n):
+        row[i] = counts[i]
+        if counts[i] > 1 and w[experts[i]] <= level:
+            moved += counts[i] - 1
+            row[i] = 1
+    first_light = n  # experts heaviest first: the light ones are the last
+    while first_light > 0 and w[experts[first_light - 1]] <= level:
+        first_light -= 1
+    i = n - 1
+    while moved > 0:  # at most as many as the light experts held beyond one: none passes the cap
+        row[i] += 1
+        moved -= 1
+        i = i - 1 if i > first_light else n - 1
+    for i in range(n):
+        if row[i] != counts[i]:
+            return True
+    return False
+
+
+@njit(cache=True, nogil=True)
+def _is_new(row, n, counts, rows, found):
+    """Whether ``row[:n]`` differs from ``counts[:n]`` and from ``rows[:found, :n]``."""
+    for c in range(-1, found):
+        same = True
+        for i in range(n):
+            if row[i] != (counts[i] if c < 0 else rows[c, i]):
+                same = False
+                break
+        if same:
+            return False
+    return True
+
+
+@njit(cache=True, nogil=True)
 def best_placement(weights, slots_per_gpu, gpu_domain, start, num_starts, max_steps, seed, pair_swaps, threshold):
     """Improve ``start`` layer by layer (module docstring).
 
@@ -221,7 +269,8 @@ def best_placement(weights, slots_per_gpu, gpu_domain, start, num_starts, max_st
     out = start.copy()
     item_expert, item_load, gpu_items, gpu_fill, gpu_load, holds = new_state(num_slots, num_gpus, width, num_experts)
     best_expert = np.empty(num_slots, np.int64)
-    aligned = np.empty((13, num_experts), np.int64)
+    aligned = np.empty((27, num_experts), np.int64)  # 13 aligned, then light_split of those and of the start
+    split = np.empty(num_experts, np.int64)
     state = np.zeros(1, np.uint64)
     counts_all = np.zeros(num_experts, np.int64)
     for layer in range(num_layers):
@@ -267,6 +316,19 @@ def best_placement(weights, slots_per_gpu, gpu_domain, start, num_starts, max_st
             # the aligned replications first (from the start's counts), then the seeded perturbations
             num_aligned = aligned_counts(w, experts, best_counts, domain_slots(gpus, slots_per_gpu), gpus.shape[0],
                                          cap, num_starts > 0, aligned)
+            # each of those and the start with the light experts' extra replicas on the lightest ones
+            level = 0.0
+            for i in range(experts.shape[0]):
+                level += w[experts[i]]
+            level /= gpus.shape[0]
+            num_rows = num_aligned
+            for i in range(-1, num_aligned):
+                source = best_counts if i < 0 else aligned[i, :experts.shape[0]]
+                if light_split(w, experts, source, level, split) and _is_new(split, experts.shape[0], best_counts,
+                                                                             aligned, num_rows):
+                    aligned[num_rows, :experts.shape[0]] = split[:experts.shape[0]]
+                    num_rows += 1
+            num_aligned = num_rows
             for trial in range(num_aligned + num_starts):
                 if trial < num_aligned:
                     counts = aligned[trial, :experts.shape[0]].copy()

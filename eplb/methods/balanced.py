@@ -12,7 +12,9 @@ Per layer, and per node in hierarchical mode:
    (:func:`eplb.kernels.local_search.swap_descent`);
 5. on domains more than 0.2% above the bounds, try the aligned replication (the heavy experts get
    a multiple of the domain's GPUs in replicas, so that every GPU can carry as many heavy
-   replicas: :func:`eplb.kernels.multistart.aligned_counts`) and keep it if it packs better;
+   replicas: :func:`eplb.kernels.multistart.aligned_counts`), and each of those and the start with
+   the light experts' extra replicas moved to the lightest experts
+   (:func:`eplb.kernels.multistart.light_split`), and keep the one that packs best;
 6. on layers still above the simple bounds, try other replications (a replica or three moved
    between experts, each packed again: the seeded search of ``method="best"``), as many as a
    per-layer work budget affords (many on small models, none at DeepSeek-V3 size), and keep the
