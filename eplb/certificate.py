@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .bounds import lower_bound
-from .kernels.capped import FOUND, pack_under_cap
+from .kernels.capped import descend
 from .kernels.layout import replica_counts
 from .topology import Topology
 
@@ -65,57 +65,11 @@ class Certificate:
             return np.where(self.lower > 0, self.upper / np.where(self.lower > 0, self.lower, 1.0) - 1.0, 0.0)
 
 
-def _replicas(w: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Replica loads ``[S]`` non-increasing (ties by expert id, replicas of one expert adjacent)
-    and their experts ``[S]`` int64, for loads ``w [E]`` and replica counts ``counts [E]``."""
-    experts = np.repeat(np.arange(w.shape[0], dtype=np.int64), counts)
-    loads = w[experts] / counts[experts]
-    order = np.lexsort((experts, -loads))
-    return np.ascontiguousarray(loads[order]), np.ascontiguousarray(experts[order])
-
-
-class _Layer:
-    """The packing search of one layer: ``try_cap`` packs given counts under a cap."""
-
-    def __init__(self, w: np.ndarray, num_gpus: int, slots: int, spread: bool, budget: int, max_attempts: int):
-        self.w, self.num_gpus, self.slots, self.spread, self.budget = w, num_gpus, slots, spread, budget
-        self.nodes = 0
-        self.attempts = max_attempts
-
-    def try_cap(self, counts: np.ndarray, cap: float):
-        """``(max load, phy2log row [S])`` of a packing of ``counts`` under ``cap``, or ``None``
-        (also once the layer's attempts are spent)."""
-        if self.attempts <= 0:
-            return None
-        self.attempts -= 1
-        loads, experts = _replicas(self.w, counts)
-        status, gpu, nodes = pack_under_cap(loads, experts, self.num_gpus, self.slots, float(cap), self.spread,
-                                            self.budget)
-        self.nodes += int(nodes)
-        if status != FOUND:
-            return None
-        gpu_loads = np.bincount(gpu, weights=loads, minlength=self.num_gpus)
-        order = np.lexsort((experts, gpu))  # GPU by GPU, experts in increasing id
-        return float(gpu_loads.max()), experts[order]
-
-    def bisect(self, counts: np.ndarray, low: float, found):
-        """Lower ``found = (max load, row)`` for ``counts`` by bisection down to ``low``."""
-        high = found[0]
-        while high - low > RELATIVE_STEP * high and self.attempts > 0:
-            mid = 0.5 * (low + high)
-            better = self.try_cap(counts, mid)
-            if better is None:
-                low = mid
-            else:
-                found = better
-                high = better[0]
-        return found
-
-
 def improve_layer(w: np.ndarray, row: np.ndarray, num_gpus: int, slots: int, lower: float, *,
                   neighbours: bool = True, spread: bool = True, budget: int = 20_000,
                   max_attempts: int = 20_000):
-    """The lightest placement of one layer the capped search finds from ``row``.
+    """The lightest placement of one layer the capped search finds from ``row``
+    (:func:`eplb.kernels.capped.descend`).
 
     Args:
         w: ``[E]`` float64 expert loads; row: ``[S]`` int64 starting placement (``S = G k``).
@@ -128,37 +82,10 @@ def improve_layer(w: np.ndarray, row: np.ndarray, num_gpus: int, slots: int, low
     Returns:
         ``(max load, row [S] int64, nodes)``.
     """
-    counts = np.bincount(row, minlength=w.shape[0]).astype(np.int64)
-    start = float(np.bincount(np.arange(row.shape[0]) // slots, weights=w[row] / counts[row], minlength=num_gpus).max())
-    search = _Layer(w, num_gpus, slots, spread, budget, max_attempts)
-    best = (start, np.asarray(row, dtype=np.int64))
-    if start <= lower or w.max() <= 0.0:
-        return best[0], best[1], 0
-    found = search.try_cap(counts, start)
-    if found is not None and found[0] <= best[0]:
-        best = search.bisect(counts, lower, found)
-    if neighbours:
-        improved = True
-        while improved and best[0] > lower * (1.0 + RELATIVE_STEP) and search.attempts > 0:
-            improved = False
-            for a in range(w.shape[0]):
-                if counts[a] == 1:
-                    continue
-                for b in range(w.shape[0]):
-                    if b == a:
-                        continue
-                    moved = counts.copy()
-                    moved[a] -= 1
-                    moved[b] += 1
-                    found = search.try_cap(moved, best[0] * (1.0 - RELATIVE_STEP))
-                    if found is not None:
-                        counts = moved
-                        best = search.bisect(counts, lower, found)
-                        improved = True
-                        break
-                if improved:
-                    break
-    return best[0], best[1], search.nodes
+    upper, out, nodes = descend(np.ascontiguousarray(w, dtype=np.float64), np.require(row, np.int64, "CW").copy(),
+                                int(num_gpus), int(slots), float(lower), bool(neighbours), bool(spread), int(budget),
+                                int(max_attempts), RELATIVE_STEP)
+    return float(upper), out, int(nodes)
 
 
 def certify(counts, topology: Topology, start=None, *, neighbours: bool = True, spread: bool = True,

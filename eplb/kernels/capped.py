@@ -163,3 +163,129 @@ def _skip_twins(position, experts):
     while position + 1 < n and experts[position + 1] == experts[position]:
         position += 1
     return position
+
+
+@njit(cache=True, nogil=True)
+def replicas_of(w, counts):
+    """Replica loads ``[S]`` non-increasing (ties by expert id, so replicas of one expert are
+    adjacent) and their experts ``[S]`` int64, for loads ``w [E]`` and replica counts ``counts [E]``."""
+    num_slots = 0
+    for e in range(w.shape[0]):
+        num_slots += counts[e]
+    loads = np.empty(num_slots)
+    experts = np.empty(num_slots, np.int64)
+    n = 0
+    for e in range(w.shape[0]):
+        for _ in range(counts[e]):
+            loads[n] = w[e] / counts[e]
+            experts[n] = e
+            n += 1
+    order = np.argsort(-loads, kind="mergesort")  # stable: equal loads keep increasing expert ids
+    return loads[order], experts[order]
+
+
+@njit(cache=True, nogil=True)
+def _attempt(w, counts, num_gpus, slots, cap, spread, budget, row, stats):
+    """One packing attempt of ``counts`` under ``cap``; on success writes the placement into
+    ``row [S]`` (GPU by GPU, experts increasing) and returns its max load, else ``-1``.
+    ``stats [2]``: attempts left, nodes spent (updated)."""
+    if stats[0] <= 0:
+        return -1.0
+    stats[0] -= 1
+    loads, experts = replicas_of(w, counts)
+    status, gpu, nodes = pack_under_cap(loads, experts, num_gpus, slots, cap, spread, budget)
+    stats[1] += nodes
+    if status != FOUND:
+        return -1.0
+    gpu_load = np.zeros(num_gpus)
+    for i in range(loads.shape[0]):
+        gpu_load[gpu[i]] += loads[i]
+    fill = np.zeros(num_gpus, np.int64)
+    for e in range(w.shape[0]):  # experts increasing: each GPU's slots list its experts in order
+        for i in range(loads.shape[0]):
+            if experts[i] == e:
+                g = gpu[i]
+                row[g * slots + fill[g]] = e
+                fill[g] += 1
+    return gpu_load.max()
+
+
+@njit(cache=True, nogil=True)
+def _bisect(w, counts, num_gpus, slots, low, high, spread, budget, row, stats, step):
+    """Lower the max load ``high`` of the packing in ``row`` (of ``counts``) by bisecting the cap
+    down to ``low``; returns the max load of ``row`` at the end."""
+    trial = row.copy()
+    while high - low > step * high and stats[0] > 0:
+        mid = 0.5 * (low + high)
+        found = _attempt(w, counts, num_gpus, slots, mid, spread, budget, trial, stats)
+        if found < 0.0:
+            low = mid
+        else:
+            high = found
+            row[:] = trial
+    return high
+
+
+@njit(cache=True, nogil=True)
+def descend(w, row, num_gpus, slots, lower, neighbours, spread, budget, max_attempts, step):
+    """The lightest placement the capped search finds for one layer, from the placement ``row``.
+
+    Bisects the cap for ``row``'s replica counts, then (``neighbours``) moves one replica from one
+    expert to another, keeping the first move whose replicas pack under ``(1 - step)`` times the
+    current max load and bisecting again, until no move helps or ``max_attempts`` packing
+    attempts are spent.
+
+    Args:
+        w: ``[E]`` float64 loads; row: ``[S]`` int64 starting placement (``S = G k``, GPU ``g`` on
+            slots ``g k ... g k + k - 1``); num_gpus, slots: ``G``, ``k``; lower: a valid lower
+            bound (the bisection stops there); spread: no expert twice on a GPU; budget: search
+            nodes per attempt; step: relative precision of the bisection and least gain of a move.
+    Returns:
+        ``(max load, row [S] int64, nodes)``: ``max load <=`` the start's.
+    """
+    num_experts = w.shape[0]
+    num_slots = row.shape[0]
+    counts = np.zeros(num_experts, np.int64)
+    for s in range(num_slots):
+        counts[row[s]] += 1
+    gpu_load = np.zeros(num_gpus)
+    for s in range(num_slots):
+        gpu_load[s // slots] += w[row[s]] / counts[row[s]]
+    best = gpu_load.max()
+    out = row.copy()
+    stats = np.zeros(2, np.int64)
+    stats[0] = max_attempts
+    peak = 0.0
+    for e in range(num_experts):
+        peak = max(peak, w[e])
+    if best <= lower or peak <= 0.0:
+        return best, out, 0
+    trial = row.copy()
+    found = _attempt(w, counts, num_gpus, slots, best, spread, budget, trial, stats)
+    if found >= 0.0 and found <= best:
+        out[:] = trial
+        best = _bisect(w, counts, num_gpus, slots, lower, found, spread, budget, out, stats, step)
+    if not neighbours:
+        return best, out, stats[1]
+    improved = True
+    while improved and best > lower * (1.0 + step) and stats[0] > 0:
+        improved = False
+        for a in range(num_experts):
+            if counts[a] == 1:
+                continue
+            for b in range(num_experts):
+                if b == a:
+                    continue
+                counts[a] -= 1
+                counts[b] += 1
+                found = _attempt(w, counts, num_gpus, slots, best * (1.0 - step), spread, budget, trial, stats)
+                if found >= 0.0:
+                    out[:] = trial
+                    best = _bisect(w, counts, num_gpus, slots, lower, found, spread, budget, out, stats, step)
+                    improved = True
+                    break
+                counts[a] += 1
+                counts[b] -= 1
+            if improved:
+                break
+    return best, out, stats[1]
