@@ -242,7 +242,65 @@ def _is_new(row, n, counts, rows, found):
 
 
 @njit(cache=True, nogil=True)
-def best_placement(weights, slots_per_gpu, gpu_domain, start, num_starts, max_steps, seed, pair_swaps, threshold):
+def _pack_and_keep(w, experts, counts, gpus, slots_per_gpu, first_item, item_expert, item_load, gpu_items, gpu_fill,
+                   gpu_load, holds, max_steps, slot_offsets, best_max, best_shared, best_counts, best_expert):
+    """Pack the replication ``counts`` on ``gpus`` (:func:`eplb.kernels.balanced.pack_domain`) and keep
+    it in ``best_counts`` / ``best_expert`` (expert of every slot of ``gpus``) when the domain's
+    heaviest GPU is lighter than ``best_max`` and no more replicas share a GPU with their expert
+    than ``best_shared``. Returns the best max load."""
+    clear_gpus(gpus, item_expert, gpu_items, gpu_fill, gpu_load, holds)
+    # pair_swaps=False given as balanced_placement passes it: one compiled specialization of pack_domain
+    pack_domain(w, experts, counts, gpus, slots_per_gpu, first_item, item_expert, item_load, gpu_items, gpu_fill,
+                gpu_load, holds, max_steps, False)
+    top = _domain_max(gpus, gpu_load)
+    if top < best_max * (1.0 - 1e-12) and _shared(gpus, gpu_items, gpu_fill, item_expert, holds) <= best_shared:
+        for i in range(counts.shape[0]):  # not best_counts[:] = counts: see hierarchy._copy
+            best_counts[i] = counts[i]
+        for gi in range(gpus.shape[0]):
+            g = gpus[gi]
+            for j in range(gpu_fill[g]):
+                best_expert[slot_offsets[g] + j] = item_expert[gpu_items[g, j]]
+        return top
+    return best_max
+
+
+@njit(cache=True, nogil=True)
+def _move_descent(w, experts, gpus, slots_per_gpu, first_item, item_expert, item_load, gpu_items, gpu_fill, gpu_load,
+                  holds, max_steps, slot_offsets, best_max, best_shared, best_counts, best_expert, cap, move_experts,
+                  move_passes):
+    """Up to ``move_passes`` rounds, while a round helps: every move of one replica to one of the
+    ``move_experts`` heaviest experts (``experts`` heaviest first) from another of them or from the
+    lightest expert with several replicas, each from the round's first replication, packed and kept
+    when lighter (:func:`_pack_and_keep`). Returns the best max load."""
+    n = experts.shape[0]
+    top = min(move_experts, n)
+    for _ in range(move_passes):
+        before = best_max
+        base = best_counts.copy()  # every move of a round from the same replication: the best move wins
+        light_donor = -1
+        for i in range(n - 1, top - 1, -1):
+            if base[i] >= 2:
+                light_donor = i
+                break
+        for receiver in range(top):
+            for donor in range(-1, top):
+                d = light_donor if donor < 0 else donor
+                if d < 0 or d == receiver or base[d] < 2 or base[receiver] >= cap:
+                    continue
+                counts = base.copy()
+                counts[receiver] += 1
+                counts[d] -= 1
+                best_max = _pack_and_keep(w, experts, counts, gpus, slots_per_gpu, first_item, item_expert,
+                                          item_load, gpu_items, gpu_fill, gpu_load, holds, max_steps, slot_offsets,
+                                          best_max, best_shared, best_counts, best_expert)
+        if best_max >= before:
+            break
+    return best_max
+
+
+@njit(cache=True, nogil=True)
+def best_placement(weights, slots_per_gpu, gpu_domain, start, num_starts, max_steps, seed, pair_swaps, threshold,
+                   move_experts, move_passes, move_threshold):
     """Improve ``start`` layer by layer (module docstring).
 
     Args:
@@ -252,6 +310,10 @@ def best_placement(weights, slots_per_gpu, gpu_domain, start, num_starts, max_st
         seed: seed of the generator; pair_swaps: finish with :func:`pair_swap_descent` (slower).
         threshold: ``[L]`` float64; a domain whose heaviest GPU is not above ``threshold[layer]``
             is left as it is (pass a proven bound to skip domains that cannot matter, zeros for all).
+        move_experts, move_passes, move_threshold: on the domains whose heaviest GPU is above
+            ``move_threshold[layer]`` (``[L]`` float64), from the start's replication and again after
+            the aligned ones, up to ``move_passes`` rounds of replica moves between the domain's
+            heaviest experts (:func:`_move_descent`); 0 passes: none.
     Returns:
         ``phy2log [L, S]`` int64 whose max load per layer and domain is never above ``start``'s.
     """
@@ -313,7 +375,7 @@ def best_placement(weights, slots_per_gpu, gpu_domain, start, num_starts, max_st
             cap = gpus.shape[0]
             while cap * experts.shape[0] < domain_slots(gpus, slot_offsets[1:] - slot_offsets[:-1]):
                 cap += gpus.shape[0]
-            # the aligned replications first (from the start's counts), then the seeded perturbations
+            # the aligned replications first (from the start's counts), then moves, then the seeded perturbations
             num_aligned = aligned_counts(w, experts, best_counts, domain_slots(gpus, slots_per_gpu), gpus.shape[0],
                                          cap, num_starts > 0, aligned)
             # each of those and the start with the light experts' extra replicas on the lightest ones
@@ -326,32 +388,35 @@ def best_placement(weights, slots_per_gpu, gpu_domain, start, num_starts, max_st
                 source = best_counts if i < 0 else aligned[i, :experts.shape[0]]
                 if light_split(w, experts, source, level, split) and _is_new(split, experts.shape[0], best_counts,
                                                                              aligned, num_rows):
-                    aligned[num_rows, :experts.shape[0]] = split[:experts.shape[0]]
+                    for j in range(experts.shape[0]):  # a loop, not a slice assignment: see hierarchy._copy
+                        aligned[num_rows, j] = split[j]
                     num_rows += 1
             num_aligned = num_rows
-            for trial in range(num_aligned + num_starts):
-                if trial < num_aligned:
-                    counts = aligned[trial, :experts.shape[0]].copy()
-                else:
-                    counts = best_counts.copy()
-                    step = trial - num_aligned
-                    if step > 0 and not _perturb(w, experts, counts, cap, 1 + step % 3, state):
-                        break
-                clear_gpus(gpus, item_expert, gpu_items, gpu_fill, gpu_load, holds)
-                # first_item an int64 and pair_swaps=False given as balanced_placement passes them: one
-                # compiled specialization of pack_domain
-                pack_domain(w, experts, counts, gpus, slots_per_gpu, first_item if contiguous else np.int64(0),
-                            item_expert, item_load, gpu_items, gpu_fill, gpu_load, holds, max_steps, False)
-                top = _domain_max(gpus, gpu_load)
-                if top < best_max * (1.0 - 1e-12) and _shared(gpus, gpu_items, gpu_fill, item_expert,
-                                                               holds) <= best_shared:
-                    best_max = top
-                    for i in range(counts.shape[0]):  # not best_counts[:] = counts: see hierarchy._copy
-                        best_counts[i] = counts[i]
-                    for gi in range(gpus.shape[0]):
-                        g = gpus[gi]
-                        for j in range(gpu_fill[g]):
-                            best_expert[slot_offsets[g] + j] = item_expert[gpu_items[g, j]]
+            moves = move_passes > 0 and best_max > move_threshold[layer]
+            if moves:  # from the start's replication first (the aligned ones may lead elsewhere)
+                best_max = _move_descent(w, experts, gpus, slots_per_gpu, first_item if contiguous else np.int64(0),
+                                         item_expert, item_load, gpu_items, gpu_fill, gpu_load, holds, max_steps,
+                                         slot_offsets, best_max, best_shared, best_counts, best_expert, cap,
+                                         move_experts, move_passes)
+            for trial in range(num_aligned):
+                best_max = _pack_and_keep(w, experts, aligned[trial, :experts.shape[0]].copy(), gpus, slots_per_gpu,
+                                          first_item if contiguous else np.int64(0), item_expert, item_load,
+                                          gpu_items, gpu_fill, gpu_load, holds, max_steps, slot_offsets, best_max,
+                                          best_shared, best_counts, best_expert)
+            # one replica moved between two of the heaviest experts, every pair, while that helps
+            if moves:
+                best_max = _move_descent(w, experts, gpus, slots_per_gpu, first_item if contiguous else np.int64(0),
+                                         item_expert, item_load, gpu_items, gpu_fill, gpu_load, holds, max_steps,
+                                         slot_offsets, best_max, best_shared, best_counts, best_expert, cap,
+                                         move_experts, move_passes)
+            # then the seeded perturbations of the best replication
+            for step in range(num_starts):
+                counts = best_counts.copy()
+                if step > 0 and not _perturb(w, experts, counts, cap, 1 + step % 3, state):
+                    break
+                best_max = _pack_and_keep(w, experts, counts, gpus, slots_per_gpu, first_item if contiguous else
+                                          np.int64(0), item_expert, item_load, gpu_items, gpu_fill, gpu_load, holds,
+                                          max_steps, slot_offsets, best_max, best_shared, best_counts, best_expert)
             # pair swaps on the best packing found
             if not pair_swaps:
                 for gi in range(gpus.shape[0]):

@@ -196,7 +196,7 @@ def retry_replication(weights: np.ndarray, problem: Problem, phy2log: np.ndarray
         rows = slice(int(layer), int(layer) + 1)
         phy2log[rows] = best_placement(np.ascontiguousarray(weights[rows]), slots_per_gpu, gpu_domain,
                                        np.ascontiguousarray(phy2log[rows]), starts, int(max_steps), 0, pair_swaps,
-                                       no_threshold)
+                                       no_threshold, 0, 0, no_threshold)
     return phy2log, int(layers.size)
 
 
@@ -216,7 +216,7 @@ def align_replication(weights: np.ndarray, problem: Problem, phy2log: np.ndarray
         phy2log = phy2log.copy()
         phy2log[rows] = best_placement(np.ascontiguousarray(weights[rows]), writable(topology.slots_per_gpu),
                                        gpu_domain, np.ascontiguousarray(phy2log[rows]), 0, int(max_steps), 0, False,
-                                       np.ascontiguousarray(threshold[rows]))
+                                       np.ascontiguousarray(threshold[rows]), 0, 0, np.ascontiguousarray(threshold[rows]))
     return phy2log, int(rows.sum())
 
 

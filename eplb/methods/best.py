@@ -5,8 +5,12 @@ then, on every layer and domain (the cluster, or each node in hierarchical mode,
 method's group -> node assignment), tries the aligned replications (heavy experts given a multiple
 of the domain's GPUs in replicas, ten tiers and multiples around the default's one) and a seeded
 series of replications that move a few replicas between experts, packs each one (spread
-largest-first + swap descent) and keeps the best; a pair-swap descent (two replicas for two)
-finishes the best packing (:mod:`eplb.kernels.multistart`). Fixed seed: the same input gives the
+largest-first + swap descent) and keeps the best; on the domains more than
+:data:`MOVE_TOLERANCE` above the proven bound, rounds of single replica moves between the heaviest
+experts (from the default's replication and again after the aligned ones: with one expert carrying
+~40% of the load, the right replica counts of the next few experts decide whether their replicas
+fit beside the hot ones); a pair-swap descent (two replicas for two) finishes the best packing
+(:mod:`eplb.kernels.multistart`). Fixed seed: the same input gives the
 same placement.
 
 Re-solving the heaviest GPU and a few partners exactly (CP-SAT) after this was measured and not
@@ -17,15 +21,23 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..bounds import lower_bound
 from ..kernels.multistart import best_placement
 from . import Problem, register
 from .balanced import balanced, max_loads, writable
 
 
+MOVE_TOLERANCE = 2e-3
+"""Replica moves (``move_experts``, ``move_passes``) on the domains whose heaviest GPU is more than
+this above the proven lower bound of the layer (:func:`eplb.bounds.lower_bound`)."""
+
+
 @register("best")
 def best(weights: np.ndarray, problem: Problem, num_starts: int = 32, max_steps: int = 4096,
-         seed: int = 0) -> tuple[np.ndarray, dict]:
-    """``num_starts``: replications tried per layer and domain; ``seed``: generator seed."""
+         seed: int = 0, move_experts: int = 8, move_passes: int = 4) -> tuple[np.ndarray, dict]:
+    """``num_starts``: replications tried per layer and domain; ``seed``: generator seed;
+    ``move_experts`` / ``move_passes``: then every move of one replica between two of the domain's
+    ``move_experts`` heaviest experts, up to ``move_passes`` rounds while it helps."""
     weights = np.ascontiguousarray(weights, dtype=np.float64)
     topology = problem.topology
     start, info = balanced(weights, problem, max_steps=max_steps)
@@ -33,8 +45,11 @@ def best(weights: np.ndarray, problem: Problem, num_starts: int = 32, max_steps:
         domain = topology.node_of_gpu.astype(np.int64)
     else:
         domain = np.zeros(topology.num_gpus, np.int64)
+    # replica moves only where the default is more than MOVE_TOLERANCE above the proven bound
+    bound = lower_bound(weights, topology, problem.num_groups, problem.hierarchical)
     phy2log = best_placement(weights, writable(topology.slots_per_gpu), domain, start, int(num_starts),
-                             int(max_steps), int(seed), True, np.zeros(weights.shape[0]))
+                             int(max_steps), int(seed), True, np.zeros(weights.shape[0]), int(move_experts),
+                             int(move_passes), np.ascontiguousarray(bound * (1 + MOVE_TOLERANCE)))
     worse = max_loads(weights, phy2log, topology) > max_loads(weights, start, topology)
     phy2log[worse] = start[worse]  # per-domain improvement cannot raise a layer's max; kept as a guarantee
     return phy2log, {**info, "num_starts": int(num_starts), "seed": int(seed)}
