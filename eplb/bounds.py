@@ -19,7 +19,7 @@ TINY_SLOTS = 16
 TINY_BUDGET = 50_000
 """Most nodes of that search per layer (Mixtral-8x7b's 8 experts on 12 slots: a few hundred)."""
 
-BUDGET_TIERS = 16
+BUDGET_TIERS = 4
 """Most tiers of heaviest experts the slot-budget tier bound tries per layer
 (:func:`eplb.kernels.budget.budget_tier_bound`)."""
 
@@ -142,16 +142,18 @@ def hierarchical_bound(weights: np.ndarray, topology: Topology, num_groups: int)
     """A bound for placements that keep every group of experts on one node, ``[L]``.
 
     Every node ``n`` reaching max load ``<= T`` needs the groups it holds to load it by at most
-    ``T`` per GPU and to need at most its slots in replicas of ``<= T`` each; an exhaustive search
-    over group -> node assignments (:mod:`eplb.kernels.hierarchy`) proves the largest ``T`` for
-    which no assignment meets that. Where the search runs out of budget the global bound stays.
+    ``T`` per GPU and to need at most its slots in replicas of ``<= T`` each, and its other experts
+    to fit beside its heaviest expert's replicas or on its GPUs without one
+    (:mod:`eplb.kernels.hot_room`); an exhaustive search over group -> node assignments
+    (:mod:`eplb.kernels.hierarchy`) proves the largest ``T`` for which no assignment meets that.
+    Where the search runs out of budget the global bound stays.
     """
     from .methods.balanced import group_assignment  # the search lives with the method that uses it
     from .methods import Problem
 
     base = _strongest(weights, topology)
     problem = Problem(topology=topology, num_groups=num_groups, hierarchical=True)
-    _, proven = group_assignment(np.ascontiguousarray(weights, dtype=np.float64), problem, lower=base)
+    _, proven = group_assignment(np.ascontiguousarray(weights, dtype=np.float64), problem, lower=base, strong=True)
     return np.maximum(base, proven)
 
 

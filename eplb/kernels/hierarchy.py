@@ -14,6 +14,10 @@ if the groups it holds satisfy two necessary conditions:
   ``r_h + sum over the other experts of max(1, ceil(w_e / (T - w_h / r_h))) <= slots[n]``.
   Adding groups to a node only adds terms, so a node that fails stays failed.
 
+With ``strong`` (the bound), every node of a complete assignment must also pass the hot-room
+condition (:func:`eplb.kernels.hot_room.hot_room_fits`: the node's other experts fit beside its
+heaviest expert's replicas or on its GPUs without one), after a first bisection without it.
+
 A depth-first search over group -> node assignments (heaviest group first, nodes tried from the
 least loaded, identical empty nodes tried once) decides whether some assignment meets them for
 every node; a binary search on ``T`` finds the smallest such ``T``. When the search is exhaustive,
@@ -24,7 +28,8 @@ placement; the assignment found at the smallest feasible ``T`` is the one used.
 import numpy as np
 from numba import njit
 
-from .bounds import _fewest_replicas
+from .bounds import _fewest_replicas, _shell_sort
+from .hot_room import hot_room_fits
 
 # status codes of _search
 FEASIBLE = 1
@@ -104,8 +109,48 @@ def _hot_expert_fits(weights, group_size, group_max, order, chosen, depth, group
 
 
 @njit(cache=True, nogil=True)
+def _nodes_fit(target, order, chosen, held, weights, group_size, node_slots, node_active, node_min, node_max, memo):
+    """Whether every node holding groups (``chosen[i]``: node of group ``order[i]``) passes
+    :func:`eplb.kernels.hot_room.hot_room_fits` at ``target``; ``memo [2^K]`` int8 remembers each
+    node's set of groups (``[1]`` when ``K > 16``: no memo)."""
+    num_groups = order.shape[0]
+    size = num_groups * group_size + 1
+    loads = np.empty(size)
+    s1 = np.empty(size)
+    s2 = np.empty(size)
+    s3 = np.empty(size)
+    s4 = np.empty(size)
+    s5 = np.empty(size)
+    for n in range(node_slots.shape[0]):
+        if held[n] == 0:
+            continue
+        mask = 0
+        count = 0
+        for i in range(num_groups):
+            if chosen[i] == n:
+                mask |= 1 << order[i]
+                for j in range(group_size):
+                    loads[count] = weights[order[i] * group_size + j]
+                    count += 1
+        if memo.shape[0] > 1 and memo[mask] != 0:
+            if memo[mask] < 0:
+                return False
+            continue
+        _shell_sort(loads[:count])
+        for j in range(count // 2):  # decreasing
+            loads[j], loads[count - 1 - j] = loads[count - 1 - j], loads[j]
+        fits = hot_room_fits(loads, count, target, node_active[n], node_slots[n], node_min[n], node_max[n], s1, s2,
+                             s3, s4, s5)
+        if memo.shape[0] > 1:
+            memo[mask] = 1 if fits else -1
+        if not fits:
+            return False
+    return True
+
+
+@njit(cache=True, nogil=True)
 def _search(target, order, group_load, need, node_slots, node_active, node_class, budget, assign, weights,
-            group_size, group_max):
+            group_size, group_max, strong, node_min, node_max):
     """Depth-first search for a group -> node assignment meeting both conditions at ``target``.
 
     Args:
@@ -115,6 +160,10 @@ def _search(target, order, group_load, need, node_slots, node_active, node_class
         budget: most search steps; assign: ``[K]`` int64 output, node of each group when feasible.
         weights: ``[E]`` float64 loads of the layer; group_size: experts per group; group_max:
             ``[K]`` float64 heaviest load of each group.
+        strong: also require every node of a complete assignment to pass
+            :func:`eplb.kernels.hot_room.hot_room_fits` (node_min / node_max ``[N]`` int64: fewest /
+            most slots of an active GPU of each node); checked on complete assignments only, where a
+            node's experts are known (the condition need not hold for a part of them).
     Returns:
         FEASIBLE, INFEASIBLE (proven: no assignment exists) or UNDECIDED (budget ran out).
     """
@@ -140,12 +189,26 @@ def _search(target, order, group_load, need, node_slots, node_active, node_class
     for n in range(num_nodes):
         if node_active[n] >= 2 and heaviest > (node_active[n] - 1) * target * (1.0 + 1e-12):
             hot_possible = True
+    # the nodes' expert sets already checked at this target (strong): 1 fits, -1 does not, 0 unknown
+    memo = np.zeros(1 << num_groups if strong and num_groups <= 16 else 1, np.int8)
     t = 0
     steps = 0
     building = True
     while True:
         if building:
             if t == num_groups:
+                if strong and not _nodes_fit(target, order, chosen, held, weights, group_size, node_slots,
+                                             node_active, node_min, node_max, memo):
+                    t -= 1  # a dead end: undo the last group and try its next node
+                    g = order[t]
+                    n = chosen[t]
+                    load[n] -= group_load[g]
+                    used[n] -= need[g]
+                    held[n] -= 1
+                    if held[n] == 0:
+                        empty_nodes += 1
+                    building = False
+                    continue
                 for i in range(num_groups):
                     assign[order[i]] = chosen[i]
                 return FEASIBLE
@@ -213,7 +276,7 @@ def _search(target, order, group_load, need, node_slots, node_active, node_class
 
 @njit(cache=True, nogil=True)
 def assign_groups(weights, num_groups, node_slots, node_active, node_class, lower, budget, rel_tol,
-                  node_of_group):
+                  node_of_group, strong, node_min, node_max):
     """Assign the groups of every layer to nodes, minimising the smallest ``T`` both conditions allow.
 
     Args:
@@ -222,6 +285,8 @@ def assign_groups(weights, num_groups, node_slots, node_active, node_class, lowe
         lower: ``[L]`` float64 valid lower bounds on the max load to start the search from.
         budget: most search steps per feasibility test; rel_tol: relative precision of ``T``.
         node_of_group: ``[L, K]`` int64 output.
+        strong, node_min, node_max: see :func:`_search` (the bound uses them; the placement's
+            assignment does not).
     Returns:
         ``[L]`` float64: the largest ``T`` proven infeasible for every assignment (a lower bound on
         the max load of every hierarchical placement), or ``lower`` where nothing was proven.
@@ -238,6 +303,9 @@ def assign_groups(weights, num_groups, node_slots, node_active, node_class, lowe
     total_active = 0
     for n in range(num_nodes):
         total_active += node_active[n]
+    chosen = np.empty(num_groups, np.int64)
+    held = np.zeros(num_nodes, np.int64)
+    no_memo = np.zeros(1, np.int8)
     for layer in range(num_layers):
         w = weights[layer]
         total = 0.0
@@ -254,7 +322,7 @@ def assign_groups(weights, num_groups, node_slots, node_active, node_class, lowe
         # a feasible start: capacity only (T = infinity)
         _replicas_needed(w, group_size, num_groups, 0.0, need)
         status = _search(np.inf, order, group_load, need, node_slots, node_active, node_class, budget, best, w,
-                         group_size, group_max)
+                         group_size, group_max, strong, node_min, node_max)
         if status != FEASIBLE:
             node_of_group[layer, :] = -1  # no assignment fits the slots (the caller raises)
             continue
@@ -280,26 +348,43 @@ def assign_groups(weights, num_groups, node_slots, node_active, node_class, lowe
         hi = max(hi, heaviest)
         if hi < lo:
             hi = lo
-        # check the upper end holds both conditions; raise it until it does
-        for _ in range(64):
-            _replicas_needed(w, group_size, num_groups, hi, need)
-            status = _search(hi, order, group_load, need, node_slots, node_active, node_class, budget, assign, w,
-                             group_size, group_max)
-            if status == FEASIBLE:
-                _copy(assign, best)
-                break
-            hi *= 2.0
-        while hi - lo > rel_tol * hi:
-            mid = 0.5 * (lo + hi)
-            _replicas_needed(w, group_size, num_groups, mid, need)
-            status = _search(mid, order, group_load, need, node_slots, node_active, node_class, budget, assign, w,
-                             group_size, group_max)
-            if status == FEASIBLE:
-                hi = mid
-                _copy(assign, best)
-            else:
-                if status == INFEASIBLE and mid > proven[layer]:
-                    proven[layer] = mid
-                lo = mid
+        # the bisection without, then (strong, where the assignment found fails it) with the hot-room condition
+        for phase in range(2):
+            checked = phase == 1
+            if checked:
+                for i in range(num_groups):
+                    chosen[i] = best[order[i]]
+                held[:] = 0
+                for k in range(num_groups):
+                    held[best[k]] += 1
+                if not strong or _nodes_fit(hi, order, chosen, held, w, group_size, node_slots, node_active,
+                                            node_min, node_max, no_memo):
+                    break
+                lo = max(lo, proven[layer])
+            # check the upper end holds the conditions; raise it until it does
+            for _ in range(64):
+                _replicas_needed(w, group_size, num_groups, hi, need)
+                status = _search(hi, order, group_load, need, node_slots, node_active, node_class, budget, assign, w,
+                                 group_size, group_max, checked, node_min, node_max)
+                if status == FEASIBLE:
+                    if not checked:
+                        _copy(assign, best)
+                    break
+                if checked:
+                    lo = max(lo, hi)
+                hi *= 2.0
+            while hi - lo > rel_tol * hi:
+                mid = 0.5 * (lo + hi)
+                _replicas_needed(w, group_size, num_groups, mid, need)
+                status = _search(mid, order, group_load, need, node_slots, node_active, node_class, budget, assign, w,
+                                 group_size, group_max, checked, node_min, node_max)
+                if status == FEASIBLE:
+                    hi = mid
+                    if not checked:  # the placement's assignment: the conditions without the hot-room one
+                        _copy(assign, best)
+                else:
+                    if status == INFEASIBLE and mid > proven[layer]:
+                        proven[layer] = mid
+                    lo = mid
         _copy(best, node_of_group[layer])
     return proven

@@ -94,11 +94,13 @@ def check_hierarchical(num_experts: int, problem: Problem) -> None:
 
 
 def group_assignment(weights: np.ndarray, problem: Problem, lower: np.ndarray | None = None,
-                     budget: int = SEARCH_BUDGET) -> tuple[np.ndarray, np.ndarray]:
+                     budget: int = SEARCH_BUDGET, strong: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """Node of every group in every layer, and the proven hierarchical bound.
 
     Args:
         weights: ``[L, E]`` float64. lower: ``[L]`` valid lower bounds to start from.
+        strong: every node of an assignment must also leave its heaviest expert's replicas room for
+            the others (:func:`eplb.kernels.hot_room.hot_room_fits`): a stronger bound, a slower search.
     Returns:
         ``node_of_group [L, K]`` int64 and ``[L]`` float64 lower bound on the max load of any
         placement that keeps every group on one node.
@@ -108,8 +110,13 @@ def group_assignment(weights: np.ndarray, problem: Problem, lower: np.ndarray | 
     if lower is None:
         lower = weights.sum(axis=1) / max(1, int((problem.topology.slots_per_gpu > 0).sum()))
     node_of_group = np.empty((weights.shape[0], problem.num_groups), np.int64)
+    per_node = problem.topology.slots_per_gpu.reshape(problem.topology.num_nodes, -1)
+    used = np.where(per_node > 0, per_node, np.iinfo(np.int64).max)
+    node_min = np.where(active > 0, used.min(axis=1), 0).astype(np.int64)
+    node_max = per_node.max(axis=1).astype(np.int64)
     proven = assign_groups(np.ascontiguousarray(weights), problem.num_groups, slots, active, node_class,
-                           np.ascontiguousarray(lower, dtype=np.float64), budget, SEARCH_TOL, node_of_group)
+                           np.ascontiguousarray(lower, dtype=np.float64), budget, SEARCH_TOL, node_of_group,
+                           bool(strong), node_min, node_max)
     if (node_of_group < 0).any():  # cannot happen after check_hierarchical; kept as a clear error
         raise ValueError("hierarchical placement: no group -> node assignment fits the slots of the nodes")
     return node_of_group, proven

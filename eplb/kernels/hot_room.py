@@ -1,0 +1,129 @@
+"""A necessary condition for a max load ``<= T`` on one domain (a node) whose heaviest expert needs
+most of its GPUs: the other experts must fit beside the hot replicas or on the GPUs without one.
+
+Used by the hierarchical bound (:func:`eplb.kernels.hierarchy.assign_groups` with ``strong``) on
+every node of a complete group -> node assignment. With one expert carrying ~40% of a layer's load
+(Zipf 1.5), the node holding it is the heaviest, its average load is the old bound, and the optimum
+sits 1-4% higher: the next experts of the node are too big for the room the hot replicas leave.
+"""
+
+import numpy as np
+from numba import njit
+
+from .bounds import _fewest_replicas, _lightest_items
+
+
+@njit(cache=True, nogil=True)
+def hot_room_fits(desc, num, target, active, slots, min_slots, max_slots, asc, prefix, gains, loads, keys):
+    """Whether the experts ``desc[:num]`` (loads, decreasing) may fit ``slots`` slots on ``active``
+    GPUs (``min_slots .. max_slots`` slots each) with every GPU ``<= target`` (``T``).
+
+    For each replica count ``r`` of the heaviest expert ``h`` (replicas of ``p = w_h / r``; a GPU
+    holds at most ``m = min(floor(T / p), k_max)`` of them, so ``q >= ceil(r / m)`` GPUs hold one
+    and at most ``G - q`` none):
+
+    - room: a GPU holding a hot replica keeps ``<= T - p`` for the others; when ``m = 1`` (one hot
+      replica per GPU) it also holds ``k_min - 2`` replicas besides the hot one and any other
+      replica ``x``, weighing at least the lightest ``k_min - 2`` of the others
+      (:func:`eplb.kernels.bounds._lightest_items` with all ``S - r - (n - 1)`` extra replicas
+      theirs), so ``x <= room = T - p - lightest``;
+    - every other expert either has a replica beside a hot one, so all its replicas (equal loads)
+      are ``<= room`` (``fewest(w, room)`` replicas), or sits wholly on the GPUs without one
+      (``fewest(w, T)`` replicas), which carry at most ``(G - q) T`` in all and hold at most
+      ``(G - q) k_max`` experts;
+    - the replicas: ``r + sum of the counts <= S``. The fewest extra replicas is bounded below by
+      the counts beside the hot replicas minus the largest saving of the experts moved to the GPUs
+      without one, bounded above by the smaller of two relaxations: by load (fractional
+      knapsack, capacity ``(G - q) T``) and by number (the ``(G - q) k_max`` largest savings).
+
+    Returns True when some ``r`` passes (``r`` from 1 to ``S - n + 1``).
+
+    Args:
+        desc: ``[>= num]`` float64 loads in decreasing order; asc, prefix, gains, loads, keys: scratch
+            ``[>= num + 1]`` float64.
+    """
+    if num < 2 or desc[0] <= 0.0 or not target < np.inf:
+        return True
+    hot = desc[0]
+    others = num - 1
+    for i in range(others):  # the other experts, lightest first, for _lightest_items
+        asc[i] = desc[num - 1 - i]
+    prefix[0] = 0.0
+    for i in range(others):
+        prefix[i + 1] = prefix[i] + asc[i]
+    tol = target * (1.0 + 1e-12)
+    for r in range(1, slots - num + 2):
+        per = hot / r
+        if per > tol:
+            continue
+        m = min(int(np.floor(tol / per)), max_slots)
+        q = (r + m - 1) // m
+        if q > active:
+            continue
+        free_gpus = active - q
+        capacity = free_gpus * target
+        room = target - per
+        if m == 1 and min_slots >= 2:
+            room -= _lightest_items(asc[:others], prefix[: others + 1], slots - r - others, min_slots - 2, 8)
+        # replicas beyond one each, and the savings of moving an expert to the GPUs without a hot replica
+        if room < 0.0:
+            continue  # no GPU can hold a hot replica and its k_min - 1 others
+        base = r - 1
+        num_gains = 0
+        blocked = False
+        for i in range(others):
+            w = asc[i]
+            if w <= 0.0:
+                continue  # one replica, anywhere
+            apart = _fewest_replicas(w, target) - 1
+            beside = _fewest_replicas(w, room) - 1 if room > 0.0 else slots  # slots: cannot sit beside
+            base += beside
+            if beside > apart:
+                if w <= capacity * (1.0 + 1e-12):
+                    gains[num_gains] = beside - apart
+                    loads[num_gains] = w
+                    num_gains += 1
+                elif beside >= slots:
+                    blocked = True
+        if blocked:
+            continue
+        # by number: the largest savings of at most free_gpus * max_slots experts
+        for i in range(num_gains):
+            keys[i] = gains[i]
+        _sort_together(keys, gains, loads, num_gains)
+        by_number = 0.0
+        for i in range(min(num_gains, free_gpus * max_slots)):
+            by_number += gains[i]
+        # by load: fractional knapsack, the best saving per load first
+        for i in range(num_gains):
+            keys[i] = gains[i] / loads[i] if loads[i] > 0.0 else np.inf
+        _sort_together(keys, gains, loads, num_gains)
+        left = capacity
+        by_load = 0.0
+        for i in range(num_gains):
+            if left <= 0.0:
+                break
+            take = min(1.0, left / loads[i]) if loads[i] > 0.0 else 1.0
+            by_load += gains[i] * take
+            left -= loads[i] * take
+        if base - min(by_number, by_load) <= slots - num + 1e-9:
+            return True
+    return False
+
+
+@njit(cache=True, nogil=True)
+def _sort_together(keys, a, b, n):
+    """Sort ``keys[:n]`` decreasing, ``a[:n]`` and ``b[:n]`` with it (insertion sort: few items)."""
+    for i in range(1, n):
+        k = keys[i]
+        va = a[i]
+        vb = b[i]
+        j = i
+        while j > 0 and keys[j - 1] < k:
+            keys[j] = keys[j - 1]
+            a[j] = a[j - 1]
+            b[j] = b[j - 1]
+            j -= 1
+        keys[j] = k
+        a[j] = va
+        b[j] = vb
