@@ -267,13 +267,16 @@ def descend(w, row, num_gpus, slots, lower, neighbours, spread, budget, max_atte
         best = _bisect(w, counts, num_gpus, slots, lower, found, spread, budget, out, stats, step)
     if not neighbours:
         return best, out, stats[1]
+    # moves in order of the experts' loads, heaviest first (ids only break ties): renaming the
+    # experts renames the result
+    by_load = np.argsort(-w, kind="mergesort")
     improved = True
     while improved and best > lower * (1.0 + step) and stats[0] > 0:
         improved = False
-        for a in range(num_experts):
+        for a in by_load:
             if counts[a] == 1:
                 continue
-            for b in range(num_experts):
+            for b in by_load:
                 if b == a:
                     continue
                 counts[a] -= 1
