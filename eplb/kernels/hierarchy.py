@@ -150,7 +150,7 @@ def _nodes_fit(target, order, chosen, held, weights, group_size, node_slots, nod
 
 @njit(cache=True, nogil=True)
 def _search(target, order, group_load, need, node_slots, node_active, node_class, budget, assign, weights,
-            group_size, group_max, strong, node_min, node_max):
+            group_size, group_max, strong, node_min, node_max, memo):
     """Depth-first search for a group -> node assignment meeting both conditions at ``target``.
 
     Args:
@@ -163,7 +163,8 @@ def _search(target, order, group_load, need, node_slots, node_active, node_class
         strong: also require every node of a complete assignment to pass
             :func:`eplb.kernels.hot_room.hot_room_fits` (node_min / node_max ``[N]`` int64: fewest /
             most slots of an active GPU of each node); checked on complete assignments only, where a
-            node's experts are known (the condition need not hold for a part of them).
+            node's experts are known (the condition need not hold for a part of them). memo:
+            ``[2^K]`` int8 scratch (``[1]``: no memo).
     Returns:
         FEASIBLE, INFEASIBLE (proven: no assignment exists) or UNDECIDED (budget ran out).
     """
@@ -189,8 +190,8 @@ def _search(target, order, group_load, need, node_slots, node_active, node_class
     for n in range(num_nodes):
         if node_active[n] >= 2 and heaviest > (node_active[n] - 1) * target * (1.0 + 1e-12):
             hot_possible = True
-    # the nodes' expert sets already checked at this target (strong): 1 fits, -1 does not, 0 unknown
-    memo = np.zeros(1 << num_groups if strong and num_groups <= 16 else 1, np.int8)
+    if strong:  # the nodes' expert sets checked at this target: 1 fits, -1 does not, 0 unknown
+        memo[:] = 0
     t = 0
     steps = 0
     building = True
@@ -306,6 +307,8 @@ def assign_groups(weights, num_groups, node_slots, node_active, node_class, lowe
     chosen = np.empty(num_groups, np.int64)
     held = np.zeros(num_nodes, np.int64)
     no_memo = np.zeros(1, np.int8)
+    memo = np.zeros(1 << num_groups if strong and num_groups <= 16 else 1, np.int8)
+    unchecked = num_nodes < 0  # False as a run-time bool (a literal False would compile _search twice)
     for layer in range(num_layers):
         w = weights[layer]
         total = 0.0
@@ -322,7 +325,7 @@ def assign_groups(weights, num_groups, node_slots, node_active, node_class, lowe
         # a feasible start: capacity only (T = infinity)
         _replicas_needed(w, group_size, num_groups, 0.0, need)
         status = _search(np.inf, order, group_load, need, node_slots, node_active, node_class, budget, best, w,
-                         group_size, group_max, strong, node_min, node_max)
+                         group_size, group_max, unchecked, node_min, node_max, memo)
         if status != FEASIBLE:
             node_of_group[layer, :] = -1  # no assignment fits the slots (the caller raises)
             continue
@@ -365,7 +368,7 @@ def assign_groups(weights, num_groups, node_slots, node_active, node_class, lowe
             for _ in range(64):
                 _replicas_needed(w, group_size, num_groups, hi, need)
                 status = _search(hi, order, group_load, need, node_slots, node_active, node_class, budget, assign, w,
-                                 group_size, group_max, checked, node_min, node_max)
+                                 group_size, group_max, checked, node_min, node_max, memo)
                 if status == FEASIBLE:
                     if not checked:
                         _copy(assign, best)
@@ -377,7 +380,7 @@ def assign_groups(weights, num_groups, node_slots, node_active, node_class, lowe
                 mid = 0.5 * (lo + hi)
                 _replicas_needed(w, group_size, num_groups, mid, need)
                 status = _search(mid, order, group_load, need, node_slots, node_active, node_class, budget, assign, w,
-                                 group_size, group_max, checked, node_min, node_max)
+                                 group_size, group_max, checked, node_min, node_max, memo)
                 if status == FEASIBLE:
                     hi = mid
                     if not checked:  # the placement's assignment: the conditions without the hot-room one

@@ -270,7 +270,8 @@ def _move_descent(w, experts, gpus, slots_per_gpu, first_item, item_expert, item
                   move_passes):
     """Up to ``move_passes`` rounds, while a round helps: every move of one replica to one of the
     ``move_experts`` heaviest experts (``experts`` heaviest first) from another of them or from the
-    lightest expert with several replicas, each from the round's first replication, packed and kept
+    lightest expert with several replicas, and every move of two replicas of one such donor (with
+    three or more) to one or two of them, each from the round's first replication, packed and kept
     when lighter (:func:`_pack_and_keep`). Returns the best max load."""
     n = experts.shape[0]
     top = min(move_experts, n)
@@ -293,6 +294,22 @@ def _move_descent(w, experts, gpus, slots_per_gpu, first_item, item_expert, item
                 best_max = _pack_and_keep(w, experts, counts, gpus, slots_per_gpu, first_item, item_expert,
                                           item_load, gpu_items, gpu_fill, gpu_load, holds, max_steps, slot_offsets,
                                           best_max, best_shared, best_counts, best_expert)
+        # two replicas of one donor to two of the heaviest experts (or both to one)
+        for donor in range(-1, top):
+            d = light_donor if donor < 0 else donor
+            if d < 0 or base[d] < 3:
+                continue
+            for first in range(top):
+                for second in range(first, top):
+                    if first == d or second == d or base[first] + 1 + (first == second) > cap or base[second] >= cap:
+                        continue
+                    counts = base.copy()
+                    counts[first] += 1
+                    counts[second] += 1
+                    counts[d] -= 2
+                    best_max = _pack_and_keep(w, experts, counts, gpus, slots_per_gpu, first_item, item_expert,
+                                              item_load, gpu_items, gpu_fill, gpu_load, holds, max_steps,
+                                              slot_offsets, best_max, best_shared, best_counts, best_expert)
         if best_max >= before:
             break
     return best_max
