@@ -265,19 +265,21 @@ def _pack_and_keep(w, experts, counts, gpus, slots_per_gpu, first_item, item_exp
 
 
 @njit(cache=True, nogil=True)
-def _move_descent(w, experts, gpus, slots_per_gpu, first_item, item_expert, item_load, gpu_items, gpu_fill, gpu_load,
-                  holds, max_steps, slot_offsets, best_max, best_shared, best_counts, best_expert, cap, move_experts,
-                  move_passes):
+def _move_descent(w, experts, first_base, gpus, slots_per_gpu, first_item, item_expert, item_load, gpu_items,
+                  gpu_fill, gpu_load, holds, max_steps, slot_offsets, best_max, best_shared, best_counts, best_expert,
+                  cap, move_experts, move_passes):
     """Up to ``move_passes`` rounds, while a round helps: every move of one replica to one of the
     ``move_experts`` heaviest experts (``experts`` heaviest first) from another of them or from the
     lightest expert with several replicas, and every move of two replicas of one such donor (with
-    three or more) to one or two of them, each from the round's first replication, packed and kept
-    when lighter (:func:`_pack_and_keep`). Returns the best max load."""
+    three or more) to one or two of them, each from the round's replication (``first_base [n]`` in
+    the first round, the best so far after it), packed and kept when lighter
+    (:func:`_pack_and_keep`). Returns the best max load."""
     n = experts.shape[0]
     top = min(move_experts, n)
-    for _ in range(move_passes):
+    for round_ in range(move_passes):
         before = best_max
-        base = best_counts.copy()  # every move of a round from the same replication: the best move wins
+        # every move of a round from the same replication (the first round's: first_base, then the best)
+        base = first_base.copy() if round_ == 0 else best_counts.copy()
         light_donor = -1
         for i in range(n - 1, top - 1, -1):
             if base[i] >= 2:
@@ -392,9 +394,11 @@ def best_placement(weights, slots_per_gpu, gpu_domain, start, num_starts, max_st
             cap = gpus.shape[0]
             while cap * experts.shape[0] < domain_slots(gpus, slot_offsets[1:] - slot_offsets[:-1]):
                 cap += gpus.shape[0]
-            # the aligned replications first (from the start's counts), then moves, then the seeded perturbations
+            # the aligned replications (from the start's counts), the seeded perturbations of the best one,
+            # the light-split ones, then replica moves from the start's counts and from the best
             num_aligned = aligned_counts(w, experts, best_counts, domain_slots(gpus, slots_per_gpu), gpus.shape[0],
                                          cap, num_starts > 0, aligned)
+            start_counts = best_counts.copy()
             # each of those and the start with the light experts' extra replicas on the lightest ones
             level = 0.0
             for i in range(experts.shape[0]):
@@ -408,25 +412,11 @@ def best_placement(weights, slots_per_gpu, gpu_domain, start, num_starts, max_st
                     for j in range(experts.shape[0]):  # a loop, not a slice assignment: see hierarchy._copy
                         aligned[num_rows, j] = split[j]
                     num_rows += 1
-            num_aligned = num_rows
-            moves = move_passes > 0 and best_max > move_threshold[layer]
-            if moves:  # from the start's replication first (the aligned ones may lead elsewhere)
-                best_max = _move_descent(w, experts, gpus, slots_per_gpu, first_item if contiguous else np.int64(0),
-                                         item_expert, item_load, gpu_items, gpu_fill, gpu_load, holds, max_steps,
-                                         slot_offsets, best_max, best_shared, best_counts, best_expert, cap,
-                                         move_experts, move_passes)
             for trial in range(num_aligned):
                 best_max = _pack_and_keep(w, experts, aligned[trial, :experts.shape[0]].copy(), gpus, slots_per_gpu,
                                           first_item if contiguous else np.int64(0), item_expert, item_load,
                                           gpu_items, gpu_fill, gpu_load, holds, max_steps, slot_offsets, best_max,
                                           best_shared, best_counts, best_expert)
-            # one replica moved between two of the heaviest experts, every pair, while that helps
-            if moves:
-                best_max = _move_descent(w, experts, gpus, slots_per_gpu, first_item if contiguous else np.int64(0),
-                                         item_expert, item_load, gpu_items, gpu_fill, gpu_load, holds, max_steps,
-                                         slot_offsets, best_max, best_shared, best_counts, best_expert, cap,
-                                         move_experts, move_passes)
-            # then the seeded perturbations of the best replication
             for step in range(num_starts):
                 counts = best_counts.copy()
                 if step > 0 and not _perturb(w, experts, counts, cap, 1 + step % 3, state):
@@ -434,6 +424,18 @@ def best_placement(weights, slots_per_gpu, gpu_domain, start, num_starts, max_st
                 best_max = _pack_and_keep(w, experts, counts, gpus, slots_per_gpu, first_item if contiguous else
                                           np.int64(0), item_expert, item_load, gpu_items, gpu_fill, gpu_load, holds,
                                           max_steps, slot_offsets, best_max, best_shared, best_counts, best_expert)
+            for trial in range(num_aligned, num_rows):
+                best_max = _pack_and_keep(w, experts, aligned[trial, :experts.shape[0]].copy(), gpus, slots_per_gpu,
+                                          first_item if contiguous else np.int64(0), item_expert, item_load,
+                                          gpu_items, gpu_fill, gpu_load, holds, max_steps, slot_offsets, best_max,
+                                          best_shared, best_counts, best_expert)
+            if move_passes > 0 and best_max > move_threshold[layer]:
+                for source in range(2):  # the start's replication (the others may lead elsewhere), then the best
+                    best_max = _move_descent(w, experts, start_counts if source == 0 else best_counts, gpus,
+                                             slots_per_gpu, first_item if contiguous else np.int64(0), item_expert,
+                                             item_load, gpu_items, gpu_fill, gpu_load, holds, max_steps, slot_offsets,
+                                             best_max, best_shared, best_counts, best_expert, cap, move_experts,
+                                             move_passes)
             # pair swaps on the best packing found
             if not pair_swaps:
                 for gi in range(gpus.shape[0]):
