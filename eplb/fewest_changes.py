@@ -4,17 +4,16 @@ Migration-aware planning (:mod:`eplb.migration`) changes few slots of the placem
 this module says how few any placement within the cap can change, with a proof, and finds such a
 placement. It answers the same question as the CP-SAT model of :mod:`eplb.exact_migration` (same
 rules: every expert keeps a replica, no GPU gets a second replica of an expert it held unless
-``shared``), by the dedicated search of :mod:`eplb.kernels.fewest_changes` instead: per layer,
+``shared``), by the dedicated search of :mod:`eplb.kernels.fewest_changes` instead: per layer it refutes
+``k = 1, 2, ...`` changed slots in turn, exhaustively; every refuted ``k`` is a proof that every
+placement within the cap changes more than ``k`` slots, and the first ``k`` where a placement is
+found is the proven minimum. (Searching directly for fewer changes than a placement in hand, with a
+loose ``k``, does not work: the bounds then prune little and the first replica counts tried swallow
+the budget; the tight ``k`` of the deepening keeps the search focused.)
 
-1. **descent**: from the placement in hand (``incumbent``, e.g. eplb's own), search for one with
-   at most ``c - 1`` changes, then ``c' - 1``, ... (finding placements is cheap when they exist);
-2. **deepening**: refute ``k = 0, 1, 2, ...`` in turn; every refuted ``k`` is a proof that every
-   placement within the cap changes more than ``k`` slots.
-
-The layer is *proven* when the two meet. Both phases share a budget of search nodes (``work``), so
-the time per layer is bounded (about a microsecond per node); where the budget runs out the
-result is the fewest changes found and the proven lower bound. Deterministic: no randomness, no
-clock.
+A budget of search nodes (``work``) bounds the time per layer (about a microsecond per node);
+where it runs out the result is the fewest changes found (or the ``incumbent``, e.g. eplb's own
+plan) and the proven lower bound. Deterministic: no randomness, no clock.
 """
 
 from __future__ import annotations
@@ -25,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ._validation import as_int
-from .kernels.fewest_changes import FOUND, OUT_OF_WORK, REFUTED, fewest_changes_exact
+from .kernels.fewest_changes import FOUND, REFUTED, fewest_changes_exact
 from .methods import Problem
 from .topology import Topology
 
@@ -78,7 +77,7 @@ def follows_rules(row: np.ndarray, previous: np.ndarray, num_experts: int, topol
 
 def prove_layer(w: np.ndarray, topology: Topology, previous: np.ndarray, *, cap: float,
                 incumbent: np.ndarray | None = None, shared: bool = False, work: int = DEFAULT_WORK,
-                descent_share: float = 0.3) -> LayerProof:
+                ) -> LayerProof:
     """The fewest changed slots of ``previous`` for a placement with max GPU load ``<= cap``.
 
     Args:
@@ -87,7 +86,7 @@ def prove_layer(w: np.ndarray, topology: Topology, previous: np.ndarray, *, cap:
         cap: max GPU load allowed (count units).
         incumbent: ``[S]`` a placement in hand (used if within the cap and within the rules).
         shared: allow several new replicas of an expert on a GPU that keeps all its previous ones.
-        work: most search nodes for the layer; descent_share: the part of it for the descent.
+        work: most search nodes for the layer.
     Returns:
         :class:`LayerProof`.
     """
@@ -102,8 +101,7 @@ def prove_layer(w: np.ndarray, topology: Topology, previous: np.ndarray, *, cap:
     offsets = np.ascontiguousarray(topology.slot_offsets, dtype=np.int64)
     w = np.ascontiguousarray(w, dtype=np.float64)
     previous = np.ascontiguousarray(previous, dtype=np.int64)
-    lower, nodes = 1, 0
-    budget = int(work * descent_share)
+    lower = 1  # the previous row exceeds the cap
 
     def accept(row) -> bool:
         nonlocal best_row, best
@@ -114,27 +112,13 @@ def prove_layer(w: np.ndarray, topology: Topology, previous: np.ndarray, *, cap:
             return True
         return False
 
-    # 1. descent: fewer changes than the best in hand, until a search fails
-    while best - 1 >= lower and budget > 0:
-        status, row, bound, spent = fewest_changes_exact(w, previous, offsets, float(cap), best - 1, best, shared,
-                                                         budget)
-        nodes += spent
-        budget -= spent
-        lower = max(lower, bound)
-        if status != FOUND or not accept(row):
-            break
-    # 2. deepening: refute k = lower, lower + 1, ... up to the best in hand
-    budget = work - nodes
-    if lower < best and budget > 0:
-        status, row, bound, spent = fewest_changes_exact(w, previous, offsets, float(cap), lower, best, shared,
-                                                         budget)
-        nodes += spent
-        lower = max(lower, bound)
-        if status == FOUND and accept(row):
-            # every k from `lower` below the one found was refuted: the row's changes are the minimum
-            lower = best
-        elif status == REFUTED:
-            lower = best
+    # refute k = 1, 2, ... up to the best in hand: the first k where a placement is found is the minimum
+    status, row, bound, nodes = fewest_changes_exact(w, previous, offsets, float(cap), lower, best, shared, work)
+    lower = max(lower, bound)
+    if status == FOUND and accept(row):
+        lower = best  # every k below the one found was refuted
+    elif status == REFUTED:
+        lower = best  # nothing with fewer changes than the incumbent
     lower = min(lower, best)
     return LayerProof(best_row, best, lower, best == lower, nodes, time.perf_counter() - start)
 
