@@ -74,7 +74,8 @@ def test_proven_fewest_changes_match_brute_force(config, seed, tolerance, shared
     assert proof.proven
     assert proof.changes == proof.lower_bound == expected
     assert int((proof.slots != previous).sum()) == proof.changes
-    assert peak(proof.slots, w, topology.slots_per_gpu) <= Fraction(cap)
+    # checked in floats like every eplb plan: exactly, a plan at the cap may exceed it by a rounding
+    assert peak(proof.slots, w, topology.slots_per_gpu) <= Fraction(cap) * Fraction(1 + 1e-12)
     assert follows_rules(proof.slots, previous, len(w), topology, shared)
 
 
