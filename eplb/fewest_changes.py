@@ -4,12 +4,18 @@ Migration-aware planning (:mod:`eplb.migration`) changes few slots of the placem
 this module says how few any placement within the cap can change, with a proof, and finds such a
 placement. It answers the same question as the CP-SAT model of :mod:`eplb.exact_migration` (same
 rules: every expert keeps a replica, no GPU gets a second replica of an expert it held unless
-``shared``), by the dedicated search of :mod:`eplb.kernels.fewest_changes` instead: per layer it refutes
-``k = 1, 2, ...`` changed slots in turn, exhaustively; every refuted ``k`` is a proof that every
-placement within the cap changes more than ``k`` slots, and the first ``k`` where a placement is
-found is the proven minimum. (Searching directly for fewer changes than a placement in hand, with a
-loose ``k``, does not work: the bounds then prune little and the first replica counts tried swallow
-the budget; the tight ``k`` of the deepening keeps the search focused.)
+``shared``), by the dedicated search of :mod:`eplb.kernels.fewest_changes` instead, per layer:
+
+1. refute ``k = 1, 2, ...`` changed slots in turn, exhaustively; every refuted ``k`` is a proof
+   that every placement within the cap changes more than ``k`` slots, and the first ``k`` where a
+   placement is found is the proven minimum;
+2. where the budget of step 1 runs out: the same deepening with every replica count fixed to the
+   incumbent's (e.g. eplb's own plan), then to each hint's (e.g. a plan from scratch): a far
+   smaller search that finds placements (upper bounds, not proofs).
+
+(Searching directly for fewer changes than a placement in hand, with a loose ``k`` and free
+counts, does not work: the bounds then prune little and the first replica counts tried swallow the
+budget; the tight ``k`` of the deepening keeps the search focused.)
 
 A budget of search nodes (``work``) bounds the time per layer (about a microsecond per node);
 where it runs out the result is the fewest changes found (or the ``incumbent``, e.g. eplb's own
@@ -76,8 +82,8 @@ def follows_rules(row: np.ndarray, previous: np.ndarray, num_experts: int, topol
 
 
 def prove_layer(w: np.ndarray, topology: Topology, previous: np.ndarray, *, cap: float,
-                incumbent: np.ndarray | None = None, shared: bool = False, work: int = DEFAULT_WORK,
-                ) -> LayerProof:
+                incumbent: np.ndarray | None = None, hints: tuple = (), shared: bool = False,
+                work: int = DEFAULT_WORK, proof_share: float = 0.6) -> LayerProof:
     """The fewest changed slots of ``previous`` for a placement with max GPU load ``<= cap``.
 
     Args:
@@ -85,8 +91,10 @@ def prove_layer(w: np.ndarray, topology: Topology, previous: np.ndarray, *, cap:
             int64, the placement in service (every expert present).
         cap: max GPU load allowed (count units).
         incumbent: ``[S]`` a placement in hand (used if within the cap and within the rules).
+        hints: ``[S]`` placements (e.g. a plan from scratch) whose replica counts step 2 tries after
+            the incumbent's.
         shared: allow several new replicas of an expert on a GPU that keeps all its previous ones.
-        work: most search nodes for the layer.
+        work: most search nodes for the layer; proof_share: the part for step 1.
     Returns:
         :class:`LayerProof`.
     """
@@ -113,25 +121,46 @@ def prove_layer(w: np.ndarray, topology: Topology, previous: np.ndarray, *, cap:
         return False
 
     # refute k = 1, 2, ... up to the best in hand: the first k where a placement is found is the minimum
-    status, row, bound, nodes = fewest_changes_exact(w, previous, offsets, float(cap), lower, best, shared, work)
+    # 1. refute k = 1, 2, ... up to the best in hand: the first k where a placement is found is the minimum
+    free_lo, free_hi = np.ones(len(w), np.int64), np.full(len(w), num_slots, np.int64)
+    status, row, bound, nodes = fewest_changes_exact(w, previous, offsets, float(cap), lower, best, shared,
+                                                     max(1, int(work * proof_share)), free_lo, free_hi)
     lower = max(lower, bound)
     if status == FOUND and accept(row):
         lower = best  # every k below the one found was refuted
     elif status == REFUTED:
         lower = best  # nothing with fewer changes than the incumbent
+    # 2. out of work: the same deepening with the replica counts fixed to those of the incumbent, then
+    # of each hint (a much smaller search: placements, not proofs)
+    tried = []
+    for row in ([] if incumbent is None else [incumbent]) + list(hints):
+        counts = np.bincount(np.asarray(row, dtype=np.int64), minlength=len(w)).astype(np.int64)
+        if lower >= best or (counts == 0).any() or any((counts == c).all() for c in tried):
+            continue
+        tried.append(counts)
+    for i, counts in enumerate(tried):
+        budget = (work - nodes) // (len(tried) - i)
+        if lower >= best or budget <= 0:
+            break
+        status, row, _, spent = fewest_changes_exact(w, previous, offsets, float(cap), lower, best, shared, budget,
+                                                     counts, counts)
+        nodes += spent
+        if status == FOUND:
+            accept(row)
     lower = min(lower, best)
     return LayerProof(best_row, best, lower, best == lower, nodes, time.perf_counter() - start)
 
 
 def prove_fewest_changes(weights: np.ndarray, problem: Problem, previous: np.ndarray,
-                         incumbent: np.ndarray | None = None, *, cap: np.ndarray, shared: bool = False,
-                         work: int = DEFAULT_WORK) -> tuple[np.ndarray, dict]:
+                         incumbent: np.ndarray | None = None, *, cap: np.ndarray, hints: tuple = (),
+                         shared: bool = False, work: int = DEFAULT_WORK) -> tuple[np.ndarray, dict]:
     """:func:`prove_layer` on every layer.
 
     Args:
         weights: ``[L, E]`` loads; problem: topology (global mode only: no groups kept on nodes);
         previous: ``[L, S]`` int64 the placement in service; incumbent: ``[L, S]`` or None;
-        cap: ``[L]`` max GPU load per layer; shared, work: as in :func:`prove_layer`.
+        cap: ``[L]`` max GPU load per layer; hints: ``[L, S]`` placements (see :func:`prove_layer`);
+        shared, work: as in :func:`prove_layer`.
     Returns:
         ``phy2log [L, S]`` and info: ``slots_changed [L]``, ``lower_bound [L]`` (proven fewest
         changes), ``proven [L]`` bool, ``nodes [L]``, ``time_s [L]``.
@@ -165,7 +194,8 @@ def prove_fewest_changes(weights: np.ndarray, problem: Problem, previous: np.nda
     for layer in range(num_layers):
         proof = prove_layer(weights[layer], topology, previous[layer].astype(np.int64), cap=float(cap[layer]),
                             incumbent=None if incumbent is None else np.asarray(incumbent[layer], dtype=np.int64),
-                            shared=shared, work=work)
+                            hints=tuple(np.asarray(h[layer], dtype=np.int64) for h in hints), shared=shared,
+                            work=work)
         out[layer] = proof.slots
         for key, value in (("slots_changed", proof.changes), ("lower_bound", proof.lower_bound),
                            ("proven", proof.proven), ("nodes", proof.nodes), ("time_s", proof.time_s)):

@@ -84,8 +84,10 @@ def test_proven_fewest_changes_match_brute_force(config, seed, tolerance, shared
 def test_bounds_stay_valid_when_the_work_runs_out(config, seed, tolerance, work):
     w, topology, previous, cap = tiny_case(config, seed, tolerance)
     expected = fewest_by_brute_force(w, previous, topology.slots_per_gpu, Fraction(cap) * Fraction(1 + 1e-12), False)
+    num_experts = len(w)
     status, row, bound, nodes = fewest_changes_exact(w, previous, topology.slot_offsets, cap, 0,
-                                                     topology.num_slots + 1, False, work)
+                                                     topology.num_slots + 1, False, work, np.ones(num_experts, np.int64),
+                                                     np.full(num_experts, topology.num_slots, np.int64))
     assert status in (FOUND, REFUTED, OUT_OF_WORK)
     assert nodes <= work + 1
     if expected is None:
@@ -176,3 +178,20 @@ def test_gpt_oss_layer_needs_far_fewer_changes_than_the_heuristic(trace_counts):
     assert proof.proven
     assert proof.changes <= heuristic
     assert proof.changes == proof.lower_bound
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.sampled_from(TINY[:4]), st.integers(0, 2**32 - 1), st.sampled_from([0.0, 0.1]))
+def test_fixed_replica_counts_are_kept_and_never_beat_the_minimum(config, seed, tolerance):
+    w, topology, previous, cap = tiny_case(config, seed, tolerance)
+    expected = fewest_by_brute_force(w, previous, topology.slots_per_gpu, Fraction(cap) * Fraction(1 + 1e-12), False)
+    scratch = eplb.plan(w, topology=topology).phy2log[0]
+    counts = np.bincount(scratch, minlength=len(w)).astype(np.int64)
+    status, row, _, _ = fewest_changes_exact(w, previous, topology.slot_offsets, cap, 0, topology.num_slots + 1,
+                                             False, 10**6, counts, counts)
+    if status == FOUND:
+        np.testing.assert_array_equal(np.bincount(row, minlength=len(w)), counts)
+        assert peak(row, w, topology.slots_per_gpu) <= Fraction(cap) * Fraction(1 + 1e-12)
+        assert expected is not None and int((row != previous).sum()) >= expected
+    proof = prove_layer(w, topology, previous, cap=cap, hints=(scratch,), work=10**6)
+    assert proof.changes >= (topology.num_slots + 1 if expected is None else expected)

@@ -87,11 +87,11 @@ def _gpu_changes(lo, hi, n, top, bottom, fill_lo, fill_hi, buf):
 
 @njit(cache=True, nogil=True)
 def _count_bound(w, prev, p, r, decided, slot_offsets, top, bottom, inc_left, dec_left, on_gpu, shared, c_g,
-                 slot_lo, slot_hi, buf):
+                 slot_lo, slot_hi, buf, counts_lo, counts_hi):
     """The GPU bound of the counts search (module docstring, step 1); fills ``c_g [G]``.
 
     ``r [E]``: counts of decided experts (``decided [E]`` bool); the others may still gain up to
-    ``inc_left`` or lose up to ``dec_left`` replicas. ``on_gpu [E, G]``: previous replicas per GPU.
+    ``inc_left`` or lose up to ``dec_left`` replicas, within ``[counts_lo, counts_hi]``. ``on_gpu [E, G]``: previous replicas per GPU.
     Returns the lower bound on changes (``_INF``: infeasible).
     """
     num_experts = w.shape[0]
@@ -106,8 +106,8 @@ def _count_bound(w, prev, p, r, decided, slot_offsets, top, bottom, inc_left, de
             fill_lo = min(fill_lo, a)
             fill_hi = max(fill_hi, a)
         else:
-            fill_lo = min(fill_lo, w[e] / (p[e] + inc_left))
-            fill_hi = max(fill_hi, w[e] / max(1, p[e] - dec_left))
+            fill_lo = min(fill_lo, w[e] / min(p[e] + inc_left, counts_hi[e]))
+            fill_hi = max(fill_hi, w[e] / max(1, p[e] - dec_left, counts_lo[e]))
     total = 0
     for g in range(num_gpus):
         n = 0
@@ -117,8 +117,8 @@ def _count_bound(w, prev, p, r, decided, slot_offsets, top, bottom, inc_left, de
                 slot_lo[n] = w[e] / r[e]
                 slot_hi[n] = slot_lo[n]
             else:
-                slot_lo[n] = w[e] / (p[e] + inc_left)
-                slot_hi[n] = w[e] / max(1, p[e] - dec_left)
+                slot_lo[n] = w[e] / min(p[e] + inc_left, counts_hi[e])
+                slot_hi[n] = w[e] / max(1, p[e] - dec_left, counts_lo[e])
             n += 1
         if n == 0:
             c_g[g] = 0
@@ -367,11 +367,12 @@ def _delta(step):
 @njit(cache=True, nogil=True)
 def _counts(order, w, prev, p, r, decided, slot_offsets, top, bottom, most_inc, dec_room, k, on_gpu, shared, masks,
             mask_start, work, c_g, slot_lo, slot_hi, buf, a, kept, left, drop_mask, load, free, items, gpu_of_item,
-            placed, most_new, gpu_order, next_mask, dropped_at, next_gpu):
+            placed, most_new, gpu_order, next_mask, dropped_at, next_gpu, counts_lo, counts_hi):
     """Step 1: choose the replica count of every expert (``order``: decreasing load), each full
     choice within the bound going to step 2; True if a placement with at most ``k`` changes exists.
 
-    ``r [E]`` equals ``p`` and ``decided [E]`` is False on entry (restored on a refutation).
+    ``r [E]`` equals ``p`` and ``decided [E]`` is False on entry (restored on a refutation); every
+    count stays within ``[counts_lo, counts_hi]`` ``[E]``.
     ``most_inc``: most replicas gained (and lost); ``dec_room [E + 1]``: replicas the experts
     ``order[i:]`` could lose. Explicit stack: ``step [E + 1]`` the next change tried per level.
     """
@@ -390,7 +391,8 @@ def _counts(order, w, prev, p, r, decided, slot_offsets, top, bottom, most_inc, 
             ok = dec[i] + dec_room[i] >= inc[i]
             if ok:
                 bound = _count_bound(w, prev, p, r, decided, slot_offsets, top, bottom, most_inc - inc[i],
-                                     most_inc - dec[i], on_gpu, shared, c_g, slot_lo, slot_hi, buf)
+                                     most_inc - dec[i], on_gpu, shared, c_g, slot_lo, slot_hi, buf,
+                                     counts_lo, counts_hi)
                 ok = bound <= k
             if ok and i == num_experts:
                 if inc[i] == dec[i]:
@@ -421,6 +423,8 @@ def _counts(order, w, prev, p, r, decided, slot_offsets, top, bottom, most_inc, 
             if delta > 0 and inc[i] + delta > most_inc:
                 continue
             if delta < 0 and (dec[i] - delta > most_inc or p[e] + delta < 1):
+                continue
+            if p[e] + delta < counts_lo[e] or p[e] + delta > counts_hi[e]:
                 continue
             r[e] = p[e] + delta
             inc[i + 1] = inc[i] + max(delta, 0)
@@ -463,7 +467,7 @@ def _masks_by_size(largest):
 
 
 @njit(cache=True, nogil=True)
-def fewest_changes_exact(w, prev, slot_offsets, cap, first, most_changes, shared, work):
+def fewest_changes_exact(w, prev, slot_offsets, cap, first, most_changes, shared, work, counts_lo, counts_hi):
     """Search for a placement within ``cap`` with at most ``k`` changed slots of ``prev``, for
     ``k = first, first + 1, ..., most_changes - 1`` in turn (module docstring).
 
@@ -477,6 +481,8 @@ def fewest_changes_exact(w, prev, slot_offsets, cap, first, most_changes, shared
         first, most_changes: the range of ``k`` searched.
         shared: allow several new replicas of an expert on a GPU that keeps all its previous ones.
         work: most search nodes in all.
+        counts_lo, counts_hi: ``[E]`` int64 range of every expert's replica count (``1`` and ``S``:
+            unrestricted, the proof; a narrower range searches only those counts).
     Returns:
         ``(status, row [S] int64, lower_bound, nodes)``: status :data:`FOUND` (``row`` within the
         cap with at most ``k`` changes, the first ``k`` that succeeded), :data:`REFUTED` (every
@@ -509,7 +515,7 @@ def fewest_changes_exact(w, prev, slot_offsets, cap, first, most_changes, shared
     order = np.argsort(-w, kind="mergesort")
     dec_room = np.zeros(num_experts + 1, np.int64)
     for i in range(num_experts - 1, -1, -1):
-        dec_room[i] = dec_room[i + 1] + p[order[i]] - 1
+        dec_room[i] = dec_room[i + 1] + max(0, p[order[i]] - max(1, counts_lo[order[i]]))
     r = p.copy()
     decided = np.zeros(num_experts, np.bool_)
     c_g = np.zeros(num_gpus, np.int64)
@@ -537,7 +543,8 @@ def fewest_changes_exact(w, prev, slot_offsets, cap, first, most_changes, shared
         most_inc = min(k, dec_room[0])
         found = _counts(order, w, prev, p, r, decided, slot_offsets, top, bottom, most_inc, dec_room, k, on_gpu,
                         shared, masks, mask_start, counter, c_g, slot_lo, slot_hi, buf, a, kept, left, drop_mask,
-                        load, free, items, gpu_of_item, placed, most_new, gpu_order, next_mask, dropped_at, next_gpu)
+                        load, free, items, gpu_of_item, placed, most_new, gpu_order, next_mask, dropped_at, next_gpu,
+                        counts_lo, counts_hi)
         if found:
             # kept slots keep their expert; the packed items go into their GPUs' dropped slots
             dropped = 0
