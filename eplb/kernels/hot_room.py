@@ -31,6 +31,9 @@ def hot_room_fits(desc, num, target, active, slots, min_slots, max_slots, asc, p
       are ``<= room`` (``fewest(w, room)`` replicas), or sits wholly on the GPUs without one
       (``fewest(w, T)`` replicas), which carry at most ``(G - q) T`` in all and hold at most
       ``(G - q) k_max`` experts;
+    - load: the ``q' >= q`` GPUs holding hot replicas carry ``w_h`` and all the others' load but
+      what the GPUs without one hold: at most ``(G - q') T`` and the ``(G - q') k_max`` heaviest
+      other experts' loads; so ``<= q' T`` for some ``q' <= min(G, r)``;
     - the replicas: ``r + sum of the counts <= S``. The fewest extra replicas is bounded below by
       the counts beside the hot replicas minus the largest saving of the experts moved to the GPUs
       without one, bounded above by the smaller of two relaxations: by load (fractional
@@ -59,6 +62,17 @@ def hot_room_fits(desc, num, target, active, slots, min_slots, max_slots, asc, p
         m = min(int(np.floor(tol / per)), max_slots)
         q = (r + m - 1) // m
         if q > active:
+            continue
+        # load: the q' GPUs holding hot replicas (q <= q' <= min(G, r)) carry all but what the others
+        # hold, at most (G - q') T and the (G - q') k_max heaviest other experts
+        spread = False
+        for q2 in range(q, min(active, r) + 1):
+            apart = min(others, (active - q2) * max_slots)
+            carried = hot + prefix[others] - min((active - q2) * target, prefix[others] - prefix[others - apart])
+            if carried <= q2 * tol:
+                spread = True
+                break
+        if not spread:
             continue
         free_gpus = active - q
         capacity = free_gpus * target
