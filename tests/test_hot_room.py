@@ -47,6 +47,19 @@ def test_the_hot_room_condition_sees_the_next_expert_too_big_for_the_room():
     assert average < 7548.0
 
 
+def test_the_gpus_without_a_hot_replica_cannot_take_the_rest():
+    """8 GPUs x 9 slots: 52782, 1465, 1296 and 61 experts of 100 (average 7705). With 8 hot
+    replicas the one extra replica left cannot bring both next experts below the room beside them;
+    with 7, the GPU without one holds at most 9 others (1465 + 1296 + 7 x 100), so the 7 hot GPUs
+    carry the rest: (52782 + 8861 - 3461) / 7 = 8311.7; with 6, each hot replica is 8797."""
+    w = np.concatenate([[52782.0, 1465.0, 1296.0], np.full(61, 100.0)])
+    assert w.sum() / 8 < 7706
+    assert not fits(w, 8311.5, 8, 9)
+    assert fits(w, 8312.0, 8, 9)
+    best = eplb.plan(w[None, :], num_slots=72, num_gpus=8, method="best")
+    assert best.max_load[0] >= 8311.5
+
+
 @settings(max_examples=12, deadline=None)
 @given(st.integers(2, 3), st.integers(0, 2**32 - 1))
 def test_the_hierarchical_bound_is_at_most_the_proven_hierarchical_optimum(k, seed):
@@ -68,10 +81,10 @@ def test_the_hierarchical_bound_is_at_most_the_proven_hierarchical_optimum(k, se
 
 def test_deepseek_v3_hierarchical_zipf_1_5_bound_is_closer():
     """The hierarchical bound on DeepSeek-V3 Zipf 1.5 loads (first 12 of the 58 quality layers):
-    the default's gap to it was 2.4% in the mean over the 58 (bench/quality.py), the node holding
-    the hot expert could not reach its average load."""
+    the node holding the hot expert cannot reach its average load; best's mean gap over these 12
+    was 1.67% before the hot-room condition and the replica moves, 0.31% after."""
     counts = skewed_counts(58, 256, family="zipf", skew=1.5, num_groups=8, seed=11)[:12]
     kwargs = dict(num_slots=288, num_gpus=32, num_nodes=4, num_groups=8)
     best = eplb.plan(counts, method="best", **kwargs)
     assert (best.lower_bound <= best.max_load * (1 + 1e-9)).all()
-    assert best.gap.mean() < 0.01
+    assert best.gap.mean() < 0.006
