@@ -24,7 +24,7 @@ import argparse
 from pathlib import Path
 
 import numpy as np
-from _common import load_note, load_trace, markdown_table, write_csv
+from _common import load_note, load_trace, markdown_table, read_csv, write_csv
 
 import eplb
 from eplb.api import make_problem
@@ -131,6 +131,20 @@ def run(quick: bool, results_dir: Path) -> str:
                    f"found ({found.mean():.1%}) above it")
     lines += ["", f"<= {TARGET:.0%} of slots per rebalance (mean): {verdict}.", ""]
     return "\n".join(lines)
+
+
+def headline(results_dir: Path) -> list[tuple[str, str, str]]:
+    """README headline row ``(figure, measured, target)`` from ``fewest_changes.csv``."""
+    path = Path(results_dir) / "fewest_changes.csv"
+    if not path.exists():
+        return []
+    per = read_csv(path)
+    mean = {key: float(np.mean([float(r[key]) for r in per])) for key in ("eplb", "fewest_found", "proven_bound")}
+    verdict = ("infeasible (proven)" if mean["proven_bound"] > TARGET else "reachable" if mean["fewest_found"] <= TARGET
+               else "undecided")
+    return [("Slots changed per rebalance, gpt-oss-20b 40 slots / 8 GPUs: eplb vs exact search (mean)",
+             f"eplb {mean['eplb']:.1%}; fewest found {mean['fewest_found']:.1%}; proven lower bound "
+             f"{mean['proven_bound']:.1%}", f"<= 20%: {verdict}")]
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 
 Sections (each a ``bench/<name>.py`` with ``run(quick, results_dir) -> markdown``; those whose
 script is absent are listed as such): speed, start-up, quality, generalisation, exact solver gap,
-serving. Writes ``<results>/*.csv``, ``*.png`` and ``SUMMARY.md`` (headline table, then every
+serving, fewest changes (proven), certificate (gpt-oss-20b). Writes ``<results>/*.csv``, ``*.png`` and ``SUMMARY.md`` (headline table, then every
 section), and copies the headline table into the README between
 ``<!-- bench:headline:start -->`` and ``<!-- bench:headline:end -->``.
 
@@ -33,6 +33,8 @@ SECTIONS = (
     ("generalisation", "Generalisation", "plan on one window, serve another"),
     ("exact_gap", "Exact solver", "gap of the methods to the exact optimum on small instances"),
     ("serving", "Serving", "online balancer in a serving simulation"),
+    ("fewest_changes", "Fewest changes", "proven fewest slot changes per rebalance, gpt-oss-20b 40 slots"),
+    ("gpt_oss_certificate", "Certificate", "gpt-oss-20b: how close to the bound a placement can get"),
 )
 
 START = "<!-- bench:headline:start -->"

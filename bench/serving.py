@@ -168,25 +168,23 @@ def plan_time_split(method: str, repeats: int) -> dict:
 
 # ------------------------------------------------------------------------------ fewest changes, proven
 
-EXACT_DEPLOYMENTS = (40, 12)  # the small real-trace deployments (gpt-oss 40 slots / 8 GPUs, Mixtral 12 / 4)
+EXACT_SLOTS = 12  # Mixtral's deployment (12 slots / 4 GPUs): CP-SAT proves its fewest changes
 
 
 def fewest_changes_rows(seqs: list, quick: bool) -> list[dict]:
-    """Per rebalance of the small real-trace deployments: the slots eplb changes vs the fewest any
-    plan within the tolerance can change (CP-SAT, :mod:`eplb.exact_migration`, from the same previous
+    """Per rebalance of Mixtral's 12-slot deployment: the slots eplb changes vs the fewest any plan
+    within the tolerance can change (CP-SAT, :mod:`eplb.exact_migration`, from the same previous
     placement), against two references: the default method from scratch (eplb's) and the optimum
-    (``method="exact"``, Mixtral only: on gpt-oss it is too slow to run per rebalance)."""
+    (``method="exact"``). gpt-oss-20b's 40 slots: ``bench/fewest_changes.py`` (an exact search
+    proves there what CP-SAT does not)."""
     from eplb.api import make_problem
     from eplb.exact_migration import fewest_changes
 
     rows = []
     for name, series, deployment in seqs:
-        if deployment["num_slots"] not in EXACT_DEPLOYMENTS:
+        if deployment["num_slots"] != EXACT_SLOTS:
             continue
-        small = deployment["num_slots"] == 12
-        if quick and not small:  # gpt-oss: 24 layers that CP-SAT does not close, ~1 s each
-            continue
-        limit = 5.0 if small else 1.0  # CP-SAT deterministic seconds per layer
+        limit = 5.0  # CP-SAT deterministic seconds per layer
         problem = make_problem(series.shape[2], deployment["num_slots"], deployment["num_gpus"],
                                deployment["num_nodes"], deployment.get("num_groups"))
         current = eplb.plan(series[0], **deployment)
@@ -197,7 +195,7 @@ def fewest_changes_rows(seqs: list, quick: bool) -> list[dict]:
             previous = np.ascontiguousarray(current.phy2log)
             row = {"sequence": name, "window": t, "slots": near.phy2log.size,
                    "eplb": int(near.info["slots_changed"].sum())}
-            for ref_name, peak in (("default", scratch.max_load),) + ((("optimum", None),) if small else ()):
+            for ref_name, peak in (("default", scratch.max_load), ("optimum", None)):
                 if peak is None:
                     optimum = eplb.plan(w, method="exact", time_limit=limit, progress=False, **deployment)
                     if not optimum.info["optimal"].all():
@@ -350,12 +348,13 @@ def run(quick: bool, results_dir: Path) -> str:
         ["mode", "layers within the bound"] + [f"{k} ms (wall / CPU)" for k in keys],
         [(r["mode"], f"{r['layers_within_bound']} of {r['layers']}",
           *(f"{r[f'{k}_ms']} / {r[f'{k}_cpu_ms']}" for k in keys)) for r in timings]))
-    lines += ["", "### Fewest slots changed, proven (small real-trace deployments)", "",
+    lines += ["", "### Fewest slots changed, proven (Mixtral, 12 slots)", "",
               "Per rebalance, from the same previous placement as eplb: the fewest slots any plan within 0.5% of "
               "the reference can change (CP-SAT model of `eplb.exact_migration`: no GPU gets a second replica "
               "of an expert, as in eplb's search; `proven`: the solver proved the minimum on every layer, else "
               "`bound` is what it proved). Reference: the default method from scratch (eplb's) or the optimum "
-              "(`method=\"exact\"`, Mixtral only). As a fraction of all slots.", ""]
+              "(`method=\"exact\"`). As a fraction of all slots. gpt-oss-20b on 40 slots: see the section "
+              "\"Fewest slot changes per rebalance, proven\" (`bench/fewest_changes.py`).", ""]
     table = []
     for name in dict.fromkeys(r["sequence"] for r in fewest):
         rs = [r for r in fewest if r["sequence"] == name]
