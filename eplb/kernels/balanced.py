@@ -13,7 +13,7 @@ from .packing import (clear_gpus, new_state, pack_spread_by_free_slots, pack_spr
 from .replication import replicate_capped
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, error_model="numpy")
 def _shared(gpus, gpu_items, gpu_fill, item_expert, holds):
     """Replicas on the listed GPUs that share the GPU with another replica of their expert."""
     total = 0
@@ -25,7 +25,7 @@ def _shared(gpus, gpu_items, gpu_fill, item_expert, holds):
     return total
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, error_model="numpy")
 def pack_domain(w, experts, counts, gpus, slots_per_gpu, first_item, item_expert, item_load, gpu_items, gpu_fill,
                 gpu_load, holds, max_steps, pair_swaps=False):
     """Pack ``counts[i]`` replicas of ``experts[i]`` on the slots of ``gpus``: spread largest-first,
@@ -68,7 +68,7 @@ def pack_domain(w, experts, counts, gpus, slots_per_gpu, first_item, item_expert
     return item
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, error_model="numpy")
 def domain_slots(gpus, slots_per_gpu):
     """Slots of the listed GPUs."""
     total = 0
@@ -77,7 +77,7 @@ def domain_slots(gpus, slots_per_gpu):
     return total
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, error_model="numpy")
 def balanced_placement(weights, slots_per_gpu, gpu_domain, expert_domain, max_steps, pair_swaps=False):
     """Place every layer, each domain on its own.
 

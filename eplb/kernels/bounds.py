@@ -4,7 +4,7 @@ import numpy as np
 from numba import njit
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, error_model="numpy")
 def min_max_replica_load(weights, num_replicas):
     """``min over replica counts r (sum r = R, r >= 1) of max_e w_e / r_e``, for every layer.
 
@@ -38,7 +38,7 @@ def min_max_replica_load(weights, num_replicas):
     return out
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, error_model="numpy")
 def _fewest_items_at_least(sorted_desc, extra, x):
     """Fewest replicas carrying ``>= x`` over every replication with ``extra`` replicas beyond one each.
 
@@ -67,7 +67,7 @@ def _fewest_items_at_least(sorted_desc, extra, x):
     return n - pushed
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, error_model="numpy")
 def _smallest_item_lower(sorted_desc, extra, rank):
     """``t_rank``: the smallest possible ``rank``-th largest replica load over every replication
     (``rank`` 1-based), to ~1e-6 relative precision from below."""
@@ -88,7 +88,7 @@ def _smallest_item_lower(sorted_desc, extra, rank):
     return lo
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, error_model="numpy")
 def _settle_or_push(lo, hi, a, b, it, out, st_lo, st_hi, st_a, st_b, st_it, depth):
     """Bisection step for ``ranks[a:b]`` now known to lie in ``[lo, hi]``: answer ``lo`` when the
     interval is narrow (or after 60 halvings), else push it on the stack. Returns the new depth."""
@@ -104,7 +104,7 @@ def _settle_or_push(lo, hi, a, b, it, out, st_lo, st_hi, st_a, st_b, st_it, dept
     return depth + 1
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, error_model="numpy")
 def _smallest_items_lower(sorted_desc, extra, ranks, out):
     """:func:`_smallest_item_lower` for many ranks at once, the same values bit for bit.
 
@@ -163,7 +163,7 @@ def _smallest_items_lower(sorted_desc, extra, ranks, out):
             depth = _settle_or_push(lo, mid, split, b, it, out, st_lo, st_hi, st_a, st_b, st_it, depth)
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, error_model="numpy")
 def pigeonhole_bound(weights, num_slots, active_gpus, min_slots):
     """A bound that holds for every replication, from where the largest replicas must go.
 
@@ -243,7 +243,7 @@ def pigeonhole_bound(weights, num_slots, active_gpus, min_slots):
     return out
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, error_model="numpy")
 def _shell_sort(values):
     """Sort ``values [n]`` float64 in place, increasing (Shell sort with Ciura's gaps: a few simple
     loops, fast on the few hundred values of a layer and cheap to compile)."""
@@ -259,7 +259,7 @@ def _shell_sort(values):
             values[j] = value
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, error_model="numpy")
 def _small(asc, copies, q):
     """The ``q`` smallest entries of the multiset holding ``copies`` copies of each
     ``asc[e] / copies`` (``asc [E]`` increasing): the ``small(q)`` of :func:`pigeonhole_bound`."""
@@ -276,7 +276,7 @@ def _small(asc, copies, q):
     return total
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, error_model="numpy")
 def pigeonhole_upper(weights, num_slots, active_gpus, min_slots):
     """An upper bound on :func:`pigeonhole_bound`, per layer, at a fraction of its cost.
 
@@ -344,7 +344,7 @@ def pigeonhole_upper(weights, num_slots, active_gpus, min_slots):
     return out
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, error_model="numpy")
 def _fewest_replicas(w, x):
     """Fewest replicas of an expert of load ``w`` that keep each replica ``<= x`` (``x > 0``)."""
     if w <= x:
@@ -357,7 +357,7 @@ def _fewest_replicas(w, x):
     return r
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, error_model="numpy")
 def _threshold_feasible(w, target, num_slots, active_gpus, min_slots, filler, max_m):
     """Necessary conditions for a max load ``<= target``, for one replication chosen for all at once.
 
@@ -412,7 +412,7 @@ def _threshold_feasible(w, target, num_slots, active_gpus, min_slots, filler, ma
     return True
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, error_model="numpy")
 def threshold_bound(weights, lower, num_slots, active_gpus, min_slots, max_m):
     """The smallest max load that :func:`_threshold_feasible` allows, searched upward from ``lower``.
 
@@ -456,7 +456,7 @@ def threshold_bound(weights, lower, num_slots, active_gpus, min_slots, max_m):
     return out
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, error_model="numpy")
 def _unused_savings(asc, prefix, n, unused):
     """Most load that ``unused`` replicas left out of a set can save on the ``n`` lightest experts.
 
@@ -474,7 +474,7 @@ def _unused_savings(asc, prefix, n, unused):
     return total
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, error_model="numpy")
 def _lightest_items(asc, prefix, extra, m, exact_extra):
     """A lower bound on the sum of any ``m`` replicas of the experts ``asc [n0]`` (increasing loads,
     ``prefix`` their prefix sums) over every replication with ``extra`` replicas beyond one each.
@@ -497,7 +497,7 @@ def _lightest_items(asc, prefix, extra, m, exact_extra):
     return max(0.0, prefix[max(0, min(num, m - extra))] - _unused_savings(asc, prefix, min(m, num), extra))
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, error_model="numpy")
 def _tier_value(hot_load, asc, prefix, num_hot, num_slots, num_experts, active_gpus, min_slots, max_slots, floor):
     """:func:`tier_bound` for one heavy tier of ``num_hot`` experts of total load ``hot_load``: the
     minimum over its replica count ``R`` and the number ``q`` of GPUs holding its replicas, or the
@@ -519,7 +519,7 @@ def _tier_value(hot_load, asc, prefix, num_hot, num_slots, num_experts, active_g
     return value
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, error_model="numpy")
 def tier_bound(weights, lower, replica, num_slots, active_gpus, min_slots, max_slots):
     """A bound from the GPUs that carry the heavy experts, for every replication.
 

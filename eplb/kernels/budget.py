@@ -17,7 +17,7 @@ from numba import njit
 from .bounds import _fewest_replicas, _lightest_items, _shell_sort
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, error_model="numpy")
 def _virtual_experts(desc, first, last, target, virtual, prefix):
     """Cut every expert ``desc[first:last]`` of load ``w`` into its fewest parts ``w / b`` of load
     ``<= target``; write the parts in increasing order into ``virtual`` and their prefix sums into
@@ -35,7 +35,7 @@ def _virtual_experts(desc, first, last, target, virtual, prefix):
     return n
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, error_model="numpy")
 def _budget_feasible(desc, tier, target, num_slots, active_gpus, min_slots, max_slots, virtual, prefix):
     """Necessary conditions for a max load ``<= target`` with the ``tier`` heaviest experts as the tier.
 
@@ -94,7 +94,7 @@ def _budget_feasible(desc, tier, target, num_slots, active_gpus, min_slots, max_
     return False
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, error_model="numpy")
 def budget_tier_bound(weights, lower, replica, num_slots, active_gpus, min_slots, max_slots, max_tiers):
     """The smallest max load :func:`_budget_feasible` allows for every tier of the heaviest experts
     (the first ``t`` for ``t = 1 ..`` one more than the experts above the replica bound, at most

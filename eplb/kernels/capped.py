@@ -19,7 +19,7 @@ EXHAUSTED = 0
 OUT_OF_BUDGET = -1
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, error_model="numpy")
 def pack_under_cap(loads, experts, num_gpus, slots, cap, spread, budget):
     """Pack ``G k`` replicas onto ``G`` GPUs of ``k`` slots each with every GPU load ``<= cap``.
 
@@ -155,7 +155,7 @@ def pack_under_cap(loads, experts, num_gpus, slots, cap, spread, budget):
         resume = _skip_twins(last, experts)
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, error_model="numpy")
 def _skip_twins(position, experts):
     """The last position holding a replica of the same expert as ``position`` (replicas of one
     expert are adjacent and interchangeable: after one fails at a slot, the others fail too)."""
@@ -165,7 +165,7 @@ def _skip_twins(position, experts):
     return position
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, error_model="numpy")
 def replicas_of(w, counts):
     """Replica loads ``[S]`` non-increasing (ties by expert id, so replicas of one expert are
     adjacent) and their experts ``[S]`` int64, for loads ``w [E]`` and replica counts ``counts [E]``."""
@@ -184,7 +184,7 @@ def replicas_of(w, counts):
     return loads[order], experts[order]
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, error_model="numpy")
 def _attempt(w, counts, num_gpus, slots, cap, spread, budget, row, stats):
     """One packing attempt of ``counts`` under ``cap``; on success writes the placement into
     ``row [S]`` (GPU by GPU, experts increasing) and returns its max load, else ``-1``.
@@ -210,7 +210,7 @@ def _attempt(w, counts, num_gpus, slots, cap, spread, budget, row, stats):
     return gpu_load.max()
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, error_model="numpy")
 def _bisect(w, counts, num_gpus, slots, low, high, spread, budget, row, stats, step):
     """Lower the max load ``high`` of the packing in ``row`` (of ``counts``) by bisecting the cap
     down to ``low``; returns the max load of ``row`` at the end."""
@@ -226,7 +226,7 @@ def _bisect(w, counts, num_gpus, slots, low, high, spread, budget, row, stats, s
     return high
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, error_model="numpy")
 def descend(w, row, num_gpus, slots, lower, neighbours, spread, budget, max_attempts, step):
     """The lightest placement the capped search finds for one layer, from the placement ``row``.
 

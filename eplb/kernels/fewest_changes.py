@@ -45,7 +45,7 @@ _INF = np.int64(1 << 40)
 _SLACK = 1e-12
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, error_model="numpy")
 def _gpu_changes(lo, hi, n, top, bottom, fill_lo, fill_hi, buf):
     """Fewest slots a GPU must change to end within ``[bottom, top]``.
 
@@ -85,7 +85,7 @@ def _gpu_changes(lo, hi, n, top, bottom, fill_lo, fill_hi, buf):
     return max(need_over, need_under)
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, error_model="numpy")
 def _count_bound(w, prev, p, r, decided, slot_offsets, top, bottom, inc_left, dec_left, on_gpu, shared, c_g,
                  slot_lo, slot_hi, buf, counts_lo, counts_hi):
     """The GPU bound of the counts search (module docstring, step 1); fills ``c_g [G]``.
@@ -152,7 +152,7 @@ def _count_bound(w, prev, p, r, decided, slot_offsets, top, bottom, inc_left, de
     return max(dec + max(0, total - free_dec), inc + max(0, total - free_inc))
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, error_model="numpy")
 def _pack(items, a, most_new, placed, load, free, top, bottom, gpu_of_item, next_gpu, work):
     """Place ``items [n]`` (expert ids, non-increasing load ``a``, copies of one expert adjacent)
     into the free slots, every GPU ending within ``[bottom, top]``; True if done (``gpu_of_item``).
@@ -214,7 +214,7 @@ def _pack(items, a, most_new, placed, load, free, top, bottom, gpu_of_item, next
         next_gpu[i] = g + 1
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, error_model="numpy")
 def _apply_mask(g, mask, sign, prev, slot_offsets, kept, left):
     """Take GPU ``g``'s previous slots out of ``left`` and its kept ones (bits of ``mask`` clear)
     into ``kept`` (``sign = 1``), or undo that (``sign = -1``)."""
@@ -226,7 +226,7 @@ def _apply_mask(g, mask, sign, prev, slot_offsets, kept, left):
             kept[e] += sign
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, error_model="numpy")
 def _keep(gpu_order, prev, slot_offsets, r, a, kept, left, c_g, k, masks, mask_start, on_gpu, shared, top, bottom,
           drop_mask, load, free, work, items, gpu_of_item, placed, most_new, next_mask, dropped_at, next_gpu):
     """Step 2 for full counts ``r [E]`` (``a [E]`` per-replica loads): choose the dropped slots of
@@ -358,13 +358,13 @@ def _keep(gpu_order, prev, slot_offsets, r, a, kept, left, c_g, k, masks, mask_s
     return found
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, error_model="numpy")
 def _delta(step):
     """The ``step``-th count change tried: 0, +1, -1, +2, -2, ..."""
     return (step + 1) // 2 if step % 2 == 1 else -(step // 2)
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, error_model="numpy")
 def _counts(order, w, prev, p, r, decided, slot_offsets, top, bottom, most_inc, dec_room, k, on_gpu, shared, masks,
             mask_start, work, c_g, slot_lo, slot_hi, buf, a, kept, left, drop_mask, load, free, items, gpu_of_item,
             placed, most_new, gpu_order, next_mask, dropped_at, next_gpu, counts_lo, counts_hi):
@@ -442,7 +442,7 @@ def _counts(order, w, prev, p, r, decided, slot_offsets, top, bottom, most_inc, 
         i -= 1
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, error_model="numpy")
 def _masks_by_size(largest):
     """Subsets of ``n`` slots (bit masks), for every ``n <= largest``, in non-decreasing size.
 
@@ -466,7 +466,7 @@ def _masks_by_size(largest):
     return masks, start
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, error_model="numpy")
 def fewest_changes_exact(w, prev, slot_offsets, cap, first, most_changes, shared, work, counts_lo, counts_hi):
     """Search for a placement within ``cap`` with at most ``k`` changed slots of ``prev``, for
     ``k = first, first + 1, ..., most_changes - 1`` in turn (module docstring).

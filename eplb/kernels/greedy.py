@@ -9,14 +9,14 @@ import numpy as np
 from numba import njit
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, error_model="numpy")
 def _before(keys, a, b):
     """Heap order: the smaller key first, the smaller id on ties (the published code's argmin/argmax
     picks the first index among equal values)."""
     return keys[a] < keys[b] or (keys[a] == keys[b] and a < b)
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, error_model="numpy")
 def _sift_down(heap, size, keys, i):
     """Restore the min-heap ``heap[:size]`` (ids ordered by ``keys[id]``, then id) below position ``i``."""
     while True:
@@ -31,13 +31,13 @@ def _sift_down(heap, size, keys, i):
         i = child
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, error_model="numpy")
 def _heapify(heap, size, keys):
     for i in range(size // 2 - 1, -1, -1):
         _sift_down(heap, size, keys, i)
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, error_model="numpy")
 def replicate_greedy(weights, num_replicas, phy2expert, replica_counts):
     """Give one extra replica at a time to the expert with the largest load per replica (the first
     such expert on ties, as torch.max picks), via a heap: O(R log E) instead of O(R E).
@@ -65,7 +65,7 @@ def replicate_greedy(weights, num_replicas, phy2expert, replica_counts):
         _sift_down(heap, num_experts, minus_load, 0)
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, error_model="numpy")
 def pack_largest_first(weights, num_packs, capacity, pack_of_item, rank_in_pack):
     """Balanced packing: items in decreasing weight, each into the lightest pack with room (the
     first such pack on ties), the packs with room kept in a heap.
@@ -100,7 +100,7 @@ def pack_largest_first(weights, num_packs, capacity, pack_of_item, rank_in_pack)
         _sift_down(heap, open_packs, pack_load, 0)
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, error_model="numpy")
 def greedy_placement(weights, num_slots, num_groups, num_nodes, num_gpus):
     """The published hierarchical greedy placement for every layer.
 

@@ -37,7 +37,7 @@ INFEASIBLE = 0
 UNDECIDED = -1
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, error_model="numpy")
 def _copy(src, dst):
     """``dst[:] = src`` for two ``[n]`` int64 arrays, element by element: a slice assignment from an
     array compiles Numba's shape-mismatch error message (string formatting), a second or more of
@@ -46,7 +46,7 @@ def _copy(src, dst):
         dst[i] = src[i]
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, error_model="numpy")
 def _replicas_needed(weights, group_size, num_groups, target, need):
     """``need [K]``: replicas each group needs so that every replica carries ``<= target``."""
     for k in range(num_groups):
@@ -60,7 +60,7 @@ def _replicas_needed(weights, group_size, num_groups, target, need):
         need[k] = total
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, error_model="numpy")
 def _hot_expert_fits(weights, group_size, group_max, order, chosen, depth, group, node, active, slots, target):
     """The hot-expert condition for ``node`` holding the groups ``order[i]`` (``i < depth``,
     ``chosen[i] == node``) and ``group`` (module docstring); ``group_max [K]``: each group's
@@ -108,7 +108,7 @@ def _hot_expert_fits(weights, group_size, group_max, order, chosen, depth, group
     return False
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, error_model="numpy")
 def _nodes_fit(target, order, chosen, held, weights, group_size, node_slots, node_active, node_min, node_max, memo):
     """Whether every node holding groups (``chosen[i]``: node of group ``order[i]``) passes
     :func:`eplb.kernels.hot_room.hot_room_fits` at ``target``; ``memo [2^K]`` int8 remembers each
@@ -148,7 +148,7 @@ def _nodes_fit(target, order, chosen, held, weights, group_size, node_slots, nod
     return True
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, error_model="numpy")
 def _search(target, order, group_load, need, node_slots, node_active, node_class, budget, assign, weights,
             group_size, group_max, strong, node_min, node_max, memo):
     """Depth-first search for a group -> node assignment meeting both conditions at ``target``.
@@ -275,7 +275,7 @@ def _search(target, order, group_load, need, node_slots, node_active, node_class
                 empty_nodes += 1
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, error_model="numpy")
 def assign_groups(weights, num_groups, node_slots, node_active, node_class, lower, budget, rel_tol,
                   node_of_group, strong, node_min, node_max):
     """Assign the groups of every layer to nodes, minimising the smallest ``T`` both conditions allow.

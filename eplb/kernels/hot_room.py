@@ -13,7 +13,7 @@ from numba import njit
 from .bounds import _fewest_replicas, _lightest_items
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, error_model="numpy")
 def hot_room_fits(desc, num, target, active, slots, min_slots, max_slots, asc, prefix, gains, loads, keys):
     """Whether the experts ``desc[:num]`` (loads, decreasing) may fit ``slots`` slots on ``active``
     GPUs (``min_slots .. max_slots`` slots each) with every GPU ``<= target`` (``T``).
@@ -125,7 +125,7 @@ def hot_room_fits(desc, num, target, active, slots, min_slots, max_slots, asc, p
     return False
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, error_model="numpy")
 def _sort_together(keys, a, b, n):
     """Sort ``keys[:n]`` decreasing, ``a[:n]`` and ``b[:n]`` with it (insertion sort: few items)."""
     for i in range(1, n):

@@ -4,7 +4,7 @@ import numpy as np
 from numba import njit
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, error_model="numpy")
 def replica_counts(phy2log, num_experts):
     """``[L, S] -> [L, E]`` int64: how many slots hold each expert."""
     num_layers, num_slots = phy2log.shape
@@ -15,7 +15,7 @@ def replica_counts(phy2log, num_experts):
     return counts
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, error_model="numpy")
 def slots_of_experts(phy2log, num_experts, width):
     """``[L, S] -> [L, E, width]`` int64: each expert's slots in increasing order, ``-1`` padded."""
     num_layers, num_slots = phy2log.shape

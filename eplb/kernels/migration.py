@@ -11,7 +11,7 @@ from numba import njit
 _EPS = 1e-12
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, error_model="numpy")
 def _shares(w, cnt, e, share, share_up, gain_down):
     """Refresh expert ``e``'s entries of the per-replica load tables after its count changed."""
     c = cnt[e]
@@ -20,7 +20,7 @@ def _shares(w, cnt, e, share, share_up, gain_down):
     gain_down[e] = w[e] / (c - 1) - share[e] if c > 1 else np.inf
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, error_model="numpy")
 def _loads_from_shares(row, share, gpu_of_slot, x):
     """Fill ``x [G]`` with each GPU's load: the sum of its replicas' shares."""
     x[:] = 0.0
@@ -28,7 +28,7 @@ def _loads_from_shares(row, share, gpu_of_slot, x):
         x[gpu_of_slot[s]] += share[row[s]]
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, error_model="numpy")
 def _remove_slot(expert_slots, cnt, e, s):
     """Drop slot ``s`` from expert ``e``'s slot list (order of the rest is kept)."""
     n = cnt[e]
@@ -40,13 +40,13 @@ def _remove_slot(expert_slots, cnt, e, s):
     cnt[e] = n - 1
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, error_model="numpy")
 def _add_slot(expert_slots, cnt, e, s):
     expert_slots[e, cnt[e]] = s
     cnt[e] += 1
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, error_model="numpy")
 def improve_placement(weights, start, previous, gpu_of_slot, slot_offsets, node_of_gpu, group_of_expert,
                       keep_groups, num_groups, target, max_changes, max_steps, per_change=True):
     """Local search from ``start``: lower the heaviest GPU until it is at most ``target``, counting
@@ -364,7 +364,7 @@ def improve_placement(weights, start, previous, gpu_of_slot, slot_offsets, node_
     return out, changes, steps
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, error_model="numpy")
 def _undo_needless(w, row, prev, cnt, expert_slots, has, node_group, gpu_of_slot, node_of_gpu, group_of_expert,
                    keep_groups, share, share_up, gain_down, x, target):
     """Give changed slots back their previous expert (one slot, or two slots that swapped) wherever
@@ -396,7 +396,7 @@ def _undo_needless(w, row, prev, cnt, expert_slots, has, node_group, gpu_of_slot
     return before - after
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, error_model="numpy")
 def _undo_one(s, changed, w, row, prev, cnt, expert_slots, has, node_group, gpu_of_slot, node_of_gpu, group_of_expert,
               keep_groups, share, share_up, gain_down, x, cap):
     """Give slot ``s`` (and a slot that swapped with it) back its previous expert if the max GPU
@@ -441,7 +441,7 @@ def _undo_one(s, changed, w, row, prev, cnt, expert_slots, has, node_group, gpu_
     return False
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, error_model="numpy")
 def _set_slot(row, s, f, expert_slots, cnt, has, node_group, gpu_of_slot, node_of_gpu, group_of_expert):
     """Put expert ``f`` into slot ``s`` and update the bookkeeping arrays."""
     e = row[s]
@@ -455,7 +455,7 @@ def _set_slot(row, s, f, expert_slots, cnt, has, node_group, gpu_of_slot, node_o
     row[s] = f
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, error_model="numpy")
 def min_cost_assignment(cost):
     """Optimal assignment of an ``[n, n]`` float64 cost matrix (shortest augmenting paths, O(n^3)).
 
@@ -508,7 +508,7 @@ def min_cost_assignment(cost):
     return result
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, error_model="numpy")
 def _overlap(new_row, prev_row, slot_offsets, num_experts):
     """``[G, G]``: experts GPU ``gn`` holds under ``new_row`` that GPU ``go`` holds under ``prev_row``
     (multiset intersection); ``-1`` where the two GPUs hold different numbers of slots."""
@@ -543,7 +543,7 @@ def _overlap(new_row, prev_row, slot_offsets, num_experts):
     return overlap
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, error_model="numpy")
 def _match_gpus(overlap, gpus_per_node, by_node):
     """GPU relabelling ``[G]`` (new GPU -> position) maximising the kept experts.
 
@@ -582,7 +582,7 @@ def _match_gpus(overlap, gpus_per_node, by_node):
     return result
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, error_model="numpy")
 def align_slots(row, prev_row, slot_offsets, num_experts, out):
     """Order each GPU's experts so that those it held in a slot under ``prev_row`` stay there."""
     num_gpus = slot_offsets.shape[0] - 1
@@ -607,7 +607,7 @@ def align_slots(row, prev_row, slot_offsets, num_experts, out):
                 want[e] -= 1
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, error_model="numpy")
 def relabel_like(new, previous, slot_offsets, gpus_per_node, by_node, num_experts):
     """Relabel GPUs (and nodes) of ``new [L, S]``, then slots inside each GPU, to keep the most
     experts where ``previous [L, S]`` had them. GPU loads are only permuted.
@@ -634,7 +634,7 @@ def relabel_like(new, previous, slot_offsets, gpus_per_node, by_node, num_expert
     return out, changes
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, error_model="numpy")
 def _fits(w, row, prev, slot_offsets, counts, target, most):
     """Whether ``row [S]`` holds every expert, gives no GPU more replicas of an expert than
     ``max(1, what it held in prev)``, and keeps every GPU at most ``target``."""
@@ -663,7 +663,7 @@ def _fits(w, row, prev, slot_offsets, counts, target, most):
     return True
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, error_model="numpy")
 def fewest_changes_search(w, prev, slot_offsets, target, most_changes, work):
     """Exhaustive search of one small layer for a placement within ``target`` that changes fewer
     than ``most_changes`` slots of ``prev``: every set of 1, 2, ... changed slots in increasing

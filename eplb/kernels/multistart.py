@@ -20,7 +20,7 @@ from .packing import clear_gpus, load_state, new_state, recompute_loads, store_s
 _MASK = (1 << 64) - 1
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, error_model="numpy")
 def _next(state):
     """splitmix64 step: returns a float in [0, 1) and advances ``state[0]``."""
     state[0] = (state[0] + np.uint64(0x9E3779B97F4A7C15)) & np.uint64(0xFFFFFFFFFFFFFFFF)
@@ -31,7 +31,7 @@ def _next(state):
     return (z >> np.uint64(11)) * (1.0 / 9007199254740992.0)
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, error_model="numpy")
 def _domain_max(gpus, gpu_load):
     top = 0.0
     for gi in range(gpus.shape[0]):
@@ -39,7 +39,7 @@ def _domain_max(gpus, gpu_load):
     return top
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, error_model="numpy")
 def _perturb(w, experts, counts, cap, moves, state):
     """Move ``moves`` replicas from donors (``counts >= 2``) to receivers (``counts < cap``, drawn
     with probability proportional to load per replica). Returns False when no move is possible."""
@@ -77,7 +77,7 @@ def _perturb(w, experts, counts, cap, moves, state):
     return True
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, error_model="numpy")
 def _apportion(w, experts, first, last, seats, cap, counts):
     """D'Hondt: ``seats`` replicas over ``experts[first:last]`` (one each, then one at a time to the
     largest load per replica, at most ``cap`` each), written to ``counts[first:last]``. Returns False
@@ -100,7 +100,7 @@ def _apportion(w, experts, first, last, seats, cap, counts):
     return True
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, error_model="numpy")
 def aligned_counts(w, experts, counts, num_slots, num_gpus, cap, wide, candidates):
     """Replications whose heavy replicas spread evenly over the GPUs of a domain.
 
@@ -162,7 +162,7 @@ def aligned_counts(w, experts, counts, num_slots, num_gpus, cap, wide, candidate
     return found
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, error_model="numpy")
 def _add_candidate(w, experts, counts, t, seats, num_slots, cap, row, candidates, found):
     """Append the replication giving ``seats`` replicas to the ``t`` heaviest experts and the rest to
     the others (D'Hondt in each) to ``candidates`` unless it does not fit, equals ``counts`` or is
@@ -194,7 +194,7 @@ def _add_candidate(w, experts, counts, t, seats, num_slots, cap, row, candidates
     return found + 1
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, error_model="numpy")
 def light_split(w, experts, counts, level, row):
     """The replication ``counts`` with the extra replicas of the light experts (load ``<= level``,
     the domain's mean GPU load) moved to the lightest experts, one each, written to ``row``.
@@ -227,7 +227,7 @@ def light_split(w, experts, counts, level, row):
     return False
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, error_model="numpy")
 def _is_new(row, n, counts, rows, found):
     """Whether ``row[:n]`` differs from ``counts[:n]`` and from ``rows[:found, :n]``."""
     for c in range(-1, found):
@@ -241,7 +241,7 @@ def _is_new(row, n, counts, rows, found):
     return True
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, error_model="numpy")
 def _pack_and_keep(w, experts, counts, gpus, slots_per_gpu, first_item, item_expert, item_load, gpu_items, gpu_fill,
                    gpu_load, holds, max_steps, slot_offsets, best_max, best_shared, best_counts, best_expert):
     """Pack the replication ``counts`` on ``gpus`` (:func:`eplb.kernels.balanced.pack_domain`) and keep
@@ -264,7 +264,7 @@ def _pack_and_keep(w, experts, counts, gpus, slots_per_gpu, first_item, item_exp
     return best_max
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, error_model="numpy")
 def _move_descent(w, experts, first_base, gpus, slots_per_gpu, first_item, item_expert, item_load, gpu_items,
                   gpu_fill, gpu_load, holds, max_steps, slot_offsets, best_max, best_shared, best_counts, best_expert,
                   cap, move_experts, move_passes):
@@ -317,7 +317,7 @@ def _move_descent(w, experts, first_base, gpus, slots_per_gpu, first_item, item_
     return best_max
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, error_model="numpy")
 def best_placement(weights, slots_per_gpu, gpu_domain, start, num_starts, max_steps, seed, pair_swaps, threshold,
                    move_experts, move_passes, move_threshold):
     """Improve ``start`` layer by layer (module docstring).

@@ -14,7 +14,7 @@ import numpy as np
 from numba import njit
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, error_model="numpy")
 def new_state(num_slots, num_gpus, width, num_experts):
     """Empty working state (module docstring) for ``num_slots`` replicas on ``num_gpus`` GPUs of at
     most ``width`` slots: ``(item_expert, item_load, gpu_items, gpu_fill, gpu_load, holds)``."""
@@ -22,7 +22,7 @@ def new_state(num_slots, num_gpus, width, num_experts):
             np.zeros(num_gpus, np.int64), np.zeros(num_gpus), np.zeros((num_gpus, num_experts), np.int64))
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, error_model="numpy")
 def clear_gpus(gpus, item_expert, gpu_items, gpu_fill, gpu_load, holds):
     """Take every replica off the GPUs ``gpus [m]``."""
     for gi in range(gpus.shape[0]):
@@ -33,7 +33,7 @@ def clear_gpus(gpus, item_expert, gpu_items, gpu_fill, gpu_load, holds):
         gpu_load[g] = 0.0
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, error_model="numpy")
 def pack_spread_largest_first(item_load, item_expert, items, gpus, slots_per_gpu, gpu_items, gpu_fill,
                               gpu_load, holds):
     """Place replicas in decreasing load, each on the lightest GPU with a free slot that does not
@@ -66,7 +66,7 @@ def pack_spread_largest_first(item_load, item_expert, items, gpus, slots_per_gpu
         holds[best, e] += 1
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, error_model="numpy")
 def load_state(phy2log_row, weights_row, slot_offsets, item_expert, item_load, gpu_items, gpu_fill,
                gpu_load, holds):
     """Build the working state of one layer from a placement.
@@ -94,7 +94,7 @@ def load_state(phy2log_row, weights_row, slot_offsets, item_expert, item_load, g
             holds[g, e] += 1
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, error_model="numpy")
 def store_state(item_expert, gpu_items, gpu_fill, slot_offsets, phy2log_row):
     """Write the working state of one layer back as ``phy2log_row [S]``."""
     num_gpus = slot_offsets.shape[0] - 1
@@ -103,7 +103,7 @@ def store_state(item_expert, gpu_items, gpu_fill, slot_offsets, phy2log_row):
             phy2log_row[slot_offsets[g] + j] = item_expert[gpu_items[g, j]]
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, error_model="numpy")
 def recompute_loads(item_load, gpus, gpu_items, gpu_fill, gpu_load):
     """Sum every listed GPU's load afresh (removes rounding drift of incremental updates)."""
     for gi in range(gpus.shape[0]):
@@ -114,7 +114,7 @@ def recompute_loads(item_load, gpus, gpu_items, gpu_fill, gpu_load):
         gpu_load[g] = total
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, error_model="numpy")
 def pack_spread_by_free_slots(item_load, item_expert, items, gpus, slots_per_gpu, gpu_items, gpu_fill, gpu_load,
                               holds):
     """Place the replicas of one expert after another (most replicas first), each on a different
@@ -165,7 +165,7 @@ def pack_spread_by_free_slots(item_load, item_expert, items, gpus, slots_per_gpu
             holds[best, e] += 1
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, error_model="numpy")
 def max_gpu_loads(weights, phy2log, slot_offsets):
     """``[L]`` float64: the max GPU load of a placement ``phy2log [L, S]`` for ``weights [L, E]``."""
     num_layers, num_experts = weights.shape

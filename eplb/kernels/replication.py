@@ -4,7 +4,7 @@ import numpy as np
 from numba import njit
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, error_model="numpy")
 def replicate_capped(weights, experts, num_replicas, cap, counts):
     """Give one replica at a time to the expert with the largest load per replica, at most ``cap`` each.
 

@@ -15,7 +15,7 @@ import numpy as np
 from numba import njit
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, error_model="numpy")
 def _pack(item_load, item_expert, num_items, caps, spread, best, num_experts, nodes, budget, out_bin):
     """Depth-first packing of ``num_items`` replicas (largest first, one expert's replicas next to
     each other) into GPUs of ``caps [G]`` slots (summing to ``num_items``), strictly below ``best``.
@@ -105,7 +105,7 @@ def _pack(item_load, item_expert, num_items, caps, spread, best, num_experts, no
     return limit, nodes, False
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, error_model="numpy")
 def tiny_optimum(w, slots_per_gpu, spread, best, budget, out_row):
     """The lowest max GPU load of one layer below ``best``, over every replication and packing.
 
@@ -206,7 +206,7 @@ def tiny_optimum(w, slots_per_gpu, spread, best, budget, out_row):
     return value, found, True
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, error_model="numpy")
 def tiny_bound(weights, slots_per_gpu, lower, budget):
     """Per layer, the proven optimum (shaded by 1e-9) where the search finishes within ``budget``
     nodes, else ``lower``. Args: ``weights [L, E]`` float64, ``slots_per_gpu [G]`` int64, ``lower

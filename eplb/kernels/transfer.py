@@ -6,7 +6,7 @@ from numba import njit
 INTRA_GPU, INTRA_NODE, CROSS_NODE = 0, 1, 2
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, error_model="numpy")
 def weight_copies(old, new, gpu_of_slot, node_of_gpu, num_gpus, num_experts):
     """The weight copies that turn placement ``old`` into ``new``.
 

@@ -4,7 +4,7 @@ import numpy as np
 from numba import njit
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, error_model="numpy")
 def first_bad_count(counts):
     """Index (flattened) of the first negative, NaN or infinite entry of ``counts [L, X]``, or -1."""
     rows, cols = counts.shape
@@ -16,7 +16,7 @@ def first_bad_count(counts):
     return -1
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, error_model="numpy")
 def store_logical(counts, out):
     """``out [L, E] = counts [L, E]`` (any numeric dtype, converted to float64)."""
     rows, cols = counts.shape
@@ -25,7 +25,7 @@ def store_logical(counts, out):
             out[i, j] = counts[i, j]
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, error_model="numpy")
 def store_physical(counts, phy2log, out):
     """``out [L, E]``: per-slot counts ``[L, S]`` summed over the slots of each expert (``phy2log [L, S]``)."""
     rows, slots = counts.shape
@@ -35,7 +35,7 @@ def store_physical(counts, phy2log, out):
             out[i, phy2log[i, s]] += counts[i, s]
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, error_model="numpy")
 def weighted_window(buffer, weights, out):
     """``out [L, E] = sum_t weights[t] * buffer[t]`` over a ring buffer ``[W, L, E]``."""
     out[:, :] = 0.0
