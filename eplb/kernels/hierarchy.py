@@ -149,6 +149,18 @@ def _nodes_fit(target, order, chosen, held, weights, group_size, node_slots, nod
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
+def _take_off(t, order, chosen, group_load, need, load, used, held):
+    """Take the group placed at search depth ``t`` off its node (its load, replica needs and count);
+    returns 1 if that node holds no group now, else 0."""
+    g = order[t]
+    n = chosen[t]
+    load[n] -= group_load[g]
+    used[n] -= need[g]
+    held[n] -= 1
+    return 1 if held[n] == 0 else 0
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
 def _search(target, order, group_load, need, node_slots, node_active, node_class, budget, assign, weights,
             group_size, group_max, strong, node_min, node_max, memo):
     """Depth-first search for a group -> node assignment meeting both conditions at ``target``.
@@ -201,13 +213,7 @@ def _search(target, order, group_load, need, node_slots, node_active, node_class
                 if strong and not _nodes_fit(target, order, chosen, held, weights, group_size, node_slots,
                                              node_active, node_min, node_max, memo):
                     t -= 1  # a dead end: undo the last group and try its next node
-                    g = order[t]
-                    n = chosen[t]
-                    load[n] -= group_load[g]
-                    used[n] -= need[g]
-                    held[n] -= 1
-                    if held[n] == 0:
-                        empty_nodes += 1
+                    empty_nodes += _take_off(t, order, chosen, group_load, need, load, used, held)
                     building = False
                     continue
                 for i in range(num_groups):
@@ -266,13 +272,7 @@ def _search(target, order, group_load, need, node_slots, node_active, node_class
             t -= 1
             if t < 0:
                 return INFEASIBLE
-            g = order[t]
-            n = chosen[t]
-            load[n] -= group_load[g]
-            used[n] -= need[g]
-            held[n] -= 1
-            if held[n] == 0:
-                empty_nodes += 1
+            empty_nodes += _take_off(t, order, chosen, group_load, need, load, used, held)
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
