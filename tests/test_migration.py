@@ -241,3 +241,26 @@ def test_layers_near_the_bound_skip_the_plan_from_scratch_soundly(problem, seed,
     assert (near.max_load[within] <= bound[within] * (1 + tolerance) * (1 + 1e-9) + 1e-9).all()
     assert np.isnan(near.info["scratch_max_load"][within]).all() and not near.info["from_scratch"][within].any()
     assert not np.isnan(near.info["scratch_max_load"][~within]).any()
+
+
+def test_swaps_stay_inside_the_kernel_arrays_when_every_expert_has_one_slot(tmp_path):
+    """With as many slots as experts, a swap briefly gives an expert a second replica; the search's
+    per-expert slot lists need room for it (they had none: the kernel wrote past its array, a rare
+    crash). Run with Numba's bounds checks on, in a fresh process and cache."""
+    import os
+    import subprocess
+    import sys
+
+    code = """
+import numpy as np
+from eplb.kernels.migration import improve_placement
+w = np.array([[850., 636., 511., 269., 307., 40., 75., 16.]])
+previous = np.array([[3, 6, 0, 7, 5, 1, 2, 4]], dtype=np.int64)
+out, changes, steps = improve_placement(
+    w, previous, previous, np.repeat(np.arange(2), 4), np.array([0, 4, 8]), np.zeros(2, np.int64),
+    np.arange(8) // 2, True, 4, np.zeros(1), np.full(1, 8, np.int64), 16, True)
+assert sorted(out[0]) == list(range(8)) and steps[0] > 0, (out, steps)
+"""
+    env = {**os.environ, "NUMBA_BOUNDSCHECK": "1", "NUMBA_CACHE_DIR": str(tmp_path)}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]

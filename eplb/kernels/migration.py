@@ -80,7 +80,9 @@ def improve_placement(weights, start, previous, gpu_of_slot, slot_offsets, node_
     num_nodes = 0
     for g in range(num_gpus):
         num_nodes = max(num_nodes, node_of_gpu[g] + 1)
-    width = num_slots - num_experts + 1
+    most = num_slots - num_experts + 1  # most replicas of one expert (every other expert keeps one)
+    # a swap puts the second expert in before taking it out: room for one replica more than `most`
+    width = most + 1
     out = start.copy()
     changes = np.zeros(num_layers, np.int64)
     steps = np.zeros(num_layers, np.int64)
@@ -233,7 +235,7 @@ def improve_placement(weights, start, previous, gpu_of_slot, slot_offsets, node_
                             seen = True
                     if seen:
                         continue
-                if cnt[e] >= width:
+                if cnt[e] >= most:
                     continue
                 relief = (share[e] - share_up[e]) * has[heavy, e]
                 new_share = share_up[e]
