@@ -26,22 +26,13 @@ from pathlib import Path
 
 import numpy as np
 from _common import load_note, markdown_table, pct, trace_workloads, write_csv
-from quality import speed_rows
+from quality import FAMILIES, speed_rows
 
 import eplb.methods.balanced as balanced_module
 from eplb.api import make_problem
 from eplb.bounds import lower_bound
 from eplb.methods import get_method
 from eplb.synthetic import deepseek_v3_counts, skewed_counts
-
-FAMILIES = {
-    "lognormal": ("lognormal", 0.7),
-    "zipf 0.5": ("zipf", 0.5),
-    "zipf 1.0": ("zipf", 1.0),
-    "zipf 1.5": ("zipf", 1.5),
-    "uniform": ("uniform", 0.0),
-    "hot": ("hot", 1.0),
-}
 
 
 def replication_alone(weights: np.ndarray, problem) -> np.ndarray:

@@ -397,6 +397,13 @@ def plot(passes: list[dict], rebalances: list[dict], path: Path) -> None:
     plt.close(fig)
 
 
+def _time_verdict(wall_ms: float, cpu_ms: float) -> str:
+    """The < 10 ms target on a median wall time, noting when only the CPU time meets it."""
+    if wall_ms < 10:
+        return "met"
+    return "met on CPU time (wall inflated by other processes)" if cpu_ms < 10 else "not met"
+
+
 def headline(results_dir: Path) -> list[tuple[str, str, str]]:
     """README headline rows ``(figure, measured, target)``."""
     path = Path(results_dir) / "serving_drift.csv"
@@ -420,8 +427,7 @@ def headline(results_dir: Path) -> list[tuple[str, str, str]]:
     if split.exists():
         for r in read_csv(split):
             wall, cpu = float(r["migration_aware_ms"]), float(r["migration_aware_cpu_ms"])
-            verdict = "met" if wall < 10 else "met on CPU time (wall inflated by other processes)" if cpu < 10 \
-                else "not met"
+            verdict = _time_verdict(wall, cpu)
             out.append((f"Planning time per rebalance, DeepSeek-V3 size (`{r['method']}` + migration)",
                         f"{wall:.1f} ms wall, {cpu:.1f} ms CPU (the method alone: {float(r['scratch_ms']):.1f} ms "
                         f"wall, {float(r['scratch_cpu_ms']):.1f} ms CPU)", f"< 10 ms: {verdict}"))
@@ -429,8 +435,7 @@ def headline(results_dir: Path) -> list[tuple[str, str, str]]:
     if timings.exists():
         for r in read_csv(timings):
             wall, cpu = float(r["rebalance_ms"]), float(r["rebalance_cpu_ms"])
-            verdict = "met" if wall < 10 else "met on CPU time (wall inflated by other processes)" if cpu < 10 \
-                else "not met"
+            verdict = _time_verdict(wall, cpu)
             out.append((f"`Balancer.rebalance()` end to end, DeepSeek-V3 size, {r['mode']}",
                         f"{wall:.1f} ms wall, {cpu:.1f} ms CPU (bound-first search "
                         f"{float(r['bound-first search_cpu_ms']):.1f} ms CPU, {r['layers_within_bound']} of "

@@ -25,7 +25,7 @@ import numpy as np
 
 from .._validation import as_int
 from ..bounds import TINY_SLOTS, lower_bound
-from ..kernels.capped import descend
+from ..certificate import improve_layer
 from ..kernels.multistart import best_placement
 from . import Problem, register
 from .balanced import balanced, max_loads, writable
@@ -43,14 +43,10 @@ most this many slots, on identical GPUs, finish with the capped search. On gpt-o
 (``bench/gpt_oss_certificate.py``; 20,000 nodes per attempt reach 0.008%, so the bound is within
 0.008% of the optimum there); with more slots per GPU it found nothing lighter."""
 
-CAPPED_STEP = 1e-7
-"""Relative precision of the capped search's bisection, and the least gain of a replica move."""
-
-
 def finish_capped(weights: np.ndarray, problem: Problem, phy2log: np.ndarray, bound: np.ndarray,
                   budget: int) -> np.ndarray:
     """On small global layers (see :data:`CAPPED_SLOTS`), the lightest placement the capped search
-    (:func:`eplb.kernels.capped.descend`, ``budget`` nodes per packing attempt) finds from
+    (:func:`eplb.certificate.improve_layer`, ``budget`` nodes per packing attempt) finds from
     ``phy2log [L, S]``, never heavier; ``bound [L]`` is where it stops. Other layouts: unchanged."""
     topology = problem.topology
     if (budget == 0 or problem.hierarchical or not topology.is_uniform
@@ -59,8 +55,8 @@ def finish_capped(weights: np.ndarray, problem: Problem, phy2log: np.ndarray, bo
     num_gpus, slots = topology.num_gpus, int(topology.slots_per_gpu[0])
     phy2log = phy2log.copy()
     for layer in range(weights.shape[0]):
-        _, phy2log[layer], _ = descend(weights[layer], phy2log[layer].copy(), num_gpus, slots, float(bound[layer]),
-                                       True, True, int(budget), 20 * int(budget), CAPPED_STEP)
+        _, phy2log[layer], _ = improve_layer(weights[layer], phy2log[layer], num_gpus, slots, float(bound[layer]),
+                                             budget=int(budget), max_attempts=20 * int(budget))
     return phy2log
 
 
