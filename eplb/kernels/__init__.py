@@ -5,3 +5,8 @@ raises (no kernel divides by zero: the callers validate their inputs, and the te
 the checking model). The checks cost more than the arithmetic: refreshing the per-replica loads of
 256 experts took 20x longer with them, and the migration search ran 10-25% slower.
 """
+
+from ._cache import register as _register_cache_locator
+
+# before any kernel module is imported: Numba picks a function's cache folder when it is decorated
+_register_cache_locator()
