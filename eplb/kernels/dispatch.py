@@ -1,0 +1,407 @@
+"""Kernels that split each expert's tokens among its replicas (dispatch) and sum the GPU loads."""
+
+import numpy as np
+from numba import njit
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def share_gpu_loads(weights, phy2log, shares, gpu_of_slot, num_gpus):
+    """Tokens each GPU processes when slot ``s`` takes ``shares[l, s]`` of its expert's tokens.
+
+    Args:
+        weights: ``[L, E]`` float64 tokens per expert.
+        phy2log: ``[L, S]`` int64 expert of each slot.
+        shares: ``[L, S]`` float64 fraction of its expert's tokens each slot takes.
+        gpu_of_slot: ``[S]`` int64 GPU holding each slot.
+    Returns:
+        ``[L, G]`` float64.
+    """
+    num_layers, num_slots = phy2log.shape
+    loads = np.zeros((num_layers, num_gpus))
+    for layer in range(num_layers):
+        for slot in range(num_slots):
+            loads[layer, gpu_of_slot[slot]] += weights[layer, phy2log[layer, slot]] * shares[layer, slot]
+    return loads
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _find_path(queue, parent, mark, stamp, num_free, x_start, edge_g, g_start, g_edges, edge_x, flow, rem,
+               slack, eps):
+    """Breadth-first search for an augmenting path: from an expert with tokens left, forward along
+    a replica edge to a GPU, backward along an edge that carries flow to another expert, ...,
+    to a GPU with room. Returns the GPU found (or -1); ``mark == stamp`` flags the visited nodes."""
+    head = 0
+    tail = 0
+    for x in range(num_free):
+        if rem[x] > eps:
+            mark[x] = stamp
+            parent[x] = -1
+            queue[tail] = x
+            tail += 1
+    while head < tail:
+        node = queue[head]
+        head += 1
+        if node < num_free:
+            for k in range(x_start[node], x_start[node + 1]):
+                gpu_node = num_free + edge_g[k]
+                if mark[gpu_node] != stamp:
+                    mark[gpu_node] = stamp
+                    parent[gpu_node] = k
+                    if slack[edge_g[k]] > eps:
+                        return edge_g[k]
+                    queue[tail] = gpu_node
+                    tail += 1
+        else:
+            g = node - num_free
+            for j in range(g_start[g], g_start[g + 1]):
+                k = g_edges[j]
+                x = edge_x[k]
+                if flow[k] > eps and mark[x] != stamp:
+                    mark[x] = stamp
+                    parent[x] = k
+                    queue[tail] = x
+                    tail += 1
+    return -1
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _augment(end, parent, num_free, edge_x, edge_g, flow, rem, slack):
+    """Push the most the path found by :func:`_find_path` (ending at GPU ``end``) can carry."""
+    delta = slack[end]
+    k = parent[num_free + end]
+    x = edge_x[k]
+    while parent[x] >= 0:
+        back = parent[x]
+        delta = min(delta, flow[back])
+        k = parent[num_free + edge_g[back]]
+        x = edge_x[k]
+    delta = min(delta, rem[x])
+    slack[end] -= delta
+    k = parent[num_free + end]
+    flow[k] += delta
+    x = edge_x[k]
+    while parent[x] >= 0:
+        back = parent[x]
+        flow[back] -= delta
+        k = parent[num_free + edge_g[back]]
+        flow[k] += delta
+        x = edge_x[k]
+    rem[x] -= delta
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _cancel_one_cycle(num_nodes, num_free, num_edges, edge_x, edge_g, flow, eps, root, forest, queue, parent):
+    """If the edges that carry flow contain a cycle, shift flow around it until one edge empties
+    (every expert's and GPU's total is unchanged) and return True; else return False."""
+    for v in range(num_nodes):
+        root[v] = v
+    num_forest = 0
+    for k in range(num_edges):
+        if flow[k] <= eps:
+            continue
+        a = edge_x[k]
+        b = num_free + edge_g[k]
+        ra = a
+        while root[ra] != ra:
+            ra = root[ra]
+        rb = b
+        while root[rb] != rb:
+            rb = root[rb]
+        if ra != rb:
+            root[ra] = rb
+            forest[num_forest] = k
+            num_forest += 1
+            continue
+        # a cycle: the forest path from GPU b to expert a, closed by edge k
+        for v in range(num_nodes):
+            parent[v] = -2
+        parent[b] = -1
+        queue[0] = b
+        head = 0
+        tail = 1
+        while head < tail and parent[a] == -2:
+            v = queue[head]
+            head += 1
+            for i in range(num_forest):
+                f = forest[i]
+                u = -1
+                if edge_x[f] == v:
+                    u = num_free + edge_g[f]
+                elif num_free + edge_g[f] == v:
+                    u = edge_x[f]
+                if u >= 0 and parent[u] == -2:
+                    parent[u] = f
+                    queue[tail] = u
+                    tail += 1
+        # walk a -> b: edges alternate in sign; edge k and every second path edge from a give flow
+        delta = flow[k]
+        v = a
+        position = 0
+        while v != b:
+            f = parent[v]
+            if position % 2 == 1:
+                delta = min(delta, flow[f])
+            v = edge_x[f] if edge_x[f] != v else num_free + edge_g[f]
+            position += 1
+        flow[k] -= delta
+        v = a
+        position = 0
+        while v != b:
+            f = parent[v]
+            if position % 2 == 0:
+                flow[f] += delta
+            else:
+                flow[f] -= delta
+            v = edge_x[f] if edge_x[f] != v else num_free + edge_g[f]
+            position += 1
+        return True
+    return False
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def optimal_shares(weights, phy2log, gpu_of_slot, num_gpus):
+    """Per layer, the split of each expert's tokens among its replicas that minimises the max GPU load.
+
+    Model: GPU ``g`` carries ``fixed[g]`` (experts whose replicas all sit on ``g``) plus the flow
+    ``f[e, g] >= 0`` it takes of every *free* expert ``e`` (replicas on two or more GPUs, tokens
+    ``w_e > 0``), with ``sum_g f[e, g] = w_e``. Minimise ``T = max_g load_g``: a transportation LP.
+
+    Exactness. By max-flow/min-cut, a peak ``T >= max fixed`` is feasible iff every set ``X`` of
+    free experts fits on the GPUs ``N(X)`` holding its replicas: ``w(X) <= sum_{g in N(X)} (T -
+    fixed[g])``. So the optimum is ``T* = max(max_g fixed[g], max_X (w(X) + fixed(N(X))) / |N(X)|)``.
+    The kernel runs Newton's method on that parametric max flow: start from the lower bound of
+    ``X = all free experts``; compute a max flow (augmenting shortest paths, warm-started, since
+    raising ``T`` only adds room); if some tokens are left, the experts reachable in the residual
+    graph form a set ``X`` whose ratio is a strictly larger lower bound: raise ``T`` to it exactly
+    and continue. When the flow places every token, ``T`` is both attained and a lower bound (the
+    ratio of a set), hence the LP optimum, up to float rounding (tokens left below ``1e-13`` of the
+    layer total are spread by renormalising each expert's shares). Steps are few: each one moves
+    ``T`` to a new critical set.
+
+    Few split experts: the start is a best-fit assignment of whole experts (heaviest first), and at
+    the end flow is shifted around every cycle of the expert-GPU edges that carry flow until they
+    form a forest (a basic optimal solution): at most ``n - 1`` experts are split in a connected
+    group of ``n`` GPUs. It does not minimise that number (deciding the fewest splits is a bin
+    packing problem). Hook for home-node preference: each expert's edges are tried in the order
+    built in step 2 (increasing slot); ordering them home node first makes the start and the
+    searches prefer home-node replicas.
+
+    Args:
+        weights: ``[L, E]`` float64 tokens per expert, non-negative.
+        phy2log: ``[L, S]`` int64 expert of each slot (every expert has a slot).
+        gpu_of_slot: ``[S]`` int64 GPU of each slot, in ``[0, num_gpus)`` (GPUs with no slot are fine).
+        num_gpus: ``G``.
+    Returns:
+        ``shares [L, S]`` float64 (each expert's shares sum to 1; uniform ``1 / replicas`` where the
+        split is immaterial: one GPU, or no tokens) and ``peak [L]`` float64, the max GPU load.
+    """
+    num_layers, num_slots = phy2log.shape
+    num_experts = weights.shape[1]
+    shares = np.empty((num_layers, num_slots))
+    peak = np.zeros(num_layers)
+    count = np.zeros(num_experts, np.int64)
+    first_gpu = np.empty(num_experts, np.int64)
+    free = np.zeros(num_experts, np.bool_)
+    fixed = np.zeros(num_gpus)
+    slot_start = np.zeros(num_experts + 1, np.int64)
+    slot_list = np.empty(num_slots, np.int64)
+    filled = np.zeros(num_experts, np.int64)
+    experts = np.empty(num_experts, np.int64)
+    gid = np.empty(num_gpus, np.int64)
+    gpus = np.empty(num_gpus, np.int64)
+    seen_by = np.empty(num_gpus, np.int64)
+    edge_at = np.empty(num_gpus, np.int64)
+    edge_x = np.empty(num_slots, np.int64)
+    edge_g = np.empty(num_slots, np.int64)
+    edge_slots = np.empty(num_slots, np.int64)
+    flow = np.empty(num_slots)
+    x_start = np.empty(num_experts + 1, np.int64)
+    g_start = np.zeros(num_gpus + 1, np.int64)
+    g_edges = np.empty(num_slots, np.int64)
+    g_fill = np.empty(num_gpus, np.int64)
+    rem = np.empty(num_experts)
+    slack = np.empty(num_gpus)
+    free_weight = np.empty(num_experts)
+    num_nodes_max = num_experts + num_gpus
+    parent = np.empty(num_nodes_max, np.int64)
+    queue = np.empty(num_nodes_max, np.int64)
+    mark = np.zeros(num_nodes_max, np.int64)
+    root = np.empty(num_nodes_max, np.int64)
+    forest = np.empty(num_slots, np.int64)
+    loads = np.empty(num_gpus)
+    stamp = 0
+    for layer in range(num_layers):
+        w = weights[layer]
+        # 1. replicas per expert; experts on one GPU (or without tokens) are fixed load
+        count[:] = 0
+        first_gpu[:] = -1
+        free[:] = False
+        fixed[:] = 0.0
+        total = 0.0
+        for s in range(num_slots):
+            e = phy2log[layer, s]
+            g = gpu_of_slot[s]
+            count[e] += 1
+            if first_gpu[e] < 0:
+                first_gpu[e] = g
+            elif first_gpu[e] != g:
+                free[e] = True
+        for e in range(num_experts):
+            total += w[e]
+            if w[e] <= 0.0:
+                free[e] = False
+            if not free[e] and first_gpu[e] >= 0:
+                fixed[first_gpu[e]] += w[e]
+        for e in range(num_experts):
+            slot_start[e + 1] = slot_start[e] + count[e]
+        filled[:] = 0
+        for s in range(num_slots):
+            e = phy2log[layer, s]
+            slot_list[slot_start[e] + filled[e]] = s
+            filled[e] += 1
+        # 2. the bipartite graph: free experts x, the GPUs they touch, one edge per (x, GPU)
+        num_free = 0
+        for e in range(num_experts):
+            if free[e]:
+                experts[num_free] = e
+                free_weight[num_free] = w[e]
+                num_free += 1
+        if num_free == 0:
+            for s in range(num_slots):
+                shares[layer, s] = 1.0 / count[phy2log[layer, s]]
+            top = 0.0
+            for g in range(num_gpus):
+                top = max(top, fixed[g])
+            peak[layer] = top
+            continue
+        gid[:] = -1
+        seen_by[:] = -1
+        num_touched = 0
+        num_edges = 0
+        for x in range(num_free):
+            e = experts[x]
+            x_start[x] = num_edges
+            for i in range(slot_start[e], slot_start[e + 1]):
+                g = gpu_of_slot[slot_list[i]]
+                if seen_by[g] == x:
+                    edge_slots[edge_at[g]] += 1
+                    continue
+                seen_by[g] = x
+                edge_at[g] = num_edges
+                if gid[g] < 0:
+                    gid[g] = num_touched
+                    gpus[num_touched] = g
+                    num_touched += 1
+                edge_x[num_edges] = x
+                edge_g[num_edges] = gid[g]
+                edge_slots[num_edges] = 1
+                flow[num_edges] = 0.0
+                num_edges += 1
+        x_start[num_free] = num_edges
+        g_start[: num_touched + 1] = 0
+        for k in range(num_edges):
+            g_start[edge_g[k] + 1] += 1
+        for g in range(num_touched):
+            g_start[g + 1] += g_start[g]
+            g_fill[g] = 0
+        for k in range(num_edges):
+            g = edge_g[k]
+            g_edges[g_start[g] + g_fill[g]] = k
+            g_fill[g] += 1
+        # 3. the lower bound of X = all free experts, and the largest fixed load
+        target = 0.0
+        for g in range(num_gpus):
+            target = max(target, fixed[g])
+        spread = 0.0
+        for x in range(num_free):
+            spread += free_weight[x]
+            rem[x] = free_weight[x]
+        for g in range(num_touched):
+            spread += fixed[gpus[g]]
+        target = max(target, spread / num_touched)
+        for g in range(num_touched):
+            slack[g] = target - fixed[gpus[g]]
+        eps = 1e-13 * total
+        # 4. start: whole experts, heaviest first, into the GPU whose room fits best
+        order = np.argsort(-free_weight[:num_free], kind="mergesort")
+        for x in order:
+            best = -1
+            for k in range(x_start[x], x_start[x + 1]):
+                room = slack[edge_g[k]]
+                if room >= rem[x] and (best < 0 or room < slack[edge_g[best]]):
+                    best = k
+            if best >= 0:
+                flow[best] += rem[x]
+                slack[edge_g[best]] -= rem[x]
+                rem[x] = 0.0
+                continue
+            while rem[x] > eps:
+                best = -1
+                for k in range(x_start[x], x_start[x + 1]):
+                    if slack[edge_g[k]] > eps and (best < 0 or slack[edge_g[k]] > slack[edge_g[best]]):
+                        best = k
+                if best < 0:
+                    break
+                amount = min(rem[x], slack[edge_g[best]])
+                flow[best] += amount
+                slack[edge_g[best]] -= amount
+                rem[x] -= amount
+        # 5. Newton on the peak: max flow, then raise the peak to the ratio of the min cut's experts
+        for _ in range(2 * (num_free + num_touched) + 8):
+            while True:
+                stamp += 1
+                end = _find_path(queue, parent, mark, stamp, num_free, x_start, edge_g, g_start, g_edges,
+                                 edge_x, flow, rem, slack, eps)
+                if end < 0:
+                    break
+                _augment(end, parent, num_free, edge_x, edge_g, flow, rem, slack)
+            left = 0.0
+            for x in range(num_free):
+                left += rem[x]
+            if left <= eps:
+                break
+            cut_tokens = 0.0
+            cut_gpus = 0
+            for x in range(num_free):
+                if mark[x] == stamp:
+                    cut_tokens += free_weight[x]
+            for g in range(num_touched):
+                if mark[num_free + g] == stamp:
+                    cut_tokens += fixed[gpus[g]]
+                    cut_gpus += 1
+            raised = cut_tokens / cut_gpus
+            if raised <= target:
+                break  # rounding: what is left is below the float resolution of the loads
+            for g in range(num_touched):
+                slack[g] += raised - target
+            target = raised
+        # 6. cancel cycles: a forest of split experts
+        for _ in range(num_edges):
+            if not _cancel_one_cycle(num_free + num_touched, num_free, num_edges, edge_x, edge_g, flow, eps,
+                                     root, forest, queue, parent):
+                break
+        # 7. shares: flow over an expert's placed tokens, split evenly among its slots on one GPU
+        for s in range(num_slots):
+            e = phy2log[layer, s]
+            if not free[e]:
+                shares[layer, s] = 1.0 / count[e]
+        for x in range(num_free):
+            e = experts[x]
+            placed = 0.0
+            for k in range(x_start[x], x_start[x + 1]):
+                if flow[k] < 0.0:
+                    flow[k] = 0.0
+                placed += flow[k]
+                edge_at[gpus[edge_g[k]]] = k
+            for i in range(slot_start[e], slot_start[e + 1]):
+                s = slot_list[i]
+                k = edge_at[gpu_of_slot[s]]
+                shares[layer, s] = flow[k] / placed / edge_slots[k]
+        loads[:] = 0.0
+        for s in range(num_slots):
+            loads[gpu_of_slot[s]] += w[phy2log[layer, s]] * shares[layer, s]
+        top = 0.0
+        for g in range(num_gpus):
+            top = max(top, loads[g])
+        peak[layer] = top
+    return shares, peak
