@@ -47,7 +47,7 @@ def pack_under_cap(loads, experts, num_gpus, slots, cap, spread, budget):
     for i in range(n):
         total += loads[i]
     remaining[0] = total
-    tol = 1e-12 * max(total, 1.0)
+    tol = 1e-12 * total  # relative: scaling every load by a power of two scales the search exactly
     nodes = 0
     g = 0
     j = 0
