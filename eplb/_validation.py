@@ -52,3 +52,82 @@ def as_counts(counts, name: str = "counts", *, ndims: tuple[int, ...] = (2,)) ->
 
 
 _RANK_NAMES = {1: "[E]", 2: "[L, E]", 3: "[T, L, E]"}
+
+
+class Option:
+    """The rule one method option must follow (see :func:`check_options`).
+
+    Args:
+        kind: ``"int"`` (an integer, not a bool), ``"number"`` (a finite int or float, not a bool)
+            or ``"bool"``.
+        minimum: smallest accepted value (ints and numbers); ``above``: the value must be strictly
+            greater than this (numbers).
+        allow_none: ``None`` is accepted too (it then means the option's documented default).
+    """
+
+    def __init__(self, kind: str, *, minimum=None, above=None, allow_none: bool = False):
+        if kind not in ("int", "number", "bool"):
+            raise ValueError(f"unknown option kind {kind!r}")
+        self.kind, self.minimum, self.above, self.allow_none = kind, minimum, above, allow_none
+
+    def rule(self) -> str:
+        """The rule in words, for error messages."""
+        text = {"int": "an integer", "number": "a finite number", "bool": "True or False"}[self.kind]
+        if self.minimum is not None:
+            text += f" >= {self.minimum}"
+        if self.above is not None:
+            text += f" > {self.above}"
+        return text + (" or None" if self.allow_none else "")
+
+    def check(self, name: str, value):
+        """``value`` normalised (Python int / float / bool), or ``ValueError`` naming ``name``."""
+        if value is None and self.allow_none:
+            return None
+        bad = ValueError(f"option {name} must be {self.rule()}, got {value!r}")
+        if self.kind == "bool":
+            if not isinstance(value, (bool, np.bool_)):
+                raise bad
+            return bool(value)
+        if isinstance(value, (bool, np.bool_)):
+            raise bad
+        if self.kind == "int":
+            try:
+                value = operator.index(value)
+            except TypeError:
+                raise bad from None
+        else:
+            if not isinstance(value, (int, float, np.integer, np.floating)):
+                raise bad
+            value = float(value)
+            if not np.isfinite(value):
+                raise bad
+        if self.minimum is not None and value < self.minimum:
+            raise bad
+        if self.above is not None and not value > self.above:
+            raise bad
+        return value
+
+
+def check_options(owner: str, options: dict, schema: dict[str, Option]) -> dict:
+    """Validate keyword options against ``schema`` (option name -> :class:`Option`).
+
+    Raises ``ValueError`` naming an unknown option and the accepted ones, or an option whose value
+    breaks its rule. Returns the options with normalised values.
+    """
+    unknown = sorted(set(options) - set(schema))
+    if unknown:
+        accepted = ", ".join(sorted(schema)) or "none"
+        raise ValueError(f"{owner} got unknown option(s) {', '.join(unknown)}; accepted options: {accepted}")
+    return {name: schema[name].check(name, value) for name, value in options.items()}
+
+
+class MissingExtraError(ImportError):
+    """An optional dependency is missing; says which ``eplb[extra]`` to install."""
+
+    def __init__(self, module: str, extra: str, purpose: str):
+        self.module = module
+        self.extra = extra
+        super().__init__(
+            f"{purpose} needs the Python package '{module}', which is not installed: "
+            f"pip install 'eplb[{extra}]'"
+        )

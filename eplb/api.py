@@ -7,45 +7,19 @@ import time
 
 import numpy as np
 
-from ._validation import as_counts, as_int
+from ._validation import as_counts
 from .bounds import lower_bound
-from .methods import DEFAULT_METHOD, Problem, get_method
+from .methods import DEFAULT_METHOD, get_method
 from .kernels.layout import replica_counts, slots_of_experts
+from .metrics import gpu_loads
+from .migration import as_previous, plan_near
 from .placement import Placement
+from .problem import Problem, make_problem, power_of_two_scale, weights_2d
 from .topology import Topology
 
+_weights_2d = weights_2d  # eplb.certificate imports this name
 
-def make_problem(num_experts: int, num_slots=None, num_gpus=None, num_nodes=1, num_groups=None,
-                 topology: Topology | None = None) -> Problem:
-    """Validate a configuration and resolve whether placement is hierarchical."""
-    if topology is None:
-        if num_slots is None or num_gpus is None:
-            raise ValueError("num_slots and num_gpus are required (or pass topology=)")
-        topology = Topology.uniform(num_slots, num_gpus, num_nodes)
-    elif not isinstance(topology, Topology):
-        raise ValueError(f"topology must be an eplb.Topology, got {type(topology).__name__}")
-    if topology.num_slots < num_experts:
-        raise ValueError(
-            f"num_slots ({topology.num_slots}) must be >= the number of experts ({num_experts}): "
-            "every expert needs a slot"
-        )
-    hierarchical = False
-    if num_groups is not None:
-        num_groups = as_int(num_groups, "num_groups", minimum=1)
-        if num_experts % num_groups:
-            raise ValueError(f"the number of experts ({num_experts}) must be divisible by num_groups ({num_groups})")
-        hierarchical = num_groups % topology.num_nodes == 0
-    return Problem(topology=topology, num_groups=num_groups, hierarchical=hierarchical)
-
-
-def _weights_2d(counts, name: str) -> np.ndarray:
-    """``[E]`` -> ``[1, E]``, ``[L, E]`` as is, ``[T, L, E]`` summed over windows."""
-    weights = as_counts(counts, name, ndims=(1, 2, 3))
-    if weights.ndim == 1:
-        return weights[None, :]
-    if weights.ndim == 3:
-        return weights.sum(axis=0)
-    return weights
+__all__ = ["Problem", "make_problem", "plan", "rebalance_experts"]
 
 
 def plan(counts, *, num_slots=None, num_gpus=None, num_nodes=1, num_groups=None,
@@ -73,34 +47,46 @@ def plan(counts, *, num_slots=None, num_gpus=None, num_nodes=1, num_groups=None,
             ``fewest_changes_proven [L]`` and ``fewest_changes_bound [L]``.
         **options: passed to the method.
     Returns:
-        A :class:`Placement` with its lower bound, max load and gap on ``counts``.
+        A :class:`Placement`; its ``max_load``, ``lower_bound`` and ``gap`` on ``counts`` are
+        computed on first access (a call that never reads them never computes the bound).
     """
-    weights = _weights_2d(counts, "counts")
+    weights = weights_2d(counts, "counts")
     problem = make_problem(weights.shape[1], num_slots, num_gpus, num_nodes, num_groups, topology)
     start = time.perf_counter()
     if previous is None:
         phy2log, info = get_method(method)(weights, problem, **options)
     else:
-        from .migration import as_previous, plan_near
-
         old = as_previous(previous, weights.shape[1], problem, weights.shape[0])
         phy2log, info = plan_near(weights, problem, old, method=method, tolerance=tolerance, max_moves=max_moves,
                                   options=options)
     elapsed = time.perf_counter() - start
-    placement = Placement(
+    return Placement(
         phy2log=phy2log, num_experts=weights.shape[1], topology=problem.topology,
         num_groups=problem.num_groups, method=method, info={**info, "time_s": elapsed},
+        max_load=lambda: _peaks(weights, phy2log, problem),
+        lower_bound=lambda: _bound(weights, phy2log, problem, info.get("proven_bound")),
     )
-    bound = lower_bound(weights, problem.topology, problem.num_groups, problem.hierarchical)
-    peak = placement.gpu_loads(weights).max(axis=-1)
-    # the bound can only tighten with what the method proved (the exact solver reports one)
-    if "proven_bound" in info:
-        bound = np.maximum(bound, np.minimum(np.asarray(info["proven_bound"], dtype=np.float64), peak))
-    object.__setattr__(placement, "lower_bound", bound)
-    object.__setattr__(placement, "max_load", peak)
-    placement.lower_bound.setflags(write=False)
-    placement.max_load.setflags(write=False)
-    return placement
+
+
+def _peaks(weights: np.ndarray, phy2log: np.ndarray, problem: Problem) -> np.ndarray:
+    """``[L]`` max GPU load of ``phy2log [L, S]`` on ``weights [L, E]`` (computed on the counts
+    scaled by a power of two per layer, then scaled back: finite, and ordered like the bound)."""
+    scaled, shift = power_of_two_scale(weights)
+    phy2log = np.ascontiguousarray(phy2log, dtype=np.int64)
+    logcnt = replica_counts(phy2log, weights.shape[1])
+    return np.ldexp(gpu_loads(scaled, phy2log, logcnt, problem.topology).max(axis=-1), -shift)
+
+
+def _bound(weights: np.ndarray, phy2log: np.ndarray, problem: Problem, proven) -> np.ndarray:
+    """``[L]`` the package's lower bound (computed on scaled counts like :func:`_peaks`),
+    tightened by the bound a method proved (``proven [L]``, e.g. the exact solver's), never above
+    the plan's own max load."""
+    scaled, shift = power_of_two_scale(weights)
+    bound = np.ldexp(lower_bound(scaled, problem.topology, problem.num_groups, problem.hierarchical), -shift)
+    if proven is not None:
+        peak = _peaks(weights, phy2log, problem)
+        bound = np.maximum(bound, np.minimum(np.asarray(proven, dtype=np.float64), peak))
+    return bound
 
 
 def rebalance_experts(weight, num_replicas, num_groups, num_nodes, num_gpus, *, method: str = DEFAULT_METHOD,
@@ -110,8 +96,11 @@ def rebalance_experts(weight, num_replicas, num_groups, num_nodes, num_gpus, *, 
     Args:
         weight: ``[L, E]`` (or ``[E]``) load statistics of the logical experts; numpy or torch.
         num_replicas: physical experts ``S``, a multiple of ``num_gpus``.
-        num_groups: expert groups; hierarchical placement when ``num_groups % num_nodes == 0``.
-        num_nodes: server nodes; ``num_gpus``: GPUs, a multiple of ``num_nodes``.
+        num_groups: expert groups; hierarchical placement when ``num_groups % num_nodes == 0``
+            (then ``E % num_groups == 0`` and ``num_gpus % num_nodes == 0`` are required).
+            Otherwise, as in the published implementation, the placement is global and
+            ``num_groups`` and ``num_nodes`` are ignored (e.g. 32 GPUs on 3 nodes).
+        num_nodes: server nodes; ``num_gpus``: GPUs.
     Returns:
         ``phy2log [L, S]``, ``log2phy [L, E, R]`` (slots of each expert in increasing order, ``-1``
         padded) and ``logcnt [L, E]``, int64; torch CPU tensors when ``weight`` is a torch tensor
@@ -119,10 +108,9 @@ def rebalance_experts(weight, num_replicas, num_groups, num_nodes, num_gpus, *, 
     """
     is_torch = type(weight).__module__.split(".")[0] == "torch"
     one_layer = np.ndim(weight) == 1 if not is_torch else weight.dim() == 1
-    weights = as_counts(weight, "weight", ndims=(1, 2))
-    if weights.ndim == 1:
-        weights = weights[None, :]
-    problem = make_problem(weights.shape[1], num_replicas, num_gpus, num_nodes, num_groups)
+    weights = weights_2d(as_counts(weight, "weight", ndims=(1, 2)), "weight")
+    problem = make_problem(weights.shape[1], num_replicas, num_gpus, num_nodes, num_groups,
+                           ignore_nodes_when_global=True)
     phy2log, _ = get_method(method)(weights, problem, **options)
     logcnt = replica_counts(phy2log, weights.shape[1])
     log2phy = slots_of_experts(phy2log, weights.shape[1], int(logcnt.max()))

@@ -27,9 +27,10 @@ mode) are ordered by non-increasing load; in hierarchical mode with identical no
 may only use nodes ``0 .. q`` (the first group on node 0, and so on). The warm start (a solution
 hint) comes from the default method, relabelled to satisfy the same order.
 
-Determinism: the search runs with a fixed seed, and the time limit is CP-SAT's *deterministic*
-time (a count of work, about one second on one core per unit), never the wall clock, so the same
-input gives the same placement on every run.
+Time: ``time_limit`` is wall-clock seconds per layer (model building included);
+``deterministic_time`` is CP-SAT's deterministic time (a count of work, about one second on one
+core per unit). The search runs with a fixed seed: with ``deterministic_time`` alone the same input
+gives the same placement on every run; a wall-clock limit can stop it at a different point.
 """
 
 from __future__ import annotations
@@ -37,13 +38,14 @@ from __future__ import annotations
 import math
 import sys
 import threading
+import time
 from dataclasses import dataclass, field
 
 import numpy as np
 from ortools.sat.python import cp_model
 
 from .bounds import lower_bound
-from .methods import Problem
+from .problem import Problem
 from .topology import Topology
 
 # Largest scaled total load of a layer. CP-SAT computes in int64 but multiplies coefficients in places
@@ -319,16 +321,21 @@ def _wait(thread: threading.Thread) -> None:
         thread.join(0.05)
 
 
-def solver_parameters(time_limit: float, workers: int) -> cp_model.CpSolver:
+def solver_parameters(time_limit: float | None, workers: int, *, wall_seconds: float | None = None
+                      ) -> cp_model.CpSolver:
     """A CpSolver configured for reproducible results.
 
-    ``time_limit`` bounds CP-SAT's deterministic time (a count of work), not the wall clock: where
-    the search stops then depends only on the input. With several workers, ``interleave_search``
-    runs the portfolio in deterministic batches.
+    ``time_limit`` bounds CP-SAT's deterministic time (a count of work; ``None``: no bound): where
+    the search stops then depends only on the input. ``wall_seconds`` bounds the wall clock too
+    (``max_time_in_seconds``; CP-SAT measures it as wall time). With several workers,
+    ``interleave_search`` runs the portfolio in deterministic batches.
     """
     solver = cp_model.CpSolver()
     params = solver.parameters
-    params.max_deterministic_time = float(time_limit)
+    if time_limit is not None:
+        params.max_deterministic_time = float(time_limit)
+    if wall_seconds is not None:
+        params.max_time_in_seconds = float(wall_seconds)
     params.num_workers = int(workers)
     params.random_seed = 0
     params.log_search_progress = False
@@ -346,22 +353,24 @@ def _configure_search(solver: cp_model.CpSolver, levers: Levers) -> None:
 
 
 def solve_layer(w: np.ndarray, problem: Problem, warm: np.ndarray, closed_form_bound: float, *,
-                time_limit: float, workers: int, levers: Levers = Levers()) -> tuple[LayerResult, bool]:
+                time_limit: float | None, workers: int, levers: Levers = Levers(),
+                deterministic_time: float | None = None) -> tuple[LayerResult, bool]:
     """Solve one layer. Returns ``(result, interrupted)``.
 
     Args:
         w: ``[E]`` loads; warm: ``[S]`` the warm-start plan (also the fallback).
         closed_form_bound: ``lower_bound`` of the layer.
+        time_limit: wall-clock seconds for the layer, model building included (``None``: none).
+        deterministic_time: CP-SAT deterministic time for the search (``None``: none).
     """
-    import time
-
     start = time.perf_counter()
     if not w.any():  # a dense layer: every plan is optimal
         return LayerResult(warm.copy(), True, 0.0, 0.0, "TRIVIAL", 0.0), False
     layer_model = LayerModel(w, problem, levers, closed_form_bound)
     if levers.warm_start:
         layer_model.add_hint(warm)
-    solver = solver_parameters(time_limit, workers)
+    wall = None if time_limit is None else max(1e-3, time_limit - (time.perf_counter() - start))
+    solver = solver_parameters(deterministic_time, workers, wall_seconds=wall)
     _configure_search(solver, levers)
     keep = _KeepBest(layer_model)
     outcome = {}
@@ -439,12 +448,14 @@ def _peak(row: np.ndarray, w: np.ndarray, topology: Topology) -> float:
     return float(np.bincount(topology.gpu_of_slot, weights=per_slot, minlength=topology.num_gpus).max())
 
 
-def solve(weights: np.ndarray, problem: Problem, warm: np.ndarray, *, time_limit: float, workers: int,
-          progress: bool | None = None, levers: Levers = Levers()) -> tuple[np.ndarray, dict]:
+def solve(weights: np.ndarray, problem: Problem, warm: np.ndarray, *, time_limit: float | None, workers: int,
+          progress: bool | None = None, levers: Levers = Levers(), deterministic_time: float | None = None
+          ) -> tuple[np.ndarray, dict]:
     """Solve every layer independently.
 
     Args:
         weights: ``[L, E]`` float64 loads; warm: ``[L, S]`` int64 warm-start plans.
+        time_limit, deterministic_time: per layer, see :func:`solve_layer`.
         progress: show a per-layer progress bar on stderr (None: only when stderr is a terminal).
     Returns:
         ``phy2log [L, S]`` int64 and the diagnostics: ``optimal`` ``[L]`` bool, ``proven_bound`` ``[L]``
@@ -470,7 +481,8 @@ def solve(weights: np.ndarray, problem: Problem, warm: np.ndarray, *, time_limit
         for layer in range(num_layers):
             try:
                 result, interrupted = solve_layer(weights[layer], problem, warm[layer], float(bounds[layer]),
-                                                  time_limit=time_limit, workers=workers, levers=levers)
+                                                  time_limit=time_limit, workers=workers, levers=levers,
+                                                  deterministic_time=deterministic_time)
             except KeyboardInterrupt:  # outside the search (building the model): keep the warm start
                 interrupted = True
                 status[layer] = "INTERRUPTED"

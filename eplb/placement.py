@@ -61,6 +61,29 @@ def _frozen(array: np.ndarray) -> np.ndarray:
     return array
 
 
+class _Lazy:
+    """A ``[L]`` float64 diagnostic field of :class:`Placement`: an array, ``None``, or a
+    zero-argument callable evaluated on first access (then cached, read-only)."""
+
+    def __set_name__(self, owner, name):
+        self.name = name
+        self.slot = "_" + name
+
+    def __get__(self, obj, owner=None):
+        if obj is None:
+            return None  # the dataclass default
+        value = obj.__dict__.get(self.slot)
+        if callable(value):
+            value = _frozen(np.asarray(value(), dtype=np.float64))
+            obj.__dict__[self.slot] = value
+        return value
+
+    def __set__(self, obj, value):
+        if value is not None and not callable(value):
+            value = _frozen(np.asarray(value, dtype=np.float64))
+        obj.__dict__[self.slot] = value
+
+
 @dataclass(frozen=True, eq=False)
 class Placement:
     """A replicated placement of ``E`` experts into ``S`` slots, for ``L`` layers.
@@ -73,8 +96,10 @@ class Placement:
         num_groups: expert groups the plan kept on one node each, or ``None``.
         method: the method that produced it.
         lower_bound: ``[L]`` proven lower bound on the max GPU load for the counts it was planned
-            on (``None`` when built from arrays alone).
-        max_load: ``[L]`` the max GPU load it reaches on those counts (``None`` likewise).
+            on (``None`` when built from arrays alone). :func:`eplb.plan` computes it on first
+            access (the constructor also takes a zero-argument callable returning it).
+        max_load: ``[L]`` the max GPU load it reaches on those counts (``None`` likewise; an
+            array or a callable, as ``lower_bound``).
         info: method diagnostics (time, proven optimality, ...).
     """
 
@@ -83,8 +108,8 @@ class Placement:
     topology: Topology
     num_groups: int | None = None
     method: str = "unknown"
-    lower_bound: np.ndarray | None = None
-    max_load: np.ndarray | None = None
+    lower_bound: np.ndarray | None = _Lazy()
+    max_load: np.ndarray | None = _Lazy()
     info: Mapping[str, Any] = field(default_factory=dict)
     logcnt: np.ndarray = field(init=False, repr=False)
     log2phy: np.ndarray = field(init=False, repr=False)
@@ -94,10 +119,6 @@ class Placement:
         object.__setattr__(self, "phy2log", _frozen(phy2log))
         object.__setattr__(self, "logcnt", _frozen(logcnt))
         object.__setattr__(self, "log2phy", _frozen(build_log2phy(phy2log, self.num_experts)))
-        for name in ("lower_bound", "max_load"):
-            value = getattr(self, name)
-            if value is not None:
-                object.__setattr__(self, name, _frozen(np.asarray(value, dtype=np.float64)))
         object.__setattr__(self, "info", MappingProxyType(dict(self.info)))
 
     # -- shape ---------------------------------------------------------------------------------
@@ -120,7 +141,8 @@ class Placement:
     # -- quality -------------------------------------------------------------------------------
     @property
     def gap(self) -> np.ndarray | None:
-        """``[L]``: ``max_load / lower_bound - 1`` on the planning counts (``None`` if unknown)."""
+        """``[L]``: ``max_load / lower_bound - 1`` on the planning counts (``None`` if unknown;
+        computes the lower bound on first access)."""
         if self.lower_bound is None or self.max_load is None:
             return None
         return metrics.gap(self.max_load, self.lower_bound)

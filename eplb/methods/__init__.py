@@ -10,53 +10,65 @@ where ``weights`` is ``[L, E]`` float64 (validated, non-negative) and ``problem`
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
 
-from ..topology import Topology
+from .._validation import Option, check_options
+from ..problem import Problem, power_of_two_scale
 
-
-@dataclass(frozen=True)
-class Problem:
-    """The configuration a method places experts under.
-
-    Attributes:
-        topology: slots per GPU, GPUs per node.
-        num_groups: expert groups (experts ``g*E/K ... (g+1)*E/K - 1`` form group ``g``), or None.
-        hierarchical: keep every group (and its replicas) on one node; set when ``num_groups`` is a
-            multiple of ``num_nodes`` (the published rule), else the placement is global.
-    """
-
-    topology: Topology
-    num_groups: int | None
-    hierarchical: bool
+__all__ = ["DEFAULT_METHOD", "METHODS", "OPTIONS", "Option", "Problem", "get_method", "register"]
 
 
 MethodFn = Callable[..., "tuple[np.ndarray, dict]"]
 METHODS: dict[str, MethodFn] = {}
+"""The registered methods, by name (the raw functions: options are not checked when called directly)."""
+
+OPTIONS: dict[str, dict[str, Option]] = {}
+"""Each method's options: name -> :class:`eplb._validation.Option` (the rule its value follows)."""
+
+_RESCALED: set[str] = set()
 
 
-def register(name: str):
-    """Decorator: make a method available as ``plan(..., method=name)``."""
+def register(name: str, options: dict[str, Option] | None = None, *, rescale: bool = True):
+    """Decorator: make a method available as ``plan(..., method=name)``; ``options`` declares the
+    keyword options it accepts (checked by :func:`get_method`). With ``rescale``, :func:`get_method`
+    hands the method counts scaled per layer by a power of two
+    (:func:`eplb.problem.power_of_two_scale`); a method that must see the counts as given (the
+    exact solver keeps integer counts integer) handles extreme magnitudes itself."""
 
     def decorate(fn: MethodFn) -> MethodFn:
         METHODS[name] = fn
+        OPTIONS[name] = dict(options or {})
+        if rescale:
+            _RESCALED.add(name)
         return fn
 
     return decorate
 
 
 def get_method(name: str) -> MethodFn:
+    """The method ``name`` as ``fn(weights, problem, **options)``, checking the options first: an
+    unknown option or a value breaking its rule raises ``ValueError`` naming it. The placement
+    does not change when the counts are multiplied by a power of two (see :func:`register`)."""
     if not isinstance(name, str) or name not in METHODS:
         raise ValueError(f"method must be one of {sorted(METHODS)}, got {name!r}")
-    return METHODS[name]
+    method, schema, rescale = METHODS[name], OPTIONS[name], name in _RESCALED
 
+    def run(weights: np.ndarray, problem: Problem, **options):
+        options = check_options(f"method {name!r}", options, schema)
+        if rescale:
+            weights, _ = power_of_two_scale(weights)
+        return method(weights, problem, **options)
+
+    return run
+
+
+DEFAULT_METHOD = "balanced"
+"""The method :func:`eplb.plan` and :func:`eplb.rebalance_experts` use when none is named."""
 
 # Importing the modules registers the methods.
 from . import greedy  # noqa: E402,F401
 from . import balanced, best  # noqa: E402,F401
 from . import exact  # noqa: E402,F401
 
-DEFAULT_METHOD = "balanced"

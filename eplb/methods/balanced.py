@@ -35,20 +35,13 @@ import numpy as np
 
 from ..kernels.balanced import balanced_placement
 from ..kernels.greedy import greedy_placement
-from ..kernels.hierarchy import assign_groups
 from ..kernels.packing import max_gpu_loads
 from ..kernels.multistart import best_placement
 from ..kernels.tiny import tiny_optimum
 from ..bounds import TINY_BUDGET, TINY_SLOTS, average_bound
+from ..searches import group_assignment
 from ..topology import Topology
-from . import Problem, register
-
-SEARCH_BUDGET = 20000
-"""Most steps of one group -> node feasibility search before it gives up (undecided)."""
-
-SEARCH_TOL = 1e-6
-"""Relative precision of the target max load in the group -> node binary search."""
-
+from . import Option, Problem, register
 
 def writable(array: np.ndarray) -> np.ndarray:
     """``array`` as a writable C-contiguous array (a copy if it is read-only, as a Topology's are).
@@ -57,69 +50,6 @@ def writable(array: np.ndarray) -> np.ndarray:
     passing every array writable keeps one per kernel (a shorter first, compiling call).
     """
     return np.require(array, requirements="CW")
-
-
-def node_arrays(topology: Topology) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``(slots [N], active GPUs [N], class [N])`` int64; nodes of one class have equal slots per GPU."""
-    per_node = topology.slots_per_gpu.reshape(topology.num_nodes, -1)
-    slots = per_node.sum(axis=1).astype(np.int64)
-    active = (per_node > 0).sum(axis=1).astype(np.int64)
-    _, node_class = np.unique(per_node, axis=0, return_inverse=True)
-    return slots, active, np.asarray(node_class, dtype=np.int64).ravel()
-
-
-def check_hierarchical(num_experts: int, problem: Problem) -> None:
-    """Raise ``ValueError`` when no group -> node assignment fits the slots of the nodes."""
-    topology = problem.topology
-    groups = problem.num_groups
-    size = num_experts // groups
-    slots, _, _ = node_arrays(topology)
-    used = slots[slots > 0]
-    if (used < size).any():
-        node = int(np.flatnonzero((slots > 0) & (slots < size))[0])
-        raise ValueError(
-            f"hierarchical placement: node {node} has {int(slots[node])} slots, fewer than the {size} experts "
-            "of one group; every node with slots must hold at least one whole group"
-        )
-    if (used // size).sum() < groups:
-        raise ValueError(
-            f"hierarchical placement: the nodes hold at most {int((used // size).sum())} whole groups of "
-            f"{size} experts, fewer than num_groups ({groups})"
-        )
-    if used.size > groups:
-        raise ValueError(
-            f"hierarchical placement: {used.size} nodes have slots but there are only {groups} groups; "
-            "every node with slots must hold at least one group"
-        )
-
-
-def group_assignment(weights: np.ndarray, problem: Problem, lower: np.ndarray | None = None,
-                     budget: int = SEARCH_BUDGET, strong: bool = False) -> tuple[np.ndarray, np.ndarray]:
-    """Node of every group in every layer, and the proven hierarchical bound.
-
-    Args:
-        weights: ``[L, E]`` float64. lower: ``[L]`` valid lower bounds to start from.
-        strong: every node of an assignment must also leave its heaviest expert's replicas room for
-            the others (:func:`eplb.kernels.hot_room.hot_room_fits`): a stronger bound, a slower search.
-    Returns:
-        ``node_of_group [L, K]`` int64 and ``[L]`` float64 lower bound on the max load of any
-        placement that keeps every group on one node.
-    """
-    check_hierarchical(weights.shape[1], problem)
-    slots, active, node_class = node_arrays(problem.topology)
-    if lower is None:
-        lower = weights.sum(axis=1) / max(1, int((problem.topology.slots_per_gpu > 0).sum()))
-    node_of_group = np.empty((weights.shape[0], problem.num_groups), np.int64)
-    per_node = problem.topology.slots_per_gpu.reshape(problem.topology.num_nodes, -1)
-    used = np.where(per_node > 0, per_node, np.iinfo(np.int64).max)
-    node_min = np.where(active > 0, used.min(axis=1), 0).astype(np.int64)
-    node_max = per_node.max(axis=1).astype(np.int64)
-    proven = assign_groups(np.ascontiguousarray(weights), problem.num_groups, slots, active, node_class,
-                           np.ascontiguousarray(lower, dtype=np.float64), budget, SEARCH_TOL, node_of_group,
-                           bool(strong), node_min, node_max)
-    if (node_of_group < 0).any():  # cannot happen after check_hierarchical; kept as a clear error
-        raise ValueError("hierarchical placement: no group -> node assignment fits the slots of the nodes")
-    return node_of_group, proven
 
 
 def domains(weights: np.ndarray, problem: Problem) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -248,11 +178,14 @@ def solve_tiny(weights: np.ndarray, problem: Problem, phy2log: np.ndarray) -> tu
     return phy2log, replaced
 
 
-@register("balanced")
-def balanced(weights: np.ndarray, problem: Problem, max_steps: int = 4096, num_starts: int = 4
-             ) -> tuple[np.ndarray, dict]:
+@register("balanced", options={"max_steps": Option("int", minimum=0), "num_starts": Option("int", minimum=1),
+                               "greedy_fallback": Option("bool")})
+def balanced(weights: np.ndarray, problem: Problem, max_steps: int = 4096, num_starts: int = 4,
+             greedy_fallback: bool = True) -> tuple[np.ndarray, dict]:
     """The default method (module docstring). ``max_steps``: most swaps per layer and node;
-    ``num_starts``: replications tried on layers left above the simple bounds (1 = none)."""
+    ``num_starts``: replications tried on layers left above the simple bounds (1 = none);
+    ``greedy_fallback``: step 8 (keep greedy's layer where it is lighter); ``False`` shows the
+    method's own placements (``bench/greedy_net.py`` counts how often step 8 fires)."""
     weights = np.ascontiguousarray(weights, dtype=np.float64)
     topology = problem.topology
     gpu_domain, expert_domain, bound = domains(weights, problem)
@@ -261,6 +194,8 @@ def balanced(weights: np.ndarray, problem: Problem, max_steps: int = 4096, num_s
     phy2log, aligned = align_replication(weights, problem, phy2log, gpu_domain, bound, max_steps)
     phy2log, retried = retry_replication(weights, problem, phy2log, gpu_domain, bound, num_starts, max_steps)
     phy2log, solved = solve_tiny(weights, problem, phy2log)
-    phy2log, from_greedy = keep_better_than_greedy(weights, problem, phy2log)
+    from_greedy = 0
+    if greedy_fallback:
+        phy2log, from_greedy = keep_better_than_greedy(weights, problem, phy2log)
     return phy2log, {"hierarchical": problem.hierarchical, "layers_aligned": aligned, "layers_retried": retried,
                      "layers_solved_exactly": solved, "layers_from_greedy": from_greedy}

@@ -23,11 +23,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._validation import as_int
 from ..bounds import TINY_SLOTS, lower_bound
-from ..certificate import improve_layer
 from ..kernels.multistart import best_placement
-from . import Problem, register
+from ..searches import improve_layer
+from . import Option, Problem, register
 from .balanced import balanced, max_loads, writable
 
 
@@ -46,7 +45,7 @@ most this many slots, on identical GPUs, finish with the capped search. On gpt-o
 def finish_capped(weights: np.ndarray, problem: Problem, phy2log: np.ndarray, bound: np.ndarray,
                   budget: int) -> np.ndarray:
     """On small global layers (see :data:`CAPPED_SLOTS`), the lightest placement the capped search
-    (:func:`eplb.certificate.improve_layer`, ``budget`` nodes per packing attempt) finds from
+    (:func:`eplb.searches.improve_layer`, ``budget`` nodes per packing attempt) finds from
     ``phy2log [L, S]``, never heavier; ``bound [L]`` is where it stops. Other layouts: unchanged."""
     topology = problem.topology
     if (budget == 0 or problem.hierarchical or not topology.is_uniform
@@ -60,7 +59,9 @@ def finish_capped(weights: np.ndarray, problem: Problem, phy2log: np.ndarray, bo
     return phy2log
 
 
-@register("best")
+@register("best", options={"num_starts": Option("int", minimum=1), "max_steps": Option("int", minimum=0),
+                           "seed": Option("int", minimum=0), "move_experts": Option("int", minimum=0),
+                           "move_passes": Option("int", minimum=0), "capped_budget": Option("int", minimum=0)})
 def best(weights: np.ndarray, problem: Problem, num_starts: int = 32, max_steps: int = 4096,
          seed: int = 0, move_experts: int = 8, move_passes: int = 4, capped_budget: int = 1000
          ) -> tuple[np.ndarray, dict]:
@@ -69,7 +70,6 @@ def best(weights: np.ndarray, problem: Problem, num_starts: int = 32, max_steps:
     ``move_experts`` heaviest experts, up to ``move_passes`` rounds while it helps;
     ``capped_budget``: search nodes per packing attempt of the capped search on small global
     layers (0: off)."""
-    capped_budget = as_int(capped_budget, "capped_budget", minimum=0)
     weights = np.ascontiguousarray(weights, dtype=np.float64)
     topology = problem.topology
     start, info = balanced(weights, problem, max_steps=max_steps)

@@ -1,43 +1,61 @@
 """``method="exact"``: the CP-SAT model of :mod:`eplb.exact`, one layer at a time, warm-started
-from the default method, with per-layer optimality certificates and proven bounds."""
+from the default method, with per-layer optimality certificates and proven bounds.
+
+Needs OR-Tools, an optional extra: ``pip install 'eplb[exact]'``. It is imported only when the
+method runs (``import eplb`` never loads it).
+"""
 
 from __future__ import annotations
 
-import math
+import importlib
 
 import numpy as np
 
-from .._validation import as_int
-from . import Problem, register
+from .._validation import MissingExtraError
+from . import DEFAULT_METHOD, METHODS, Option, Problem, register
+
+DEFAULT_TIME_LIMIT = 10.0
+"""Wall-clock seconds per layer when neither ``time_limit`` nor ``deterministic_time`` is given."""
 
 
-@register("exact")
-def exact_method(weights: np.ndarray, problem: Problem, *, time_limit: float = 10.0, workers: int = 1,
-                 progress: bool | None = None) -> tuple[np.ndarray, dict]:
+def load_solver():
+    """The :mod:`eplb.exact` module (imports OR-Tools), or :class:`MissingExtraError` naming the
+    extra to install."""
+    try:
+        importlib.import_module("ortools.sat.python.cp_model")
+    except ImportError:
+        raise MissingExtraError("ortools", "exact", "method='exact'") from None
+    return importlib.import_module("eplb.exact")
+
+
+@register("exact", options={"time_limit": Option("number", above=0, allow_none=True),
+                            "deterministic_time": Option("number", above=0, allow_none=True),
+                            "workers": Option("int", minimum=1), "progress": Option("bool", allow_none=True)},
+          rescale=False)
+def exact_method(weights: np.ndarray, problem: Problem, *, time_limit: float | None = None,
+                 deterministic_time: float | None = None, workers: int = 1, progress: bool | None = None
+                 ) -> tuple[np.ndarray, dict]:
     """Options:
-        time_limit: per layer, in CP-SAT deterministic seconds (about one second of one core; used
-            instead of the wall clock so the same input always gives the same plan), > 0.
+        time_limit: per layer, in wall-clock seconds (model building included), > 0. Default
+            :data:`DEFAULT_TIME_LIMIT` unless ``deterministic_time`` is given. Where the search
+            stops then depends on the machine's speed and load.
+        deterministic_time: per layer, in CP-SAT deterministic time units (a count of work, about
+            one second of one core), > 0: the same input then gives the same plan on every run and
+            machine. With both options the search stops at whichever comes first.
         workers: CP-SAT search workers, >= 1 (several workers run interleaved, still deterministic).
         progress: per-layer progress bar on stderr; None (default) shows it when stderr is a terminal.
     """
-    from .. import exact  # OR-Tools loads in ~0.2 s: only when the exact method is used
-    from . import DEFAULT_METHOD, get_method
-
-    if isinstance(time_limit, (bool, np.bool_)) or not isinstance(time_limit, (int, float, np.integer, np.floating)):
-        raise ValueError(f"time_limit must be a number of seconds, got {time_limit!r}")
-    if not math.isfinite(time_limit) or time_limit <= 0:
-        raise ValueError(f"time_limit must be a finite number of seconds > 0, got {time_limit!r}")
-    workers = as_int(workers, "workers", minimum=1)
-    if progress is not None and not isinstance(progress, (bool, np.bool_)):
-        raise ValueError(f"progress must be True, False or None, got {progress!r}")
+    exact = load_solver()
+    if time_limit is None and deterministic_time is None:
+        time_limit = DEFAULT_TIME_LIMIT
     warm_method = DEFAULT_METHOD if DEFAULT_METHOD != "exact" else "greedy"
     try:
-        warm, _ = get_method(warm_method)(weights, problem)
+        warm, _ = METHODS[warm_method](weights, problem)
     except ValueError:  # a configuration the default method does not take (e.g. uneven slots)
         warm_method = "largest-first"
         warm = np.stack([exact.largest_first_plan(w, problem.topology) for w in weights])
-    phy2log, info = exact.solve(weights, problem, np.asarray(warm, dtype=np.int64), time_limit=float(time_limit),
-                                workers=workers, progress=progress)
-    info.update(warm_start_method=warm_method, time_limit=float(time_limit), workers=workers,
-                hierarchical=problem.hierarchical)
+    phy2log, info = exact.solve(weights, problem, np.asarray(warm, dtype=np.int64), time_limit=time_limit,
+                                deterministic_time=deterministic_time, workers=workers, progress=progress)
+    info.update(warm_start_method=warm_method, time_limit=time_limit, deterministic_time=deterministic_time,
+                workers=workers, hierarchical=problem.hierarchical)
     return phy2log, info

@@ -13,7 +13,7 @@ from ..kernels.greedy import greedy_placement
 from . import Problem, register
 
 
-@register("greedy")
+@register("greedy", options={})
 def greedy(weights: np.ndarray, problem: Problem) -> tuple[np.ndarray, dict]:
     topology = problem.topology
     if not topology.is_uniform:
