@@ -29,6 +29,15 @@ def slot_loads(counts: np.ndarray, phy2log: np.ndarray, logcnt: np.ndarray) -> n
     return np.take_along_axis(per_replica, index, axis=-1)
 
 
+def _layer_scale(values: np.ndarray) -> np.ndarray:
+    """``[..., 1]`` int exponents ``x`` with ``values * 2**-x`` at most 1 in each row of ``values [..., n]``
+    (0 for all-zero rows): scaling by a power of two is exact, so sums of denormal or huge values can
+    be formed near 1 and scaled back with one rounding."""
+    peak = np.max(values, axis=-1, keepdims=True) if values.shape[-1] else np.zeros(values.shape[:-1] + (1,))
+    _, exponent = np.frexp(np.where(np.isfinite(peak) & (peak > 0), peak, 1.0))
+    return exponent
+
+
 def sum_per_gpu(per_slot: np.ndarray, topology: Topology) -> np.ndarray:
     """Sum a per-slot quantity ``[..., S]`` over each GPU's slots: ``[..., G]``."""
     if topology.is_uniform:
@@ -40,8 +49,14 @@ def sum_per_gpu(per_slot: np.ndarray, topology: Topology) -> np.ndarray:
 
 
 def gpu_loads(counts, phy2log, logcnt, topology: Topology) -> np.ndarray:
-    """Tokens processed by each GPU: ``[L, G]`` (or ``[T, L, G]`` for a series of counts)."""
-    return sum_per_gpu(slot_loads(counts, phy2log, logcnt), topology)
+    """Tokens processed by each GPU: ``[L, G]`` (or ``[T, L, G]`` for a series of counts).
+
+    Each layer's sums are formed on the counts scaled by a power of two (exact) so that denormal
+    and huge counts keep full precision; a GPU with no slots carries 0. A load above the float64
+    maximum is ``inf`` (rescale such counts before planning)."""
+    counts = np.asarray(counts, dtype=np.float64)
+    exponent = _layer_scale(counts)
+    return np.ldexp(sum_per_gpu(slot_loads(np.ldexp(counts, -exponent), phy2log, logcnt), topology), exponent)
 
 
 def static_gpu_loads(counts, num_gpus: int) -> np.ndarray:
@@ -58,28 +73,99 @@ def static_gpu_loads(counts, num_gpus: int) -> np.ndarray:
     return counts @ one_hot
 
 
-def balancedness(loads: np.ndarray) -> np.ndarray:
-    """``mean / max`` over the last (GPU) axis; 1.0 is perfect, and an all-zero layer counts as 1.0."""
-    loads = np.asarray(loads, dtype=np.float64)
-    peak = loads.max(axis=-1)
-    mean = loads.mean(axis=-1)
-    return np.divide(mean, peak, out=np.ones_like(peak), where=peak > 0)
+def _active(loads: np.ndarray, topology: Topology | None) -> np.ndarray:
+    """``loads [..., G]`` restricted to the GPUs that hold slots (all of them without a topology)."""
+    if topology is None:
+        return loads
+    if loads.shape[-1] != topology.num_gpus:
+        raise ValueError(f"loads must have one column per GPU ({topology.num_gpus}), got shape {loads.shape}")
+    return loads[..., topology.slots_per_gpu > 0]
 
 
-def imbalance(loads: np.ndarray) -> np.ndarray:
-    """``(max - mean) / mean`` over the last (GPU) axis; 0.0 is perfect (and for all-zero layers)."""
-    loads = np.asarray(loads, dtype=np.float64)
+def balancedness(loads: np.ndarray, topology: Topology | None = None) -> np.ndarray:
+    """``mean / max`` over the last (GPU) axis; 1.0 is perfect.
+
+    Args:
+        loads: ``[..., G]`` GPU loads (e.g. ``[L, G]`` or ``[T, L, G]``).
+        topology: when given, the mean is over the GPUs that hold slots (a masked GPU carries
+            nothing and does not count, as in the lower bounds); without it, over all ``G``.
+    Returns:
+        ``[...]`` float64. Computed as the mean of ``load / max`` (finite for denormal and huge
+        loads). An all-zero row (a dense layer) gives 1.0, so per-layer arrays keep their shape and
+        sums; means over layers should skip those rows: :func:`mean_balancedness`, :func:`moe_mean`.
+    """
+    loads = _active(np.asarray(loads, dtype=np.float64), topology)
     peak = loads.max(axis=-1)
-    mean = loads.mean(axis=-1)
-    return np.divide(peak - mean, mean, out=np.zeros_like(peak), where=mean > 0)
+    positive = peak > 0
+    ratio = np.divide(loads, peak[..., None], out=np.ones_like(loads), where=positive[..., None])
+    return np.where(positive, ratio.mean(axis=-1), 1.0)
+
+
+def imbalance(loads: np.ndarray, topology: Topology | None = None) -> np.ndarray:
+    """``(max - mean) / mean`` over the last (GPU) axis; 0.0 is perfect (and for all-zero rows).
+
+    ``loads [..., G]``; ``topology`` as in :func:`balancedness` (the mean over the GPUs that hold
+    slots). Returns ``[...]`` float64; means over layers should skip all-zero rows (:func:`moe_mean`).
+    """
+    ratio = balancedness(loads, topology)
+    return (1.0 - ratio) / ratio
+
+
+def moe_layers(loads: np.ndarray) -> np.ndarray:
+    """``[...]`` bool: the rows of ``loads [..., G]`` (or counts ``[..., E]``) that carry any load.
+
+    An all-zero row is a dense layer (no experts routed): any placement is optimal there, so it
+    says nothing about a plan and must not count as perfectly balanced in means over layers."""
+    return np.asarray(loads, dtype=np.float64).max(axis=-1, initial=0.0) > 0
+
+
+def moe_mean(per_layer: np.ndarray, loads: np.ndarray) -> np.ndarray:
+    """Mean over the layer axis of a per-layer metric, skipping dense (all-zero) layers.
+
+    Args:
+        per_layer: ``[L]`` or ``[T, L]`` values (e.g. :func:`balancedness`, :func:`imbalance`,
+            :func:`gap`).
+        loads: ``[L, G]`` or ``[T, L, G]`` the loads (or ``[.., E]`` counts) they were measured on.
+    Returns:
+        float64 scalar (``[L]`` in) or ``[T]``: the mean over the layers of :func:`moe_layers`; NaN
+        where no layer carries load (nothing to measure).
+    """
+    per_layer = np.asarray(per_layer, dtype=np.float64)
+    mask = moe_layers(loads)
+    if mask.shape != per_layer.shape:
+        raise ValueError(f"per_layer has shape {per_layer.shape}, the loads give layers of shape {mask.shape}")
+    count = mask.sum(axis=-1)
+    total = np.where(mask, per_layer, 0.0).sum(axis=-1)
+    return np.divide(total, count, out=np.full(np.shape(total), np.nan), where=count > 0)
+
+
+def mean_balancedness(loads: np.ndarray, topology: Topology | None = None) -> np.ndarray:
+    """Mean balancedness over the MoE layers: :func:`balancedness` averaged by :func:`moe_mean`.
+
+    ``loads [L, G]`` gives a float64 scalar, ``[T, L, G]`` gives ``[T]``; NaN when every layer is
+    dense. This is the figure vLLM and SGLang report, without dense layers counting as 1.0."""
+    return moe_mean(balancedness(loads, topology), loads)
+
+
+ROUNDING = 1e-12
+"""Relative rounding allowed between a max load and its lower bound (sums of up to a few thousand
+float64 terms): a max load below its bound by less than this is equality, not a bound error."""
 
 
 def gap(max_load: np.ndarray, lower_bound: np.ndarray) -> np.ndarray:
-    """``max_load / lower_bound - 1``: how far above provably optimal (0.0 when both are zero)."""
+    """``max_load / lower_bound - 1``: how far above provably optimal (0.0 when both are zero).
+
+    A max load below its bound by rounding only (relative :data:`ROUNDING`, or a few units of the
+    smallest denormal) gives 0.0; a larger shortfall stays negative: it is a bound error and is
+    never hidden. ``inf`` when the bound is 0 and the load is not.
+    """
     max_load = np.asarray(max_load, dtype=np.float64)
     lower_bound = np.asarray(lower_bound, dtype=np.float64)
     out = np.where(max_load > 0, np.inf, 0.0)
-    return np.divide(max_load, lower_bound, out=out, where=lower_bound > 0) - np.where(lower_bound > 0, 1.0, 0.0)
+    ratio = np.divide(max_load, lower_bound, out=out, where=lower_bound > 0) - np.where(lower_bound > 0, 1.0, 0.0)
+    slack = ROUNDING * lower_bound + 4 * np.finfo(np.float64).smallest_subnormal
+    rounding = (ratio < 0) & (lower_bound - max_load <= slack)
+    return np.where(rounding, 0.0, ratio)
 
 
 def mean_peak(loads: np.ndarray) -> np.ndarray:

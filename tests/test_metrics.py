@@ -68,3 +68,58 @@ def test_loads_conserve_tokens_and_balancedness_is_a_fraction(problem):
     np.testing.assert_allclose(loads.sum(axis=1), counts.sum(axis=1), rtol=1e-9)
     b = placement.balancedness(counts)
     assert ((b > 0) & (b <= 1.0 + 1e-12)).all()
+
+
+def test_masked_gpus_do_not_count_in_balancedness_or_imbalance():
+    topology = Topology.from_layout(76, 8, 2, masked_gpus=(3,))  # 7 GPUs hold 11, 11, 11, 11, 11, 11, 10 slots
+    phy2log = np.arange(76)[None]
+    counts = np.ones((1, 76))
+    counts[0, topology.slot_offsets[7]:] = 1.1  # the 10-slot GPU's experts: every GPU carries 11
+    loads = metrics.gpu_loads(counts, phy2log, np.ones((1, 76), np.int64), topology)
+    assert loads[0, 3] == 0.0
+    np.testing.assert_allclose(metrics.balancedness(loads, topology), [1.0])
+    np.testing.assert_allclose(metrics.imbalance(loads, topology), [0.0], atol=1e-12)
+    np.testing.assert_allclose(metrics.mean_balancedness(loads, topology), 1.0)
+    with pytest.raises(ValueError, match="one column per GPU"):
+        metrics.balancedness(loads[:, :7], topology)
+
+
+def test_dense_layers_do_not_count_in_means_over_layers():
+    loads = np.array([[3.0, 1.0], [0.0, 0.0], [2.0, 2.0]])  # layer 1 is dense
+    assert metrics.moe_layers(loads).tolist() == [True, False, True]
+    assert metrics.balancedness(loads).tolist() == [2.0 / 3.0, 1.0, 1.0]  # per layer: unchanged
+    np.testing.assert_allclose(metrics.mean_balancedness(loads), (2.0 / 3.0 + 1.0) / 2)
+    np.testing.assert_allclose(metrics.moe_mean(metrics.imbalance(loads), loads), 0.25)
+    series = np.stack([loads, np.zeros_like(loads)])  # the second window records nothing
+    means = metrics.mean_balancedness(series)
+    assert means.shape == (2,) and np.isclose(means[0], 5.0 / 6.0) and np.isnan(means[1])
+    with pytest.raises(ValueError, match="per_layer"):
+        metrics.moe_mean(np.ones(2), loads)
+
+
+def test_loads_of_denormal_counts_are_exact():
+    tiny = np.finfo(np.float64).smallest_subnormal
+    topology = Topology.uniform(6, 2)
+    phy2log = np.array([[0, 0, 0, 1, 1, 1]])  # each GPU holds all 3 replicas of one expert
+    counts = np.array([[tiny, 2 * tiny]])  # a third of either is below the smallest denormal
+    loads = metrics.gpu_loads(counts, phy2log, np.array([[3, 3]]), topology)
+    assert loads.tolist() == [[tiny, 2 * tiny]]
+    assert metrics.balancedness(loads).tolist() == [0.75]
+
+
+def test_balancedness_of_huge_loads_is_finite():
+    topology = Topology.uniform(8, 4)
+    phy2log = np.array([[0, 1, 2, 3, 4, 5, 0, 1]])
+    logcnt = np.array([[2, 2, 1, 1, 1, 1]])
+    base = np.array([[8.0, 6.0, 3.0, 3.0, 2.0, 2.0]])  # GPU loads 7, 6, 4, 7
+    loads = metrics.gpu_loads(base * 2e307, phy2log, logcnt, topology)  # each GPU finite, their sum is not
+    assert np.isfinite(loads).all()
+    np.testing.assert_allclose(metrics.balancedness(loads), [24.0 / 28.0], rtol=1e-15)
+    np.testing.assert_allclose(metrics.imbalance(loads), [4.0 / 24.0], rtol=1e-14)
+
+
+def test_gap_clamps_rounding_only_never_a_bound_error():
+    tiny = np.finfo(np.float64).smallest_subnormal
+    assert metrics.gap(np.array([1.0 - 1e-15]), np.array([1.0])).tolist() == [0.0]
+    assert metrics.gap(np.array([10 * tiny]), np.array([11 * tiny])).tolist() == [0.0]
+    assert metrics.gap(np.array([0.999]), np.array([1.0]))[0] < -1e-4  # a bound above the load stays visible
