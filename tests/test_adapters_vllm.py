@@ -1,0 +1,337 @@
+"""The vLLM adapter against each policy interface vLLM has shipped.
+
+Two sources of truth:
+- ``tests/engine_interfaces/vllm.json``: facts (method kind, parameter names, return annotation,
+  how the engine calls the policy) written from vLLM's released wheels; stand-in abstract classes
+  are built from them, and the adapter is driven the way vLLM's caller drives it.
+- vLLM's own files: with ``EPLB_VLLM_SOURCES`` set to a folder holding vLLM wheels
+  (``vllm-X-*.whl``) or unpacked trees (``X/vllm/...``), or with vLLM installed, each version's
+  ``policy/abstract.py`` is loaded and the adapter is checked against it (a vLLM wheel is
+  250-490 MB, too large to download in CI; these tests skip with the reason otherwise).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import inspect
+import json
+import os
+import re
+import sys
+import types
+import zipfile
+from abc import ABC, abstractmethod
+from dataclasses import make_dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch", reason="the vLLM adapter returns torch tensors; torch is not installed")
+
+import eplb  # noqa: E402
+from eplb.adapters import vllm as adapter  # noqa: E402
+from eplb.synthetic import drifting_counts  # noqa: E402
+
+FACTS = json.loads((Path(__file__).parent / "engine_interfaces" / "vllm.json").read_text())
+INTERFACES = FACTS["interfaces"]
+POLICY_INTERFACES = [name for name, facts in INTERFACES.items() if facts["policy_package"]]
+# 64 experts in 8 groups, 80 slots on 8 GPUs in 2 nodes
+L, E, S, GROUPS, NODES, RANKS = 4, 64, 80, 8, 2, 8
+
+
+def _method(parameters: list[str], returns: str, defaults: dict):
+    """A function with exactly the documented signature (the body is never run)."""
+
+    def method(*args, **kwargs):
+        raise NotImplementedError
+
+    params = [inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                                default=defaults.get(name, inspect.Parameter.empty)) for name in parameters]
+    method.__signature__ = inspect.Signature(params, return_annotation=returns)
+    return method
+
+
+def stand_in_module(interface: str, variant: str | None = None) -> types.ModuleType:
+    """A module holding ``AbstractEplbPolicy`` (and, for ``context``, its dataclasses) as the facts
+    describe them."""
+    facts = INTERFACES[interface]
+    spec = dict(facts["abstract"])
+    spec.update(facts.get("variants", {}).get(variant, {}))
+    module = types.ModuleType(f"stand_in_vllm_{interface}_{variant or 'x'}".replace(".", "_"))
+    method = abstractmethod(_method(spec["parameters"], spec["returns"], spec.get("defaults", {})))
+    namespace = {"__module__": module.__name__, spec["method"]: classmethod(method)
+                 if spec["kind"] == "classmethod" else method}
+    for name, parameters in spec.get("other_methods", {}).items():
+        namespace[name] = _method(parameters, "None", {})
+    module.AbstractEplbPolicy = type(ABC)(spec["name"], (ABC,), namespace)
+    for name, fields in facts.get("dataclasses", {}).items():
+        setattr(module, name, make_dataclass(name, fields, frozen=True))
+    if "state_class" in facts:
+        setattr(module, facts["state_class"], type(facts["state_class"], (), {}))
+    sys.modules[module.__name__] = module
+    return module
+
+
+def _series(seed=0, windows=3):
+    return drifting_counts(windows, L, E, num_groups=GROUPS, drift=0.05, tokens=65536, seed=seed)
+
+
+def _expected(weight, previous=None):
+    return eplb.plan(np.asarray(weight), num_slots=S, num_gpus=RANKS, num_nodes=NODES, num_groups=GROUPS,
+                     previous=previous)
+
+
+def _call_like_vllm(interface: str, module, policy_class, window, old):
+    """Drive the policy the way vLLM's caller does (facts' ``caller``); returns phy2log ``[L, S]``."""
+    caller = INTERFACES[interface]["caller"]
+    if interface == "context":
+        context = module.EplbRebalanceContext(
+            load_window_cpu=torch.tensor(window), physical_to_logical_map_cpu=old,
+            topology=module.EplbTopology(num_groups=GROUPS, num_nodes=NODES, num_ranks=RANKS),
+            num_replicas=S, cpu_group=None)
+        policy = policy_class()
+        state = policy.create_state(L)
+        plan = policy.rebalance_experts(context, state)
+        assert isinstance(plan, module.EplbPlan)
+        table = plan.physical_to_logical_map
+        assert table.device.type == "cpu" and table.dtype in (torch.int32, torch.int64)  # plan_check
+        for layer in range(L):
+            policy.on_layer_committed(state, plan, layer)
+        np.testing.assert_array_equal(state.committed, table.numpy())
+        assert isinstance(state, module.EplbPolicyState) and state.plans == 1 and state.commits == L
+        return table
+    weight = torch.tensor(window.sum(axis=0))
+    args = [weight, S, GROUPS, NODES, RANKS]
+    if "physical_to_logical_map" in caller["positional"] and old is not None:
+        args.append(old)
+    result = policy_class.rebalance_experts(*args)
+    if "unpacks" in caller:
+        phy2log, log2phy, logcnt = result
+        assert log2phy.shape[:2] == (L, E) and logcnt.shape == (L, E)
+        assert (logcnt.sum(dim=1) == S).all()
+        for layer in range(L):  # log2phy lists exactly the slots holding each expert
+            for expert in range(E):
+                slots = log2phy[layer, expert][log2phy[layer, expert] >= 0]
+                assert len(slots) == logcnt[layer, expert]
+                assert (phy2log[layer, slots] == expert).all()
+    else:
+        phy2log = result
+    assert phy2log.dtype == torch.int64 and phy2log.device.type == "cpu"
+    return phy2log
+
+
+@pytest.mark.parametrize("interface", POLICY_INTERFACES)
+def test_detects_each_documented_interface(interface):
+    module = stand_in_module(interface)
+    assert adapter.detect_interface(module.AbstractEplbPolicy) == interface
+    policy = adapter.policy_for(module.AbstractEplbPolicy)
+    assert issubclass(policy, module.AbstractEplbPolicy)
+    policy()  # vLLM instantiates it (context) or calls the classmethod: no abstract method is left
+
+
+def test_detects_the_five_argument_classmethod_of_vllm_0_13():
+    module = stand_in_module("triple", "0.13.0")
+    assert adapter.detect_interface(module.AbstractEplbPolicy) == "triple"
+    series = _series(seed=5)
+    phy2log, _, _ = adapter.policy_for(module.AbstractEplbPolicy).rebalance_experts(
+        torch.tensor(series.sum(axis=0)), S, GROUPS, NODES, RANKS)
+    np.testing.assert_array_equal(phy2log.numpy(), _expected(series.sum(axis=0)).phy2log)
+
+
+@pytest.mark.parametrize("interface", POLICY_INTERFACES)
+def test_plans_like_eplb_plan_when_called_as_vllm_calls_it(interface):
+    module = stand_in_module(interface)
+    policy = adapter.policy_for(module.AbstractEplbPolicy)
+    first, second = _series(seed=1), _series(seed=2)
+    old = _call_like_vllm(interface, module, policy, first, None if interface != "context" else
+                          torch.from_numpy(_expected(first.sum(axis=0)).phy2log))
+    fresh = _expected(second.sum(axis=0))
+    near = _call_like_vllm(interface, module, policy, second, old)
+    expected = _expected(second.sum(axis=0), previous=old.numpy())
+    np.testing.assert_array_equal(near.numpy(), expected.phy2log)
+    # planning near the placement in service moves fewer slots than planning from scratch
+    assert (near.numpy() != old.numpy()).sum() < (fresh.phy2log != old.numpy()).sum()
+
+
+def test_unknown_interfaces_are_refused_with_the_reason():
+    class Renamed(ABC):
+        @classmethod
+        @abstractmethod
+        def rebalance_experts(cls, loads, num_replicas, num_groups, num_nodes, num_ranks):
+            ...
+
+    class NewInstance(ABC):
+        @abstractmethod
+        def rebalance_experts(self, context):
+            ...
+
+    class NoAnnotation(ABC):
+        @classmethod
+        def rebalance_experts(cls, weight, num_replicas, num_groups, num_nodes, num_ranks,
+                              old_global_expert_indices=None):
+            ...
+
+    with pytest.raises(ValueError, match="expected"):
+        adapter.detect_interface(Renamed)
+    with pytest.raises(ValueError, match="context, policy_state"):
+        adapter.detect_interface(NewInstance)
+    with pytest.raises(ValueError, match="return annotation"):
+        adapter.detect_interface(NoAnnotation)
+    with pytest.raises(ValueError, match="rebalance_experts"):
+        adapter.detect_interface(object)
+
+
+def test_settings_reach_every_adapter():
+    for interface in POLICY_INTERFACES:
+        policy = adapter.policy_for(stand_in_module(interface).AbstractEplbPolicy, method="greedy")
+        assert policy.method == "greedy"
+    with pytest.raises(ValueError, match="method"):
+        adapter.policy_for(stand_in_module("phy2log").AbstractEplbPolicy, method="nope")
+
+
+def test_groups_that_do_not_divide_among_nodes_plan_globally_as_vllm_does():
+    weight = torch.tensor(_series(seed=3).sum(axis=0))
+    phy2log = adapter.EplbPolicy.rebalance_experts(weight, S, 3, NODES, RANKS)  # 3 groups, 2 nodes
+    expected = eplb.plan(weight.numpy(), num_slots=S, num_gpus=RANKS, num_nodes=NODES)
+    np.testing.assert_array_equal(phy2log.numpy(), expected.phy2log)
+
+
+def _fake_vllm(monkeypatch, interface: str):
+    """Install a minimal ``vllm`` package (stand-in modules) into ``sys.modules``."""
+    for name in ("vllm", "vllm.distributed", "vllm.distributed.eplb"):
+        monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
+    if interface == "function":
+        algo = types.ModuleType("vllm.distributed.eplb.rebalance_algo")
+        algo.rebalance_experts = _method(INTERFACES["function"]["function"]["parameters"], "tuple", {})
+        state = types.ModuleType("vllm.distributed.eplb.eplb_state")
+        state.rebalance_experts = algo.rebalance_experts
+        monkeypatch.setitem(sys.modules, algo.__name__, algo)
+        monkeypatch.setitem(sys.modules, state.__name__, state)
+        monkeypatch.setitem(sys.modules, "vllm.distributed.eplb.policy", None)  # import fails
+        return state
+    policy = stand_in_module(interface)
+    policy.EPLB_POLICIES = {"default": policy.AbstractEplbPolicy}
+    monkeypatch.setitem(sys.modules, "vllm.distributed.eplb.policy", policy)
+    return policy
+
+
+@pytest.mark.parametrize("interface", POLICY_INTERFACES)
+def test_install_registers_the_policy_for_the_installed_vllm(monkeypatch, interface):
+    policy_module = _fake_vllm(monkeypatch, interface)
+    assert adapter.detect_interface() == interface
+    installed = adapter.install(tolerance=None)
+    assert policy_module.EPLB_POLICIES["default"] is installed and installed.tolerance is None
+    assert issubclass(installed, policy_module.AbstractEplbPolicy)
+
+
+def test_install_replaces_the_function_of_vllm_0_12(monkeypatch):
+    state = _fake_vllm(monkeypatch, "function")
+    assert adapter.detect_interface() == "function"
+    with pytest.raises(ValueError, match="install"):
+        adapter.policy_for()
+    function = adapter.install(method="greedy")
+    assert state.rebalance_experts is function
+    caller = INTERFACES["function"]["caller"]
+    weight = torch.tensor(_series(seed=4).sum(axis=0))
+    phy2log, log2phy, logcnt = state.rebalance_experts(*[
+        {"weight": weight, "num_replicas": S, "num_groups": GROUPS, "num_nodes": NODES, "num_gpus": RANKS}[name]
+        for name in caller["positional"]])
+    expected = eplb.rebalance_experts(weight.numpy(), S, GROUPS, NODES, RANKS, method="greedy")
+    for got, want in zip((phy2log, log2phy, logcnt), expected):
+        np.testing.assert_array_equal(got.numpy(), want)
+
+
+def test_without_vllm_detection_says_so(monkeypatch):
+    monkeypatch.setitem(sys.modules, "vllm", None)
+    with pytest.raises(ImportError, match="vLLM"):
+        adapter.detect_interface()
+
+
+# ---- vLLM's own files ---------------------------------------------------------------------------
+
+ABSTRACT = "vllm/distributed/eplb/policy/abstract.py"
+ALGO = "vllm/distributed/eplb/rebalance_algo.py"
+
+
+def _vllm_sources() -> dict[str, dict[str, str]]:
+    """``{version: {path: source}}`` for the EPLB files of each vLLM in EPLB_VLLM_SOURCES or installed."""
+    found: dict[str, dict[str, str]] = {}
+    folder = os.environ.get("EPLB_VLLM_SOURCES")
+    if folder:
+        for entry in sorted(Path(folder).iterdir()):
+            if entry.suffix == ".whl":
+                version = entry.name.split("-")[1]
+                with zipfile.ZipFile(entry) as wheel:
+                    names = set(wheel.namelist())
+                    found[version] = {p: wheel.read(p).decode() for p in (ABSTRACT, ALGO) if p in names}
+            elif (entry / "vllm").is_dir():
+                found[entry.name] = {p: (entry / p).read_text() for p in (ABSTRACT, ALGO) if (entry / p).is_file()}
+    spec = importlib.util.find_spec("vllm")
+    if spec is not None and spec.origin:
+        root = Path(spec.origin).parent.parent
+        from importlib.metadata import version
+
+        found[version("vllm")] = {p: (root / p).read_text() for p in (ABSTRACT, ALGO) if (root / p).is_file()}
+    return found
+
+
+SOURCES = _vllm_sources()
+needs_vllm = pytest.mark.skipif(not SOURCES, reason="no vLLM files: install vllm or set EPLB_VLLM_SOURCES to a "
+                                                    "folder of vLLM wheels / unpacked trees (a wheel is 250-490 MB)")
+
+
+def _load_abstract(version: str, source: str) -> types.ModuleType:
+    """vLLM's ``policy/abstract.py`` as a module of its own (it imports only abc, dataclasses, torch)."""
+    name = "vllm_abstract_" + re.sub(r"\W", "_", version)
+    module = types.ModuleType(name)
+    sys.modules[name] = module
+    exec(compile(source, f"vllm-{version}/{ABSTRACT}", "exec"), module.__dict__)
+    return module
+
+
+@needs_vllm
+@pytest.mark.parametrize("version", sorted(SOURCES))
+def test_facts_and_adapter_against_vllms_own_files(version):
+    files = SOURCES[version]
+    expected = FACTS["versions_checked"].get(version)
+    if ABSTRACT not in files:
+        assert ALGO in files, f"vLLM {version} has neither {ABSTRACT} nor {ALGO}"
+        assert expected in (None, "function")
+        assert re.search(r"def rebalance_experts\(\s*weight[^)]*num_gpus", files[ALGO])
+        return
+    module = _load_abstract(version, files[ABSTRACT])
+    abstract = module.AbstractEplbPolicy
+    interface = adapter.detect_interface(abstract)
+    if expected is not None:
+        assert interface == expected, f"vLLM {version}: detected {interface}, the facts say {expected}"
+    documented = dict(INTERFACES[interface]["abstract"])
+    documented.update(INTERFACES[interface].get("variants", {}).get(version, {}))
+    real = inspect.getattr_static(abstract, "rebalance_experts")
+    function = real.__func__ if isinstance(real, classmethod) else real
+    assert list(inspect.signature(function).parameters) == documented["parameters"]
+    policy = adapter.policy_for(abstract)
+    assert issubclass(policy, abstract)
+    policy()  # every abstract method of vLLM's class is implemented
+    if interface == "context":
+        for name, fields in INTERFACES["context"]["dataclasses"].items():
+            assert [f for f in getattr(module, name).__dataclass_fields__] == fields
+    window, old = _series(seed=6), None
+    if interface == "context":
+        context = module.EplbRebalanceContext(
+            load_window_cpu=torch.tensor(window),
+            physical_to_logical_map_cpu=torch.from_numpy(_expected(window[:1].sum(axis=0)).phy2log),
+            topology=module.EplbTopology(num_groups=GROUPS, num_nodes=NODES, num_ranks=RANKS),
+            num_replicas=S, cpu_group=None)
+        p = policy()
+        plan = p.rebalance_experts(context, p.create_state(L))
+        assert isinstance(plan, module.EplbPlan)
+        phy2log = plan.physical_to_logical_map
+    else:
+        args = [torch.tensor(window.sum(axis=0)), S, GROUPS, NODES, RANKS]
+        if "old_global_expert_indices" in documented["parameters"]:
+            args.append(old)
+        result = policy.rebalance_experts(*args)
+        phy2log = result[0] if interface == "triple" else result
+    assert phy2log.shape == (L, S) and phy2log.dtype == torch.int64
+    eplb.Placement(phy2log.numpy(), E, eplb.Topology.uniform(S, RANKS, NODES))  # a valid placement
