@@ -8,6 +8,10 @@ per-GPU loads agree exactly.
 import numpy as np
 from numba import njit
 
+TOP = np.int64(0)
+"""The heap's root position, as a typed int64: a literal ``0`` argument makes Numba compile a
+second specialization of the sift for the constant."""
+
 
 @njit(cache=True, nogil=True, error_model="numpy")
 def _before(keys, a, b):
@@ -62,7 +66,7 @@ def replicate_greedy(weights, num_replicas, phy2expert, replica_counts):
         phy2expert[i] = best
         replica_counts[best] += 1
         minus_load[best] = -(weights[best] / np.float32(replica_counts[best]))
-        _sift_down(heap, num_experts, minus_load, 0)
+        _sift_down(heap, num_experts, minus_load, TOP)
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
@@ -81,14 +85,24 @@ def pack_largest_first(weights, num_packs, capacity, pack_of_item, rank_in_pack)
             pack_of_item[i] = i
             rank_in_pack[i] = 0
         return
-    # float32 -> float64 is exact and keeps every comparison, so the stable order is the same; the
-    # float64 argsort is compiled anyway (group search, default method), a float32 one would be a second
-    order = np.argsort(-weights.astype(np.float64), kind="mergesort")
+    # items by decreasing weight, the smaller id first on ties (a stable sort): popped from a heap
+    # keyed by minus the weight, whose order breaks ties by id (a sort kernel costs seconds to compile)
+    minus_weight = np.empty(n, np.float32)
+    items = np.empty(n, np.int64)
+    for i in range(n):
+        minus_weight[i] = -weights[i]
+        items[i] = i
+    _heapify(items, n, minus_weight)
     pack_load = np.zeros(num_packs, np.float32)
     pack_size = np.zeros(num_packs, np.int64)
-    heap = np.arange(num_packs)  # packs with room; all loads 0: already a heap
+    heap = np.empty(num_packs, np.int64)  # packs with room; all loads 0: already a heap
+    for p in range(num_packs):
+        heap[p] = p
     open_packs = num_packs
-    for item in order:
+    for remaining in range(n, 0, -1):
+        item = items[0]
+        items[0] = items[remaining - 1]
+        _sift_down(items, remaining - 1, minus_weight, TOP)
         best = heap[0]
         pack_of_item[item] = best
         rank_in_pack[item] = pack_size[best]
@@ -97,7 +111,7 @@ def pack_largest_first(weights, num_packs, capacity, pack_of_item, rank_in_pack)
         if pack_size[best] == capacity:  # full: leaves the heap
             open_packs -= 1
             heap[0] = heap[open_packs]
-        _sift_down(heap, open_packs, pack_load, 0)
+        _sift_down(heap, open_packs, pack_load, TOP)
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
