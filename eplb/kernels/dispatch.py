@@ -175,8 +175,9 @@ def optimal_shares(weights, phy2log, gpu_of_slot, num_gpus):
     graph form a set ``X`` whose ratio is a strictly larger lower bound: raise ``T`` to it exactly
     and continue. When the flow places every token, ``T`` is both attained and a lower bound (the
     ratio of a set), hence the LP optimum, up to float rounding (tokens left below ``1e-13`` of the
-    layer total are spread by renormalising each expert's shares). Steps are few: each one moves
-    ``T`` to a new critical set.
+    layer total are spread by renormalising each expert's shares). Steps are few: the critical set's GPU
+    count strictly decreases from step to step (Newton's method for a ratio), so at most one step
+    per GPU; in practice one to three.
 
     Few split experts: the start is a best-fit assignment of whole experts (heaviest first), and at
     the end flow is shifted around every cycle of the expert-GPU edges that carry flow until they
@@ -193,7 +194,7 @@ def optimal_shares(weights, phy2log, gpu_of_slot, num_gpus):
         num_gpus: ``G``.
     Returns:
         ``shares [L, S]`` float64 (each expert's shares sum to 1; uniform ``1 / replicas`` where the
-        split is immaterial: one GPU, or no tokens) and ``peak [L]`` float64, the max GPU load.
+        split is immaterial: one GPU, or fewer tokens than ``1e-13`` of the layer's) and ``peak [L]`` float64, the max GPU load.
     """
     num_layers, num_slots = phy2log.shape
     num_experts = weights.shape[1]
@@ -248,10 +249,14 @@ def optimal_shares(weights, phy2log, gpu_of_slot, num_gpus):
                 free[e] = True
         for e in range(num_experts):
             total += w[e]
-            if w[e] <= 0.0:
-                free[e] = False
-            if not free[e] and first_gpu[e] >= 0:
-                fixed[first_gpu[e]] += w[e]
+        eps = 1e-13 * total
+        for e in range(num_experts):
+            if w[e] <= eps:
+                free[e] = False  # no tokens (or below the float resolution of the loads): uniform
+        for s in range(num_slots):
+            e = phy2log[layer, s]
+            if not free[e]:
+                fixed[gpu_of_slot[s]] += w[e] / count[e]
         for e in range(num_experts):
             slot_start[e + 1] = slot_start[e] + count[e]
         filled[:] = 0
@@ -321,7 +326,6 @@ def optimal_shares(weights, phy2log, gpu_of_slot, num_gpus):
         target = max(target, spread / num_touched)
         for g in range(num_touched):
             slack[g] = target - fixed[gpus[g]]
-        eps = 1e-13 * total
         # 4. start: whole experts, heaviest first, into the GPU whose room fits best
         order = np.argsort(-free_weight[:num_free], kind="mergesort")
         for x in order:
@@ -396,7 +400,7 @@ def optimal_shares(weights, phy2log, gpu_of_slot, num_gpus):
             for i in range(slot_start[e], slot_start[e + 1]):
                 s = slot_list[i]
                 k = edge_at[gpu_of_slot[s]]
-                shares[layer, s] = flow[k] / placed / edge_slots[k]
+                shares[layer, s] = flow[k] / placed / edge_slots[k] if placed > 0.0 else 1.0 / count[e]
         loads[:] = 0.0
         for s in range(num_slots):
             loads[gpu_of_slot[s]] += w[phy2log[layer, s]] * shares[layer, s]
