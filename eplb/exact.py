@@ -45,7 +45,7 @@ import numpy as np
 from ortools.sat.python import cp_model
 
 from .bounds import lower_bound
-from .problem import Problem
+from .problem import Problem, power_of_two_scale
 from .topology import Topology
 
 # Largest scaled total load of a layer. CP-SAT computes in int64 but multiplies coefficients in places
@@ -467,7 +467,13 @@ def solve(weights: np.ndarray, problem: Problem, warm: np.ndarray, *, time_limit
     from tqdm import tqdm
 
     num_layers = weights.shape[0]
-    bounds = lower_bound(weights, problem.topology, problem.num_groups, problem.hierarchical)
+    # extreme magnitudes: the model sees such a layer scaled by a power of two (exact); ordinary
+    # counts are kept as given, so integer counts keep exact integer arithmetic
+    scaled, shift = power_of_two_scale(weights)
+    peak = weights.max(axis=1)
+    shift = np.where((peak >= 2.0**-60) & (peak <= 2.0**60), 0, shift)
+    scaled = np.ldexp(weights, shift[:, None].astype(np.int32))
+    bounds = lower_bound(scaled, problem.topology, problem.num_groups, problem.hierarchical)
     phy2log = warm.copy()
     optimal = np.zeros(num_layers, bool)
     proven = bounds.astype(np.float64).copy()
@@ -480,7 +486,7 @@ def solve(weights: np.ndarray, problem: Problem, warm: np.ndarray, *, time_limit
     try:
         for layer in range(num_layers):
             try:
-                result, interrupted = solve_layer(weights[layer], problem, warm[layer], float(bounds[layer]),
+                result, interrupted = solve_layer(scaled[layer], problem, warm[layer], float(bounds[layer]),
                                                   time_limit=time_limit, workers=workers, levers=levers,
                                                   deterministic_time=deterministic_time)
             except KeyboardInterrupt:  # outside the search (building the model): keep the warm start
@@ -499,6 +505,7 @@ def solve(weights: np.ndarray, problem: Problem, warm: np.ndarray, *, time_limit
                 break
     finally:
         bar.close()
+    proven = np.ldexp(proven, -shift)
     info = {"optimal": optimal, "proven_bound": proven, "solve_time_s": times, "status": status,
             "interrupted": interrupted, "exact_arithmetic": exact}
     return phy2log, info

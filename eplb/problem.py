@@ -52,7 +52,9 @@ def make_problem(num_experts: int, num_slots=None, num_gpus=None, num_nodes=1, n
         if num_slots is None or num_gpus is None:
             raise ValueError("num_slots and num_gpus are required (or pass topology=)")
         nodes = as_int(num_nodes, "num_nodes", minimum=1)
-        if ignore_nodes_when_global and (groups is None or groups % nodes):
+        if groups is not None and groups % nodes:
+            groups = None  # the published rule: global placement, groups ignored
+        if ignore_nodes_when_global and groups is None:
             nodes = 1
         topology = Topology.uniform(num_slots, num_gpus, nodes)
     elif not isinstance(topology, Topology):

@@ -43,7 +43,7 @@ def test_light_split_keeps_a_replication_and_the_heavy_experts_counts(gpus, k, s
 def test_hot_expert_per_node_default_gap_on_zipf_1_5_hierarchical():
     """DeepSeek-V3 hierarchical, Zipf 1.5: with ~40% of the load on one expert, the hot node's
     D'Hondt replication split the node's next experts, whose halves could only sit on the hot GPUs.
-    Layer 8 of this series: the default went 6.2% -> 0.5% above the hierarchical bound."""
+    Layer 8 of this series: the default stays within 1% of the hierarchical bound."""
     counts = skewed_counts(10, 256, family="zipf", skew=1.5, num_groups=8, seed=11)
     kwargs = dict(num_slots=288, num_gpus=32, num_nodes=4, num_groups=8)
     default = eplb.plan(counts, **kwargs)
@@ -55,12 +55,12 @@ def test_hot_expert_per_node_default_gap_on_zipf_1_5_hierarchical():
 
 def test_best_moves_a_replica_between_the_hot_nodes_next_experts():
     """Layer 7 of the same 58-layer series: the hot node holds experts of 52519, 3638, 2799, 2385
-    tokens on 8 GPUs; the default splits 2799 and 2385 in two (7.4% above the bound); best's replica
+    tokens on 8 GPUs; the default splits 2799 and 2385 in two; best's replica
     moves find 2385 in three, which fits beside the hot replicas (0.55%)."""
     counts = skewed_counts(58, 256, family="zipf", skew=1.5, num_groups=8, seed=11)[7:8]
     kwargs = dict(num_slots=288, num_gpus=32, num_nodes=4, num_groups=8)
     default = eplb.plan(counts, **kwargs)
     best = eplb.plan(counts, method="best", **kwargs)
-    assert default.gap[0] > 0.05
     assert best.gap[0] < 0.01
+    assert best.max_load[0] <= default.max_load[0]
     assert best.replicas_sharing_a_gpu().sum() == 0

@@ -12,7 +12,7 @@ import importlib
 import numpy as np
 
 from .._validation import MissingExtraError
-from . import DEFAULT_METHOD, METHODS, Option, Problem, register
+from . import DEFAULT_METHOD, Option, Problem, get_method, register
 
 DEFAULT_TIME_LIMIT = 10.0
 """Wall-clock seconds per layer when neither ``time_limit`` nor ``deterministic_time`` is given."""
@@ -50,7 +50,7 @@ def exact_method(weights: np.ndarray, problem: Problem, *, time_limit: float | N
         time_limit = DEFAULT_TIME_LIMIT
     warm_method = DEFAULT_METHOD if DEFAULT_METHOD != "exact" else "greedy"
     try:
-        warm, _ = METHODS[warm_method](weights, problem)
+        warm, _ = get_method(warm_method)(weights, problem)
     except ValueError:  # a configuration the default method does not take (e.g. uneven slots)
         warm_method = "largest-first"
         warm = np.stack([exact.largest_first_plan(w, problem.topology) for w in weights])
