@@ -18,8 +18,11 @@ from pathlib import Path
 import click
 import numpy as np
 
+import eplb
+
 from . import __version__
 from .methods import DEFAULT_METHOD, METHODS
+from .report import bound_for, moe_layers, moe_mean, moe_note
 
 COUNTS_FORMAT_NAMES = ("npy", "npz", "csv", "logical-count-json", "sglang-dump", "trtllm-stats")
 PLACEMENT_FORMAT_NAMES = ("eplb", "npz", "sglang", "trtllm")
@@ -49,6 +52,8 @@ def friendly_errors(command):
         except OSError as exc:
             name = f"{exc.filename}: " if getattr(exc, "filename", None) else ""
             raise Failure(f"{name}{exc.strerror or exc}") from None
+        except (OverflowError, RecursionError, MemoryError) as exc:
+            raise Failure(f"input too large or too deeply nested to process ({type(exc).__name__}: {exc})") from None
 
     return wrapper
 
@@ -58,6 +63,14 @@ def show_progress(quiet: bool) -> bool:
     return not quiet and sys.stderr.isatty()
 
 
+transpose_option = click.option("--transpose", is_flag=True,
+                                help="The counts file holds [experts, layers] (or [T, E, L]): swap the last two axes.")
+allow_shape_option = click.option("--allow-shape", is_flag=True,
+                                  help="Accept counts whose shape looks transposed or misread "
+                                       "(over 128 layers and more than twice as many layers as experts).")
+groups_hint = ("Expert groups of the deployment (the bound is hierarchical when they divide over the nodes). "
+               "Default: recorded in the file (eplb JSON/npz, the '# eplb:' YAML comment, the SGLang side file "
+               "<name>.eplb.json), else none.")
 quiet_option = click.option("-q", "--quiet", is_flag=True, help="No progress bar and no summary (errors still go to stderr).")
 gpus_hint = "GPUs (ranks); needed to read SGLang and TensorRT-LLM placement files, which do not record it."
 
@@ -114,8 +127,6 @@ def plan_with_progress(weights, *, num_slots, num_gpus, num_nodes, num_groups, m
     Returns:
         ``(placement, used_previous)``.
     """
-    import eplb
-
     use_previous = previous is not None and _accepts(eplb.plan, "previous")
     migration = {k: v for k, v in (migration or {}).items() if use_previous and _accepts(eplb.plan, k)}
     kwargs = dict(num_slots=num_slots, num_gpus=num_gpus, num_nodes=num_nodes, num_groups=num_groups,
@@ -205,17 +216,25 @@ def _check_previous(previous, placement_like, path):
                    "SGLang's .json needs --format sglang).")
 @click.option("--output", "-o", type=click.Path(path_type=Path), required=True, help="Where to write the placement.")
 @click.option("--layer-updates-per-iter", type=click.IntRange(min=0), default=0, show_default=True,
-              help="TensorRT-LLM YAML only: layers the engine may re-balance per iteration (0 = static).")
+              help="TensorRT-LLM YAML only (an error with another output format): layers the engine may "
+                   "re-balance per iteration (0 = static).")
+@transpose_option
+@allow_shape_option
 @quiet_option
 @friendly_errors
 def plan(counts, slots, gpus, nodes, groups, method, previous, previous_format, tolerance, max_moves, time_limit,
-         input_format, output_format, output, layer_updates_per_iter, quiet):
+         input_format, output_format, output, layer_updates_per_iter, transpose, allow_shape, quiet):
     """Plan a placement from recorded expert COUNTS and write it for your engine.
 
     COUNTS is a file or a TensorRT-LLM statistics folder; a series [T, L, E] is summed over
     windows. Prints balancedness (mean / max GPU load, 1.0 is perfect) without rebalancing and
-    with the plan, the gap of the max GPU load to the proven lower bound, the moves from
-    --previous and the time taken.
+    with the plan (means over the MoE layers: all-zero dense layers are left out), the gap of the
+    max GPU load to the proven lower bound and which bound (hierarchical with the groups, or
+    global), what the hierarchy costs (the balancedness a plan without groups reaches), with
+    --previous the deployed plan's balancedness on these counts and the moves, and the time taken.
+
+    -o must not name an input file; an existing output file is replaced (a note says so on
+    stderr). SGLang output also writes <name>.eplb.json beside it with the configuration.
 
     \b
     Example:
@@ -236,9 +255,18 @@ def plan(counts, slots, gpus, nodes, groups, method, previous, previous_format, 
                                      param_hint="--time-limit")
         options["time_limit"] = time_limit
     output_format = output_format or _output_format(output, placement_format_for_output)
+    if layer_updates_per_iter and output_format != "trtllm":
+        raise click.BadParameter(f"applies to TensorRT-LLM YAML output only, not to {output_format} output",
+                                 param_hint="--layer-updates-per-iter")
+    _check_flag_sizes(slots=slots, gpus=gpus, nodes=nodes, groups=groups)
+    _refuse_input_as_output(output, [counts, previous])
+    if output_format == "sglang":
+        from .formats.sglang import sidecar_path
+
+        _refuse_input_as_output(sidecar_path(output), [counts, previous], what="the SGLang side file of -o")
 
     start = time.perf_counter()
-    data = read_counts(counts, input_format)
+    data = read_counts(counts, input_format, transpose=transpose, allow_shape=allow_shape)
     weights = data.weights
     num_layers, num_experts = weights.shape
     prev = None
@@ -255,6 +283,14 @@ def plan(counts, slots, gpus, nodes, groups, method, previous, previous_format, 
     before = metrics.balancedness(metrics.static_gpu_loads(weights, gpus))
     after = placement.balancedness(weights)
     moves = None if prev is None else metrics.moves(prev.placement.phy2log, placement.phy2log, placement.topology)
+    bound = bound_for(weights, placement)
+    gap = metrics.gap(placement.gpu_loads(weights).max(axis=-1), bound.values)
+    global_bal = None
+    if bound.kind == "hierarchical":     # what keeping groups on one node costs on these counts
+        global_method = DEFAULT_METHOD if _accepts(METHODS[method], "time_limit") else method
+        global_plan = eplb.plan(weights, num_slots=slots, num_gpus=gpus, num_nodes=nodes, method=global_method)
+        global_bal = global_plan.balancedness(weights)
+    deployed_bal = None if prev is None else prev.placement.balancedness(weights)
     configuration = {
         "num_slots": slots, "num_gpus": gpus, "num_nodes": nodes, "num_groups": groups, "method": method,
         "options": options, "counts_file": str(counts), "counts_format": data.format,
@@ -262,28 +298,39 @@ def plan(counts, slots, gpus, nodes, groups, method, previous, previous_format, 
         "migration_aware": used_previous, "migration": migration, "command": "eplb " + shlex.join(sys.argv[1:]),
     }
     diagnostics = {
-        "balancedness_no_rebalancing": before, "balancedness": after, "gap": placement.gap,
-        "lower_bound": placement.lower_bound, "max_load": placement.max_load,
+        "balancedness_no_rebalancing": before, "balancedness": after, "gap": gap,
+        "lower_bound": bound.values, "bound": bound.description, "max_load": placement.max_load,
+        "moe_layers": moe_layers(weights), "balancedness_global_plan": global_bal,
+        "balancedness_previous": deployed_bal,
         "replicas_sharing_a_gpu": placement.replicas_sharing_a_gpu(), "time_s": elapsed,
     }
     if moves is not None:
         diagnostics["moves"] = {"slots_changed": moves.slots_changed, "gpu_copies": moves.gpu_copies,
                                 "cross_node_copies": moves.cross_node_copies,
                                 "per_layer_slots_changed": moves.per_layer_slots_changed}
+    _note_overwrite(output, quiet)
     write_placement(placement, output, output_format, layer_ids=data.layer_ids, configuration=configuration,
                     diagnostics=diagnostics, layer_updates_per_iter=layer_updates_per_iter)
     if quiet:
         return
-    gap = placement.gap
-    finite = gap[np.isfinite(gap)]
+    moe = moe_layers(weights)
+    finite = gap[np.isfinite(gap) & moe] if moe.any() else gap[np.isfinite(gap)]
     lines = [
         f"counts   {data.path} ({data.format}): {_shape_text(data)}",
         f"plan     {method}: {num_layers} layers x {num_experts} experts -> {slots} slots on {gpus} GPUs"
         f" in {nodes} node{'s' if nodes > 1 else ''}" + (f", {groups} groups" if groups else ""),
-        f"balance  {before.mean():.4f} without rebalancing -> {after.mean():.4f} with the plan"
-        f" (mean over layers; worst layer {after.min():.4f})",
+        f"balance  {moe_mean(before, weights):.4f} without rebalancing -> {moe_mean(after, weights):.4f} with the plan"
+        f" (mean over {moe_note(weights)}; worst layer {after[moe].min() if moe.any() else after.min():.4f})",
+    ]
+    if global_bal is not None:
+        lines.append(f"global   {moe_mean(global_bal, weights):.4f} with a plan free of groups on the same counts "
+                     f"(what keeping each group on one node costs)")
+    if deployed_bal is not None:
+        lines.append(f"deployed {moe_mean(deployed_bal, weights):.4f} with the previous placement on these counts")
+    lines += [
+        f"bound    {bound.description}",
         f"gap      {100 * finite.mean():.2f}% mean, {100 * finite.max():.2f}% max above the proven lower bound"
-        if finite.size else "gap      n/a",
+        f" ({bound.kind})" if finite.size else "gap      n/a",
     ]
     if moves is not None:
         total = placement.num_layers * placement.num_slots
@@ -293,6 +340,44 @@ def plan(counts, slots, gpus, nodes, groups, method, previous, previous_format, 
     lines.append(f"time     {elapsed:.2f} s")
     lines.append(f"wrote    {output} ({output_format})")
     click.echo("\n".join(lines))
+
+
+def _check_flag_sizes(**values) -> None:
+    """Refuse sizes on the command line beyond the documented limits before anything is allocated."""
+    from .formats.limits import check_size
+
+    names = {"slots": "slots", "gpus": "slots", "nodes": "slots", "groups": "experts"}
+    for flag, value in values.items():
+        if value is not None:
+            try:
+                check_size(value, names[flag], f"--{flag}")
+            except ValueError as exc:
+                raise click.BadParameter(str(exc), param_hint=f"--{flag}") from None
+
+
+def _refuse_input_as_output(output, inputs, what: str = "-o") -> None:
+    """``-o`` must not name (or link to) an input: writing it would destroy the input."""
+    output = Path(output)
+    for path in inputs:
+        if path is None:
+            continue
+        path = Path(path)
+        same = output.resolve() == path.resolve()
+        if not same and output.exists() and path.exists():
+            try:
+                same = output.samefile(path)
+            except OSError:
+                same = False
+        if not same and path.is_dir():
+            same = path.resolve() in output.resolve().parents
+        if same:
+            raise click.BadParameter(f"{what} {output} is an input file ({path}); write the plan elsewhere",
+                                     param_hint="--output")
+
+
+def _note_overwrite(output, quiet: bool) -> None:
+    if Path(output).exists() and not quiet:
+        click.echo(f"note: replacing the existing file {output}", err=True)
 
 
 def _output_format(path, infer):
@@ -321,21 +406,26 @@ def _shape_text(data) -> str:
 @click.option("--input-format", type=click.Choice(COUNTS_FORMAT_NAMES), default=None, help="Format of --counts.")
 @click.option("--gpus", "-g", type=click.IntRange(min=1), default=None, help=gpus_hint)
 @click.option("--nodes", "-n", type=click.IntRange(min=1), default=None, help="Nodes (default: from the file, else 1).")
+@click.option("--groups", "-k", type=click.IntRange(min=1), default=None, help=groups_hint)
+@transpose_option
+@allow_shape_option
 @friendly_errors
-def validate(plan_file, counts_file, plan_format, input_format, gpus, nodes):
+def validate(plan_file, counts_file, plan_format, input_format, gpus, nodes, groups, transpose, allow_shape):
     """Check a placement file of any supported format and print its metrics.
 
     Checks that it parses, that every expert has a replica in every layer and that the slots
-    divide over the GPUs; with --counts, that it fits the counts and how well it balances them.
-    Exits 1 when the file is not a valid placement.
+    divide over the GPUs; with --counts, that it fits the counts and how well it balances them,
+    against the same lower bound ``eplb plan`` reports (hierarchical when the deployment has
+    groups: --groups or recorded in the file). Exits 1 when the file is not a valid placement.
     """
     from . import metrics
-    from .bounds import lower_bound
     from .formats import FormatError, read_counts, read_placement
 
-    data = read_counts(counts_file, input_format) if counts_file is not None else None
+    _check_flag_sizes(gpus=gpus, nodes=nodes, groups=groups)
+    data = (read_counts(counts_file, input_format, transpose=transpose, allow_shape=allow_shape)
+            if counts_file is not None else None)
     loaded = read_placement(plan_file, plan_format, num_gpus=gpus, num_nodes=nodes,
-                            num_experts=None if data is None else data.num_experts)
+                            num_experts=None if data is None else data.num_experts, num_groups=groups)
     p = loaded.placement
     if gpus is not None and p.num_gpus != gpus:
         raise FormatError(plan_file, f"the file places slots on {p.num_gpus} GPUs, not --gpus {gpus}")
@@ -357,13 +447,18 @@ def validate(plan_file, counts_file, plan_format, input_format, gpus, nodes):
         loads = p.gpu_loads(weights)
         bal = metrics.balancedness(loads)
         before = metrics.balancedness(metrics.static_gpu_loads(weights, p.num_gpus))
-        gap = metrics.gap(loads.max(axis=-1), lower_bound(weights, p.topology))
-        finite = gap[np.isfinite(gap)]
+        bound = bound_for(weights, p)
+        gap = metrics.gap(loads.max(axis=-1), bound.values)
+        moe = moe_layers(weights)
+        finite = gap[np.isfinite(gap) & moe] if moe.any() else gap[np.isfinite(gap)]
         lines += [
-            f"balance  {bal.mean():.4f} mean, {bal.min():.4f} worst layer (no rebalancing: {before.mean():.4f})",
-            f"imbalance {metrics.imbalance(loads).mean():.4f} mean (max - mean) / mean",
-            f"gap      {100 * finite.mean():.2f}% mean, {100 * finite.max():.2f}% max above the lower bound"
-            if finite.size else "gap      n/a",
+            f"balance  {moe_mean(bal, weights):.4f} mean over {moe_note(weights)}, "
+            f"{bal[moe].min() if moe.any() else bal.min():.4f} worst layer "
+            f"(no rebalancing: {moe_mean(before, weights):.4f})",
+            f"imbalance {moe_mean(metrics.imbalance(loads), weights):.4f} mean (max - mean) / mean",
+            f"bound    {bound.description}",
+            f"gap      {100 * finite.mean():.2f}% mean, {100 * finite.max():.2f}% max above the proven lower bound"
+            f" ({bound.kind})" if finite.size else "gap      n/a",
         ]
         if data.num_windows > 1:
             series = metrics.balancedness(p.gpu_loads(data.counts))
@@ -385,21 +480,29 @@ def validate(plan_file, counts_file, plan_format, input_format, gpus, nodes):
               help="Format of PLAN and --previous (default: detected).")
 @click.option("--gpus", "-g", type=click.IntRange(min=1), default=None, help=gpus_hint)
 @click.option("--nodes", "-n", type=click.IntRange(min=1), default=None, help="Nodes (default: from the file, else 1).")
+@click.option("--groups", "-k", type=click.IntRange(min=1), default=None, help=groups_hint)
 @click.option("--top", type=click.IntRange(min=1), default=16, show_default=True, help="Hottest experts to show.")
+@transpose_option
+@allow_shape_option
 @quiet_option
 @friendly_errors
-def report(counts, plan_file, output, previous, input_format, plan_format, gpus, nodes, top, quiet):
+def report(counts, plan_file, output, previous, input_format, plan_format, gpus, nodes, groups, top, transpose,
+           allow_shape, quiet):
     """Write an HTML report with PNG figures on how PLAN balances COUNTS.
 
     Figures: per-layer balancedness of the plan against greedy and against no rebalancing, a
     per-GPU load heatmap (layers x GPUs), replica counts of the hottest experts, balancedness per
-    window (for a series of counts) and, with --previous, what moved. Open OUTPUT/index.html.
+    window (for a series of counts) and, with --previous, what moved. Greedy and the lower bound use
+    the deployment's groups (--groups or recorded in the file). Open OUTPUT/index.html.
     """
     from .formats import FormatError, read_counts, read_placement
     from .report import make_report
 
-    data = read_counts(counts, input_format)
-    loaded = read_placement(plan_file, plan_format, num_gpus=gpus, num_nodes=nodes, num_experts=data.num_experts)
+    _check_flag_sizes(gpus=gpus, nodes=nodes, groups=groups)
+    _refuse_input_as_output(output, [counts, plan_file, previous])
+    data = read_counts(counts, input_format, transpose=transpose, allow_shape=allow_shape)
+    loaded = read_placement(plan_file, plan_format, num_gpus=gpus, num_nodes=nodes, num_experts=data.num_experts,
+                            num_groups=groups)
     p = loaded.placement
     if (data.num_layers, data.num_experts) != (p.num_layers, p.num_experts):
         raise FormatError(counts, f"counts have {data.num_layers} layers x {data.num_experts} experts but the "

@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from . import metrics
+from .bounds import lower_bound
 from .formats.data import CountsFile, PlacementFile
 from .formats.errors import require
 
@@ -39,6 +40,91 @@ class Report:
     html: Path
     figures: tuple[Path, ...]
     summary: dict
+
+
+@dataclass(frozen=True)
+class Bound:
+    """The lower bound a placement is judged against.
+
+    Attributes:
+        values: ``[L]`` the proven lower bound on the max GPU load of each layer.
+        kind: ``"hierarchical"`` (every group of experts on one node) or ``"global"``.
+        description: what a summary prints, e.g. ``"hierarchical: 8 groups on 4 nodes"``.
+    """
+
+    values: np.ndarray
+    kind: str
+    description: str
+
+
+def groups_on_one_node(placement) -> np.ndarray:
+    """``[L]`` bool: the layers where every expert group (``e // (E / num_groups)``) sits on one node."""
+    topology = placement.topology
+    groups = placement.num_groups
+    node_of_slot = topology.node_of_gpu[topology.gpu_of_slot]                  # [S]
+    group_of_slot = placement.phy2log // (placement.num_experts // groups)       # [L, S]
+    held = np.zeros((placement.num_layers, groups, topology.num_nodes), bool)
+    layer = np.broadcast_to(np.arange(placement.num_layers)[:, None], group_of_slot.shape)
+    held[layer, group_of_slot, np.broadcast_to(node_of_slot, group_of_slot.shape)] = True
+    return (held.sum(axis=2) <= 1).all(axis=1)
+
+
+def bound_for(weights: np.ndarray, placement) -> Bound:
+    """The bound ``eplb plan`` uses for the placement's configuration, whatever file it came from.
+
+    With ``num_groups`` dividing over the nodes the plan is hierarchical and its bound is the
+    hierarchical one (as ``eplb.plan`` reports); on a layer where the placement does not keep every
+    group on one node that bound does not apply, and the global one is used there (and said).
+
+    Args:
+        weights: ``[L, E]`` counts.
+        placement: an :class:`eplb.Placement` with ``num_groups`` set when the deployment has groups.
+    Raises:
+        ValueError: when ``num_groups`` does not divide the experts.
+    """
+    topology = placement.topology
+    groups = placement.num_groups
+    values = lower_bound(weights, topology)
+    if groups is None:
+        return Bound(values, "global", "global (no expert groups)")
+    if placement.num_experts % groups:
+        raise ValueError(f"num_groups ({groups}) must divide the number of experts ({placement.num_experts})")
+    nodes = topology.num_nodes
+    if groups % nodes:
+        return Bound(values, "global", f"global ({groups} groups do not divide over {nodes} nodes, so placement "
+                                       "is global)")
+    kept = groups_on_one_node(placement)
+    if kept.any():
+        rows = np.flatnonzero(kept)
+        values = values.copy()
+        values[rows] = np.maximum(values[rows], lower_bound(np.ascontiguousarray(weights[rows]), topology, groups,
+                                                            hierarchical=True))
+    description = f"hierarchical: {groups} groups on {nodes} node{'s' if nodes > 1 else ''}"
+    if not kept.all():
+        description += (f"; {int((~kept).sum())} of {len(kept)} layers spread a group over nodes, judged by the "
+                        "global bound")
+    return Bound(values, "hierarchical", description)
+
+
+def moe_layers(weights: np.ndarray) -> np.ndarray:
+    """``[L]`` bool: the layers that route tokens (an all-zero row is a dense layer)."""
+    return np.asarray(weights).reshape(-1, np.shape(weights)[-1]).sum(axis=-1).reshape(np.shape(weights)[:-1]) > 0
+
+
+def moe_mean(values: np.ndarray, weights: np.ndarray) -> float:
+    """Mean of per-layer ``values [L]`` over the MoE layers of ``weights [L, E]`` (all layers when
+    none routes a token): a dense layer is not perfectly balanced, it has nothing to balance."""
+    moe = moe_layers(weights)
+    values = np.asarray(values, dtype=np.float64)
+    return float(values[moe].mean() if moe.any() else values.mean())
+
+
+def moe_note(weights: np.ndarray) -> str:
+    """``"58 MoE layers; 3 all-zero layers left out"`` (or ``"61 layers"``)."""
+    moe = moe_layers(weights)
+    if moe.all() or not moe.any():
+        return f"{len(moe)} layers"
+    return f"{int(moe.sum())} MoE layers; {int((~moe).sum())} all-zero layers left out"
 
 
 def _pyplot():
@@ -77,14 +163,15 @@ def make_report(counts: CountsFile, plan: PlacementFile, out_dir, *, previous: P
         greedy_bal = greedy.balancedness(weights)
     except ValueError:
         greedy, greedy_bal = None, None
-    from .bounds import lower_bound
-
-    gap = metrics.gap(loads.max(axis=-1), lower_bound(weights, placement.topology))
+    bound = bound_for(weights, placement)
+    gap = metrics.gap(loads.max(axis=-1), bound.values)
+    moe = moe_layers(weights)
 
     figures = []
-    figures.append(_balancedness_figure(plt, out_dir, layer_ids, plan_bal, greedy_bal, none_bal, placement.method))
-    figures.append(_heatmap_figure(plt, out_dir, layer_ids, loads))
-    figures.append(_hottest_figure(plt, out_dir, layer_ids, weights, placement.logcnt, top))
+    figures.append(_balancedness_figure(plt, out_dir, layer_ids, plan_bal, greedy_bal, none_bal, placement.method,
+                                        moe))
+    figures.append(_heatmap_figure(plt, out_dir, layer_ids, loads, placement.topology, moe))
+    figures.append(_hottest_figure(plt, out_dir, layer_ids, weights, placement, top))
     window_rows = None
     if counts.num_windows > 1:
         window_rows = _window_balancedness(counts, placement, greedy, progress)
@@ -94,17 +181,20 @@ def make_report(counts: CountsFile, plan: PlacementFile, out_dir, *, previous: P
         moves = metrics.moves(previous.placement.phy2log, placement.phy2log, placement.topology)
         figures.append(_moves_figure(plt, out_dir, layer_ids, previous.placement, placement))
 
-    finite = gap[np.isfinite(gap)]
+    finite = gap[np.isfinite(gap) & moe] if moe.any() else gap[np.isfinite(gap)]
+    worst = int(np.flatnonzero(moe)[plan_bal[moe].argmin()]) if moe.any() else int(plan_bal.argmin())
     summary = {
         "counts": f"{counts.path} ({counts.format}), {counts.num_windows} window(s) x {counts.num_layers} layers"
                   f" x {counts.num_experts} experts",
         "placement": f"{plan.path} ({plan.format}), method {placement.method}",
         "configuration": f"{placement.num_slots} slots on {num_gpus} GPUs in {placement.num_nodes} node(s)"
-                         + (f", {placement.num_groups} groups" if placement.num_groups else ""),
-        "balancedness (mean over layers)": f"plan {plan_bal.mean():.4f} · greedy "
-                                           + ("n/a" if greedy_bal is None else f"{greedy_bal.mean():.4f}")
-                                           + f" · no rebalancing {none_bal.mean():.4f}",
-        "worst layer": f"layer {layer_ids[int(plan_bal.argmin())]}: balancedness {plan_bal.min():.4f}",
+                         + (f", {placement.num_groups} groups" if placement.num_groups else ", no expert groups"),
+        "balancedness (mean over layers)":
+            f"over {moe_note(weights)}: plan {moe_mean(plan_bal, weights):.4f} · greedy on the same configuration "
+            + ("n/a" if greedy_bal is None else f"{moe_mean(greedy_bal, weights):.4f}")
+            + f" · no rebalancing {moe_mean(none_bal, weights):.4f}",
+        "worst layer": f"layer {layer_ids[worst]}: balancedness {plan_bal[worst]:.4f}",
+        "lower bound": bound.description,
         "gap to the lower bound": (f"{100 * finite.mean():.2f}% mean, {100 * finite.max():.2f}% max"
                                    if finite.size else "n/a"),
         "replicas sharing a GPU": f"{int(placement.replicas_sharing_a_gpu().sum())} slots",
@@ -114,6 +204,8 @@ def make_report(counts: CountsFile, plan: PlacementFile, out_dir, *, previous: P
                                  f" over {counts.num_windows} windows")
     if moves is not None:
         total = placement.num_layers * placement.num_slots
+        summary["previous placement on these counts"] = (
+            f"balancedness {moe_mean(previous.placement.balancedness(weights), weights):.4f}")
         summary["moves from previous"] = (f"{moves.slots_changed} of {total} slots changed "
                                           f"({100 * moves.slots_changed / total:.1f}%), {moves.gpu_copies} weight "
                                           f"copies to GPUs, {moves.cross_node_copies} across nodes")
@@ -132,65 +224,103 @@ def _save(plt, fig, path: Path) -> Path:
     return path
 
 
-def _layer_axis(ax, layer_ids):
+def _layer_axis(ax, layer_ids, max_ticks: int = 16):
     ax.set_xlabel("MoE layer")
     positions = np.arange(len(layer_ids))
-    step = max(1, len(layer_ids) // 16)
+    step = max(1, -(-len(layer_ids) // max_ticks))
     ax.set_xticks(positions[::step])
     ax.set_xticklabels([str(i) for i in layer_ids[::step]])
     return positions
 
 
-def _balancedness_figure(plt, out_dir, layer_ids, plan_bal, greedy_bal, none_bal, method) -> Path:
+def _balancedness_figure(plt, out_dir, layer_ids, plan_bal, greedy_bal, none_bal, method, moe) -> Path:
+    """Per-layer balancedness; all-zero (dense) layers are left blank and shaded, not drawn at 1.0."""
     fig, ax = plt.subplots(figsize=(9, 4))
     x = _layer_axis(ax, layer_ids)
-    ax.plot(x, none_bal, "o-", color="#bbbbbb", label=f"no rebalancing (mean {none_bal.mean():.3f})", markersize=3)
+    blank = lambda values: np.where(moe, values, np.nan) if moe.any() else values  # noqa: E731
+    mean = lambda values: float(values[moe].mean() if moe.any() else values.mean())  # noqa: E731
+    for i in np.flatnonzero(~moe):
+        ax.axvspan(i - 0.5, i + 0.5, color="#eeeeee", zorder=0)
+    ax.plot(x, blank(none_bal), "o-", color="#bbbbbb", label=f"no rebalancing (mean {mean(none_bal):.3f})",
+            markersize=3)
     if greedy_bal is not None:
-        ax.plot(x, greedy_bal, "s-", color="#e08214", label=f"greedy (mean {greedy_bal.mean():.3f})", markersize=3)
-    ax.plot(x, plan_bal, "o-", color="#2166ac", label=f"this plan: {method} (mean {plan_bal.mean():.3f})",
+        ax.plot(x, blank(greedy_bal), "s-", color="#e08214", label=f"greedy (mean {mean(greedy_bal):.3f})",
+                markersize=3)
+    ax.plot(x, blank(plan_bal), "o-", color="#2166ac", label=f"this plan: {method} (mean {mean(plan_bal):.3f})",
             markersize=3)
     ax.set_ylabel("balancedness = mean / max GPU load")
-    ax.set_ylim(min(0.0, float(none_bal.min())) if none_bal.min() < 0.5 else 0.5, 1.005)
+    low = float(np.nanmin(blank(none_bal)))
+    ax.set_ylim(min(0.0, low) if low < 0.5 else 0.5, 1.005)
     ax.grid(alpha=0.3)
     ax.legend(loc="best", fontsize=8)
-    ax.set_title("Balancedness per layer (1.0 = every GPU equally loaded)")
+    title = "Balancedness per layer (1.0 = every GPU equally loaded)"
+    if not moe.all() and moe.any():
+        title += f"\n{int((~moe).sum())} all-zero (dense) layers shaded, left out of the means"
+    ax.set_title(title, fontsize=10)
     return _save(plt, fig, out_dir / "balancedness.png")
 
 
-def _heatmap_figure(plt, out_dir, layer_ids, loads) -> Path:
+def _heatmap_figure(plt, out_dir, layer_ids, loads, topology, moe) -> Path:
+    """GPU load / layer mean on a scale from 0 (white at 1.0); node boundaries drawn; dense layers grey."""
+    from matplotlib.colors import TwoSlopeNorm
+
     mean = loads.mean(axis=1, keepdims=True)
     relative = np.divide(loads, mean, out=np.ones_like(loads), where=mean > 0)
+    relative = np.where(moe[:, None], relative, np.nan)
     num_layers, num_gpus = loads.shape
     fig, ax = plt.subplots(figsize=(min(14, 4 + 0.18 * num_gpus), min(12, 2.5 + 0.14 * num_layers)))
-    spread = max(0.05, float(np.abs(relative - 1).max()))
-    image = ax.imshow(relative, aspect="auto", cmap="RdBu_r", vmin=1 - spread, vmax=1 + spread,
-                      interpolation="nearest")
-    ax.set_xlabel("GPU")
+    finite = relative[np.isfinite(relative)]
+    spread = max(0.05, float(np.abs(finite - 1).max())) if finite.size else 0.05
+    norm = TwoSlopeNorm(vmin=max(0.0, 1 - spread), vcenter=1.0, vmax=1 + spread)
+    cmap = plt.get_cmap("RdBu_r").with_extremes(bad="#dddddd")
+    image = ax.imshow(relative, aspect="auto", cmap=cmap, norm=norm, interpolation="nearest")
+    per_node = num_gpus // topology.num_nodes
+    for boundary in range(per_node, num_gpus, per_node):
+        ax.axvline(boundary - 0.5, color="black", linewidth=1.2)
+    ax.set_xlabel("GPU" + (f" (black lines: node boundaries, {per_node} GPUs per node)" if topology.num_nodes > 1 else ""))
     ax.set_ylabel("MoE layer")
-    step = max(1, num_layers // 20)
+    step = max(1, -(-num_layers // 20))
     ax.set_yticks(np.arange(num_layers)[::step])
     ax.set_yticklabels([str(i) for i in layer_ids[::step]])
     fig.colorbar(image, ax=ax, label="GPU load / layer mean")
-    ax.set_title("GPU load / layer mean under the plan\n(red: above the mean)", fontsize=10)
+    title = "GPU load / layer mean under the plan\n(red: above the mean"
+    title += "; grey: all-zero layers)" if not moe.all() else ")"
+    ax.set_title(title, fontsize=10)
     return _save(plt, fig, out_dir / "gpu_loads.png")
 
 
-def _hottest_figure(plt, out_dir, layer_ids, weights, logcnt, top) -> Path:
+def _hottest_figure(plt, out_dir, layer_ids, weights, placement, top) -> Path:
+    """Replicas of the hottest experts (bars) and the load each replica carries, relative to the
+    layer's mean GPU load (points, right axis)."""
     totals = weights.sum(axis=1, keepdims=True)
     share = np.divide(weights, totals, out=np.zeros_like(weights), where=totals > 0)
     order = np.argsort(-share, axis=None, kind="stable")[:top]
     layers, experts = np.unravel_index(order, share.shape)
-    fig, ax = plt.subplots(figsize=(max(6, 0.55 * len(order) + 2), 4))
+    fig, ax = plt.subplots(figsize=(max(7, 0.6 * len(order) + 2.5), 4.2))
     x = np.arange(len(order))
-    replicas = logcnt[layers, experts]
-    ax.bar(x, replicas, color="#2166ac")
+    replicas = placement.logcnt[layers, experts]
+    ax.bar(x, replicas, color="#92c5de", label="replicas")
     ax.set_xticks(x)
     ax.set_xticklabels([f"L{layer_ids[l]}\nE{e}" for l, e in zip(layers, experts)], fontsize=7)
-    ax.set_ylabel("replicas")
-    ax.set_ylim(0, replicas.max() * 1.25 + 0.5)
+    ax.set_ylabel("replicas (bars)")
+    ax.set_ylim(0, replicas.max() * 1.3 + 0.5)
+    from matplotlib.ticker import MaxNLocator
+
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True))
     for xi, r, s in zip(x, replicas, share[layers, experts]):
         ax.text(xi, r + 0.05, f"{100 * s:.1f}%", ha="center", va="bottom", fontsize=7)
-    ax.set_title(f"The {len(order)} hottest experts: replicas (label: share of their layer's tokens)")
+    mean_gpu = totals[layers, 0] / placement.num_gpus
+    per_replica = np.divide(weights[layers, experts] / replicas, mean_gpu, out=np.zeros(len(order)),
+                            where=mean_gpu > 0)
+    right = ax.twinx()
+    right.plot(x, per_replica, "D", color="#b2182b", markersize=6, label="load per replica")
+    right.axhline(1.0, color="#b2182b", linewidth=0.8, linestyle="--")
+    right.set_ylim(0, max(1.2, float(per_replica.max()) * 1.2))
+    right.set_ylabel("load per replica / mean GPU load (points)", color="#b2182b")
+    right.tick_params(axis="y", colors="#b2182b")
+    ax.set_title(f"The {len(order)} hottest experts: replicas (label: share of the layer's tokens) and the load\n"
+                 "each replica carries (dashed: a GPU's mean load; a replica above it overloads its GPU alone)",
+                 fontsize=9)
     return _save(plt, fig, out_dir / "hottest_experts.png")
 
 
@@ -221,6 +351,10 @@ def _windows_figure(plt, out_dir, rows, method) -> Path:
             label = f"this plan: {method}" if name == "plan" else name
             ax.plot(x, rows[name], style, color=color, label=f"{label} (mean {rows[name].mean():.3f})", markersize=3)
     ax.set_xlabel("recording window")
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlim(-0.5, len(x) - 0.5)
     ax.set_ylabel("balancedness (mean over layers)")
     ax.grid(alpha=0.3)
     ax.legend(loc="best", fontsize=8)
@@ -239,11 +373,11 @@ def _moves_figure(plt, out_dir, layer_ids, old, new) -> Path:
         left.axvline(boundary - 0.5, color="#f4a582", linewidth=0.8)
     left.set_xlabel("slot (orange lines: GPU boundaries)")
     left.set_ylabel("MoE layer")
-    step = max(1, new.num_layers // 20)
+    step = max(1, -(-new.num_layers // 20))
     left.set_yticks(np.arange(new.num_layers)[::step])
     left.set_yticklabels([str(i) for i in layer_ids[::step]])
     left.set_title(f"Slots whose expert changed (black): {int(changed.sum())} of {changed.size}")
-    x = _layer_axis(right, layer_ids)
+    x = _layer_axis(right, layer_ids, max_ticks=8)
     right.bar(x, copies - cross, color="#2166ac", label="copies within a node")
     right.bar(x, cross, bottom=copies - cross, color="#b2182b", label="copies across nodes")
     right.set_ylabel("expert weights copied to a GPU")

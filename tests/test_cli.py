@@ -142,7 +142,7 @@ def test_trtllm_statistics_in_yaml_out_and_previous(tmp_path):
 ERROR_CASES = [  # (args, exit code, words the message must hold, run as a real subprocess)
     (["plan", "missing.npy", "-s", "40", "-g", "8", "-o", "p.json"], 1, ["missing.npy", "no such file"], True),
     (["plan", "nan.npy", "-s", "40", "-g", "8", "-o", "p.json"], 1, ["nan.npy", "NaN"], True),
-    (["plan", "flat.npy", "-s", "40", "-g", "8", "-o", "p.json"], 1, ["flat.npy", "shape"], False),
+    (["plan", "cube.npy", "-s", "40", "-g", "8", "-o", "p.json"], 1, ["cube.npy", "shape"], False),
     (["plan", "garbage.npz", "-s", "40", "-g", "8", "-o", "p.json"], 1, ["garbage.npz", "not a readable"], True),
     (["plan", "good.npy", "-s", "16", "-g", "8", "-o", "p.json"], 1, ["incompatible configuration", "num_slots"], True),
     (["plan", "good.npy", "-s", "40", "-g", "6", "-o", "p.json"], 1, ["incompatible configuration", "divisible"], False),
@@ -165,7 +165,7 @@ ERROR_CASES = [  # (args, exit code, words the message must hold, run as a real 
 def test_errors_name_the_file_and_the_problem(tmp_path, args, code, words, subprocess_run):
     np.save(tmp_path / "good.npy", COUNTS[0])
     np.save(tmp_path / "nan.npy", np.where(COUNTS[0] > 900, np.nan, COUNTS[0]))
-    np.save(tmp_path / "flat.npy", COUNTS[0, 0])
+    np.save(tmp_path / "cube.npy", COUNTS[None])
     (tmp_path / "garbage.npz").write_bytes(b"PK\x03\x04 not really a zip")
     (tmp_path / "broken.json").write_text(json.dumps({"physical_to_logical_map": [[0, 0, 2, 2]]}))
     small = eplb.plan(COUNTS[0, :2, :8], num_slots=24, num_gpus=8)

@@ -125,7 +125,7 @@ def test_trtllm_statistics_errors(tmp_path):
 @pytest.mark.parametrize("array, problem", [
     (np.array([[1.0, np.nan], [2.0, 3.0]]), "NaN"),
     (np.array([[1.0, -2.0]]), "non-negative"),
-    (np.arange(4.0), r"shape \[L, E\] or \[T, L, E\]"),
+    (np.zeros((2, 2, 2, 2)), r"shape \[E\], \[L, E\] or \[T, L, E\]"),
     (np.zeros((0, 4)), "empty"),
     (np.array([[1.0, np.inf]]), "infinite"),
 ])
@@ -212,8 +212,14 @@ def test_engine_placement_files_hold_exactly_what_the_engines_accept(tmp_path):
     assert config["initial_global_assignments"][4] == placement.phy2log[1].tolist()
     assert "  3: [" in text                                   # one inline list per layer, as TensorRT-LLM writes
 
-    back = read_placement(tmp_path / "moe_load_balancer.yaml")    # GPUs from eplb's comment
+    back = read_placement(tmp_path / "moe_load_balancer.yaml")    # GPUs, nodes, groups from eplb's comment
     assert back.placement == placement and back.layer_ids.tolist() == [3, 4, 5]
+    assert back.placement.num_groups == placement.num_groups == 4
+    # the configuration SGLang's file cannot hold is in the side file beside it, read back
+    side = read_placement(tmp_path / "init_expert_location.json")
+    assert side.placement == placement and side.placement.num_groups == 4
+    assert (tmp_path / "init_expert_location.eplb.json").is_file()
+    (tmp_path / "init_expert_location.eplb.json").unlink()
     with pytest.raises(FormatError, match="--gpus"):
         read_placement(tmp_path / "init_expert_location.json")
     with pytest.raises(FormatError, match="divisible"):

@@ -28,6 +28,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
+
 from ..placement import Placement
 from .arrays import read_csv_counts, read_npy_counts, read_npz_counts, read_npz_placement, write_npz_placement
 from .data import CountsFile, PlacementFile, check_counts
@@ -69,8 +71,13 @@ def detect_counts_format(path) -> str:
                             f"pass --input-format (one of {', '.join(COUNTS_FORMATS)})")
 
 
-def read_counts(path, format: str | None = None) -> CountsFile:
-    """Read expert counts (see the table above); ``format=None`` detects it."""
+def read_counts(path, format: str | None = None, *, transpose: bool = False, allow_shape: bool = False) -> CountsFile:
+    """Read expert counts (see the table above); ``format=None`` detects it.
+
+    ``transpose`` swaps the last two axes (a file holding ``[E, L]``). A shape that looks
+    transposed (more than :data:`MAX_LAYERS_PLAUSIBLE` layers and over twice as many layers as
+    experts) is refused unless ``allow_shape``.
+    """
     path = _existing(path)
     format = format or detect_counts_format(path)
     if format != "trtllm-stats" and path.is_dir():
@@ -80,7 +87,33 @@ def read_counts(path, format: str | None = None) -> CountsFile:
                "trtllm-stats": read_trtllm_statistics}
     if format not in readers:
         raise FormatError(path, f"unknown counts format {format!r}; one of {', '.join(COUNTS_FORMATS)}")
-    return readers[format](path)
+    data = readers[format](path)
+    if transpose:
+        counts = np.ascontiguousarray(np.swapaxes(data.counts, 1, 2))
+        data = CountsFile(counts, np.arange(counts.shape[1], dtype=np.int64), data.format, data.path,
+                          {**data.metadata, "transposed": True})
+    if not allow_shape:
+        check_plausible_shape(data)
+    return data
+
+
+#: more MoE layers than any released model has; with over twice as many layers as experts the
+#: array is probably ``[E, L]``
+MAX_LAYERS_PLAUSIBLE = 128
+
+
+def check_plausible_shape(data: CountsFile) -> None:
+    """Refuse counts whose shape looks like a misread (``[E, L]``, or a long table read as a matrix).
+
+    Raises:
+        FormatError: suggesting ``--transpose`` or ``--allow-shape``.
+    """
+    layers, experts = data.num_layers, data.num_experts
+    if layers > MAX_LAYERS_PLAUSIBLE and layers > 2 * experts:
+        raise FormatError(data.path, f"read as {layers} layers x {experts} experts, which looks transposed or "
+                                     f"misread (over {MAX_LAYERS_PLAUSIBLE} layers, more than twice the experts): "
+                                     "pass --transpose if the file holds [experts, layers], or --allow-shape to "
+                                     "accept it as it is")
 
 
 def placement_format_for_output(path) -> str:
@@ -112,23 +145,38 @@ def detect_placement_format(path) -> str:
 
 
 def read_placement(path, format: str | None = None, *, num_gpus=None, num_nodes=None,
-                   num_experts=None) -> PlacementFile:
+                   num_experts=None, num_groups=None) -> PlacementFile:
     """Read a placement in any supported format (``format=None`` detects it).
 
-    SGLang and TensorRT-LLM files do not record the GPU count: give ``num_gpus`` (and
-    ``num_nodes``) for them; eplb writes a comment into its YAML from which it is recovered.
+    SGLang and TensorRT-LLM files do not record the GPU count, the nodes or the groups: give
+    ``num_gpus`` (``num_nodes``, ``num_groups``) for them; eplb records them in a ``# eplb:``
+    comment of its YAML and in a side file ``<name>.eplb.json`` beside its SGLang JSON, from which
+    they are recovered. eplb's JSON and ``.npz`` record them: ``num_groups`` given for those must
+    agree with the file (or the file records none).
     """
     path = _existing(path)
     format = format or detect_placement_format(path)
     if format == "eplb":
-        return read_eplb_json(path)
-    if format == "npz":
-        return read_npz_placement(path)
-    if format == "sglang":
-        return read_sglang_placement(path, num_gpus=num_gpus, num_nodes=num_nodes or 1, num_experts=num_experts)
-    if format == "trtllm":
-        return read_trtllm_yaml(path, num_gpus=num_gpus, num_nodes=num_nodes, num_experts=num_experts)
-    raise FormatError(path, f"unknown placement format {format!r}; one of {', '.join(PLACEMENT_FORMATS)}")
+        loaded = read_eplb_json(path)
+    elif format == "npz":
+        loaded = read_npz_placement(path)
+    elif format == "sglang":
+        return read_sglang_placement(path, num_gpus=num_gpus, num_nodes=num_nodes, num_experts=num_experts,
+                                     num_groups=num_groups)
+    elif format == "trtllm":
+        return read_trtllm_yaml(path, num_gpus=num_gpus, num_nodes=num_nodes, num_experts=num_experts,
+                                num_groups=num_groups)
+    else:
+        raise FormatError(path, f"unknown placement format {format!r}; one of {', '.join(PLACEMENT_FORMATS)}")
+    recorded = loaded.placement.num_groups
+    if num_groups is not None and recorded != num_groups:
+        if recorded is not None:
+            raise FormatError(path, f"the file records {recorded} expert groups, not --groups {num_groups}")
+        p = loaded.placement
+        placement = Placement(p.phy2log, p.num_experts, p.topology, num_groups, p.method, p.lower_bound,
+                              p.max_load, p.info)
+        loaded = PlacementFile(placement, loaded.layer_ids, loaded.format, loaded.path, loaded.metadata)
+    return loaded
 
 
 def write_placement(placement: Placement, path, format: str | None = None, *, layer_ids=None,
@@ -140,6 +188,8 @@ def write_placement(placement: Placement, path, format: str | None = None, *, la
     """
     path = Path(path)
     format = format or placement_format_for_output(path)
+    if format != "trtllm" and layer_updates_per_iter:
+        raise FormatError(path, f"layer_updates_per_iter applies to TensorRT-LLM YAML only, not to {format} output")
     if path.parent and not path.parent.exists():
         raise FormatError(path, f"the folder {path.parent} does not exist")
     try:

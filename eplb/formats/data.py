@@ -14,6 +14,7 @@ import numpy as np
 
 from ..placement import Placement
 from .errors import FormatError
+from .limits import check_counts_shape, check_size, limit
 
 
 @dataclass(frozen=True)
@@ -74,32 +75,38 @@ class PlacementFile:
 
 
 def check_counts(array, path, what: str = "counts") -> np.ndarray:
-    """Validate counts read from ``path``: ``[L, E]`` or ``[T, L, E]``, numeric, finite, >= 0.
+    """Validate counts read from ``path``: ``[E]`` (one layer), ``[L, E]`` or ``[T, L, E]``,
+    numeric, finite, >= 0, within the size limits of :mod:`eplb.formats.limits`.
 
     Returns:
-        ``[T, L, E]`` float64 (a leading window axis of 1 is added to ``[L, E]``).
+        ``[T, L, E]`` float64 (leading axes of 1 are added to ``[E]`` and ``[L, E]``).
     Raises:
         FormatError: naming the file and the rule broken (wrong shape, NaN, negative, ...).
     """
-    array = np.asarray(array)
+    try:
+        array = np.asarray(array)
+    except (ValueError, TypeError, OverflowError):
+        raise FormatError(path, f"{what} must be a rectangular array of numbers") from None
     if array.dtype == object or not (np.issubdtype(array.dtype, np.number) or array.dtype == bool):
-        raise FormatError(path, f"{what} must be numbers, got an array of dtype {array.dtype}")
+        raise FormatError(path, f"{what} must be numbers (a rectangular array below 1.8e308), "
+                                f"got an array of dtype {array.dtype}")
     if np.issubdtype(array.dtype, np.complexfloating):
         raise FormatError(path, f"{what} must be real numbers, got dtype {array.dtype}")
-    if array.ndim not in (2, 3):
-        raise FormatError(path, f"{what} must have shape [L, E] or [T, L, E], got shape {list(array.shape)}")
+    if array.ndim not in (1, 2, 3):
+        raise FormatError(path, f"{what} must have shape [E], [L, E] or [T, L, E], got shape {list(array.shape)}")
     if 0 in array.shape:
         raise FormatError(path, f"{what} must not be empty, got shape {list(array.shape)}")
+    check_counts_shape(array.shape, path)
     array = array.astype(np.float64)
     if np.isnan(array).any():
         where = tuple(int(i) for i in np.argwhere(np.isnan(array))[0])
         raise FormatError(path, f"{what} contain NaN (first at index {list(where)})")
     if np.isinf(array).any():
-        raise FormatError(path, f"{what} contain an infinite value")
+        raise FormatError(path, f"{what} contain an infinite value (or a number beyond float64's 1.8e308)")
     if (array < 0).any():
         where = tuple(int(i) for i in np.argwhere(array < 0)[0])
         raise FormatError(path, f"{what} must be non-negative, found {array[where]:g} at index {list(where)}")
-    if array.ndim == 2:
+    while array.ndim < 3:
         array = array[None]
     return np.ascontiguousarray(array)
 
@@ -119,20 +126,58 @@ def check_layer_ids(layer_ids, num_layers: int, path) -> np.ndarray:
 
 
 def check_phy2log(array, path, what: str = "physical_to_logical_map") -> np.ndarray:
-    """A ``[L, S]`` table of integer expert ids read from ``path`` (values are checked by Placement)."""
+    """A ``[L, S]`` table of integer expert ids read from ``path``, within the size limits
+    (values are checked against the expert count by Placement)."""
     try:
         array = np.asarray(array)
-    except (ValueError, TypeError):
+    except (ValueError, TypeError, OverflowError):
         raise FormatError(path, f"{what} must be a rectangular table of integers") from None
+    if array.dtype == object and array.ndim == 2 and all(isinstance(v, int) for v in array.flat):
+        raise FormatError(path, f"{what} holds an expert id beyond int64 (at most {limit('experts') - 1:,} accepted)")
     if array.dtype == object or array.ndim != 2:
         raise FormatError(path, f"{what} must be a rectangular [L, S] table of expert ids, got shape {list(array.shape)}")
     if 0 in array.shape:
         raise FormatError(path, f"{what} must not be empty")
+    check_size(array.shape[0], "layers", f"the number of layers in {what}", path)
+    check_size(array.shape[1], "slots", f"the number of slots in {what}", path)
     if not np.issubdtype(array.dtype, np.integer):
         if np.issubdtype(array.dtype, np.floating) and np.isfinite(array).all() and (array == np.round(array)).all():
+            if np.abs(array).max() >= 2.0 ** 62:
+                raise FormatError(path, f"{what} holds an expert id of {np.abs(array).max():g}, above the limit of "
+                                        f"{limit('experts'):,} experts (set EPLB_MAX_EXPERTS to allow more)")
             array = array.astype(np.int64)
         else:
             raise FormatError(path, f"{what} must hold integer expert ids, got dtype {array.dtype}")
     if array.min() < 0:
         raise FormatError(path, f"{what} must hold expert ids >= 0, found {int(array.min())}")
+    check_size(int(array.max()) + 1, "experts", f"the largest expert id + 1 in {what}", path)
     return array.astype(np.int64)
+
+
+def config_int(value, path, what: str, *, minimum: int = 1, limit_name: str | None = None,
+               allow_none: bool = False):
+    """An integer setting read from a file (``num_nodes``, ``num_groups``, ``num_slots``...):
+    a Python/numpy integer (or a 0-d / one-element integer array), ``>= minimum`` and within the
+    limit ``limit_name``; ``None`` passes when ``allow_none``.
+
+    Raises:
+        FormatError: naming the file, the setting and the rule (never ``TypeError``/``OverflowError``).
+    """
+    if value is None and allow_none:
+        return None
+    if isinstance(value, np.ndarray):
+        if value.size != 1:
+            raise FormatError(path, f"{what} must be one integer, got an array of shape {list(value.shape)}")
+        value = value.reshape(()).item()
+    if isinstance(value, np.generic):
+        value = value.item()
+    if isinstance(value, bool) or not isinstance(value, int):
+        if isinstance(value, float) and value.is_integer() and abs(value) < 2.0 ** 62:
+            value = int(value)
+        else:
+            raise FormatError(path, f"{what} must be an integer, got {value!r:.40}")
+    if value < minimum:
+        raise FormatError(path, f"{what} must be >= {minimum}, got {value}")
+    if limit_name is not None:
+        check_size(value, limit_name, what, path)
+    return value

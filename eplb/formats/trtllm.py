@@ -32,8 +32,9 @@ import numpy as np
 
 from ..placement import Placement
 from ..topology import Topology
-from .data import CountsFile, PlacementFile, check_counts, check_layer_ids, check_phy2log
+from .data import CountsFile, PlacementFile, check_counts, check_layer_ids, check_phy2log, config_int
 from .errors import FormatError, require
+from .limits import MAX_ID, check_size, limit
 
 META_INFO = "meta_info.json"
 RANK_FILE = re.compile(r"^rank(\d+)\.safetensors$")
@@ -50,11 +51,12 @@ def read_trtllm_statistics(folder: Path) -> CountsFile:
         raise FormatError(folder, f"not a TensorRT-LLM expert-statistics folder: no {META_INFO}")
     try:
         meta = json.loads(meta_path.read_text())
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
         raise FormatError(meta_path, f"not valid JSON ({exc})") from None
     if not isinstance(meta, dict) or not isinstance(meta.get("num_experts"), int) or meta["num_experts"] < 1:
         raise FormatError(meta_path, "must hold {\"num_experts\": <positive int>, ...}")
     num_experts = meta["num_experts"]
+    check_size(num_experts, "experts", f"num_experts in {META_INFO}", meta_path)
     rank_files = sorted((p for p in folder.iterdir() if RANK_FILE.match(p.name)),
                         key=lambda p: int(RANK_FILE.match(p.name).group(1)))
     if not rank_files:
@@ -74,6 +76,8 @@ def read_trtllm_statistics(folder: Path) -> CountsFile:
                                              f"expected [{num_experts}] (num_experts in {META_INFO})")
             counts = check_counts(counts[None], rank_file, f"tensor {key!r}")[0, 0]
             pair = (int(match.group(1)), int(match.group(2)))
+            if max(pair) > MAX_ID:
+                raise FormatError(rank_file, f"tensor {key!r}: iteration and layer must be at most {MAX_ID}")
             totals[pair] = totals[pair] + counts if pair in totals else counts
     iterations = sorted({i for i, _ in totals})
     layers = sorted({layer for _, layer in totals})
@@ -108,54 +112,126 @@ def write_trtllm_yaml(placement: Placement, path: Path, *, layer_ids=None, layer
         list, lambda dumper, data: dumper.represent_sequence("tag:yaml.org,2002:seq", data, flow_style=True))
     body = yaml.dump(config, Dumper=InlineLists, sort_keys=False, width=float("inf"))
     hint = (f"# eplb: num_gpus={placement.num_gpus} num_nodes={placement.num_nodes} "
-            f"num_experts={placement.num_experts} method={placement.method}\n")
+            f"num_experts={placement.num_experts} num_groups={placement.num_groups or 'none'} "
+            f"method={placement.method}\n")
     Path(path).write_text("# TensorRT-LLM MoE load balancer config (moe_config.load_balancer), written by eplb\n"
                           + hint + body)
 
 
-def read_trtllm_yaml(path: Path, *, num_gpus=None, num_nodes=None, num_experts=None) -> PlacementFile:
-    """Read a load-balancer YAML back. The GPU count comes from ``num_gpus`` or, for files eplb
-    wrote, from its ``# eplb:`` comment."""
+def _budget_loader(yaml, path: Path):
+    """A ``yaml.SafeLoader`` subclass (the same tags and values as ``yaml.safe_load``) that refuses
+    a document whose aliases expand it beyond :func:`eplb.formats.limits.limit` ``("yaml_nodes")``
+    nodes more than are written out ("billion laughs"), or that refers to itself, before any Python
+    object is built."""
+
+    class BudgetLoader(yaml.SafeLoader):
+        def get_single_node(self):
+            node = super().get_single_node()
+            if node is not None:
+                _check_expansion(node, path)
+            return node
+
+    return BudgetLoader
+
+
+def _check_expansion(root, path: Path) -> None:
+    """Count the nodes of the composed graph and of its expansion (each alias copied out), without
+    recursion; raise :class:`FormatError` past the budget or on a cycle."""
+    budget = limit("yaml_nodes")
+    size: dict[int, int] = {}
+    distinct = 0
+    stack = [(root, False)]
+    on_path: set[int] = set()
+    while stack:
+        node, done = stack.pop()
+        key = id(node)
+        if done:
+            on_path.discard(key)
+            children = _children(node)
+            size[key] = 1 + sum(size[id(c)] for c in children)
+            if size[key] > distinct + budget:
+                raise FormatError(path, f"YAML aliases expand it to over {distinct + budget:,} nodes (a "
+                                        "\"billion laughs\" document?); refused (set EPLB_MAX_YAML_NODES to allow more)")
+            continue
+        if key in size:
+            continue
+        if key in on_path:
+            raise FormatError(path, "YAML with an alias to itself (a recursive structure) is refused")
+        distinct += 1
+        on_path.add(key)
+        stack.append((node, True))
+        stack.extend((child, False) for child in _children(node) if id(child) not in size)
+
+
+def _children(node) -> list:
+    value = node.value
+    if isinstance(value, list):
+        if value and isinstance(value[0], tuple):
+            return [item for pair in value for item in pair]
+        return value
+    return []
+
+
+def read_trtllm_yaml(path: Path, *, num_gpus=None, num_nodes=None, num_experts=None, num_groups=None) -> PlacementFile:
+    """Read a load-balancer YAML back. The GPU count (and nodes, groups, experts) come from the
+    arguments or, for files eplb wrote, from its ``# eplb:`` comment. Read with ``yaml.safe_load``
+    semantics under a budget on alias expansion."""
     yaml = require("yaml", "trtllm", f"reading the YAML file {path}")
     try:
         text = Path(path).read_text()
-        config = yaml.safe_load(text)
+        config = yaml.load(text, Loader=_budget_loader(yaml, path))  # noqa: S506 - a SafeLoader subclass
     except UnicodeDecodeError:
         raise FormatError(path, "not a YAML file (not UTF-8 text)") from None
     except yaml.YAMLError as exc:
-        raise FormatError(path, f"not valid YAML ({exc})") from None
+        raise FormatError(path, f"not valid YAML ({' '.join(str(exc).split())})") from None
+    except RecursionError:
+        raise FormatError(path, "YAML nested too deeply to read") from None
+    except ValueError as exc:  # e.g. an integer literal beyond Python's digit limit
+        if isinstance(exc, FormatError):
+            raise
+        raise FormatError(path, f"not readable YAML ({exc})") from None
     if not isinstance(config, dict) or "initial_global_assignments" not in config:
         raise FormatError(path, "not a TensorRT-LLM load-balancer config with 'initial_global_assignments'")
     assignments = config["initial_global_assignments"]
     if not isinstance(assignments, dict) or not assignments:
         raise FormatError(path, "'initial_global_assignments' must map layer indices to expert lists")
-    if not all(isinstance(k, int) and not isinstance(k, bool) and k >= 0 for k in assignments):
-        raise FormatError(path, "'initial_global_assignments' keys must be layer indices (non-negative integers)")
+    if not all(isinstance(k, int) and not isinstance(k, bool) and 0 <= k <= MAX_ID for k in assignments):
+        raise FormatError(path, f"'initial_global_assignments' keys must be layer indices (integers 0 .. {MAX_ID})")
     layer_ids = sorted(assignments)
     rows = [assignments[k] for k in layer_ids]
     if not all(isinstance(r, list) for r in rows) or len({len(r) for r in rows}) != 1:
         raise FormatError(path, "every layer of 'initial_global_assignments' must list the same number of slots")
     phy2log = check_phy2log(rows, path, "initial_global_assignments")
-    num_slots = config.get("num_slots", phy2log.shape[1])
+    num_slots = config_int(config.get("num_slots", phy2log.shape[1]), path, "num_slots", limit_name="slots")
     if num_slots != phy2log.shape[1]:
-        raise FormatError(path, f"num_slots is {num_slots} but the layers list {phy2log.shape[1]} slots")
+        raise FormatError(path, f"num_slots is {num_slots} but each layer of initial_global_assignments lists "
+                                f"{phy2log.shape[1]} slots")
+    updates = config_int(config.get("layer_updates_per_iter", 0), path, "layer_updates_per_iter", minimum=0)
     hint = dict(item.split("=", 1) for m in HINT.findall(text) for item in m.split() if "=" in item)
     try:
         if num_gpus is None and "num_gpus" in hint:
-            num_gpus = int(hint["num_gpus"])
+            num_gpus = config_int(int(hint["num_gpus"]), path, "num_gpus in the '# eplb:' comment", limit_name="slots")
         if num_nodes is None:
-            num_nodes = int(hint.get("num_nodes", 1))
+            num_nodes = config_int(int(hint.get("num_nodes", 1)), path, "num_nodes in the '# eplb:' comment",
+                                   limit_name="slots")
         if num_experts is None and "num_experts" in hint:
-            num_experts = int(hint["num_experts"])
-    except ValueError:
-        raise FormatError(path, "its '# eplb:' comment is malformed; pass --gpus/--nodes") from None
+            num_experts = config_int(int(hint["num_experts"]), path, "num_experts in the '# eplb:' comment",
+                                     limit_name="experts")
+        if num_groups is None and hint.get("num_groups", "none") != "none":
+            num_groups = config_int(int(hint["num_groups"]), path, "num_groups in the '# eplb:' comment",
+                                    limit_name="experts")
+    except ValueError as exc:
+        if isinstance(exc, FormatError):
+            raise
+        raise FormatError(path, "its '# eplb:' comment is malformed; pass --gpus/--nodes/--groups") from None
     if num_gpus is None:
         raise FormatError(path, "this YAML does not record the number of GPUs (ranks): pass --gpus")
     num_experts = int(phy2log.max()) + 1 if num_experts is None else num_experts
     try:
         topology = Topology.uniform(phy2log.shape[1], num_gpus, num_nodes)
-        placement = Placement(phy2log, num_experts, topology, method=hint.get("method", "trtllm file"))
+        placement = Placement(phy2log, num_experts, topology, num_groups=num_groups,
+                              method=hint.get("method", "trtllm file"))
     except ValueError as exc:
         raise FormatError(path, f"invalid placement: {exc}") from None
-    metadata = {"layer_updates_per_iter": config.get("layer_updates_per_iter", 0)}
+    metadata = {"layer_updates_per_iter": updates}
     return PlacementFile(placement, np.asarray(layer_ids, np.int64), "trtllm", path, metadata)
