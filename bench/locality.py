@@ -28,6 +28,7 @@ import numpy as np
 from _common import markdown_table, pyplot, read_csv, trace_workloads, write_csv
 
 import eplb
+from eplb.dispatch import optimal_dispatch
 from eplb.problem import make_problem
 from eplb.locality import pareto, plan_locality
 
@@ -39,10 +40,14 @@ TARGETS = {"4 nodes": (0.10, 0.97), "8 nodes": (0.20, 0.95)}
 
 
 def group_skew_workloads(num_workloads: int = 12, num_layers: int = 58, num_experts: int = 256, num_groups: int = 8,
-                         hot_groups: int = 2, hot_share: float = 0.4, tokens: int = 4096 * 8, seed: int = 0
-                         ) -> np.ndarray:
+                         hot_groups: int = 2, hot_share: float = 0.4, sigma: float = 0.2, tokens: int = 4096 * 64,
+                         seed: int = 0) -> np.ndarray:
     """``[W, L, E]`` counts: per layer ``hot_groups`` fixed groups carry ``hot_share`` of the tokens;
-    every workload draws its own expert popularity around the layer's (lognormal, sigma 0.3)."""
+    every workload draws its own expert popularity around the layer's (lognormal, ``sigma``).
+
+    ``sigma = 0.2`` is calibrated on the held-out DeepSeek-V3 workloads of the issue: a global
+    default plan on 11 workloads serves the 12th at 0.85 balancedness with an even split and 0.92
+    with optimal dispatch (the issue measured 0.858 and 0.920 on the real ones)."""
     rng = np.random.default_rng(seed)
     size = num_experts // num_groups
     base = rng.normal(0.0, 0.7, (num_layers, num_experts))
@@ -51,7 +56,7 @@ def group_skew_workloads(num_workloads: int = 12, num_layers: int = 58, num_expe
         group_weight[layer, rng.choice(num_groups, hot_groups, replace=False)] = hot_share / hot_groups
     out = np.empty((num_workloads, num_layers, num_experts))
     for w in range(num_workloads):
-        p = np.exp(base + rng.normal(0.0, 0.3, base.shape)).reshape(num_layers, num_groups, size)
+        p = np.exp(base + rng.normal(0.0, sigma, base.shape)).reshape(num_layers, num_groups, size)
         p = p / p.sum(axis=2, keepdims=True) * group_weight[:, :, None]
         p = p.reshape(num_layers, num_experts)
         out[w] = np.stack([rng.multinomial(tokens, row / row.sum()) for row in p])
@@ -64,45 +69,56 @@ def mean_balancedness(loads: np.ndarray) -> float:
     return float((loads.mean(axis=-1)[moe] / peak[moe]).mean())
 
 
-def reference_points(plan_on: np.ndarray, serve: np.ndarray | None, deployment: dict) -> dict:
-    """Balancedness of the published greedy (hierarchical) and of the global default placement."""
+def reference_points(windows: np.ndarray, deployment: dict, leave_out: int) -> dict:
+    """The published greedy (hierarchical) and the global default placement: balancedness in sample
+    (sum of all windows) and out of sample (leave each of the first ``leave_out`` windows out), with
+    an even split and with optimal dispatch."""
     out = {}
     for name, kwargs in (("published greedy (hierarchical)", dict(method="greedy", num_groups=8)),
                          ("global placement (default)", dict(num_groups=None))):
-        placement = eplb.plan(plan_on, **deployment, **kwargs)
-        row = {"in": mean_balancedness(placement.gpu_loads(plan_on))}
-        if serve is not None:
-            row["out"] = mean_balancedness(placement.gpu_loads(serve))
+        placement = eplb.plan(windows.sum(axis=0), **deployment, **kwargs)
+        row = {"in": mean_balancedness(placement.gpu_loads(windows.sum(axis=0))), "out": [], "out_optimal": []}
+        for w in range(leave_out):
+            held = eplb.plan(windows[np.arange(len(windows)) != w].sum(axis=0), **deployment, **kwargs)
+            row["out"].append(mean_balancedness(held.gpu_loads(windows[w])))
+            _, peak = optimal_dispatch(windows[w], held.phy2log, held.topology)
+            moe = peak > 0
+            row["out_optimal"].append(float((windows[w].sum(axis=1)[moe] / held.topology.num_gpus / peak[moe]).mean()))
         out[name] = row
     return out
 
 
 def sweep(windows: np.ndarray, deployment: dict, fractions, label: str, leave_out: int) -> list[dict]:
     """Rows of the curve: in sample on the sum of ``windows [W, L, E]``; out of sample by leaving
-    out each of the first ``leave_out`` windows in turn (means over them, and the worst)."""
+    out each of the first ``leave_out`` windows in turn (means over them, and the worst), with the
+    plan's shares and with optimal dispatch."""
     problem = make_problem(windows.shape[2], num_groups=8, **deployment)
     total = windows.sum(axis=0)
-    start = time.perf_counter()
     curve = pareto(total, problem, fractions)
-    seconds = (time.perf_counter() - start) / len(fractions)
     held = [pareto(windows[np.arange(len(windows)) != w].sum(axis=0), problem, fractions, held_out=windows[w:w + 1])
             for w in range(leave_out)]
-    refs = reference_points(total, None, deployment)
     rows = []
     for i, fraction in enumerate(fractions):
         outs = [h["balancedness_held_out"][i] for h in held]
+        best = [h["balancedness_held_out_optimal"][i] for h in held]
         rows.append({"case": label, "max_off_node": fraction,
                      "balancedness_in_sample": round(float(curve["balancedness"][i]), 4),
                      "off_node_in_sample": round(float(curve["off_node_fraction"][i]), 4),
-                     "balancedness_out_of_sample": round(float(np.mean(outs)), 4) if outs else "",
-                     "worst_out_of_sample": round(float(np.min(outs)), 4) if outs else "",
-                     "off_node_out_of_sample": round(float(np.mean([h["off_node_fraction_held_out"][i] for h in held])), 4)
-                     if held else "",
-                     "plan_ms": round(seconds * 1e3, 1)})
-    for name, row in refs.items():
+                     "balancedness_out_of_sample": round(float(np.mean(outs)), 4),
+                     "worst_out_of_sample": round(float(np.min(outs)), 4),
+                     "off_node_out_of_sample": round(float(np.mean([h["off_node_fraction_held_out"][i] for h in held])), 4),
+                     "out_of_sample_optimal_dispatch": round(float(np.mean(best)), 4),
+                     "worst_optimal_dispatch": round(float(np.min(best)), 4),
+                     "off_node_optimal_dispatch": round(float(np.mean(
+                         [h["off_node_fraction_held_out_optimal"][i] for h in held])), 4)})
+    for name, row in reference_points(windows, deployment, leave_out).items():
         rows.append({"case": label, "max_off_node": name, "balancedness_in_sample": round(row["in"], 4),
-                     "off_node_in_sample": 0.0 if "greedy" in name else "", "balancedness_out_of_sample": "",
-                     "worst_out_of_sample": "", "off_node_out_of_sample": "", "plan_ms": ""})
+                     "off_node_in_sample": 0.0 if "greedy" in name else "",
+                     "balancedness_out_of_sample": round(float(np.mean(row["out"])), 4),
+                     "worst_out_of_sample": round(float(np.min(row["out"])), 4), "off_node_out_of_sample": "",
+                     "out_of_sample_optimal_dispatch": round(float(np.mean(row["out_optimal"])), 4),
+                     "worst_optimal_dispatch": round(float(np.min(row["out_optimal"])), 4),
+                     "off_node_optimal_dispatch": ""})
     return rows
 
 
@@ -168,11 +184,13 @@ def run(quick: bool, results_dir: Path) -> str:
     write_csv(results_dir / "locality_time.csv", timing)
     plot(rows, results_dir / "locality.png")
     header = ("case", "max_off_node", "balancedness_in_sample", "off_node_in_sample", "balancedness_out_of_sample",
-              "worst_out_of_sample", "off_node_out_of_sample")
+              "worst_out_of_sample", "off_node_out_of_sample", "out_of_sample_optimal_dispatch",
+              "worst_optimal_dispatch", "off_node_optimal_dispatch")
     md = ["## Locality", "",
           "Balancedness (mean / max GPU load, mean over MoE layers, with the plan's shares) against the share of "
           "tokens served off their group's home node, for caps `max_off_node`; out of sample: leave one workload "
-          "out (mean and worst over the workloads left out). Plot: `locality.png`.", "",
+          "out (mean and worst over the workloads left out), with the plan's shares and with optimal dispatch "
+          "(which does not keep to the cap: its off-node share is given). Plot: `locality.png`.", "",
           markdown_table(header, [[r[h] for h in header] for r in rows]), "",
           "Whole-model planning time with the cap (median):", "",
           markdown_table(("deployment", "max_off_node", "layers", "ms"),
@@ -199,11 +217,13 @@ def headline(results_dir: Path):
         verdict = "met" if bal >= target and off <= cap + 1e-9 else "not met"
         out.append((f"Locality, {case}, `max_off_node={cap}`: balancedness in sample (off-node share)",
                     f"{bal:.4f} ({off:.1%} off node)", f">= {target} at <= {cap:.0%}: {verdict}"))
-        if name == "4 nodes" and row["balancedness_out_of_sample"]:
-            oos = float(row["balancedness_out_of_sample"])
-            out.append((f"Locality, {case}, `max_off_node={cap}`: out of sample (leave one workload out), worst",
-                        f"{oos:.4f}, worst {float(row['worst_out_of_sample']):.4f}",
-                        f">= 0.90: {'met' if oos >= 0.90 else 'not met'}"))
+        if name == "4 nodes":
+            oos, best = float(row["balancedness_out_of_sample"]), float(row["out_of_sample_optimal_dispatch"])
+            out.append((f"Locality, {case}, `max_off_node={cap}`: out of sample (leave one workload out), "
+                        "plan's shares / optimal dispatch",
+                        f"{oos:.4f} / {best:.4f} ({float(row['off_node_optimal_dispatch']):.1%} off node)",
+                        f">= 0.90: {'met' if oos >= 0.90 else 'not met'} with the shares, "
+                        f"{'met' if best >= 0.90 else 'not met'} with optimal dispatch"))
         if name in timing:
             ms = float(timing[name]["plan_ms"])
             out.append((f"Locality: whole-model plan with the cap, {name} ({timing[name]['layers']} layers)",

@@ -30,6 +30,7 @@ from __future__ import annotations
 import numpy as np
 
 from .bounds import average_bound, lower_bound
+from .dispatch import optimal_dispatch
 from .kernels.locality import off_node_pieces
 from .methods import get_method
 from .searches import group_assignment
@@ -289,13 +290,17 @@ def pareto(weights: np.ndarray, problem: Problem, fractions, held_out: np.ndarra
     Returns:
         A dict of ``[F]`` arrays: ``max_off_node``, ``balancedness`` and ``off_node_fraction`` in
         sample (shares as planned); with ``held_out`` also ``balancedness_held_out`` and
-        ``off_node_fraction_held_out`` (the same shares applied to every held-out window; means over
-        windows and MoE layers).
+        ``off_node_fraction_held_out`` (the same shares applied to every held-out window), and
+        ``balancedness_held_out_optimal`` / ``off_node_fraction_held_out_optimal`` (each window split
+        by optimal dispatch, :func:`eplb.dispatch.optimal_dispatch`, which minimises the max GPU load
+        and does not keep to the cap); means over windows and MoE layers.
     """
     topology = problem.topology
     rows = {"max_off_node": [], "balancedness": [], "off_node_fraction": []}
     if held_out is not None:
-        rows.update(balancedness_held_out=[], off_node_fraction_held_out=[])
+        held_out = np.asarray(held_out, dtype=np.float64)
+        rows.update(balancedness_held_out=[], off_node_fraction_held_out=[], balancedness_held_out_optimal=[],
+                    off_node_fraction_held_out_optimal=[])
     total = weights.sum()
     for fraction in fractions:
         phy2log, shares, home, _ = plan_locality(weights, problem, float(fraction), method, **options)
@@ -306,6 +311,12 @@ def pareto(weights: np.ndarray, problem: Problem, fractions, held_out: np.ndarra
         if held_out is not None:
             rows["balancedness_held_out"].append(
                 _mean_balancedness(gpu_loads_with_shares(held_out, phy2log, shares, topology)))
+            served = max(float(held_out.sum()), 1e-300)
             away = off_node_tokens(held_out, phy2log, shares, home, topology).sum()
-            rows["off_node_fraction_held_out"].append(float(away / held_out.sum()) if held_out.sum() > 0 else 0.0)
+            rows["off_node_fraction_held_out"].append(float(away / served))
+            best, _ = optimal_dispatch(held_out, phy2log, topology)
+            rows["balancedness_held_out_optimal"].append(
+                _mean_balancedness(gpu_loads_with_shares(held_out, phy2log, best, topology)))
+            rows["off_node_fraction_held_out_optimal"].append(
+                float(off_node_tokens(held_out, phy2log, best, home, topology).sum() / served))
     return {name: np.asarray(values) for name, values in rows.items()}
