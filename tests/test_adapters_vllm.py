@@ -145,7 +145,7 @@ def test_plans_like_eplb_plan_when_called_as_vllm_calls_it(interface):
     policy = adapter.policy_for(module.AbstractEplbPolicy)
     first, second = _series(seed=1), _series(seed=2)
     old = _call_like_vllm(interface, module, policy, first, None if interface != "context" else
-                          torch.from_numpy(_expected(first.sum(axis=0)).phy2log))
+                          torch.tensor(_expected(first.sum(axis=0)).phy2log))
     fresh = _expected(second.sum(axis=0))
     near = _call_like_vllm(interface, module, policy, second, old)
     expected = _expected(second.sum(axis=0), previous=old.numpy())
@@ -320,7 +320,7 @@ def test_facts_and_adapter_against_vllms_own_files(version):
     if interface == "context":
         context = module.EplbRebalanceContext(
             load_window_cpu=torch.tensor(window),
-            physical_to_logical_map_cpu=torch.from_numpy(_expected(window[:1].sum(axis=0)).phy2log),
+            physical_to_logical_map_cpu=torch.tensor(_expected(window[:1].sum(axis=0)).phy2log),
             topology=module.EplbTopology(num_groups=GROUPS, num_nodes=NODES, num_ranks=RANKS),
             num_replicas=S, cpu_group=None)
         p = policy()
