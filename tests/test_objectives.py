@@ -1,0 +1,128 @@
+"""Objectives over windows: how a series combines into planning weights, and per-layer selection."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from hypothesis.extra.numpy import arrays
+
+from eplb.api import make_problem
+from eplb.methods import get_method
+from eplb.objectives import (
+    CANDIDATES,
+    OBJECTIVES,
+    combine,
+    plan_series,
+    recency_weights,
+    select_per_layer,
+    window_peaks,
+)
+from eplb.synthetic import drifting_counts
+
+series_strategy = arrays(np.float64, st.tuples(st.integers(1, 6), st.integers(1, 3), st.integers(1, 9)),
+                         elements=st.floats(0, 1e4, allow_nan=False, allow_infinity=False))
+
+
+@given(series_strategy)
+def test_sum_is_todays_sum_and_estimates_keep_the_weighted_total(series):
+    np.testing.assert_allclose(combine(series, "sum"), series.sum(axis=0))
+    total = series.sum(axis=(0, 2))
+    for objective in ("quantile", "max_share"):
+        weights = combine(series, objective)
+        assert weights.shape == series.shape[1:]
+        assert (weights >= 0).all()
+        # a layer with tokens keeps the same total to plan on; an all-zero layer stays zero
+        np.testing.assert_allclose(weights.sum(axis=1), total, rtol=1e-9, atol=1e-9)
+
+
+def test_max_share_and_quantile_hedge_an_expert_hot_in_one_window():
+    # expert 0 is hot in one window out of ten: the sum sees it lukewarm, max_share sees it hot
+    series = np.ones((10, 1, 4))
+    series[3, 0, 0] = 7.0
+    total = series.sum()
+    shares = combine(series, "sum")[0] / total
+    hedged = combine(series, "max_share")[0] / total
+    assert hedged[0] > shares[0] * 1.3  # 0.48 (0.7, renormalised) against 0.35
+    np.testing.assert_allclose(combine(series, "quantile", quantile=1.0), combine(series, "max_share"))
+    # the 0.9 quantile of ten equal-weight windows is the 9th smallest: the outlier is not it
+    np.testing.assert_allclose(combine(series, "quantile", quantile=0.9)[0], np.full(4, total / 4))
+
+
+def test_window_weights_weigh_the_windows():
+    series = np.array([[[10.0, 0.0]], [[0.0, 10.0]]])
+    np.testing.assert_allclose(combine(series, "sum", [0.0, 1.0]), [[0.0, 10.0]])
+    np.testing.assert_allclose(combine(series, "max_share", [0.0, 1.0]), [[0.0, 10.0]])
+    np.testing.assert_allclose(combine(series, "quantile", [3.0, 1.0], quantile=0.5), [[40.0, 0.0]])  # weighted total 40
+    weights = recency_weights(4, half_life=1.0)
+    np.testing.assert_allclose(weights, [0.125, 0.25, 0.5, 1.0])
+
+
+def test_selection_keeps_per_layer_the_best_candidate_on_the_windows():
+    series = drifting_counts(6, 5, 32, drift=0.4, seed=2).astype(np.float64)
+    problem = make_problem(32, 40, 8)
+    method = get_method("greedy")
+    for dispatch in ("uniform", "optimal"):
+        for objective in ("expected_peak", "worst_window"):
+            phy2log, info = plan_series(series, problem, method, objective, dispatch=dispatch)
+            chosen = info["candidate_of_layer"]
+            assert chosen.shape == (5,) and ((0 <= chosen) & (chosen < len(CANDIDATES))).all()
+            peaks = window_peaks(series, phy2log, problem.topology, dispatch)
+            value = peaks.mean(axis=0) if objective == "expected_peak" else peaks.max(axis=0)
+            for name, q in CANDIDATES:
+                other = method(combine(series, name, quantile=q or 0.9), problem)[0]
+                other_peaks = window_peaks(series, other, problem.topology, dispatch)
+                other_value = other_peaks.mean(axis=0) if objective == "expected_peak" else other_peaks.max(axis=0)
+                assert (value <= other_value + 1e-12).all()
+
+
+def test_select_per_layer_mixes_layers_from_different_candidates():
+    series = np.array([[[9.0, 1, 1, 1], [1, 1, 1, 9]]])
+    topology = make_problem(4, 6, 3).topology
+    spread_0 = [0, 1, 0, 2, 0, 3]  # expert 0 on every GPU: balances layer 0 ([9, 1, 1, 1])
+    spread_3 = [3, 0, 3, 1, 3, 2]  # expert 3 on every GPU: balances layer 1 ([1, 1, 1, 9])
+    first = [spread_0, spread_0]
+    second = [spread_3, spread_3]
+    for dispatch in ("uniform", "optimal"):
+        phy2log, chosen, scores = select_per_layer(series, [first, second], topology, "worst_window",
+                                                   dispatch=dispatch)
+        np.testing.assert_array_equal(chosen, [0, 1])
+        np.testing.assert_array_equal(phy2log, [spread_0, spread_3])
+        np.testing.assert_allclose(scores[[0, 1], [0, 1]], 1.0)
+    assert scores.shape == (2, 2)
+
+
+def test_plan_series_is_deterministic_and_sum_matches_planning_the_sum():
+    series = drifting_counts(4, 3, 16, drift=0.3, seed=5).astype(np.float64)
+    problem = make_problem(16, 24, 4)
+    method = get_method("balanced")
+    for objective in OBJECTIVES:
+        first, _ = plan_series(series, problem, method, objective, dispatch="optimal")
+        again, _ = plan_series(series.copy(), problem, method, objective, dispatch="optimal")
+        np.testing.assert_array_equal(first, again)
+    summed, _ = plan_series(series, problem, method, "sum")
+    np.testing.assert_array_equal(summed, method(series.sum(axis=0), problem)[0])
+
+
+def test_bad_input_raises_value_errors():
+    series = np.ones((3, 2, 4))
+    problem = make_problem(4, 8, 2)
+    with pytest.raises(ValueError, match="objective must be one of"):
+        combine(series, "median")
+    with pytest.raises(ValueError, match="objective must be one of"):
+        plan_series(series, problem, get_method("greedy"), "median")
+    with pytest.raises(ValueError, match="window_weights must have shape"):
+        combine(series, "sum", [1.0, 2.0])
+    with pytest.raises(ValueError, match="non-negative"):
+        combine(series, "sum", [1.0, -1.0, 1.0])
+    with pytest.raises(ValueError, match="not all be zero"):
+        combine(series, "max_share", [0.0, 0.0, 0.0])
+    with pytest.raises(ValueError, match="quantile must be in"):
+        combine(series, "quantile", quantile=1.5)
+    with pytest.raises(ValueError, match="dispatch must be one of"):
+        plan_series(series, problem, get_method("greedy"), "worst_window", dispatch="random")
+    with pytest.raises(ValueError, match=r"counts must have shape \[T, L, E\]"):
+        plan_series(series[0], problem, get_method("greedy"), "sum")
+    with pytest.raises(ValueError, match="half_life"):
+        recency_weights(3, 0.0)
