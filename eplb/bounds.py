@@ -11,6 +11,8 @@ import numpy as np
 from .kernels.bounds import min_max_replica_load, pigeonhole_bound, pigeonhole_upper, threshold_bound, tier_bound
 from .kernels.budget import budget_tier_bound
 from .kernels.tiny import tiny_bound
+from .problem import Problem
+from .searches import group_assignment
 from .topology import Topology
 
 TINY_SLOTS = 16
@@ -148,8 +150,6 @@ def hierarchical_bound(weights: np.ndarray, topology: Topology, num_groups: int)
     (:mod:`eplb.kernels.hierarchy`) proves the largest ``T`` for which no assignment meets that.
     Where the search runs out of budget the global bound stays.
     """
-    from .methods.balanced import group_assignment  # the search lives with the method that uses it
-    from .methods import Problem
 
     base = _strongest(weights, topology)
     problem = Problem(topology=topology, num_groups=num_groups, hierarchical=True)

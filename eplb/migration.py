@@ -39,6 +39,7 @@ from .kernels.migration import fewest_changes_search, improve_placement, min_cos
 from .metrics import gpu_loads
 from .methods import Problem, get_method
 from .placement import Placement, check_placement
+from .searches import group_assignment
 
 
 def as_previous(previous, num_experts: int, problem: Problem, num_layers: int) -> np.ndarray:
@@ -302,7 +303,6 @@ def reference_bound(weights: np.ndarray, problem: Problem) -> np.ndarray:
     proves (about 2 ms at DeepSeek-V3 size; the full :func:`eplb.bounds.lower_bound` costs ~5 ms)."""
     bound = average_bound(weights, problem.topology)
     if problem.hierarchical:
-        from .methods.balanced import group_assignment  # the search lives with the method that uses it
 
         _, proven = group_assignment(weights, problem, lower=bound)
         bound = np.maximum(bound, proven)

@@ -16,7 +16,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import eplb
-from eplb import exact
+
+pytest.importorskip("ortools", reason="method='exact' needs OR-Tools: pip install 'eplb[exact]'")
+from eplb import exact  # noqa: E402  (imports OR-Tools)
 from eplb.methods import DEFAULT_METHOD
 from eplb.synthetic import skewed_counts
 
@@ -137,11 +139,11 @@ def test_medium_instances_certify_every_method(config):
 
 
 def test_same_input_same_placement():
-    """Also when the time limit stops the search (it counts deterministic work, not seconds)."""
+    """Also when the deterministic budget stops the search (it counts work, not seconds)."""
     counts = skewed_counts(1, 10, tokens=512, seed=5)
-    runs = [eplb.plan(counts, num_slots=15, num_gpus=3, method="exact", time_limit=0.05) for _ in range(2)]
+    runs = [eplb.plan(counts, num_slots=15, num_gpus=3, method="exact", deterministic_time=0.05) for _ in range(2)]
     assert runs[0] == runs[1]
-    several = [eplb.plan(counts, num_slots=15, num_gpus=3, method="exact", time_limit=0.05, workers=2)
+    several = [eplb.plan(counts, num_slots=15, num_gpus=3, method="exact", deterministic_time=0.05, workers=2)
                for _ in range(2)]
     assert several[0] == several[1]
 
