@@ -1,8 +1,9 @@
 """eplb: expert-parallel load balancing for Mixture-of-Experts serving."""
 
-from .api import plan, rebalance_experts
+from .api import pareto, plan, rebalance_experts
 from .balancer import Balancer
 from .bounds import lower_bound, lower_bounds
+from .dispatch import dispatch
 from .methods import DEFAULT_METHOD, METHODS
 from .placement import Placement
 from .topology import Topology
@@ -17,8 +18,10 @@ __all__ = [
     "Placement",
     "Topology",
     "TransferPlan",
+    "dispatch",
     "lower_bound",
     "lower_bounds",
+    "pareto",
     "plan",
     "rebalance_experts",
     "transfer_plan",

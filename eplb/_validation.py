@@ -24,6 +24,16 @@ def as_int(value, name: str, *, minimum: int | None = None) -> int:
     return result
 
 
+def as_fraction(value, name: str) -> float:
+    """``value`` as a float in ``[0, 1]``, else ``ValueError`` naming ``name``."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise ValueError(f"{name} must be a number in [0, 1], got {value!r}")
+    value = float(value)
+    if not 0.0 <= value <= 1.0:  # also refuses NaN
+        raise ValueError(f"{name} must be in [0, 1], got {value!r}")
+    return value
+
+
 def as_counts(counts, name: str = "counts", *, ndims: tuple[int, ...] = (2,)) -> np.ndarray:
     """``counts`` as a float64 array with one of the allowed ranks, finite and non-negative.
 

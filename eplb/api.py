@@ -7,10 +7,13 @@ import time
 
 import numpy as np
 
-from ._validation import as_counts
+from ._validation import as_counts, as_fraction
 from .bounds import lower_bound
 from .methods import DEFAULT_METHOD, get_method
+from .kernels.dispatch import share_gpu_loads
 from .kernels.layout import replica_counts, slots_of_experts
+from .locality import capped_lower_bound, home_nodes, plan_locality
+from .locality import pareto as locality_curve
 from .metrics import gpu_loads
 from .migration import as_previous, plan_near
 from .placement import Placement
@@ -19,12 +22,13 @@ from .topology import Topology
 
 _weights_2d = weights_2d  # eplb.certificate imports this name
 
-__all__ = ["Problem", "make_problem", "plan", "rebalance_experts"]
+__all__ = ["Problem", "make_problem", "pareto", "plan", "rebalance_experts"]
 
 
 def plan(counts, *, num_slots=None, num_gpus=None, num_nodes=1, num_groups=None,
          method: str = DEFAULT_METHOD, topology: Topology | None = None, previous=None,
-         tolerance: float | None = 0.005, max_moves=None, **options) -> Placement:
+         tolerance: float | None = 0.005, max_moves=None, max_off_node: float | None = None,
+         **options) -> Placement:
     """Plan a replicated expert placement for every layer.
 
     Args:
@@ -45,36 +49,70 @@ def plan(counts, *, num_slots=None, num_gpus=None, num_nodes=1, num_groups=None,
             With ``method="exact"`` and ``previous``, the fewest changed slots within the tolerance
             (and budget), from a CP-SAT model (:mod:`eplb.exact_migration`); ``info`` then has
             ``fewest_changes_proven [L]`` and ``fewest_changes_bound [L]``.
+        max_off_node: with a hierarchical configuration, let replicas of hot experts also sit off
+            their group's home node, for at most this fraction of each layer's tokens (in
+            ``[0, 1]``; ``0`` is the hierarchical plan, ``1`` may use the whole cluster). The plan then
+            carries ``shares`` (the split engines must apply to get its balance) and ``home_node``;
+            its lower bound accounts for the cap (:mod:`eplb.locality`). ``None``: off.
         **options: passed to the method.
     Returns:
-        A :class:`Placement`; its ``max_load``, ``lower_bound`` and ``gap`` on ``counts`` are
+        A :class:`Placement` (with ``home_node`` when hierarchical); its ``max_load``, ``lower_bound`` and ``gap`` on ``counts`` are
         computed on first access (a call that never reads them never computes the bound).
     """
     weights = weights_2d(counts, "counts")
     problem = make_problem(weights.shape[1], num_slots, num_gpus, num_nodes, num_groups, topology)
     start = time.perf_counter()
-    if previous is None:
+    shares = home = None
+    if max_off_node is not None:
+        max_off_node = as_fraction(max_off_node, "max_off_node")
+        if not problem.hierarchical:
+            raise ValueError("max_off_node needs a hierarchical configuration: num_groups a multiple of num_nodes")
+        if previous is not None:
+            raise ValueError("max_off_node cannot be combined with previous= (plan the capped layout from scratch)")
+        phy2log, shares, home, info = plan_locality(weights, problem, max_off_node, method, **options)
+        if max_off_node == 0:
+            shares = None  # the hierarchical plan: an even split
+    elif previous is None:
         phy2log, info = get_method(method)(weights, problem, **options)
     else:
         old = as_previous(previous, weights.shape[1], problem, weights.shape[0])
         phy2log, info = plan_near(weights, problem, old, method=method, tolerance=tolerance, max_moves=max_moves,
                                   options=options)
+    if problem.hierarchical and home is None:
+        home = home_nodes(phy2log, problem.num_groups, weights.shape[1], problem.topology)
     elapsed = time.perf_counter() - start
+    if shares is None:
+        peaks = lambda: _peaks(weights, phy2log, problem)  # noqa: E731
+        bound = lambda: _bound(weights, phy2log, problem, info.get("proven_bound"))  # noqa: E731
+    else:
+        peaks = lambda: _peaks(weights, phy2log, problem, shares)  # noqa: E731
+        bound = lambda: _capped_bound(weights, problem, max_off_node)  # noqa: E731
     return Placement(
         phy2log=phy2log, num_experts=weights.shape[1], topology=problem.topology,
         num_groups=problem.num_groups, method=method, info={**info, "time_s": elapsed},
-        max_load=lambda: _peaks(weights, phy2log, problem),
-        lower_bound=lambda: _bound(weights, phy2log, problem, info.get("proven_bound")),
+        max_load=peaks, lower_bound=bound, shares=shares, home_node=home,
     )
 
 
-def _peaks(weights: np.ndarray, phy2log: np.ndarray, problem: Problem) -> np.ndarray:
-    """``[L]`` max GPU load of ``phy2log [L, S]`` on ``weights [L, E]`` (computed on the counts
-    scaled by a power of two per layer, then scaled back: finite, and ordered like the bound)."""
+def _peaks(weights: np.ndarray, phy2log: np.ndarray, problem: Problem, shares: np.ndarray | None = None
+           ) -> np.ndarray:
+    """``[L]`` max GPU load of ``phy2log [L, S]`` on ``weights [L, E]``, split evenly or by
+    ``shares [L, S]`` (computed on the counts scaled by a power of two per layer, then scaled back:
+    finite, and ordered like the bound)."""
     scaled, shift = power_of_two_scale(weights)
     phy2log = np.ascontiguousarray(phy2log, dtype=np.int64)
-    logcnt = replica_counts(phy2log, weights.shape[1])
-    return np.ldexp(gpu_loads(scaled, phy2log, logcnt, problem.topology).max(axis=-1), -shift)
+    if shares is None:
+        loads = gpu_loads(scaled, phy2log, replica_counts(phy2log, weights.shape[1]), problem.topology)
+    else:
+        loads = share_gpu_loads(scaled, phy2log, np.ascontiguousarray(shares), problem.topology.gpu_of_slot,
+                                problem.topology.num_gpus)
+    return np.ldexp(loads.max(axis=-1), -shift)
+
+
+def _capped_bound(weights: np.ndarray, problem: Problem, max_off_node: float) -> np.ndarray:
+    """``[L]`` :func:`eplb.locality.capped_lower_bound` on scaled counts, scaled back."""
+    scaled, shift = power_of_two_scale(weights)
+    return np.ldexp(capped_lower_bound(scaled, problem, max_off_node), -shift)
 
 
 def _bound(weights: np.ndarray, phy2log: np.ndarray, problem: Problem, proven) -> np.ndarray:
@@ -87,6 +125,35 @@ def _bound(weights: np.ndarray, phy2log: np.ndarray, problem: Problem, proven) -
         peak = _peaks(weights, phy2log, problem)
         bound = np.maximum(bound, np.minimum(np.asarray(proven, dtype=np.float64), peak))
     return bound
+
+
+def pareto(counts, *, num_slots=None, num_gpus=None, num_nodes=1, num_groups=None, topology: Topology | None = None,
+           fractions=(0.0, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0), held_out=None, method: str = DEFAULT_METHOD,
+           **options) -> dict:
+    """Balancedness against off-node traffic, for a sweep of caps ``max_off_node``.
+
+    Args:
+        counts: ``[L, E]`` planning counts (a series ``[T, L, E]`` is summed), configuration as
+            :func:`plan`, hierarchical (``num_groups`` a multiple of ``num_nodes``).
+        fractions: the caps, each in ``[0, 1]``.
+        held_out: ``[T, L, E]`` (or ``[L, E]``) windows the plans did not see, to judge them out of sample.
+    Returns:
+        A dict of ``[F]`` float64 arrays: ``max_off_node``, ``balancedness``, ``off_node_fraction`` (in
+        sample, with the plans' shares), and with ``held_out`` the same on the held-out windows with
+        the plans' shares and with optimal dispatch (``..._held_out``, ``..._held_out_optimal``);
+        balancedness is the mean over MoE layers (and windows) of mean / max GPU load.
+    """
+    weights = weights_2d(counts, "counts")
+    problem = make_problem(weights.shape[1], num_slots, num_gpus, num_nodes, num_groups, topology)
+    if not problem.hierarchical:
+        raise ValueError("pareto needs a hierarchical configuration: num_groups a multiple of num_nodes")
+    caps = [as_fraction(f, "fractions entry") for f in np.atleast_1d(np.asarray(fractions, dtype=object))]
+    if held_out is not None:
+        held_out = as_counts(held_out, "held_out", ndims=(2, 3))
+        if held_out.shape[-2:] != weights.shape:
+            raise ValueError(f"held_out must have shape [T, {weights.shape[0]}, {weights.shape[1]}], got {held_out.shape}")
+        held_out = held_out.reshape((-1,) + weights.shape)
+    return locality_curve(weights, problem, caps, held_out, method, **options)
 
 
 def rebalance_experts(weight, num_replicas, num_groups, num_nodes, num_gpus, *, method: str = DEFAULT_METHOD,

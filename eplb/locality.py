@@ -319,4 +319,4 @@ def pareto(weights: np.ndarray, problem: Problem, fractions, held_out: np.ndarra
                 _mean_balancedness(gpu_loads_with_shares(held_out, phy2log, best, topology)))
             rows["off_node_fraction_held_out_optimal"].append(
                 float(off_node_tokens(held_out, phy2log, best, home, topology).sum() / served))
-    return {name: np.asarray(values) for name, values in rows.items()}
+    return {name: np.asarray(values, dtype=np.float64) for name, values in rows.items()}

@@ -10,6 +10,7 @@ import numpy as np
 
 from . import metrics
 from ._validation import as_counts
+from .kernels.dispatch import optimal_shares, share_gpu_loads
 from .kernels.layout import replica_counts, slots_of_experts
 from .topology import Topology
 
@@ -53,6 +54,27 @@ def check_placement(phy2log: np.ndarray, num_experts: int, topology: Topology) -
         layer, expert = missing[0]
         raise ValueError(f"every expert needs a replica in every layer: expert {expert} has none in layer {layer}")
     return phy2log, logcnt
+
+
+def check_shares(shares, phy2log: np.ndarray, num_experts: int) -> np.ndarray:
+    """Validate ``shares [L, S]`` for ``phy2log [L, S]``: finite, in ``[0, 1]``, summing to 1 per
+    expert (within ``1e-9``). Returns them as float64."""
+    array = np.asarray(shares, dtype=np.float64)
+    if array.shape != phy2log.shape:
+        raise ValueError(f"shares must have shape [L, S] = {list(phy2log.shape)}, got {array.shape}")
+    if not np.isfinite(array).all():
+        raise ValueError("shares must be finite")
+    if (array < 0).any() or (array > 1 + 1e-12).any():
+        raise ValueError("shares must lie in [0, 1]")
+    sums = np.zeros((phy2log.shape[0], num_experts))
+    np.add.at(sums, (np.arange(phy2log.shape[0])[:, None], phy2log), array)
+    worst = np.abs(sums - 1.0).max() if sums.size else 0.0
+    if worst > 1e-9:
+        raise ValueError(f"shares must sum to 1 over each expert's replicas (off by up to {worst:.3g})")
+    return array
+
+
+DISPATCH_MODES = ("uniform", "shares", "optimal")
 
 
 def _frozen(array: np.ndarray) -> np.ndarray:
@@ -101,6 +123,10 @@ class Placement:
         max_load: ``[L]`` the max GPU load it reaches on those counts (``None`` likewise; an
             array or a callable, as ``lower_bound``).
         info: method diagnostics (time, proven optimality, ...).
+        shares: ``[L, S]`` float64, the fraction of its expert's tokens each slot takes (summing
+            to 1 over an expert's replicas), or ``None`` for the even split ``1 / logcnt`` that
+            engines use by default. Plans with ``max_off_node`` set them.
+        home_node: ``[L, K]`` int64, the home node of each expert group (hierarchical plans), or ``None``.
     """
 
     phy2log: np.ndarray
@@ -111,6 +137,8 @@ class Placement:
     lower_bound: np.ndarray | None = _Lazy()
     max_load: np.ndarray | None = _Lazy()
     info: Mapping[str, Any] = field(default_factory=dict)
+    shares: np.ndarray | None = field(default=None, repr=False)
+    home_node: np.ndarray | None = field(default=None, repr=False)
     logcnt: np.ndarray = field(init=False, repr=False)
     log2phy: np.ndarray = field(init=False, repr=False)
 
@@ -120,6 +148,17 @@ class Placement:
         object.__setattr__(self, "logcnt", _frozen(logcnt))
         object.__setattr__(self, "log2phy", _frozen(build_log2phy(phy2log, self.num_experts)))
         object.__setattr__(self, "info", MappingProxyType(dict(self.info)))
+        if self.shares is not None:
+            object.__setattr__(self, "shares", _frozen(check_shares(self.shares, phy2log, self.num_experts)))
+        if self.home_node is not None:
+            home = np.asarray(self.home_node)
+            groups = self.num_groups
+            if groups is None or home.shape != (phy2log.shape[0], groups) or not np.issubdtype(home.dtype, np.integer):
+                raise ValueError(f"home_node must be an integer array [L, num_groups] = [{phy2log.shape[0]}, {groups}], "
+                                 f"got {home.dtype} {home.shape}")
+            if home.size and (home.min() < 0 or home.max() >= self.topology.num_nodes):
+                raise ValueError(f"home_node must hold node ids in [0, {self.topology.num_nodes})")
+            object.__setattr__(self, "home_node", _frozen(home.astype(np.int64)))
 
     # -- shape ---------------------------------------------------------------------------------
     @property
@@ -156,13 +195,65 @@ class Placement:
             )
         return counts
 
-    def gpu_loads(self, counts) -> np.ndarray:
-        """Tokens each GPU processes: ``counts [L, E] -> [L, G]`` (``[T, L, E] -> [T, L, G]``)."""
-        return metrics.gpu_loads(self._check_counts(counts), self.phy2log, self.logcnt, self.topology)
+    def slot_shares(self, counts=None, dispatch: str = "shares") -> np.ndarray:
+        """The fraction of its expert's tokens each slot takes: ``[L, S]`` (``[T, L, S]`` for
+        optimal dispatch of a series).
 
-    def balancedness(self, counts) -> np.ndarray:
-        """``mean / max`` GPU load per layer: ``[L]`` (``[T, L]`` for a series)."""
-        return metrics.balancedness(self.gpu_loads(counts))
+        ``dispatch``: ``"uniform"`` (``1 / logcnt``, what engines do unless told), ``"shares"`` (the
+        plan's :attr:`shares`; uniform when it has none) or ``"optimal"`` (the split that minimises
+        each layer's max GPU load for ``counts``, exact: :func:`eplb.dispatch.dispatch`).
+        """
+        if dispatch not in DISPATCH_MODES:
+            raise ValueError(f"dispatch must be one of {DISPATCH_MODES}, got {dispatch!r}")
+        if dispatch == "optimal":
+            if counts is None:
+                raise ValueError("dispatch='optimal' needs counts")
+            weights = self._check_counts(counts)
+            flat = weights.reshape(-1, self.num_experts)
+            phy2log = np.tile(self.phy2log, (flat.shape[0] // self.num_layers, 1))
+            shares, _ = optimal_shares(np.ascontiguousarray(flat), phy2log, self.topology.gpu_of_slot,
+                                       self.topology.num_gpus)
+            return shares.reshape(weights.shape[:-1] + (self.num_slots,))
+        if dispatch == "shares" and self.shares is not None:
+            return self.shares
+        return 1.0 / np.take_along_axis(self.logcnt.astype(np.float64), self.phy2log, axis=1)
+
+    def gpu_loads(self, counts, dispatch: str = "uniform") -> np.ndarray:
+        """Tokens each GPU processes: ``counts [L, E] -> [L, G]`` (``[T, L, E] -> [T, L, G]``), with
+        each expert's tokens split among its replicas as ``dispatch`` says (:meth:`slot_shares`)."""
+        weights = self._check_counts(counts)
+        if dispatch == "uniform" or (dispatch == "shares" and self.shares is None):
+            if dispatch not in DISPATCH_MODES:
+                raise ValueError(f"dispatch must be one of {DISPATCH_MODES}, got {dispatch!r}")
+            return metrics.gpu_loads(weights, self.phy2log, self.logcnt, self.topology)
+        shares = self.slot_shares(weights, dispatch)
+        flat = weights.reshape(-1, self.num_experts)
+        windows = flat.shape[0] // self.num_layers
+        flat_shares = np.ascontiguousarray(np.broadcast_to(shares, weights.shape[:-1] + (self.num_slots,))
+                                           .reshape(-1, self.num_slots))
+        loads = share_gpu_loads(np.ascontiguousarray(flat), np.tile(self.phy2log, (windows, 1)), flat_shares,
+                                self.topology.gpu_of_slot, self.topology.num_gpus)
+        return loads.reshape(weights.shape[:-1] + (self.num_gpus,))
+
+    def balancedness(self, counts, dispatch: str = "uniform") -> np.ndarray:
+        """``mean / max`` GPU load per layer over the GPUs that hold slots: ``[L]`` (``[T, L]`` for
+        a series); ``dispatch`` as in :meth:`gpu_loads`."""
+        return metrics.balancedness(self.gpu_loads(counts, dispatch), self.topology)
+
+    def off_node_fraction(self, counts, dispatch: str = "shares") -> np.ndarray:
+        """``[L]`` (``[T, L]``): the fraction of each layer's tokens served by a replica outside its
+        group's home node, with ``dispatch`` as in :meth:`gpu_loads`. Needs :attr:`home_node`."""
+        if self.home_node is None:
+            raise ValueError("off_node_fraction needs a placement with home nodes (a hierarchical plan)")
+        weights = self._check_counts(counts)
+        shares = self.slot_shares(weights, dispatch)
+        size = self.num_experts // self.num_groups
+        node_of_slot = self.topology.node_of_gpu[self.topology.gpu_of_slot]
+        away = node_of_slot[None, :] != np.take_along_axis(self.home_node, self.phy2log // size, axis=1)
+        served = np.take_along_axis(weights, np.broadcast_to(self.phy2log, weights.shape[:-1] + (self.num_slots,)),
+                                    axis=-1) * shares
+        total = weights.sum(axis=-1)
+        return (served * away).sum(axis=-1) / np.where(total > 0, total, 1.0)
 
     def replicas_sharing_a_gpu(self) -> np.ndarray:
         """``[L]``: slots spent on a second replica of an expert already on that GPU."""
@@ -186,6 +277,8 @@ class Placement:
             "lower_bound": optional(self.lower_bound),
             "max_load": optional(self.max_load),
             "info": _jsonable(dict(self.info)),
+            "shares": optional(self.shares),
+            "home_node": optional(self.home_node),
         }
 
     @classmethod
@@ -204,6 +297,8 @@ class Placement:
                 lower_bound=data.get("lower_bound"),
                 max_load=data.get("max_load"),
                 info=data.get("info") or {},
+                shares=data.get("shares"),
+                home_node=data.get("home_node"),
             )
         except KeyError as exc:
             raise ValueError(f"placement dict is missing the key {exc}") from None

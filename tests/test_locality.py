@@ -129,3 +129,46 @@ def test_pareto_curve_in_and_out_of_sample():
     assert (curve["off_node_fraction"] <= np.array([0.0, 0.1, 1.0]) + 1e-9).all()
     assert curve["balancedness"][1] > curve["balancedness"][0]
     assert np.isfinite(curve["balancedness_held_out"]).all()
+
+
+def test_plan_with_a_cap_carries_shares_home_nodes_and_an_honest_gap():
+    import eplb
+
+    weights = group_skewed(4, 64, 8, 2, 0.4, seed=4)
+    placement = eplb.plan(weights, num_slots=96, num_gpus=16, num_nodes=4, num_groups=8, max_off_node=0.1)
+    assert placement.shares is not None and placement.home_node.shape == (4, 8)
+    assert (placement.off_node_fraction(weights) <= 0.1 + 1e-9).all()
+    assert (placement.gap >= -1e-12).all() and (placement.gap < 0.05).all()
+    np.testing.assert_allclose(placement.max_load, placement.gpu_loads(weights, "shares").max(axis=1))
+    hierarchical = eplb.plan(weights, num_slots=96, num_gpus=16, num_nodes=4, num_groups=8)
+    assert (placement.balancedness(weights, "shares") > hierarchical.balancedness(weights)).all()
+    assert (hierarchical.off_node_fraction(weights) == 0).all()
+    restored = eplb.Placement.from_dict(placement.to_dict())
+    np.testing.assert_array_equal(restored.shares, placement.shares)
+    np.testing.assert_array_equal(restored.home_node, placement.home_node)
+
+
+@pytest.mark.parametrize("bad", [-0.1, 1.5, float("nan"), "0.1", None])
+def test_bad_caps_are_refused_with_the_name(bad):
+    import eplb
+
+    weights = group_skewed(1, 64, 8, 2, 0.4, seed=5)
+    if bad is None:
+        with pytest.raises(ValueError, match="hierarchical"):
+            eplb.plan(weights, num_slots=96, num_gpus=16, num_nodes=4, max_off_node=0.1)
+        return
+    with pytest.raises(ValueError, match="max_off_node"):
+        eplb.plan(weights, num_slots=96, num_gpus=16, num_nodes=4, num_groups=8, max_off_node=bad)
+
+
+def test_public_pareto_validates_and_returns_the_curve():
+    import eplb
+
+    weights = group_skewed(3, 64, 8, 2, 0.4, seed=6)
+    curve = eplb.pareto(weights, num_slots=96, num_gpus=16, num_nodes=4, num_groups=8, fractions=[0, 0.2],
+                        held_out=weights)
+    assert set(curve) >= {"max_off_node", "balancedness", "off_node_fraction", "balancedness_held_out_optimal"}
+    with pytest.raises(ValueError, match="fractions"):
+        eplb.pareto(weights, num_slots=96, num_gpus=16, num_nodes=4, num_groups=8, fractions=[2])
+    with pytest.raises(ValueError, match="held_out"):
+        eplb.pareto(weights, num_slots=96, num_gpus=16, num_nodes=4, num_groups=8, held_out=weights[:, :32])
