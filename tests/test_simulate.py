@@ -1,0 +1,190 @@
+"""The simulator: step times against hand-computed cases, copies and stalls, policies (own ones
+plug in), dispatch modes, determinism and input checks."""
+
+import functools
+
+import numpy as np
+import pytest
+
+import eplb
+from eplb.cost import CostModel
+from eplb.series import Series, mixture_path, synthetic_workloads
+from eplb.simulate import BalancerPolicy, FixedInterval, NoRebalance, simulate, sglang_like, vllm_like
+
+# 0.1 s per routed token (compute), 1 s per activated slot read (memory), copies: 100 bytes at
+# 50 B/s over NVLink, 10 B/s over the network
+SIMPLE = dict(expert_bytes=100, flops_per_token=10, token_bytes=1, flops=100, hbm_bandwidth=100,
+              nvlink_bandwidth=50, network_bandwidth=10)
+COMPUTE = CostModel(**SIMPLE, regime="compute")
+
+
+def test_imbalance_by_hand():
+    series = np.array([[[3, 1]], [[2, 2]]])  # [T=2, L=1, E=2]
+    result = simulate(series, num_slots=2, num_gpus=2, cost_model=COMPUTE, initial=[[0, 1]])
+    np.testing.assert_allclose(result.layer_time[:, 0], [0.3, 0.2])  # slowest GPU
+    np.testing.assert_allclose(result.balanced_time[:, 0], [0.2, 0.2])  # 4 tokens over 2 GPUs
+    summary = result.summary()
+    assert summary["lost_share"] == pytest.approx(0.1 / 0.4)
+    assert summary["copies"] == 0 and summary["rebalances"] == 0 and summary["stall_time_s"] == 0
+
+
+def test_replicas_cost_their_reads_by_hand():
+    """Expert 0 has 3 replicas (2 on GPU 0, 1 on GPU 1): with 2 tokens each replica is activated
+    with probability 1 - (2/3)^2 = 5/9; expert 1 (5 tokens) sits on GPU 1."""
+    memory = CostModel(**SIMPLE, regime="memory")
+    series = np.array([[[2, 5]]])
+    result = simulate(series, num_slots=4, num_gpus=2, cost_model=memory, initial=[[0, 0, 0, 1]])
+    gpu0 = 10 / 9 + (4 / 3) / 100  # activated slots * 100 B / 100 B/s + tokens * 1 B / 100 B/s
+    gpu1 = 5 / 9 + 1 + (2 / 3 + 5) / 100
+    assert result.layer_time[0, 0] == pytest.approx(max(gpu0, gpu1))
+    assert result.balanced_time[0, 0] == pytest.approx((gpu0 + gpu1) / 2)
+
+
+class SwapOnce:
+    """A policy written outside the package: one new placement after step 0."""
+
+    name = "swap once"
+
+    def start(self, placement, deployment):
+        self.seen = placement
+
+    def observe(self, step, counts):
+        return np.array([[0, 1, 0, 1]]) if step == 0 else None
+
+
+def swap_series(steps=15):
+    return np.tile(np.array([[[10, 0]]]), (steps, 1, 1))  # expert 0 takes every token
+
+
+def test_copy_modes_by_hand():
+    """GPU 0 (node 0) holds expert 0 twice, GPU 1 (node 1) expert 1 twice; the policy spreads both
+    over both GPUs: one cross-node copy each way, 100 B / 10 B/s = 10 s. Each step routes 10
+    tokens to expert 0: 1 s on one GPU before, 0.5 s on each after."""
+    deployment = dict(num_slots=4, num_gpus=2, num_nodes=2, initial=[[0, 0, 1, 1]], policy=SwapOnce())
+    stall = simulate(swap_series(), cost_model=COMPUTE, **deployment)
+    np.testing.assert_allclose(stall.step_time, [1.0] + [0.5] * 14)
+    np.testing.assert_allclose(stall.stall_time, [10.0] + [0.0] * 14)
+    np.testing.assert_array_equal(stall.copies[0], [0, 0, 2])
+    np.testing.assert_array_equal(stall.rebalance_steps, [0])
+    assert stall.copy_time[0] == pytest.approx(10.0)
+    assert stall.bytes_moved()["cross_node"] == 200
+    assert stall.summary()["lost_with_stalls_share"] == pytest.approx((1.0 - 0.5 + 10.0) / 7.5)
+    free = simulate(swap_series(), cost_model=COMPUTE.with_(copy_mode="free"), **deployment)
+    np.testing.assert_allclose(free.step_time, stall.step_time)
+    assert free.stall_time.sum() == 0 and free.copies.sum() == 2
+    # overlap: the old placement serves until the copies end 10 s after step 0 (at the end of step 10)
+    overlap = simulate(swap_series(), cost_model=COMPUTE.with_(copy_mode="overlap"), **deployment)
+    np.testing.assert_allclose(overlap.step_time, [1.0] * 11 + [0.5] * 4)
+    assert overlap.stall_time.sum() == 0
+    np.testing.assert_array_equal(overlap.final_placement.phy2log, [[0, 1, 0, 1]])
+
+
+def test_fixed_interval_rebalances_on_its_timer_from_its_window():
+    rng = np.random.default_rng(0)
+    series = rng.integers(0, 50, (12, 3, 8))
+    seen = []
+
+    def recorder(weight, num_replicas, num_groups, num_nodes, num_gpus):
+        seen.append(np.array(weight))
+        return eplb.rebalance_experts(weight, num_replicas, num_groups, num_nodes, num_gpus, method="greedy")
+
+    result = simulate(series, num_slots=12, num_gpus=4, cost_model=COMPUTE,
+                      policy=FixedInterval(4, window=2, method=recorder))
+    np.testing.assert_array_equal(result.rebalance_steps, [3, 7, 11])
+    np.testing.assert_allclose(seen[0], series[2:4].sum(axis=0))  # the last 2 steps before the rebalance
+    np.testing.assert_allclose(seen[2], series[10:12].sum(axis=0))
+    # the copies recorded are those of the transfer plan between consecutive placements
+    assert result.copies[[0, 1, 2, 4, 5, 6, 8, 9, 10]].sum() == 0
+
+
+def test_a_published_signature_function_plugs_in_like_the_method_name():
+    series = eplb.synthetic.drifting_counts(20, 4, 16, drift=0.3, tokens=256, seed=3)
+    options = dict(num_slots=24, num_gpus=4, num_nodes=2, num_groups=4, cost_model=COMPUTE)
+    by_name = simulate(series, policy=FixedInterval(5, method="greedy"), **options)
+    published = functools.partial(eplb.rebalance_experts, method="greedy")
+    by_function = simulate(series, policy=FixedInterval(5, method=published), **options)
+    np.testing.assert_array_equal(by_name.layer_time, by_function.layer_time)
+    np.testing.assert_array_equal(by_name.copies, by_function.copies)
+    np.testing.assert_array_equal(by_name.final_placement.phy2log, by_function.final_placement.phy2log)
+
+
+def drifting(steps=300, seed=1):
+    workloads = synthetic_workloads(3, 6, 64, shift=1.0, num_groups=8, seed=seed)
+    return Series(workloads, num_steps=steps, tokens_per_step=512, top_k=8, mixture=mixture_path(steps, 3), seed=seed)
+
+
+def test_rebalancing_policies_beat_standing_still_on_drifting_traffic():
+    series = drifting()
+    options = dict(num_slots=80, num_gpus=8, num_nodes=2, num_groups=8, cost_model=COMPUTE)
+    still = simulate(series, policy=NoRebalance(), **options).summary()
+    timer = simulate(series, policy=FixedInterval(50, method="greedy"), **options).summary()
+    balancer = simulate(series, policy=BalancerPolicy(25, window=50), **options).summary()
+    assert still["copies"] == 0
+    for summary in (timer, balancer):
+        assert summary["rebalances"] > 0 and summary["copies"] > 0
+        assert summary["lost_share"] < still["lost_share"]
+    assert timer["rebalances"] == 6
+
+
+def test_series_object_and_array_give_the_same_result_deterministically():
+    series = drifting(steps=60)
+    options = dict(num_slots=80, num_gpus=8, num_nodes=2, policy=FixedInterval(20), cost_model=COMPUTE)
+    a = simulate(series, **options)
+    b = simulate(series.to_array(), **options)
+    c = simulate(series, **options)
+    for x in (b, c):
+        np.testing.assert_array_equal(a.layer_time, x.layer_time)
+        np.testing.assert_array_equal(a.copies, x.copies)
+
+
+def test_optimal_dispatch_is_never_slower_than_uniform():
+    series = drifting(steps=20).to_array()
+    options = dict(num_slots=80, num_gpus=8, num_nodes=2, cost_model=COMPUTE)
+    uniform = simulate(series, **options)
+    optimal = simulate(series, dispatch="optimal", **options)
+    assert (optimal.layer_time <= uniform.layer_time * (1 + 1e-9)).all()
+    assert optimal.layer_time.sum() < uniform.layer_time.sum()
+    np.testing.assert_allclose(optimal.step_time.sum(), optimal.layer_time.sum())
+
+
+def test_engine_presets():
+    assert (vllm_like().every, vllm_like().window) == (3000, 1000)
+    assert (sglang_like().every, sglang_like().window) == (1000, 1000)
+
+
+def test_default_initial_is_the_greedy_plan_of_the_first_step():
+    series = drifting(steps=3).to_array()
+    result = simulate(series, num_slots=80, num_gpus=8, cost_model=COMPUTE)
+    expected = eplb.plan(series[0], num_slots=80, num_gpus=8, method="greedy")
+    np.testing.assert_array_equal(result.final_placement.phy2log, expected.phy2log)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(dispatch="random"), "dispatch must be one of"),
+    (dict(policy=object()), "policy must have start"),
+    (dict(cost_model="H100"), "cost_model must be an eplb.CostModel"),
+    (dict(num_slots=2), "num_slots .* must be >= the number of experts"),
+    (dict(initial=[[0, 0, 0, 0]]), "initial"),
+])
+def test_bad_arguments_raise(kwargs, match):
+    options = dict(num_slots=4, num_gpus=2, cost_model=COMPUTE)
+    options.update(kwargs)
+    with pytest.raises(ValueError, match=match):
+        simulate(np.ones((2, 1, 4)), **options)
+
+
+def test_bad_series_and_policy_output_raise():
+    with pytest.raises(ValueError, match="series must be a numeric"):
+        simulate(np.ones((2, 4)), num_slots=4, num_gpus=2)
+    with pytest.raises(ValueError, match="series must be non-negative"):
+        simulate(-np.ones((2, 1, 4)), num_slots=4, num_gpus=2)
+
+    class Bad:
+        def start(self, placement, deployment):
+            pass
+
+        def observe(self, step, counts):
+            return np.zeros((1, 4), np.int64)  # expert 1..3 without a slot
+
+    with pytest.raises(ValueError, match="policy.observe returned at step 0"):
+        simulate(np.ones((2, 1, 4)), num_slots=4, num_gpus=2, policy=Bad(), cost_model=COMPUTE)
