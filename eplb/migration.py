@@ -29,6 +29,7 @@ layer:
 from __future__ import annotations
 
 import time
+import warnings
 
 import numpy as np
 
@@ -111,17 +112,25 @@ def migrate(weights: np.ndarray, problem: Problem, previous: np.ndarray, scratch
     search = _search_arguments(problem, num_experts)
     group_of_expert = search[3]
     budgets = np.full(num_layers, budget, np.int64)
-    # per_change given (True, the default) in every call: one compiled specialization
-    local, local_changes, _ = improve_placement(weights, previous, previous, *search, target, budgets, 2 * num_slots,
-                                                True)
-    local_peak = _peaks(weights, local, topology)
+    # a layer whose previous placement spreads a group over nodes cannot be searched from: the
+    # search keeps groups where they are. It takes the relabelled fresh plan (hierarchical) below.
+    spread = groups_spread(previous, problem, num_experts)
+    kept = np.flatnonzero(~spread)
+    local, local_changes = previous.copy(), np.zeros(num_layers, np.int64)
+    local_peak = np.full(num_layers, np.inf)
+    if kept.size:
+        # per_change given (True, the default) in every call: one compiled specialization
+        local[kept], local_changes[kept], _ = improve_placement(
+            np.ascontiguousarray(weights[kept]), np.ascontiguousarray(previous[kept]),
+            np.ascontiguousarray(previous[kept]), *search, target[kept], budgets[kept], 2 * num_slots, True)
+        local_peak[kept] = _peaks(weights[kept], local[kept], topology)
     # Where the search from the previous placement stalls above the target, search again: (a) by
     # steepest descent, (b) from the previous placement with the fresh plan's replica counts, and
     # in hierarchical mode (c) with whole groups moved to the nodes the fresh plan gives them.
     for restart in RESTARTS:
         if restart == "regroup" and not (problem.hierarchical and topology.num_nodes > 1):
             continue
-        missed = np.flatnonzero(local_peak > target)
+        missed = np.flatnonzero((local_peak > target) & ~spread)
         if restart == "steepest":
             starts = [(layer, previous[layer]) for layer in missed]
         elif restart == "recount":
@@ -155,10 +164,16 @@ def migrate(weights: np.ndarray, problem: Problem, previous: np.ndarray, scratch
             weights[missed], matched, before, *search, target[missed], budgets[missed], 0, True)
         fresh_peak[missed] = _peaks(weights[missed], relabelled[missed], topology)
 
-    use_fresh = np.zeros(num_layers, bool)
-    for layer in range(num_layers):
+    use_fresh = spread.copy()
+    for layer in kept:
         use_fresh[layer] = fresh_changes[layer] <= budget and _better(
             fresh_peak[layer], fresh_changes[layer], local_peak[layer], local_changes[layer], target[layer])
+    over = np.flatnonzero(spread & (fresh_changes > budget))
+    if over.size:
+        warnings.warn(
+            f"previous spreads expert groups over nodes in layers {over.tolist()}: keeping every group on one "
+            f"node changes {fresh_changes[over].tolist()} slots there, more than max_moves={budget}",
+            RuntimeWarning, stacklevel=5)  # the caller of eplb.plan
     phy2log = np.where(use_fresh[:, None], relabelled, local)
     changes = np.where(use_fresh, fresh_changes, local_changes)
     if topology.num_slots <= TINY_SLOTS and not problem.hierarchical and tolerance is not None:
@@ -188,6 +203,7 @@ def migrate(weights: np.ndarray, problem: Problem, previous: np.ndarray, scratch
         "slots_changed": changes,
         "scratch_max_load": scratch_peak,
         "from_scratch": use_fresh,
+        "regrouped": spread,
         "tolerance": tolerance,
         "max_moves": max_moves,
     }
@@ -320,10 +336,32 @@ def near_bound(weights: np.ndarray, problem: Problem, previous: np.ndarray, *, t
     ``within [L]`` bool (the layers that got there).
     """
     num_layers, num_experts = weights.shape
+    near, changes, within = previous.copy(), np.zeros(num_layers, np.int64), np.zeros(num_layers, bool)
+    rows = np.flatnonzero(~groups_spread(previous, problem, num_experts))  # the others must move groups: see migrate
+    if rows.size == 0:
+        return near, changes, within
+    if rows.size < num_layers:
+        weights, previous = np.ascontiguousarray(weights[rows]), np.ascontiguousarray(previous[rows])
     target = reference_bound(weights, problem) * (1.0 + tolerance)
-    near, changes, _ = improve_placement(weights, previous, previous, *_search_arguments(problem, num_experts), target,
-                                         np.full(num_layers, budget, np.int64), 2 * problem.topology.num_slots, True)
-    return near, changes, _peaks(weights, near, problem.topology) <= target
+    near[rows], changes[rows], _ = improve_placement(
+        weights, previous, previous, *_search_arguments(problem, num_experts), target,
+        np.full(rows.size, budget, np.int64), 2 * problem.topology.num_slots, True)
+    within[rows] = _peaks(weights, near[rows], problem.topology) <= target
+    return near, changes, within
+
+
+def groups_spread(phy2log: np.ndarray, problem: Problem, num_experts: int) -> np.ndarray:
+    """``[L]`` bool: the layers of ``phy2log [L, S]`` where some expert group has replicas on more
+    than one node (always False unless ``problem.hierarchical``)."""
+    num_layers = phy2log.shape[0]
+    if not problem.hierarchical or problem.topology.num_nodes == 1:
+        return np.zeros(num_layers, bool)
+    topology = problem.topology
+    group = phy2log // (num_experts // problem.num_groups)  # [L, S]
+    node = topology.node_of_gpu[topology.gpu_of_slot]  # [S]
+    present = np.zeros((num_layers, problem.num_groups, topology.num_nodes), bool)
+    present[np.arange(num_layers)[:, None], group, node[None, :]] = True
+    return (present.sum(axis=2) > 1).any(axis=1)
 
 
 def _better(peak_a, changes_a, peak_b, changes_b, target) -> bool:
@@ -384,7 +422,9 @@ def _recounted(weights: np.ndarray, previous: np.ndarray, scratch: np.ndarray, t
             s = free[i]
             if hierarchical and node_of_slot[s] != group_node[group_of_expert[e]]:
                 continue
-            key = (np.any(row[topology.slot_offsets[gpu[s]]:topology.slot_offsets[gpu[s] + 1]] == e), loads[gpu[s]], s)
+            if np.any(row[topology.slot_offsets[gpu[s]]:topology.slot_offsets[gpu[s] + 1]] == e):
+                continue  # never a second replica of e on one GPU
+            key = (loads[gpu[s]], s)
             if best < 0 or key < best_key:
                 best, best_key = i, key
         if best < 0:
@@ -436,10 +476,10 @@ def _regrouped(weights: np.ndarray, previous: np.ndarray, scratch: np.ndarray, t
     row = previous.copy()
     for n in range(num_nodes):
         arriving = [e for g in np.flatnonzero((new_node == n) & (old_node != n)) for e in range(g * size, (g + 1) * size)]
-        if not arriving:
-            continue
         slots = np.flatnonzero(node_of_slot == n)
-        free = [s for s in slots if new_node[group[row[s]]] != n]
+        free = [s for s in slots if new_node[group[row[s]]] != n]  # leaving groups' slots
+        if not arriving and not free:
+            continue
         if len(free) < len(arriving):
             # take spare replicas of staying experts, the lightest per replica first
             counts = np.bincount(row[slots], minlength=num_experts)
@@ -459,7 +499,11 @@ def _regrouped(weights: np.ndarray, previous: np.ndarray, scratch: np.ndarray, t
         counts = np.bincount(row[slots][[new_node[group[e]] == n for e in row[slots]]], minlength=num_experts)
         members = np.flatnonzero(new_node[group] == n)
         for s in free[len(arriving):]:
-            e = members[np.argmax(weights[members] / np.maximum(counts[members], 1) * (counts[members] > 0))]
+            gpu_slots = row[topology.slot_offsets[topology.gpu_of_slot[s]]:topology.slot_offsets[topology.gpu_of_slot[s] + 1]]
+            allowed = (counts[members] > 0) & ~np.isin(members, gpu_slots)  # no second replica on one GPU
+            if not allowed.any():
+                return None
+            e = members[np.argmax(np.where(allowed, weights[members] / np.maximum(counts[members], 1), -1.0))]
             row[s] = e
             counts[e] += 1
     return row

@@ -414,7 +414,14 @@ def _undo_one(s, changed, w, row, prev, cnt, expert_slots, has, node_group, gpu_
             break
     if partner < 0 and cnt[e] < 2:
         return False
-    node_s = node_of_gpu[gpu_of_slot[s]]
+    # never a second replica of f (or of e, at the partner) on one GPU: moves avoid it, so must undos
+    gpu_s = gpu_of_slot[s]
+    gpu_p = gpu_of_slot[partner] if partner >= 0 else np.int64(-1)
+    if has[gpu_s, f] - int(gpu_p == gpu_s) > 0:
+        return False
+    if partner >= 0 and has[gpu_p, e] - int(gpu_p == gpu_s) > 0:
+        return False
+    node_s = node_of_gpu[gpu_s]
     if keep_groups and partner < 0 and node_group[node_s, group_of_expert[f]] == 0:
         return False
     if keep_groups and partner >= 0 and node_of_gpu[gpu_of_slot[partner]] != node_s:
