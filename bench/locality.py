@@ -161,9 +161,9 @@ def plot(rows: list[dict], path: Path) -> None:
     plt.close(fig)
 
 
-def run(quick: bool, results_dir: Path) -> str:
+def run(quick: bool, results_dir: Path, layers: int | None = None, traces: bool = True) -> str:
     fractions = QUICK_FRACTIONS if quick else FRACTIONS
-    layers = 12 if quick else 58
+    layers = layers or (12 if quick else 58)
     rows, notes, timing = [], [], []
     for name, deployment in DEPLOYMENTS.items():
         windows = group_skew_workloads(num_layers=layers)
@@ -172,7 +172,7 @@ def run(quick: bool, results_dir: Path) -> str:
         timing.append({"case": name, "max_off_node": cap,
                        "plan_ms": round(plan_time(windows, deployment, cap, 3 if quick else 15) * 1e3, 1),
                        "layers": layers})
-    workloads, missing = trace_workloads()
+    workloads, missing = trace_workloads() if traces else ([], [])
     notes += missing
     trace_configs = {"olmoe-1b-7b": dict(num_slots=80, num_gpus=16, num_nodes=2),
                      "gpt-oss-20b": dict(num_slots=48, num_gpus=8, num_nodes=2)}

@@ -7,9 +7,11 @@ section), and copies the headline table into the README between
 ``<!-- bench:headline:start -->`` and ``<!-- bench:headline:end -->``.
 
 The full run writes ``bench/results/`` and updates the README; ``--quick`` (well under two minutes
-on a 2-core machine) writes ``bench/results/quick/`` and leaves the README alone unless
-``--readme`` is given. A failing section is reported in the summary and makes the exit status 1;
-the other sections still run.
+on a 2-core machine) writes ``bench/results/quick/`` and never touches the README. Every section's
+markdown starts with the commit and time it ran at, so a partial re-run (``--only``) cannot pass an
+old figure off as new; the README's headline is only written by a full run in which every section
+ran, at one commit of a clean checkout (``--allow-dirty`` says in the README that it was not). A
+failing section is reported in the summary and makes the exit status 1; the other sections still run.
 """
 
 from __future__ import annotations
@@ -35,14 +37,16 @@ SECTIONS = (
     ("serving", "Serving", "online balancer in a serving simulation"),
     ("fewest_changes", "Fewest changes", "proven fewest slot changes per rebalance, gpt-oss-20b 40 slots"),
     ("gpt_oss_certificate", "Certificate", "gpt-oss-20b: how close to the bound a placement can get"),
+    ("locality", "Locality", "balancedness against off-node tokens (max_off_node), in and out of sample"),
 )
 
 START = "<!-- bench:headline:start -->"
 END = "<!-- bench:headline:end -->"
 
 
-def run_sections(names: list[str], quick: bool, results_dir: Path) -> list[dict]:
-    """Import and run each section; one record per section with its markdown, status and time."""
+def run_sections(names: list[str], quick: bool, results_dir: Path, stamp: str = "") -> list[dict]:
+    """Import and run each section; one record per section with its markdown (headed by ``stamp``:
+    the commit and time of this run), status and time."""
     records = []
     for name in names:
         title = next((t for n, t, _ in SECTIONS if n == name), name)
@@ -56,7 +60,9 @@ def run_sections(names: list[str], quick: bool, results_dir: Path) -> list[dict]
         start = time.perf_counter()
         try:
             module = importlib.import_module(name)
-            record["markdown"] = module.run(quick, results_dir)
+            markdown = module.run(quick, results_dir)
+            head, _, rest = markdown.partition("\n")
+            record["markdown"] = f"{head}\n\n_{stamp}_\n{rest}" if stamp else markdown
             if hasattr(module, "headline"):
                 record["headline"] = list(module.headline(results_dir))
         except Exception:  # a broken section must not hide the others' results
@@ -103,14 +109,19 @@ def headline_table(records: list[dict], quick: bool, when: str, results_dir: Pat
         where = str(results_dir)
     earlier = [r["title"] for r in records if r["status"].startswith("not run") and r["headline"]]
     note = f" {', '.join(earlier)}: figures recorded by an earlier run." if earlier else ""
-    return (f"{table}\n\nMeasured by `python bench/run.py{' --quick' if quick else ''}` on {when} "
-            f"({load_note()}; the machine is shared, times are medians).{note} All results: `{where}/SUMMARY.md`.")
+    return (f"{table}\n\nMeasured by `python bench/run.py{' --quick' if quick else ''}` at commit {git_commit()} "
+            f"on {when} ({load_note()}; the machine is shared, times are medians).{note} "
+            f"All results: `{where}/SUMMARY.md`.")
 
 
 def git_commit() -> str:
+    """The short commit of the checkout, with ``+uncommitted`` when tracked files differ from it."""
     try:
         done = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
-        return done.stdout.strip() or "unknown"
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
+                               capture_output=True, text=True)
+        commit = done.stdout.strip() or "unknown"
+        return commit + ("+uncommitted" if dirty.stdout.strip() else "")
     except OSError:
         return "unknown"
 
@@ -161,23 +172,31 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="small sizes and few repeats (< 2 minutes)")
     parser.add_argument("--only", nargs="+", choices=[n for n, _, _ in SECTIONS], help="run these sections only")
     parser.add_argument("--results-dir", type=Path, help="default: bench/results (bench/results/quick with --quick)")
-    parser.add_argument("--readme", action=argparse.BooleanOptionalAction, default=None,
-                        help="copy the headline table into README.md (default: on for the full run)")
+    parser.add_argument("--no-readme", action="store_true", help="do not copy the headline table into README.md")
+    parser.add_argument("--allow-dirty", action="store_true",
+                        help="write the README even from a checkout with uncommitted changes (the table says so)")
     args = parser.parse_args(argv)
     results_dir = args.results_dir or (BENCH / "results" / ("quick" if args.quick else ""))
     results_dir.mkdir(parents=True, exist_ok=True)
     names = args.only or [n for n, _, _ in SECTIONS]
     when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
 
+    stamp = f"`bench/run.py{' --quick' if args.quick else ''}` at commit {git_commit()}, {when}"
     start = time.perf_counter()
-    records = run_sections(names, args.quick, results_dir)
+    records = run_sections(names, args.quick, results_dir, stamp)
     total = time.perf_counter() - start
     if args.only:
         collect_headlines(records, results_dir)
     (results_dir / "SUMMARY.md").write_text(summary(records, args.quick, when, total, results_dir))
-    write_readme = args.readme if args.readme is not None else not args.quick
-    if write_readme:
-        update_readme(ROOT / "README.md", headline_table(records, args.quick, when, results_dir))
+    complete = not args.only and all(r["status"] in ("ok", "absent") for r in records)
+    clean = "+uncommitted" not in git_commit() or args.allow_dirty
+    if not (args.quick or args.no_readme):
+        if complete and clean:
+            update_readme(ROOT / "README.md", headline_table(records, args.quick, when, results_dir))
+        else:
+            why = "not every section ran and succeeded" if not complete else "the checkout has uncommitted changes"
+            print(f"[bench] README left alone: {why} (its headline comes from one full run at one commit)",
+                  file=sys.stderr)
     print(f"[bench] {total:.0f} s in all; summary: {results_dir / 'SUMMARY.md'}", file=sys.stderr)
     return 1 if any(r["status"] == "FAILED" for r in records) else 0
 

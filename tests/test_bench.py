@@ -15,6 +15,7 @@ speed = importlib.import_module("speed")
 startup = importlib.import_module("startup")
 generalisation = importlib.import_module("generalisation")
 runner = importlib.import_module("run")
+locality = importlib.import_module("locality")
 
 
 def read(path):
@@ -117,3 +118,25 @@ def test_readme_headline_goes_between_markers_above_design(tmp_path, has_markers
     assert text.count(runner.START) == 1 and text.count(runner.END) == 1 and "old table" not in text
     assert text.index("## Use") < text.index("## Benchmarks") < text.index(runner.START) < text.index("## Design")
     assert "| figure | measured | target |" in text and text.endswith("## Design\n\nmore\n")
+
+
+def test_locality_reports_the_curve_and_its_targets(tmp_path):
+    text = locality.run(True, tmp_path, layers=2, traces=False)
+    rows = read(tmp_path / "locality.csv")
+    curve = [r for r in rows if r["max_off_node"] in {str(f) for f in locality.QUICK_FRACTIONS}]
+    assert len(curve) == 2 * len(locality.QUICK_FRACTIONS)
+    for r in curve:
+        assert float(r["off_node_in_sample"]) <= float(r["max_off_node"]) + 1e-9
+        assert 0 < float(r["balancedness_out_of_sample"]) <= 1
+    assert any("greedy" in r["max_off_node"] for r in rows)
+    assert "## Locality" in text and (tmp_path / "locality.png").stat().st_size > 0
+    assert any("<= 10%" in target for _, _, target in locality.headline(tmp_path))
+
+
+def test_every_section_records_the_commit_it_ran_at(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(runner, "BENCH", tmp_path)
+    (tmp_path / "stamped_section.py").write_text("def run(quick, results_dir):\n    return '## Stamped\\n\\nbody'\n")
+    records = runner.run_sections(["stamped_section"], True, tmp_path, "at commit abc1234, today")
+    assert records[0]["markdown"].splitlines()[:3] == ["## Stamped", "", "_at commit abc1234, today_"]
+    assert "body" in records[0]["markdown"]
