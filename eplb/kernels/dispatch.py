@@ -90,12 +90,33 @@ def _augment(end, parent, num_free, edge_x, edge_g, flow, rem, slack):
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def _cancel_one_cycle(num_nodes, num_free, num_edges, edge_x, edge_g, flow, eps, root, forest, queue, parent):
-    """If the edges that carry flow contain a cycle, shift flow around it until one edge empties
-    (every expert's and GPU's total is unchanged) and return True; else return False."""
+def _cancel_cycles(num_nodes, num_free, num_edges, edge_x, edge_g, flow, eps, root, in_forest, adj_start, adj_edges,
+                   queue, parent):
+    """Shift flow around every cycle of the edges that carry flow until they form a forest.
+
+    Around a cycle (expert and GPU nodes alternate) flow goes up on every other edge and down on
+    the others, so no expert's or GPU's total changes; it moves until an edge empties. Edges join
+    a forest one by one; an edge whose ends the forest already connects closes a cycle with the
+    forest path between them, and emptying one edge of that cycle keeps the rest a forest.
+    """
+    for v in range(num_nodes + 1):
+        adj_start[v] = 0
+    for k in range(num_edges):
+        in_forest[k] = False
+        if flow[k] > eps:
+            adj_start[edge_x[k] + 1] += 1
+            adj_start[num_free + edge_g[k] + 1] += 1
+    for v in range(num_nodes):
+        adj_start[v + 1] += adj_start[v]
+        root[v] = adj_start[v]  # fill pointer while building, union-find below
+    for k in range(num_edges):
+        if flow[k] > eps:
+            adj_edges[root[edge_x[k]]] = k
+            root[edge_x[k]] += 1
+            adj_edges[root[num_free + edge_g[k]]] = k
+            root[num_free + edge_g[k]] += 1
     for v in range(num_nodes):
         root[v] = v
-    num_forest = 0
     for k in range(num_edges):
         if flow[k] <= eps:
             continue
@@ -109,10 +130,9 @@ def _cancel_one_cycle(num_nodes, num_free, num_edges, edge_x, edge_g, flow, eps,
             rb = root[rb]
         if ra != rb:
             root[ra] = rb
-            forest[num_forest] = k
-            num_forest += 1
+            in_forest[k] = True
             continue
-        # a cycle: the forest path from GPU b to expert a, closed by edge k
+        # the forest path from GPU b to expert a (union-find only filters: the search decides)
         for v in range(num_nodes):
             parent[v] = -2
         parent[b] = -1
@@ -122,18 +142,19 @@ def _cancel_one_cycle(num_nodes, num_free, num_edges, edge_x, edge_g, flow, eps,
         while head < tail and parent[a] == -2:
             v = queue[head]
             head += 1
-            for i in range(num_forest):
-                f = forest[i]
-                u = -1
-                if edge_x[f] == v:
-                    u = num_free + edge_g[f]
-                elif num_free + edge_g[f] == v:
-                    u = edge_x[f]
-                if u >= 0 and parent[u] == -2:
+            for i in range(adj_start[v], adj_start[v + 1]):
+                f = adj_edges[i]
+                if not in_forest[f]:
+                    continue
+                u = edge_x[f] if edge_x[f] != v else num_free + edge_g[f]
+                if parent[u] == -2:
                     parent[u] = f
                     queue[tail] = u
                     tail += 1
-        # walk a -> b: edges alternate in sign; edge k and every second path edge from a give flow
+        if parent[a] == -2:
+            in_forest[k] = True
+            continue
+        # walk a -> b: edge k loses flow, the path edges from a gain and lose in turn
         delta = flow[k]
         v = a
         position = 0
@@ -152,10 +173,15 @@ def _cancel_one_cycle(num_nodes, num_free, num_edges, edge_x, edge_g, flow, eps,
                 flow[f] += delta
             else:
                 flow[f] -= delta
+                if flow[f] <= eps:
+                    flow[f] = 0.0
+                    in_forest[f] = False
             v = edge_x[f] if edge_x[f] != v else num_free + edge_g[f]
             position += 1
-        return True
-    return False
+        if flow[k] > eps:
+            in_forest[k] = True
+        else:
+            flow[k] = 0.0
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
@@ -228,7 +254,9 @@ def optimal_shares(weights, phy2log, gpu_of_slot, num_gpus):
     queue = np.empty(num_nodes_max, np.int64)
     mark = np.zeros(num_nodes_max, np.int64)
     root = np.empty(num_nodes_max, np.int64)
-    forest = np.empty(num_slots, np.int64)
+    in_forest = np.empty(num_slots, np.bool_)
+    adj_start = np.empty(num_nodes_max + 1, np.int64)
+    adj_edges = np.empty(2 * num_slots, np.int64)
     loads = np.empty(num_gpus)
     stamp = 0
     for layer in range(num_layers):
@@ -380,10 +408,8 @@ def optimal_shares(weights, phy2log, gpu_of_slot, num_gpus):
                 slack[g] += raised - target
             target = raised
         # 6. cancel cycles: a forest of split experts
-        for _ in range(num_edges):
-            if not _cancel_one_cycle(num_free + num_touched, num_free, num_edges, edge_x, edge_g, flow, eps,
-                                     root, forest, queue, parent):
-                break
+        _cancel_cycles(num_free + num_touched, num_free, num_edges, edge_x, edge_g, flow, eps, root, in_forest,
+                       adj_start, adj_edges, queue, parent)
         # 7. shares: flow over an expert's placed tokens, split evenly among its slots on one GPU
         for s in range(num_slots):
             e = phy2log[layer, s]
