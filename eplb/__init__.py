@@ -8,6 +8,7 @@ from .methods import DEFAULT_METHOD, METHODS
 from .placement import Placement
 from .topology import Topology
 from .transfer import TransferPlan, transfer_plan
+from .warmup import warmup
 
 __version__ = "0.1.0"
 
@@ -25,4 +26,5 @@ __all__ = [
     "plan",
     "rebalance_experts",
     "transfer_plan",
+    "warmup",
 ]
