@@ -29,9 +29,13 @@ PLACEMENT_FORMAT_NAMES = ("eplb", "npz", "sglang", "trtllm")
 
 
 class Failure(click.ClickException):
-    """Exit 1 with ``Error: <message>`` and no traceback."""
+    """Exit 1 with ``Error: <message>`` on one line and no traceback."""
 
     exit_code = 1
+
+    def __init__(self, message: str):
+        message = " ".join(str(message).split())
+        super().__init__(message if len(message) <= 600 else message[:597] + "...")
 
 
 def friendly_errors(command):

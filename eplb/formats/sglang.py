@@ -67,7 +67,9 @@ def read_sglang_dump(path: Path, as_json: bool | None = None) -> CountsFile:
     else:
         try:
             counts = np.array(counts, dtype=np.float64)
-        except (ValueError, TypeError, OverflowError):
+        except OverflowError:
+            raise FormatError(path, f"'{COUNTS_KEY}' holds an integer beyond float64's range (1.8e308)") from None
+        except (ValueError, TypeError):
             raise FormatError(path, f"'{COUNTS_KEY}' must be a rectangular array of numbers") from None
     counts = check_counts(counts, path, f"'{COUNTS_KEY}'")
     metadata = {k: document[k] for k in ("rank", "average_utilization_rate_over_window")

@@ -1,0 +1,180 @@
+"""Hostile and malformed files through the command line: refused quickly, on one line naming the
+file and the rule, with the documented exit code (1 bad input, 2 bad command line), never a
+traceback, never a huge allocation from a tiny file."""
+
+import json
+
+import numpy as np
+import pytest
+
+import eplb
+from eplb.formats import FormatError, read_counts, read_placement
+
+from test_cli import invoke
+
+yaml = pytest.importorskip("yaml")
+COUNTS = np.random.default_rng(5).integers(0, 100, size=(2, 16))
+
+
+def _placement_dict(**changes):
+    data = eplb.plan(np.ones((2, 16)), num_slots=24, num_gpus=4, method="greedy").to_dict()
+    data.update(changes)
+    return {"placement": data}
+
+
+def _billion_laughs(levels: int = 10) -> str:
+    lines = ["a: &a [lol, lol, lol, lol, lol, lol, lol, lol, lol]"]
+    for i in range(1, levels):
+        prev, name = chr(96 + i), chr(97 + i)
+        lines.append(f"{name}: &{name} [" + ", ".join([f"*{prev}"] * 9) + "]")
+    return ("# eplb: num_gpus=2\ninitial_global_assignments:\n  0: [0, 1]\nbomb:\n"
+            + "".join(f"  {line}\n" for line in lines))
+
+
+# (file name, content writer, command, words of the one-line message)
+HOSTILE = [
+    ("laughs.yaml", lambda p: p.write_text(_billion_laughs()), ["validate", "laughs.yaml"],
+     ["laughs.yaml", "aliases expand"]),
+    ("self.yaml", lambda p: p.write_text("initial_global_assignments: &a\n  0: [0, 1]\n  1: *a\n"),
+     ["validate", "self.yaml", "--gpus", "1"], ["self.yaml", "alias to itself"]),
+    ("tiny.csv", lambda p: p.write_text("layer,expert,count\n0,20000000,7"),
+     ["plan", "tiny.csv", "-s", "8", "-g", "2", "-o", "out.json"], ["tiny.csv", "20,000,001", "EPLB_MAX_EXPERTS"]),
+    ("id12.json", lambda p: p.write_text(json.dumps({"physical_to_logical_map": [[0, 1, 2, 10 ** 12]]})),
+     ["validate", "id12.json", "--gpus", "2"], ["id12.json", "EPLB_MAX_EXPERTS"]),
+    ("id30.json", lambda p: p.write_text(json.dumps({"physical_to_logical_map": [[0, 1, 2, 10 ** 30]]})),
+     ["validate", "id30.json", "--gpus", "2"], ["id30.json", "expert id"]),
+    ("experts.json", lambda p: p.write_text(json.dumps(_placement_dict(num_experts=10 ** 12))),
+     ["validate", "experts.json"], ["experts.json", "num_experts", "limit"]),
+    ("digits.json", lambda p: p.write_text('{"logical_count": [[' + "1" * 400 + ", 2]]}"),
+     ["plan", "digits.json", "-s", "2", "-g", "1", "-o", "out.json"], ["digits.json", "float64"]),
+    ("deep.json", lambda p: p.write_text("[" * 100_000 + "]" * 100_000),
+     ["plan", "deep.json", "-s", "2", "-g", "1", "-o", "out.json"], ["deep.json", "nested"]),
+    ("nodes.npz", lambda p: np.savez(p, phy2log=np.array([[0, 1, 2, 3]]), slots_per_gpu=np.array([2, 2]),
+                                     num_nodes=np.array([1, 2])),
+     ["validate", "nodes.npz"], ["nodes.npz", "num_nodes", "one integer"]),
+    ("slots.json", lambda p: p.write_text(json.dumps(_placement_dict(
+        topology={"slots_per_gpu": [1e20, 6, 6, 6], "num_nodes": 1}))),
+     ["validate", "slots.json"], ["slots.json", "slots_per_gpu"]),
+    ("layer.csv", lambda p: p.write_text("layer,expert,count\n1e300,1,7\n"),
+     ["plan", "layer.csv", "-s", "2", "-g", "1", "-o", "out.json"], ["layer.csv", "layer column"]),
+    ("slots.yaml", lambda p: p.write_text("num_slots: '24'\ninitial_global_assignments:\n  0: [0, 1]\n"),
+     ["validate", "slots.yaml", "--gpus", "1"], ["slots.yaml", "num_slots must be an integer"]),
+    ("abc.json", lambda p: p.write_text(json.dumps(_placement_dict(num_groups="abc"))),
+     ["validate", "abc.json"], ["abc.json", "num_groups must be an integer"]),
+    ("minus.json", lambda p: p.write_text(json.dumps(_placement_dict(num_groups=-3))),
+     ["validate", "minus.json"], ["minus.json", "num_groups must be >= 1"]),
+]
+
+
+@pytest.mark.parametrize("name, write, args, words", HOSTILE, ids=[case[0] for case in HOSTILE])
+def test_hostile_files_are_refused_on_one_line(tmp_path, name, write, args, words):
+    write(tmp_path / name)
+    _, err = invoke(*args, cwd=tmp_path, expect=1)
+    assert err.startswith("Error: ") and err.count("\n") == 1, err
+    for word in words:
+        assert word in err, err
+    assert not (tmp_path / "out.json").exists()
+
+
+def test_alias_budget_keeps_safe_load_semantics_for_ordinary_aliases(tmp_path, monkeypatch):
+    """A few aliases (a shared list) read as yaml.safe_load reads them; the budget is an option."""
+    text = ("# eplb: num_gpus=2\ninitial_global_assignments:\n  0: &row [0, 1, 2, 3]\n  1: *row\n")
+    (tmp_path / "ok.yaml").write_text(text)
+    placement = read_placement(tmp_path / "ok.yaml").placement
+    expected = yaml.safe_load(text)["initial_global_assignments"]
+    assert placement.phy2log.tolist() == [expected[0], expected[1]] == [[0, 1, 2, 3]] * 2
+    (tmp_path / "laughs.yaml").write_text(_billion_laughs(4))       # 9^4 = 6,561 nodes once expanded
+    read_placement(tmp_path / "laughs.yaml")
+    monkeypatch.setenv("EPLB_MAX_YAML_NODES", "1000")
+    with pytest.raises(FormatError, match="EPLB_MAX_YAML_NODES"):
+        read_placement(tmp_path / "laughs.yaml")
+
+
+def test_sizes_on_the_command_line_are_checked_before_allocating(tmp_path):
+    np.save(tmp_path / "c.npy", COUNTS)
+    _, err = invoke("plan", "c.npy", "--slots", str(10 ** 12), "--gpus", str(10 ** 12), "-o", "p.json",
+                    cwd=tmp_path, expect=2)
+    assert "--slots" in err and "EPLB_MAX_SLOTS" in err
+
+
+def test_limits_can_be_raised(tmp_path, monkeypatch):
+    (tmp_path / "wide.csv").write_text("layer,expert,count\n0,70000,7\n")
+    with pytest.raises(FormatError, match="EPLB_MAX_EXPERTS"):
+        read_counts(tmp_path / "wide.csv")
+    monkeypatch.setenv("EPLB_MAX_EXPERTS", "100000")
+    assert read_counts(tmp_path / "wide.csv").num_experts == 70001
+
+
+def test_output_may_not_be_an_input_and_replacing_says_so(tmp_path):
+    np.save(tmp_path / "c.npy", COUNTS)
+    before = (tmp_path / "c.npy").read_bytes()
+    _, err = invoke("plan", "c.npy", "-s", "24", "-g", "4", "-o", "c.npy", "-f", "npz", cwd=tmp_path, expect=2)
+    assert "input file" in err and (tmp_path / "c.npy").read_bytes() == before
+    (tmp_path / "link.npz").symlink_to(tmp_path / "c.npy")
+    invoke("plan", "c.npy", "-s", "24", "-g", "4", "-o", "link.npz", cwd=tmp_path, expect=2)
+    assert (tmp_path / "c.npy").read_bytes() == before
+    _, err = invoke("plan", "c.npy", "-s", "24", "-g", "4", "-o", "p.json", cwd=tmp_path)
+    assert err == ""
+    _, err = invoke("plan", "c.npy", "-s", "24", "-g", "4", "-o", "p.json", cwd=tmp_path)
+    assert "replacing the existing file p.json" in err
+
+
+def test_layer_updates_per_iter_needs_yaml_output(tmp_path):
+    np.save(tmp_path / "c.npy", COUNTS)
+    _, err = invoke("plan", "c.npy", "-s", "24", "-g", "4", "-o", "p.json", "--layer-updates-per-iter", "2",
+                    cwd=tmp_path, expect=2)
+    assert "--layer-updates-per-iter" in err and "TensorRT-LLM" in err
+    invoke("plan", "c.npy", "-s", "24", "-g", "4", "-o", "p.yaml", "--layer-updates-per-iter", "2", cwd=tmp_path)
+    assert yaml.safe_load((tmp_path / "p.yaml").read_text())["layer_updates_per_iter"] == 2
+
+
+def test_previous_plan_on_another_node_count_names_the_nodes(tmp_path):
+    np.save(tmp_path / "c.npy", COUNTS)
+    invoke("plan", "c.npy", "-s", "24", "-g", "4", "-n", "2", "-o", "old.json", cwd=tmp_path)
+    _, err = invoke("plan", "c.npy", "-s", "24", "-g", "4", "-n", "1", "-o", "new.json", "--previous", "old.json",
+                    cwd=tmp_path, expect=1)
+    assert "old.json" in err and "nodes 2 vs 1" in err
+
+
+# -- silent misreads ---------------------------------------------------------------------------
+
+
+def test_csv_with_an_index_column_is_not_an_expert(tmp_path):
+    pd = pytest.importorskip("pandas")
+    counts = np.random.default_rng(0).integers(0, 100, (4, 256))
+    pd.DataFrame(counts).to_csv(tmp_path / "index.csv")                  # ",0,1,...,255" then "0,..."
+    data = read_counts(tmp_path / "index.csv")
+    assert data.num_experts == 256 and np.array_equal(data.weights, counts)
+    pd.DataFrame(counts, index=pd.Index([3, 4, 5, 6], name="layer_id")).to_csv(tmp_path / "layers.csv")
+    data = read_counts(tmp_path / "layers.csv")
+    assert data.layer_ids.tolist() == [3, 4, 5, 6] and np.array_equal(data.weights, counts)
+
+
+@pytest.mark.parametrize("header", [("layer_id", "expert_id", "tokens"), ("layer_idx", "expert", "num_tokens"),
+                                    ("layer", "expert_idx", "counts")])
+def test_long_csv_spellings_are_recognised(tmp_path, header):
+    counts = np.random.default_rng(1).integers(0, 100, (3, 16))
+    lines = [",".join(header)] + [f"{l},{e},{counts[l, e]}" for l in range(3) for e in range(16)]
+    (tmp_path / "long.csv").write_text("\n".join(lines) + "\n")
+    data = read_counts(tmp_path / "long.csv")
+    assert (data.num_layers, data.num_experts) == (3, 16) and np.array_equal(data.weights, counts)
+
+
+def test_transposed_array_is_refused_with_the_flags_that_fix_it(tmp_path):
+    counts = np.random.default_rng(2).integers(0, 100, (61, 256))
+    np.save(tmp_path / "t.npy", counts.T)
+    _, err = invoke("plan", "t.npy", "-s", "288", "-g", "8", "-o", "p.json", cwd=tmp_path, expect=1)
+    assert "t.npy" in err and "--transpose" in err and "--allow-shape" in err
+    out, _ = invoke("plan", "t.npy", "-s", "288", "-g", "8", "-o", "p.json", "--transpose", "--method", "greedy",
+                    cwd=tmp_path)
+    assert "61 layers x 256 experts" in out
+    out, _ = invoke("plan", "t.npy", "-s", "64", "-g", "8", "-o", "q.json", "--allow-shape", "--method", "greedy",
+                    cwd=tmp_path)
+    assert "256 layers x 61 experts" in out
+
+
+def test_one_dimensional_counts_are_one_layer(tmp_path):
+    np.save(tmp_path / "one.npy", np.arange(1, 17))
+    out, _ = invoke("plan", "one.npy", "-s", "24", "-g", "4", "-o", "p.json", cwd=tmp_path)
+    assert "1 layers x 16 experts" in out
+    assert read_placement(tmp_path / "p.json").placement == eplb.plan(np.arange(1, 17), num_slots=24, num_gpus=4)
