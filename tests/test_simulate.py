@@ -188,3 +188,24 @@ def test_bad_series_and_policy_output_raise():
 
     with pytest.raises(ValueError, match="policy.observe returned at step 0"):
         simulate(np.ones((2, 1, 4)), num_slots=4, num_gpus=2, policy=Bad(), cost_model=COMPUTE)
+
+
+def test_report_tables_and_page(tmp_path):
+    from eplb.simulation_report import write_simulation_report, write_tables
+
+    deployment = dict(num_slots=4, num_gpus=2, num_nodes=2, initial=[[0, 0, 1, 1]], cost_model=COMPUTE)
+    results = [simulate(swap_series(), policy=NoRebalance(), **deployment),
+               simulate(swap_series(), policy=SwapOnce(), **deployment)]
+    summary_path, steps_path = write_tables(results, tmp_path)
+    summary = summary_path.read_text().splitlines()
+    assert len(summary) == 3 and summary[2].startswith("swap once,15,")
+    steps = steps_path.read_text().splitlines()
+    assert len(steps) == 1 + 2 * 15
+    assert steps[16].split(",")[-3:] == ["0", "0", "2"]  # the swap's two cross-node copies after step 0
+    pytest.importorskip("matplotlib")
+    written = write_simulation_report(results, tmp_path / "report")
+    page = written["html"].read_text()
+    assert "swap once" in page and "no rebalancing" in page and page.count("<figure") == 3
+    assert all(path.stat().st_size > 0 for path in written["figures"])
+    with pytest.raises(ValueError, match="one series"):
+        write_tables([results[0], simulate(swap_series(5), **deployment)], tmp_path)
