@@ -203,7 +203,8 @@ class SimulationResult:
         layer_time: ``[T, L]`` each layer's time (its slowest GPU).
         balanced_time: ``[T, L]`` each layer's time with its work spread evenly over the GPUs.
         stall_time: ``[T]`` time serving waited for weight copies after step ``t``.
-        copies: ``[T, 3]`` weight copies started after step ``t``: intra-GPU, intra-node, cross-node.
+        copies: ``[T, 3]`` slots whose expert changed after step ``t``, by where the weights come
+            from: the same GPU (a local move, not a copy between GPUs), the same node, another node.
         copy_time: ``[T]`` duration of the copies started after step ``t``.
         rebalance_steps: ``[R]`` steps after which a new placement was adopted (the copies start).
         policy: the policy's name; cost_model: the :class:`CostModel`; expert_bytes: bytes per copy.
@@ -245,8 +246,10 @@ class SimulationResult:
         return result
 
     def summary(self) -> dict[str, Any]:
-        """Totals: time lost to imbalance (and with stalls) as a share of the balanced time, copies,
-        bytes, rebalances."""
+        """Totals: time lost to imbalance (and with stalls) as a share of the balanced time,
+        rebalances, and weight copies between GPUs (``copies``: a slot whose expert changes, unless
+        its GPU already holds that expert; those are ``local_moves``, within one GPU's HBM) and the
+        bytes they move."""
         ideal = float(self.ideal_time.sum())
         moe = float(self.step_time.sum())
         stall = float(self.stall_time.sum())
@@ -257,8 +260,9 @@ class SimulationResult:
             "lost_share": (moe - ideal) / ideal if ideal > 0 else 0.0,
             "lost_with_stalls_share": (moe + stall - ideal) / ideal if ideal > 0 else 0.0,
             "rebalances": self.num_rebalances,
-            "copies": int(copies.sum()), "copies_intra_gpu": int(copies[0]), "copies_intra_node": int(copies[1]),
-            "copies_cross_node": int(copies[2]), "bytes_moved": self.bytes_moved()["total"],
+            "copies": int(copies[1] + copies[2]), "copies_intra_node": int(copies[1]),
+            "copies_cross_node": int(copies[2]), "local_moves": int(copies[0]),
+            "bytes_moved": float((copies[1] + copies[2]) * self.cost_model.expert_bytes),
             "wall_time_s": self.wall_time_s,
         }
 

@@ -55,7 +55,7 @@ def write_tables(results: Sequence[SimulationResult], out_dir) -> list[Path]:
         writer.writerows(rows)
     with open(steps_path, "w", newline="") as handle:
         writer = csv.writer(handle)
-        writer.writerow(["policy", "step", "moe_time_s", "balanced_time_s", "stall_s", "copies_intra_gpu",
+        writer.writerow(["policy", "step", "moe_time_s", "balanced_time_s", "stall_s", "local_moves",
                          "copies_intra_node", "copies_cross_node"])
         for r in results:
             moe, ideal = r.step_time, r.ideal_time

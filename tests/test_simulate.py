@@ -79,6 +79,21 @@ def test_copy_modes_by_hand():
     np.testing.assert_array_equal(overlap.final_placement.phy2log, [[0, 1, 0, 1]])
 
 
+def test_a_gpu_that_holds_the_expert_needs_no_copy():
+    class Shuffle:
+        def start(self, placement, deployment):
+            pass
+
+        def observe(self, step, counts):
+            return np.array([[1, 0, 3, 2]]) if step == 0 else None  # swaps within each GPU
+
+    result = simulate(np.ones((3, 1, 4)), num_slots=4, num_gpus=2, num_nodes=2, initial=[[0, 1, 2, 3]],
+                      policy=Shuffle(), cost_model=COMPUTE)
+    summary = result.summary()
+    assert (summary["copies"], summary["local_moves"], summary["bytes_moved"]) == (0, 4, 0.0)
+    assert result.stall_time[0] == pytest.approx(2 * 2 * 100 / 100)  # each GPU's HBM reads and writes 2
+
+
 def test_fixed_interval_rebalances_on_its_timer_from_its_window():
     rng = np.random.default_rng(0)
     series = rng.integers(0, 50, (12, 3, 8))
