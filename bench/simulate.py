@@ -36,7 +36,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from _common import load_note, markdown_table, traces_dir, write_csv
+from _common import load_note, markdown_table, read_csv, traces_dir, write_csv
 
 import eplb
 from eplb.cost import CostModel
@@ -193,11 +193,38 @@ def verdicts(rows: list[dict]) -> list[str]:
     return lines
 
 
-def run(quick: bool, results_dir: Path) -> str:
-    blocks = 180 if quick else 900
+def headline(results_dir: Path) -> list[tuple[str, str, str]]:
+    """README headline rows ``(figure, measured, target)``: the Balancer against the reference and
+    the engines' timers on the DeepSeek-V3-sized drifting series."""
+    path = Path(results_dir) / "simulate.csv"
+    if not path.exists():
+        return []
+    rows = [r for r in read_csv(path) if r.get("targets", "True") == "True" and r["series"].startswith("DeepSeek-V3")]
+    out = []
+    for deployment in dict.fromkeys(r["deployment"] for r in rows):
+        get = {r["policy_key"]: r for r in rows if r["deployment"] == deployment}
+        if not {"balancer", "reference", "vllm", "sglang"} <= set(get):
+            continue
+        lost = {k: float(get[k]["lost_share"]) for k in get}
+        copies = int(get["balancer"]["copies"])
+        fewest = min(int(get["vllm"]["copies"]), int(get["sglang"]["copies"]))
+        hierarchical = "hierarchical" in deployment
+        target = TARGETS["reference_ratio_hierarchical" if hierarchical else "reference_ratio_global"]
+        ratio = lost["balancer"] / lost["reference"] if lost["reference"] > 0 else float("inf")
+        out.append((f"Simulated MoE time lost to imbalance, Balancer defaults, DeepSeek-V3 size {deployment}",
+                    f"{lost['balancer']:.1%} (reference {lost['reference']:.1%}, vLLM-like {lost['vllm']:.1%}, "
+                    f"SGLang-like {lost['sglang']:.1%}); {copies} copies (fixed: >= {fewest})",
+                    f"<= {target}x the reference: {'met' if ratio <= target else 'not met'} ({ratio:.2f}x); "
+                    f"copies <= 0.25x: {'met' if fewest and copies <= 0.25 * fewest else 'not met'}"))
+    return out
+
+
+def run(quick: bool, results_dir: Path, *, blocks: int | None = None, timing_steps: int | None = None) -> str:
+    """The section's markdown; ``blocks`` and ``timing_steps`` override the sizes (tests)."""
+    blocks = blocks or (180 if quick else 900)
     rows, notes = measure(blocks)
     write_csv(results_dir / "simulate.csv", rows)
-    timed = timing(2000 if quick else 10_000)
+    timed = timing(timing_steps or (2000 if quick else 10_000))
     header = ["series", "deployment", "policy", "MoE time lost", "with stalls", "rebalances", "copies", "cross-node", "GB moved"]
     table = markdown_table(header, [
         (r["series"], r["deployment"], r["policy"], f"{100 * r['lost_share']:.2f}%",
