@@ -435,3 +435,124 @@ def optimal_shares(weights, phy2log, gpu_of_slot, num_gpus):
             top = max(top, loads[g])
         peak[layer] = top
     return shares, peak
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _next_random(state):
+    """xorshift64: the next state (also the random number); deterministic on every machine."""
+    state ^= (state << np.uint64(13)) & np.uint64(0xFFFFFFFFFFFFFFFF)
+    state ^= state >> np.uint64(7)
+    state ^= (state << np.uint64(17)) & np.uint64(0xFFFFFFFFFFFFFFFF)
+    return state
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def improve_for_dispatch(windows, window_weights, phy2log, gpu_of_slot, slot_offsets, zone_of_slot, iterations, seed):
+    """Swap slots to lower the mean over windows of the optimal-dispatch peak (a placement made for
+    an engine that splits tokens optimally among replicas).
+
+    Per layer, a hill climb: take a window in turn, a slot on its most loaded GPU (under optimal
+    dispatch) and a random slot of another GPU in the same zone (node, when groups must stay on
+    their node; else one zone), swap their experts, and keep the swap when the weighted mean of
+    ``peak / mean load`` over the windows drops. Replica counts do not change.
+
+    Args:
+        windows: ``[T, L, E]`` float64 counts the placement should serve well.
+        window_weights: ``[T]`` float64, non-negative (a window of weight 0 is ignored).
+        phy2log: ``[L, S]`` int64 starting placement.
+        gpu_of_slot: ``[S]`` int64; slot_offsets: ``[G + 1]`` int64 first slot of each GPU.
+        zone_of_slot: ``[S]`` int64, swaps stay inside a zone.
+        iterations: swaps tried per layer; seed: ``>= 1``, the random stream.
+    Returns:
+        ``phy2log [L, S]`` int64 (a new array), ``before [L]`` and ``after [L]`` float64 (the
+        weighted mean of ``peak / mean`` on the windows).
+    """
+    num_windows, num_layers, num_experts = windows.shape
+    num_slots = phy2log.shape[1]
+    num_gpus = slot_offsets.shape[0] - 1
+    out = phy2log.copy()
+    before = np.ones(num_layers)
+    after = np.ones(num_layers)
+    tiled = np.empty((num_windows, num_slots), np.int64)
+    weights = np.empty((num_windows, num_experts))
+    scale = np.zeros(num_windows)
+    new_shares = np.empty((num_windows, num_slots))
+    state = np.uint64(seed) if seed > 0 else np.uint64(88172645463325252)
+    for layer in range(num_layers):
+        total_weight = 0.0
+        for t in range(num_windows):
+            mean = 0.0
+            for e in range(num_experts):
+                weights[t, e] = windows[t, layer, e]
+                mean += windows[t, layer, e]
+            mean /= num_gpus
+            scale[t] = window_weights[t] / mean if mean > 0.0 and window_weights[t] > 0.0 else 0.0
+            total_weight += window_weights[t] if scale[t] > 0.0 else 0.0
+            for s in range(num_slots):
+                tiled[t, s] = out[layer, s]
+        if total_weight <= 0.0:
+            continue
+        shares, peak = optimal_shares(weights, tiled, gpu_of_slot, num_gpus)
+        current = 0.0
+        for t in range(num_windows):
+            current += scale[t] * peak[t]
+        current /= total_weight
+        before[layer] = current
+        t = -1
+        for _ in range(iterations):
+            t = (t + 1) % num_windows
+            while scale[t] <= 0.0:
+                t = (t + 1) % num_windows
+            loads = share_gpu_loads(weights[t : t + 1], tiled[t : t + 1], shares[t : t + 1], gpu_of_slot, num_gpus)
+            hot = 0
+            for g in range(1, num_gpus):
+                if loads[0, g] > loads[0, hot]:
+                    hot = g
+            size = slot_offsets[hot + 1] - slot_offsets[hot]
+            state = _next_random(state)
+            a = slot_offsets[hot] + np.int64(state % np.uint64(size))
+            b = -1
+            for _attempt in range(32):
+                state = _next_random(state)
+                candidate = np.int64(state % np.uint64(num_slots))
+                if gpu_of_slot[candidate] != hot and zone_of_slot[candidate] == zone_of_slot[a]:
+                    b = candidate
+                    break
+            if b < 0 or out[layer, a] == out[layer, b]:
+                continue
+            for r in range(num_windows):
+                tiled[r, a] = out[layer, b]
+                tiled[r, b] = out[layer, a]
+            # windows one at a time, the window in turn first: stop as soon as the windows seen,
+            # with every other window at its floor (peak = mean), cannot beat the current value
+            target = current * (1.0 - 1e-12) * total_weight
+            floor = total_weight
+            value = 0.0
+            rejected = False
+            for step in range(num_windows):
+                r = (t + step) % num_windows
+                if scale[r] <= 0.0:
+                    continue
+                one_shares, one_peak = optimal_shares(weights[r : r + 1], tiled[r : r + 1], gpu_of_slot, num_gpus)
+                for s in range(num_slots):
+                    new_shares[r, s] = one_shares[0, s]
+                value += scale[r] * one_peak[0]
+                floor -= window_weights[r]
+                if value + floor >= target:
+                    rejected = True
+                    break
+            if not rejected:
+                expert = out[layer, a]
+                out[layer, a] = out[layer, b]
+                out[layer, b] = expert
+                for r in range(num_windows):
+                    for s in range(num_slots):
+                        shares[r, s] = new_shares[r, s]
+                current = value / total_weight
+            else:
+                for r in range(num_windows):
+                    tiled[r, a] = out[layer, a]
+                    tiled[r, b] = out[layer, b]
+        after[layer] = current
+    return out, before, after
+
