@@ -14,6 +14,12 @@ Typical use inside an engine::
 Thread safety: :meth:`record` and the window snapshot taken by planning share a lock; planning
 itself runs in Numba kernels that release the GIL, so :meth:`rebalance` can run on a background
 thread while the engine keeps recording.
+
+Compilation: Numba compiles a kernel on its first call (tens of seconds on an empty cache). A
+``Balancer`` compiles every kernel its decisions and rebalances use before the serving loop needs
+them (``compile="eager"``, the default, at construction; ``"background"`` on a thread, see
+:class:`Balancer`); :func:`warm_kernels` does the same for a configuration without a balancer (for
+container builds: the compiled kernels land in Numba's cache, and later processes load them).
 """
 
 from __future__ import annotations
@@ -29,13 +35,14 @@ from .api import make_problem
 from .bounds import average_bound, replica_bound
 from .kernels.window import first_bad_count, store_logical, store_physical, weighted_window
 from .methods import DEFAULT_METHOD, get_method
-from .migration import plan_near
+from .migration import plan_near, warm_search_kernels
 from .metrics import balancedness
 from .placement import Placement
 from .topology import Topology
 from .transfer import TransferPlan, transfer_plan
 
 STATE_VERSION = 1
+COMPILE_MODES = ("eager", "background", "lazy")
 
 
 def round_robin_placement(num_layers: int, num_experts: int, topology: Topology, num_groups=None) -> Placement:
@@ -64,13 +71,27 @@ class Balancer:
         options: passed to the planning method.
         threads: plan chunks of layers on this many threads (the kernels release the GIL); the
             placement is the same for any number, only the wall time of a rebalance changes.
+        compile: when the Numba kernels of decisions and rebalances are compiled (or loaded from
+            Numba's cache), so that none is compiled inside the serving loop:
+
+            - ``"eager"`` (default): at construction, which then takes as long as compiling (20-60 s
+              on an empty cache; about a second once :func:`warm_kernels` or ``eplb warmup`` has
+              filled it, e.g. at container build);
+            - ``"background"``: the recording kernels at construction (about a second), the rest
+              on a daemon thread. Until it ends, :meth:`should_rebalance` does not block: it returns
+              False with ``last_decision["reason"] == "kernels still compiling"``; :meth:`rebalance`
+              (an explicit request) waits for the compile. :attr:`compiled` and
+              :meth:`wait_compiled` tell when it is done; an error in the thread is raised by the
+              next decision or rebalance;
+            - ``"lazy"``: on first use (scripts and tests; the first decision may then compile).
     """
 
     def __init__(self, num_layers, num_experts, *, num_slots=None, num_gpus=None, num_nodes=1, num_groups=None,
                  topology: Topology | None = None, window: int = 100, decay: float | None = None,
                  method: str = DEFAULT_METHOD, tolerance: float | None = 0.005, max_moves=None,
                  min_gain: float = 0.01, move_cost: float = 0.05, expert_bytes: int | None = None,
-                 placement: Placement | None = None, options: dict | None = None, threads: int = 1):
+                 placement: Placement | None = None, options: dict | None = None, threads: int = 1,
+                 compile: str = "eager"):
         self.num_layers = as_int(num_layers, "num_layers", minimum=1)
         self.num_experts = as_int(num_experts, "num_experts", minimum=1)
         problem = make_problem(self.num_experts, num_slots, num_gpus, num_nodes, num_groups, topology)
@@ -109,6 +130,53 @@ class Balancer:
         self.last_decision: dict = {}
         self._candidate: tuple[int, int, Placement] | None = None  # (steps, rebalances, plan)
         self._lock = threading.Lock()
+        # every recorded pass is converted into one of these first, so the window kernels see
+        # float64 [L, E] / [L, S] arrays only (one compiled specialization, any input dtype)
+        self._logical = np.zeros((self.num_layers, self.num_experts))
+        self._physical = np.zeros((self.num_layers, self.topology.num_slots))
+        if compile not in COMPILE_MODES:
+            raise ValueError(f"compile must be one of {COMPILE_MODES}, got {compile!r}")
+        self.compile = compile
+        self._compiled = threading.Event()
+        self._compile_error: BaseException | None = None
+        if compile == "lazy":
+            self._compiled.set()
+        else:
+            _warm_window_kernels(self.num_layers, self.num_experts, self.topology.num_slots)
+            settings = dict(num_groups=self.num_groups, topology=self.topology, method=method,
+                            tolerance=tolerance, max_moves=self.max_moves, options=self.options)
+            if compile == "eager":
+                warm_kernels(self.num_experts, **settings)
+                self._compiled.set()
+            else:
+                threading.Thread(target=self._warm_in_background, args=(settings,), daemon=True,
+                                 name="eplb-balancer-compile").start()
+
+    # -- compiling -------------------------------------------------------------------------------
+    def _warm_in_background(self, settings: dict) -> None:
+        try:
+            warm_kernels(self.num_experts, **settings)
+        except BaseException as exc:  # handed to the next decision or rebalance
+            self._compile_error = exc
+        finally:
+            self._compiled.set()
+
+    @property
+    def compiled(self) -> bool:
+        """Whether every kernel of decisions and rebalances is compiled (always True unless
+        ``compile="background"`` is still running)."""
+        return self._compiled.is_set()
+
+    def wait_compiled(self, timeout: float | None = None) -> bool:
+        """Wait up to ``timeout`` seconds (``None``: as long as it takes) for the background compile;
+        returns :attr:`compiled`."""
+        self._compiled.wait(timeout)
+        self._raise_compile_error()
+        return self.compiled
+
+    def _raise_compile_error(self) -> None:
+        if self._compile_error is not None:
+            raise RuntimeError("compiling the balancer's kernels in the background failed") from self._compile_error
 
     # -- recording -------------------------------------------------------------------------------
     def record(self, counts, *, physical: bool | None = None) -> None:
@@ -119,12 +187,7 @@ class Balancer:
                 (mapped back through the placement in service); numpy or torch, any numeric dtype.
             physical: which of the two ``counts`` is; inferred from the shape unless ``E == S``.
         """
-        if type(counts).__module__.split(".")[0] == "torch":
-            counts = counts.detach().cpu().numpy()
-        if not isinstance(counts, np.ndarray):
-            counts = np.asarray(counts, dtype=np.float64)
-        if counts.dtype.kind not in "biuf":
-            raise ValueError(f"counts must hold numbers, got dtype {counts.dtype}")
+        counts = _counts_array(counts)
         num_slots = self.topology.num_slots
         if counts.ndim != 2 or counts.shape[0] != self.num_layers or counts.shape[1] not in (self.num_experts, num_slots):
             raise ValueError(
@@ -138,17 +201,21 @@ class Balancer:
         expected = num_slots if physical else self.num_experts
         if counts.shape[1] != expected:
             raise ValueError(f"counts must have {expected} columns with physical={physical}, got {counts.shape[1]}")
-        if counts.dtype.kind == "b":
-            counts = counts.view(np.uint8)
-        bad = first_bad_count(counts)
-        if bad >= 0:
-            raise ValueError(f"counts must be finite and non-negative, found {counts.flat[bad]} at flat index {bad}")
         with self._lock:
+            staged = self._physical if physical else self._logical
+            # any real dtype (float16, longdouble, big-endian, any integer width) to float64 in
+            # place: values beyond float64's range become inf and are refused just below
+            with np.errstate(over="ignore", invalid="ignore"):
+                np.copyto(staged, counts, casting="unsafe")
+            bad = first_bad_count(staged)
+            if bad >= 0:
+                raise ValueError(
+                    f"counts must be finite and non-negative, found {counts.flat[bad]} at flat index {bad}")
             row = self._buffer[self._position]
             if physical:
-                store_physical(counts, self.placement.phy2log, row)
+                store_physical(staged, self.placement.phy2log, row)
             else:
-                store_logical(counts, row)
+                store_logical(staged, row)
             self._position = (self._position + 1) % self.window
             self._filled = min(self._filled + 1, self.window)
             self.steps += 1
@@ -182,6 +249,10 @@ class Balancer:
         kept for :meth:`rebalance`) and say yes when
         ``gain >= min_gain + move_cost * fraction of slots changed``. Details in ``last_decision``.
         """
+        if not self._compiled.is_set():
+            self.last_decision = {"rebalance": False, "reason": "kernels still compiling"}
+            return False
+        self._raise_compile_error()
         if self._filled == 0:
             self.last_decision = {"rebalance": False, "reason": "no loads recorded"}
             return False
@@ -219,6 +290,7 @@ class Balancer:
             :class:`TransferPlan` of weight copies from the current placement.
         """
         start = time.perf_counter()
+        self.wait_compiled()
         cached = self._candidate
         if cached is not None and cached[0] == self.steps and cached[1] == self.rebalances:
             candidate = cached[2]
@@ -298,6 +370,10 @@ class Balancer:
                 raise ValueError(f"state has {key}={config[key]!r}, this balancer has {mine[key]!r}")
         if buffer.shape != self._buffer.shape:
             raise ValueError(f"state window_buffer has shape {buffer.shape}, expected {self._buffer.shape}")
+        bad = first_bad_count(np.ascontiguousarray(buffer).reshape(-1, self.num_experts))
+        if bad >= 0:
+            raise ValueError(f"state window_buffer must be finite and non-negative, found {buffer.flat[bad]} at "
+                             f"flat index {bad}")
         if not (0 <= position < self.window and 0 <= filled <= self.window):
             raise ValueError("state position/filled are out of range for the window")
         placement = Placement(phy2log, self.num_experts, self.topology, self.num_groups, method="restored")
@@ -309,16 +385,112 @@ class Balancer:
             self._candidate = None
 
     @classmethod
-    def from_state_dict(cls, state) -> "Balancer":
-        """A new balancer with the configuration and state saved by :meth:`state_dict`."""
+    def from_state_dict(cls, state, *, compile: str = "eager") -> "Balancer":
+        """A new balancer with the configuration and state saved by :meth:`state_dict` (``compile``
+        as for the constructor: not part of the state)."""
         try:
             config = json.loads(str(np.asarray(state["config"])))
         except KeyError as exc:
             raise ValueError(f"state is missing the key {exc}") from None
+        if not isinstance(config, dict):
+            raise ValueError(f"state config must be a JSON object, got {type(config).__name__}")
+        accepted = set(CONFIG_KEYS)
+        unknown = sorted(set(config) - accepted)
+        if unknown:
+            raise ValueError(f"state config has unknown keys {unknown}; accepted keys: {sorted(accepted)}")
+        missing = sorted({"num_layers", "num_experts", "topology"} - set(config))
+        if missing:
+            raise ValueError(f"state config is missing the keys {missing}")
         topology = Topology.from_dict(config.pop("topology"))
-        balancer = cls(config.pop("num_layers"), config.pop("num_experts"), topology=topology, **config)
+        balancer = cls(config.pop("num_layers"), config.pop("num_experts"), topology=topology, compile=compile,
+                       **config)
         balancer.load_state_dict(state)
         return balancer
+
+
+CONFIG_KEYS = ("num_layers", "num_experts", "topology", "num_groups", "window", "decay", "method", "tolerance",
+               "max_moves", "min_gain", "move_cost", "expert_bytes", "options", "threads")
+"""The keys of a saved configuration (``state_dict()["config"]``)."""
+
+
+def _counts_array(counts) -> np.ndarray:
+    """One forward pass's counts as a numpy array of real numbers (not copied when already one).
+
+    Torch tensors: dense, on any real device; bfloat16 (which numpy lacks) is widened on the
+    tensor's device first. Sparse, meta and complex inputs get a ``ValueError``.
+    """
+    if type(counts).__module__.split(".")[0] == "torch":
+        layout = str(getattr(counts, "layout", "torch.strided"))
+        if layout != "torch.strided":
+            raise ValueError(f"counts must be a dense tensor, got layout {layout} (call .to_dense() first)")
+        if counts.device.type == "meta":
+            raise ValueError("counts is a meta tensor (shape only, no values): pass a tensor holding the counts")
+        if counts.is_complex():
+            raise ValueError(f"counts must hold real numbers, got dtype {counts.dtype}")
+        counts = counts.detach()
+        if str(counts.dtype) == "torch.bfloat16":
+            counts = counts.float()
+        counts = counts.cpu().numpy()
+    counts = np.asarray(counts)
+    if counts.dtype.kind == "c":
+        raise ValueError(f"counts must hold real numbers, got complex dtype {counts.dtype}")
+    if counts.dtype.kind not in "biuf":
+        raise ValueError(f"counts must hold numbers, got dtype {counts.dtype}")
+    return counts
+
+
+def _warm_window_kernels(num_layers: int, num_experts: int, num_slots: int) -> None:
+    """Compile (or load from the cache) the kernels :meth:`Balancer.record` and
+    :meth:`Balancer.window_counts` call, with the array types they pass."""
+    logical = np.zeros((num_layers, num_experts))
+    first_bad_count(logical)
+    store_logical(logical, np.zeros((num_layers, num_experts)))
+    store_physical(np.zeros((num_layers, num_slots)), np.zeros((num_layers, num_slots), np.int64) % num_experts,
+                   np.zeros((num_layers, num_experts)))
+    weighted_window(np.zeros((1, num_layers, num_experts)), np.ones(1), np.zeros((num_layers, num_experts)))
+
+
+def _warm_loads(num_layers: int, num_experts: int) -> list[np.ndarray]:
+    """Passes ``[L, E]`` that take a balancer through its planning paths: skewed loads, the same
+    loads on other experts (the search from the placement in service stalls), a small drift (it
+    does not), a dense (all-zero) layer and a one-hot layer. Fixed seed."""
+    rng = np.random.default_rng(0)
+    skewed = np.floor(rng.pareto(1.0, (num_layers, num_experts)) * 100.0) + 1.0
+    moved = skewed[:, rng.permutation(num_experts)]
+    drifted = np.floor(moved * rng.uniform(0.8, 1.25, moved.shape))
+    extreme = drifted.copy()
+    extreme[0] = 0.0
+    extreme[-1] = 0.0
+    extreme[-1, num_experts // 2] = 1e6
+    return [skewed, moved, drifted, extreme]
+
+
+def warm_kernels(num_experts: int, *, num_slots=None, num_gpus=None, num_nodes=1, num_groups=None,
+                 topology: Topology | None = None, method: str = DEFAULT_METHOD, tolerance: float | None = 0.005,
+                 max_moves=None, options: dict | None = None) -> float:
+    """Compile (or load from Numba's cache) every kernel a :class:`Balancer` of this configuration
+    calls when it records, decides and rebalances. Returns the seconds it took.
+
+    It runs a throw-away two-layer balancer of the same configuration through every planning path
+    (from the round-robin layout, then from its own plans on shifted, drifted, dense and one-hot
+    loads), so the kernels are compiled for the very array types the serving loop passes. The
+    number of layers does not change what is compiled.
+    """
+    start = time.perf_counter()
+    balancer = Balancer(2, num_experts, num_slots=num_slots, num_gpus=num_gpus, num_nodes=num_nodes,
+                        num_groups=num_groups, topology=topology, window=1, method=method, tolerance=tolerance,
+                        max_moves=max_moves, min_gain=0.0, move_cost=0.0, options=options, compile="lazy")
+    num_slots = balancer.topology.num_slots
+    _warm_window_kernels(2, num_experts, num_slots)
+    warm_search_kernels(balancer.topology)
+    for load in _warm_loads(2, num_experts):
+        balancer.record(load, physical=False)
+        balancer.should_rebalance()
+        placement, transfer = balancer.rebalance()
+        transfer.counts()
+        balancer.record(np.ones((2, num_slots)), physical=True)
+        balancer.rebalance(commit=False)  # planned again: not the cached candidate
+    return time.perf_counter() - start
 
 
 def _non_negative(value, name: str) -> float:

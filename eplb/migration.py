@@ -509,6 +509,20 @@ def _regrouped(weights: np.ndarray, previous: np.ndarray, scratch: np.ndarray, t
     return row
 
 
+def warm_search_kernels(topology) -> None:
+    """Compile (or load from the cache) the kernels :func:`migrate` calls only on some loads (the
+    relabelled fresh plan, the node matching of the regroup restart, the exhaustive search of small
+    layers), with the argument types it passes; the rest is compiled by any migration-aware plan."""
+    min_cost_assignment(np.zeros((2, 2)))
+    row = np.arange(topology.num_slots, dtype=np.int64)[None, :]
+    relabel_like(np.ascontiguousarray(row), np.ascontiguousarray(row), topology.slot_offsets, topology.gpus_per_node,
+                 False, topology.num_slots)
+    if topology.num_slots <= TINY_SLOTS:
+        weights = np.ones((1, topology.num_slots))
+        previous = np.zeros((1, topology.num_slots), np.int64)
+        fewest_changes_search(weights[0], previous[0], topology.slot_offsets, np.ones(1)[0], 1, TINY_WORK)
+
+
 def _peaks(weights: np.ndarray, phy2log: np.ndarray, topology) -> np.ndarray:
     """``[L]`` max GPU load of ``phy2log`` on ``weights``."""
     if phy2log.shape[0] == 0:

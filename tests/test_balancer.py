@@ -259,3 +259,176 @@ def test_planning_on_threads_gives_the_same_placements(seed, method, groups, thr
 def test_threads_must_be_a_positive_integer():
     with pytest.raises(ValueError, match="threads"):
         make(threads=0)
+
+
+# -- compiling before the serving loop ---------------------------------------------------------------
+
+NO_COMPILE_AFTER_CONSTRUCTION = """
+import sys
+import numba
+import numpy as np
+import eplb
+from eplb.synthetic import drifting_counts
+
+
+def compiled():
+    found = {}
+    for name, module in list(sys.modules.items()):
+        if name.startswith("eplb"):
+            for obj in vars(module).values():
+                if isinstance(obj, numba.core.registry.CPUDispatcher):
+                    found[obj.__module__ + "." + obj.__name__] = len(obj.signatures)
+    return found
+
+
+config = CONFIG
+num_experts = config.pop("num_experts")
+balancer = eplb.Balancer(3, num_experts, window=2, **config)
+before = compiled()
+series = drifting_counts(8, 3, num_experts, num_groups=config.get("num_groups"), drift=0.3, seed=1)
+for t, counts in enumerate(series):
+    balancer.record(counts if t % 2 else counts.astype(np.int32), physical=False)
+    balancer.record(np.ones((3, balancer.topology.num_slots), np.float32), physical=True)
+    if balancer.should_rebalance() or t % 3 == 0:
+        balancer.rebalance()
+after = compiled()
+grown = {name: (before.get(name, 0), count) for name, count in after.items() if count != before.get(name, 0)}
+assert balancer.rebalances > 0
+assert not grown, f"compiled after construction: {grown}"
+"""
+
+
+@pytest.mark.parametrize("config", [
+    dict(num_experts=64, num_slots=144, num_gpus=16, num_nodes=2, num_groups=8),  # bound-first, regrouping
+    dict(num_experts=16, num_slots=16, num_gpus=4),  # small global layers: the exhaustive search too
+])
+def test_no_kernel_compiles_after_eager_construction(tmp_path, config):
+    """A fresh Numba cache (what an engine's first start sees): after construction, recording,
+    deciding and rebalancing on drifting loads compile no kernel (signatures counted per kernel)."""
+    import os
+    import subprocess
+
+    code = NO_COMPILE_AFTER_CONSTRUCTION.replace("config = CONFIG", f"config = {config!r}")
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path)}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+
+def test_background_compile_never_blocks_a_decision(monkeypatch):
+    """While the kernels compile on the thread, a decision answers at once (no); rebalance waits."""
+    from eplb import balancer as module
+
+    release = threading.Event()
+    real = module.warm_kernels
+
+    def slow_warm(*args, **kwargs):
+        release.wait(60)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(module, "warm_kernels", slow_warm)
+    balancer = make(window=1, compile="background", min_gain=0.0, move_cost=0.0)
+    balancer.record(drifting_counts(1, 6, 64, num_groups=8, seed=4)[0])
+    assert not balancer.compiled
+    assert balancer.should_rebalance() is False
+    assert balancer.last_decision["reason"] == "kernels still compiling"
+    assert balancer.wait_compiled(timeout=0.01) is False
+    release.set()
+    assert balancer.wait_compiled(timeout=120)
+    balancer.should_rebalance()
+    assert balancer.last_decision["reason"] != "kernels still compiling"
+
+
+def test_background_compile_error_reaches_the_caller(monkeypatch):
+    from eplb import balancer as module
+
+    def broken(*args, **kwargs):
+        raise MemoryError("no room")
+
+    monkeypatch.setattr(module, "warm_kernels", broken)
+    balancer = make(window=1, compile="background")
+    balancer.record(np.ones((6, 64)))
+    with pytest.raises(RuntimeError, match="background"):
+        balancer.wait_compiled(timeout=60)
+    with pytest.raises(RuntimeError, match="background"):
+        balancer.should_rebalance()
+
+
+def test_compile_mode_is_checked():
+    with pytest.raises(ValueError, match="compile must be one of"):
+        make(compile="later")
+
+
+def test_warm_kernels_takes_a_configuration():
+    from eplb.balancer import warm_kernels
+
+    assert warm_kernels(64, num_slots=80, num_gpus=8, num_nodes=2, num_groups=8) >= 0.0
+    with pytest.raises(ValueError, match="num_slots"):
+        warm_kernels(64, num_slots=60, num_gpus=8)
+
+
+# -- odd dtypes and restored state ------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.longdouble, ">f8", "<f4", ">i4", np.int8, np.uint8,
+                                   np.int16, np.uint16, np.int32, np.uint32, np.int64, np.uint64, np.bool_])
+def test_record_takes_every_real_dtype(dtype):
+    counts = np.random.default_rng(5).integers(0, 2 if dtype is np.bool_ else 100, (6, 64))
+    balancer = make(window=1, compile="lazy")
+    balancer.record(counts.astype(dtype))
+    np.testing.assert_array_equal(balancer.window_counts(), counts.astype(np.float64))
+
+
+def test_record_refuses_longdouble_beyond_float64():
+    balancer = make(window=1, compile="lazy")
+    counts = np.ones((6, 64), np.longdouble)
+    if np.finfo(np.longdouble).max <= np.finfo(np.float64).max:
+        pytest.skip("longdouble is float64 on this platform")
+    counts[1, 2] = np.longdouble(np.finfo(np.float64).max) * 4
+    with pytest.raises(ValueError, match="finite"):
+        balancer.record(counts)
+    assert balancer.steps == 0
+
+
+def test_record_takes_torch_half_and_bfloat16():
+    torch = pytest.importorskip("torch")
+    counts = np.random.default_rng(6).integers(0, 100, (6, 64))
+    for dtype in (torch.float16, torch.bfloat16, torch.int32, torch.uint8):
+        balancer = make(window=1, compile="lazy")
+        balancer.record(torch.tensor(counts).to(dtype))
+        np.testing.assert_array_equal(balancer.window_counts(), counts.astype(np.float64))
+
+
+def test_record_refuses_sparse_meta_and_complex_with_value_errors():
+    torch = pytest.importorskip("torch")
+    balancer = make(window=1, compile="lazy")
+    dense = torch.ones(6, 64)
+    with pytest.raises(ValueError, match="dense"):
+        balancer.record(dense.to_sparse())
+    with pytest.raises(ValueError, match="meta"):
+        balancer.record(torch.ones(6, 64, device="meta"))
+    with pytest.raises(ValueError, match="real"):
+        balancer.record(torch.ones(6, 64, dtype=torch.complex64))
+    with pytest.raises(ValueError, match="complex"):
+        balancer.record(np.ones((6, 64), np.complex128))
+    assert balancer.steps == 0
+
+
+def test_restored_state_with_nan_in_its_window_is_refused():
+    balancer = make(window=2, compile="lazy")
+    balancer.record(np.ones((6, 64)))
+    state = balancer.state_dict()
+    for bad in (np.nan, -1.0, np.inf):
+        broken = {**state, "window_buffer": state["window_buffer"].copy()}
+        broken["window_buffer"][0, 3, 5] = bad
+        with pytest.raises(ValueError, match="window_buffer must be finite and non-negative"):
+            make(window=2, compile="lazy").load_state_dict(broken)
+        with pytest.raises(ValueError, match="window_buffer"):
+            eplb.Balancer.from_state_dict(broken, compile="lazy")
+
+
+def test_restored_state_with_an_unknown_config_key_is_refused():
+    balancer = make(window=2, compile="lazy")
+    state = balancer.state_dict()
+    config = json.loads(state["config"])
+    config["windw"] = 3
+    with pytest.raises(ValueError, match=r"unknown keys \['windw'\]; accepted keys: .*'window'"):
+        eplb.Balancer.from_state_dict({**state, "config": json.dumps(config)}, compile="lazy")
