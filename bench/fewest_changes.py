@@ -28,7 +28,7 @@ from _common import load_note, load_trace, markdown_table, read_csv, write_csv
 
 import eplb
 from eplb.api import make_problem
-from eplb.fewest_changes import prove_fewest_changes
+from fewest_changes_search import prove_fewest_changes
 
 TOLERANCE = 0.005
 DEPLOYMENT = dict(num_slots=40, num_gpus=8, num_nodes=2)

@@ -1,4 +1,5 @@
-"""The exact fewest-changes search (eplb.fewest_changes, eplb.kernels.fewest_changes) against an
+"""The exact fewest-changes search (bench/fewest_changes_search, research code used by
+bench/fewest_changes.py; tests/conftest.py puts bench/ on the path) against an
 independent brute force on tiny layers, against the CP-SAT model on small ones, and its bounds
 when the work runs out."""
 
@@ -13,8 +14,8 @@ from hypothesis import strategies as st
 import eplb
 from eplb.api import make_problem
 from eplb.exact_migration import fewest_changes_layer
-from eplb.fewest_changes import follows_rules, prove_fewest_changes, prove_layer
-from eplb.kernels.fewest_changes import FOUND, OUT_OF_WORK, REFUTED, fewest_changes_exact
+from fewest_changes_search import FOUND, OUT_OF_WORK, REFUTED, fewest_changes_exact, follows_rules, \
+    prove_fewest_changes, prove_layer
 
 
 def peak(row, w, slots_per_gpu):

@@ -4,7 +4,7 @@ Migration-aware planning (:mod:`eplb.migration`) changes few slots of the placem
 this module says how few any placement within the cap can change, with a proof, and finds such a
 placement. It answers the same question as the CP-SAT model of :mod:`eplb.exact_migration` (same
 rules: every expert keeps a replica, no GPU gets a second replica of an expert it held unless
-``shared``), by the dedicated search of :mod:`eplb.kernels.fewest_changes` instead, per layer:
+``shared``), by the dedicated search of :mod:`fewest_changes_search.kernels` instead, per layer:
 
 1. refute ``k = 1, 2, ...`` changed slots in turn, exhaustively; every refuted ``k`` is a proof
    that every placement within the cap changes more than ``k`` slots, and the first ``k`` where a
@@ -29,10 +29,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ._validation import as_int
-from .kernels.fewest_changes import FOUND, REFUTED, fewest_changes_exact
-from .methods import Problem
-from .topology import Topology
+from eplb._validation import as_int
+from eplb.methods import Problem
+from eplb.topology import Topology
+
+from .kernels import FOUND, REFUTED, fewest_changes_exact
 
 MOST_SLOTS_PER_GPU = 16  # the search enumerates subsets of a GPU's slots
 DEFAULT_WORK = 5_000_000  # search nodes per layer (~ a few seconds)
