@@ -1,4 +1,4 @@
-"""The ``eplb`` command line: ``plan``, ``report``, ``validate`` and ``demo``.
+"""The ``eplb`` command line: ``plan``, ``report``, ``validate``, ``warmup`` and ``demo``.
 
 Exit codes: 0 success; 2 the command line is wrong (unknown option, missing argument, a value of
 the wrong type); 1 the command could not be done (a file missing, unreadable or invalid, counts
@@ -22,7 +22,8 @@ import eplb
 
 from . import __version__
 from .methods import DEFAULT_METHOD, METHODS
-from .report import bound_for, moe_layers, moe_mean, moe_note
+from .metrics import moe_layers, moe_mean
+from .report import bound_for, moe_note
 
 COUNTS_FORMAT_NAMES = ("npy", "npz", "csv", "logical-count-json", "sglang-dump", "trtllm-stats")
 PLACEMENT_FORMAT_NAMES = ("eplb", "npz", "sglang", "trtllm")
@@ -108,6 +109,48 @@ def demo(methods):
         if method not in METHODS:
             raise click.BadParameter(f"must be one of {sorted(METHODS)}, got {method!r}", param_hint="--method")
     click.echo(format_demo(run_demo(tuple(methods) or None)))
+
+
+@main.command()
+@click.option("--experts", "-e", type=click.IntRange(min=1), required=True, help="Logical experts per layer (E).")
+@click.option("--slots", "-s", type=click.IntRange(min=1), required=True, help="Physical expert slots in all (S >= E).")
+@click.option("--gpus", "-g", type=click.IntRange(min=1), required=True, help="GPUs (ranks); S must divide by it.")
+@click.option("--nodes", "-n", type=click.IntRange(min=1), default=1, show_default=True, help="Nodes; GPUs must divide by it.")
+@click.option("--groups", "-k", type=click.IntRange(min=1), default=None, help="Expert groups. Default: none.")
+@click.option("--method", "-m", "methods", multiple=True, type=click.Choice(sorted(METHODS)),
+              help="Method the engine will plan with (repeatable); default: the default method and greedy.")
+@click.option("--no-balancer", is_flag=True, help="Skip the online Balancer's record/decide/rebalance cycle.")
+@quiet_option
+@friendly_errors
+def warmup(experts, slots, gpus, nodes, groups, methods, no_balancer, quiet):
+    """Compile every kernel this configuration will use, so serving never waits on a compile.
+
+    Run it once while building the container (or starting the server) with the configuration the
+    engine serves: Numba caches the compiled code on disk and later processes load it in a
+    fraction of a second. Prints each step and its time (seconds when it compiled, milliseconds
+    when it loaded from the cache).
+
+    \b
+    Example:
+      eplb warmup --experts 256 --slots 288 --gpus 32 --nodes 4 --groups 8
+    """
+    _check_flag_sizes(slots=slots, gpus=gpus, nodes=nodes, groups=groups)
+    from .formats.limits import check_size
+
+    try:
+        check_size(experts, "experts", "--experts")
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--experts") from None
+    result = eplb.warmup(experts, slots, gpus, num_nodes=nodes, num_groups=groups, methods=list(methods) or None,
+                         balancer=not no_balancer)
+    if quiet:
+        return
+    lines = [f"warmup   {experts} experts -> {slots} slots on {gpus} GPUs in {nodes} node{'s' if nodes > 1 else ''}"
+             + (f", {groups} groups" if groups else "") + f"; methods {', '.join(result['methods'])}"]
+    for name, seconds in result["steps"].items():
+        lines.append(f"  {name:<28}" + (f"{seconds:8.2f} s" if seconds >= 1 else f"{1e3 * seconds:7.0f} ms"))
+    lines.append(f"time     {result['time_s']:.2f} s (compiled code is cached on disk for later processes)")
+    click.echo("\n".join(lines))
 
 
 # -- plan ------------------------------------------------------------------------------------------
@@ -465,9 +508,10 @@ def validate(plan_file, counts_file, plan_format, input_format, gpus, nodes, gro
             f" ({bound.kind})" if finite.size else "gap      n/a",
         ]
         if data.num_windows > 1:
-            series = metrics.balancedness(p.gpu_loads(data.counts))
-            lines.append(f"windows  {data.num_windows}: balancedness per window {series.mean(axis=1).min():.4f}.."
-                         f"{series.mean(axis=1).max():.4f}")
+            window_loads = p.gpu_loads(data.counts)                              # [T, L, G]
+            series = moe_mean(metrics.balancedness(window_loads), window_loads)  # [T]
+            lines.append(f"windows  {data.num_windows}: balancedness per window {np.nanmin(series):.4f}.."
+                         f"{np.nanmax(series):.4f} (mean over each window's MoE layers)")
     click.echo("\n".join(lines))
 
 

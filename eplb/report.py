@@ -26,6 +26,7 @@ import numpy as np
 
 from . import metrics
 from .bounds import lower_bound
+from .metrics import moe_layers, moe_mean
 from .formats.data import CountsFile, PlacementFile
 from .formats.errors import require
 
@@ -106,21 +107,8 @@ def bound_for(weights: np.ndarray, placement) -> Bound:
     return Bound(values, "hierarchical", description)
 
 
-def moe_layers(weights: np.ndarray) -> np.ndarray:
-    """``[L]`` bool: the layers that route tokens (an all-zero row is a dense layer)."""
-    return np.asarray(weights).reshape(-1, np.shape(weights)[-1]).sum(axis=-1).reshape(np.shape(weights)[:-1]) > 0
-
-
-def moe_mean(values: np.ndarray, weights: np.ndarray) -> float:
-    """Mean of per-layer ``values [L]`` over the MoE layers of ``weights [L, E]`` (all layers when
-    none routes a token): a dense layer is not perfectly balanced, it has nothing to balance."""
-    moe = moe_layers(weights)
-    values = np.asarray(values, dtype=np.float64)
-    return float(values[moe].mean() if moe.any() else values.mean())
-
-
 def moe_note(weights: np.ndarray) -> str:
-    """``"58 MoE layers; 3 all-zero layers left out"`` (or ``"61 layers"``)."""
+    """``"58 MoE layers; 3 all-zero layers left out"`` (or ``"61 layers"``) for ``weights [L, E]``."""
     moe = moe_layers(weights)
     if moe.all() or not moe.any():
         return f"{len(moe)} layers"
@@ -333,11 +321,11 @@ def _window_balancedness(counts: CountsFile, placement, greedy, progress: bool) 
     starts = range(0, counts.num_windows, WINDOW_CHUNK)
     for start in tqdm(starts, desc="windows", unit="chunk", disable=not progress, file=sys.stderr):
         chunk = counts.counts[start:start + WINDOW_CHUNK]                    # [t, L, E]
-        series["plan"].append(metrics.balancedness(placement.gpu_loads(chunk)).mean(axis=1))
-        series["no rebalancing"].append(
-            metrics.balancedness(metrics.static_gpu_loads(chunk, placement.num_gpus)).mean(axis=1))
+        per_window = lambda loads: moe_mean(metrics.balancedness(loads), chunk)  # noqa: E731  [t], MoE layers
+        series["plan"].append(per_window(placement.gpu_loads(chunk)))
+        series["no rebalancing"].append(per_window(metrics.static_gpu_loads(chunk, placement.num_gpus)))
         if greedy is not None:
-            series["greedy"].append(metrics.balancedness(greedy.gpu_loads(chunk)).mean(axis=1))
+            series["greedy"].append(per_window(greedy.gpu_loads(chunk)))
     return {name: np.concatenate(parts) for name, parts in series.items()}
 
 

@@ -197,8 +197,9 @@ def test_progress_goes_to_the_method_or_a_timer_and_never_changes_the_plan(monke
     """A method with its own per-layer bar gets ``progress``; another slow method runs under a
     timer on stderr. Either way the plan is the one eplb.plan returns, and nothing is drawn
     without progress."""
+    from eplb._validation import Option
     from eplb.cli import plan_with_progress
-    from eplb.methods import METHODS
+    from eplb.methods import METHODS, OPTIONS
 
     greedy = METHODS["greedy"]
     seen = []
@@ -209,6 +210,8 @@ def test_progress_goes_to_the_method_or_a_timer_and_never_changes_the_plan(monke
 
     monkeypatch.setitem(METHODS, "slow", lambda weights, problem: greedy(weights, problem))
     monkeypatch.setitem(METHODS, "own_bar", with_own_bar)
+    monkeypatch.setitem(OPTIONS, "slow", {})
+    monkeypatch.setitem(OPTIONS, "own_bar", {"progress": Option("bool", allow_none=True)})
     weights = COUNTS.sum(axis=0).astype(float)
     kwargs = dict(num_slots=40, num_gpus=8, num_nodes=2, num_groups=4)
     expected = eplb.plan(weights, method="greedy", **kwargs)

@@ -9,7 +9,8 @@ import pytest
 
 import eplb
 from eplb.formats import read_counts, read_placement
-from eplb.report import bound_for, moe_mean
+from eplb.metrics import moe_mean
+from eplb.report import bound_for
 
 from test_cli import invoke
 
@@ -122,3 +123,12 @@ def test_dense_layers_do_not_count_as_perfectly_balanced(tmp_path):
     per_layer = placement.balancedness(counts)
     assert _number(balance, 1) == pytest.approx(per_layer[[0, 2, 3]].mean(), abs=1e-4)
     assert _number(balance, 1) < per_layer.mean() - 1e-3                    # all-layer mean credits the dense layer
+
+
+def test_warmup_command_reports_what_it_compiled(tmp_path):
+    out, _ = invoke("warmup", "--experts", "16", "--slots", "24", "--gpus", "4", "--nodes", "2", "--groups", "4",
+                    "--method", "greedy", "--no-balancer", cwd=tmp_path)
+    assert "methods greedy" in out and "plan greedy" in out and "rebalance_experts greedy" in out
+    assert "Balancer" not in out and out.splitlines()[-1].startswith("time")
+    _, err = invoke("warmup", "--experts", "16", "--slots", "20", "--gpus", "3", cwd=tmp_path, expect=1)
+    assert "divisible" in err
