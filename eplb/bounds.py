@@ -135,9 +135,21 @@ BOUNDS = {
 }
 
 
+def _scaled(weights: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(weights [L, E] * 2**-x, x [L])``: each layer scaled by a power of two to a largest load in
+    ``[0.5, 1)`` (0 for all-zero layers). Every bound scales with the loads, and scaling by a power
+    of two is exact, so the kernels work near 1 whatever the magnitude (denormal or near the float64
+    maximum) and one :func:`np.ldexp` scales their result back."""
+    weights = np.ascontiguousarray(weights, dtype=np.float64)
+    peak = weights.max(axis=-1, initial=0.0) if weights.size else np.zeros(weights.shape[:-1])
+    _, exponent = np.frexp(np.where(np.isfinite(peak) & (peak > 0), peak, 1.0))
+    return np.ascontiguousarray(np.ldexp(weights, -exponent[..., None])), exponent
+
+
 def lower_bounds(weights: np.ndarray, topology: Topology) -> dict[str, np.ndarray]:
-    """Every bound by name, each ``[L]``."""
-    return {name: bound(weights, topology) for name, bound in BOUNDS.items()}
+    """Every bound by name, each ``[L]`` (computed on each layer scaled near 1, see :func:`_scaled`)."""
+    scaled, exponent = _scaled(weights)
+    return {name: np.ldexp(bound(scaled, topology), exponent) for name, bound in BOUNDS.items()}
 
 
 def hierarchical_bound(weights: np.ndarray, topology: Topology, num_groups: int) -> np.ndarray:
@@ -160,10 +172,15 @@ def hierarchical_bound(weights: np.ndarray, topology: Topology, num_groups: int)
 def lower_bound(weights: np.ndarray, topology: Topology, num_groups: int | None = None,
                 hierarchical: bool = False) -> np.ndarray:
     """The strongest bound for each layer, ``[L]``: the largest of :data:`BOUNDS`, and with
-    ``hierarchical`` (every one of ``num_groups`` groups on one node) the :func:`hierarchical_bound`."""
+    ``hierarchical`` (every one of ``num_groups`` groups on one node) the :func:`hierarchical_bound`.
+
+    Each layer is bounded scaled by a power of two to a largest load near 1 (:func:`_scaled`): the
+    same bound for every magnitude of counts, finite for denormal ones and for huge ones (as long
+    as the bound itself is below the float64 maximum)."""
+    scaled, exponent = _scaled(weights)
     if hierarchical:
-        return hierarchical_bound(weights, topology, num_groups)
-    return _strongest(weights, topology)
+        return np.ldexp(hierarchical_bound(scaled, topology, num_groups), exponent)
+    return np.ldexp(_strongest(scaled, topology), exponent)
 
 
 def _strongest(weights: np.ndarray, topology: Topology) -> np.ndarray:

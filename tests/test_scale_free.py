@@ -29,3 +29,30 @@ def test_best_never_heavier_than_the_default_at_any_scale(scale):
     best = eplb.plan(counts, method="best", **LAYOUT)
     default = eplb.plan(counts, **LAYOUT)
     assert (best.max_load <= default.max_load).all(), (best.gap, default.gap)
+
+
+@pytest.mark.parametrize("hierarchical", [False, True])
+def test_bounds_scale_exactly_from_denormal_to_huge_counts(hierarchical):
+    from eplb.bounds import lower_bound
+
+    counts = _counts()
+    topology = eplb.Topology.from_layout(24, 4, 2)
+    groups = 4 if hierarchical else None
+    reference = lower_bound(counts, topology, groups, hierarchical)
+    for k in (-1070, -1060, -1030, -500, -40, 40, 500, 1000):
+        scaled = lower_bound(counts * 2.0 ** k, topology, groups, hierarchical)
+        assert np.isfinite(scaled).all()
+        np.testing.assert_allclose(np.ldexp(scaled, -k), reference, rtol=1e-9 if k > -1060 else 1e-3)
+
+
+@pytest.mark.parametrize("scale", [1e-320, 1e-310, 1e300])
+def test_plan_diagnostics_stay_finite_and_gaps_non_negative_at_extreme_magnitudes(scale):
+    counts = _counts()
+    counts = counts / counts.sum(axis=1, keepdims=True) * scale
+    for method in ("balanced", "best"):
+        placement = eplb.plan(counts, method=method, num_slots=24, num_gpus=4, num_nodes=2, num_groups=4)
+        assert np.isfinite(placement.max_load).all() and np.isfinite(placement.lower_bound).all()
+        assert (placement.lower_bound > 0).all()
+        assert (placement.gap >= 0).all() and np.isfinite(placement.gap).all(), placement.gap
+        reference = eplb.plan(counts / scale, method=method, num_slots=24, num_gpus=4, num_nodes=2, num_groups=4)
+        np.testing.assert_allclose(placement.gap, reference.gap, atol=1e-6 if scale > 1e-300 else 0.05)

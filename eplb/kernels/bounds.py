@@ -448,6 +448,8 @@ def threshold_bound(weights, lower, num_slots, active_gpus, min_slots, max_m):
             hi *= 2.0
         while hi - lo > 1e-7 * hi:
             mid = 0.5 * (lo + hi)
+            if not lo < mid < hi:  # adjacent floats (denormal loads): no midpoint left
+                break
             if _threshold_feasible(w, mid, num_slots, active_gpus, min_slots, filler, max_m):
                 hi = mid
             else:

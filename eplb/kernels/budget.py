@@ -135,6 +135,8 @@ def budget_tier_bound(weights, lower, replica, num_slots, active_gpus, min_slots
                 hi *= 2.0
             while hi - lo > 1e-7 * hi:
                 mid = 0.5 * (lo + hi)
+                if not lo < mid < hi:  # adjacent floats (denormal loads): no midpoint left
+                    break
                 if _budget_feasible(desc, tier, mid, num_slots, active_gpus, min_slots, max_slots, virtual, prefix):
                     hi = mid
                 else:

@@ -217,6 +217,8 @@ def _bisect(w, counts, num_gpus, slots, low, high, spread, budget, row, stats, s
     trial = row.copy()
     while high - low > step * high and stats[0] > 0:
         mid = 0.5 * (low + high)
+        if not low < mid < high:  # adjacent floats (denormal loads): no midpoint left
+            break
         found = _attempt(w, counts, num_gpus, slots, mid, spread, budget, trial, stats)
         if found < 0.0:
             low = mid

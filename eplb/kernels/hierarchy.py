@@ -378,6 +378,8 @@ def assign_groups(weights, num_groups, node_slots, node_active, node_class, lowe
                 hi *= 2.0
             while hi - lo > rel_tol * hi:
                 mid = 0.5 * (lo + hi)
+                if not lo < mid < hi:  # adjacent floats (denormal loads): no midpoint left
+                    break
                 _replicas_needed(w, group_size, num_groups, mid, need)
                 status = _search(mid, order, group_load, need, node_slots, node_active, node_class, budget, assign, w,
                                  group_size, group_max, checked, node_min, node_max, memo)
