@@ -13,11 +13,8 @@ import numpy as np
 
 from ._validation import as_counts
 from .kernels.dispatch import optimal_shares, share_gpu_loads
-from .placement import Placement, check_placement
+from .placement import Placement, check_placement, check_shares
 from .topology import Topology
-
-DISPATCH_MODES = ("uniform", "shares", "optimal")
-
 
 def uniform_shares(phy2log: np.ndarray, logcnt: np.ndarray) -> np.ndarray:
     """``[L, S]`` float64: ``1 / logcnt`` of each slot's expert (``phy2log [L, S]``, ``logcnt [L, E]``)."""
@@ -82,24 +79,6 @@ def dispatch(counts, placement: Placement) -> np.ndarray:
     placement = _check_placement_arg(placement)
     weights = _check_counts_for(counts, placement.num_layers, placement.num_experts)
     return optimal_dispatch(weights, placement.phy2log, placement.topology)[0]
-
-
-def check_shares(shares, phy2log: np.ndarray, num_experts: int) -> np.ndarray:
-    """Validate ``shares [L, S]`` for ``phy2log [L, S]``: finite, in ``[0, 1]``, summing to 1 per
-    expert (within ``1e-9``). Returns them as float64."""
-    array = np.asarray(shares, dtype=np.float64)
-    if array.shape != phy2log.shape:
-        raise ValueError(f"shares must have shape [L, S] = {list(phy2log.shape)}, got {array.shape}")
-    if not np.isfinite(array).all():
-        raise ValueError("shares must be finite")
-    if (array < 0).any() or (array > 1 + 1e-12).any():
-        raise ValueError("shares must lie in [0, 1]")
-    sums = np.zeros((phy2log.shape[0], num_experts))
-    np.add.at(sums, (np.arange(phy2log.shape[0])[:, None], phy2log), array)
-    worst = np.abs(sums - 1.0).max()
-    if worst > 1e-9:
-        raise ValueError(f"shares must sum to 1 over each expert's replicas (off by up to {worst:.3g})")
-    return array
 
 
 def gpu_loads_with_shares(counts, phy2log, shares, topology: Topology) -> np.ndarray:
