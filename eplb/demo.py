@@ -25,7 +25,7 @@ def run_demo(methods: tuple[str, ...] | None = None, seed: int = 0) -> list[dict
     if methods is None:
         methods = tuple(dict.fromkeys(("greedy", DEFAULT_METHOD)))
     static = metrics.static_gpu_loads(counts, config["num_gpus"])
-    rows = [{"method": "no rebalancing", "balancedness": float(metrics.balancedness(static).mean()),
+    rows = [{"method": "no rebalancing", "balancedness": float(metrics.moe_mean(metrics.balancedness(static), counts)),
              "gap": None, "shared": None, "ms": None, "first_call_ms": None}]
     kwargs = {k: config[k] for k in ("num_slots", "num_gpus", "num_nodes", "num_groups")}
     for method in methods:
@@ -35,8 +35,8 @@ def run_demo(methods: tuple[str, ...] | None = None, seed: int = 0) -> list[dict
         placement = plan(counts, method=method, **kwargs)
         rows.append({
             "method": method,
-            "balancedness": float(placement.balancedness(counts).mean()),
-            "gap": float(placement.gap.mean()),
+            "balancedness": float(metrics.moe_mean(placement.balancedness(counts), counts)),
+            "gap": float(metrics.moe_mean(placement.gap, counts)),
             "shared": float(placement.replicas_sharing_a_gpu().mean()),
             "ms": placement.info["time_s"] * 1e3,
             "first_call_ms": first * 1e3,
@@ -61,8 +61,9 @@ def format_demo(rows: list[dict]) -> str:
         lines.append(f"{r['method']:<16}{r['balancedness']:>13.4f}{gap:>14}{shared:>12}{ms:>13}{first:>12}")
     lines += [
         "",
-        "balancedness = mean / max GPU load per layer, averaged over layers (1.0 is perfect)",
-        "gap = max GPU load / proven lower bound - 1 (0% is provably optimal)",
+        "balancedness = mean / max GPU load per layer, averaged over the MoE layers (1.0 is perfect)",
+        "gap = max GPU load / proven lower bound - 1 (0% is provably optimal); the bound is hierarchical:",
+        f"  each of the {c['num_groups']} expert groups on one of the {c['num_nodes']} nodes, as the plans keep them",
         "shared GPU = replicas per layer placed on a GPU that already holds that expert",
         "method time = a warm call of the method; 1st plan() = the first call in this process, with the",
         "  bounds (the very first run after installing compiles the kernels; later runs load them from disk)",

@@ -4,12 +4,16 @@
 
 - ``balancedness.png``: per-layer balancedness (mean / max GPU load) of the plan, of the published
   greedy on the same configuration, and without rebalancing (expert ``e`` on GPU ``e * G // E``);
-- ``gpu_loads.png``: heatmap of each GPU's load relative to its layer's mean (layers x GPUs);
+- ``gpu_loads.png``: heatmap of each GPU's load relative to its layer's mean (layers x GPUs), on a
+  scale from 0, with node boundaries drawn;
 - ``hottest_experts.png``: replica counts of the hottest (layer, expert) pairs and the load each
-  of their replicas carries;
+  of their replicas carries, relative to a GPU's mean load;
 - ``windows.png`` (counts with several windows): mean balancedness in each window;
 - ``moves.png`` (with a previous placement): which slots changed and the weight copies per layer;
 - ``index.html``: a summary table and every figure, embedded, so the page stands alone.
+
+Means over layers leave out dense (all-zero) layers, which figures shade or leave blank; the gap
+is measured against :func:`bound_for`, the bound ``eplb plan`` reports for the configuration.
 
 Needs matplotlib (``pip install 'eplb[report]'``); drawn with the Agg backend (no display).
 """

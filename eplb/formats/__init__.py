@@ -3,9 +3,10 @@
 Counts in (``read_counts``), detected from the path unless a format is given:
 
 =====================  =====================================================================
-``npy``                ``.npy``: ``[L, E]`` or ``[T, L, E]``
+``npy``                ``.npy``: ``[E]`` (one layer), ``[L, E]`` or ``[T, L, E]``
 ``npz``                ``.npz``: ``counts`` (or ``logical_count``/``weights``/its only array), optional ``layer_ids``
-``csv``                ``.csv``: a matrix (rows = layers) or a long table ``[window,]layer,expert,count``
+``csv``                ``.csv``: a matrix (rows = layers; an index or layer first column is recognised) or a
+                       long table ``[window,]layer,expert,count`` (also ``layer_id``/``expert_id``/``tokens``...)
 ``logical-count-json`` ``.json``: ``{"logical_count": [[...]]}`` (SGLang's JSON form)
 ``sglang-dump``        ``.pt``: SGLang's expert-distribution dump (``torch.load(weights_only=True)``)
 ``trtllm-stats``       a folder with ``meta_info.json`` + ``rank{r}.safetensors`` (TensorRT-LLM)
@@ -16,9 +17,15 @@ Placements out (``write_placement``) and back in (``read_placement``):
 ==========  =========================================================================
 ``eplb``    eplb's JSON: placement, configuration, diagnostics, version (``.json``)
 ``npz``     arrays ``phy2log``, ``log2phy``, ``logcnt``, topology... (``.npz``)
-``sglang``  ``{"physical_to_logical_map": [[...]]}`` for ``--init-expert-location`` (``.json``)
-``trtllm``  TensorRT-LLM's load-balancer YAML (``.yaml`` / ``.yml``)
+``sglang``  ``{"physical_to_logical_map": [[...]]}`` for ``--init-expert-location`` (``.json``),
+            plus ``<name>.eplb.json`` beside it with GPUs, nodes, groups and experts
+``trtllm``  TensorRT-LLM's load-balancer YAML (``.yaml`` / ``.yml``), with a ``# eplb:`` comment
+            recording GPUs, nodes, groups and experts
 ==========  =========================================================================
+
+Counts that look transposed (over 128 layers and more than twice as many layers as experts) are
+refused unless ``allow_shape``; ``transpose`` reads ``[E, L]`` files. Sizes a file implies are
+checked against :mod:`eplb.formats.limits` (overridable with ``EPLB_MAX_*``) before allocating.
 
 Every reader checks shapes and values and raises :class:`FormatError` naming the file; a
 missing optional dependency raises :class:`MissingExtraError` naming the extra to install.
