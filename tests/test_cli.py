@@ -50,10 +50,12 @@ def invoke(*args, cwd, expect=0):
 
 def test_help_on_every_command(tmp_path):
     out, _ = run("--help")
-    for command in ("plan", "report", "validate", "demo"):
+    for command in ("plan", "report", "validate", "warmup", "demo"):
         assert command in out
     for command, words in [("plan", ["--slots", "--gpus", "--previous", "--format", "--input-format", "sglang"]),
-                           ("report", ["--previous", "index.html"]), ("validate", ["--counts", "--gpus"]),
+                           ("report", ["--previous", "index.html", "--groups"]),
+                           ("validate", ["--counts", "--gpus", "--groups", "--transpose", "--allow-shape"]),
+                           ("warmup", ["--experts", "--slots", "--gpus", "--nodes", "--groups", "--method"]),
                            ("demo", ["--method"])]:
         out, _ = invoke(command, "--help", cwd=tmp_path)
         assert all(word in out for word in words), out

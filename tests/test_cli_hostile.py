@@ -178,3 +178,33 @@ def test_one_dimensional_counts_are_one_layer(tmp_path):
     out, _ = invoke("plan", "one.npy", "-s", "24", "-g", "4", "-o", "p.json", cwd=tmp_path)
     assert "1 layers x 16 experts" in out
     assert read_placement(tmp_path / "p.json").placement == eplb.plan(np.arange(1, 17), num_slots=24, num_gpus=4)
+
+
+@pytest.mark.parametrize("name", ["c.npy", "c.csv", "c.json", "p.yaml"])
+def test_unreadable_input_exits_1(tmp_path, name, monkeypatch):
+    """A file that exists but cannot be opened is a failure (1), not a usage error (2). As root the
+    permission bits do not stop reading, so the open itself is made to fail."""
+    import builtins
+    import io
+    import os
+
+    np.save(tmp_path / "c.npy", COUNTS)
+    (tmp_path / "c.csv").write_text("1,2\n3,4\n")
+    (tmp_path / "c.json").write_text(json.dumps({"logical_count": COUNTS.tolist()}))
+    eplb.formats.write_placement(eplb.plan(COUNTS, num_slots=16, num_gpus=4), tmp_path / "p.yaml")
+    target = str(tmp_path / name)
+    real_open, real_io_open = builtins.open, io.open
+
+    def refuse(opener):
+        def wrapped(file, *args, **kwargs):
+            if isinstance(file, (str, os.PathLike)) and os.path.abspath(file) == target:
+                raise PermissionError(13, "Permission denied", target)
+            return opener(file, *args, **kwargs)
+        return wrapped
+
+    monkeypatch.setattr(builtins, "open", refuse(real_open))
+    monkeypatch.setattr(io, "open", refuse(real_io_open))
+    args = (["validate", name] if name.endswith("yaml") else
+            ["plan", name, "-s", "16", "-g", "4", "--method", "greedy", "-o", "out.json"])
+    _, err = invoke(*args, cwd=tmp_path, expect=1)
+    assert name in err and "ermission denied" in err and err.count("\n") == 1
