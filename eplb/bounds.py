@@ -10,6 +10,7 @@ import numpy as np
 
 from .kernels.bounds import min_max_replica_load, pigeonhole_bound, pigeonhole_upper, threshold_bound, tier_bound
 from .kernels.budget import budget_tier_bound
+from .kernels.hierarchy import node_load_bound
 from .kernels.tiny import tiny_bound
 from .problem import Problem
 from .searches import group_assignment
@@ -160,10 +161,15 @@ def hierarchical_bound(weights: np.ndarray, topology: Topology, num_groups: int)
     to fit beside its heaviest expert's replicas or on its GPUs without one
     (:mod:`eplb.kernels.hot_room`); an exhaustive search over group -> node assignments
     (:mod:`eplb.kernels.hierarchy`) proves the largest ``T`` for which no assignment meets that.
-    Where the search runs out of budget the global bound stays.
+    Where the search runs out of budget (many groups) the bound from the node loads alone stays
+    (:func:`eplb.kernels.hierarchy.node_load_bound`: pigeonhole and heavy-light pairings of the
+    groups over the nodes), with the global bound.
     """
-
-    base = _strongest(weights, topology)
+    per_node = topology.slots_per_gpu.reshape(topology.num_nodes, -1)
+    node_slots = per_node.sum(axis=1).astype(np.int64)
+    node_active = (per_node > 0).sum(axis=1).astype(np.int64)
+    weights = np.ascontiguousarray(weights, dtype=np.float64)
+    base = np.maximum(_strongest(weights, topology), node_load_bound(weights, int(num_groups), node_slots, node_active))
     problem = Problem(topology=topology, num_groups=num_groups, hierarchical=True)
     _, proven = group_assignment(np.ascontiguousarray(weights, dtype=np.float64), problem, lower=base, strong=True)
     return np.maximum(base, proven)

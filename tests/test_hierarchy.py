@@ -57,3 +57,87 @@ def test_groups_go_to_nodes_that_can_hold_their_hot_expert():
     weights[:, 5] = 4000.0  # group 0 holds a hot expert: more than 3 of its node's 4 GPUs can carry
     placement = eplb.plan(weights, num_slots=80, num_gpus=8, num_nodes=2, num_groups=4)
     assert placement.gap.max() < 0.01
+
+
+def _best_group_assignment(group_loads, capacity, active):
+    """Smallest ``max_n load_n / active_n`` over every group -> node assignment that gives each node
+    between 1 and ``capacity[n]`` groups (brute force): what any hierarchical placement's node
+    loads force, so at most its max GPU load."""
+    import itertools
+
+    num_groups, num_nodes = group_loads.shape[0], capacity.shape[0]
+    best = np.inf
+    for assign in itertools.product(range(num_nodes), repeat=num_groups):
+        held = np.bincount(assign, minlength=num_nodes)
+        if (held < 1).any() or (held > capacity).any():
+            continue
+        best = min(best, (np.bincount(assign, weights=group_loads, minlength=num_nodes) / active).max())
+    return best
+
+
+@st.composite
+def node_instances(draw):
+    """``(weights [1, E], topology, num_groups)``: 2-4 nodes of 1-3 GPUs, 2-8 groups of 1-2 experts,
+    masked GPUs allowed (at least one per node keeps slots)."""
+    num_nodes = draw(st.integers(2, 4))
+    per_node = draw(st.integers(1, 3))
+    size = draw(st.integers(1, 2))
+    num_groups = draw(st.integers(num_nodes, min(8, 3 * num_nodes)))
+    slots = np.array(draw(st.lists(st.integers(0, 3), min_size=num_nodes * per_node,
+                                   max_size=num_nodes * per_node)), np.int64).reshape(num_nodes, per_node)
+    slots[:, 0] = np.maximum(slots[:, 0], size)  # every node holds at least one whole group
+    # capacity for every group, and no node with slots left empty-handed
+    while (slots.sum(axis=1) // size).sum() < num_groups:
+        slots[np.argmin(slots.sum(axis=1)), 0] += size
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    family = draw(st.sampled_from(["uniform", "skewed", "integers"]))
+    num_experts = num_groups * size
+    if family == "uniform":
+        weights = rng.random(num_experts)
+    elif family == "skewed":
+        weights = rng.pareto(1.2, num_experts)
+    else:
+        weights = rng.integers(0, 5, num_experts).astype(np.float64)
+    return weights[None, :], eplb.Topology(slots.ravel(), num_nodes), num_groups
+
+
+@settings(max_examples=80, deadline=None)
+@given(node_instances())
+def test_node_load_bound_never_exceeds_the_best_group_assignment(instance):
+    from eplb.kernels.hierarchy import node_load_bound
+
+    weights, topology, num_groups = instance
+    per_node = topology.slots_per_gpu.reshape(topology.num_nodes, -1)
+    node_slots = per_node.sum(axis=1).astype(np.int64)
+    active = (per_node > 0).sum(axis=1).astype(np.int64)
+    size = weights.shape[1] // num_groups
+    group_loads = weights[0].reshape(num_groups, size).sum(axis=1)
+    exact = _best_group_assignment(group_loads, node_slots // size, active)
+    bound = node_load_bound(weights, num_groups, node_slots, active)[0]
+    assert bound <= exact * (1 + 1e-9) + 1e-12, (bound, exact)
+    # and never above any method's max load
+    for method in ("greedy", "balanced", "best"):
+        if method == "greedy" and not topology.is_uniform:
+            continue
+        placement = eplb.plan(weights, topology=topology, num_groups=num_groups, method=method)
+        if not placement.info["hierarchical"]:  # groups not a multiple of nodes: a global plan
+            continue
+        assert eplb.bounds.lower_bound(weights, topology, num_groups, True)[0] <= placement.max_load[0] * (1 + 1e-9)
+
+
+def test_node_load_bound_is_the_optimal_pairing_with_two_groups_per_node():
+    from eplb.kernels.hierarchy import node_load_bound
+
+    rng = np.random.default_rng(5)
+    weights = rng.random((3, 32 * 4)) * rng.random((3, 1))
+    node_slots, active = np.full(16, 9 * 8 // 16 * 2, np.int64), np.full(16, 1, np.int64)  # 9 slots: 2 groups of 4
+    groups = np.sort(weights.reshape(3, 32, 4).sum(axis=2), axis=1)
+    pairing = (groups + groups[:, ::-1]).max(axis=1)
+    np.testing.assert_allclose(node_load_bound(weights, 32, node_slots, active), pairing, rtol=1e-11)
+
+
+def test_hierarchical_bound_at_1024_experts_32_groups_16_nodes():
+    """The group search gives up on 32 groups; the node-load bound proves the plan near optimal."""
+    counts = eplb.synthetic.skewed_counts(2, 1024, num_groups=32, seed=1)
+    placement = eplb.plan(counts, num_slots=1152, num_gpus=128, num_nodes=16, num_groups=32)
+    assert (placement.gap >= 0).all() and (placement.gap < 0.002).all(), placement.gap

@@ -393,3 +393,107 @@ def assign_groups(weights, num_groups, node_slots, node_active, node_class, lowe
                     lo = mid
         _copy(best, node_of_group[layer])
     return proven
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _lightest_sum(asc, count, skip):
+    """Sum of the ``count`` smallest of ``asc [K]`` (increasing) after the first ``skip``: the
+    lightest groups that are not among the ``skip`` lightest already counted."""
+    total = 0.0
+    for i in range(skip, min(asc.shape[0], skip + max(count, 0))):
+        total += asc[i]
+    return total
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def node_load_bound(weights, num_groups, node_slots, node_active):
+    """A bound on the max GPU load of every placement that keeps each group on one node, from the
+    node loads alone, for every number of groups and nodes (the exhaustive search in
+    :func:`assign_groups` gives up on many groups).
+
+    Group ``k`` (experts ``k E/K ... (k+1) E/K - 1``, ``s = E / K`` of them) loads its node with
+    ``p_k``; with ``p_1 >= p_2 >= ... >= p_K``. A node with ``slots[n]`` slots holds at most
+    ``c_n = floor(slots[n] / s)`` groups and, as every slot holds an expert of one of its groups,
+    at least one; with ``m`` nodes holding slots, each node holds at least
+    ``a = max(1, K - (sum c - min c))`` groups. A node of load ``P`` on ``active[n]`` GPUs has a
+    GPU of load ``>= P / A`` (``A``: most active GPUs of a node). Some node carries at least:
+
+    - pigeonhole: ``t + 1`` of the ``t m + 1`` heaviest groups (the lightest ``t + 1`` of them)
+      and ``a - t - 1`` more (the lightest others);
+    - heavy and light, for each ``i``: either the ``i`` heaviest groups sit on ``i`` distinct
+      nodes, each of which holds ``a - 1`` groups from outside them, so some node holds
+      ``p_i`` + the heaviest of those ``i (a - 1)`` partners (at least ``p_{K - i(a-1) + 1}``) +
+      ``a - 2`` light groups, and the mean of those nodes is at least their total over ``i``; or
+      two of them share a node: ``p_{i-1} + p_i`` + ``a - 2`` light groups. With two groups per
+      node (``K = 2m``) this is ``max_i p_i + p_{K+1-i}``, the optimal pairing.
+
+    Args:
+        weights: ``[L, E]`` float64, ``E`` a multiple of ``num_groups``.
+        node_slots, node_active: ``[N]`` int64 slots and GPUs with slots of each node.
+    Returns:
+        ``[L]`` float64 (0 where the layer carries no load), shaded down by 1e-12 for the sums' rounding.
+    """
+    num_layers, num_experts = weights.shape
+    out = np.zeros(num_layers)
+    size = num_experts // num_groups
+    num_nodes = 0
+    sum_c = 0
+    min_c = num_groups
+    most_active = 1
+    for n in range(node_slots.shape[0]):
+        if node_slots[n] > 0 and node_active[n] > 0:
+            c = min(node_slots[n] // size, num_groups)
+            num_nodes += 1
+            sum_c += c
+            min_c = min(min_c, c)
+            most_active = max(most_active, node_active[n])
+    if num_nodes == 0 or size == 0:
+        return out
+    least = max(1, num_groups - (sum_c - min_c))
+    asc = np.empty(num_groups)
+    for layer in range(num_layers):
+        for k in range(num_groups):
+            total = 0.0
+            for j in range(size):
+                total += weights[layer, k * size + j]
+            asc[k] = total
+        _shell_sort(asc)
+        if asc[num_groups - 1] <= 0.0:
+            continue
+        best = 0.0
+        # pigeonhole: some node holds t + 1 of the t m + 1 heaviest groups
+        t = 1
+        while t * num_nodes + 1 <= num_groups:
+            top = t * num_nodes + 1
+            value = 0.0
+            for r in range(top - t, top + 1):  # ranks top - t .. top (1-based, decreasing loads)
+                value += asc[num_groups - r]
+            value += _lightest_sum(asc, least - t - 1, 0) if num_groups - top >= least - t - 1 else 0.0
+            best = max(best, value)
+            t += 1
+        # heavy and light
+        for i in range(1, num_groups + 1):
+            p_i = asc[num_groups - i]
+            outside = num_groups - i  # groups lighter than the i heaviest
+            spread = np.inf  # the i heaviest on i distinct nodes
+            if i <= num_nodes:
+                partners = i * (least - 1)
+                if partners <= outside:
+                    spread = p_i
+                    if partners > 0:
+                        # the heaviest partner: at least the partners-th lightest outside group
+                        spread += asc[partners - 1] + _lightest_sum(asc, least - 2, 0)
+                    heavy = 0.0
+                    for r in range(1, i + 1):
+                        heavy += asc[num_groups - r]
+                    spread = max(spread, (heavy + _lightest_sum(asc, partners, 0)) / i)
+            shared = np.inf  # two of them on one node
+            if i >= 2:
+                shared = asc[num_groups - i + 1] + p_i
+                if least - 2 > 0 and outside >= least - 2:
+                    shared += _lightest_sum(asc, least - 2, 0)
+            value = min(spread, shared)
+            if value < np.inf:
+                best = max(best, value)
+        out[layer] = best / most_active * (1.0 - 1e-12)
+    return out
