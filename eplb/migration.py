@@ -14,7 +14,7 @@ layer:
 2. improve the previous placement by local search (swap two slots, give a slot to another expert),
    best balance gain per changed slot first, until its max load is at most ``(1 + tolerance) * M``
    or the budget of changed slots is spent; then give back every changed slot the target does not
-   need (:mod:`eplb.kernels.migration`);
+   need (:func:`eplb.kernels.migration.search_near_previous`);
 3. where that stalls above the target, search again: by steepest descent, from the previous
    placement with the fresh plan's replica counts, and (hierarchical) with whole groups moved to
    the fresh plan's nodes;
@@ -36,7 +36,8 @@ import numpy as np
 from ._validation import as_int
 from .bounds import average_bound
 from .kernels.layout import replica_counts
-from .kernels.migration import fewest_changes_search, improve_placement, min_cost_assignment, relabel_like
+from .kernels.migration import (SearchLayout, fewest_changes_search, min_cost_assignment, relabel_like,
+                                search_near_previous)
 from .metrics import gpu_loads
 from .methods import Problem, get_method
 from .placement import Placement, check_placement
@@ -109,8 +110,8 @@ def migrate(weights: np.ndarray, problem: Problem, previous: np.ndarray, scratch
 
     scratch_peak = _peaks(weights, scratch, topology)
     target = np.full(num_layers, -1.0) if tolerance is None else scratch_peak * (1.0 + tolerance)
-    search = _search_arguments(problem, num_experts)
-    group_of_expert = search[3]
+    layout = search_layout(problem, num_experts)
+    group_of_expert = layout.group_of_expert
     budgets = np.full(num_layers, budget, np.int64)
     # a layer whose previous placement spreads a group over nodes cannot be searched from: the
     # search keeps groups where they are. It takes the relabelled fresh plan (hierarchical) below.
@@ -120,9 +121,9 @@ def migrate(weights: np.ndarray, problem: Problem, previous: np.ndarray, scratch
     local_peak = np.full(num_layers, np.inf)
     if kept.size:
         # per_change given (True, the default) in every call: one compiled specialization
-        local[kept], local_changes[kept], _ = improve_placement(
+        local[kept], local_changes[kept], _ = search_near_previous(
             np.ascontiguousarray(weights[kept]), np.ascontiguousarray(previous[kept]),
-            np.ascontiguousarray(previous[kept]), *search, target[kept], budgets[kept], 2 * num_slots, True)
+            np.ascontiguousarray(previous[kept]), layout, target[kept], budgets[kept], 2 * num_slots, True)
         local_peak[kept] = _peaks(weights[kept], local[kept], topology)
     # Where the search from the previous placement stalls above the target, search again: (a) by
     # steepest descent, (b) from the previous placement with the fresh plan's replica counts, and
@@ -142,8 +143,8 @@ def migrate(weights: np.ndarray, problem: Problem, previous: np.ndarray, scratch
         starts = [(layer, row) for layer, row in starts if row is not None]
         if starts:
             rows = np.array([layer for layer, _ in starts])
-            tried, tried_changes, _ = improve_placement(
-                weights[rows], np.stack([row for _, row in starts]), np.ascontiguousarray(previous[rows]), *search,
+            tried, tried_changes, _ = search_near_previous(
+                weights[rows], np.stack([row for _, row in starts]), np.ascontiguousarray(previous[rows]), layout,
                 target[rows], budgets[rows], 2 * num_slots, restart != "steepest")
             tried_peak = _peaks(weights[rows], tried, topology)
             for i, layer in enumerate(rows):
@@ -160,8 +161,8 @@ def migrate(weights: np.ndarray, problem: Problem, previous: np.ndarray, scratch
         matched, _ = relabel_like(np.ascontiguousarray(scratch[missed], dtype=np.int64), before,
                                   topology.slot_offsets, topology.gpus_per_node, problem.hierarchical, num_experts)
         # then give slots back their previous expert wherever the target allows (no search steps)
-        relabelled[missed], fresh_changes[missed], _ = improve_placement(
-            weights[missed], matched, before, *search, target[missed], budgets[missed], 0, True)
+        relabelled[missed], fresh_changes[missed], _ = search_near_previous(
+            weights[missed], matched, before, layout, target[missed], budgets[missed], 0, True)
         fresh_peak[missed] = _peaks(weights[missed], relabelled[missed], topology)
 
     use_fresh = spread.copy()
@@ -300,8 +301,8 @@ def check_trade_off(tolerance, max_moves, num_slots: int) -> tuple[float | None,
     return tolerance, num_slots if max_moves is None else as_int(max_moves, "max_moves", minimum=0)
 
 
-def _search_arguments(problem: Problem, num_experts: int) -> tuple:
-    """The topology and group arguments of :func:`eplb.kernels.migration.improve_placement`."""
+def search_layout(problem: Problem, num_experts: int) -> SearchLayout:
+    """The deployment as :func:`eplb.kernels.migration.search_near_previous` takes it."""
     topology = problem.topology
     if problem.hierarchical:
         group_of_expert = np.arange(num_experts, dtype=np.int64) // (num_experts // problem.num_groups)
@@ -309,8 +310,8 @@ def _search_arguments(problem: Problem, num_experts: int) -> tuple:
     else:
         group_of_expert = np.zeros(num_experts, np.int64)
         num_groups = 1
-    return (topology.gpu_of_slot, topology.slot_offsets, topology.node_of_gpu, group_of_expert,
-            problem.hierarchical, num_groups)
+    return SearchLayout(topology.gpu_of_slot, topology.slot_offsets, topology.node_of_gpu, group_of_expert,
+                        bool(problem.hierarchical), int(num_groups))
 
 
 def reference_bound(weights: np.ndarray, problem: Problem) -> np.ndarray:
@@ -343,8 +344,8 @@ def near_bound(weights: np.ndarray, problem: Problem, previous: np.ndarray, *, t
     if rows.size < num_layers:
         weights, previous = np.ascontiguousarray(weights[rows]), np.ascontiguousarray(previous[rows])
     target = reference_bound(weights, problem) * (1.0 + tolerance)
-    near[rows], changes[rows], _ = improve_placement(
-        weights, previous, previous, *_search_arguments(problem, num_experts), target,
+    near[rows], changes[rows], _ = search_near_previous(
+        weights, previous, previous, search_layout(problem, num_experts), target,
         np.full(rows.size, budget, np.int64), 2 * problem.topology.num_slots, True)
     within[rows] = _peaks(weights, near[rows], problem.topology) <= target
     return near, changes, within

@@ -159,22 +159,22 @@ def test_planning_kernel_releases_the_gil():
     """With a huge switch interval the main thread can only run while the planner thread waits or
     sits in a GIL-free kernel: it makes progress during the migration search."""
     from eplb.api import make_problem
-    from eplb.kernels.migration import improve_placement
+    from eplb.kernels.migration import SearchLayout, search_near_previous
 
     series = drifting_counts(2, 58, 256, num_groups=8, drift=0.3, seed=8).astype(float)
     weights = np.concatenate([series[1]] * 4)
     problem = make_problem(256, 288, 32, 4, None)
     topo = problem.topology
     previous = np.concatenate([eplb.plan(series[0], topology=topo).phy2log] * 4)
-    args = (weights, previous, previous, topo.gpu_of_slot, topo.slot_offsets, topo.node_of_gpu,
-            np.zeros(256, np.int64), False, 1, np.zeros(len(weights)), np.full(len(weights), 288), 576)
-    improve_placement(*args[:1], previous[:1], previous[:1], *args[3:9], np.zeros(1), np.full(1, 288), 576)
+    layout = SearchLayout(topo.gpu_of_slot, topo.slot_offsets, topo.node_of_gpu, np.zeros(256, np.int64), False, 1)
+    args = (weights, previous, previous, layout, np.zeros(len(weights)), np.full(len(weights), 288), 576)
+    search_near_previous(weights[:1], previous[:1], previous[:1], layout, np.zeros(1), np.full(1, 288), 576)
     started = threading.Event()
     done = []
 
     def search():
         started.set()
-        improve_placement(*args)
+        search_near_previous(*args)
         done.append(True)
 
     old_interval = sys.getswitchinterval()
@@ -191,7 +191,7 @@ def test_planning_kernel_releases_the_gil():
     finally:
         sys.setswitchinterval(old_interval)
     assert progressed > 0
-    for kernel in (improve_placement,):
+    for kernel in (search_near_previous,):
         assert kernel.targetoptions.get("nogil") is True
 
 

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 from strategies import problems
 
 import eplb
-from eplb.kernels.migration import improve_placement, min_cost_assignment, relabel_like
+from eplb.kernels.migration import SearchLayout, min_cost_assignment, relabel_like, search_near_previous
 from eplb.metrics import moves
 from eplb.synthetic import drifting_counts
 
@@ -197,7 +197,7 @@ def test_bad_previous_is_refused():
 
 
 def test_kernels_release_the_gil():
-    for kernel in (improve_placement, relabel_like, min_cost_assignment):
+    for kernel in (search_near_previous, relabel_like, min_cost_assignment):
         assert kernel.targetoptions.get("nogil") is True
 
 
@@ -262,12 +262,13 @@ def test_swaps_stay_inside_the_kernel_arrays_when_every_expert_has_one_slot(tmp_
 
     code = """
 import numpy as np
-from eplb.kernels.migration import improve_placement
+from eplb.kernels.migration import SearchLayout, search_near_previous
 w = np.array([[850., 636., 511., 269., 307., 40., 75., 16.]])
 previous = np.array([[3, 6, 0, 7, 5, 1, 2, 4]], dtype=np.int64)
-out, changes, steps = improve_placement(
-    w, previous, previous, np.repeat(np.arange(2), 4), np.array([0, 4, 8]), np.zeros(2, np.int64),
-    np.arange(8) // 2, True, 4, np.zeros(1), np.full(1, 8, np.int64), 16, True)
+layout = SearchLayout(np.repeat(np.arange(2), 4), np.array([0, 4, 8]), np.zeros(2, np.int64), np.arange(8) // 2,
+                      True, 4)
+out, changes, steps = search_near_previous(w, previous, previous, layout, np.zeros(1), np.full(1, 8, np.int64), 16,
+                                           True)
 assert sorted(out[0]) == list(range(8)) and steps[0] > 0, (out, steps)
 """
     env = {**os.environ, "NUMBA_BOUNDSCHECK": "1", "NUMBA_CACHE_DIR": str(tmp_path)}

@@ -3,29 +3,58 @@ relabel a fresh placement so that it keeps as many experts in place as possible.
 
 Shapes: ``L`` layers, ``E`` experts, ``S`` slots, ``G`` GPUs, ``N`` nodes, ``K`` expert groups.
 A "change" is a slot whose expert differs from the previous placement.
+
+The search (:func:`search_near_previous`) keeps two groups of arrays that travel together:
+
+- :class:`SearchLayout`, the deployment: which GPU, node and group each slot, GPU and expert
+  belongs to, and whether groups must stay on their nodes (built once per plan);
+- :class:`LayerState`, one layer's placement and its bookkeeping: per-expert replica counts,
+  slot lists and per-replica loads, per-GPU loads and replica counts, per-node group counts
+  (allocated once per call, refilled per layer).
+
+A candidate move is a tuple ``(score, local, kind, a, b)``: its gain per changed slot, the largest
+load it leaves on the GPUs it touches, and what it does (:data:`SWAP` slots ``a`` and ``b``,
+:data:`REASSIGN` slot ``a`` to expert ``b``; :data:`NO_MOVE` none).
 """
+
+from collections import namedtuple
 
 import numpy as np
 from numba import njit
 
 _EPS = 1e-12
+NO_MOVE, SWAP, REASSIGN = -1, 0, 1  # kinds of moves; REASSIGN covers moves (B) and (C) below
+
+SearchLayout = namedtuple("SearchLayout", ["gpu_of_slot", "slot_offsets", "node_of_gpu", "group_of_expert",
+                                           "keep_groups", "num_groups"])
+SearchLayout.__doc__ = """The deployment as the search sees it: ``gpu_of_slot [S]``, ``slot_offsets
+[G + 1]``, ``node_of_gpu [G]``, ``group_of_expert [E]`` (int64 arrays), ``keep_groups`` (bool: no move
+puts an expert on a node holding no expert of its group) and ``num_groups`` (``K >= 1``)."""
+
+LayerState = namedtuple("LayerState", ["w", "row", "prev", "cnt", "expert_slots", "has", "node_group", "x", "share",
+                                       "share_up", "gain_down"])
+LayerState.__doc__ = """One layer under search: ``w [E]`` loads, ``row [S]`` the placement (changed in
+place), ``prev [S]`` the placement in service, ``cnt [E]`` replicas per expert, ``expert_slots [E, W]``
+each expert's slots (first ``cnt[e]``), ``has [G, E]`` replicas per GPU, ``node_group [N, K]`` replicas
+per node and group, ``x [G]`` GPU loads, ``share [E]`` ``w / cnt``, ``share_up [E]`` ``w / (cnt + 1)``,
+``gain_down [E]`` ``w / (cnt - 1) - w / cnt`` (what each other replica gains if one goes)."""
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def _shares(w, cnt, e, share, share_up, gain_down):
+def _shares(st, e):
     """Refresh expert ``e``'s entries of the per-replica load tables after its count changed."""
-    c = cnt[e]
-    share[e] = w[e] / c
-    share_up[e] = w[e] / (c + 1)
-    gain_down[e] = w[e] / (c - 1) - share[e] if c > 1 else np.inf
+    c = st.cnt[e]
+    st.share[e] = st.w[e] / c
+    st.share_up[e] = st.w[e] / (c + 1)
+    st.gain_down[e] = st.w[e] / (c - 1) - st.share[e] if c > 1 else np.inf
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def _loads_from_shares(row, share, gpu_of_slot, x):
-    """Fill ``x [G]`` with each GPU's load: the sum of its replicas' shares."""
-    x[:] = 0.0
-    for s in range(row.shape[0]):
-        x[gpu_of_slot[s]] += share[row[s]]
+def _refresh_loads(st, gpu_of_slot):
+    """Fill ``st.x [G]`` with each GPU's load: the sum of its replicas' shares."""
+    st.x[:] = 0.0
+    for s in range(st.row.shape[0]):
+        st.x[gpu_of_slot[s]] += st.share[st.row[s]]
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
@@ -47,27 +76,80 @@ def _add_slot(expert_slots, cnt, e, s):
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def improve_placement(weights, start, previous, gpu_of_slot, slot_offsets, node_of_gpu, group_of_expert,
-                      keep_groups, num_groups, target, max_changes, max_steps, per_change=True):
+def _set_slot(st, lay, s, f):
+    """Put expert ``f`` into slot ``s`` and update the bookkeeping (not the loads)."""
+    e = st.row[s]
+    g = lay.gpu_of_slot[s]
+    _remove_slot(st.expert_slots, st.cnt, e, s)
+    _add_slot(st.expert_slots, st.cnt, f, s)
+    st.has[g, e] -= 1
+    st.has[g, f] += 1
+    st.node_group[lay.node_of_gpu[g], lay.group_of_expert[e]] -= 1
+    st.node_group[lay.node_of_gpu[g], lay.group_of_expert[f]] += 1
+    st.row[s] = f
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _load_layer(st, lay):
+    """Fill the bookkeeping of ``st`` from ``st.row`` (``has`` and ``node_group`` must be zero);
+    returns the slots that differ from ``st.prev``."""
+    st.cnt[:] = 0
+    for s in range(st.row.shape[0]):
+        e = st.row[s]
+        _add_slot(st.expert_slots, st.cnt, e, s)
+        st.has[lay.gpu_of_slot[s], e] += 1
+        st.node_group[lay.node_of_gpu[lay.gpu_of_slot[s]], lay.group_of_expert[e]] += 1
+    for e in range(st.w.shape[0]):
+        _shares(st, e)
+    _refresh_loads(st, lay.gpu_of_slot)
+    changed = 0
+    for s in range(st.row.shape[0]):
+        if st.row[s] != st.prev[s]:
+            changed += 1
+    return changed
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _clear_layer(st, lay):
+    """Zero ``has`` and ``node_group`` again (only the entries ``st.row`` set)."""
+    for s in range(st.row.shape[0]):
+        st.has[lay.gpu_of_slot[s], st.row[s]] = 0
+        st.node_group[lay.node_of_gpu[lay.gpu_of_slot[s]], lay.group_of_expert[st.row[s]]] = 0
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _score(peak, local, floor, cost, per_change):
+    """A move's gain (how far the heaviest GPU comes down, not below ``floor``) per changed slot
+    (``per_change``; a move that changes no slot counts as a quarter of one), or its gain alone."""
+    return (peak - max(local, floor)) / (cost if cost > 0 and per_change else 0.25 if per_change else 1.0)
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _blocked(st, lay, node, f):
+    """Whether the group rule forbids a new replica of expert ``f`` on ``node``."""
+    return lay.keep_groups and st.node_group[node, lay.group_of_expert[f]] == 0
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def search_near_previous(weights, start, previous, layout, target, max_changes, max_steps, per_change=True):
     """Local search from ``start``: lower the heaviest GPU until it is at most ``target``, counting
-    changes against ``previous``.
+    changes against ``previous``; then give back every changed slot the target does not need.
 
     Each step takes the move with the largest reduction of the heaviest GPU's load per slot changed
     (undoing an earlier change is nearly free): swap two slots between the heaviest GPU and another
     one, give a slot of the heaviest GPU to another expert, or give a slot elsewhere to a second
     replica of an expert on the heaviest GPU. No move creates two replicas of one expert on a GPU;
-    with ``keep_groups`` no move puts an expert on a node that holds no expert of its group. Every
-    step strictly lowers the sorted vector of GPU loads, so the search ends.
+    with ``layout.keep_groups`` no move puts an expert on a node that holds no expert of its group.
+    Every step strictly lowers the sorted vector of GPU loads, so the search ends.
 
     Args:
         weights: ``[L, E]`` float64 loads.
         start: ``[L, S]`` int64, the placement to start from (every expert present).
         previous: ``[L, S]`` int64, the placement in service (a slot differing from it is a change).
-        gpu_of_slot: ``[S]``; slot_offsets: ``[G + 1]``; node_of_gpu: ``[G]``; group_of_expert: ``[E]``.
-        keep_groups: bool; num_groups: ``K`` (>= 1).
+        layout: a :class:`SearchLayout`.
         target: ``[L]`` stop once the max GPU load is at most this.
         max_changes: ``[L]`` int64, at most this many slots of a layer may differ from ``previous``.
-        max_steps: at most this many moves per layer.
+        max_steps: at most this many moves per layer (0: only give changed slots back).
         per_change: rank moves by gain per changed slot (else by gain alone: steepest descent,
             which escapes some stalls at the price of bigger moves).
     Returns:
@@ -76,309 +158,350 @@ def improve_placement(weights, start, previous, gpu_of_slot, slot_offsets, node_
     """
     num_layers, num_slots = previous.shape
     num_experts = weights.shape[1]
-    num_gpus = slot_offsets.shape[0] - 1
+    num_gpus = layout.slot_offsets.shape[0] - 1
     num_nodes = 0
     for g in range(num_gpus):
-        num_nodes = max(num_nodes, node_of_gpu[g] + 1)
-    most = num_slots - num_experts + 1  # most replicas of one expert (every other expert keeps one)
-    # a swap puts the second expert in before taking it out: room for one replica more than `most`
-    width = most + 1
+        num_nodes = max(num_nodes, layout.node_of_gpu[g] + 1)
+    # most replicas of one expert (every other expert keeps one); a swap puts the second expert in
+    # before taking it out: room for one replica more
+    most = num_slots - num_experts + 1
     out = start.copy()
     changes = np.zeros(num_layers, np.int64)
     steps = np.zeros(num_layers, np.int64)
     cnt = np.zeros(num_experts, np.int64)
-    expert_slots = np.empty((num_experts, width), np.int64)
-    has = np.zeros((num_gpus, num_experts), np.int64)
-    node_group = np.zeros((num_nodes, num_groups), np.int64)
+    expert_slots = np.empty((num_experts, most + 1), np.int64)
+    has = np.zeros((num_gpus, num_experts), np.int64)  # zero between layers: cleared after each
+    node_group = np.zeros((num_nodes, layout.num_groups), np.int64)  # likewise
     x = np.zeros(num_gpus)
-    share = np.zeros(num_experts)  # w / cnt: load of each replica
-    share_up = np.zeros(num_experts)  # w / (cnt + 1): with one replica more
-    gain_down = np.zeros(num_experts)  # w / (cnt - 1) - w / cnt: what each other replica gains if one goes
-    slot_share = np.zeros(num_slots)  # share of the expert in each slot
-    spare = np.empty(num_slots, np.int64)  # slots whose expert has another replica
-    undone = np.empty(num_slots, np.int64)  # previous experts of the heaviest GPU's changed slots
-    held = np.empty(num_slots, np.int64)  # experts of one GPU
+    share, share_up, gain_down = np.zeros(num_experts), np.zeros(num_experts), np.zeros(num_experts)
+    work = (np.zeros(num_slots), np.empty(num_slots, np.int64), np.empty(num_slots, np.int64),
+            np.empty(num_slots, np.int64))  # slot_share, spare, undone, held: scratch of the move scans
     for layer in range(num_layers):
-        w = weights[layer]
-        row = out[layer]
-        prev = previous[layer]
-        cnt[:] = 0  # has and node_group are all zero here: cleared after each layer
-        for s in range(num_slots):
-            e = row[s]
-            _add_slot(expert_slots, cnt, e, s)
-            has[gpu_of_slot[s], e] += 1
-            node_group[node_of_gpu[gpu_of_slot[s]], group_of_expert[e]] += 1
-        for e in range(num_experts):
-            _shares(w, cnt, e, share, share_up, gain_down)
-        _loads_from_shares(row, share, gpu_of_slot, x)
-        changed = 0
-        for s in range(num_slots):
-            if row[s] != prev[s]:
-                changed += 1
-        for step in range(max_steps):
-            heavy = 0
-            for g in range(1, num_gpus):
-                if x[g] > x[heavy]:
-                    heavy = g
-            peak = x[heavy]
-            if peak <= target[layer] or changed >= max_changes[layer]:
+        st = LayerState(weights[layer], out[layer], previous[layer], cnt, expert_slots, has, node_group, x, share,
+                        share_up, gain_down)
+        changed = _load_layer(st, layout)
+        for _ in range(max_steps):
+            heavy = _heaviest(st.x)
+            if st.x[heavy] <= target[layer] or changed >= max_changes[layer]:
                 break
-            budget = max_changes[layer] - changed
-            limit = peak - _EPS * peak
-            floor = target[layer]
-            node_h = node_of_gpu[heavy]
-            best_score = 0.0
-            best_local = peak
-            best_kind = np.int64(-1)  # int64 sentinels, not literals: one specialization per callee
-            best_a = np.int64(-1)
-            best_b = np.int64(-1)
-            # (B) and (C) first, then (A) with what they found as a bar to prune pairs against;
-            # the pick is the same as scanning (A), (B), (C) in that order: the best score, then the
-            # lowest local max, then the first found
-            # (B) give slot a of the heaviest GPU (expert e with >= 2 replicas) to expert f: the best
-            # f is the lightest new replica the GPU may take, or the slot's previous expert (cheaper)
-            first = np.int64(-1)
-            second = np.int64(-1)
-            for f in range(num_experts):
-                if has[heavy, f] > 0 or (keep_groups and node_group[node_h, group_of_expert[f]] == 0):
-                    continue
-                if first < 0 or share_up[f] < share_up[first]:
-                    second = first
-                    first = f
-                elif second < 0 or share_up[f] < share_up[second]:
-                    second = f
-            for a in range(slot_offsets[heavy], slot_offsets[heavy + 1]):
-                e = row[a]
-                if cnt[e] < 2 or first < 0:
-                    continue
-                gain_e = gain_down[e]
-                holders = 0.0
-                for i in range(cnt[e]):
-                    g = gpu_of_slot[expert_slots[e, i]]
-                    if g != heavy:
-                        holders = max(holders, x[g] + gain_e * has[g, e])
-                base = peak - share[e] + (has[heavy, e] - 1) * gain_e
-                if holders >= limit:
-                    # a holder of e would overload, unless the new replica relieves an expert it
-                    # holds: try those experts f (in increasing order), each with the exact loads of
-                    # e's holders (any other f leaves that holder at its load, >= limit)
-                    over = np.int64(-1)
-                    for i in range(cnt[e]):
-                        g = gpu_of_slot[expert_slots[e, i]]
-                        if g != heavy and x[g] + gain_e * has[g, e] >= limit:
-                            over = g
-                            break
-                    num_held = 0
-                    for t in range(slot_offsets[over], slot_offsets[over + 1]):
-                        held[num_held] = row[t]
-                        num_held += 1
-                    held[:num_held].sort()
-                    for i_held in range(num_held):
-                        f = held[i_held]
-                        if i_held > 0 and f == held[i_held - 1]:
-                            continue
-                        if f == e or has[heavy, f] > 0 or (keep_groups and node_group[node_h, group_of_expert[f]] == 0):
-                            continue
-                        local = base + share_up[f]
-                        relief_f = share[f] - share_up[f]
-                        for i in range(cnt[e]):
-                            g = gpu_of_slot[expert_slots[e, i]]
-                            if g != heavy:
-                                local = max(local, x[g] + gain_e * has[g, e] - relief_f * has[g, f])
-                        if local >= limit:
-                            continue
-                        cost = int(f != prev[a]) - int(e != prev[a])
-                        if cost > budget:
-                            continue
-                        score = (peak - max(local, floor)) / (cost if cost > 0 and per_change else 0.25 if per_change else 1.0)
-                        if score > best_score or (score == best_score and local < best_local):
-                            best_score, best_local, best_kind, best_a, best_b = score, local, 1, a, f
-                    continue
-                for option in range(2):
-                    if option == 0:
-                        f = second if first == prev[a] else first
-                    else:
-                        f = prev[a]
-                        if f == e or has[heavy, f] > 0 or (keep_groups and node_group[node_h, group_of_expert[f]] == 0):
-                            continue
-                    if f < 0:
-                        continue
-                    local = max(base + share_up[f], holders)
-                    if local >= limit:
-                        continue
-                    cost = int(f != prev[a]) - int(e != prev[a])
-                    if cost > budget:
-                        continue
-                    score = (peak - max(local, floor)) / (cost if cost > 0 and per_change else 0.25 if per_change else 1.0)
-                    if score > best_score or (score == best_score and local < best_local):
-                        best_score, best_local, best_kind, best_a, best_b = score, local, 1, a, f
-            # (C) give slot b elsewhere (expert g with >= 2 replicas) to a new replica of expert e
-            num_spare = 0
-            for b in range(num_slots):
-                if cnt[row[b]] >= 2 and gpu_of_slot[b] != heavy:
-                    spare[num_spare] = b
-                    num_spare += 1
-            # only the experts whose extra replica relieves the heaviest GPU most are worth trying
-            reliefs = np.empty(slot_offsets[heavy + 1] - slot_offsets[heavy])
-            for a in range(slot_offsets[heavy], slot_offsets[heavy + 1]):
-                reliefs[a - slot_offsets[heavy]] = share[row[a]] - share_up[row[a]]
-            reliefs.sort()
-            min_relief = reliefs[max(0, reliefs.shape[0] - 3)] if reliefs.shape[0] > 0 else 0.0
-            for a in range(slot_offsets[heavy], slot_offsets[heavy + 1]):
-                e = row[a]
-                if share[e] - share_up[e] < min_relief:
-                    continue
-                if a > slot_offsets[heavy] and has[heavy, e] > 1:
-                    seen = False
-                    for t in range(slot_offsets[heavy], a):
-                        if row[t] == e:
-                            seen = True
-                    if seen:
-                        continue
-                if cnt[e] >= most:
-                    continue
-                relief = (share[e] - share_up[e]) * has[heavy, e]
-                new_share = share_up[e]
-                for i_spare in range(num_spare):
-                    b = spare[i_spare]
-                    g2 = row[b]
-                    if g2 == e:
-                        continue
-                    gain_g = gain_down[g2]
-                    gb = gpu_of_slot[b]
-                    new_h = peak - relief + gain_g * has[heavy, g2]
-                    local = max(new_h, x[gb] - share[g2] + new_share + (has[gb, g2] - 1) * gain_g)
-                    if local >= limit or gb == heavy or has[gb, e] > 0:
-                        continue
-                    if keep_groups and node_of_gpu[gb] != node_h:
-                        if node_group[node_of_gpu[gb], group_of_expert[e]] == 0:
-                            continue
-                    for i in range(cnt[g2]):
-                        g = gpu_of_slot[expert_slots[g2, i]]
-                        if g != heavy and g != gb:
-                            local = max(local, x[g] + gain_g * has[g, g2])
-                    if local >= limit:
-                        continue
-                    cost = int(e != prev[b]) - int(g2 != prev[b])
-                    if cost > budget:
-                        continue
-                    score = (peak - max(local, floor)) / (cost if cost > 0 and per_change else 0.25 if per_change else 1.0)
-                    if score > best_score or (score == best_score and local < best_local):
-                        best_score, best_local, best_kind, best_a, best_b = score, local, 2, b, e
-            bc_score, bc_local, bc_kind, bc_a, bc_b = best_score, best_local, best_kind, best_a, best_b
-            best_score = 0.0
-            best_local = peak
-            best_kind = np.int64(-1)
-            best_a = np.int64(-1)
-            best_b = np.int64(-1)
-            # (A) swap slot a (heaviest GPU) with slot b (another GPU): the heaviest GPU's slots in
-            # decreasing share, so that only pairs with 0 < share(a) - share(b) < room are visited
-            for b in range(num_slots):
-                slot_share[b] = share[row[b]]
-            lo = slot_offsets[heavy]
-            order = np.argsort(-slot_share[lo:slot_offsets[heavy + 1]], kind="mergesort") + lo
-            # pruning, which never skips a pair that could be picked: with slot b, a swap lowers the
-            # heaviest GPU at most by the largest share difference, leaves a local max at least
-            # midway between the two GPUs, and changes at least `fewest` slots (both unchanged: 2)
-            pe_max = slot_share[order[0]] if order.shape[0] > 0 else 0.0
-            num_undone = 0  # changed slots of the heaviest GPU: their previous experts
-            for a in order:
-                if row[a] != prev[a]:
-                    undone[num_undone] = prev[a]
-                    num_undone += 1
-            for gb in range(num_gpus):
-                room = limit - x[gb]
-                if gb == heavy or room <= 0.0:
-                    continue
-                other_node = keep_groups and node_of_gpu[gb] != node_h
-                middle = (peak + x[gb]) * 0.5 * (1.0 - 1e-12)  # rounding slack: local >= middle
-                for b in range(slot_offsets[gb], slot_offsets[gb + 1]):
-                    f = row[b]
-                    # the tests on slot b alone, before the pairs (every pair with b would fail them)
-                    if has[heavy, f] > 0 or (other_node and node_group[node_h, group_of_expert[f]] == 0):
-                        continue
-                    sb = slot_share[b]
-                    if pe_max <= sb:
-                        continue
-                    divisor = 1.0
-                    if per_change:
-                        divisor = 0.25
-                        if f == prev[b]:
-                            fewest = 2 if num_undone == 0 else 1
-                            for i in range(num_undone):
-                                if undone[i] == f:
-                                    fewest = 0
-                            if fewest > 0:
-                                divisor = float(fewest)
-                    least_local = max(peak - (pe_max - sb), middle)
-                    bound = (peak - max(least_local, floor)) / divisor
-                    if bound < bc_score or (bound == bc_score and least_local > bc_local):
-                        continue  # cannot beat what (B) and (C) found
-                    if bound < best_score or (bound == best_score and least_local >= best_local):
-                        continue  # cannot beat an earlier swap
-                    for a in order:
-                        pe = slot_share[a]
-                        if pe <= sb:
-                            break
-                        d = pe - sb
-                        if d >= room:
-                            continue
-                        local = max(peak - d, x[gb] + d)
-                        if local >= limit:
-                            continue
-                        e = row[a]
-                        if has[gb, e] > 0:
-                            continue
-                        if other_node and node_group[node_of_gpu[gb], group_of_expert[e]] == 0:
-                            continue
-                        cost = (int(f != prev[a]) - int(e != prev[a]) + int(e != prev[b]) - int(f != prev[b]))
-                        if cost > budget:
-                            continue
-                        score = (peak - max(local, floor)) / (cost if cost > 0 and per_change else 0.25 if per_change else 1.0)
-                        if score > best_score or (score == best_score and local < best_local):
-                            best_score, best_local, best_kind, best_a, best_b = score, local, 0, a, b
-            if bc_kind >= 0 and (bc_score > best_score or (bc_score == best_score and bc_local < best_local)):
-                best_score, best_local, best_kind, best_a, best_b = bc_score, bc_local, bc_kind, bc_a, bc_b
-            if best_kind < 0:
+            move = _best_move(st, layout, heavy, target[layer], max_changes[layer] - changed, most, per_change, work)
+            if move[2] == NO_MOVE:
                 break
-            # apply the move: slot -> new expert, one or two slots
-            if best_kind == 0:
-                a, b = best_a, best_b
-                e, f = row[a], row[b]
-                _set_slot(row, a, f, expert_slots, cnt, has, node_group, gpu_of_slot, node_of_gpu, group_of_expert)
-                _set_slot(row, b, e, expert_slots, cnt, has, node_group, gpu_of_slot, node_of_gpu, group_of_expert)
-                changed += (int(f != prev[a]) - int(e != prev[a]) + int(e != prev[b]) - int(f != prev[b]))
-            else:
-                s, f = best_a, best_b
-                e = row[s]
-                _set_slot(row, s, f, expert_slots, cnt, has, node_group, gpu_of_slot, node_of_gpu, group_of_expert)
-                changed += int(f != prev[s]) - int(e != prev[s])
-                _shares(w, cnt, e, share, share_up, gain_down)
-                _shares(w, cnt, f, share, share_up, gain_down)
-            _loads_from_shares(row, share, gpu_of_slot, x)
+            changed += _apply_move(st, layout, move)
             steps[layer] += 1
-        changed -= _undo_needless(w, row, prev, cnt, expert_slots, has, node_group, gpu_of_slot, node_of_gpu,
-                                  group_of_expert, keep_groups, share, share_up, gain_down, x, target[layer])
+        changed -= _undo_needless(st, layout, target[layer])
         changes[layer] = changed
-        for s in range(num_slots):
-            has[gpu_of_slot[s], row[s]] = 0
-            node_group[node_of_gpu[gpu_of_slot[s]], group_of_expert[row[s]]] = 0
+        _clear_layer(st, layout)
     return out, changes, steps
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def _undo_needless(w, row, prev, cnt, expert_slots, has, node_group, gpu_of_slot, node_of_gpu, group_of_expert,
-                   keep_groups, share, share_up, gain_down, x, target):
+def _heaviest(x):
+    """The first GPU with the largest load."""
+    heavy = 0
+    for g in range(1, x.shape[0]):
+        if x[g] > x[heavy]:
+            heavy = g
+    return heavy
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _better(score, local, best):
+    """Whether a move ``(score, local)`` beats the move ``best``: a higher score, then a lower local max."""
+    return score > best[0] or (score == best[0] and local < best[1])
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _best_move(st, lay, heavy, floor, budget, most, per_change, work):
+    """The best move off GPU ``heavy`` that changes at most ``budget`` more slots.
+
+    (B) and (C) are scanned first, then (A) with what they found as a bar to prune pairs against;
+    the pick is the same as scanning (A), (B), (C) in that order: the best score, then the lowest
+    local max, then the first found.
+    """
+    slot_share, spare, undone, held = work
+    peak = st.x[heavy]
+    limit = peak - _EPS * peak
+    # int64 sentinels, not literals: one specialization per callee
+    best = (0.0, peak, np.int64(NO_MOVE), np.int64(-1), np.int64(-1))
+    best = _best_give_away(st, lay, heavy, peak, limit, floor, budget, per_change, held, best)
+    best = _best_new_replica(st, lay, heavy, peak, limit, floor, budget, most, per_change, spare, best)
+    swap = _best_swap(st, lay, heavy, peak, limit, floor, budget, per_change, slot_share, undone, best)
+    if best[2] >= 0 and (best[0] > swap[0] or (best[0] == swap[0] and best[1] < swap[1])):
+        return best
+    return swap
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _best_give_away(st, lay, heavy, peak, limit, floor, budget, per_change, held, best):
+    """Move (B): give slot ``a`` of the heaviest GPU (expert ``e`` with >= 2 replicas) to expert
+    ``f``: the best ``f`` is the lightest new replica the GPU may take, or the slot's previous
+    expert (cheaper). Returns the better of ``best`` and the best such move."""
+    row, prev, cnt, has, x = st.row, st.prev, st.cnt, st.has, st.x
+    share, share_up, gain_down = st.share, st.share_up, st.gain_down
+    node_h = lay.node_of_gpu[heavy]
+    first = np.int64(-1)
+    second = np.int64(-1)
+    for f in range(st.w.shape[0]):
+        if has[heavy, f] > 0 or _blocked(st, lay, node_h, f):
+            continue
+        if first < 0 or share_up[f] < share_up[first]:
+            second = first
+            first = f
+        elif second < 0 or share_up[f] < share_up[second]:
+            second = f
+    for a in range(lay.slot_offsets[heavy], lay.slot_offsets[heavy + 1]):
+        e = row[a]
+        if cnt[e] < 2 or first < 0:
+            continue
+        gain_e = gain_down[e]
+        holders = 0.0
+        for i in range(cnt[e]):
+            g = lay.gpu_of_slot[st.expert_slots[e, i]]
+            if g != heavy:
+                holders = max(holders, x[g] + gain_e * has[g, e])
+        base = peak - share[e] + (has[heavy, e] - 1) * gain_e
+        if holders >= limit:
+            best = _give_away_relieving(st, lay, heavy, a, e, base, peak, limit, floor, budget, per_change, held,
+                                        best)
+            continue
+        for option in range(2):
+            if option == 0:
+                f = second if first == prev[a] else first
+            else:
+                f = prev[a]
+                if f == e or has[heavy, f] > 0 or _blocked(st, lay, node_h, f):
+                    continue
+            if f < 0:
+                continue
+            local = max(base + share_up[f], holders)
+            if local >= limit:
+                continue
+            cost = int(f != prev[a]) - int(e != prev[a])
+            if cost > budget:
+                continue
+            score = _score(peak, local, floor, cost, per_change)
+            if _better(score, local, best):
+                best = (score, local, np.int64(REASSIGN), np.int64(a), np.int64(f))
+    return best
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _give_away_relieving(st, lay, heavy, a, e, base, peak, limit, floor, budget, per_change, held, best):
+    """Move (B) when a holder of ``e`` would overload: only a new replica of an expert that holder
+    holds can relieve it. Tries those experts ``f`` (in increasing order), each with the exact loads
+    of ``e``'s holders (any other ``f`` leaves that holder at its load, >= limit)."""
+    row, prev, cnt, has, x = st.row, st.prev, st.cnt, st.has, st.x
+    gain_e = st.gain_down[e]
+    node_h = lay.node_of_gpu[heavy]
+    over = np.int64(-1)
+    for i in range(cnt[e]):
+        g = lay.gpu_of_slot[st.expert_slots[e, i]]
+        if g != heavy and x[g] + gain_e * has[g, e] >= limit:
+            over = g
+            break
+    num_held = 0
+    for t in range(lay.slot_offsets[over], lay.slot_offsets[over + 1]):
+        held[num_held] = row[t]
+        num_held += 1
+    held[:num_held].sort()
+    for i_held in range(num_held):
+        f = held[i_held]
+        if i_held > 0 and f == held[i_held - 1]:
+            continue
+        if f == e or has[heavy, f] > 0 or _blocked(st, lay, node_h, f):
+            continue
+        local = base + st.share_up[f]
+        relief_f = st.share[f] - st.share_up[f]
+        for i in range(cnt[e]):
+            g = lay.gpu_of_slot[st.expert_slots[e, i]]
+            if g != heavy:
+                local = max(local, x[g] + gain_e * has[g, e] - relief_f * has[g, f])
+        if local >= limit:
+            continue
+        cost = int(f != prev[a]) - int(e != prev[a])
+        if cost > budget:
+            continue
+        score = _score(peak, local, floor, cost, per_change)
+        if _better(score, local, best):
+            best = (score, local, np.int64(REASSIGN), np.int64(a), np.int64(f))
+    return best
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _best_new_replica(st, lay, heavy, peak, limit, floor, budget, most, per_change, spare, best):
+    """Move (C): give slot ``b`` elsewhere (expert ``g2`` with >= 2 replicas) to a new replica of an
+    expert ``e`` of the heaviest GPU. Only the experts whose extra replica relieves the heaviest GPU
+    most are tried. Returns the better of ``best`` and the best such move."""
+    row, prev, cnt, has, x = st.row, st.prev, st.cnt, st.has, st.x
+    share, share_up, gain_down = st.share, st.share_up, st.gain_down
+    gpu_of_slot, slot_offsets = lay.gpu_of_slot, lay.slot_offsets
+    node_h = lay.node_of_gpu[heavy]
+    num_spare = 0
+    for b in range(row.shape[0]):
+        if cnt[row[b]] >= 2 and gpu_of_slot[b] != heavy:
+            spare[num_spare] = b
+            num_spare += 1
+    reliefs = np.empty(slot_offsets[heavy + 1] - slot_offsets[heavy])
+    for a in range(slot_offsets[heavy], slot_offsets[heavy + 1]):
+        reliefs[a - slot_offsets[heavy]] = share[row[a]] - share_up[row[a]]
+    reliefs.sort()
+    min_relief = reliefs[max(0, reliefs.shape[0] - 3)] if reliefs.shape[0] > 0 else 0.0
+    for a in range(slot_offsets[heavy], slot_offsets[heavy + 1]):
+        e = row[a]
+        if share[e] - share_up[e] < min_relief:
+            continue
+        if a > slot_offsets[heavy] and has[heavy, e] > 1:
+            seen = False
+            for t in range(slot_offsets[heavy], a):
+                if row[t] == e:
+                    seen = True
+            if seen:
+                continue
+        if cnt[e] >= most:
+            continue
+        relief = (share[e] - share_up[e]) * has[heavy, e]
+        new_share = share_up[e]
+        for i_spare in range(num_spare):
+            b = spare[i_spare]
+            g2 = row[b]
+            if g2 == e:
+                continue
+            gain_g = gain_down[g2]
+            gb = gpu_of_slot[b]
+            new_h = peak - relief + gain_g * has[heavy, g2]
+            local = max(new_h, x[gb] - share[g2] + new_share + (has[gb, g2] - 1) * gain_g)
+            if local >= limit or gb == heavy or has[gb, e] > 0:
+                continue
+            if lay.keep_groups and lay.node_of_gpu[gb] != node_h:
+                if st.node_group[lay.node_of_gpu[gb], lay.group_of_expert[e]] == 0:
+                    continue
+            for i in range(cnt[g2]):
+                g = gpu_of_slot[st.expert_slots[g2, i]]
+                if g != heavy and g != gb:
+                    local = max(local, x[g] + gain_g * has[g, g2])
+            if local >= limit:
+                continue
+            cost = int(e != prev[b]) - int(g2 != prev[b])
+            if cost > budget:
+                continue
+            score = _score(peak, local, floor, cost, per_change)
+            if _better(score, local, best):
+                best = (score, local, np.int64(REASSIGN), np.int64(b), np.int64(e))
+    return best
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _best_swap(st, lay, heavy, peak, limit, floor, budget, per_change, slot_share, undone, bar):
+    """Move (A): swap slot ``a`` (heaviest GPU) with slot ``b`` (another GPU). The heaviest GPU's
+    slots go in decreasing share, so only pairs with ``0 < share(a) - share(b) < room`` are
+    visited; a slot ``b`` whose best possible swap cannot beat ``bar`` (the best (B)/(C) move) or an
+    earlier swap is skipped. Returns the best swap (kind :data:`NO_MOVE` if none)."""
+    row, prev, has, x = st.row, st.prev, st.has, st.x
+    slot_offsets, node_of_gpu = lay.slot_offsets, lay.node_of_gpu
+    num_gpus = slot_offsets.shape[0] - 1
+    node_h = node_of_gpu[heavy]
+    best = (0.0, peak, np.int64(NO_MOVE), np.int64(-1), np.int64(-1))
+    for b in range(row.shape[0]):
+        slot_share[b] = st.share[row[b]]
+    lo = slot_offsets[heavy]
+    order = np.argsort(-slot_share[lo:slot_offsets[heavy + 1]], kind="mergesort") + lo
+    # pruning, which never skips a pair that could be picked: with slot b, a swap lowers the
+    # heaviest GPU at most by the largest share difference, leaves a local max at least midway
+    # between the two GPUs, and changes at least `fewest` slots (both unchanged: 2)
+    pe_max = slot_share[order[0]] if order.shape[0] > 0 else 0.0
+    num_undone = 0  # changed slots of the heaviest GPU: their previous experts
+    for a in order:
+        if row[a] != prev[a]:
+            undone[num_undone] = prev[a]
+            num_undone += 1
+    for gb in range(num_gpus):
+        room = limit - x[gb]
+        if gb == heavy or room <= 0.0:
+            continue
+        other_node = lay.keep_groups and node_of_gpu[gb] != node_h
+        middle = (peak + x[gb]) * 0.5 * (1.0 - 1e-12)  # rounding slack: local >= middle
+        for b in range(slot_offsets[gb], slot_offsets[gb + 1]):
+            f = row[b]
+            # the tests on slot b alone, before the pairs (every pair with b would fail them)
+            if has[heavy, f] > 0 or (other_node and st.node_group[node_h, lay.group_of_expert[f]] == 0):
+                continue
+            sb = slot_share[b]
+            if pe_max <= sb:
+                continue
+            divisor = 1.0
+            if per_change:
+                divisor = 0.25
+                if f == prev[b]:
+                    fewest = 2 if num_undone == 0 else 1
+                    for i in range(num_undone):
+                        if undone[i] == f:
+                            fewest = 0
+                    if fewest > 0:
+                        divisor = float(fewest)
+            least_local = max(peak - (pe_max - sb), middle)
+            bound = (peak - max(least_local, floor)) / divisor
+            if bound < bar[0] or (bound == bar[0] and least_local > bar[1]):
+                continue  # cannot beat what (B) and (C) found
+            if bound < best[0] or (bound == best[0] and least_local >= best[1]):
+                continue  # cannot beat an earlier swap
+            for a in order:
+                pe = slot_share[a]
+                if pe <= sb:
+                    break
+                d = pe - sb
+                if d >= room:
+                    continue
+                local = max(peak - d, x[gb] + d)
+                if local >= limit:
+                    continue
+                e = row[a]
+                if has[gb, e] > 0:
+                    continue
+                if other_node and st.node_group[node_of_gpu[gb], lay.group_of_expert[e]] == 0:
+                    continue
+                cost = (int(f != prev[a]) - int(e != prev[a]) + int(e != prev[b]) - int(f != prev[b]))
+                if cost > budget:
+                    continue
+                score = _score(peak, local, floor, cost, per_change)
+                if _better(score, local, best):
+                    best = (score, local, np.int64(SWAP), np.int64(a), np.int64(b))
+    return best
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _apply_move(st, lay, move):
+    """Make ``move`` on ``st`` (loads refreshed); returns the change in the number of changed slots."""
+    row, prev = st.row, st.prev
+    if move[2] == SWAP:
+        a, b = move[3], move[4]
+        e, f = row[a], row[b]
+        _set_slot(st, lay, a, f)
+        _set_slot(st, lay, b, e)
+        delta = int(f != prev[a]) - int(e != prev[a]) + int(e != prev[b]) - int(f != prev[b])
+    else:
+        s, f = move[3], move[4]
+        e = row[s]
+        _set_slot(st, lay, s, f)
+        delta = int(f != prev[s]) - int(e != prev[s])
+        _shares(st, e)
+        _shares(st, f)
+    _refresh_loads(st, lay.gpu_of_slot)
+    return delta
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _undo_needless(st, lay, target):
     """Give changed slots back their previous expert (one slot, or two slots that swapped) wherever
     the max GPU load stays at most ``max(target, current max)``. Returns the slots given back."""
-    num_slots = row.shape[0]
+    num_slots = st.row.shape[0]
     cap = target
-    for g in range(x.shape[0]):
-        cap = max(cap, x[g])
+    for g in range(st.x.shape[0]):
+        cap = max(cap, st.x[g])
     changed = np.empty(num_slots, np.int64)
     before = 0
     for s in range(num_slots):
-        if row[s] != prev[s]:
+        if st.row[s] != st.prev[s]:
             changed[before] = s
             before += 1
     if before < 2:  # one changed slot alone cannot be given back without losing its gain
@@ -388,21 +511,21 @@ def _undo_needless(w, row, prev, cnt, expert_slots, has, node_group, gpu_of_slot
     while progress:
         progress = False
         for s in changed:
-            if _undo_one(s, changed, w, row, prev, cnt, expert_slots, has, node_group, gpu_of_slot, node_of_gpu,
-                         group_of_expert, keep_groups, share, share_up, gain_down, x, cap):
+            if _undo_one(st, lay, s, changed, cap):
                 progress = True
     after = 0
     for s in changed:
-        if row[s] != prev[s]:
+        if st.row[s] != st.prev[s]:
             after += 1
     return before - after
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def _undo_one(s, changed, w, row, prev, cnt, expert_slots, has, node_group, gpu_of_slot, node_of_gpu, group_of_expert,
-              keep_groups, share, share_up, gain_down, x, cap):
+def _undo_one(st, lay, s, changed, cap):
     """Give slot ``s`` (and a slot that swapped with it) back its previous expert if the max GPU
     load stays at most ``cap``; True if done. ``changed``: the slots that may differ from ``prev``."""
+    row, prev, has = st.row, st.prev, st.has
+    gpu_of_slot, node_of_gpu = lay.gpu_of_slot, lay.node_of_gpu
     e = row[s]
     f = prev[s]
     if e == f:
@@ -412,7 +535,7 @@ def _undo_one(s, changed, w, row, prev, cnt, expert_slots, has, node_group, gpu_
         if t != s and row[t] == f and prev[t] == e:
             partner = t
             break
-    if partner < 0 and cnt[e] < 2:
+    if partner < 0 and st.cnt[e] < 2:
         return False
     # never a second replica of f (or of e, at the partner) on one GPU: moves avoid it, so must undos
     gpu_s = gpu_of_slot[s]
@@ -422,46 +545,30 @@ def _undo_one(s, changed, w, row, prev, cnt, expert_slots, has, node_group, gpu_
     if partner >= 0 and has[gpu_p, e] - int(gpu_p == gpu_s) > 0:
         return False
     node_s = node_of_gpu[gpu_s]
-    if keep_groups and partner < 0 and node_group[node_s, group_of_expert[f]] == 0:
+    if partner < 0 and _blocked(st, lay, node_s, f):
         return False
-    if keep_groups and partner >= 0 and node_of_gpu[gpu_of_slot[partner]] != node_s:
-        if node_group[node_s, group_of_expert[f]] == 0:
+    if lay.keep_groups and partner >= 0 and node_of_gpu[gpu_of_slot[partner]] != node_s:
+        if _blocked(st, lay, node_s, f) or _blocked(st, lay, node_of_gpu[gpu_of_slot[partner]], e):
             return False
-        if node_group[node_of_gpu[gpu_of_slot[partner]], group_of_expert[e]] == 0:
-            return False
-    _set_slot(row, s, f, expert_slots, cnt, has, node_group, gpu_of_slot, node_of_gpu, group_of_expert)
+    _set_slot(st, lay, s, f)
     if partner >= 0:
-        _set_slot(row, partner, e, expert_slots, cnt, has, node_group, gpu_of_slot, node_of_gpu, group_of_expert)
-    _shares(w, cnt, e, share, share_up, gain_down)
-    _shares(w, cnt, f, share, share_up, gain_down)
+        _set_slot(st, lay, partner, e)
+    _shares(st, e)
+    _shares(st, f)
     # every GPU's load (refreshing only the holders of e and f gave wrong peaks: tests/test_topologies)
-    _loads_from_shares(row, share, gpu_of_slot, x)
+    _refresh_loads(st, gpu_of_slot)
     peak = 0.0
-    for g in range(x.shape[0]):
-        peak = max(peak, x[g])
+    for g in range(st.x.shape[0]):
+        peak = max(peak, st.x[g])
     if peak <= cap:
         return True
     if partner >= 0:
-        _set_slot(row, partner, f, expert_slots, cnt, has, node_group, gpu_of_slot, node_of_gpu, group_of_expert)
-    _set_slot(row, s, e, expert_slots, cnt, has, node_group, gpu_of_slot, node_of_gpu, group_of_expert)
-    _shares(w, cnt, e, share, share_up, gain_down)
-    _shares(w, cnt, f, share, share_up, gain_down)
-    _loads_from_shares(row, share, gpu_of_slot, x)
+        _set_slot(st, lay, partner, f)
+    _set_slot(st, lay, s, e)
+    _shares(st, e)
+    _shares(st, f)
+    _refresh_loads(st, gpu_of_slot)
     return False
-
-
-@njit(cache=True, nogil=True, error_model="numpy")
-def _set_slot(row, s, f, expert_slots, cnt, has, node_group, gpu_of_slot, node_of_gpu, group_of_expert):
-    """Put expert ``f`` into slot ``s`` and update the bookkeeping arrays."""
-    e = row[s]
-    g = gpu_of_slot[s]
-    _remove_slot(expert_slots, cnt, e, s)
-    _add_slot(expert_slots, cnt, f, s)
-    has[g, e] -= 1
-    has[g, f] += 1
-    node_group[node_of_gpu[g], group_of_expert[e]] -= 1
-    node_group[node_of_gpu[g], group_of_expert[f]] += 1
-    row[s] = f
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
@@ -644,7 +751,7 @@ def relabel_like(new, previous, slot_offsets, gpus_per_node, by_node, num_expert
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def _fits(w, row, prev, slot_offsets, counts, target, most):
+def _fits(w, row, prev, slot_offsets, counts, target):
     """Whether ``row [S]`` holds every expert, gives no GPU more replicas of an expert than
     ``max(1, what it held in prev)``, and keeps every GPU at most ``target``."""
     num_experts = w.shape[0]
@@ -707,7 +814,7 @@ def fewest_changes_search(w, prev, slot_offsets, target, most_changes, work):
                     e = pick[i]
                     row[s] = e if e < prev[s] else e + 1  # the (pick)-th expert other than prev[s]
                 checked += 1
-                if _fits(w, row, prev, slot_offsets, counts, target, 0):
+                if _fits(w, row, prev, slot_offsets, counts, target):
                     return row, c
                 if checked >= work:
                     return prev.copy(), np.int64(-1)
