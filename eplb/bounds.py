@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .kernels.bounds import min_max_replica_load, pigeonhole_bound, pigeonhole_upper, threshold_bound, tier_bound
+from .kernels.bounds import (min_max_replica_load, pigeonhole_bound, replica_and_pigeonhole_upper, threshold_bound,
+                             tier_bound)
 from .kernels.budget import budget_tier_bound
 from .kernels.hierarchy import node_load_bound
 from .kernels.tiny import tiny_bound
@@ -35,7 +36,13 @@ def average_bound(weights: np.ndarray, topology: Topology) -> np.ndarray:
 
 def replica_bound(weights: np.ndarray, topology: Topology) -> np.ndarray:
     """The heaviest replica: ``min over r of max_e w_e / r_e`` with ``S`` replicas in all."""
-    return min_max_replica_load(np.ascontiguousarray(weights, dtype=np.float64), topology.num_slots)
+    return min_max_replica_load(_descending(weights), topology.num_slots)
+
+
+def _descending(weights: np.ndarray) -> np.ndarray:
+    """``[L, E]`` float64 C-contiguous: each row of ``weights`` in decreasing order (the kernels
+    work on sorted loads; NumPy's sort is many times faster than a compiled one)."""
+    return np.ascontiguousarray(np.sort(np.asarray(weights, dtype=np.float64), axis=-1)[..., ::-1])
 
 
 def cardinality_bound(weights: np.ndarray, topology: Topology) -> np.ndarray:
@@ -46,16 +53,17 @@ def cardinality_bound(weights: np.ndarray, topology: Topology) -> np.ndarray:
     ``k - 1`` smallest entries of the multiset holding ``S - E + 1`` copies of every
     ``w_e / (S - E + 1)``. ``k`` is the fewest slots any GPU in use holds.
     """
-    return _cardinality(weights, topology, replica_bound(weights, topology))
+    return _cardinality(np.sort(weights, axis=-1), topology, replica_bound(weights, topology))
 
 
-def _cardinality(weights: np.ndarray, topology: Topology, replica: np.ndarray) -> np.ndarray:
-    """:func:`cardinality_bound` given the replica bound ``replica [L]`` (computed once)."""
-    num_experts = weights.shape[-1]
+def _cardinality(ascending: np.ndarray, topology: Topology, replica: np.ndarray) -> np.ndarray:
+    """:func:`cardinality_bound` given ``ascending [L, E]`` (each row of the weights in increasing
+    order) and the replica bound ``replica [L]`` (computed once)."""
+    num_experts = ascending.shape[-1]
     k = int(topology.slots_per_gpu[topology.slots_per_gpu > 0].min())
     max_copies = topology.num_slots - num_experts + 1
     others = k - 1
-    lightest = np.sort(weights, axis=-1) / max_copies
+    lightest = ascending / max_copies
     # the k - 1 smallest entries: whole blocks of max_copies equal values, then a partial block
     full_blocks, rest = divmod(others, max_copies)
     total = lightest[:, :full_blocks].sum(axis=-1) * max_copies
@@ -68,7 +76,7 @@ def pigeonhole(weights: np.ndarray, topology: Topology) -> np.ndarray:
     """Where the largest replicas must go, for every replication
     (:func:`eplb.kernels.bounds.pigeonhole_bound`)."""
     active = topology.slots_per_gpu > 0
-    return pigeonhole_bound(np.ascontiguousarray(weights, dtype=np.float64), topology.num_slots, int(active.sum()),
+    return pigeonhole_bound(_descending(weights), topology.num_slots, int(active.sum()),
                             int(topology.slots_per_gpu[active].min()))
 
 
@@ -79,7 +87,7 @@ def threshold(weights: np.ndarray, topology: Topology, max_m: int = 3) -> np.nda
     weights = np.ascontiguousarray(weights, dtype=np.float64)
     replica = replica_bound(weights, topology)
     start = np.maximum(np.maximum(average_bound(weights, topology), replica),
-                       _cardinality(weights, topology, replica))
+                       _cardinality(np.sort(weights, axis=-1), topology, replica))
     return _threshold(weights, topology, start, max_m)
 
 
@@ -95,18 +103,19 @@ def tier(weights: np.ndarray, topology: Topology) -> np.ndarray:
     (:func:`eplb.kernels.bounds.tier_bound`), and those replicas, the other heavy experts' and
     every replica's fillers share the slots (:func:`eplb.kernels.budget.budget_tier_bound`), from
     the average and replica bounds up."""
-    weights = np.ascontiguousarray(weights, dtype=np.float64)
-    replica = replica_bound(weights, topology)
-    return _tier(weights, topology, np.maximum(average_bound(weights, topology), replica), replica)
+    desc = _descending(weights)
+    replica = min_max_replica_load(desc, topology.num_slots)
+    return _tier(desc, topology, np.maximum(average_bound(weights, topology), replica), replica)
 
 
-def _tier(weights: np.ndarray, topology: Topology, start: np.ndarray, replica: np.ndarray) -> np.ndarray:
-    """:func:`tier` from ``start [L]`` (valid bounds: tiers that cannot beat them are skipped)."""
+def _tier(desc: np.ndarray, topology: Topology, start: np.ndarray, replica: np.ndarray) -> np.ndarray:
+    """:func:`tier` on ``desc [L, E]`` (the weights, each row decreasing) from ``start [L]`` (valid
+    bounds: tiers that cannot beat them are skipped)."""
     active = topology.slots_per_gpu[topology.slots_per_gpu > 0]
     args = (topology.num_slots, int(active.size), int(active.min()), int(active.max()))
-    tiers = tier_bound(weights, np.ascontiguousarray(start, dtype=np.float64), replica, *args)
+    tiers = tier_bound(desc, np.ascontiguousarray(start, dtype=np.float64), replica, *args)
     # the same tiers with the slot budget shared by the tier, the other heavy experts and the fillers
-    return budget_tier_bound(weights, tiers, replica, *args, BUDGET_TIERS)
+    return budget_tier_bound(desc, tiers, replica, *args, BUDGET_TIERS)
 
 
 def search(weights: np.ndarray, topology: Topology) -> np.ndarray:
@@ -191,23 +200,25 @@ def lower_bound(weights: np.ndarray, topology: Topology, num_groups: int | None 
 
 def _strongest(weights: np.ndarray, topology: Topology) -> np.ndarray:
     """The largest of :data:`BOUNDS` per layer, ``[L]``: the same values as the maximum over
-    :func:`lower_bounds`, faster. The replica bound is computed once for the bounds built on it,
-    and the pigeonhole bound (the costliest) only on the layers where its cheap upper bound
-    (:func:`eplb.kernels.bounds.pigeonhole_upper`, with a margin far above rounding) reaches the
-    others: elsewhere it cannot be the largest, so the maximum is unchanged."""
+    :func:`lower_bounds`, faster. The weights are sorted once for every kernel, the replica bound
+    comes from the D'Hondt replication that also gives the pigeonhole bound's cheap upper bound
+    (:func:`eplb.kernels.bounds.replica_and_pigeonhole_upper`), and the pigeonhole bound (the
+    costliest) runs only on the layers where that upper bound (with a margin far above rounding)
+    reaches the others: elsewhere it cannot be the largest, so the maximum is unchanged."""
     weights = np.ascontiguousarray(weights, dtype=np.float64)
-    replica = replica_bound(weights, topology)
-    others = np.maximum(np.maximum(average_bound(weights, topology), replica),
-                        _cardinality(weights, topology, replica))
-    others = np.maximum(others, _threshold(weights, topology, others))
-    others = _tier(weights, topology, others, replica)
-    others = _search(weights, topology, others)
+    ascending = np.sort(weights, axis=-1)
+    desc = np.ascontiguousarray(ascending[:, ::-1])
     active = topology.slots_per_gpu > 0
     args = (topology.num_slots, int(active.sum()), int(topology.slots_per_gpu[active].min()))
-    upper = pigeonhole_upper(weights, *args)
+    replica, upper = replica_and_pigeonhole_upper(desc, *args)
+    others = np.maximum(np.maximum(average_bound(weights, topology), replica),
+                        _cardinality(ascending, topology, replica))
+    others = np.maximum(others, _threshold(weights, topology, others))
+    others = _tier(desc, topology, others, replica)
+    others = _search(weights, topology, others)
     needed = ~(upper * (1.0 + 1e-6) < others)
     if needed.any():
         rows = np.flatnonzero(needed)
         others = others.copy()
-        others[rows] = np.maximum(others[rows], pigeonhole_bound(np.ascontiguousarray(weights[rows]), *args))
+        others[rows] = np.maximum(others[rows], pigeonhole_bound(np.ascontiguousarray(desc[rows]), *args))
     return others

@@ -33,7 +33,8 @@ def test_the_budget_bound_is_at_most_the_brute_force_optimum(gpus, k, spare, ske
     best = float(optimum(weights[0], topology.slots_per_gpu))
     assert lower_bounds(weights, topology)["tier"][0] <= best * (1 + 1e-9)
     replica = bounds.replica_bound(weights, topology)
-    alone = budget_tier_bound(weights, bounds.average_bound(weights, topology), replica, num_slots, gpus, k, k, 16)
+    alone = budget_tier_bound(bounds._descending(weights), bounds.average_bound(weights, topology), replica, num_slots,
+                              gpus, k, k, 16)
     assert alone[0] <= best * (1 + 1e-9)
 
 

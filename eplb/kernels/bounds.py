@@ -5,36 +5,53 @@ from numba import njit
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def min_max_replica_load(weights, num_replicas):
+def _dhondt(w, num_replicas, counts):
+    """Greedy (D'Hondt) replication of the loads ``w [E]`` in decreasing order: one replica at a
+    time to the expert with the largest load per replica (the first on ties), ``R`` in all.
+
+    Loads in decreasing order get counts in decreasing order, so the experts with several replicas
+    are a prefix and each step compares that prefix with the first expert after it (the same
+    choices as a scan over every expert). Writes ``counts [E]``; returns the prefix length ``p``
+    (experts ``p ..`` keep one replica) and the largest load per replica, which is
+    ``min over r of max_e w_e / r_e``."""
+    num_experts = w.shape[0]
+    for e in range(num_experts):
+        counts[e] = 1
+    prefix = 0
+    for _ in range(num_replicas - num_experts):
+        best = prefix  # the first expert with one replica (if any)
+        best_load = w[prefix] if prefix < num_experts else -1.0
+        for e in range(prefix):
+            load = w[e] / counts[e]
+            if load > best_load or (load == best_load and e < best):
+                best = e
+                best_load = load
+        counts[best] += 1
+        if best == prefix:
+            prefix += 1
+    peak = w[prefix] if prefix < num_experts else 0.0
+    for e in range(prefix):
+        peak = max(peak, w[e] / counts[e])
+    return prefix, peak
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def min_max_replica_load(desc, num_replicas):
     """``min over replica counts r (sum r = R, r >= 1) of max_e w_e / r_e``, for every layer.
 
     Greedy replication (one replica at a time to the expert with the largest load per replica)
-    attains this minimum exactly.
+    attains this minimum exactly (:func:`_dhondt`).
 
     Args:
-        weights: ``[L, E]`` float64; ``num_replicas``: ``R >= E``.
+        desc: ``[L, E]`` float64, each row in decreasing order; ``num_replicas``: ``R >= E``.
     Returns:
         ``[L]`` float64.
     """
-    num_layers, num_experts = weights.shape
+    num_layers, num_experts = desc.shape
     out = np.empty(num_layers)
     counts = np.empty(num_experts, np.int64)
     for layer in range(num_layers):
-        w = weights[layer]
-        counts[:] = 1
-        for _ in range(num_replicas - num_experts):
-            best = 0
-            best_load = w[0] / counts[0]
-            for e in range(1, num_experts):
-                load = w[e] / counts[e]
-                if load > best_load:
-                    best = e
-                    best_load = load
-            counts[best] += 1
-        peak = 0.0
-        for e in range(num_experts):
-            peak = max(peak, w[e] / counts[e])
-        out[layer] = peak
+        _, out[layer] = _dhondt(desc[layer], num_replicas, counts)
     return out
 
 
@@ -164,7 +181,7 @@ def _smallest_items_lower(sorted_desc, extra, ranks, out):
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def pigeonhole_bound(weights, num_slots, active_gpus, min_slots):
+def pigeonhole_bound(desc, num_slots, active_gpus, min_slots):
     """A bound that holds for every replication, from where the largest replicas must go.
 
     With ``t_i`` the smallest possible ``i``-th largest replica load over every replication and
@@ -179,24 +196,18 @@ def pigeonhole_bound(weights, num_slots, active_gpus, min_slots):
       ``>= t_{mG-m+1} + ... + t_{mG+1} + small(k - m - 1)``.
 
     Args:
-        weights: ``[L, E]`` float64; num_slots: ``S``; active_gpus: ``G`` (GPUs with slots);
-        min_slots: ``k``, fewest slots of an active GPU.
+        desc: ``[L, E]`` float64, each row in decreasing order; num_slots: ``S``; active_gpus: ``G``
+        (GPUs with slots); min_slots: ``k``, fewest slots of an active GPU.
     Returns:
         ``[L]`` float64.
     """
-    num_layers, num_experts = weights.shape
+    num_layers, num_experts = desc.shape
     out = np.zeros(num_layers)
     extra = num_slots - num_experts
     copies = extra + 1
     top = min(num_experts, active_gpus + 1)
     for layer in range(num_layers):
-        # the loads in decreasing order, sorted by the (compiled anyway) float64 argsort rather than
-        # np.sort, whose quicksort would be a second sort to compile: the same values in the same order
-        row = weights[layer]
-        order = np.argsort(row, kind="mergesort")
-        w = np.empty(num_experts)
-        for i in range(num_experts):
-            w[i] = row[order[num_experts - 1 - i]]
+        w = desc[layer]
         if w[0] <= 0.0:
             continue
         # t[i] for every rank used below (1..top and the windows of the m loop), bisected together
@@ -277,71 +288,76 @@ def _small(asc, copies, q):
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def pigeonhole_upper(weights, num_slots, active_gpus, min_slots):
-    """An upper bound on :func:`pigeonhole_bound`, per layer, at a fraction of its cost.
+def replica_and_pigeonhole_upper(desc, num_slots, active_gpus, min_slots):
+    """The replica bound and an upper bound on :func:`pigeonhole_bound`, per layer, from one
+    D'Hondt replication (:func:`_dhondt`).
 
     ``t_i`` (the smallest possible ``i``-th largest replica load over every replication) is at
-    most the ``i``-th largest replica load of any one replication; this takes the D'Hondt
-    replication and evaluates the pigeonhole formulas with those loads in place of ``t_i`` (every
-    formula grows with the ``t_i``). :func:`eplb.bounds.lower_bound` uses it to skip the exact
-    bound on layers where it cannot be the largest.
+    most the ``i``-th largest replica load of any one replication; the upper bound evaluates the
+    pigeonhole formulas with the D'Hondt replica loads in place of ``t_i`` (every formula grows
+    with the ``t_i``). :func:`eplb.bounds.lower_bound` uses it to skip the exact pigeonhole bound
+    on layers where it cannot be the largest.
 
     Args:
-        weights: ``[L, E]`` float64; num_slots: ``S``; active_gpus: ``G``; min_slots: ``k``.
+        desc: ``[L, E]`` float64, each row in decreasing order; num_slots: ``S``; active_gpus: ``G``;
+        min_slots: ``k``.
     Returns:
-        ``[L]`` float64, ``>=`` :func:`pigeonhole_bound` up to rounding (compare with a margin).
+        ``(replica [L], upper [L])`` float64: :func:`min_max_replica_load` and a value ``>=``
+        :func:`pigeonhole_bound` up to rounding (compare with a margin).
     """
-    num_layers, num_experts = weights.shape
+    num_layers, num_experts = desc.shape
+    replica = np.zeros(num_layers)
     out = np.zeros(num_layers)
     extra = num_slots - num_experts
     copies = extra + 1
-    top = min(num_experts, active_gpus + 1)
     counts = np.empty(num_experts, np.int64)
-    share = np.empty(num_experts)
-    loads = np.empty(num_slots)
+    heads = np.empty(num_slots)
+    asc = np.empty(num_experts)
+    u = np.zeros(num_experts + 2)
     for layer in range(num_layers):
-        row = weights[layer]
-        asc = row.copy()
-        _shell_sort(asc)
-        if asc[num_experts - 1] <= 0.0:
+        row = desc[layer]
+        prefix, replica[layer] = _dhondt(row, num_slots, counts)
+        if row[0] <= 0.0:
             continue
-        counts[:] = 1
-        share[:] = row
-        for _ in range(extra):
-            best = 0
-            for e in range(1, num_experts):
-                if share[e] > share[best]:
-                    best = e
-            counts[best] += 1
-            share[best] = row[best] / counts[best]
-        n = 0
         for e in range(num_experts):
+            asc[e] = row[num_experts - 1 - e]
+        # the replica loads in decreasing order: the prefix's replicas (sorted) merged with the
+        # experts that keep one replica (already decreasing)
+        n = 0
+        for e in range(prefix):
             for _ in range(counts[e]):
-                loads[n] = row[e] / counts[e]
+                heads[n] = row[e] / counts[e]
                 n += 1
-        _shell_sort(loads)
-        u = np.zeros(num_experts + 2)
-        for i in range(1, num_experts + 2):
-            if i <= num_slots:
-                u[i] = loads[num_slots - i]
+        _shell_sort(heads[:n])
+        i = n - 1
+        j = prefix
+        for rank in range(1, num_experts + 2):
+            if i >= 0 and (j >= num_experts or heads[i] >= row[j]):
+                u[rank] = heads[i]
+                i -= 1
+            elif j < num_experts:
+                u[rank] = row[j]
+                j += 1
+            else:
+                u[rank] = 0.0
 
         best_value = 0.0
-        prefix = 0.0
+        total_prefix = 0.0
         for j in range(1, min(active_gpus, num_experts) + 1):
-            prefix += u[j]
-            spread = (prefix + _small(asc, copies, j * (min_slots - 1))) / j
+            total_prefix += u[j]
+            spread = (total_prefix + _small(asc, copies, j * (min_slots - 1))) / j
             if j >= 2 and min_slots >= 2:
                 spread = min(spread, u[j - 1] + u[j] + _small(asc, copies, min_slots - 2))
             best_value = max(best_value, spread)
         m = 1
         while m < min_slots and m * active_gpus + 1 <= num_experts:
             total = 0.0
-            for i in range(m * active_gpus - m + 1, m * active_gpus + 2):
-                total += u[i]
+            for r in range(m * active_gpus - m + 1, m * active_gpus + 2):
+                total += u[r]
             best_value = max(best_value, total + _small(asc, copies, min_slots - m - 1))
             m += 1
         out[layer] = best_value
-    return out
+    return replica, out
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
@@ -522,7 +538,7 @@ def _tier_value(hot_load, asc, prefix, num_hot, num_slots, num_experts, active_g
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def tier_bound(weights, lower, replica, num_slots, active_gpus, min_slots, max_slots):
+def tier_bound(sorted_desc, lower, replica, num_slots, active_gpus, min_slots, max_slots):
     """A bound from the GPUs that carry the heavy experts, for every replication.
 
     Take the ``t`` heaviest experts (the *tier*, total load ``W_t``). Whatever the placement, their
@@ -536,27 +552,22 @@ def tier_bound(weights, lower, replica, num_slots, active_gpus, min_slots, max_s
     share GPUs with the lightest ones (every GPU holding a hot replica also holds ``k - 1`` others).
 
     Args:
-        weights: ``[L, E]`` float64; lower: ``[L]`` valid bounds (tiers that cannot beat them are
-            skipped); replica: ``[L]`` the replica bound (:func:`min_max_replica_load`);
+        sorted_desc: ``[L, E]`` float64, each row in decreasing order; lower: ``[L]`` valid bounds
+            (tiers that cannot beat them are skipped); replica: ``[L]`` the replica bound (:func:`min_max_replica_load`);
         num_slots: ``S``; active_gpus: ``G``; min_slots / max_slots: ``k`` / ``k_max``, fewest /
             most slots of a GPU with slots.
     Returns:
         ``[L]`` float64, never below ``lower``.
     """
-    num_layers, num_experts = weights.shape
+    num_layers, num_experts = sorted_desc.shape
     out = lower.copy()
-    extra = num_slots - num_experts
-    desc = np.empty(num_experts)
     asc = np.empty(num_experts)
     prefix = np.zeros(num_experts + 1)
     tiers = np.empty(4, np.int64)
     for layer in range(num_layers):
-        row = weights[layer]
-        order = np.argsort(row, kind="mergesort")  # the sort pigeonhole_bound compiles already
+        desc = sorted_desc[layer]
         for e in range(num_experts):
-            asc[e] = row[order[e]]
-        for e in range(num_experts):
-            desc[e] = asc[num_experts - 1 - e]
+            asc[e] = desc[num_experts - 1 - e]
         if desc[0] <= 0.0 or num_experts < 2:
             continue
         several = 0  # the experts with several replicas in the D'Hondt replication: above its peak

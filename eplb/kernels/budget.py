@@ -95,28 +95,25 @@ def _budget_feasible(desc, tier, target, num_slots, active_gpus, min_slots, max_
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def budget_tier_bound(weights, lower, replica, num_slots, active_gpus, min_slots, max_slots, max_tiers):
+def budget_tier_bound(sorted_desc, lower, replica, num_slots, active_gpus, min_slots, max_slots, max_tiers):
     """The smallest max load :func:`_budget_feasible` allows for every tier of the heaviest experts
     (the first ``t`` for ``t = 1 ..`` one more than the experts above the replica bound, at most
     ``max_tiers``), searched upward from ``lower``.
 
     Args:
-        weights: ``[L, E]`` float64; lower: ``[L]`` valid bounds; replica: ``[L]`` the replica bound;
+        sorted_desc: ``[L, E]`` float64, each row in decreasing order; lower: ``[L]`` valid bounds;
+        replica: ``[L]`` the replica bound;
         num_slots: ``S``; active_gpus: ``G`` (GPUs with slots); min_slots / max_slots: fewest / most
         slots of a GPU with slots; max_tiers: most tiers tried per layer.
     Returns:
         ``[L]`` float64, never below ``lower``; a value proven infeasible, shaded down by 1e-9.
     """
-    num_layers, num_experts = weights.shape
+    num_layers, num_experts = sorted_desc.shape
     out = lower.copy()
-    desc = np.empty(num_experts)
     virtual = np.empty(num_slots + 2)
     prefix = np.empty(num_slots + 3)
     for layer in range(num_layers):
-        row = weights[layer]
-        order = np.argsort(row, kind="mergesort")
-        for e in range(num_experts):
-            desc[e] = row[order[num_experts - 1 - e]]
+        desc = sorted_desc[layer]
         if num_experts < 2 or desc[0] <= 0.0 or out[layer] <= 0.0:
             continue
         several = 0

@@ -1,0 +1,85 @@
+"""Speed of the lower bound at DeepSeek-V3 size, next to the plan it certifies.
+
+``eplb.plan`` reports ``gap = max_load / lower_bound - 1``; the bound is computed on first access
+of ``lower_bound`` / ``gap``. Here ``eplb.bounds.lower_bound`` is timed alone (median of many
+calls after a warm-up) on realistic synthetic loads (``eplb.synthetic``: lognormal with group
+factors, Zipf 1.0 / 1.5, a few hot experts), 58 layers x 256 experts, 288 slots on 32 GPUs in 4
+nodes, hierarchical (8 groups) and global, with the default plan's time beside it.
+
+Run: ``python bench/bound_speed.py [--quick] [--profile]`` (``--profile``: cProfile of the bound).
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import pstats
+from pathlib import Path
+
+from _common import fmt_ms, load_note, markdown_table, median_time, write_csv
+
+import eplb
+from eplb.bounds import lower_bound
+from eplb.synthetic import skewed_counts
+from eplb.topology import Topology
+
+LAYOUT = dict(layers=58, experts=256, slots=288, gpus=32, nodes=4, groups=8)
+FAMILIES = (("lognormal", 0.7), ("zipf", 1.0), ("zipf", 1.5), ("hot", 0.7))
+
+
+def workloads():
+    """``(name, counts [58, 256])`` for each family (group factors in the lognormal family)."""
+    for family, skew in FAMILIES:
+        counts = skewed_counts(LAYOUT["layers"], LAYOUT["experts"], family=family, skew=skew,
+                               num_groups=LAYOUT["groups"], top_k=8, seed=0)
+        yield f"{family} {skew}", counts.astype(float)
+
+
+def run(quick: bool, results_dir: Path) -> str:
+    topology = Topology.from_layout(LAYOUT["slots"], LAYOUT["gpus"], LAYOUT["nodes"])
+    repeats = 10 if quick else 40
+    rows = []
+    for name, counts in workloads():
+        for mode, hierarchical in (("hierarchical", True), ("global", False)):
+            groups = LAYOUT["groups"] if hierarchical else None
+            bound = median_time(lambda: lower_bound(counts, topology, groups, hierarchical), repeats=repeats,
+                                budget_s=4.0)
+            plan_kwargs = dict(num_slots=LAYOUT["slots"], num_gpus=LAYOUT["gpus"], num_nodes=LAYOUT["nodes"],
+                               num_groups=groups)
+            planned = median_time(lambda: eplb.plan(counts, **plan_kwargs), repeats=repeats, budget_s=4.0)
+            rows.append({"loads": name, "mode": mode, "bound_ms": bound.wall * 1e3, "bound_cpu_ms": bound.cpu * 1e3,
+                         "plan_ms": planned.wall * 1e3, "calls": bound.calls})
+    write_csv(results_dir / "bound_speed.csv", rows)
+    table = markdown_table(["loads", "mode", "lower_bound (ms)", "bound CPU (ms)", "plan (ms)", "plan + bound (ms)"],
+                           [(r["loads"], r["mode"], fmt_ms(r["bound_ms"] / 1e3), fmt_ms(r["bound_cpu_ms"] / 1e3),
+                             fmt_ms(r["plan_ms"] / 1e3),
+                             fmt_ms((r["bound_ms"] + r["plan_ms"]) / 1e3)) for r in rows])
+    return (f"Lower bound at DeepSeek-V3 size (58 x 256, 288 slots / 32 GPUs / 4 nodes), median wall time "
+            f"per call. {load_note()}\n\n{table}\n")
+
+
+def profile() -> None:
+    topology = Topology.from_layout(LAYOUT["slots"], LAYOUT["gpus"], LAYOUT["nodes"])
+    loads = list(workloads())
+    for _, counts in loads:
+        lower_bound(counts, topology, LAYOUT["groups"], True)
+    profiler = cProfile.Profile()
+    profiler.enable()
+    for _ in range(10):
+        for _, counts in loads:
+            lower_bound(counts, topology, LAYOUT["groups"], True)
+            lower_bound(counts, topology)
+    profiler.disable()
+    pstats.Stats(profiler).sort_stats("tottime").print_stats(15)
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--profile", action="store_true")
+    args = parser.parse_args()
+    if args.profile:
+        profile()
+    else:
+        out = Path(__file__).resolve().parent / "results" / ("quick" if args.quick else "")
+        print(run(args.quick, out))
