@@ -118,6 +118,9 @@ class FixedInterval:
         method: an ``eplb.METHODS`` name, or a function with the published ``rebalance_experts``
             signature (an algorithm from elsewhere, measured side by side).
         name: a label (default from the settings).
+
+    Memory: ``window / gcd(every, window)`` partial sums of ``[L, E]`` float64 (one for the
+    engines' presets).
     """
 
     def __init__(self, every: int, window: int | None = None, method: str | Callable = "greedy",
