@@ -7,7 +7,7 @@ in hierarchical mode); every domain is placed on its own.
 import numpy as np
 from numba import njit
 
-from .local_search import pair_swap_descent, spread_duplicates, swap_descent
+from .local_search import spread_duplicates, swap_descent
 from .packing import (clear_gpus, new_state, pack_spread_by_free_slots, pack_spread_largest_first,
                       recompute_loads, store_state)
 from .replication import replicate_capped
@@ -27,10 +27,10 @@ def _shared(gpus, gpu_items, gpu_fill, item_expert, holds):
 
 @njit(cache=True, nogil=True, error_model="numpy")
 def pack_domain(w, experts, counts, gpus, slots_per_gpu, first_item, item_expert, item_load, gpu_items, gpu_fill,
-                gpu_load, holds, max_steps, pair_swaps=False):
+                gpu_load, holds):
     """Pack ``counts[i]`` replicas of ``experts[i]`` on the slots of ``gpus``: spread largest-first,
     duplicates swapped apart (or, if some remain, a rebuild that spreads every expert whenever the
-    counts allow), swap descent.
+    counts allow). The caller then runs a descent (:func:`descend`) on the packing.
 
     Args:
         w: ``[E]`` float64 loads of the layer; experts: ``[n]`` int64; counts: ``[n]`` int64 replicas
@@ -38,8 +38,6 @@ def pack_domain(w, experts, counts, gpus, slots_per_gpu, first_item, item_expert
         slots_per_gpu: ``[G]`` int64; first_item: first free replica id in the item arrays.
         State arrays: :mod:`eplb.kernels.packing` (``gpu_fill``/``gpu_load``/``holds`` of ``gpus``
         must be zero on entry).
-        max_steps: most swaps of the descent; pair_swaps: descend with pair swaps too
-            (:func:`eplb.kernels.local_search.pair_swap_descent`).
     Returns:
         the next free replica id.
     """
@@ -60,12 +58,20 @@ def pack_domain(w, experts, counts, gpus, slots_per_gpu, first_item, item_expert
         clear_gpus(gpus, item_expert, gpu_items, gpu_fill, gpu_load, holds)
         pack_spread_by_free_slots(item_load, item_expert, first_item + np.arange(item - first_item), gpus,
                                   slots_per_gpu, gpu_items, gpu_fill, gpu_load, holds)
-    if pair_swaps:
-        pair_swap_descent(item_load, item_expert, gpus, gpu_items, gpu_fill, gpu_load, holds, max_steps)
-    else:
-        swap_descent(item_load, item_expert, gpus, gpu_items, gpu_fill, gpu_load, holds, max_steps)
-    recompute_loads(item_load, gpus, gpu_items, gpu_fill, gpu_load)
     return item
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def descend(item_load, item_expert, gpus, gpu_items, gpu_fill, gpu_load, holds, max_steps):
+    """Swap descent on a packing of ``gpus`` (:func:`eplb.kernels.local_search.swap_descent`, at most
+    ``max_steps`` swaps), then the GPU loads summed afresh.
+
+    Kept apart from :func:`pack_domain`: a kernel compiles every kernel its body calls, and the
+    pair-swap descent that :mod:`eplb.kernels.multistart` runs instead is not compiled on the
+    default path.
+    """
+    swap_descent(item_load, item_expert, gpus, gpu_items, gpu_fill, gpu_load, holds, max_steps)
+    recompute_loads(item_load, gpus, gpu_items, gpu_fill, gpu_load)
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
@@ -78,7 +84,7 @@ def domain_slots(gpus, slots_per_gpu):
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def balanced_placement(weights, slots_per_gpu, gpu_domain, expert_domain, max_steps, pair_swaps=False):
+def balanced_placement(weights, slots_per_gpu, gpu_domain, expert_domain, max_steps):
     """Place every layer, each domain on its own.
 
     Args:
@@ -87,15 +93,17 @@ def balanced_placement(weights, slots_per_gpu, gpu_domain, expert_domain, max_st
         gpu_domain: ``[G]`` int64 domain of each GPU.
         expert_domain: ``[L, E]`` int64 domain of each expert in each layer; every domain with
             slots holds at least one expert and at most as many experts as slots.
-        max_steps: most swaps of the descent per layer and domain; pair_swaps: also two-for-two.
+        max_steps: most swaps of the descent per layer and domain.
     Returns:
         ``phy2log [L, S]`` int64.
     """
     num_layers, num_experts = weights.shape
     num_gpus = slots_per_gpu.shape[0]
-    num_slots = 0
-    width = 1
-    num_domains = 0
+    # typed int64 from the start: a literal 0 or 1 here would make the type inference compile the
+    # callees once more for the literal while it settles the variable's type
+    num_slots = np.int64(0)
+    width = np.int64(1)
+    num_domains = np.int64(0)
     for g in range(num_gpus):
         num_slots += slots_per_gpu[g]
         width = max(width, slots_per_gpu[g])
@@ -123,6 +131,7 @@ def balanced_placement(weights, slots_per_gpu, gpu_domain, expert_domain, max_st
             counts = np.empty(experts.shape[0], np.int64)
             replicate_capped(weights[layer], experts, domain_slots(gpus, slots_per_gpu), gpus.shape[0], counts)
             item = pack_domain(weights[layer], experts, counts, gpus, slots_per_gpu, item, item_expert, item_load,
-                               gpu_items, gpu_fill, gpu_load, holds, max_steps, pair_swaps)
+                               gpu_items, gpu_fill, gpu_load, holds)
+            descend(item_load, item_expert, gpus, gpu_items, gpu_fill, gpu_load, holds, max_steps)
         store_state(item_expert, gpu_items, gpu_fill, slot_offsets, phy2log[layer])
     return phy2log

@@ -13,7 +13,7 @@ fixed-seed generator, so the result is deterministic."""
 import numpy as np
 from numba import njit
 
-from .balanced import _shared, domain_slots, pack_domain
+from .balanced import _shared, descend, domain_slots, pack_domain
 from .local_search import pair_swap_descent
 from .packing import clear_gpus, load_state, new_state, recompute_loads, store_state
 
@@ -249,9 +249,9 @@ def _pack_and_keep(w, experts, counts, gpus, slots_per_gpu, first_item, item_exp
     heaviest GPU is lighter than ``best_max`` and no more replicas share a GPU with their expert
     than ``best_shared``. Returns the best max load."""
     clear_gpus(gpus, item_expert, gpu_items, gpu_fill, gpu_load, holds)
-    # pair_swaps=False given as balanced_placement passes it: one compiled specialization of pack_domain
     pack_domain(w, experts, counts, gpus, slots_per_gpu, first_item, item_expert, item_load, gpu_items, gpu_fill,
-                gpu_load, holds, max_steps, False)
+                gpu_load, holds)
+    descend(item_load, item_expert, gpus, gpu_items, gpu_fill, gpu_load, holds, max_steps)
     top = _domain_max(gpus, gpu_load)
     if top < best_max * (1.0 - 1e-12) and _shared(gpus, gpu_items, gpu_fill, item_expert, holds) <= best_shared:
         for i in range(counts.shape[0]):  # not best_counts[:] = counts: see hierarchy._copy
