@@ -77,7 +77,7 @@ def pigeonhole(weights: np.ndarray, topology: Topology) -> np.ndarray:
     (:func:`eplb.kernels.bounds.pigeonhole_bound`)."""
     active = topology.slots_per_gpu > 0
     return pigeonhole_bound(_descending(weights), topology.num_slots, int(active.sum()),
-                            int(topology.slots_per_gpu[active].min()))
+                            int(topology.slots_per_gpu[active].min()), np.zeros(weights.shape[0]))
 
 
 def threshold(weights: np.ndarray, topology: Topology, max_m: int = 3) -> np.ndarray:
@@ -220,5 +220,6 @@ def _strongest(weights: np.ndarray, topology: Topology) -> np.ndarray:
     if needed.any():
         rows = np.flatnonzero(needed)
         others = others.copy()
-        others[rows] = np.maximum(others[rows], pigeonhole_bound(np.ascontiguousarray(desc[rows]), *args))
+        others[rows] = np.maximum(others[rows], pigeonhole_bound(np.ascontiguousarray(desc[rows]), *args,
+                                                                 np.ascontiguousarray(others[rows])))
     return others

@@ -106,12 +106,14 @@ def _smallest_item_lower(sorted_desc, extra, rank):
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def _settle_or_push(lo, hi, a, b, it, out, st_lo, st_hi, st_a, st_b, st_it, depth):
-    """Bisection step for ``ranks[a:b]`` now known to lie in ``[lo, hi]``: answer ``lo`` when the
-    interval is narrow (or after 60 halvings), else push it on the stack. Returns the new depth."""
-    if hi - lo <= 1e-6 * hi or it >= 60:
+def _settle_or_push(lo, hi, a, b, it, out, out_hi, tol, st_lo, st_hi, st_a, st_b, st_it, depth):
+    """Bisection step for ``ranks[a:b]`` now known to lie in ``[lo, hi]``: answer ``lo`` (and ``hi``
+    in ``out_hi``) when the interval is narrow (``tol`` relative, or after 60 halvings), else push
+    it on the stack. Returns the new depth."""
+    if hi - lo <= tol * hi or it >= 60:
         for i in range(a, b):
             out[i] = lo
+            out_hi[i] = hi
         return depth
     st_lo[depth] = lo
     st_hi[depth] = hi
@@ -122,7 +124,7 @@ def _settle_or_push(lo, hi, a, b, it, out, st_lo, st_hi, st_a, st_b, st_it, dept
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def _smallest_items_lower(sorted_desc, extra, ranks, out):
+def _smallest_items_lower(sorted_desc, extra, ranks, out, out_hi, tol):
     """:func:`_smallest_item_lower` for many ranks at once, the same values bit for bit.
 
     Every rank's bisection starts from the same interval and takes the same midpoints until the
@@ -132,7 +134,9 @@ def _smallest_items_lower(sorted_desc, extra, ranks, out):
 
     Args:
         sorted_desc: ``[E]`` loads in decreasing order; ranks: ``[R]`` increasing ranks (1-based).
-        out: ``[R]`` float64, written with ``t_rank`` for each rank.
+        out: ``[R]`` float64, written with ``t_rank`` for each rank (from below); out_hi: ``[R]``
+        float64, written with the upper end of each rank's last interval (``>= t_rank``).
+        tol: relative width at which an interval is settled (1e-6: :func:`_smallest_item_lower`).
     """
     num = ranks.shape[0]
     if num == 0:
@@ -140,12 +144,14 @@ def _smallest_items_lower(sorted_desc, extra, ranks, out):
     if extra == 0:
         for i in range(num):
             out[i] = _smallest_item_lower(sorted_desc, extra, ranks[i])
+            out_hi[i] = out[i]
         return
     hi0 = sorted_desc[0] * (1.0 + 1e-12) + 1e-300
     top = _fewest_items_at_least(sorted_desc, extra, hi0)
     first = 0  # ranks answered by the first test take hi0
     while first < num and top >= ranks[first]:
         out[first] = hi0
+        out_hi[first] = hi0
         first += 1
     if first == num:
         return
@@ -175,13 +181,13 @@ def _smallest_items_lower(sorted_desc, extra, ranks, out):
         while split < b and count >= ranks[split]:
             split += 1
         if split > a:  # lo = mid
-            depth = _settle_or_push(mid, hi, a, split, it, out, st_lo, st_hi, st_a, st_b, st_it, depth)
+            depth = _settle_or_push(mid, hi, a, split, it, out, out_hi, tol, st_lo, st_hi, st_a, st_b, st_it, depth)
         if split < b:  # hi = mid
-            depth = _settle_or_push(lo, mid, split, b, it, out, st_lo, st_hi, st_a, st_b, st_it, depth)
+            depth = _settle_or_push(lo, mid, split, b, it, out, out_hi, tol, st_lo, st_hi, st_a, st_b, st_it, depth)
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def pigeonhole_bound(desc, num_slots, active_gpus, min_slots):
+def pigeonhole_bound(desc, num_slots, active_gpus, min_slots, floor):
     """A bound that holds for every replication, from where the largest replicas must go.
 
     With ``t_i`` the smallest possible ``i``-th largest replica load over every replication and
@@ -198,8 +204,11 @@ def pigeonhole_bound(desc, num_slots, active_gpus, min_slots):
     Args:
         desc: ``[L, E]`` float64, each row in decreasing order; num_slots: ``S``; active_gpus: ``G``
         (GPUs with slots); min_slots: ``k``, fewest slots of an active GPU.
+        floor: ``[L]`` float64, values the caller already has: a layer whose bound, evaluated first
+            with the ``t_i`` bisected to 1e-3 and taken from above, cannot exceed its floor gets 0
+            (pass zeros for every layer's bound).
     Returns:
-        ``[L]`` float64.
+        ``[L]`` float64: the bound, or 0 on layers where it is at most ``floor``.
     """
     num_layers, num_experts = desc.shape
     out = np.zeros(num_layers)
@@ -230,28 +239,43 @@ def pigeonhole_bound(desc, num_slots, active_gpus, min_slots):
                 ranks[num_ranks] = i
                 num_ranks += 1
         values = np.empty(num_ranks)
-        _smallest_items_lower(w, extra, ranks, values)
+        upper = np.empty(num_ranks)
         t = np.zeros(num_experts + 2)
+        asc = w[::-1].copy()  # for _small: the q smallest of copies x (w_e / copies)
+        if floor[layer] > 0.0:  # a coarse pass from above first: can the bound beat the floor at all?
+            _smallest_items_lower(w, extra, ranks, values, upper, 1e-3)
+            for i in range(num_ranks):
+                t[ranks[i]] = upper[i]
+            if _pigeonhole_value(t, asc, copies, num_experts, active_gpus, min_slots) <= floor[layer]:
+                continue
+        _smallest_items_lower(w, extra, ranks, values, upper, 1e-6)
         for i in range(num_ranks):
             t[ranks[i]] = values[i]
-        asc = w[::-1].copy()  # for _small: the q smallest of copies x (w_e / copies)
-        best = 0.0
-        prefix = 0.0
-        for j in range(1, min(active_gpus, num_experts) + 1):
-            prefix += t[j]
-            spread = (prefix + _small(asc, copies, j * (min_slots - 1))) / j
-            if j >= 2 and min_slots >= 2:
-                spread = min(spread, t[j - 1] + t[j] + _small(asc, copies, min_slots - 2))
-            best = max(best, spread)
-        m = 1
-        while m < min_slots and m * active_gpus + 1 <= num_experts:
-            total = 0.0
-            for i in range(m * active_gpus - m + 1, m * active_gpus + 2):
-                total += t[i]
-            best = max(best, total + _small(asc, copies, min_slots - m - 1))
-            m += 1
-        out[layer] = best
+        out[layer] = _pigeonhole_value(t, asc, copies, num_experts, active_gpus, min_slots)
     return out
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _pigeonhole_value(t, asc, copies, num_experts, active_gpus, min_slots):
+    """The formulas of :func:`pigeonhole_bound` for ``t [E + 2]`` (``t[i]``: the ``i``-th largest
+    replica load or a bound on it; every formula grows with each ``t[i]``), ``asc [E]`` the loads
+    increasing."""
+    best = 0.0
+    prefix = 0.0
+    for j in range(1, min(active_gpus, num_experts) + 1):
+        prefix += t[j]
+        spread = (prefix + _small(asc, copies, j * (min_slots - 1))) / j
+        if j >= 2 and min_slots >= 2:
+            spread = min(spread, t[j - 1] + t[j] + _small(asc, copies, min_slots - 2))
+        best = max(best, spread)
+    m = 1
+    while m < min_slots and m * active_gpus + 1 <= num_experts:
+        total = 0.0
+        for i in range(m * active_gpus - m + 1, m * active_gpus + 2):
+            total += t[i]
+        best = max(best, total + _small(asc, copies, min_slots - m - 1))
+        m += 1
+    return best
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
@@ -340,23 +364,7 @@ def replica_and_pigeonhole_upper(desc, num_slots, active_gpus, min_slots):
                 j += 1
             else:
                 u[rank] = 0.0
-
-        best_value = 0.0
-        total_prefix = 0.0
-        for j in range(1, min(active_gpus, num_experts) + 1):
-            total_prefix += u[j]
-            spread = (total_prefix + _small(asc, copies, j * (min_slots - 1))) / j
-            if j >= 2 and min_slots >= 2:
-                spread = min(spread, u[j - 1] + u[j] + _small(asc, copies, min_slots - 2))
-            best_value = max(best_value, spread)
-        m = 1
-        while m < min_slots and m * active_gpus + 1 <= num_experts:
-            total = 0.0
-            for r in range(m * active_gpus - m + 1, m * active_gpus + 2):
-                total += u[r]
-            best_value = max(best_value, total + _small(asc, copies, min_slots - m - 1))
-            m += 1
-        out[layer] = best_value
+        out[layer] = _pigeonhole_value(u, asc, copies, num_experts, active_gpus, min_slots)
     return replica, out
 
 
