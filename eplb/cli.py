@@ -23,7 +23,7 @@ import eplb
 from . import __version__
 from .methods import DEFAULT_METHOD, METHODS
 from .metrics import moe_layers, moe_mean
-from .report import bound_for, moe_note
+from .report import Bound, bound_for, moe_note
 
 COUNTS_FORMAT_NAMES = ("npy", "npz", "csv", "logical-count-json", "sglang-dump", "trtllm-stats")
 PLACEMENT_FORMAT_NAMES = ("eplb", "npz", "sglang", "trtllm")
@@ -255,7 +255,14 @@ def _check_previous(previous, placement_like, path):
 @click.option("--max-moves", type=click.IntRange(min=0), default=None,
               help="With --previous: at most this many slots change per layer.")
 @click.option("--time-limit", type=click.FloatRange(min=0, min_open=True), default=None,
-              help="Per-layer time limit in seconds, for methods that take one (exact).")
+              help="Wall-clock seconds per layer, for methods that take a limit (exact).")
+@click.option("--deterministic-time", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="A reproducible work budget per layer (OR-Tools deterministic seconds) for exact: the same "
+                   "plan on every machine.")
+@click.option("--max-off-node", type=click.FloatRange(min=0, max=1), default=None,
+              help="With groups on nodes: let hot experts' replicas sit off their group's home node for at most "
+                   "this fraction of each layer's tokens (0 = hierarchical, 1 = the whole cluster); the plan "
+                   "then carries shares, which eplb JSON keeps.")
 @click.option("--input-format", type=click.Choice(COUNTS_FORMAT_NAMES), default=None,
               help="Format of COUNTS (default: detected from the name).")
 @click.option("--format", "-f", "output_format", type=click.Choice(PLACEMENT_FORMAT_NAMES), default=None,
@@ -270,7 +277,8 @@ def _check_previous(previous, placement_like, path):
 @quiet_option
 @friendly_errors
 def plan(counts, slots, gpus, nodes, groups, method, previous, previous_format, tolerance, max_moves, time_limit,
-         input_format, output_format, output, layer_updates_per_iter, transpose, allow_shape, quiet):
+         deterministic_time, max_off_node, input_format, output_format, output, layer_updates_per_iter, transpose,
+         allow_shape, quiet):
     """Plan a placement from recorded expert COUNTS and write it for your engine.
 
     COUNTS is a file or a TensorRT-LLM statistics folder; a series [T, L, E] is summed over
@@ -301,6 +309,17 @@ def plan(counts, slots, gpus, nodes, groups, method, previous, previous_format, 
             raise click.BadParameter(f"method {method!r} takes no time limit (methods that do: {', '.join(takers) or 'none'})",
                                      param_hint="--time-limit")
         options["time_limit"] = time_limit
+    if deterministic_time is not None:
+        if method != "exact":
+            raise click.BadParameter(f"applies to method 'exact' only, not {method!r}", param_hint="--deterministic-time")
+        options["deterministic_time"] = deterministic_time
+    if max_off_node is not None:
+        if previous is not None:
+            raise click.UsageError("--max-off-node plans from scratch: it cannot be combined with --previous")
+        if groups is None or groups % nodes:
+            raise click.BadParameter("needs --groups that divide over --nodes (a hierarchical deployment)",
+                                     param_hint="--max-off-node")
+        options["max_off_node"] = max_off_node
     output_format = output_format or _output_format(output, placement_format_for_output)
     if layer_updates_per_iter and output_format != "trtllm":
         raise click.BadParameter(f"applies to TensorRT-LLM YAML output only, not to {output_format} output",
@@ -328,13 +347,17 @@ def plan(counts, slots, gpus, nodes, groups, method, previous, previous_format, 
     elapsed = time.perf_counter() - start
 
     before = metrics.balancedness(metrics.static_gpu_loads(weights, gpus))
-    after = placement.balancedness(weights)
+    after = placement.balancedness(weights, "shares")
     moves = None if prev is None else metrics.moves(prev.placement.phy2log, placement.phy2log, placement.topology)
-    bound = bound_for(weights, placement)
-    gap = metrics.gap(placement.gpu_loads(weights).max(axis=-1), bound.values)
+    if placement.shares is None:
+        bound = bound_for(weights, placement)
+    else:   # the plan splits experts by its shares and may serve tokens off node: the bound of that freedom
+        bound = Bound(placement.lower_bound, "capped",
+                      f"at most {max_off_node:.0%} of the tokens off their home node, any split among replicas")
+    gap = metrics.gap(placement.gpu_loads(weights, "shares").max(axis=-1), bound.values)
     global_bal = None
-    if bound.kind == "hierarchical":     # what keeping groups on one node costs on these counts
-        global_method = DEFAULT_METHOD if _accepts(METHODS[method], "time_limit") else method
+    if bound.kind in ("hierarchical", "capped"):     # what keeping groups on their nodes costs on these counts
+        global_method = DEFAULT_METHOD if method == "exact" else method
         global_plan = eplb.plan(weights, num_slots=slots, num_gpus=gpus, num_nodes=nodes, method=global_method)
         global_bal = global_plan.balancedness(weights)
     deployed_bal = None if prev is None else prev.placement.balancedness(weights)
@@ -374,6 +397,14 @@ def plan(counts, slots, gpus, nodes, groups, method, previous, previous_format, 
                      f"(what keeping each group on one node costs)")
     if deployed_bal is not None:
         lines.append(f"deployed {moe_mean(deployed_bal, weights):.4f} with the previous placement on these counts")
+    if placement.shares is not None:
+        even = placement.balancedness(weights, "uniform")
+        lines.append(f"off node {100 * float(placement.off_node_fraction(weights).mean()):.1f}% of the tokens served off "
+                     f"their group's home node (cap {max_off_node:.0%}), with the plan's shares; split evenly "
+                     f"among replicas instead: balance {moe_mean(even, weights):.4f}")
+        if output_format != "eplb":
+            lines.append(f"note     {output_format} files cannot carry the shares (eplb JSON does): the engine will "
+                         "split evenly unless told otherwise")
     lines += [
         f"bound    {bound.description}",
         f"gap      {100 * finite.mean():.2f}% mean, {100 * finite.max():.2f}% max above the proven lower bound"
@@ -491,8 +522,8 @@ def validate(plan_file, counts_file, plan_format, input_format, gpus, nodes, gro
             raise FormatError(counts_file, f"counts have {data.num_layers} layers x {data.num_experts} experts but the "
                                            f"placement has {p.num_layers} x {p.num_experts}")
         weights = data.weights
-        loads = p.gpu_loads(weights)
-        bal = metrics.balancedness(loads)
+        loads = p.gpu_loads(weights, "shares")  # the plan's split when it carries one
+        bal = metrics.balancedness(loads, p.topology)
         before = metrics.balancedness(metrics.static_gpu_loads(weights, p.num_gpus))
         bound = bound_for(weights, p)
         gap = metrics.gap(loads.max(axis=-1), bound.values)
@@ -508,7 +539,7 @@ def validate(plan_file, counts_file, plan_format, input_format, gpus, nodes, gro
             f" ({bound.kind})" if finite.size else "gap      n/a",
         ]
         if data.num_windows > 1:
-            window_loads = p.gpu_loads(data.counts)                              # [T, L, G]
+            window_loads = p.gpu_loads(data.counts, "shares")                              # [T, L, G]
             series = moe_mean(metrics.balancedness(window_loads), window_loads)  # [T]
             lines.append(f"windows  {data.num_windows}: balancedness per window {np.nanmin(series):.4f}.."
                          f"{np.nanmax(series):.4f} (mean over each window's MoE layers)")

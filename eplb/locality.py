@@ -165,7 +165,48 @@ def _place_nodes(weights: np.ndarray, home: np.ndarray, pieces: tuple, problem: 
     if idle.any():
         even = uniform_shares(phy2log, num_experts)
         shares[idle] = even[idle]
+    _merge_duplicates(weights, phy2log, shares, topology)
     return phy2log, shares
+
+
+def _merge_duplicates(weights: np.ndarray, phy2log: np.ndarray, shares: np.ndarray, topology: Topology) -> None:
+    """In place: where a GPU holds two slots of one expert (two items of it, e.g. halves of a split
+    item), merge them into one slot and give the freed slot a replica that takes load off the
+    heaviest GPU of the node (half the difference at most, so the node's max load never rises).
+
+    ``weights [L, E]``, ``phy2log [L, S]`` and ``shares [L, S]`` as in :func:`plan_locality`."""
+    gpu_of_slot = topology.gpu_of_slot
+    node_of_gpu = topology.node_of_gpu
+    num_experts = weights.shape[1]
+    key = gpu_of_slot[None, :] * num_experts + phy2log                      # [L, S] (GPU, expert)
+    order = np.argsort(key, axis=1, kind="stable")
+    repeated = np.diff(np.take_along_axis(key, order, axis=1), axis=1) == 0  # [L, S - 1]
+    for layer, position in zip(*np.nonzero(repeated)):
+        row, share, w = phy2log[layer], shares[layer], weights[layer]
+        spare = order[layer, position + 1]
+        gpu = gpu_of_slot[spare]
+        # the slot kept: another slot of this GPU with the spare's expert (an earlier merge may have
+        # given the slot paired with it another expert)
+        keep = next(s for s in range(topology.slot_offsets[gpu], topology.slot_offsets[gpu + 1])
+                    if s != spare and row[s] == row[spare])
+        share[keep] += share[spare]
+        loads = np.bincount(gpu_of_slot, weights=w[row] * share, minlength=topology.num_gpus)
+        node_gpus = np.flatnonzero((node_of_gpu == node_of_gpu[gpu]) & (np.diff(topology.slot_offsets) > 0))
+        here = row[gpu_of_slot == gpu]
+        donor = node_gpus[np.argmax(loads[node_gpus])]
+        candidates = [s for s in range(topology.slot_offsets[donor], topology.slot_offsets[donor + 1])
+                      if row[s] not in here]
+        if not candidates:  # no expert to take over there: any slot of the node whose expert this GPU lacks
+            candidates = [s for s in np.flatnonzero(np.isin(gpu_of_slot, node_gpus)) if row[s] not in here]
+        if not candidates:  # every expert of the node is on this GPU already: nothing better to hold
+            share[keep] -= share[spare]
+            continue
+        source = max(candidates, key=lambda s: (w[row[s]] * share[s], -s))
+        moved = max(0.0, min(w[row[source]] * share[source], 0.5 * (loads[gpu_of_slot[source]] - loads[gpu])))
+        fraction = moved / w[row[source]] if w[row[source]] > 0 else 0.0
+        row[spare] = row[source]
+        share[spare] = fraction
+        share[source] -= fraction
 
 
 def plan_locality(weights: np.ndarray, problem: Problem, max_off_node: float, method: str = "balanced",

@@ -29,7 +29,9 @@ from pathlib import Path
 import numpy as np
 
 from . import metrics
-from .bounds import lower_bound
+from .bounds import average_bound, lower_bound
+from .locality import busiest_nodes, node_cap_bound, off_node_tokens
+from .problem import make_problem
 from .metrics import moe_layers, moe_mean
 from .formats.data import CountsFile, PlacementFile
 from .formats.errors import require
@@ -89,6 +91,8 @@ def bound_for(weights: np.ndarray, placement) -> Bound:
     """
     topology = placement.topology
     groups = placement.num_groups
+    if placement.shares is not None:
+        return _share_bound(weights, placement)
     values = lower_bound(weights, topology)
     if groups is None:
         return Bound(values, "global", "global (no expert groups)")
@@ -109,6 +113,21 @@ def bound_for(weights: np.ndarray, placement) -> Bound:
         description += (f"; {int((~kept).sum())} of {len(kept)} layers spread a group over nodes, judged by the "
                         "global bound")
     return Bound(values, "hierarchical", description)
+
+
+def _share_bound(weights: np.ndarray, placement) -> Bound:
+    """The bound for a plan that splits experts by its shares: any split among replicas, and at most
+    the share of tokens off their home node the plan itself serves on these counts (per layer)."""
+    problem = make_problem(placement.num_experts, topology=placement.topology, num_groups=placement.num_groups)
+    if placement.home_node is None or not problem.hierarchical:
+        return Bound(average_bound(weights, placement.topology), "average",
+                     "average load (the plan splits experts unevenly; no home nodes to cap)")
+    away = placement.off_node_fraction(weights)
+    values = np.array([node_cap_bound(weights[layer:layer + 1], problem, float(away[layer]))[0]
+                       for layer in range(weights.shape[0])])
+    return Bound(values, "capped", f"{placement.num_groups} groups with home nodes; at most the plan's own off-node "
+                                   f"share of the tokens (up to {100 * float(away.max()):.1f}%) served off node, "
+                                   "any split among replicas")
 
 
 def moe_note(weights: np.ndarray) -> str:
@@ -147,7 +166,7 @@ def make_report(counts: CountsFile, plan: PlacementFile, out_dir, *, previous: P
     layer_ids = plan.layer_ids if len(plan.layer_ids) == counts.num_layers else counts.layer_ids
     num_gpus = placement.num_gpus
 
-    loads = placement.gpu_loads(weights)                                    # [L, G]
+    loads = placement.gpu_loads(weights, "shares")                          # [L, G]
     plan_bal = metrics.balancedness(loads)                                  # [L]
     none_bal = metrics.balancedness(metrics.static_gpu_loads(weights, num_gpus))
     try:
@@ -168,6 +187,10 @@ def make_report(counts: CountsFile, plan: PlacementFile, out_dir, *, previous: P
     if counts.num_windows > 1:
         window_rows = _window_balancedness(counts, placement, greedy, progress)
         figures.append(_windows_figure(plt, out_dir, window_rows, placement.method))
+    curve = None
+    if placement.num_groups and placement.num_groups % placement.num_nodes == 0 and moe.any():
+        curve = _locality_curve(weights, placement)
+        figures.append(_locality_figure(plt, out_dir, curve, placement, weights, greedy_bal, moe))
     moves = None
     if previous is not None:
         moves = metrics.moves(previous.placement.phy2log, placement.phy2log, placement.topology)
@@ -191,6 +214,9 @@ def make_report(counts: CountsFile, plan: PlacementFile, out_dir, *, previous: P
                                    if finite.size else "n/a"),
         "replicas sharing a GPU": f"{int(placement.replicas_sharing_a_gpu().sum())} slots",
     }
+    if curve is not None:
+        at = {f: (b, o) for f, b, o in zip(curve["max_off_node"], curve["balancedness"], curve["off_node_fraction"])}
+        summary["off-node trade-off"] = " · ".join(f"cap {f:.0%}: {b:.4f} ({o:.1%} off node)" for f, (b, o) in at.items())
     if window_rows is not None:
         summary["per window"] = (f"plan balancedness {window_rows['plan'].min():.4f} .. {window_rows['plan'].max():.4f}"
                                  f" over {counts.num_windows} windows")
@@ -316,6 +342,52 @@ def _hottest_figure(plt, out_dir, layer_ids, weights, placement, top) -> Path:
     return _save(plt, fig, out_dir / "hottest_experts.png")
 
 
+LOCALITY_CAPS = (0.0, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
+
+
+def _locality_curve(weights: np.ndarray, placement) -> dict:
+    """:func:`eplb.pareto` on the report's counts and the placement's configuration."""
+    from .api import pareto
+
+    return pareto(weights, topology=placement.topology, num_groups=placement.num_groups, fractions=LOCALITY_CAPS)
+
+
+def _off_node_share(weights: np.ndarray, placement, num_groups: int) -> float:
+    """Share of all tokens a placement serves off the home nodes of ``num_groups`` groups (the nodes
+    serving most of each group when it records none)."""
+    shares = placement.slot_shares(weights)
+    home = placement.home_node
+    if home is None:
+        home = busiest_nodes(weights, placement.phy2log, shares, num_groups, placement.topology)
+    return float(off_node_tokens(weights, placement.phy2log, shares, home, placement.topology).sum()
+                 / max(float(weights.sum()), 1e-300))
+
+
+def _locality_figure(plt, out_dir, curve, placement, weights, greedy_bal, moe) -> Path:
+    """Balancedness against the share of tokens off their home node: eplb's curve over caps, the
+    published greedy (hierarchical), a global plan, and this plan."""
+    from .api import plan as make_plan
+
+    fig, ax = plt.subplots(figsize=(6.5, 4.2))
+    ax.plot(100 * curve["off_node_fraction"], curve["balancedness"], "o-", color="#2166ac",
+            label="eplb, max_off_node = " + ", ".join(f"{f:g}" for f in curve["max_off_node"]))
+    if greedy_bal is not None:
+        ax.plot([0.0], [float(greedy_bal[moe].mean())], "s", color="#e08214", markersize=9,
+                label="published greedy (hierarchical)")
+    spread = make_plan(weights, topology=placement.topology)
+    ax.plot([100 * _off_node_share(weights, spread, placement.num_groups)], [float(moe_mean(spread.balancedness(weights), weights))], "D",
+            color="#1b7837", markersize=8, label="global placement (no groups)")
+    ax.plot([100 * _off_node_share(weights, placement, placement.num_groups)],
+            [float(moe_mean(placement.balancedness(weights, "shares"), weights))], "*", color="#b2182b",
+            markersize=13, label=f"this plan ({placement.method})")
+    ax.set_xlabel("tokens served off their group's home node (%)")
+    ax.set_ylabel("balancedness (mean over MoE layers)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="lower right")
+    ax.set_title("What a little off-node traffic buys (plans with shares; in sample)", fontsize=10)
+    return _save(plt, fig, out_dir / "locality.png")
+
+
 def _window_balancedness(counts: CountsFile, placement, greedy, progress: bool) -> dict:
     from tqdm import tqdm
 
@@ -385,6 +457,9 @@ def _moves_figure(plt, out_dir, layer_ids, old, new) -> Path:
 # -- page ------------------------------------------------------------------------------------------
 
 _CAPTIONS = {
+    "locality.png": "Balancedness against the share of tokens served off their group's home node: eplb's plans "
+                    "for a sweep of caps (max_off_node), the published hierarchical greedy, a global placement "
+                    "and this plan",
     "balancedness.png": "Balancedness per layer: the plan against the published greedy and against no rebalancing.",
     "gpu_loads.png": "Load of each GPU relative to its layer's mean, under the plan.",
     "hottest_experts.png": "Replica counts of the hottest experts.",

@@ -137,6 +137,7 @@ def test_plan_with_a_cap_carries_shares_home_nodes_and_an_honest_gap():
     weights = group_skewed(4, 64, 8, 2, 0.4, seed=4)
     placement = eplb.plan(weights, num_slots=96, num_gpus=16, num_nodes=4, num_groups=8, max_off_node=0.1)
     assert placement.shares is not None and placement.home_node.shape == (4, 8)
+    assert placement.replicas_sharing_a_gpu().sum() == 0, "no GPU holds two slots of one expert"
     assert (placement.off_node_fraction(weights) <= 0.1 + 1e-9).all()
     assert (placement.gap >= -1e-12).all() and (placement.gap < 0.05).all()
     np.testing.assert_allclose(placement.max_load, placement.gpu_loads(weights, "shares").max(axis=1))

@@ -5,6 +5,8 @@ from __future__ import annotations
 import importlib
 from pathlib import Path
 
+from .._validation import MissingExtraError  # noqa: F401  (raised by require, caught by the CLI)
+
 
 class FormatError(ValueError):
     """A file could not be read or written: names the file and what is wrong with it."""
@@ -13,18 +15,6 @@ class FormatError(ValueError):
         self.path = Path(path) if path is not None else None
         self.problem = problem
         super().__init__(f"{self.path}: {problem}" if self.path is not None else problem)
-
-
-class MissingExtraError(ImportError):
-    """An optional dependency is missing; says which ``eplb[extra]`` to install."""
-
-    def __init__(self, module: str, extra: str, purpose: str):
-        self.module = module
-        self.extra = extra
-        super().__init__(
-            f"{purpose} needs the Python package '{module}', which is not installed: "
-            f"pip install 'eplb[{extra}]'"
-        )
 
 
 def require(module: str, extra: str, purpose: str):
