@@ -56,3 +56,15 @@ def test_plan_diagnostics_stay_finite_and_gaps_non_negative_at_extreme_magnitude
         assert (placement.gap >= 0).all() and np.isfinite(placement.gap).all(), placement.gap
         reference = eplb.plan(counts / scale, method=method, num_slots=24, num_gpus=4, num_nodes=2, num_groups=4)
         np.testing.assert_allclose(placement.gap, reference.gap, atol=1e-6 if scale > 1e-300 else 0.05)
+
+
+def test_each_named_bound_is_scale_free_down_to_denormal_loads():
+    from eplb import bounds
+
+    counts = _counts()
+    topology = eplb.Topology.from_layout(24, 4)
+    for name, bound in bounds.BOUNDS.items():
+        reference = bound(counts, topology)
+        for k in (-1040, -1000, 1000):
+            np.testing.assert_allclose(np.ldexp(bound(counts * 2.0 ** k, topology), -k), reference, rtol=1e-9,
+                                       err_msg=f"{name} at 2**{k}")

@@ -85,13 +85,20 @@ def _fewest_items_at_least(sorted_desc, extra, x):
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
+def _above(x):
+    """A value strictly above ``x >= 0`` by a relative hair (1e-12), or the next float when that
+    rounds back to ``x`` (denormal ``x``): the bisections' upper end, above every replica load."""
+    return max(x * (1.0 + 1e-12), np.nextafter(x, np.inf))
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
 def _smallest_item_lower(sorted_desc, extra, rank):
     """``t_rank``: the smallest possible ``rank``-th largest replica load over every replication
     (``rank`` 1-based), to ~1e-6 relative precision from below."""
     if extra == 0:  # one replica each: the rank-th largest load itself
         return sorted_desc[rank - 1] if rank <= sorted_desc.shape[0] else 0.0
     lo = 0.0
-    hi = sorted_desc[0] * (1.0 + 1e-12) + 1e-300
+    hi = _above(sorted_desc[0])
     if _fewest_items_at_least(sorted_desc, extra, hi) >= rank:
         return hi
     for _ in range(60):
@@ -146,7 +153,7 @@ def _smallest_items_lower(sorted_desc, extra, ranks, out, out_hi, tol):
             out[i] = _smallest_item_lower(sorted_desc, extra, ranks[i])
             out_hi[i] = out[i]
         return
-    hi0 = sorted_desc[0] * (1.0 + 1e-12) + 1e-300
+    hi0 = _above(sorted_desc[0])
     top = _fewest_items_at_least(sorted_desc, extra, hi0)
     first = 0  # ranks answered by the first test take hi0
     while first < num and top >= ranks[first]:
