@@ -25,11 +25,13 @@ def share_gpu_loads(weights, phy2log, shares, gpu_of_slot, num_gpus):
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def _find_path(queue, parent, mark, stamp, num_free, x_start, edge_g, g_start, g_edges, edge_x, flow, rem,
-               slack, eps):
-    """Breadth-first search for an augmenting path: from an expert with tokens left, forward along
+def _find_paths(queue, parent, mark, stamp, ends, num_free, x_start, edge_g, g_start, g_edges, edge_x, flow, rem,
+                slack, eps):
+    """Breadth-first search for augmenting paths: from an expert with tokens left, forward along
     a replica edge to a GPU, backward along an edge that carries flow to another expert, ...,
-    to a GPU with room. Returns the GPU found (or -1); ``mark == stamp`` flags the visited nodes."""
+    to a GPU with room. Every GPU with room reached ends a path (``ends``; the search tree in
+    ``parent`` gives the paths). Returns how many; ``mark == stamp`` flags the visited nodes."""
+    found = 0
     head = 0
     tail = 0
     for x in range(num_free):
@@ -48,9 +50,11 @@ def _find_path(queue, parent, mark, stamp, num_free, x_start, edge_g, g_start, g
                     mark[gpu_node] = stamp
                     parent[gpu_node] = k
                     if slack[edge_g[k]] > eps:
-                        return edge_g[k]
-                    queue[tail] = gpu_node
-                    tail += 1
+                        ends[found] = edge_g[k]
+                        found += 1
+                    else:
+                        queue[tail] = gpu_node
+                        tail += 1
         else:
             g = node - num_free
             for j in range(g_start[g], g_start[g + 1]):
@@ -61,12 +65,13 @@ def _find_path(queue, parent, mark, stamp, num_free, x_start, edge_g, g_start, g
                     parent[x] = k
                     queue[tail] = x
                     tail += 1
-    return -1
+    return found
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
 def _augment(end, parent, num_free, edge_x, edge_g, flow, rem, slack):
-    """Push the most the path found by :func:`_find_path` (ending at GPU ``end``) can carry."""
+    """Push the most the path of :func:`_find_paths` ending at GPU ``end`` can still carry (paths
+    of one search share edges: each is re-measured, and may carry nothing)."""
     delta = slack[end]
     k = parent[num_free + end]
     x = edge_x[k]
@@ -253,6 +258,7 @@ def optimal_shares(weights, phy2log, gpu_of_slot, num_gpus):
     parent = np.empty(num_nodes_max, np.int64)
     queue = np.empty(num_nodes_max, np.int64)
     mark = np.zeros(num_nodes_max, np.int64)
+    ends = np.empty(num_gpus, np.int64)
     root = np.empty(num_nodes_max, np.int64)
     in_forest = np.empty(num_slots, np.bool_)
     adj_start = np.empty(num_nodes_max + 1, np.int64)
@@ -382,11 +388,12 @@ def optimal_shares(weights, phy2log, gpu_of_slot, num_gpus):
         for _ in range(2 * (num_free + num_touched) + 8):
             while True:
                 stamp += 1
-                end = _find_path(queue, parent, mark, stamp, num_free, x_start, edge_g, g_start, g_edges,
-                                 edge_x, flow, rem, slack, eps)
-                if end < 0:
+                found = _find_paths(queue, parent, mark, stamp, ends, num_free, x_start, edge_g, g_start, g_edges,
+                                    edge_x, flow, rem, slack, eps)
+                if found == 0:
                     break
-                _augment(end, parent, num_free, edge_x, edge_g, flow, rem, slack)
+                for i in range(found):
+                    _augment(ends[i], parent, num_free, edge_x, edge_g, flow, rem, slack)
             left = 0.0
             for x in range(num_free):
                 left += rem[x]
