@@ -141,3 +141,25 @@ def test_hierarchical_bound_at_1024_experts_32_groups_16_nodes():
     counts = eplb.synthetic.skewed_counts(2, 1024, num_groups=32, seed=1)
     placement = eplb.plan(counts, num_slots=1152, num_gpus=128, num_nodes=16, num_groups=32)
     assert (placement.gap >= 0).all() and (placement.gap < 0.002).all(), placement.gap
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.sampled_from([(16, 4), (16, 8), (32, 8), (24, 4), (12, 4)]), st.integers(1, 4), st.integers(0, 2),
+       st.sampled_from(["lognormal", "zipf", "hot"]), st.integers(0, 2**16))
+def test_hierarchical_bound_never_above_a_plan_where_the_search_gives_up(shape, size, spare, family, seed):
+    """Many groups (the exhaustive group search runs out of budget): the bound rests on the node
+    loads and must stay below every method's hierarchical plan."""
+    num_groups, num_nodes = shape
+    num_experts = num_groups * size
+    gpus_per_node = 2
+    slots_per_gpu = -(-num_experts // (num_nodes * gpus_per_node)) + spare
+    counts = eplb.synthetic.skewed_counts(3, num_experts, family=family, skew=1.2, num_groups=num_groups, seed=seed)
+    config = dict(num_slots=slots_per_gpu * num_nodes * gpus_per_node, num_gpus=num_nodes * gpus_per_node,
+                  num_nodes=num_nodes, num_groups=num_groups)
+    try:
+        eplb.plan(counts, method="greedy", **config)
+    except ValueError:  # no group -> node assignment fits these slots
+        return
+    for method in ("greedy", "balanced", "best"):
+        placement = eplb.plan(counts, method=method, **config)
+        assert (placement.lower_bound <= placement.max_load * (1 + 1e-9)).all(), (method, placement.gap)
