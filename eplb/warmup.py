@@ -11,7 +11,7 @@ tiny or not) and on the loads (a layer near its bound skips the searches). So th
 the configuration itself, with few layers of synthetic loads that take every path: skewed (Zipf,
 hot experts), uniform and all-zero (dense) layers, from scratch and from a placement in service,
 and it computes the lower bound, the migration and, with ``balancer=True``, a Balancer's whole
-decide-and-rebalance cycle with per-expert and per-slot counts of the usual dtypes.
+record / decide / rebalance cycle (:func:`eplb.balancer.warm_kernels`).
 """
 
 from __future__ import annotations
@@ -21,16 +21,11 @@ import time
 import numpy as np
 
 from .api import plan, rebalance_experts
-from .balancer import Balancer
+from .balancer import warm_kernels
 from .methods import DEFAULT_METHOD, METHODS
 from .problem import make_problem
 from .synthetic import skewed_counts
 from .transfer import transfer_plan
-
-COUNT_DTYPES = (np.int64, np.int32, np.float32, np.float64)
-"""Dtypes of the per-pass counts an engine may hand to :meth:`Balancer.record` (each is a compiled
-specialization of the window kernels)."""
-
 
 def synthetic_loads(num_experts: int, num_groups: int | None = None, seed: int = 0) -> np.ndarray:
     """``[5, E]`` int64 token counts whose layers take every planning path: Zipf 1.5 (heavy hot
@@ -60,7 +55,8 @@ def warmup(num_experts, num_slots, num_gpus, num_nodes=1, num_groups=None, metho
         num_slots, num_gpus, num_nodes, num_groups: the deployment, as for :func:`eplb.plan`.
         methods: planning methods to warm (names from ``eplb.METHODS``); default the default
             method and ``"greedy"`` (``rebalance_experts(method="greedy")``).
-        balancer: also run a :class:`eplb.Balancer`'s record / should_rebalance / rebalance cycle.
+        balancer: also warm a :class:`eplb.Balancer` of each method (:func:`eplb.balancer.warm_kernels`:
+            record, should_rebalance, rebalance on loads that take every path).
     Returns:
         ``{"steps": {name: seconds}, "time_s": total seconds, "methods": [...], "balancer": bool}``;
         a step that compiled takes seconds, one that loaded from the cache milliseconds.
@@ -100,25 +96,6 @@ def warmup(num_experts, num_slots, num_gpus, num_nodes=1, num_groups=None, metho
                                                            config["num_nodes"], config["num_gpus"], method=method))
     if balancer:
         for method in methods:
-            _timed(steps, f"Balancer {method}", lambda method=method: _balancer_cycle(
-                num_experts, config, method, loads, later))
+            _timed(steps, f"Balancer {method}", lambda method=method: warm_kernels(num_experts, method=method, **config))
     return {"steps": steps, "time_s": time.perf_counter() - start, "methods": methods, "balancer": balancer}
 
-
-def _balancer_cycle(num_experts: int, config: dict, method: str, loads: np.ndarray, later: np.ndarray) -> None:
-    """A Balancer's serving cycle on ``loads [L, E]``: record per-expert counts of every dtype of
-    :data:`COUNT_DTYPES` and per-slot counts, decide, rebalance (from the round-robin start), then
-    decide again on drifted loads."""
-    num_layers = loads.shape[0]
-    balancer = Balancer(num_layers, num_experts, method=method, window=4, min_gain=0.0, move_cost=0.0, **config)
-    for dtype in COUNT_DTYPES:
-        balancer.record(loads.astype(dtype), physical=False)
-    for dtype in COUNT_DTYPES:
-        slots = np.zeros((num_layers, config["num_slots"]), dtype)
-        slots[:, :] = 1
-        balancer.record(slots, physical=True)
-    balancer.should_rebalance()
-    balancer.rebalance()
-    balancer.record(later, physical=False)
-    balancer.should_rebalance()
-    balancer.rebalance()
