@@ -125,17 +125,19 @@ def _nodes_fit(target, order, chosen, held, weights, group_size, node_slots, nod
         if held[n] == 0:
             continue
         mask = 0
-        count = 0
         for i in range(num_groups):
             if chosen[i] == n:
                 mask |= 1 << order[i]
-                for j in range(group_size):
-                    loads[count] = weights[order[i] * group_size + j]
-                    count += 1
         if memo.shape[0] > 1 and memo[mask] != 0:
             if memo[mask] < 0:
                 return False
             continue
+        count = 0
+        for i in range(num_groups):
+            if chosen[i] == n:
+                for j in range(group_size):
+                    loads[count] = weights[order[i] * group_size + j]
+                    count += 1
         _shell_sort(loads[:count])
         for j in range(count // 2):  # decreasing
             loads[j], loads[count - 1 - j] = loads[count - 1 - j], loads[j]
