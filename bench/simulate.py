@@ -230,7 +230,9 @@ def run(quick: bool, results_dir: Path, *, blocks: int | None = None, timing_ste
         (r["series"], r["deployment"], r["policy"], f"{100 * r['lost_share']:.2f}%",
          f"{100 * r['lost_with_stalls_share']:.2f}%", r["rebalances"], r["copies"], r["copies_cross_node"], r["gb_moved"])
         for r in rows])
-    timing_lines = [f"- {key}: {value}" for key, value in timed.items() if key != "steps"]
+    timing_lines = [f"- series generation alone: {timed['generation_s']} s wall"]
+    timing_lines += [f"- {key}: {value['wall_s']} s wall, {value['cpu_s']} s CPU, {value['rebalances']} rebalances"
+                     for key, value in timed.items() if isinstance(value, dict)]
     text = "\n".join([
         "## Simulate: time lost to imbalance and copies, by policy",
         "",
