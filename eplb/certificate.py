@@ -29,13 +29,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from .bounds import lower_bound
-from .kernels.capped import descend
 from .kernels.layout import replica_counts
+from .searches import RELATIVE_STEP, improve_layer
 from .topology import Topology
 
-RELATIVE_STEP = 1e-7
-"""The bisection stops when its interval is this fraction of the cap; a count move must beat the
-current max load by this fraction."""
+__all__ = ["Certificate", "certify", "improve_layer", "RELATIVE_STEP"]
 
 
 @dataclass(frozen=True)
@@ -65,29 +63,6 @@ class Certificate:
         bound or placement can still gain."""
         with np.errstate(divide="ignore", invalid="ignore"):
             return np.where(self.lower > 0, self.upper / np.where(self.lower > 0, self.lower, 1.0) - 1.0, 0.0)
-
-
-def improve_layer(w: np.ndarray, row: np.ndarray, num_gpus: int, slots: int, lower: float, *,
-                  neighbours: bool = True, spread: bool = True, budget: int = 20_000,
-                  max_attempts: int = 20_000):
-    """The lightest placement of one layer the capped search finds from ``row``
-    (:func:`eplb.kernels.capped.descend`).
-
-    Args:
-        w: ``[E]`` float64 expert loads; row: ``[S]`` int64 starting placement (``S = G k``).
-        num_gpus, slots: ``G`` identical GPUs of ``k`` slots; lower: a valid lower bound.
-        neighbours: also descend over replica counts (one replica moved between two experts).
-        spread: no two replicas of one expert on a GPU.
-        budget: search nodes per packing attempt (an attempt out of budget counts as failed).
-        max_attempts: most packing attempts for the layer (bounds the time on large layers, where
-            one pass of the descent tries ``E (E - 1)`` moves).
-    Returns:
-        ``(max load, row [S] int64, nodes)``.
-    """
-    upper, out, nodes = descend(np.ascontiguousarray(w, dtype=np.float64), np.require(row, np.int64, "CW").copy(),
-                                int(num_gpus), int(slots), float(lower), bool(neighbours), bool(spread), int(budget),
-                                int(max_attempts), RELATIVE_STEP)
-    return float(upper), out, int(nodes)
 
 
 def certify(counts, topology: Topology, start=None, *, neighbours: bool = True, spread: bool = True,
