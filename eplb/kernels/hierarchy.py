@@ -109,18 +109,13 @@ def _hot_expert_fits(weights, group_size, group_max, order, chosen, depth, group
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def _nodes_fit(target, order, chosen, held, weights, group_size, node_slots, node_active, node_min, node_max, memo):
+def _nodes_fit(target, order, chosen, held, weights, group_size, node_slots, node_active, node_min, node_max, memo,
+               scratch):
     """Whether every node holding groups (``chosen[i]``: node of group ``order[i]``) passes
     :func:`eplb.kernels.hot_room.hot_room_fits` at ``target``; ``memo [2^K]`` int8 remembers each
-    node's set of groups (``[1]`` when ``K > 16``: no memo)."""
+    node's set of groups (``[1]`` when ``K > 16``: no memo); ``scratch [6, E + 1]`` float64 work space."""
     num_groups = order.shape[0]
-    size = num_groups * group_size + 1
-    loads = np.empty(size)
-    s1 = np.empty(size)
-    s2 = np.empty(size)
-    s3 = np.empty(size)
-    s4 = np.empty(size)
-    s5 = np.empty(size)
+    loads = scratch[0]
     for n in range(node_slots.shape[0]):
         if held[n] == 0:
             continue
@@ -141,8 +136,8 @@ def _nodes_fit(target, order, chosen, held, weights, group_size, node_slots, nod
         _shell_sort(loads[:count])
         for j in range(count // 2):  # decreasing
             loads[j], loads[count - 1 - j] = loads[count - 1 - j], loads[j]
-        fits = hot_room_fits(loads, count, target, node_active[n], node_slots[n], node_min[n], node_max[n], s1, s2,
-                             s3, s4, s5)
+        fits = hot_room_fits(loads, count, target, node_active[n], node_slots[n], node_min[n], node_max[n], scratch[1],
+                             scratch[2], scratch[3], scratch[4], scratch[5])
         if memo.shape[0] > 1:
             memo[mask] = 1 if fits else -1
         if not fits:
@@ -164,7 +159,7 @@ def _take_off(t, order, chosen, group_load, need, load, used, held):
 
 @njit(cache=True, nogil=True, error_model="numpy")
 def _search(target, order, group_load, need, node_slots, node_active, node_class, budget, assign, weights,
-            group_size, group_max, strong, node_min, node_max, memo):
+            group_size, group_max, strong, node_min, node_max, memo, scratch):
     """Depth-first search for a group -> node assignment meeting both conditions at ``target``.
 
     Args:
@@ -178,7 +173,7 @@ def _search(target, order, group_load, need, node_slots, node_active, node_class
             :func:`eplb.kernels.hot_room.hot_room_fits` (node_min / node_max ``[N]`` int64: fewest /
             most slots of an active GPU of each node); checked on complete assignments only, where a
             node's experts are known (the condition need not hold for a part of them). memo:
-            ``[2^K]`` int8 scratch (``[1]``: no memo).
+            ``[2^K]`` int8 scratch (``[1]``: no memo); scratch: ``[6, E + 1]`` float64 work space.
     Returns:
         FEASIBLE, INFEASIBLE (proven: no assignment exists) or UNDECIDED (budget ran out).
     """
@@ -213,7 +208,7 @@ def _search(target, order, group_load, need, node_slots, node_active, node_class
         if building:
             if t == num_groups:
                 if strong and not _nodes_fit(target, order, chosen, held, weights, group_size, node_slots,
-                                             node_active, node_min, node_max, memo):
+                                             node_active, node_min, node_max, memo, scratch):
                     t -= 1  # a dead end: undo the last group and try its next node
                     empty_nodes += _take_off(t, order, chosen, group_load, need, load, used, held)
                     building = False
@@ -309,6 +304,7 @@ def assign_groups(weights, num_groups, node_slots, node_active, node_class, lowe
     chosen = np.empty(num_groups, np.int64)
     held = np.zeros(num_nodes, np.int64)
     no_memo = np.zeros(1, np.int8)
+    scratch = np.empty((6, num_experts + 1))  # _nodes_fit's work space, allocated once
     memo = np.zeros(1 << num_groups if strong and num_groups <= 16 else 1, np.int8)
     unchecked = num_nodes < 0  # False as a run-time bool (a literal False would compile _search twice)
     for layer in range(num_layers):
@@ -327,7 +323,7 @@ def assign_groups(weights, num_groups, node_slots, node_active, node_class, lowe
         # a feasible start: capacity only (T = infinity)
         _replicas_needed(w, group_size, num_groups, 0.0, need)
         status = _search(np.inf, order, group_load, need, node_slots, node_active, node_class, budget, best, w,
-                         group_size, group_max, unchecked, node_min, node_max, memo)
+                         group_size, group_max, unchecked, node_min, node_max, memo, scratch)
         if status != FEASIBLE:
             node_of_group[layer, :] = -1  # no assignment fits the slots (the caller raises)
             continue
@@ -363,14 +359,14 @@ def assign_groups(weights, num_groups, node_slots, node_active, node_class, lowe
                 for k in range(num_groups):
                     held[best[k]] += 1
                 if not strong or _nodes_fit(hi, order, chosen, held, w, group_size, node_slots, node_active,
-                                            node_min, node_max, no_memo):
+                                            node_min, node_max, no_memo, scratch):
                     break
                 lo = max(lo, proven[layer])
             # check the upper end holds the conditions; raise it until it does
             for _ in range(64):
                 _replicas_needed(w, group_size, num_groups, hi, need)
                 status = _search(hi, order, group_load, need, node_slots, node_active, node_class, budget, assign, w,
-                                 group_size, group_max, checked, node_min, node_max, memo)
+                                 group_size, group_max, checked, node_min, node_max, memo, scratch)
                 if status == FEASIBLE:
                     if not checked:
                         _copy(assign, best)
@@ -384,7 +380,7 @@ def assign_groups(weights, num_groups, node_slots, node_active, node_class, lowe
                     break
                 _replicas_needed(w, group_size, num_groups, mid, need)
                 status = _search(mid, order, group_load, need, node_slots, node_active, node_class, budget, assign, w,
-                                 group_size, group_max, checked, node_min, node_max, memo)
+                                 group_size, group_max, checked, node_min, node_max, memo, scratch)
                 if status == FEASIBLE:
                     hi = mid
                     if not checked:  # the placement's assignment: the conditions without the hot-room one
