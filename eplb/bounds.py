@@ -178,10 +178,10 @@ def hierarchical_bound(weights: np.ndarray, topology: Topology, num_groups: int)
     node_slots = per_node.sum(axis=1).astype(np.int64)
     node_active = (per_node > 0).sum(axis=1).astype(np.int64)
     weights = np.ascontiguousarray(weights, dtype=np.float64)
-    base = np.maximum(_strongest(weights, topology), node_load_bound(weights, int(num_groups), node_slots, node_active))
+    base = _strongest(weights, topology)
     problem = Problem(topology=topology, num_groups=num_groups, hierarchical=True)
-    _, proven = group_assignment(np.ascontiguousarray(weights, dtype=np.float64), problem, lower=base, strong=True)
-    return np.maximum(base, proven)
+    _, proven = group_assignment(weights, problem, lower=base, strong=True)
+    return np.maximum(np.maximum(base, proven), node_load_bound(weights, int(num_groups), node_slots, node_active))
 
 
 def lower_bound(weights: np.ndarray, topology: Topology, num_groups: int | None = None,
