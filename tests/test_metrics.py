@@ -123,3 +123,13 @@ def test_gap_clamps_rounding_only_never_a_bound_error():
     assert metrics.gap(np.array([1.0 - 1e-15]), np.array([1.0])).tolist() == [0.0]
     assert metrics.gap(np.array([10 * tiny]), np.array([11 * tiny])).tolist() == [0.0]
     assert metrics.gap(np.array([0.999]), np.array([1.0]))[0] < -1e-4  # a bound above the load stays visible
+
+
+def test_a_perfect_plan_with_a_masked_gpu_reports_perfect_balance():
+    topology = Topology.from_layout(70, 8, 2, masked_gpus=(3,))  # 7 GPUs of 10 slots
+    counts = np.ones((1, 70))
+    placement = eplb.plan(counts, topology=topology)
+    loads = placement.gpu_loads(counts)
+    assert loads[0, 3] == 0 and np.ptp(np.delete(loads[0], 3)) == 0
+    np.testing.assert_allclose(placement.balancedness(counts), [1.0])
+    np.testing.assert_allclose(metrics.imbalance(loads, placement.topology), [0.0], atol=1e-15)
