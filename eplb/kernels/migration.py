@@ -40,21 +40,23 @@ per node and group, ``x [G]`` GPU loads, ``share [E]`` ``w / cnt``, ``share_up [
 ``gain_down [E]`` ``w / (cnt - 1) - w / cnt`` (what each other replica gains if one goes)."""
 
 
-@njit(cache=True, nogil=True, error_model="numpy")
+@njit(cache=True, nogil=True, error_model="numpy", inline="always")  # no refcounting per call
 def _shares(st, e):
     """Refresh expert ``e``'s entries of the per-replica load tables after its count changed."""
+    w, share = st.w, st.share
     c = st.cnt[e]
-    st.share[e] = st.w[e] / c
-    st.share_up[e] = st.w[e] / (c + 1)
-    st.gain_down[e] = st.w[e] / (c - 1) - st.share[e] if c > 1 else np.inf
+    share[e] = w[e] / c
+    st.share_up[e] = w[e] / (c + 1)
+    st.gain_down[e] = w[e] / (c - 1) - share[e] if c > 1 else np.inf
 
 
-@njit(cache=True, nogil=True, error_model="numpy")
+@njit(cache=True, nogil=True, error_model="numpy", inline="always")  # no refcounting per call
 def _refresh_loads(st, gpu_of_slot):
     """Fill ``st.x [G]`` with each GPU's load: the sum of its replicas' shares."""
-    st.x[:] = 0.0
-    for s in range(st.row.shape[0]):
-        st.x[gpu_of_slot[s]] += st.share[st.row[s]]
+    x, share, row = st.x, st.share, st.row
+    x[:] = 0.0
+    for s in range(row.shape[0]):
+        x[gpu_of_slot[s]] += share[row[s]]
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
@@ -75,59 +77,59 @@ def _add_slot(expert_slots, cnt, e, s):
     cnt[e] += 1
 
 
-@njit(cache=True, nogil=True, error_model="numpy")
+@njit(cache=True, nogil=True, error_model="numpy", inline="always")  # no refcounting per call
 def _set_slot(st, lay, s, f):
     """Put expert ``f`` into slot ``s`` and update the bookkeeping (not the loads)."""
-    e = st.row[s]
+    row, has, node_group, group_of_expert = st.row, st.has, st.node_group, lay.group_of_expert
+    e = row[s]
     g = lay.gpu_of_slot[s]
+    node = lay.node_of_gpu[g]
     _remove_slot(st.expert_slots, st.cnt, e, s)
     _add_slot(st.expert_slots, st.cnt, f, s)
-    st.has[g, e] -= 1
-    st.has[g, f] += 1
-    st.node_group[lay.node_of_gpu[g], lay.group_of_expert[e]] -= 1
-    st.node_group[lay.node_of_gpu[g], lay.group_of_expert[f]] += 1
-    st.row[s] = f
+    has[g, e] -= 1
+    has[g, f] += 1
+    node_group[node, group_of_expert[e]] -= 1
+    node_group[node, group_of_expert[f]] += 1
+    row[s] = f
 
 
-@njit(cache=True, nogil=True, error_model="numpy")
+@njit(cache=True, nogil=True, error_model="numpy", inline="always")
 def _load_layer(st, lay):
     """Fill the bookkeeping of ``st`` from ``st.row`` (``has`` and ``node_group`` must be zero);
     returns the slots that differ from ``st.prev``."""
-    st.cnt[:] = 0
-    for s in range(st.row.shape[0]):
-        e = st.row[s]
-        _add_slot(st.expert_slots, st.cnt, e, s)
-        st.has[lay.gpu_of_slot[s], e] += 1
-        st.node_group[lay.node_of_gpu[lay.gpu_of_slot[s]], lay.group_of_expert[e]] += 1
+    row, prev, cnt, expert_slots, has, node_group = st.row, st.prev, st.cnt, st.expert_slots, st.has, st.node_group
+    gpu_of_slot, node_of_gpu, group_of_expert = lay.gpu_of_slot, lay.node_of_gpu, lay.group_of_expert
+    cnt[:] = 0
+    for s in range(row.shape[0]):
+        e = row[s]
+        _add_slot(expert_slots, cnt, e, s)
+        has[gpu_of_slot[s], e] += 1
+        node_group[node_of_gpu[gpu_of_slot[s]], group_of_expert[e]] += 1
     for e in range(st.w.shape[0]):
         _shares(st, e)
-    _refresh_loads(st, lay.gpu_of_slot)
+    _refresh_loads(st, gpu_of_slot)
     changed = 0
-    for s in range(st.row.shape[0]):
-        if st.row[s] != st.prev[s]:
+    for s in range(row.shape[0]):
+        if row[s] != prev[s]:
             changed += 1
     return changed
 
 
-@njit(cache=True, nogil=True, error_model="numpy")
+@njit(cache=True, nogil=True, error_model="numpy", inline="always")
 def _clear_layer(st, lay):
     """Zero ``has`` and ``node_group`` again (only the entries ``st.row`` set)."""
-    for s in range(st.row.shape[0]):
-        st.has[lay.gpu_of_slot[s], st.row[s]] = 0
-        st.node_group[lay.node_of_gpu[lay.gpu_of_slot[s]], lay.group_of_expert[st.row[s]]] = 0
+    row, has, node_group = st.row, st.has, st.node_group
+    gpu_of_slot, node_of_gpu, group_of_expert = lay.gpu_of_slot, lay.node_of_gpu, lay.group_of_expert
+    for s in range(row.shape[0]):
+        has[gpu_of_slot[s], row[s]] = 0
+        node_group[node_of_gpu[gpu_of_slot[s]], group_of_expert[row[s]]] = 0
 
 
-@njit(cache=True, nogil=True, error_model="numpy")
+@njit(cache=True, nogil=True, error_model="numpy", inline="always")  # in the hot loops
 def _score(peak, local, floor, cost, per_change):
     """A move's gain (how far the heaviest GPU comes down, not below ``floor``) per changed slot
     (``per_change``; a move that changes no slot counts as a quarter of one), or its gain alone."""
     return (peak - max(local, floor)) / (cost if cost > 0 and per_change else 0.25 if per_change else 1.0)
-
-
-@njit(cache=True, nogil=True, error_model="numpy")
-def _blocked(st, lay, node, f):
-    """Whether the group rule forbids a new replica of expert ``f`` on ``node``."""
-    return lay.keep_groups and st.node_group[node, lay.group_of_expert[f]] == 0
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
@@ -195,7 +197,7 @@ def search_near_previous(weights, start, previous, layout, target, max_changes, 
     return out, changes, steps
 
 
-@njit(cache=True, nogil=True, error_model="numpy")
+@njit(cache=True, nogil=True, error_model="numpy", inline="always")  # in the hot loops
 def _heaviest(x):
     """The first GPU with the largest load."""
     heavy = 0
@@ -205,13 +207,13 @@ def _heaviest(x):
     return heavy
 
 
-@njit(cache=True, nogil=True, error_model="numpy")
+@njit(cache=True, nogil=True, error_model="numpy", inline="always")  # in the hot loops
 def _better(score, local, best):
     """Whether a move ``(score, local)`` beats the move ``best``: a higher score, then a lower local max."""
     return score > best[0] or (score == best[0] and local < best[1])
 
 
-@njit(cache=True, nogil=True, error_model="numpy")
+@njit(cache=True, nogil=True, error_model="numpy", inline="always")
 def _best_move(st, lay, heavy, floor, budget, most, per_change, work):
     """The best move off GPU ``heavy`` that changes at most ``budget`` more slots.
 
@@ -232,18 +234,19 @@ def _best_move(st, lay, heavy, floor, budget, most, per_change, work):
     return swap
 
 
-@njit(cache=True, nogil=True, error_model="numpy")
+@njit(cache=True, nogil=True, error_model="numpy", inline="always")
 def _best_give_away(st, lay, heavy, peak, limit, floor, budget, per_change, held, best):
     """Move (B): give slot ``a`` of the heaviest GPU (expert ``e`` with >= 2 replicas) to expert
     ``f``: the best ``f`` is the lightest new replica the GPU may take, or the slot's previous
     expert (cheaper). Returns the better of ``best`` and the best such move."""
-    row, prev, cnt, has, x = st.row, st.prev, st.cnt, st.has, st.x
-    share, share_up, gain_down = st.share, st.share_up, st.gain_down
+    row, prev, cnt, has, x, expert_slots = st.row, st.prev, st.cnt, st.has, st.x, st.expert_slots
+    share, share_up, gain_down, node_group = st.share, st.share_up, st.gain_down, st.node_group
+    gpu_of_slot, group_of_expert, keep_groups = lay.gpu_of_slot, lay.group_of_expert, lay.keep_groups
     node_h = lay.node_of_gpu[heavy]
     first = np.int64(-1)
     second = np.int64(-1)
     for f in range(st.w.shape[0]):
-        if has[heavy, f] > 0 or _blocked(st, lay, node_h, f):
+        if has[heavy, f] > 0 or (keep_groups and node_group[node_h, group_of_expert[f]] == 0):
             continue
         if first < 0 or share_up[f] < share_up[first]:
             second = first
@@ -257,7 +260,7 @@ def _best_give_away(st, lay, heavy, peak, limit, floor, budget, per_change, held
         gain_e = gain_down[e]
         holders = 0.0
         for i in range(cnt[e]):
-            g = lay.gpu_of_slot[st.expert_slots[e, i]]
+            g = gpu_of_slot[expert_slots[e, i]]
             if g != heavy:
                 holders = max(holders, x[g] + gain_e * has[g, e])
         base = peak - share[e] + (has[heavy, e] - 1) * gain_e
@@ -270,7 +273,7 @@ def _best_give_away(st, lay, heavy, peak, limit, floor, budget, per_change, held
                 f = second if first == prev[a] else first
             else:
                 f = prev[a]
-                if f == e or has[heavy, f] > 0 or _blocked(st, lay, node_h, f):
+                if f == e or has[heavy, f] > 0 or (keep_groups and node_group[node_h, group_of_expert[f]] == 0):
                     continue
             if f < 0:
                 continue
@@ -286,17 +289,19 @@ def _best_give_away(st, lay, heavy, peak, limit, floor, budget, per_change, held
     return best
 
 
-@njit(cache=True, nogil=True, error_model="numpy")
+@njit(cache=True, nogil=True, error_model="numpy", inline="always")
 def _give_away_relieving(st, lay, heavy, a, e, base, peak, limit, floor, budget, per_change, held, best):
     """Move (B) when a holder of ``e`` would overload: only a new replica of an expert that holder
     holds can relieve it. Tries those experts ``f`` (in increasing order), each with the exact loads
     of ``e``'s holders (any other ``f`` leaves that holder at its load, >= limit)."""
-    row, prev, cnt, has, x = st.row, st.prev, st.cnt, st.has, st.x
+    row, prev, cnt, has, x, expert_slots = st.row, st.prev, st.cnt, st.has, st.x, st.expert_slots
+    share, share_up, node_group = st.share, st.share_up, st.node_group
+    gpu_of_slot, group_of_expert, keep_groups = lay.gpu_of_slot, lay.group_of_expert, lay.keep_groups
     gain_e = st.gain_down[e]
     node_h = lay.node_of_gpu[heavy]
     over = np.int64(-1)
     for i in range(cnt[e]):
-        g = lay.gpu_of_slot[st.expert_slots[e, i]]
+        g = gpu_of_slot[expert_slots[e, i]]
         if g != heavy and x[g] + gain_e * has[g, e] >= limit:
             over = g
             break
@@ -309,12 +314,12 @@ def _give_away_relieving(st, lay, heavy, a, e, base, peak, limit, floor, budget,
         f = held[i_held]
         if i_held > 0 and f == held[i_held - 1]:
             continue
-        if f == e or has[heavy, f] > 0 or _blocked(st, lay, node_h, f):
+        if f == e or has[heavy, f] > 0 or (keep_groups and node_group[node_h, group_of_expert[f]] == 0):
             continue
-        local = base + st.share_up[f]
-        relief_f = st.share[f] - st.share_up[f]
+        local = base + share_up[f]
+        relief_f = share[f] - share_up[f]
         for i in range(cnt[e]):
-            g = lay.gpu_of_slot[st.expert_slots[e, i]]
+            g = gpu_of_slot[expert_slots[e, i]]
             if g != heavy:
                 local = max(local, x[g] + gain_e * has[g, e] - relief_f * has[g, f])
         if local >= limit:
@@ -328,15 +333,17 @@ def _give_away_relieving(st, lay, heavy, a, e, base, peak, limit, floor, budget,
     return best
 
 
-@njit(cache=True, nogil=True, error_model="numpy")
+@njit(cache=True, nogil=True, error_model="numpy", inline="always")
 def _best_new_replica(st, lay, heavy, peak, limit, floor, budget, most, per_change, spare, best):
     """Move (C): give slot ``b`` elsewhere (expert ``g2`` with >= 2 replicas) to a new replica of an
     expert ``e`` of the heaviest GPU. Only the experts whose extra replica relieves the heaviest GPU
     most are tried. Returns the better of ``best`` and the best such move."""
     row, prev, cnt, has, x = st.row, st.prev, st.cnt, st.has, st.x
     share, share_up, gain_down = st.share, st.share_up, st.gain_down
-    gpu_of_slot, slot_offsets = lay.gpu_of_slot, lay.slot_offsets
-    node_h = lay.node_of_gpu[heavy]
+    expert_slots, node_group = st.expert_slots, st.node_group
+    gpu_of_slot, slot_offsets, node_of_gpu = lay.gpu_of_slot, lay.slot_offsets, lay.node_of_gpu
+    group_of_expert, keep_groups = lay.group_of_expert, lay.keep_groups
+    node_h = node_of_gpu[heavy]
     num_spare = 0
     for b in range(row.shape[0]):
         if cnt[row[b]] >= 2 and gpu_of_slot[b] != heavy:
@@ -373,11 +380,11 @@ def _best_new_replica(st, lay, heavy, peak, limit, floor, budget, most, per_chan
             local = max(new_h, x[gb] - share[g2] + new_share + (has[gb, g2] - 1) * gain_g)
             if local >= limit or gb == heavy or has[gb, e] > 0:
                 continue
-            if lay.keep_groups and lay.node_of_gpu[gb] != node_h:
-                if st.node_group[lay.node_of_gpu[gb], lay.group_of_expert[e]] == 0:
+            if keep_groups and node_of_gpu[gb] != node_h:
+                if node_group[node_of_gpu[gb], group_of_expert[e]] == 0:
                     continue
             for i in range(cnt[g2]):
-                g = gpu_of_slot[st.expert_slots[g2, i]]
+                g = gpu_of_slot[expert_slots[g2, i]]
                 if g != heavy and g != gb:
                     local = max(local, x[g] + gain_g * has[g, g2])
             if local >= limit:
@@ -391,19 +398,20 @@ def _best_new_replica(st, lay, heavy, peak, limit, floor, budget, most, per_chan
     return best
 
 
-@njit(cache=True, nogil=True, error_model="numpy")
+@njit(cache=True, nogil=True, error_model="numpy", inline="always")
 def _best_swap(st, lay, heavy, peak, limit, floor, budget, per_change, slot_share, undone, bar):
     """Move (A): swap slot ``a`` (heaviest GPU) with slot ``b`` (another GPU). The heaviest GPU's
     slots go in decreasing share, so only pairs with ``0 < share(a) - share(b) < room`` are
     visited; a slot ``b`` whose best possible swap cannot beat ``bar`` (the best (B)/(C) move) or an
     earlier swap is skipped. Returns the best swap (kind :data:`NO_MOVE` if none)."""
-    row, prev, has, x = st.row, st.prev, st.has, st.x
-    slot_offsets, node_of_gpu = lay.slot_offsets, lay.node_of_gpu
+    row, prev, has, x, share, node_group = st.row, st.prev, st.has, st.x, st.share, st.node_group
+    slot_offsets, node_of_gpu, group_of_expert, keep_groups = lay.slot_offsets, lay.node_of_gpu, lay.group_of_expert, \
+        lay.keep_groups
     num_gpus = slot_offsets.shape[0] - 1
     node_h = node_of_gpu[heavy]
     best = (0.0, peak, np.int64(NO_MOVE), np.int64(-1), np.int64(-1))
     for b in range(row.shape[0]):
-        slot_share[b] = st.share[row[b]]
+        slot_share[b] = share[row[b]]
     lo = slot_offsets[heavy]
     order = np.argsort(-slot_share[lo:slot_offsets[heavy + 1]], kind="mergesort") + lo
     # pruning, which never skips a pair that could be picked: with slot b, a swap lowers the
@@ -419,12 +427,12 @@ def _best_swap(st, lay, heavy, peak, limit, floor, budget, per_change, slot_shar
         room = limit - x[gb]
         if gb == heavy or room <= 0.0:
             continue
-        other_node = lay.keep_groups and node_of_gpu[gb] != node_h
+        other_node = keep_groups and node_of_gpu[gb] != node_h
         middle = (peak + x[gb]) * 0.5 * (1.0 - 1e-12)  # rounding slack: local >= middle
         for b in range(slot_offsets[gb], slot_offsets[gb + 1]):
             f = row[b]
             # the tests on slot b alone, before the pairs (every pair with b would fail them)
-            if has[heavy, f] > 0 or (other_node and st.node_group[node_h, lay.group_of_expert[f]] == 0):
+            if has[heavy, f] > 0 or (other_node and node_group[node_h, group_of_expert[f]] == 0):
                 continue
             sb = slot_share[b]
             if pe_max <= sb:
@@ -458,7 +466,7 @@ def _best_swap(st, lay, heavy, peak, limit, floor, budget, per_change, slot_shar
                 e = row[a]
                 if has[gb, e] > 0:
                     continue
-                if other_node and st.node_group[node_of_gpu[gb], lay.group_of_expert[e]] == 0:
+                if other_node and node_group[node_of_gpu[gb], group_of_expert[e]] == 0:
                     continue
                 cost = (int(f != prev[a]) - int(e != prev[a]) + int(e != prev[b]) - int(f != prev[b]))
                 if cost > budget:
@@ -469,7 +477,7 @@ def _best_swap(st, lay, heavy, peak, limit, floor, budget, per_change, slot_shar
     return best
 
 
-@njit(cache=True, nogil=True, error_model="numpy")
+@njit(cache=True, nogil=True, error_model="numpy", inline="always")
 def _apply_move(st, lay, move):
     """Make ``move`` on ``st`` (loads refreshed); returns the change in the number of changed slots."""
     row, prev = st.row, st.prev
@@ -490,18 +498,19 @@ def _apply_move(st, lay, move):
     return delta
 
 
-@njit(cache=True, nogil=True, error_model="numpy")
+@njit(cache=True, nogil=True, error_model="numpy", inline="always")
 def _undo_needless(st, lay, target):
     """Give changed slots back their previous expert (one slot, or two slots that swapped) wherever
     the max GPU load stays at most ``max(target, current max)``. Returns the slots given back."""
-    num_slots = st.row.shape[0]
+    row, prev, x = st.row, st.prev, st.x
+    num_slots = row.shape[0]
     cap = target
-    for g in range(st.x.shape[0]):
-        cap = max(cap, st.x[g])
+    for g in range(x.shape[0]):
+        cap = max(cap, x[g])
     changed = np.empty(num_slots, np.int64)
     before = 0
     for s in range(num_slots):
-        if st.row[s] != st.prev[s]:
+        if row[s] != prev[s]:
             changed[before] = s
             before += 1
     if before < 2:  # one changed slot alone cannot be given back without losing its gain
@@ -515,17 +524,18 @@ def _undo_needless(st, lay, target):
                 progress = True
     after = 0
     for s in changed:
-        if st.row[s] != st.prev[s]:
+        if row[s] != prev[s]:
             after += 1
     return before - after
 
 
-@njit(cache=True, nogil=True, error_model="numpy")
+@njit(cache=True, nogil=True, error_model="numpy", inline="always")  # no refcounting per call
 def _undo_one(st, lay, s, changed, cap):
     """Give slot ``s`` (and a slot that swapped with it) back its previous expert if the max GPU
     load stays at most ``cap``; True if done. ``changed``: the slots that may differ from ``prev``."""
-    row, prev, has = st.row, st.prev, st.has
-    gpu_of_slot, node_of_gpu = lay.gpu_of_slot, lay.node_of_gpu
+    row, prev, has, node_group = st.row, st.prev, st.has, st.node_group
+    gpu_of_slot, node_of_gpu, group_of_expert, keep_groups = lay.gpu_of_slot, lay.node_of_gpu, lay.group_of_expert, \
+        lay.keep_groups
     e = row[s]
     f = prev[s]
     if e == f:
@@ -545,10 +555,12 @@ def _undo_one(st, lay, s, changed, cap):
     if partner >= 0 and has[gpu_p, e] - int(gpu_p == gpu_s) > 0:
         return False
     node_s = node_of_gpu[gpu_s]
-    if partner < 0 and _blocked(st, lay, node_s, f):
+    if keep_groups and partner < 0 and node_group[node_s, group_of_expert[f]] == 0:
         return False
-    if lay.keep_groups and partner >= 0 and node_of_gpu[gpu_of_slot[partner]] != node_s:
-        if _blocked(st, lay, node_s, f) or _blocked(st, lay, node_of_gpu[gpu_of_slot[partner]], e):
+    if keep_groups and partner >= 0 and node_of_gpu[gpu_of_slot[partner]] != node_s:
+        if node_group[node_s, group_of_expert[f]] == 0:
+            return False
+        if node_group[node_of_gpu[gpu_of_slot[partner]], group_of_expert[e]] == 0:
             return False
     _set_slot(st, lay, s, f)
     if partner >= 0:
