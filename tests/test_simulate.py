@@ -5,6 +5,8 @@ import functools
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import eplb
 from eplb.cost import CostModel
@@ -224,3 +226,28 @@ def test_report_tables_and_page(tmp_path):
     assert all(path.stat().st_size > 0 for path in written["figures"])
     with pytest.raises(ValueError, match="one series"):
         write_tables([results[0], simulate(swap_series(5), **deployment)], tmp_path)
+
+
+def test_a_masked_gpu_is_left_out_of_the_balanced_time():
+    topology = eplb.Topology.from_layout(6, 3, 1, masked_gpus=[1])  # GPUs 0 and 2 hold 3 slots each
+    series = np.array([[[4, 2, 2, 0, 0, 0]]])
+    result = simulate(series, topology=topology, cost_model=COMPUTE, initial=[[0, 1, 2, 3, 4, 5]])
+    assert result.layer_time[0, 0] == pytest.approx(0.8)  # GPU 0: 8 tokens x 0.1 s
+    assert result.balanced_time[0, 0] == pytest.approx(0.4)  # 8 tokens over the 2 GPUs that serve
+
+
+@given(st.integers(1, 3), st.integers(2, 6), st.integers(1, 3), st.integers(0, 2**31 - 1))
+@settings(max_examples=30, deadline=None)
+def test_tokens_are_conserved_and_no_layer_beats_perfect_balance(layers, experts, extra, seed):
+    """Compute-bound, the balanced time is every routed token spread over the GPUs; the slowest
+    GPU never beats it; optimal dispatch never loses to uniform."""
+    rng = np.random.default_rng(seed)
+    gpus = 2
+    slots = gpus * (-(-(experts + extra) // gpus))
+    series = rng.integers(0, 20, (4, layers, experts))
+    options = dict(num_slots=slots, num_gpus=gpus, cost_model=COMPUTE, policy=FixedInterval(2))
+    result = simulate(series, **options)
+    np.testing.assert_allclose(result.balanced_time * gpus, series * 0.1 @ np.ones(experts))
+    assert (result.layer_time >= result.balanced_time - 1e-12).all()
+    optimal = simulate(series, dispatch="optimal", **options)
+    assert (optimal.layer_time <= result.layer_time + 1e-9).all()
