@@ -16,7 +16,8 @@ next), each pass a multinomial draw of its tokens x top_k routings:
 Deployments: DeepSeek-V3 288 slots / 32 GPUs / 4 nodes, global (no groups) and hierarchical (8
 groups). Policies, all from the greedy plan of the first block: vLLM-like (every 3000 passes from a
 1000-pass window, greedy from scratch), SGLang-like (every 1000, greedy), ``eplb.Balancer`` with
-its defaults checked every 100 passes, no rebalancing, and the reference (re-plan every block from
+its defaults checked every 100 passes (and, on the DeepSeek-V3-sized series, with a looser
+``tolerance``: the trade-off between time lost and copies), no rebalancing, and the reference (re-plan every block from
 the block before with eplb's default method, copies free).
 
 Cost: the MoE time of a pass is the sum over layers of the slowest GPU; here time is proportional
@@ -76,7 +77,7 @@ def scenarios(blocks: int) -> tuple[list[dict], list[str]]:
     cost = CostModel.preset("H100", "deepseek-v3", regime="compute")
     ds_deployments = [("global 288/32", dict(DS, num_groups=None)), ("hierarchical 4 nodes", dict(DS, num_groups=8))]
     out.append(dict(series="DeepSeek-V3-sized synthetic, 7 workloads", data=series, cost=cost, deployments=ds_deployments,
-                    targets=True))
+                    targets=True, trade_off=True))
     decode = Series(workloads, num_steps=steps, tokens_per_step=DECODE_TOKENS, top_k=8, mixture=mixture_path(steps, 7),
                     seed=15)
     out.append(dict(series=f"same, decode passes of {DECODE_TOKENS} tokens, H100 roofline", data=decode,
@@ -114,6 +115,34 @@ def policies() -> list[tuple[str, object, bool]]:
     ]
 
 
+TOLERANCES = (0.02, 0.03, 0.04, 0.05)
+
+
+def trade_off_policies() -> list[tuple[str, object, bool]]:
+    """The Balancer's defaults but a looser ``tolerance`` (plans kept closer to the placement in
+    service): fewer copies for more time lost."""
+    return [(f"balancer_tolerance_{t}", BalancerPolicy(check_every=100, tolerance=t, name=f"Balancer, tolerance {t}"),
+             False) for t in TOLERANCES]
+
+
+def trade_off_table(rows: list[dict]) -> list[str]:
+    """Markdown lines: the tolerance trade-off against the issue's time and copy targets."""
+    lines = []
+    for deployment in dict.fromkeys(r["deployment"] for r in rows if r["policy_key"].startswith("balancer_tolerance")):
+        get = {r["policy_key"]: r for r in rows if r["deployment"] == deployment and r["series"].startswith("DeepSeek")}
+        reference = float(get["reference"]["lost_share"])
+        fewest = min(int(get["vllm"]["copies"]), int(get["sglang"]["copies"]))
+        keys = ["balancer"] + [f"balancer_tolerance_{t}" for t in TOLERANCES]
+        table = markdown_table(
+            ["policy", "MoE time lost", "x reference", "with stalls", "copies", "x fewest fixed"],
+            [(get[k]["policy"], f"{100 * float(get[k]['lost_share']):.2f}%",
+              f"{float(get[k]['lost_share']) / reference:.2f}" if reference > 0 else "n/a",
+              f"{100 * float(get[k]['lost_with_stalls_share']):.2f}%", get[k]["copies"],
+              f"{int(get[k]['copies']) / fewest:.2f}" if fewest else "n/a") for k in keys if k in get])
+        lines += [f"Balancer trade-off, DeepSeek-V3-sized synthetic, {deployment}:", "", table, ""]
+    return lines
+
+
 def measure(blocks: int) -> tuple[list[dict], list[str]]:
     rows = []
     found, notes = scenarios(blocks)
@@ -121,7 +150,8 @@ def measure(blocks: int) -> tuple[list[dict], list[str]]:
         data = Cached(scenario["data"])
         for deployment_name, deployment in scenario["deployments"]:
             initial = None
-            for key, policy, free in policies():
+            extra = trade_off_policies() if scenario.get("trade_off") else []
+            for key, policy, free in policies() + extra:
                 cost = scenario["cost"].with_(copy_mode="free") if free else scenario["cost"]
                 result = simulate(data, policy=policy, cost_model=cost, initial=initial, initial_steps=BLOCK,
                                   **deployment)
@@ -247,6 +277,7 @@ def run(quick: bool, results_dir: Path, *, blocks: int | None = None, timing_ste
         "Targets (issue 13, Balancer defaults, uniform split):",
         *verdicts(rows),
         "",
+        *trade_off_table(rows),
         f"Timing, {timed['steps']} DeepSeek-V3-sized passes (58 x 256, 288 slots / 32 GPUs / 4 nodes, hierarchical), "
         f"NUMBA_NUM_THREADS={os.environ.get('NUMBA_NUM_THREADS', 'unset')}:",
         *timing_lines,
