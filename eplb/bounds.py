@@ -23,6 +23,15 @@ TINY_SLOTS = 16
 TINY_BUDGET = 50_000
 """Most nodes of that search per layer (Mixtral-8x7b's 8 experts on 12 slots: a few hundred)."""
 
+MEMO_GROUPS = 16
+"""Up to this many groups the group -> node search of the hierarchical bound remembers node sets
+(:mod:`eplb.kernels.hierarchy`) and runs with its full budget."""
+
+MANY_GROUPS_BUDGET = 2_000
+"""Most steps of one feasibility test of that search with more groups, where no test finishes: at
+1024 experts / 32 groups / 16 nodes it proved nothing beyond :func:`~eplb.kernels.hierarchy.node_load_bound`
+with 20,000, 2,000 or 200 steps (8 layers: 48 / 5 / 1 ms lognormal, 66 / 8 / 2 ms Zipf 1.0)."""
+
 BUDGET_TIERS = 4
 """Most tiers of heaviest experts the slot-budget tier bound tries per layer
 (:func:`eplb.kernels.budget.budget_tier_bound`)."""
@@ -180,7 +189,8 @@ def hierarchical_bound(weights: np.ndarray, topology: Topology, num_groups: int)
     weights = np.ascontiguousarray(weights, dtype=np.float64)
     base = _strongest(weights, topology)
     problem = Problem(topology=topology, num_groups=num_groups, hierarchical=True)
-    _, proven = group_assignment(weights, problem, lower=base, strong=True)
+    budget = {} if num_groups <= MEMO_GROUPS else {"budget": MANY_GROUPS_BUDGET}
+    _, proven = group_assignment(weights, problem, lower=base, strong=True, **budget)
     return np.maximum(np.maximum(base, proven), node_load_bound(weights, int(num_groups), node_slots, node_active))
 
 
