@@ -34,8 +34,8 @@ NO_DATA = "plan ignoring counts"
 
 
 def mean_balancedness(placement: eplb.Placement, counts: np.ndarray) -> float:
-    """Balancedness of ``placement`` under ``counts [L, E]``, averaged over layers."""
-    return float(placement.balancedness(counts).mean())
+    """Balancedness of ``placement`` under ``counts [L, E]``, averaged over the MoE layers."""
+    return float(eplb.metrics.moe_mean(placement.balancedness(counts), counts))
 
 
 def ignoring_counts(serve: list[list[np.ndarray]], deployment: dict) -> dict:

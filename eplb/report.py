@@ -167,7 +167,7 @@ def make_report(counts: CountsFile, plan: PlacementFile, out_dir, *, previous: P
     num_gpus = placement.num_gpus
 
     loads = placement.gpu_loads(weights, "shares")                          # [L, G]
-    plan_bal = metrics.balancedness(loads)                                  # [L]
+    plan_bal = metrics.balancedness(loads, placement.topology)             # [L]
     none_bal = metrics.balancedness(metrics.static_gpu_loads(weights, num_gpus))
     try:
         greedy = make_plan(weights, method="greedy", topology=placement.topology, num_groups=placement.num_groups)
