@@ -197,7 +197,7 @@ def test_bad_previous_is_refused():
 
 
 def test_kernels_release_the_gil():
-    for kernel in (search_near_previous, relabel_like, min_cost_assignment):
+    for kernel in (search_near_previous, relabel_like):
         assert kernel.targetoptions.get("nogil") is True
 
 

@@ -583,12 +583,17 @@ def _undo_one(st, lay, s, changed, cap):
     return False
 
 
-@njit(cache=True, nogil=True, error_model="numpy")
+@njit(cache=True, error_model="numpy")  # keeps the GIL: see below
 def min_cost_assignment(cost):
     """Optimal assignment of an ``[n, n]`` float64 cost matrix (shortest augmenting paths, O(n^3)).
 
     Returns:
         ``[n]`` int64: the column assigned to each row, minimising the total cost.
+
+    Called from Python on node-sized matrices (one call per layer of the regroup restart), it keeps
+    the GIL: releasing it for microseconds of work made a planning thread wait up to a switch
+    interval (5 ms) per call to get the GIL back from a busy Python thread. Called from the
+    kernels that release the GIL (:func:`relabel_like`), it runs without it like they do.
     """
     n = cost.shape[0]
     inf = np.inf

@@ -1,0 +1,109 @@
+"""Planning on a background thread while another thread runs Python (an engine's scheduler).
+
+The kernels release the GIL, but every return from a kernel (and every NumPy call that releases it)
+must take the GIL back; a thread running pure Python keeps it until the switch interval (5 ms by
+default) forces a hand-over. So each GIL hand-back between kernels can cost up to one switch
+interval. This script times, at DeepSeek-V3 size (58 layers, 256 experts, 288 slots, 32 GPUs,
+4 nodes, 8 groups; hierarchical and global), the median wall time of
+
+- ``eplb.plan(counts, previous=...)`` (migration-aware, bound included),
+- ``Balancer.rebalance(commit=False)``,
+
+on a background thread alone, and with a busy Python thread running, for the default switch
+interval and a shorter one (``sys.setswitchinterval``, which an engine can set), with the planning
+thread's own CPU time: wall minus CPU is what it waited (for the GIL, or for a core when the
+machine has no idle one: run it on an idle machine to see the GIL alone).
+
+Usage: ``python bench/background_thread.py [--repeats N]``. Prints a Markdown table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import threading
+import time
+
+import numpy as np
+from _common import markdown_table
+
+import eplb
+from eplb.synthetic import drifting_counts
+
+
+def busy_python(stop: threading.Event) -> None:
+    """What an engine's scheduler thread does to the GIL: pure Python, never blocking."""
+    x = 0
+    while not stop.is_set():
+        for _ in range(1000):
+            x += 1
+
+
+def on_thread(fn) -> tuple[float, float]:
+    """Wall and CPU seconds of ``fn()`` run on a new thread (the caller waits for it)."""
+    spent = []
+
+    def run():
+        start, cpu = time.perf_counter(), time.thread_time()
+        fn()
+        spent.append((time.perf_counter() - start, time.thread_time() - cpu))
+
+    worker = threading.Thread(target=run)
+    worker.start()
+    worker.join()
+    return spent[0]
+
+
+def timed(fn, repeats: int, busy: bool, interval: float) -> tuple[float, float]:
+    """Median wall and CPU seconds of ``fn`` on a background thread, with or without a busy Python
+    thread. Wall minus CPU is the time the thread waited (for the GIL, or for a core)."""
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(interval)
+    stop = threading.Event()
+    other = threading.Thread(target=busy_python, args=(stop,), daemon=True) if busy else None
+    try:
+        if other is not None:
+            other.start()
+        on_thread(fn)  # warm-up
+        runs = [on_thread(fn) for _ in range(repeats)]
+        return statistics.median(wall for wall, _ in runs), statistics.median(cpu for _, cpu in runs)
+    finally:
+        stop.set()
+        if other is not None:
+            other.join()
+        sys.setswitchinterval(old)
+
+
+def cases():
+    """``(name, fn)``: the calls measured, each on DeepSeek-V3-sized drifting loads."""
+    series = drifting_counts(3, 58, 256, num_groups=8, drift=0.2, seed=0)
+    for mode, groups in (("hierarchical", 8), ("global", None)):
+        config = dict(num_slots=288, num_gpus=32, num_nodes=4, num_groups=groups)
+        previous = eplb.plan(series[0], **config)
+        yield f"plan(previous=), {mode}", lambda c=config, p=previous: eplb.plan(series[1], previous=p, **c)
+        balancer = eplb.Balancer(58, 256, window=1, placement=previous, **config)
+        balancer.record(series[2])
+        yield f"Balancer.rebalance(), {mode}", lambda b=balancer: b.rebalance(commit=False)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=7)
+    args = parser.parse_args()
+    rows = []
+    for name, fn in cases():
+        alone, alone_cpu = timed(fn, args.repeats, busy=False, interval=0.005)
+        busy, busy_cpu = timed(fn, args.repeats, busy=True, interval=0.005)
+        busy_short, _ = timed(fn, args.repeats, busy=True, interval=0.0005)
+        rows.append({
+            "call": name, "alone ms (CPU)": f"{alone * 1e3:.1f} ({alone_cpu * 1e3:.1f})",
+            "busy thread ms (CPU)": f"{busy * 1e3:.1f} ({busy_cpu * 1e3:.1f})", "slowdown": f"{busy / alone:.2f}x",
+            "waited ms": f"{max(0.0, (busy - busy_cpu) - (alone - alone_cpu)) * 1e3:.1f}",
+            "busy, 0.5 ms switch ms": f"{busy_short * 1e3:.1f}", "slowdown 0.5 ms": f"{busy_short / alone:.2f}x",
+        })
+    print(markdown_table(list(rows[0]), [list(row.values()) for row in rows]))
+
+
+if __name__ == "__main__":
+    main()
