@@ -151,7 +151,7 @@ def test_tier_bound_is_at_most_the_exact_optimum_with_hot_experts(gpus, k, spare
     weights = rng.integers(1, 20, (1, num_experts)).astype(float)
     weights[0, :hot] *= rng.integers(3, 12, hot)
     topology = eplb.Topology.uniform(num_slots, gpus)
-    exact = eplb.plan(weights, topology=topology, method="exact", time_limit=2.0, progress=False)
+    exact = eplb.plan(weights, topology=topology, method="exact", deterministic_time=2.0, progress=False)
     if exact.info["optimal"][0]:
         assert lower_bounds(weights, topology)["tier"][0] <= exact.max_load[0] * (1 + 1e-9)
 

@@ -46,7 +46,7 @@ def test_the_budget_bound_is_at_most_the_proven_optimum_with_one_hot_expert(gpus
     num_slots = gpus * k
     weights = zipf_weights(num_slots - spare, 1.5, seed)
     topology = eplb.Topology.uniform(num_slots, gpus)
-    exact = eplb.plan(weights, topology=topology, method="exact", time_limit=3.0, progress=False)
+    exact = eplb.plan(weights, topology=topology, method="exact", deterministic_time=3.0, progress=False)
     if exact.info["optimal"][0]:
         assert lower_bound(weights, topology)[0] <= exact.max_load[0] * (1 + 1e-9)
 
@@ -65,7 +65,7 @@ def test_the_budget_bound_reaches_the_proven_optimum(gpus, k, loads, before, bes
     replicas out of the same slots: the bound is the optimum, the bound without it was 1-3% lower."""
     weights = np.array([loads], dtype=float)
     topology = eplb.Topology.uniform(gpus * k, gpus)
-    exact = eplb.plan(weights, topology=topology, method="exact", time_limit=5.0, progress=False)
+    exact = eplb.plan(weights, topology=topology, method="exact", deterministic_time=5.0, progress=False)
     assert exact.info["optimal"][0] and exact.max_load[0] == pytest.approx(best)
     assert lower_bound(weights, topology)[0] == pytest.approx(best, rel=1e-6)
     assert lower_bound(weights, topology)[0] <= best

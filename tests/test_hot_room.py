@@ -72,7 +72,7 @@ def test_the_hierarchical_bound_is_at_most_the_proven_hierarchical_optimum(k, se
     w = np.round(200 * np.arange(1, num_experts + 1) ** -1.5 * rng.uniform(0.7, 1.3, num_experts)) + 1
     weights = rng.permutation(w)[None, :]
     topology = eplb.Topology.uniform(num_slots, 4, 2)
-    exact = eplb.plan(weights, topology=topology, num_groups=4, method="exact", time_limit=3.0, progress=False)
+    exact = eplb.plan(weights, topology=topology, num_groups=4, method="exact", deterministic_time=3.0, progress=False)
     bound = hierarchical_bound(weights, topology, 4)
     assert (bound >= lower_bound(weights, topology) * (1 - 1e-12)).all()
     if exact.info["optimal"][0]:

@@ -28,7 +28,7 @@ import pytest
 PACKAGE = Path(__file__).resolve().parent.parent / "eplb"
 
 LAYERS = [
-    ("model", ["eplb._validation", "eplb.topology", "eplb.problem", "eplb._numba_cache"]),
+    ("model", ["eplb._validation", "eplb.topology", "eplb.problem"]),
     ("kernels", ["eplb.kernels", "eplb.kernels.*"]),
     ("searches", ["eplb.searches"]),
     ("bounds and metrics", ["eplb.bounds", "eplb.metrics", "eplb.placement", "eplb.synthetic", "eplb.series",
@@ -38,7 +38,7 @@ LAYERS = [
                   "eplb.dispatch", "eplb.objectives", "eplb.locality"]),
     ("serving", ["eplb.balancer", "eplb.transfer", "eplb.simulate", "eplb.adapters", "eplb.adapters.*"]),
     ("edges", ["eplb.formats", "eplb.formats.*", "eplb.report", "eplb.cli", "eplb.demo", "eplb.__main__",
-               "eplb.warmup", "eplb"]),
+               "eplb.warmup", "eplb.simulation_report", "eplb"]),
 ]
 
 

@@ -71,7 +71,7 @@ def test_mixtral_sized_bound_is_the_exact_solvers_optimum(seed, kind):
     rng = np.random.default_rng(seed)
     weights = np.round(rng.lognormal(0, 0.6 if kind == "lognormal" else 1.5, (1, 8)) * 1000)
     config = dict(num_slots=12, num_gpus=4)
-    exact = eplb.plan(weights, method="exact", time_limit=5.0, progress=False, **config)
+    exact = eplb.plan(weights, method="exact", deterministic_time=5.0, progress=False, **config)
     if not exact.info["optimal"][0]:
         return
     default = eplb.plan(weights, **config)

@@ -127,7 +127,7 @@ def _nodes_fit(target, order, chosen, held, weights, group_size, node_slots, nod
             if memo[mask] < 0:
                 return False
             continue
-        count = 0
+        count = np.int64(0)  # typed: a literal 0 would compile the hot-room callee a second time
         for i in range(num_groups):
             if chosen[i] == n:
                 for j in range(group_size):
@@ -201,7 +201,7 @@ def _search(target, order, group_load, need, node_slots, node_active, node_class
             hot_possible = True
     if strong:  # the nodes' expert sets checked at this target: 1 fits, -1 does not, 0 unknown
         memo[:] = 0
-    t = 0
+    t = np.int64(0)  # typed, like count above
     steps = 0
     building = True
     while True:

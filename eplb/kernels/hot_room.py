@@ -83,7 +83,7 @@ def hot_room_fits(desc, num, target, active, slots, min_slots, max_slots, asc, p
         if room < 0.0:
             continue  # no GPU can hold a hot replica and its k_min - 1 others
         base = r - 1
-        num_gains = 0
+        num_gains = np.int64(0)  # typed: a literal 0 would compile the callee a second time
         blocked = False
         for i in range(others):
             w = asc[i]
