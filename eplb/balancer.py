@@ -474,9 +474,15 @@ def warm_kernels(num_experts: int, *, num_slots=None, num_gpus=None, num_nodes=1
     It runs a throw-away two-layer balancer of the same configuration through every planning path
     (from the round-robin layout, then from its own plans on shifted, drifted, dense and one-hot
     loads), so the kernels are compiled for the very array types the serving loop passes. The
-    number of layers does not change what is compiled.
+    number of layers does not change what is compiled. A configuration already warmed in this
+    process returns at once (what it compiled stays compiled).
     """
     start = time.perf_counter()
+    key = json.dumps([num_experts, num_slots, num_gpus, num_nodes, num_groups,
+                      None if topology is None else topology.to_dict(), method, tolerance is None, max_moves is None,
+                      options or {}], sort_keys=True, default=str)
+    if key in _WARMED:
+        return 0.0
     balancer = Balancer(2, num_experts, num_slots=num_slots, num_gpus=num_gpus, num_nodes=num_nodes,
                         num_groups=num_groups, topology=topology, window=1, method=method, tolerance=tolerance,
                         max_moves=max_moves, min_gain=0.0, move_cost=0.0, options=options, compile="lazy")
@@ -490,7 +496,11 @@ def warm_kernels(num_experts: int, *, num_slots=None, num_gpus=None, num_nodes=1
         transfer.counts()
         balancer.record(np.ones((2, num_slots)), physical=True)
         balancer.rebalance(commit=False)  # planned again: not the cached candidate
+    _WARMED.add(key)
     return time.perf_counter() - start
+
+
+_WARMED: set[str] = set()  # configurations warm_kernels has run in this process
 
 
 def _non_negative(value, name: str) -> float:
