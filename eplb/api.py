@@ -16,6 +16,7 @@ from .locality import capped_lower_bound, home_nodes, plan_locality
 from .locality import pareto as locality_curve
 from .metrics import gpu_loads
 from .migration import as_previous, plan_near
+from .objectives import DEFAULT_OBJECTIVE, DISPATCH_SCORING, combine, plan_series
 from .placement import Placement
 from .problem import Problem, make_problem, power_of_two_scale, weights_2d
 from .topology import Topology
@@ -28,6 +29,7 @@ __all__ = ["Problem", "make_problem", "pareto", "plan", "rebalance_experts"]
 def plan(counts, *, num_slots=None, num_gpus=None, num_nodes=1, num_groups=None,
          method: str = DEFAULT_METHOD, topology: Topology | None = None, previous=None,
          tolerance: float | None = 0.005, max_moves=None, max_off_node: float | None = None,
+         objective: str | None = None, window_weights=None, dispatch: str = "uniform",
          **options) -> Placement:
     """Plan a replicated expert placement for every layer.
 
@@ -54,6 +56,20 @@ def plan(counts, *, num_slots=None, num_gpus=None, num_nodes=1, num_groups=None,
             ``[0, 1]``; ``0`` is the hierarchical plan, ``1`` may use the whole cluster). The plan then
             carries ``shares`` (the split engines must apply to get its balance) and ``home_node``;
             its lower bound accounts for the cap (:mod:`eplb.locality`). ``None``: off.
+        objective: how the windows of a series ``[T, L, E]`` combine (:mod:`eplb.objectives`):
+            ``"sum"`` (summed counts), ``"quantile"`` (each expert's 0.9 quantile of its share),
+            ``"max_share"`` (its largest share), ``"expected_peak"`` / ``"worst_window"`` (per
+            layer, the plan among those estimators with the best mean / worst window peak on the
+            windows). ``None``: the default for ``dispatch`` (:data:`eplb.objectives.DEFAULT_OBJECTIVE`),
+            chosen by what served held-out windows best in ``bench/out_of_sample.py``.
+        window_weights: ``[T]`` non-negative weights of the windows (e.g.
+            :func:`eplb.objectives.recency_weights`); ``None``: equal.
+        dispatch: how the engine splits an expert's tokens among its replicas: ``"uniform"`` (as
+            engines do by default) or ``"optimal"`` (per batch, :func:`eplb.dispatch`); with
+            ``"optimal"`` the plan is made for it (:func:`eplb.objectives.made_for_dispatch`: a few
+            seconds for DeepSeek-V3 size and a dozen windows). ``objective``, ``window_weights`` and
+            ``dispatch="optimal"`` plan from scratch (not with ``previous`` or ``max_off_node``);
+            ``[L, E]`` counts are one window.
         **options: passed to the method.
     Returns:
         A :class:`Placement` (with ``home_node`` when hierarchical); its ``max_load``, ``lower_bound`` and ``gap`` on ``counts`` are
@@ -63,7 +79,18 @@ def plan(counts, *, num_slots=None, num_gpus=None, num_nodes=1, num_groups=None,
     problem = make_problem(weights.shape[1], num_slots, num_gpus, num_nodes, num_groups, topology)
     start = time.perf_counter()
     shares = home = None
-    if max_off_node is not None:
+    series = objective is not None or window_weights is not None or dispatch != "uniform"
+    if dispatch not in DISPATCH_SCORING:
+        raise ValueError(f"dispatch must be one of {DISPATCH_SCORING}, got {dispatch!r}")
+    if series and (previous is not None or max_off_node is not None):
+        raise ValueError("objective, window_weights and dispatch='optimal' plan from scratch: "
+                         "not with previous= or max_off_node=")
+    if series:
+        windows = as_counts(counts, "counts", ndims=(1, 2, 3)).reshape((-1,) + weights.shape)
+        phy2log, info = plan_series(windows, problem, get_method(method), objective or DEFAULT_OBJECTIVE[dispatch],
+                                    window_weights, dispatch=dispatch, options=options)
+        weights = combine(windows, "sum", window_weights)
+    elif max_off_node is not None:
         max_off_node = as_fraction(max_off_node, "max_off_node")
         if not problem.hierarchical:
             raise ValueError("max_off_node needs a hierarchical configuration: num_groups a multiple of num_nodes")

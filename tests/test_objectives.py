@@ -154,3 +154,25 @@ def test_bad_input_raises_value_errors():
         recency_weights(3, 0.0)
     with pytest.raises(ValueError, match="iterations must be"):
         made_for_dispatch(series, np.array([[0, 1, 2, 3, 0, 1, 2, 3]] * 2), problem, iterations=-1)
+
+
+def test_plan_takes_objectives_window_weights_and_dispatch():
+    import eplb
+    from eplb.synthetic import drifting_counts
+
+    series = drifting_counts(6, 3, 64, drift=0.2, seed=3)
+    summed = eplb.plan(series, num_slots=80, num_gpus=8)
+    assert summed == eplb.plan(series, num_slots=80, num_gpus=8, objective="sum")
+    weighted = eplb.plan(series, num_slots=80, num_gpus=8, objective="expected_peak",
+                         window_weights=eplb.objectives.recency_weights(6, 2.0))
+    assert weighted.info["objective"] == "expected_peak"
+    made = eplb.plan(series, num_slots=80, num_gpus=8, dispatch="optimal")
+    # made for optimal dispatch: its mean optimal-dispatch peak on the windows is no worse than the summed plan's
+    peak = lambda p: (p.gpu_loads(series, "optimal").max(axis=-1) / series.sum(axis=-1)).mean()  # noqa: E731
+    assert peak(made) <= peak(summed) * (1 + 1e-9)
+    with pytest.raises(ValueError, match="dispatch"):
+        eplb.plan(series, num_slots=80, num_gpus=8, dispatch="shares")
+    with pytest.raises(ValueError, match="previous"):
+        eplb.plan(series, num_slots=80, num_gpus=8, objective="quantile", previous=summed)
+    with pytest.raises(ValueError, match="window_weights"):
+        eplb.plan(series, num_slots=80, num_gpus=8, window_weights=[1.0, 2.0])
