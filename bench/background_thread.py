@@ -14,7 +14,11 @@ interval and a shorter one (``sys.setswitchinterval``, which an engine can set),
 thread's own CPU time: wall minus CPU is what it waited (for the GIL, or for a core when the
 machine has no idle one: run it on an idle machine to see the GIL alone).
 
-Usage: ``python bench/background_thread.py [--repeats N]``. Prints a Markdown table.
+With ``--ops`` it also times single NumPy operations and a small kernel the same way (20 calls):
+what costs a wait is any call that releases the GIL, which includes NumPy ufuncs, copies, sorts
+and fancy indexing on arrays of a few thousand elements (not on small ones, nor ``bincount``).
+
+Usage: ``python bench/background_thread.py [--repeats N] [--ops]``. Prints Markdown tables.
 """
 
 from __future__ import annotations
@@ -87,10 +91,44 @@ def cases():
         yield f"Balancer.rebalance(), {mode}", lambda b=balancer: b.rebalance(commit=False)
 
 
+def operations():
+    """``(name, fn)``: single operations of the kind planning runs between kernels (58 x 288 arrays)."""
+    from eplb.kernels.layout import replica_counts
+
+    rng = np.random.default_rng(0)
+    loads = rng.random((58, 288))
+    rows = rng.integers(0, 256, (58, 288))
+    yield "ufunc loads * 2", lambda: loads * 2
+    yield "loads.max(axis=1)", lambda: loads.max(axis=1)
+    yield "np.sort(loads[0])", lambda: np.sort(loads[0])
+    yield "fancy index loads[:, rows[0]]", lambda: loads[:, rows[0]]
+    yield "loads.copy()", lambda: loads.copy()
+    yield "np.bincount(rows[0])", lambda: np.bincount(rows[0], minlength=256)
+    yield "small ufunc loads[0, :5] * 2", lambda: loads[0, :5] * 2
+    yield "replica_counts kernel (nogil)", lambda: replica_counts(rows, 256)
+
+
+def ops_table() -> str:
+    rows = []
+    for name, fn in operations():
+        def twenty(fn=fn):
+            for _ in range(20):
+                fn()
+
+        alone, _ = timed(twenty, 3, busy=False, interval=0.005)
+        busy, _ = timed(twenty, 3, busy=True, interval=0.005)
+        rows.append([name, f"{alone * 1e3:.2f}", f"{busy * 1e3:.2f}"])
+    return markdown_table(["20 calls of", "alone ms", "busy thread ms"], rows)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--ops", action="store_true", help="also time single operations")
     args = parser.parse_args()
+    if args.ops:
+        print(ops_table())
+        print()
     rows = []
     for name, fn in cases():
         alone, alone_cpu = timed(fn, args.repeats, busy=False, interval=0.005)

@@ -393,37 +393,38 @@ def _recounted(weights: np.ndarray, previous: np.ndarray, scratch: np.ndarray, t
     want = np.bincount(scratch, minlength=num_experts)
     if np.array_equal(have, want):
         return None
-    gpu = topology.gpu_of_slot
+    gpu, offsets = topology.gpu_of_slot, topology.slot_offsets
     node_of_slot = topology.node_of_gpu[gpu]
     share = weights / np.maximum(want, 1)
     row = previous.copy()
     loads = np.bincount(gpu, weights=share[row], minlength=topology.num_gpus)
     free = []
+    # Python sorts of short lists, not NumPy's: NumPy's sorts release the GIL, and each time a
+    # planning thread then waits up to a switch interval for a busy thread to give it back
     for e in np.flatnonzero(have > want):
-        slots = np.flatnonzero(row == e)
-        slots = slots[np.lexsort((slots, -loads[gpu[slots]]))][: have[e] - want[e]]
+        slots = sorted(np.flatnonzero(row == e).tolist(), key=lambda s: (-loads[gpu[s]], s))[: have[e] - want[e]]
         for s in slots:
             loads[gpu[s]] -= share[e]
-        free.extend(slots.tolist())
+        free.extend(slots)
     short = np.flatnonzero(want > have)
-    needs = np.repeat(short, (want - have)[short])
-    needs = needs[np.lexsort((needs, -share[needs]))]
+    needs = sorted(np.repeat(short, (want - have)[short]).tolist(), key=lambda e: (-share[e], e))
     free = np.array(free, dtype=np.int64)
     taken = np.zeros(free.size, bool)
-    group_node = {}
+    group_node = None
     if hierarchical:
-        for g in np.unique(group_of_expert):
-            nodes = np.unique(node_of_slot[group_of_expert[previous] == g])
-            if nodes.size != 1:
-                return None
-            group_node[g] = nodes[0]
+        num_groups = int(group_of_expert.max()) + 1
+        present = np.zeros((num_groups, topology.num_nodes), bool)
+        present[group_of_expert[previous], node_of_slot] = True
+        if (present.sum(axis=1) != 1).any():
+            return None
+        group_node = np.argmax(present, axis=1)
     for e in needs:
         best = -1
         for i in np.flatnonzero(~taken):
             s = free[i]
             if hierarchical and node_of_slot[s] != group_node[group_of_expert[e]]:
                 continue
-            if np.any(row[topology.slot_offsets[gpu[s]]:topology.slot_offsets[gpu[s] + 1]] == e):
+            if np.any(row[offsets[gpu[s]]:offsets[gpu[s] + 1]] == e):
                 continue  # never a second replica of e on one GPU
             key = (loads[gpu[s]], s)
             if best < 0 or key < best_key:
@@ -449,17 +450,16 @@ def _regrouped(weights: np.ndarray, previous: np.ndarray, scratch: np.ndarray, t
     """
     num_experts = weights.shape[0]
     size = num_experts // num_groups
-    node_of_slot = topology.node_of_gpu[topology.gpu_of_slot]
+    gpu_of_slot, offsets = topology.gpu_of_slot, topology.slot_offsets
+    node_of_slot = topology.node_of_gpu[gpu_of_slot]
     group = np.arange(num_experts) // size
 
     def node_of_group(row):
-        nodes = np.full(num_groups, -1)
-        for g in range(num_groups):
-            held = np.unique(node_of_slot[group[row] == g])
-            if held.size != 1:
-                return None
-            nodes[g] = held[0]
-        return nodes
+        present = np.zeros((num_groups, topology.num_nodes), bool)
+        present[group[row], node_of_slot] = True
+        if (present.sum(axis=1) != 1).any():
+            return None
+        return np.argmax(present, axis=1)
 
     old_node, new_node = node_of_group(previous), node_of_group(scratch)
     if old_node is None or new_node is None:
@@ -499,9 +499,11 @@ def _regrouped(weights: np.ndarray, previous: np.ndarray, scratch: np.ndarray, t
             row[s] = e
         counts = np.bincount(row[slots][[new_node[group[e]] == n for e in row[slots]]], minlength=num_experts)
         members = np.flatnonzero(new_node[group] == n)
+        on_gpu = np.zeros(num_experts, bool)
         for s in free[len(arriving):]:
-            gpu_slots = row[topology.slot_offsets[topology.gpu_of_slot[s]]:topology.slot_offsets[topology.gpu_of_slot[s] + 1]]
-            allowed = (counts[members] > 0) & ~np.isin(members, gpu_slots)  # no second replica on one GPU
+            on_gpu[:] = False
+            on_gpu[row[offsets[gpu_of_slot[s]]:offsets[gpu_of_slot[s] + 1]]] = True
+            allowed = (counts[members] > 0) & ~on_gpu[members]  # no second replica on one GPU
             if not allowed.any():
                 return None
             e = members[np.argmax(np.where(allowed, weights[members] / np.maximum(counts[members], 1), -1.0))]
