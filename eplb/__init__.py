@@ -3,9 +3,11 @@
 from .api import pareto, plan, rebalance_experts
 from .balancer import Balancer
 from .bounds import lower_bound, lower_bounds
+from .cost import CostModel
 from .dispatch import dispatch
 from .methods import DEFAULT_METHOD, METHODS
 from .placement import Placement
+from .simulate import BalancerPolicy, FixedInterval, NoRebalance, SimulationResult, simulate, sglang_like, vllm_like
 from .topology import Topology
 from .transfer import TransferPlan, transfer_plan
 from .warmup import warmup
@@ -14,9 +16,14 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Balancer",
+    "BalancerPolicy",
+    "CostModel",
     "DEFAULT_METHOD",
+    "FixedInterval",
     "METHODS",
+    "NoRebalance",
     "Placement",
+    "SimulationResult",
     "Topology",
     "TransferPlan",
     "dispatch",
@@ -25,6 +32,9 @@ __all__ = [
     "pareto",
     "plan",
     "rebalance_experts",
+    "sglang_like",
+    "simulate",
     "transfer_plan",
+    "vllm_like",
     "warmup",
 ]

@@ -9,6 +9,7 @@ dependency). Errors are one line naming the file and the problem, never a traceb
 from __future__ import annotations
 
 import functools
+import importlib
 import inspect
 import shlex
 import sys
@@ -602,6 +603,118 @@ def report(counts, plan_file, output, previous, input_format, plan_format, gpus,
         click.echo(f"wrote    {result.html}")
         for figure in result.figures:
             click.echo(f"         {figure}")
+
+
+# -- simulate --------------------------------------------------------------------------------------
+
+SIMULATE_POLICIES = ("none", "vllm", "sglang", "balancer")
+
+
+def _load_function(spec: str):
+    """``module:attribute`` -> the object (a user's own planning function)."""
+    module, _, attribute = spec.partition(":")
+    if not module or not attribute:
+        raise click.BadParameter(f"expected MODULE:FUNCTION, got {spec!r}", param_hint="--rebalance-fn")
+    try:
+        return getattr(importlib.import_module(module), attribute)
+    except (ImportError, AttributeError) as exc:
+        raise Failure(f"--rebalance-fn {spec}: {exc}") from None
+
+
+def _simulation_policy(name: str, method, check_every: int):
+    from .simulate import BalancerPolicy, FixedInterval, NoRebalance, sglang_like, vllm_like
+
+    if name == "none":
+        return NoRebalance()
+    if name == "vllm":
+        return vllm_like(method)
+    if name == "sglang":
+        return sglang_like(method)
+    if name == "balancer":
+        return BalancerPolicy(check_every=check_every)
+    every, _, window = name.removeprefix("every:").partition("/")
+    if not name.startswith("every:") or not every.isdigit() or not (window.isdigit() or not window):
+        raise click.BadParameter(f"expected one of {', '.join(SIMULATE_POLICIES)} or every:N[/W] with whole "
+                                 f"numbers, got {name!r}", param_hint="--policy")
+    try:
+        return FixedInterval(int(every), int(window) if window else None, method)
+    except ValueError as exc:
+        raise click.BadParameter(f"{name!r}: {exc}", param_hint="--policy") from None
+
+
+@main.command()
+@click.argument("counts", type=click.Path(path_type=Path))
+@click.option("--slots", "-s", type=click.IntRange(min=1), required=True, help="Physical expert slots in all (S >= E).")
+@click.option("--gpus", "-g", type=click.IntRange(min=1), required=True, help="GPUs (ranks); S must divide by it.")
+@click.option("--nodes", "-n", type=click.IntRange(min=1), default=1, show_default=True, help="Nodes; GPUs must divide by it.")
+@click.option("--groups", "-k", type=click.IntRange(min=1), default=None,
+              help="Expert groups (kept on one node each when groups divide by nodes). Default: none.")
+@click.option("--policy", "-p", "policies", multiple=True,
+              help="Rebalancing policy, repeatable: none, vllm (every 3000 steps from 1000), sglang (every 1000), "
+                   "balancer (eplb.Balancer), every:N[/W] (every N steps from the last W). "
+                   "Default: none, vllm, sglang, balancer.")
+@click.option("--method", "-m", type=click.Choice(sorted(METHODS)), default="greedy", show_default=True,
+              help="Planning method of the fixed-interval policies (from scratch).")
+@click.option("--rebalance-fn", default=None,
+              help="MODULE:FUNCTION with the published rebalance_experts(weight, num_replicas, num_groups, "
+                   "num_nodes, num_gpus) signature, used by the fixed-interval policies instead of --method.")
+@click.option("--check-every", type=click.IntRange(min=1), default=100, show_default=True,
+              help="Steps between the Balancer's decisions.")
+@click.option("--hardware", type=click.Choice(["H100", "H200", "H20", "B200"]), default="H100", show_default=True)
+@click.option("--model", type=click.Choice(["deepseek-v3", "mixtral-8x7b", "gpt-oss-20b", "olmoe-1b-7b"]),
+              default="deepseek-v3", show_default=True, help="Expert size and format for the cost model.")
+@click.option("--regime", type=click.Choice(["roofline", "compute", "memory"]), default="roofline", show_default=True,
+              help="Layer time: max of compute and weight reads, or one of them.")
+@click.option("--copy-mode", type=click.Choice(["stall", "overlap", "free"]), default="stall", show_default=True,
+              help="Weight copies stall serving, run beside it, or cost nothing.")
+@click.option("--dispatch", type=click.Choice(["uniform", "optimal"]), default="uniform", show_default=True)
+@click.option("--input-format", type=click.Choice(COUNTS_FORMAT_NAMES), default=None,
+              help="Format of COUNTS (default: detected from the name).")
+@click.option("--output", "-o", type=click.Path(path_type=Path), required=True,
+              help="Folder for simulate.csv, steps.csv, the PNG figures and index.html.")
+@transpose_option
+@allow_shape_option
+@quiet_option
+@friendly_errors
+def simulate(counts, slots, gpus, nodes, groups, policies, method, rebalance_fn, check_every, hardware, model, regime,
+             copy_mode, dispatch, input_format, output, transpose, allow_shape, quiet):
+    """Replay recorded per-step COUNTS [T, L, E] through a deployment and rebalancing policies.
+
+    Every policy starts from the greedy plan of the first step. Prints, per policy, the MoE time
+    lost to imbalance (as a share of the perfectly balanced time; with the copies' stalls),
+    rebalances and expert-weight copies, and writes a table, per-step CSV, PNG figures and an
+    HTML page into -o.
+
+    \b
+    Example:
+      eplb simulate steps.npz --slots 288 --gpus 32 --nodes 4 --groups 8 -p vllm -p balancer -o sim/
+    """
+    from .cost import CostModel
+    from .formats import read_counts
+    from .simulate import simulate as run_simulation
+    from .simulation_report import write_simulation_report
+
+    _check_flag_sizes(slots=slots, gpus=gpus, nodes=nodes, groups=groups)
+    _refuse_input_as_output(output, [counts])
+    data = read_counts(counts, input_format, transpose=transpose, allow_shape=allow_shape)
+    plan_with = _load_function(rebalance_fn) if rebalance_fn else method
+    cost = CostModel.preset(hardware, model, regime=regime, copy_mode=copy_mode)
+    results = []
+    for name in policies or SIMULATE_POLICIES:
+        policy = _simulation_policy(name, plan_with, check_every)
+        results.append(run_simulation(data.counts, num_slots=slots, num_gpus=gpus, num_nodes=nodes, num_groups=groups,
+                                      policy=policy, cost_model=cost, dispatch=dispatch))
+    written = write_simulation_report(results, output, title=f"eplb simulate {data.path.name}")
+    if quiet:
+        return
+    lines = [f"counts   {data.path} ({data.format}): {data.counts.shape[0]} steps x {data.counts.shape[1]} layers"
+             f" x {data.counts.shape[2]} experts; cost model {cost.name}, {regime}, copies {copy_mode}"]
+    for r in results:
+        s = r.summary()
+        lines.append(f"{s['policy']:<40} lost {100 * s['lost_share']:6.2f}%  with stalls "
+                     f"{100 * s['lost_with_stalls_share']:6.2f}%  rebalances {s['rebalances']:4d}  copies {s['copies']}")
+    lines.append(f"wrote    {written['html']}")
+    click.echo("\n".join(lines))
 
 
 if __name__ == "__main__":  # pragma: no cover
