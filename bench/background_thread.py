@@ -143,5 +143,41 @@ def main() -> None:
     print(markdown_table(list(rows[0]), [list(row.values()) for row in rows]))
 
 
+def run(quick: bool, results_dir) -> str:
+    """Section of ``bench/run.py``: planning alone vs beside a busy Python thread."""
+    from _common import load_note, write_csv
+
+    repeats = 3 if quick else 7
+    rows = []
+    for name, fn in cases():
+        alone, alone_cpu = timed(fn, repeats, busy=False, interval=0.005)
+        busy, busy_cpu = timed(fn, repeats, busy=True, interval=0.005)
+        busy_short, _ = timed(fn, repeats, busy=True, interval=0.0005)
+        rows.append({"call": name, "alone_ms": round(alone * 1e3, 2), "alone_cpu_ms": round(alone_cpu * 1e3, 2),
+                     "busy_ms": round(busy * 1e3, 2), "busy_cpu_ms": round(busy_cpu * 1e3, 2),
+                     "busy_short_switch_ms": round(busy_short * 1e3, 2)})
+    write_csv(results_dir / "background_thread.csv", rows)
+    table = markdown_table(("call", "alone ms (CPU)", "busy thread ms (CPU)", "slowdown", "busy, 0.5 ms switch interval"),
+                           [(r["call"], f"{r['alone_ms']} ({r['alone_cpu_ms']})", f"{r['busy_ms']} ({r['busy_cpu_ms']})",
+                             f"{r['busy_ms'] / r['alone_ms']:.1f}x",
+                             f"{r['busy_short_switch_ms']} ({r['busy_short_switch_ms'] / r['alone_ms']:.1f}x)")
+                            for r in rows])
+    return ("## Background thread\n\nPlanning on a thread while another thread runs Python (median of "
+            f"{repeats}; {load_note()}). The planning thread's own CPU time barely changes: the rest is waiting to get "
+            "the GIL back after NumPy calls and kernels that release it (one switch interval each); a shorter "
+            "`sys.setswitchinterval` in the engine cuts it.\n\n" + table + "\n")
+
+
+def headline(results_dir):
+    from _common import read_csv
+
+    path = results_dir / "background_thread.csv"
+    if not path.exists():
+        return []
+    rows = read_csv(path)
+    text = ", ".join(f"{r['call']}: {float(r['busy_ms']) / float(r['alone_ms']):.1f}x" for r in rows)
+    return [("Planning beside a busy Python thread, slowdown vs alone (DeepSeek-V3 size)", text, "reported")]
+
+
 if __name__ == "__main__":
     main()

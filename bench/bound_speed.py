@@ -17,7 +17,7 @@ import cProfile
 import pstats
 from pathlib import Path
 
-from _common import fmt_ms, load_note, markdown_table, median_time, write_csv
+from _common import read_csv, fmt_ms, load_note, markdown_table, median_time, write_csv
 
 import eplb
 from eplb.bounds import lower_bound
@@ -68,10 +68,29 @@ def run(quick: bool, results_dir: Path) -> str:
                              budget_s=4.0)
         scale_rows.append((family, f"{100 * gap.mean():.3f}%", f"{100 * gap.max():.3f}%", fmt_ms(timing.cpu)))
     scale = markdown_table(["loads (8 layers)", "default plan mean gap", "max gap", "bound CPU (ms)"], scale_rows)
-    return (f"Lower bound at DeepSeek-V3 size (58 x 256, 288 slots / 32 GPUs / 4 nodes), median wall time "
+    write_csv(results_dir / "bound_speed_scale.csv", [dict(zip(("loads", "mean_gap", "max_gap", "bound_cpu_ms"), r))
+                                                       for r in scale_rows])
+    return (f"## Bound speed\n\nLower bound at DeepSeek-V3 size (58 x 256, 288 slots / 32 GPUs / 4 nodes), median wall time "
             f"per call. {load_note()}\n\n{table}\n\nHierarchical bound at 1024 experts / 32 groups / 16 nodes "
             f"(1152 slots on 128 GPUs; the group -> node search gives up there and the node-load bound "
             f"carries it):\n\n{scale}\n")
+
+
+def headline(results_dir: Path):
+    path = results_dir / "bound_speed.csv"
+    if not path.exists():
+        return []
+    out = []
+    for r in read_csv(path):
+        if r["loads"].startswith("lognormal"):
+            out.append((f"`lower_bound` at DeepSeek-V3 size, {r['mode']}, realistic loads",
+                        f"{float(r['bound_ms']):.1f} ms wall, {float(r['bound_cpu_ms']):.1f} ms CPU", "reported"))
+    scale = results_dir / "bound_speed_scale.csv"
+    if scale.exists():
+        rows = read_csv(scale)
+        out.append(("Default plan's gap to the hierarchical bound at 1024 experts / 32 groups / 16 nodes (mean)",
+                    ", ".join(f"{r['loads']} {r['mean_gap']}" for r in rows), "useful bound (issue: 31% reported)"))
+    return out
 
 
 def profile() -> None:

@@ -85,7 +85,8 @@ def solve_one(instance: dict, time_limit: float, levers: exact.Levers = exact.Le
                            instance["num_groups"])
     warm, _ = get_method(DEFAULT_METHOD)(counts, problem)
     wall, cpu = time.perf_counter(), time.process_time()
-    phy2log, info = exact.solve(counts, problem, warm, time_limit=time_limit, workers=1, progress=False,
+    phy2log, info = exact.solve(counts, problem, warm, time_limit=None, deterministic_time=time_limit, workers=1,
+                                progress=False,
                                 levers=levers)
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
     placement = eplb.Placement(phy2log=phy2log, num_experts=counts.shape[1], topology=problem.topology,

@@ -57,5 +57,42 @@ def main() -> None:
         print(note)
 
 
+def run(quick: bool, results_dir) -> str:
+    """Section of ``bench/run.py``: how often the net fires, per configuration and load."""
+    from _common import markdown_table, write_csv
+
+    rows = []
+    for config, (experts, layers, kwargs) in CONFIGS.items():
+        for load, (family, skew) in FAMILIES.items():
+            counts = skewed_counts(6 if quick else layers, experts, family=family, skew=skew,
+                                   num_groups=kwargs["num_groups"], seed=11)
+            rows.append(net_row(config, load, counts, kwargs))
+    workloads, missing = trace_workloads()
+    for key, names, counts, kwargs in workloads:
+        for w in range(min(2, len(names)) if quick else len(names)):
+            rows.append(net_row(f"{key} ({kwargs['num_slots']} slots)", f"trace window {names[w]}", counts[w], kwargs))
+    write_csv(results_dir / "greedy_net.csv", rows)
+    total, fired = sum(r["layers"] for r in rows), sum(r["fired"] for r in rows)
+    table = markdown_table(("configuration", "load", "layers", "net fired", "worst excess", "own mean gap"),
+                           [(r["config"], r["load"], r["layers"], r["fired"], f"{r['worst_excess']:.4%}",
+                             f"{r['own_gap_mean']:.4%}") for r in rows])
+    notes = "".join(f"\n- {n}" for n in missing)
+    return (f"## Greedy net\n\nThe default keeps the published greedy's placement on a layer where greedy is strictly "
+            f"lighter; run without that net (`greedy_fallback=False`), greedy was lighter on {fired} of {total} "
+            f"layers.\n\n{table}\n{notes}\n")
+
+
+def headline(results_dir):
+    from _common import read_csv
+
+    path = results_dir / "greedy_net.csv"
+    if not path.exists():
+        return []
+    rows = read_csv(path)
+    total, fired = sum(int(r["layers"]) for r in rows), sum(int(r["fired"]) for r in rows)
+    return [("Default without the greedy net: layers where the published greedy is lighter (synthetic families and traces)",
+             f"{fired} of {total}", "reported")]
+
+
 if __name__ == "__main__":
     main()

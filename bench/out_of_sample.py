@@ -225,6 +225,35 @@ def verdict(rows) -> list[str]:
     return lines
 
 
+def headline(results_dir: Path):
+    """Issue 16's targets on the synthetic DeepSeek-V3-sized workloads (default method, leave one out)."""
+    from _common import read_csv
+
+    path = Path(results_dir) / "out_of_sample.csv"
+    if not path.exists():
+        return []
+    rows = {(r["series"], r["deployment"], r["objective"]): r for r in read_csv(path)
+            if r["method"] == DEFAULT_METHOD and r["protocol"] == "leave-one-out"}
+    out = []
+    checks = (("global 288/32", MADE_FOR_DISPATCH, "optimal", 0.97, 0.95),
+              ("global 320/32", MADE_FOR_DISPATCH, "optimal", 0.995, 0.985),
+              ("global 288/32", "sum", "uniform", 0.91, 0.88))
+    for series in sorted({key[0] for key in rows if key[0].startswith("synthetic workloads")}):
+        for deployment, objective, mode, mean_target, worst_target in checks:
+            r = rows.get((series, deployment, objective))
+            if r is None:
+                continue
+            mean, worst = float(r[f"{mode}_mean"]), float(r[f"{mode}_worst"])
+            base = rows.get((series, deployment, "sum"))
+            plain = f"; planned on summed counts {float(base[f'{mode}_mean']):.3f} / {float(base[f'{mode}_worst']):.3f}" \
+                if base is not None and objective != "sum" else ""
+            met = mean >= mean_target and worst >= worst_target
+            out.append((f"Out of sample, {series}, {deployment}, {'optimal dispatch, plan made for it' if mode == 'optimal' else 'even split, default objective'}: mean / worst held-out window",
+                        f"{mean:.3f} / {worst:.3f}{plain}",
+                        f">= {mean_target} / {worst_target}: {'met' if met else 'not met'}"))
+    return out
+
+
 def markdown(rows, missing, quick, seconds) -> str:
     lines = [
         "## Out of sample: plans served on windows they were not made from",

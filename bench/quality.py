@@ -88,7 +88,7 @@ def trace_rows(quick: bool) -> tuple[list[dict], list[str]]:
         for w in windows:
             reference = None
             if counts.shape[-1] <= 8:  # tiny: the CP-SAT solver proves the optimum in a blink
-                exact = eplb.plan(counts[w], method="exact", time_limit=2.0, progress=False, **kwargs)
+                exact = eplb.plan(counts[w], method="exact", deterministic_time=2.0, progress=False, **kwargs)
                 reference = exact.lower_bound
             for method in METHODS:
                 results[method].append(evaluate(counts[w], kwargs, method, reference))

@@ -37,7 +37,14 @@ SECTIONS = (
     ("serving", "Serving", "online balancer in a serving simulation"),
     ("fewest_changes", "Fewest changes", "proven fewest slot changes per rebalance, gpt-oss-20b 40 slots"),
     ("gpt_oss_certificate", "Certificate", "gpt-oss-20b: how close to the bound a placement can get"),
+    ("plan_latency", "Plan latency", "plan() alone and with its lower bound, DeepSeek-V3 size"),
+    ("bound_speed", "Bound speed", "lower_bound at DeepSeek-V3 size; the hierarchical bound at 1024 experts"),
+    ("greedy_net", "Greedy net", "how often the default's keep-greedy net fires"),
+    ("background_thread", "Background thread", "planning beside a busy Python thread"),
+    ("dispatch", "Dispatch", "optimal dispatch per batch: speed and balancedness"),
+    ("out_of_sample", "Out of sample", "held-out windows: objectives, even split and optimal dispatch"),
     ("locality", "Locality", "balancedness against off-node tokens (max_off_node), in and out of sample"),
+    ("simulate", "Simulate", "rebalancing policies in step time and copies on drifting traffic"),
 )
 
 START = "<!-- bench:headline:start -->"
@@ -97,7 +104,7 @@ def collect_headlines(records: list[dict], results_dir: Path) -> None:
     records.sort(key=lambda r: order.index(r["name"]) if r["name"] in order else len(order))
 
 
-def headline_table(records: list[dict], quick: bool, when: str, results_dir: Path) -> str:
+def headline_table(records: list[dict], quick: bool, when: str, results_dir: Path, commit: str | None = None) -> str:
     """The headline figures of every section as one markdown table, with how they were measured."""
     rows = [row for record in records for row in record["headline"]]
     if not rows:
@@ -109,7 +116,7 @@ def headline_table(records: list[dict], quick: bool, when: str, results_dir: Pat
         where = str(results_dir)
     earlier = [r["title"] for r in records if r["status"].startswith("not run") and r["headline"]]
     note = f" {', '.join(earlier)}: figures recorded by an earlier run." if earlier else ""
-    return (f"{table}\n\nMeasured by `python bench/run.py{' --quick' if quick else ''}` at commit {git_commit()} "
+    return (f"{table}\n\nMeasured by `python bench/run.py{' --quick' if quick else ''}` at commit {commit or git_commit()} "
             f"on {when} ({load_note()}; the machine is shared, times are medians).{note} "
             f"All results: `{where}/SUMMARY.md`.")
 
@@ -126,14 +133,15 @@ def git_commit() -> str:
         return "unknown"
 
 
-def summary(records: list[dict], quick: bool, when: str, total_s: float, results_dir: Path) -> str:
+def summary(records: list[dict], quick: bool, when: str, total_s: float, results_dir: Path,
+            commit: str | None = None) -> str:
     timing = markdown_table(("section", "status", "seconds"),
                             [(r["title"], r["status"], f"{r['seconds']:.1f}") for r in records])
     parts = [
         "# eplb benchmark results", "",
-        f"`python bench/run.py{' --quick' if quick else ''}` at commit {git_commit()}, {when}; "
+        f"`python bench/run.py{' --quick' if quick else ''}` at commit {commit or git_commit()}, {when}; "
         f"{load_note()}. Total {total_s:.0f} s.", "",
-        "## Headline", "", headline_table(records, quick, when, results_dir), "",
+        "## Headline", "", headline_table(records, quick, when, results_dir, commit), "",
         "## Sections run", "", timing, "",
     ]
     parts += [r["markdown"] for r in records]
@@ -181,18 +189,19 @@ def main(argv: list[str] | None = None) -> int:
     names = args.only or [n for n, _, _ in SECTIONS]
     when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
 
-    stamp = f"`bench/run.py{' --quick' if args.quick else ''}` at commit {git_commit()}, {when}"
+    commit = git_commit()  # the code measured is the checkout at the start (docs may change meanwhile)
+    stamp = f"`bench/run.py{' --quick' if args.quick else ''}` at commit {commit}, {when}"
     start = time.perf_counter()
     records = run_sections(names, args.quick, results_dir, stamp)
     total = time.perf_counter() - start
     if args.only:
         collect_headlines(records, results_dir)
-    (results_dir / "SUMMARY.md").write_text(summary(records, args.quick, when, total, results_dir))
+    (results_dir / "SUMMARY.md").write_text(summary(records, args.quick, when, total, results_dir, commit))
     complete = not args.only and all(r["status"] in ("ok", "absent") for r in records)
-    clean = "+uncommitted" not in git_commit() or args.allow_dirty
+    clean = "+uncommitted" not in commit or args.allow_dirty
     if not (args.quick or args.no_readme):
         if complete and clean:
-            update_readme(ROOT / "README.md", headline_table(records, args.quick, when, results_dir))
+            update_readme(ROOT / "README.md", headline_table(records, args.quick, when, results_dir, commit))
         else:
             why = "not every section ran and succeeded" if not complete else "the checkout has uncommitted changes"
             print(f"[bench] README left alone: {why} (its headline comes from one full run at one commit)",

@@ -197,7 +197,7 @@ def fewest_changes_rows(seqs: list, quick: bool) -> list[dict]:
                    "eplb": int(near.info["slots_changed"].sum())}
             for ref_name, peak in (("default", scratch.max_load), ("optimum", None)):
                 if peak is None:
-                    optimum = eplb.plan(w, method="exact", time_limit=limit, progress=False, **deployment)
+                    optimum = eplb.plan(w, method="exact", deterministic_time=limit, progress=False, **deployment)
                     if not optimum.info["optimal"].all():
                         continue
                     peak = optimum.max_load

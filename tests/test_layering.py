@@ -34,7 +34,7 @@ LAYERS = [
     ("bounds and metrics", ["eplb.bounds", "eplb.metrics", "eplb.placement", "eplb.synthetic", "eplb.series",
                             "eplb.cost"]),
     ("methods", ["eplb.methods", "eplb.methods.*", "eplb.exact"]),
-    ("planning", ["eplb.api", "eplb.migration", "eplb.exact_migration", "eplb.fewest_changes", "eplb.certificate",
+    ("planning", ["eplb.api", "eplb.migration", "eplb.exact_migration", "eplb.certificate",
                   "eplb.dispatch", "eplb.objectives", "eplb.locality"]),
     ("serving", ["eplb.balancer", "eplb.transfer", "eplb.simulate", "eplb.adapters", "eplb.adapters.*"]),
     ("edges", ["eplb.formats", "eplb.formats.*", "eplb.report", "eplb.cli", "eplb.demo", "eplb.__main__",
