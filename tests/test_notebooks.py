@@ -12,7 +12,7 @@ nbformat = pytest.importorskip("nbformat", reason="the test extra installs nbfor
 nbclient = pytest.importorskip("nbclient", reason="the test extra installs nbclient")
 
 NOTEBOOKS = sorted((Path(__file__).resolve().parent.parent / "notebooks").glob("*.ipynb"))
-EXPECTED = {"quickstart.ipynb", "algorithms.ipynb", "serving.ipynb"}
+EXPECTED = {"quickstart.ipynb", "algorithms.ipynb", "serving.ipynb", "simulate.ipynb"}
 
 
 def images(notebook) -> int:
