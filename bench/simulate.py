@@ -115,12 +115,12 @@ def policies() -> list[tuple[str, object, bool]]:
     ]
 
 
-TOLERANCES = (0.02, 0.03, 0.04, 0.05)
+TOLERANCES = (0.005, 0.01, 0.02, 0.05)  # around the default (eplb.balancer.DEFAULT_TOLERANCE, 0.03)
 
 
 def trade_off_policies() -> list[tuple[str, object, bool]]:
-    """The Balancer's defaults but a looser ``tolerance`` (plans kept closer to the placement in
-    service): fewer copies for more time lost."""
+    """The Balancer's defaults with another ``tolerance``: tighter (plans closer to planning from
+    scratch: less time lost, more copies) or looser (fewer copies, more time lost)."""
     return [(f"balancer_tolerance_{t}", BalancerPolicy(check_every=100, tolerance=t, name=f"Balancer, tolerance {t}"),
              False) for t in TOLERANCES]
 
