@@ -8,6 +8,7 @@ from .dispatch import dispatch
 from .methods import DEFAULT_METHOD, METHODS
 from .placement import Placement
 from .simulate import BalancerPolicy, FixedInterval, NoRebalance, SimulationResult, simulate, sglang_like, vllm_like
+from .sweep import sweep
 from .topology import Topology
 from .transfer import TransferPlan, transfer_plan
 from .warmup import warmup
@@ -34,6 +35,7 @@ __all__ = [
     "rebalance_experts",
     "sglang_like",
     "simulate",
+    "sweep",
     "transfer_plan",
     "vllm_like",
     "warmup",

@@ -717,5 +717,90 @@ def simulate(counts, slots, gpus, nodes, groups, policies, method, rebalance_fn,
     click.echo("\n".join(lines))
 
 
+# -- sweep -----------------------------------------------------------------------------------------
+
+
+def _int_list(text: str, flag: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(v) for v in text.split(","))
+    except ValueError:
+        raise click.BadParameter(f"expected whole numbers separated by commas, got {text!r}", param_hint=flag) from None
+    if not values or min(values) < 0:
+        raise click.BadParameter(f"expected non-negative whole numbers, got {text!r}", param_hint=flag)
+    return values
+
+
+@main.command()
+@click.argument("counts", type=click.Path(path_type=Path))
+@click.option("--extra-slots", default="0,1,2", show_default=True,
+              help="Redundant slots per GPU beyond the fewest that hold every expert, comma-separated.")
+@click.option("--gpus", "-g", default="32", show_default=True, help="GPU counts, comma-separated.")
+@click.option("--nodes", "-n", default="1", show_default=True, help="Node counts, comma-separated.")
+@click.option("--groups", "-k", type=click.IntRange(min=1), default=None,
+              help="Expert groups (kept on one node each where they divide by the nodes).")
+@click.option("--dispatch", "dispatches", multiple=True, type=click.Choice(["uniform", "optimal"]),
+              help="Dispatch modes (repeatable; default uniform).")
+@click.option("--policy", "-p", "policies", multiple=True, type=click.Choice(["none", "vllm", "sglang", "balancer"]),
+              help="Policies (repeatable; default none and balancer).")
+@click.option("--hardware", type=click.Choice(["H100", "H200", "H20", "B200"]), default="H100", show_default=True)
+@click.option("--model", type=click.Choice(["deepseek-v3", "mixtral-8x7b", "gpt-oss-20b", "olmoe-1b-7b"]),
+              default="deepseek-v3", show_default=True, help="Expert size and format for the cost model.")
+@click.option("--regime", type=click.Choice(["roofline", "compute", "memory"]), default="roofline", show_default=True)
+@click.option("--copy-mode", type=click.Choice(["stall", "overlap", "free"]), default="stall", show_default=True)
+@click.option("--workers", type=click.IntRange(min=1), default=None, help="Processes (default: every core).")
+@click.option("--input-format", type=click.Choice(COUNTS_FORMAT_NAMES), default=None,
+              help="Format of COUNTS (default: detected from the name).")
+@click.option("--output", "-o", type=click.Path(path_type=Path), required=True, help="Folder for sweep.csv and sweep.png.")
+@transpose_option
+@allow_shape_option
+@quiet_option
+@friendly_errors
+def sweep(counts, extra_slots, gpus, nodes, groups, dispatches, policies, hardware, model, regime, copy_mode, workers,
+          input_format, output, transpose, allow_shape, quiet):
+    """What-if sweep: replay per-step COUNTS [T, L, E] through every combination of redundant slots,
+    GPUs, nodes, dispatch modes and policies, and show what redundant slots buy.
+
+    Writes sweep.csv (time lost with and without stalls, copies, bytes moved, replica memory per
+    GPU) and sweep.png (time lost against replica memory, the knee of each line starred), and
+    prints the knee per deployment: the fewest extra slots per GPU after which one more saves less
+    than a point of MoE time.
+
+    \b
+    Example:
+      eplb sweep steps.npz --extra-slots 0,1,2,3 --gpus 32,64 --nodes 4,8 --groups 8 -p vllm -p balancer -o sweep/
+    """
+    from .cost import CostModel
+    from .formats import read_counts
+    from .simulation_report import write_sweep_report
+    from .sweep import knee, sweep as run_sweep
+
+    extras, gpu_counts, node_counts = (_int_list(extra_slots, "--extra-slots"), _int_list(gpus, "--gpus"),
+                                       _int_list(nodes, "--nodes"))
+    for value in gpu_counts:
+        _check_flag_sizes(gpus=value)
+    _refuse_input_as_output(output, [counts])
+    data = read_counts(counts, input_format, transpose=transpose, allow_shape=allow_shape)
+    cost = CostModel.preset(hardware, model, regime=regime, copy_mode=copy_mode)
+    rows = run_sweep(data.counts, extra_slots_per_gpu=extras, num_gpus=gpu_counts, num_nodes=node_counts,
+                     num_groups=groups, dispatch=dispatches or ("uniform",), policies=policies or ("none", "balancer"),
+                     cost_model=cost, workers=workers)
+    knees = knee(rows)
+    written = write_sweep_report(rows, output, knees)
+    if quiet:
+        return
+    lines = [f"counts   {data.path} ({data.format}): {data.counts.shape[0]} steps; cost model {cost.name}, {regime}, "
+             f"copies {copy_mode}",
+             f"{'GPUs':>5} {'nodes':>5} {'dispatch':<8} {'policy':<38} {'extra/GPU':>9} {'lost':>8} {'w/ stalls':>9} "
+             f"{'copies':>8} {'replicas GiB/GPU':>16}"]
+    for r in rows:
+        lines.append(f"{r['num_gpus']:>5} {r['num_nodes']:>5} {r['dispatch']:<8} {r['policy'][:38]:<38} "
+                     f"{r['extra_slots_per_gpu']:>9} {100 * r['lost_share']:>7.2f}% {100 * r['lost_with_stalls_share']:>8.2f}% "
+                     f"{r['copies']:>8} {r['replica_memory_per_gpu_bytes'] / 2**30:>16.2f}")
+    for (g, n, d, p), extra in knees.items():
+        lines.append(f"knee     {g} GPUs / {n} nodes, {d}, {p}: {extra} extra slot(s) per GPU")
+    lines.append(f"wrote    {written['table']}, {written['figure']}")
+    click.echo("\n".join(lines))
+
+
 if __name__ == "__main__":  # pragma: no cover
     main()

@@ -169,3 +169,45 @@ img {{ max-width: 100%; border: 1px solid #eee; }} figcaption {{ color: #555; fo
 
 
 __all__ = ["write_simulation_report", "write_tables"]
+
+
+# -- what-if sweeps ------------------------------------------------------------------------------
+
+SWEEP_COLUMNS = ("policy", "num_slots", "redundant_slots", "extra_slots_per_gpu", "num_gpus", "num_nodes",
+                 "hierarchical", "dispatch", "lost_share", "lost_with_stalls_share", "rebalances", "copies",
+                 "copies_cross_node", "bytes_moved", "replica_memory_per_gpu_bytes", "wall_time_s")
+
+
+def write_sweep_report(rows: Sequence[dict], out_dir, knees: dict) -> dict:
+    """Write ``sweep.csv`` and ``sweep.png`` (time lost, stalls included, against the replicas'
+    memory per GPU, one line per deployment / dispatch / policy, the knee of each marked) into
+    ``out_dir`` (created). ``rows``: :func:`eplb.sweep.sweep`'s; ``knees``: :func:`eplb.sweep.knee`'s."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    table = out_dir / "sweep.csv"
+    with open(table, "w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=SWEEP_COLUMNS, extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(rows)
+    matplotlib = require("matplotlib", "report", "eplb sweep figures")
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    key = lambda r: (r["num_gpus"], r["num_nodes"], r["dispatch"], r["policy"])  # noqa: E731
+    for group in dict.fromkeys(key(r) for r in rows):
+        line = sorted((r for r in rows if key(r) == group), key=lambda r: r["extra_slots_per_gpu"])
+        memory = [r["replica_memory_per_gpu_bytes"] / 2**30 for r in line]
+        lost = [100 * r["lost_with_stalls_share"] for r in line]
+        gpus, nodes, dispatch, policy = group
+        drawn = ax.plot(memory, lost, "o-", label=f"{gpus} GPUs / {nodes} nodes, {dispatch}, {policy}")
+        at = next((i for i, r in enumerate(line) if r["extra_slots_per_gpu"] == knees.get(group)), None)
+        if at is not None:
+            ax.plot([memory[at]], [lost[at]], "*", markersize=14, color=drawn[0].get_color())
+    ax.set_xlabel("memory for redundant replicas per GPU (GiB)")
+    ax.set_ylabel("MoE time lost to imbalance, stalls included (%)")
+    ax.set_title("What redundant slots buy (star: past it, one more slot per GPU saves < 1 point)", fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    figure = _save(plt, fig, out_dir / "sweep.png")
+    return {"table": table, "figure": figure}

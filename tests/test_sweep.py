@@ -1,0 +1,81 @@
+"""What-if sweeps: every combination simulated on the same series, the knee, the command."""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+import eplb
+from eplb.cli import main
+from eplb.sweep import knee, slots_for, sweep
+from eplb.synthetic import drifting_counts
+
+COST = eplb.CostModel.preset("H100", "gpt-oss-20b", regime="compute")
+
+
+@pytest.fixture(scope="module")
+def series():
+    return drifting_counts(60, 2, 32, drift=0.1, tokens=512, num_groups=8, seed=4)
+
+
+def test_every_combination_once_and_the_same_in_a_pool(series):
+    kwargs = dict(extra_slots_per_gpu=(0, 2), num_gpus=(8, 6), num_nodes=(1, 2), num_groups=8,
+                  policies=("none", "balancer"), cost_model=COST)
+    alone = sweep(series, workers=1, **kwargs)
+    # 6 GPUs on 2 nodes is a valid pair too; every (extra, GPUs, nodes, policy) appears once
+    assert len(alone) == 2 * 2 * 2 * 2
+    for r in alone:
+        assert r["num_slots"] == slots_for(32, r["num_gpus"], r["extra_slots_per_gpu"])
+        assert r["num_slots"] % r["num_gpus"] == 0 and r["num_slots"] >= 32
+        assert r["lost_with_stalls_share"] >= r["lost_share"] >= 0
+        assert r["hierarchical"]  # 8 groups divide over 1 and 2 nodes (the published rule)
+        if r["policy"] == "no rebalancing":
+            assert r["copies"] == 0 and r["rebalances"] == 0
+    pooled = sweep(series, workers=2, **kwargs)
+    drop = lambda rows: [{k: v for k, v in r.items() if k != "wall_time_s"} for r in rows]  # noqa: E731
+    assert drop(pooled) == drop(alone), "a process pool gives the same rows in the same order"
+
+
+def test_more_replica_memory_for_more_extra_slots(series):
+    rows = sweep(series, extra_slots_per_gpu=(0, 1, 3), num_gpus=(8,), policies=("none",), cost_model=COST, workers=1)
+    memory = [r["replica_memory_per_gpu_bytes"] for r in rows]
+    assert memory[0] == 0 and memory[1] < memory[2]
+    assert memory[1] == pytest.approx(2 * COST.expert_bytes)   # one replica per GPU in each of 2 layers
+
+
+def test_a_policy_from_outside_plugs_in(series):
+    own = functools.partial(eplb.FixedInterval, 20, 20, eplb.rebalance_experts)
+    rows = sweep(series, num_gpus=(8,), extra_slots_per_gpu=(1,), policies=(own, "none"), cost_model=COST, workers=2)
+    assert rows[0]["rebalances"] >= 2 and rows[1]["rebalances"] == 0
+
+
+def test_knee_is_where_one_more_slot_stops_paying():
+    rows = [{"num_gpus": 8, "num_nodes": 1, "dispatch": "uniform", "policy": "p", "extra_slots_per_gpu": e,
+             "lost_with_stalls_share": lost} for e, lost in ((0, 0.40), (1, 0.20), (2, 0.15), (3, 0.145))]
+    assert knee(rows, threshold=0.01) == {(8, 1, "uniform", "p"): 2}
+    assert knee(rows, threshold=0.3) == {(8, 1, "uniform", "p"): 0}
+
+
+@pytest.mark.parametrize("bad", [dict(num_gpus=(0,)), dict(dispatch=("shares",)), dict(policies=("fast",)),
+                                 dict(num_gpus=(6,), num_nodes=(4,)), dict(extra_slots_per_gpu=())])
+def test_bad_axes_are_refused(series, bad):
+    with pytest.raises(ValueError):
+        sweep(series, cost_model=COST, workers=1, **{"num_gpus": (8,), **bad})
+
+
+def test_sweep_command_writes_the_table_and_the_knee_plot(tmp_path, series):
+    steps = tmp_path / "steps.npy"
+    np.save(steps, series)
+    runner = CliRunner()
+    result = runner.invoke(main, ["sweep", str(steps), "--extra-slots", "0,1", "--gpus", "8", "--nodes", "1,2",
+                                  "--groups", "8", "-p", "none", "--model", "gpt-oss-20b", "--workers", "1",
+                                  "-o", str(tmp_path / "out")])
+    assert result.exit_code == 0, result.output
+    assert "knee" in result.output
+    assert (tmp_path / "out" / "sweep.csv").read_text().count("\n") == 1 + 4
+    assert (tmp_path / "out" / "sweep.png").stat().st_size > 0
+    bad = runner.invoke(main, ["sweep", str(steps), "--gpus", "eight", "-o", str(tmp_path / "x")])
+    assert bad.exit_code == 2 and "--gpus" in bad.output
