@@ -157,6 +157,23 @@ def warmup(experts, slots, gpus, nodes, groups, methods, no_balancer, quiet):
 # -- plan ------------------------------------------------------------------------------------------
 
 
+def deployment_arguments(command):
+    """COUNTS and the deployment flags (--slots, --gpus, --nodes, --groups) of plan and simulate."""
+    options = [
+        click.argument("counts", type=click.Path(path_type=Path)),
+        click.option("--slots", "-s", type=click.IntRange(min=1), required=True,
+                     help="Physical expert slots in all (S >= E)."),
+        click.option("--gpus", "-g", type=click.IntRange(min=1), required=True, help="GPUs (ranks); S must divide by it."),
+        click.option("--nodes", "-n", type=click.IntRange(min=1), default=1, show_default=True,
+                     help="Nodes; GPUs must divide by it."),
+        click.option("--groups", "-k", type=click.IntRange(min=1), default=None,
+                     help="Expert groups (kept on one node each when groups divide by nodes). Default: none."),
+    ]
+    for option in reversed(options):
+        command = option(command)
+    return command
+
+
 def _accepts(fn, name: str) -> bool:
     parameters = inspect.signature(fn).parameters
     return name in parameters
@@ -238,12 +255,7 @@ def _check_previous(previous, placement_like, path):
 
 
 @main.command()
-@click.argument("counts", type=click.Path(path_type=Path))
-@click.option("--slots", "-s", type=click.IntRange(min=1), required=True, help="Physical expert slots in all (S >= E).")
-@click.option("--gpus", "-g", type=click.IntRange(min=1), required=True, help="GPUs (ranks); S must divide by it.")
-@click.option("--nodes", "-n", type=click.IntRange(min=1), default=1, show_default=True, help="Nodes; GPUs must divide by it.")
-@click.option("--groups", "-k", type=click.IntRange(min=1), default=None,
-              help="Expert groups (kept on one node each when groups divide by nodes). Default: none.")
+@deployment_arguments
 @click.option("--method", "-m", type=click.Choice(sorted(METHODS)), default=DEFAULT_METHOD, show_default=True,
               help="Planning method.")
 @click.option("--previous", type=click.Path(path_type=Path), default=None,
@@ -643,12 +655,7 @@ def _simulation_policy(name: str, method, check_every: int):
 
 
 @main.command()
-@click.argument("counts", type=click.Path(path_type=Path))
-@click.option("--slots", "-s", type=click.IntRange(min=1), required=True, help="Physical expert slots in all (S >= E).")
-@click.option("--gpus", "-g", type=click.IntRange(min=1), required=True, help="GPUs (ranks); S must divide by it.")
-@click.option("--nodes", "-n", type=click.IntRange(min=1), default=1, show_default=True, help="Nodes; GPUs must divide by it.")
-@click.option("--groups", "-k", type=click.IntRange(min=1), default=None,
-              help="Expert groups (kept on one node each when groups divide by nodes). Default: none.")
+@deployment_arguments
 @click.option("--policy", "-p", "policies", multiple=True,
               help="Rebalancing policy, repeatable: none, vllm (every 3000 steps from 1000), sglang (every 1000), "
                    "balancer (eplb.Balancer), every:N[/W] (every N steps from the last W). "
