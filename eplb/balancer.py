@@ -33,6 +33,8 @@ import numpy as np
 from ._validation import as_int
 from .api import make_problem
 from .bounds import average_bound, replica_bound
+from .cost import CostModel
+from .kernels.simulate import gpu_work
 from .kernels.window import first_bad_count, store_logical, store_physical, weighted_window
 from .methods import DEFAULT_METHOD, get_method
 from .migration import plan_near, warm_search_kernels
@@ -74,6 +76,14 @@ class Balancer:
         move_cost: ... plus ``move_cost`` times the fraction of slots that change (the migration cost
             expressed in balancedness points: with 0.05, moving every slot must buy 0.05).
         expert_bytes: bytes of one expert's weights in one layer (for transfer-plan byte totals).
+        cost_model: decide in time instead (:class:`eplb.CostModel`): rebalance when the step time the
+            candidate plan saves on the window's mean pass, times ``horizon`` passes, exceeds the
+            time its weight copies stall serving (``copy_mode="stall"``; copies beside serving or free
+            cost nothing). ``min_gain`` still skips planning when even an optimal plan gains less
+            balancedness; ``move_cost`` is not used. Not part of :meth:`state_dict` (pass it again to
+            :meth:`from_state_dict`).
+        horizon: passes a new placement is expected to serve before the next decision (default: the
+            window); with ``cost_model`` only.
         placement: the placement in service at start (default: slot ``s`` holds expert ``s % E``).
         options: passed to the planning method.
         threads: plan chunks of layers on this many threads (the kernels release the GIL); the
@@ -98,9 +108,13 @@ class Balancer:
                  method: str = DEFAULT_METHOD, tolerance: float | None = DEFAULT_TOLERANCE, max_moves=None,
                  min_gain: float = 0.01, move_cost: float = 0.05, expert_bytes: int | None = None,
                  placement: Placement | None = None, options: dict | None = None, threads: int = 1,
-                 compile: str = "eager"):
+                 compile: str = "eager", cost_model: CostModel | None = None, horizon: int | None = None):
         self.num_layers = as_int(num_layers, "num_layers", minimum=1)
         self.num_experts = as_int(num_experts, "num_experts", minimum=1)
+        if cost_model is not None and not isinstance(cost_model, CostModel):
+            raise ValueError(f"cost_model must be an eplb.CostModel or None, got {type(cost_model).__name__}")
+        self.cost_model = cost_model
+        self.horizon = None if horizon is None else as_int(horizon, "horizon", minimum=1)
         problem = make_problem(self.num_experts, num_slots, num_gpus, num_nodes, num_groups, topology)
         self._problem = problem
         self.topology = problem.topology
@@ -154,15 +168,22 @@ class Balancer:
                             tolerance=tolerance, max_moves=self.max_moves, options=self.options)
             if compile == "eager":
                 warm_kernels(self.num_experts, **settings)
+                self._warm_cost_model()
                 self._compiled.set()
             else:
                 threading.Thread(target=self._warm_in_background, args=(settings,), daemon=True,
                                  name="eplb-balancer-compile").start()
 
     # -- compiling -------------------------------------------------------------------------------
+    def _warm_cost_model(self) -> None:
+        """Compile the pricing kernel a decision in time uses (nothing without a cost model)."""
+        if self.cost_model is not None:
+            self._step_time(self.placement, np.ones((self.num_layers, self.num_experts)))
+
     def _warm_in_background(self, settings: dict) -> None:
         try:
             warm_kernels(self.num_experts, **settings)
+            self._warm_cost_model()
         except BaseException as exc:  # handed to the next decision or rebalance
             self._compile_error = exc
         finally:
@@ -278,12 +299,42 @@ class Balancer:
         candidate = self._plan(load)
         gain = float(balancedness(candidate.gpu_loads(load)).mean()) - current
         moved = float(np.sum(candidate.info["slots_changed"])) / candidate.phy2log.size
-        worth = gain >= self.min_gain + self.move_cost * moved
         self._candidate = (steps, rebalances, candidate)
-        self.last_decision = {**decision, "rebalance": bool(worth), "gain": gain, "moved_fraction": moved,
-                              "cost": self.move_cost * moved,
-                              "reason": "gain exceeds cost" if worth else "gain below min_gain + migration cost"}
+        if self.cost_model is None:
+            worth = gain >= self.min_gain + self.move_cost * moved
+            self.last_decision = {**decision, "rebalance": bool(worth), "gain": gain, "moved_fraction": moved,
+                                  "cost": self.move_cost * moved,
+                                  "reason": "gain exceeds cost" if worth else "gain below min_gain + migration cost"}
+        else:
+            per_pass = load / self._effective_passes()
+            now, new = self._step_time(self.placement, per_pass), self._step_time(candidate, per_pass)
+            horizon = self.horizon or self.window
+            saved = (now - new) * horizon
+            copies = 0.0
+            if self.cost_model.copy_mode == "stall":
+                copies = self.cost_model.transfer_time(transfer_plan(self.placement, candidate,
+                                                                     expert_bytes=int(self.cost_model.expert_bytes)))
+            worth = saved > copies
+            self.last_decision = {**decision, "rebalance": bool(worth), "gain": gain, "moved_fraction": moved,
+                                  "step_time_s": now, "step_time_new_s": new, "saved_s": saved, "copy_s": copies,
+                                  "reason": "time saved exceeds copy time" if worth else
+                                            "time saved below copy time"}
         return bool(worth)
+
+    def _effective_passes(self) -> float:
+        """The weight of the window's passes (their number without decay)."""
+        if self.decay is None:
+            return float(self._filled)
+        return float(np.sum(self.decay ** np.arange(self._filled)))
+
+    def _step_time(self, placement: Placement, per_pass: np.ndarray) -> float:
+        """Predicted seconds of one pass of ``per_pass [L, E]`` counts under ``placement`` (even split)."""
+        phy2log = np.ascontiguousarray(placement.phy2log)
+        shares = (1.0 / np.take_along_axis(placement.logcnt.astype(np.float64), phy2log, axis=1))[None]
+        tokens, active = gpu_work(per_pass[None], phy2log, np.ascontiguousarray(shares), self.topology.gpu_of_slot,
+                                  self.topology.num_gpus, True)
+        live = self.topology.slots_per_gpu > 0
+        return float(self.cost_model.step_time(tokens[..., live], active[..., live])[0])
 
     def rebalance(self, *, commit: bool = True) -> tuple[Placement, TransferPlan]:
         """Plan a new placement close to the one in service, for the window's loads.
@@ -392,9 +443,10 @@ class Balancer:
             self._candidate = None
 
     @classmethod
-    def from_state_dict(cls, state, *, compile: str = "eager") -> "Balancer":
-        """A new balancer with the configuration and state saved by :meth:`state_dict` (``compile``
-        as for the constructor: not part of the state)."""
+    def from_state_dict(cls, state, *, compile: str = "eager", cost_model: CostModel | None = None,
+                        horizon: int | None = None) -> "Balancer":
+        """A new balancer with the configuration and state saved by :meth:`state_dict` (``compile``,
+        ``cost_model`` and ``horizon`` as for the constructor: not part of the state)."""
         try:
             config = json.loads(str(np.asarray(state["config"])))
         except KeyError as exc:
@@ -410,7 +462,7 @@ class Balancer:
             raise ValueError(f"state config is missing the keys {missing}")
         topology = Topology.from_dict(config.pop("topology"))
         balancer = cls(config.pop("num_layers"), config.pop("num_experts"), topology=topology, compile=compile,
-                       **config)
+                       cost_model=cost_model, horizon=horizon, **config)
         balancer.load_state_dict(state)
         return balancer
 

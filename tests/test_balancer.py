@@ -432,3 +432,27 @@ def test_restored_state_with_an_unknown_config_key_is_refused():
     config["windw"] = 3
     with pytest.raises(ValueError, match=r"unknown keys \['windw'\]; accepted keys: .*'window'"):
         eplb.Balancer.from_state_dict({**state, "config": json.dumps(config)}, compile="lazy")
+
+
+def test_decisions_in_time_weigh_the_pass_time_saved_against_the_copy_stall():
+    """With a cost model the balancer rebalances when the time a plan saves over its horizon beats
+    the stall of its weight copies: over one pass it cannot, over many passes it does."""
+    from eplb.synthetic import skewed_counts
+
+    cost = eplb.CostModel.preset("H100", "deepseek-v3", regime="compute", copy_mode="stall")
+    loads = skewed_counts(4, 64, family="zipf", skew=1.2, tokens=4096, seed=3).astype(float)
+    decisions = {}
+    for horizon in (1, 10**6):
+        balancer = eplb.Balancer(4, 64, num_slots=80, num_gpus=8, cost_model=cost, horizon=horizon, compile="lazy")
+        balancer.record(loads)
+        decisions[horizon] = (balancer.should_rebalance(), dict(balancer.last_decision))
+    (short, short_why), (long, long_why) = decisions[1], decisions[10**6]
+    assert short_why["step_time_new_s"] < short_why["step_time_s"], "the candidate is faster per pass"
+    assert short_why["copy_s"] > short_why["saved_s"] and not short
+    assert long and long_why["saved_s"] > long_why["copy_s"]
+    free = eplb.Balancer(4, 64, num_slots=80, num_gpus=8, cost_model=cost.with_(copy_mode="free"), horizon=1,
+                         compile="lazy")
+    free.record(loads)
+    assert free.should_rebalance() and free.last_decision["copy_s"] == 0.0
+    with pytest.raises(ValueError, match="cost_model"):
+        eplb.Balancer(4, 64, num_slots=80, num_gpus=8, cost_model="H100", compile="lazy")
