@@ -39,7 +39,7 @@ from .kernels.window import first_bad_count, store_logical, store_physical, weig
 from .methods import DEFAULT_METHOD, get_method
 from .migration import plan_near, warm_search_kernels
 from .metrics import balancedness
-from .placement import Placement
+from .placement import Placement, uniform_shares
 from .topology import Topology
 from .transfer import TransferPlan, transfer_plan
 
@@ -330,7 +330,7 @@ class Balancer:
     def _step_time(self, placement: Placement, per_pass: np.ndarray) -> float:
         """Predicted seconds of one pass of ``per_pass [L, E]`` counts under ``placement`` (even split)."""
         phy2log = np.ascontiguousarray(placement.phy2log)
-        shares = (1.0 / np.take_along_axis(placement.logcnt.astype(np.float64), phy2log, axis=1))[None]
+        shares = uniform_shares(phy2log, placement.logcnt)[None]
         tokens, active = gpu_work(per_pass[None], phy2log, np.ascontiguousarray(shares), self.topology.gpu_of_slot,
                                   self.topology.num_gpus, True)
         live = self.topology.slots_per_gpu > 0

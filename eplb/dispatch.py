@@ -13,13 +13,8 @@ import numpy as np
 
 from ._validation import as_counts
 from .kernels.dispatch import optimal_shares, share_gpu_loads
-from .placement import Placement, check_placement, check_shares
+from .placement import Placement, check_placement, check_shares, uniform_shares  # noqa: F401  (re-exported)
 from .topology import Topology
-
-def uniform_shares(phy2log: np.ndarray, logcnt: np.ndarray) -> np.ndarray:
-    """``[L, S]`` float64: ``1 / logcnt`` of each slot's expert (``phy2log [L, S]``, ``logcnt [L, E]``)."""
-    return 1.0 / np.take_along_axis(np.asarray(logcnt, dtype=np.float64), np.asarray(phy2log), axis=1)
-
 
 def _flat(weights: np.ndarray, phy2log: np.ndarray):
     """``[T, L, E]`` counts and ``[L, S]`` placement as ``T * L`` layers (a series is per window)."""

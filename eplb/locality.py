@@ -31,9 +31,11 @@ import numpy as np
 
 from .bounds import average_bound, lower_bound
 from .dispatch import optimal_dispatch
+from .kernels.layout import replica_counts
 from .kernels.locality import off_node_pieces
 from .methods import get_method
 from .searches import group_assignment
+from .placement import uniform_shares
 from .problem import Problem
 from .topology import Topology
 
@@ -66,10 +68,10 @@ def gpu_loads_with_shares(weights: np.ndarray, phy2log: np.ndarray, shares: np.n
     return cumulative[..., offsets[1:]] - cumulative[..., offsets[:-1]]
 
 
-def uniform_shares(phy2log: np.ndarray, num_experts: int) -> np.ndarray:
-    """``[L, S]`` float64: ``1 / replicas`` of each slot's expert."""
-    counts = np.stack([np.bincount(row, minlength=num_experts) for row in phy2log])
-    return 1.0 / np.take_along_axis(counts, phy2log, axis=1)
+def even_shares(phy2log: np.ndarray, num_experts: int) -> np.ndarray:
+    """``[L, S]`` float64: the even split of ``phy2log [L, S]`` (:func:`eplb.placement.uniform_shares`)."""
+    phy2log = np.ascontiguousarray(phy2log, dtype=np.int64)
+    return uniform_shares(phy2log, replica_counts(phy2log, num_experts))
 
 
 def home_nodes(phy2log: np.ndarray, num_groups: int, num_experts: int, topology: Topology) -> np.ndarray:
@@ -163,7 +165,7 @@ def _place_nodes(weights: np.ndarray, home: np.ndarray, pieces: tuple, problem: 
     # experts with no tokens: split evenly over their replicas
     idle = np.take_along_axis(weights, phy2log, axis=1) <= 0
     if idle.any():
-        even = uniform_shares(phy2log, num_experts)
+        even = even_shares(phy2log, num_experts)
         shares[idle] = even[idle]
     _merge_duplicates(weights, phy2log, shares, topology)
     return phy2log, shares
@@ -232,7 +234,7 @@ def plan_locality(weights: np.ndarray, problem: Problem, max_off_node: float, me
     if max_off_node <= 0:
         base, _ = solve(weights, problem, **options)
         home = home_nodes(base, problem.num_groups, num_experts, topology)
-        return base, uniform_shares(base, num_experts), home, {
+        return base, even_shares(base, num_experts), home, {
             "off_node_fraction": np.zeros(num_layers), "source": np.zeros(num_layers, np.int64)}
     home, _ = group_assignment(weights, problem)
     per_node = topology.slots_per_gpu.reshape(topology.num_nodes, -1)
@@ -256,7 +258,7 @@ def plan_locality(weights: np.ndarray, problem: Problem, max_off_node: float, me
         phy2log, shares, other_home = local[0].copy(), local[1].copy(), home.copy()
         if rows.size:
             phy2log[rows], _ = solve(np.ascontiguousarray(weights[rows]), other, **options)
-            shares[rows] = uniform_shares(phy2log[rows], num_experts)
+            shares[rows] = even_shares(phy2log[rows], num_experts)
             other_home[rows] = busiest_nodes(weights[rows], phy2log[rows], shares[rows], problem.num_groups, topology)
         candidates.append((phy2log, shares, other_home))
     peaks = np.stack([gpu_loads_with_shares(weights, p, s, topology).max(axis=1) for p, s, _ in candidates])

@@ -77,6 +77,12 @@ def check_shares(shares, phy2log: np.ndarray, num_experts: int) -> np.ndarray:
 DISPATCH_MODES = ("uniform", "shares", "optimal")
 
 
+def uniform_shares(phy2log: np.ndarray, logcnt: np.ndarray) -> np.ndarray:
+    """``[L, S]`` float64: ``1 / logcnt`` of each slot's expert, the even split engines use
+    (``phy2log [L, S]``, ``logcnt [L, E]``)."""
+    return 1.0 / np.take_along_axis(np.asarray(logcnt, dtype=np.float64), np.asarray(phy2log), axis=1)
+
+
 def _frozen(array: np.ndarray) -> np.ndarray:
     array = np.ascontiguousarray(array)
     array.setflags(write=False)
@@ -216,7 +222,7 @@ class Placement:
             return shares.reshape(weights.shape[:-1] + (self.num_slots,))
         if dispatch == "shares" and self.shares is not None:
             return self.shares
-        return 1.0 / np.take_along_axis(self.logcnt.astype(np.float64), self.phy2log, axis=1)
+        return uniform_shares(self.phy2log, self.logcnt)
 
     def gpu_loads(self, counts, dispatch: str = "uniform") -> np.ndarray:
         """Tokens each GPU processes: ``counts [L, E] -> [L, G]`` (``[T, L, E] -> [T, L, G]``), with
