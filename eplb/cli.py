@@ -26,7 +26,7 @@ from .methods import DEFAULT_METHOD, METHODS
 from .metrics import moe_layers, moe_mean
 from .report import Bound, bound_for, moe_note
 
-COUNTS_FORMAT_NAMES = ("npy", "npz", "csv", "logical-count-json", "sglang-dump", "trtllm-stats")
+COUNTS_FORMAT_NAMES = ("npy", "npz", "csv", "logical-count-json", "sglang-dump", "sglang-detail", "trtllm-stats")
 PLACEMENT_FORMAT_NAMES = ("eplb", "npz", "sglang", "trtllm")
 
 
@@ -278,6 +278,9 @@ def _check_previous(previous, placement_like, path):
                    "then carries shares, which eplb JSON keeps.")
 @click.option("--input-format", type=click.Choice(COUNTS_FORMAT_NAMES), default=None,
               help="Format of COUNTS (default: detected from the name).")
+@click.option("--phase", type=click.Choice(["prefill", "decode"]), default=None,
+              help="Plan from the passes of this phase only (a pool serving one phase); needs COUNTS that record "
+                   "each pass's phase (SGLang's per_token dump).")
 @click.option("--format", "-f", "output_format", type=click.Choice(PLACEMENT_FORMAT_NAMES), default=None,
               help="Output format (default: from the suffix of -o: .json eplb, .npz, .yaml trtllm; "
                    "SGLang's .json needs --format sglang).")
@@ -290,8 +293,8 @@ def _check_previous(previous, placement_like, path):
 @quiet_option
 @friendly_errors
 def plan(counts, slots, gpus, nodes, groups, method, previous, previous_format, tolerance, max_moves, time_limit,
-         deterministic_time, max_off_node, input_format, output_format, output, layer_updates_per_iter, transpose,
-         allow_shape, quiet):
+         deterministic_time, max_off_node, input_format, phase, output_format, output, layer_updates_per_iter,
+         transpose, allow_shape, quiet):
     """Plan a placement from recorded expert COUNTS and write it for your engine.
 
     COUNTS is a file or a TensorRT-LLM statistics folder; a series [T, L, E] is summed over
@@ -300,6 +303,9 @@ def plan(counts, slots, gpus, nodes, groups, method, previous, previous_format, 
     max GPU load to the proven lower bound and which bound (hierarchical with the groups, or
     global), what the hierarchy costs (the balancedness a plan without groups reaches), with
     --previous the deployed plan's balancedness on these counts and the moves, and the time taken.
+
+    --phase prefill|decode plans a pool that serves one phase from the passes of that phase (and
+    prints how many of the file's passes it kept); COUNTS must record each pass's phase.
 
     -o must not name an input file; an existing output file is replaced (a note says so on
     stderr). SGLang output also writes <name>.eplb.json beside it with the configuration.
@@ -346,6 +352,11 @@ def plan(counts, slots, gpus, nodes, groups, method, previous, previous_format, 
 
     start = time.perf_counter()
     data = read_counts(counts, input_format, transpose=transpose, allow_shape=allow_shape)
+    if phase is not None:
+        if data.phases is None:
+            raise click.BadParameter(f"{counts} records no phase per pass (only SGLang's per_token detail dump "
+                                     "records one): plan it without --phase", param_hint="--phase")
+        data = data.select_phase(phase)
     weights = data.weights
     num_layers, num_experts = weights.shape
     prev = None
@@ -377,7 +388,8 @@ def plan(counts, slots, gpus, nodes, groups, method, previous, previous_format, 
     configuration = {
         "num_slots": slots, "num_gpus": gpus, "num_nodes": nodes, "num_groups": groups, "method": method,
         "options": options, "counts_file": str(counts), "counts_format": data.format,
-        "counts_shape": list(data.counts.shape), "previous": None if previous is None else str(previous),
+        "counts_shape": list(data.counts.shape), "phase": phase,
+        "previous": None if previous is None else str(previous),
         "migration_aware": used_previous, "migration": migration, "command": "eplb " + shlex.join(sys.argv[1:]),
     }
     diagnostics = {
@@ -400,6 +412,8 @@ def plan(counts, slots, gpus, nodes, groups, method, previous, previous_format, 
     finite = gap[np.isfinite(gap) & moe] if moe.any() else gap[np.isfinite(gap)]
     lines = [
         f"counts   {data.path} ({data.format}): {_shape_text(data)}",
+        *([f"phase    {phase}: {data.metadata['windows_selected']} of {data.metadata['windows_total']} passes "
+           "selected"] if phase is not None else []),
         f"plan     {method}: {num_layers} layers x {num_experts} experts -> {slots} slots on {gpus} GPUs"
         f" in {nodes} node{'s' if nodes > 1 else ''}" + (f", {groups} groups" if groups else ""),
         f"balance  {moe_mean(before, weights):.4f} without rebalancing -> {moe_mean(after, weights):.4f} with the plan"
@@ -674,6 +688,8 @@ def _simulation_policy(name: str, method, check_every: int):
               help="Layer time: max of compute and weight reads, or one of them.")
 @click.option("--copy-mode", type=click.Choice(["stall", "overlap", "free"]), default="stall", show_default=True,
               help="Weight copies stall serving, run beside it, or cost nothing.")
+@click.option("--layers-per-step", type=click.IntRange(min=1), default=None,
+              help="Apply a rebalance this many layers per step, in layer order (default: all layers at once).")
 @click.option("--dispatch", type=click.Choice(["uniform", "optimal"]), default="uniform", show_default=True)
 @click.option("--input-format", type=click.Choice(COUNTS_FORMAT_NAMES), default=None,
               help="Format of COUNTS (default: detected from the name).")
@@ -684,13 +700,13 @@ def _simulation_policy(name: str, method, check_every: int):
 @quiet_option
 @friendly_errors
 def simulate(counts, slots, gpus, nodes, groups, policies, method, rebalance_fn, check_every, hardware, model, regime,
-             copy_mode, dispatch, input_format, output, transpose, allow_shape, quiet):
+             copy_mode, layers_per_step, dispatch, input_format, output, transpose, allow_shape, quiet):
     """Replay recorded per-step COUNTS [T, L, E] through a deployment and rebalancing policies.
 
     Every policy starts from the greedy plan of the first step. Prints, per policy, the MoE time
-    lost to imbalance (as a share of the perfectly balanced time; with the copies' stalls),
-    rebalances and expert-weight copies, and writes a table, per-step CSV, PNG figures and an
-    HTML page into -o.
+    lost to imbalance (as a share of the perfectly balanced time; with the copies' stalls), the
+    longest single stall, rebalances and expert-weight copies, and writes a table, per-step CSV,
+    PNG figures and an HTML page into -o.
 
     \b
     Example:
@@ -710,16 +726,19 @@ def simulate(counts, slots, gpus, nodes, groups, policies, method, rebalance_fn,
     for name in policies or SIMULATE_POLICIES:
         policy = _simulation_policy(name, plan_with, check_every)
         results.append(run_simulation(data.counts, num_slots=slots, num_gpus=gpus, num_nodes=nodes, num_groups=groups,
-                                      policy=policy, cost_model=cost, dispatch=dispatch))
+                                      policy=policy, cost_model=cost, dispatch=dispatch,
+                                      layers_per_step=layers_per_step))
     written = write_simulation_report(results, output, title=f"eplb simulate {data.path.name}")
     if quiet:
         return
     lines = [f"counts   {data.path} ({data.format}): {data.counts.shape[0]} steps x {data.counts.shape[1]} layers"
-             f" x {data.counts.shape[2]} experts; cost model {cost.name}, {regime}, copies {copy_mode}"]
+             f" x {data.counts.shape[2]} experts; cost model {cost.name}, {regime}, copies {copy_mode}"
+             + (f", applied {layers_per_step} layer(s) per step" if layers_per_step else "")]
     for r in results:
         s = r.summary()
         lines.append(f"{s['policy']:<40} lost {100 * s['lost_share']:6.2f}%  with stalls "
-                     f"{100 * s['lost_with_stalls_share']:6.2f}%  rebalances {s['rebalances']:4d}  copies {s['copies']}")
+                     f"{100 * s['lost_with_stalls_share']:6.2f}%  max stall {s['max_stall_s']:.3g} s  "
+                     f"rebalances {s['rebalances']:4d}  copies {s['copies']}")
     lines.append(f"wrote    {written['html']}")
     click.echo("\n".join(lines))
 

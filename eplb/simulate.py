@@ -8,6 +8,30 @@ already holds that expert) and switches to it (``copy_mode`` of the cost model: 
 copy time to the step; ``"overlap"`` keeps serving the old placement until the copies are done;
 ``"free"`` switches at once for nothing).
 
+Applying a rebalance in chunks of layers
+----------------------------------------
+With ``layers_per_step=k`` the engine applies a new placement ``k`` layers per step, as
+TensorRT-LLM can (``layer_updates_per_iter``): the layers the new placement changes are queued in
+layer order; after the step the policy returned it, the first ``k`` of them get their copies
+(those layers' rows of the rebalance's transfer plan: the same copies as applied at once), after
+the next step the next ``k``, and so on, at most one chunk started after any step. ``"stall"``: a
+chunk's copy time is the stall after the step it is copied, and its layers switch then;
+``"overlap"``: a chunk's layers switch once its copies are done in serving time, and the next
+chunk starts then; ``"free"``: a chunk's layers switch at once. A chunk's copy time is its own
+slowest GPU's, so the chunks' times add up to at least the all-at-once time (equal when every
+chunk has the same slowest GPU): chunking trades one long stall for shorter ones that may add up
+to more. Until a layer switches, its old placement serves it, so the placement in service is a
+per-layer mix, and each step is priced with that mix (a layer's time depends only on its own
+placement). Layers the new placement leaves unchanged take no turn.
+
+If the policy returns another placement while one is being applied, the newest replaces it for
+every layer: the layers not yet switched go straight to the newest plan, layers already switched
+are moved again only where the newest plan changes them, and the queue is rebuilt (in layer order)
+from the layers that differ from the newest plan. Its copies are priced from what each layer holds
+at that moment (a layer whose copies are in flight, in ``"overlap"``, counted as holding what it is
+being copied to, as when a whole placement is superseded; those in-flight copies are then replaced
+by the new plan's chunks).
+
 Policies
 --------
 A policy is any object with two methods (write your own, or wrap your own planning function)::
@@ -45,14 +69,16 @@ from .api import make_problem
 from .balancer import Balancer
 from .cost import CostModel
 from .dispatch import optimal_dispatch, uniform_shares
+from .kernels.layout import replica_counts
 from .kernels.simulate import gpu_work
 from .methods import DEFAULT_METHOD, get_method
 from .placement import Placement
 from .topology import Topology
-from .transfer import KINDS, transfer_plan
+from .transfer import KINDS, TransferPlan, transfer_plan
 
 DISPATCH_MODES = ("uniform", "optimal")
 CHUNK = 256  # steps priced at once
+_PLAN_FIELDS = ("layer", "expert", "src_slot", "dst_slot", "src_gpu", "dst_gpu", "kind")
 
 
 @dataclass(frozen=True)
@@ -208,11 +234,16 @@ class SimulationResult:
         stall_time: ``[T]`` time serving waited for weight copies after step ``t``.
         copies: ``[T, 3]`` slots whose expert changed after step ``t``, by where the weights come
             from: the same GPU (a local move, not a copy between GPUs), the same node, another node.
-        copy_time: ``[T]`` duration of the copies started after step ``t``.
-        rebalance_steps: ``[R]`` steps after which a new placement was adopted (the copies start).
+            Applied in chunks of layers, a rebalance's copies are spread over the steps of its chunks.
+        copy_time: ``[T]`` duration of the copies started after step ``t`` (one chunk's, when chunked).
+        rebalance_steps: ``[R]`` steps after which a policy's new placement was adopted (its first
+            copies start).
         policy: the policy's name; cost_model: the :class:`CostModel`; expert_bytes: bytes per copy.
-        final_placement: the placement in service at the end.
+        final_placement: the placement in service at the end, copies in flight counted as landed;
+            when a rebalance applied in chunks of layers is unfinished, a per-layer mix of the old
+            and the new placements (``method="mixed"``).
         wall_time_s: seconds the simulation took.
+        extra: ``{"layers_per_step": k}`` when the simulation applied rebalances in chunks, else empty.
     """
 
     layer_time: np.ndarray
@@ -249,7 +280,8 @@ class SimulationResult:
         return result
 
     def summary(self) -> dict[str, Any]:
-        """Totals: time lost to imbalance (and with stalls) as a share of the balanced time,
+        """Totals: time lost to imbalance (and with stalls) as a share of the balanced time, the
+        largest single stall (``max_stall_s``: the latency spike requests in flight see),
         rebalances, and weight copies between GPUs (``copies``: a slot whose expert changes, unless
         its GPU already holds that expert; those are ``local_moves``, within one GPU's HBM) and the
         bytes they move."""
@@ -260,6 +292,7 @@ class SimulationResult:
         return {
             "policy": self.policy, "steps": int(self.layer_time.shape[0]),
             "moe_time_s": moe, "balanced_time_s": ideal, "stall_time_s": stall,
+            "max_stall_s": float(self.stall_time.max()) if self.stall_time.size else 0.0,
             "lost_share": (moe - ideal) / ideal if ideal > 0 else 0.0,
             "lost_with_stalls_share": (moe + stall - ideal) / ideal if ideal > 0 else 0.0,
             "rebalances": self.num_rebalances,
@@ -273,14 +306,18 @@ class SimulationResult:
 # ------------------------------------------------------------------------------------ simulation
 
 class _Pricing:
-    """Turns counts into per-GPU tokens and activated slots under one placement and dispatch."""
+    """Turns counts into per-GPU tokens and activated slots under one placement and dispatch.
 
-    def __init__(self, placement: Placement, dispatch: str):
-        topology = placement.topology
-        self.placement = placement
+    Args:
+        phy2log: ``[L, S]`` int64, the placement in service (possibly a per-layer mix of plans).
+        topology, num_experts: the deployment's; dispatch: ``"uniform"`` or ``"optimal"``.
+    """
+
+    def __init__(self, phy2log: np.ndarray, topology: Topology, num_experts: int, dispatch: str):
+        self.topology = topology
         self.dispatch = dispatch
-        self.phy2log = np.ascontiguousarray(placement.phy2log)
-        self.uniform = uniform_shares(placement.phy2log, placement.logcnt)[None]  # [1, L, S]
+        self.phy2log = np.array(phy2log, dtype=np.int64, order="C")  # a copy: the caller's mix changes
+        self.uniform = uniform_shares(self.phy2log, replica_counts(self.phy2log, num_experts))[None]  # [1, L, S]
         self.gpu_of_slot = topology.gpu_of_slot
         self.num_gpus = topology.num_gpus
         self.live = topology.slots_per_gpu > 0  # GPUs that serve
@@ -289,9 +326,20 @@ class _Pricing:
         """``counts [B, L, E]`` -> tokens ``[B, L, G]`` and activated slots ``[B, L, G]``."""
         counts = np.ascontiguousarray(counts, dtype=np.float64)
         if self.dispatch == "optimal":
-            shares, _ = optimal_dispatch(counts, self.phy2log, self.placement.topology)
+            shares, _ = optimal_dispatch(counts, self.phy2log, self.topology)
             return gpu_work(counts, self.phy2log, shares, self.gpu_of_slot, self.num_gpus, False)
         return gpu_work(counts, self.phy2log, self.uniform, self.gpu_of_slot, self.num_gpus, True)
+
+
+def _copies_of_layers(plan: TransferPlan, layers: np.ndarray) -> TransferPlan:
+    """The copies of ``plan`` whose layer is in ``layers [n]`` (the whole plan when it has no other)."""
+    wanted = np.zeros(plan.num_layers, bool)
+    wanted[layers] = True
+    keep = wanted[plan.layer]
+    if keep.all():
+        return plan
+    return TransferPlan(*(getattr(plan, name)[keep] for name in _PLAN_FIELDS), num_layers=plan.num_layers,
+                        topology=plan.topology, expert_bytes=plan.expert_bytes)
 
 
 def _as_placement(value, deployment: Deployment, what: str) -> Placement:
@@ -315,7 +363,8 @@ def _series_block(series, start: int, stop: int) -> np.ndarray:
 
 def simulate(series, *, num_slots=None, num_gpus=None, num_nodes=1, num_groups=None, policy=None,
              cost_model: CostModel | None = None, dispatch: str = "uniform", initial=None,
-             topology: Topology | None = None, initial_steps: int = 1) -> SimulationResult:
+             topology: Topology | None = None, initial_steps: int = 1,
+             layers_per_step: int | None = None) -> SimulationResult:
     """Replay ``series`` through a deployment and a rebalancing policy.
 
     Args:
@@ -327,12 +376,17 @@ def simulate(series, *, num_slots=None, num_gpus=None, num_nodes=1, num_groups=N
         dispatch: ``"uniform"`` or ``"optimal"`` (see the module docstring).
         initial: the placement in service at step 0 (a :class:`Placement` or ``phy2log [L, S]``);
             default: the greedy plan of the first ``initial_steps`` steps.
+        layers_per_step: ``None`` (default): a new placement's layers switch all at once. An integer
+            ``k >= 1``: the engine applies it ``k`` layers per step, in layer order (see "Applying
+            a rebalance in chunks of layers" in the module docstring); ``k >= L`` is all at once.
     Returns:
         A :class:`SimulationResult`.
     """
     start_wall = time.perf_counter()
     if dispatch not in DISPATCH_MODES:
         raise ValueError(f"dispatch must be one of {DISPATCH_MODES}, got {dispatch!r}")
+    if layers_per_step is not None:
+        layers_per_step = as_int(layers_per_step, "layers_per_step", minimum=1)
     if isinstance(series, np.ndarray) or not hasattr(series, "block"):
         series = np.asarray(series)
         if series.ndim != 3 or series.dtype.kind not in "biuf":
@@ -357,7 +411,8 @@ def simulate(series, *, num_slots=None, num_gpus=None, num_nodes=1, num_groups=N
     if initial is None:
         steps = as_int(initial_steps, "initial_steps", minimum=1)
         initial = deployment.plan(_series_block(series, 0, min(steps, num_steps)).sum(axis=0), "greedy")
-    current = _as_placement(initial, deployment, "initial")
+    target = _as_placement(initial, deployment, "initial")  # the newest plan adopted
+    step_layers = num_layers if layers_per_step is None else layers_per_step
 
     layer_time = np.empty((num_steps, num_layers))
     balanced = np.empty((num_steps, num_layers))
@@ -365,10 +420,15 @@ def simulate(series, *, num_slots=None, num_gpus=None, num_nodes=1, num_groups=N
     copies = np.zeros((num_steps, 3), np.int64)
     copy_time = np.zeros(num_steps)
     rebalance_steps = []
-    pricing = _Pricing(current, dispatch)
-    pending: tuple[Placement, float] | None = None  # (placement, serving time when its copies finish)
+    # The placement in service is a per-layer mix while a plan is being applied:
+    serving = np.array(target.phy2log)  # [L, S] what serves each layer
+    held = serving.copy()  # [L, S] what each layer holds once the copies started have landed
+    pricing = _Pricing(serving, deployment.topology, num_experts, dispatch)
+    plan: TransferPlan | None = None  # the copies from `held` to `target` when the plan was adopted
+    queue = np.empty(0, np.int64)  # [n] layers still to switch to `target`, in order
+    in_flight: tuple[np.ndarray, float] | None = None  # (layers, serving time when their copies finish)
     clock = 0.0
-    policy.start(current, deployment)
+    policy.start(target, deployment)
     live = pricing.live
 
     def price(block: np.ndarray, offset: int) -> None:
@@ -379,52 +439,68 @@ def simulate(series, *, num_slots=None, num_gpus=None, num_nodes=1, num_groups=N
         layer_time[rows] = cost_model.layer_time(tokens, active)
         balanced[rows] = cost_model.balanced_layer_time(tokens, active)
 
+    def catch_up(block: np.ndarray, i: int) -> None:
+        """Price the steps up to block row ``i`` with the placement in service now."""
+        nonlocal priced_until, clock
+        t = chunk_start + i
+        if priced_until <= t:
+            price(block[priced_until - chunk_start:i + 1], priced_until)
+            clock += layer_time[priced_until:t + 1].sum()
+            priced_until = t + 1
+
+    def switch(layers: np.ndarray) -> None:
+        nonlocal pricing
+        serving[layers] = held[layers]
+        pricing = _Pricing(serving, deployment.topology, num_experts, dispatch)
+
     for chunk_start in range(0, num_steps, CHUNK):
         block = _series_block(series, chunk_start, min(chunk_start + CHUNK, num_steps))
         priced_until = chunk_start  # steps before this are priced
         for i in range(block.shape[0]):
             t = chunk_start + i
-            if pending is not None:  # price step by step while copies run beside serving
-                price(block[i:i + 1], t)
-                priced_until = t + 1
-                clock += layer_time[t].sum()
-                if clock >= pending[1]:
-                    current, pending = pending[0], None
-                    pricing = _Pricing(current, dispatch)
+            if in_flight is not None:  # price step by step while copies run beside serving
+                catch_up(block, i)
+                if clock >= in_flight[1]:
+                    switch(in_flight[0])
+                    in_flight = None
             new = policy.observe(t, block[i])
-            if new is None:
-                continue
-            new = _as_placement(new, deployment, f"the placement policy.observe returned at step {t}")
-            if priced_until <= t:  # price the steps served by the placement up to now
-                price(block[priced_until - chunk_start:i + 1], priced_until)
-                clock += layer_time[priced_until:t + 1].sum()
-                priced_until = t + 1
-            source = current if pending is None else pending[0]
-            plan = transfer_plan(source, new, expert_bytes=int(cost_model.expert_bytes))
-            kinds = np.bincount(plan.kind, minlength=3)
-            copies[t] = kinds
-            duration = cost_model.transfer_time(plan) if len(plan) else 0.0
-            copy_time[t] = duration
-            rebalance_steps.append(t)
-            if cost_model.copy_mode == "stall":
-                stall[t] = duration
-                clock += duration
-                current, pending = new, None
-            elif cost_model.copy_mode == "free" or duration == 0.0:
-                current, pending = new, None
-            else:
-                pending = (new, clock + duration)
-            if pending is None:
-                pricing = _Pricing(current, dispatch)
+            if new is not None:
+                new = _as_placement(new, deployment, f"the placement policy.observe returned at step {t}")
+                catch_up(block, i)  # the steps served by the placement up to now
+                plan = transfer_plan(held, new, expert_bytes=int(cost_model.expert_bytes))
+                target = new
+                changed = (held != new.phy2log).any(axis=1) | (serving != new.phy2log).any(axis=1)
+                queue = np.flatnonzero(changed)
+                in_flight = None  # superseded: its layers are in the queue again unless they serve `new`
+                rebalance_steps.append(t)
+            if in_flight is None and queue.size:  # the next chunk of layers: its copies start now
+                catch_up(block, i)
+                layers, queue = queue[:step_layers], queue[step_layers:]
+                part = _copies_of_layers(plan, layers)
+                copies[t] = np.bincount(part.kind, minlength=3)
+                duration = cost_model.transfer_time(part) if len(part) else 0.0
+                copy_time[t] = duration
+                held[layers] = target.phy2log[layers]
+                if cost_model.copy_mode == "stall":
+                    stall[t] = duration
+                    clock += duration
+                    switch(layers)
+                elif cost_model.copy_mode == "free" or duration == 0.0:
+                    switch(layers)
+                else:
+                    in_flight = (layers, clock + duration)
         if priced_until < chunk_start + block.shape[0]:
             price(block[priced_until - chunk_start:], priced_until)
             clock += layer_time[priced_until:chunk_start + block.shape[0]].sum()
-    if pending is not None:
-        current = pending[0]
+    if np.array_equal(held, target.phy2log):
+        final = target
+    else:
+        final = Placement(held, num_experts, deployment.topology, deployment.num_groups, method="mixed")
     return SimulationResult(
         layer_time=layer_time, balanced_time=balanced, stall_time=stall, copies=copies, copy_time=copy_time,
         rebalance_steps=np.asarray(rebalance_steps, np.int64), policy=getattr(policy, "name", type(policy).__name__),
-        cost_model=cost_model, final_placement=current, wall_time_s=time.perf_counter() - start_wall,
+        cost_model=cost_model, final_placement=final, wall_time_s=time.perf_counter() - start_wall,
+        extra={} if layers_per_step is None else {"layers_per_step": layers_per_step},
     )
 
 

@@ -2,7 +2,8 @@
 
 ``write_simulation_report(results, out_dir)`` writes:
 
-- ``simulate.csv``: one row per policy (:meth:`SimulationResult.summary`);
+- ``simulate.csv``: one row per policy (:meth:`SimulationResult.summary`, with the largest single
+  stall, ``max_stall_s``);
 - ``steps.csv``: per step and policy, MoE time, balanced time, stall and copies;
 - ``time_lost.png``: time lost to imbalance per step (share of the balanced time, smoothed);
 - ``copies.png``: cumulative weight copies;
@@ -136,8 +137,8 @@ def _html(title: str, results, figures: list[Path]) -> str:
     summaries = [r.summary() for r in results]
     shown = [("steps", "{}"), ("lost_share", "{:.2%}"), ("lost_with_stalls_share", "{:.2%}"),
              ("moe_time_s", "{:.4g} s"), ("balanced_time_s", "{:.4g} s"), ("stall_time_s", "{:.4g} s"),
-             ("rebalances", "{}"), ("copies", "{}"), ("copies_intra_node", "{}"), ("copies_cross_node", "{}"),
-             ("bytes_moved", "{:.3g} B")]
+             ("max_stall_s", "{:.4g} s"), ("rebalances", "{}"), ("copies", "{}"), ("copies_intra_node", "{}"),
+             ("copies_cross_node", "{}"), ("bytes_moved", "{:.3g} B")]
     head = "".join(f"<th>{html.escape(s['policy'])}</th>" for s in summaries)
     body = "\n".join(
         f"<tr><th>{html.escape(key)}</th>" + "".join(f"<td>{html.escape(fmt.format(s[key]))}</td>" for s in summaries)

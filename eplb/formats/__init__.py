@@ -8,7 +8,11 @@ Counts in (``read_counts``), detected from the path unless a format is given:
 ``csv``                ``.csv``: a matrix (rows = layers; an index or layer first column is recognised) or a
                        long table ``[window,]layer,expert,count`` (also ``layer_id``/``expert_id``/``tokens``...)
 ``logical-count-json`` ``.json``: ``{"logical_count": [[...]]}`` (SGLang's JSON form)
-``sglang-dump``        ``.pt``: SGLang's expert-distribution dump (``torch.load(weights_only=True)``)
+``sglang-dump``        ``.pt``: SGLang's expert-distribution dump (``torch.load(weights_only=True)``): a stat
+                       dump (``logical_count``), or a detail dump (``records``), read as ``sglang-detail``
+``sglang-detail``      ``.pt``: SGLang's ``per_pass`` / ``per_token`` dump, ``records`` (one per forward pass)
+                       and ``last_physical_to_logical_map``: ``[T, L, E]``, and with ``per_token`` the phase of
+                       each pass (``CountsFile.phases``)
 ``trtllm-stats``       a folder with ``meta_info.json`` + ``rank{r}.safetensors`` (TensorRT-LLM)
 =====================  =====================================================================
 
@@ -22,6 +26,9 @@ Placements out (``write_placement``) and back in (``read_placement``):
 ``trtllm``  TensorRT-LLM's load-balancer YAML (``.yaml`` / ``.yml``), with a ``# eplb:`` comment
             recording GPUs, nodes, groups and experts
 ==========  =========================================================================
+
+Both SGLang dumps end in ``.pt``: the reader tells them apart by their keys (``records`` is a
+detail dump, ``logical_count`` a stat dump).
 
 Counts that look transposed (over 128 layers and more than twice as many layers as experts) are
 refused unless ``allow_shape``; ``transpose`` reads ``[E, L]`` files. Sizes a file implies are
@@ -39,17 +46,18 @@ import numpy as np
 
 from ..placement import Placement
 from .arrays import read_csv_counts, read_npy_counts, read_npz_counts, read_npz_placement, write_npz_placement
-from .data import CountsFile, PlacementFile, check_counts
+from .data import OTHER_PHASE, PHASES, CountsFile, PlacementFile, check_counts
 from .eplb_json import jsonable, load_json, read_eplb_json, write_eplb_json
 from .errors import FormatError, MissingExtraError
-from .sglang import read_sglang_dump, read_sglang_placement, write_sglang_placement
+from .sglang import read_sglang_detail_dump, read_sglang_dump, read_sglang_placement, write_sglang_placement
 from .trtllm import read_trtllm_statistics, read_trtllm_yaml, write_trtllm_yaml
 
-COUNTS_FORMATS = ("npy", "npz", "csv", "logical-count-json", "sglang-dump", "trtllm-stats")
+COUNTS_FORMATS = ("npy", "npz", "csv", "logical-count-json", "sglang-dump", "sglang-detail", "trtllm-stats")
 PLACEMENT_FORMATS = ("eplb", "npz", "sglang", "trtllm")
 
 __all__ = [
-    "COUNTS_FORMATS", "PLACEMENT_FORMATS", "CountsFile", "FormatError", "MissingExtraError", "PlacementFile",
+    "COUNTS_FORMATS", "OTHER_PHASE", "PHASES", "PLACEMENT_FORMATS", "CountsFile", "FormatError",
+    "MissingExtraError", "PlacementFile",
     "check_counts", "detect_counts_format", "detect_placement_format", "jsonable", "read_counts",
     "read_placement", "write_placement", "placement_format_for_output",
 ]
@@ -63,7 +71,11 @@ def _existing(path) -> Path:
 
 
 def detect_counts_format(path) -> str:
-    """The counts format of ``path`` from its suffix (or, for ``.json``/folders, its content)."""
+    """The counts format of ``path`` from its suffix (or, for ``.json``/folders, its content).
+
+    ``.pt`` is ``sglang-dump`` without opening it: reading tells a detail dump (``records``) from a
+    stat dump (``logical_count``) by its keys.
+    """
     path = _existing(path)
     if path.is_dir():
         if (path / "meta_info.json").is_file():
@@ -91,14 +103,14 @@ def read_counts(path, format: str | None = None, *, transpose: bool = False, all
         raise FormatError(path, f"is a folder, not a {format} file")
     readers = {"npy": read_npy_counts, "npz": read_npz_counts, "csv": read_csv_counts,
                "logical-count-json": lambda p: read_sglang_dump(p, as_json=True), "sglang-dump": read_sglang_dump,
-               "trtllm-stats": read_trtllm_statistics}
+               "sglang-detail": read_sglang_detail_dump, "trtllm-stats": read_trtllm_statistics}
     if format not in readers:
         raise FormatError(path, f"unknown counts format {format!r}; one of {', '.join(COUNTS_FORMATS)}")
     data = readers[format](path)
     if transpose:
         counts = np.ascontiguousarray(np.swapaxes(data.counts, 1, 2))
         data = CountsFile(counts, np.arange(counts.shape[1], dtype=np.int64), data.format, data.path,
-                          {**data.metadata, "transposed": True})
+                          {**data.metadata, "transposed": True}, data.phases)
     if not allow_shape:
         check_plausible_shape(data)
     return data

@@ -16,6 +16,12 @@ from ..placement import Placement
 from .errors import FormatError
 from .limits import check_counts_shape, check_size, limit
 
+#: the phases windows can be selected by (``CountsFile.select_phase``, ``eplb plan --phase``)
+PHASES = ("prefill", "decode")
+#: the phase of a window that belongs to neither (a pass without tokens, or an engine mode that
+#: serves both phases without saying which): no phase selects it
+OTHER_PHASE = "other"
+
 
 @dataclass(frozen=True)
 class CountsFile:
@@ -29,6 +35,8 @@ class CountsFile:
         format: the format name (see :data:`eplb.formats.COUNTS_FORMATS`).
         path: the file or folder it was read from.
         metadata: anything else the file said (top-k, ranks, ...).
+        phases: ``[T]`` str, the phase of each window's forward pass: ``"prefill"``, ``"decode"``
+            or :data:`OTHER_PHASE`; ``None`` when the file does not record one.
     """
 
     counts: np.ndarray
@@ -36,6 +44,44 @@ class CountsFile:
     format: str
     path: Path
     metadata: dict[str, Any] = field(default_factory=dict)
+    phases: np.ndarray | None = None
+
+    def __post_init__(self):
+        if self.phases is None:
+            return
+        phases = np.asarray(self.phases, dtype=str)
+        if phases.shape != (self.counts.shape[0],):
+            raise ValueError(f"phases must have shape [T] = [{self.counts.shape[0]}] (one per window), "
+                             f"got shape {list(phases.shape)}")
+        unknown = sorted(set(phases.tolist()) - {*PHASES, OTHER_PHASE})
+        if unknown:
+            raise ValueError(f"phases must hold {', '.join(map(repr, (*PHASES, OTHER_PHASE)))}, found {unknown}")
+        object.__setattr__(self, "phases", phases)
+
+    def select_phase(self, phase: str) -> CountsFile:
+        """The windows whose pass was of ``phase`` (one of :data:`PHASES`), in file order.
+
+        Returns:
+            a :class:`CountsFile` with ``counts [T', L, E]`` and ``phases [T']`` of those windows
+            (``T' <= T``) and ``metadata`` plus ``phase``, ``windows_selected`` (``T'``) and
+            ``windows_total`` (``T``).
+        Raises:
+            ValueError: ``phase`` is not one of :data:`PHASES`.
+            FormatError: the file records no phase, or no window of ``phase``.
+        """
+        if phase not in PHASES:
+            raise ValueError(f"phase must be one of {', '.join(PHASES)}, got {phase!r}")
+        if self.phases is None:
+            raise FormatError(self.path, f"records no phase per window ({self.format} files do not), so windows "
+                                         f"cannot be selected by phase {phase!r}")
+        keep = self.phases == phase
+        if not keep.any():
+            found = ", ".join(f"{n} {p}" for p, n in zip(*np.unique(self.phases, return_counts=True)))
+            raise FormatError(self.path, f"holds no {phase} pass to select (its {self.num_windows} passes: {found})")
+        metadata = {**self.metadata, "phase": phase, "windows_selected": int(keep.sum()),
+                    "windows_total": self.num_windows}
+        return CountsFile(np.ascontiguousarray(self.counts[keep]), self.layer_ids, self.format, self.path, metadata,
+                          self.phases[keep])
 
     @property
     def weights(self) -> np.ndarray:
