@@ -45,6 +45,7 @@ SECTIONS = (
     ("out_of_sample", "Out of sample", "held-out windows: objectives, even split and optimal dispatch"),
     ("locality", "Locality", "balancedness against off-node tokens (max_off_node), in and out of sample"),
     ("simulate", "Simulate", "rebalancing policies in step time and copies on drifting traffic"),
+    ("decision_rule", "Decision rule", "Balancer settings chosen on tuning series, judged on held-out ones"),
     ("simulate_chunks", "Rebalance in chunks", "a rebalance applied a few layers per step: stalls and time lost"),
     ("engine_dispatch", "Engine dispatch", "what each engine's replica choice serves: SGLang static, even split, optimal"),
 )

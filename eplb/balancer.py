@@ -8,8 +8,12 @@ Typical use inside an engine::
     for step in serving_loop:
         balancer.record(tokens_per_expert)          # [L, E] logical or [L, S] per slot
         if step % 100 == 0 and balancer.should_rebalance():
-            placement, transfer = balancer.rebalance()   # may run on a background thread
-            engine.apply(placement.phy2log, transfer.chunks(8))
+            placement, transfer = balancer.rebalance(commit=False)   # may run on a background thread
+            pending = transfer.chunks(8)                  # 8 layers' copies per step
+        if pending:
+            chunk = pending.pop(0)
+            engine.copy_weights(chunk)
+            balancer.commit(placement, chunk.layers)      # those layers are now in service
 
 Thread safety: :meth:`record` and the window snapshot taken by planning share a lock; planning
 itself runs in Numba kernels that release the GIL, so :meth:`rebalance` can run on a background
@@ -35,7 +39,7 @@ from .api import make_problem
 from .bounds import average_bound, replica_bound
 from .cost import CostModel
 from .kernels.simulate import gpu_work
-from .kernels.window import first_bad_count, store_logical, store_physical, weighted_window
+from .kernels.window import first_bad_count, store_logical, store_physical, weighted_window, window_residuals
 from .methods import DEFAULT_METHOD, get_method
 from .migration import plan_near, warm_search_kernels
 from .metrics import balancedness
@@ -56,6 +60,13 @@ def round_robin_placement(num_layers: int, num_experts: int, topology: Topology,
 DEFAULT_TOLERANCE = 0.03
 """The Balancer's default migration tolerance (see :class:`Balancer`)."""
 
+HORIZON_WINDOWS = 3
+"""With a cost model, a new placement's savings are counted over this many windows of passes
+unless ``horizon`` says otherwise (see :class:`Balancer`)."""
+
+FORECAST_MIN_PASSES = 10
+"""Fewer recorded passes than this: no trend is fitted (see :meth:`Balancer.planning_counts`)."""
+
 
 class Balancer:
     """Online expert-load balancer: a window of recent loads and the placement in service.
@@ -66,6 +77,11 @@ class Balancer:
         window: ``W``, forward passes kept (a ring buffer ``[W, L, E]`` allocated once).
         decay: ``None`` (all passes in the window weigh the same) or a factor in ``(0, 1]``: a pass
             ``a`` steps old weighs ``decay ** a``.
+        forecast: plan for the loads this many passes past the newest, each expert's extrapolated
+            along its least-squares trend over the window (:meth:`planning_counts`); default
+            ``None``: half the window; ``0``: the window's loads as recorded. On the drifting
+            DeepSeek-V3-sized series of ``bench/decision_rule.py`` it cut the MoE time lost, stalls
+            included, on the held-out series, for a few more copies.
         method: the planning method (``eplb.METHODS``); tolerance, max_moves: the trade-off of
             migration-aware planning (see :func:`eplb.plan`). The default tolerance, 0.03, is the one
             that lost the least MoE time, weight-copy stalls included, on the drifting DeepSeek-V3-sized
@@ -76,14 +92,20 @@ class Balancer:
         move_cost: ... plus ``move_cost`` times the fraction of slots that change (the migration cost
             expressed in balancedness points: with 0.05, moving every slot must buy 0.05).
         expert_bytes: bytes of one expert's weights in one layer (for transfer-plan byte totals).
-        cost_model: decide in time instead (:class:`eplb.CostModel`): rebalance when the step time the
-            candidate plan saves on the window's mean pass, times ``horizon`` passes, exceeds the
-            time its weight copies stall serving (``copy_mode="stall"``; copies beside serving or free
-            cost nothing). ``min_gain`` still skips planning when even an optimal plan gains less
-            balancedness; ``move_cost`` is not used. Not part of :meth:`state_dict` (pass it again to
-            :meth:`from_state_dict`).
-        horizon: passes a new placement is expected to serve before the next decision (default: the
-            window); with ``cost_model`` only.
+        cost_model: decide in time instead (:class:`eplb.CostModel`; recommended): rebalance when
+            the step time the candidate plan saves on the mean pass, times ``horizon`` passes,
+            exceeds the time its weight copies stall serving (``copy_mode="stall"``; copies beside
+            serving or free cost nothing), and its balancedness gain is at least ``min_gain`` (the
+            gain and the savings are measured on the loads the candidate was planned for, so they
+            run high; the hurdle keeps it from chasing that). Only time tells that memory-bound
+            decode passes gain next to nothing from token balance: on the decode series of
+            ``bench/decision_rule.py`` the balancedness rule rebalanced every check and lost time
+            to stalls, the decision in time never rebalanced. ``move_cost`` is not used. Not part of
+            :meth:`state_dict` (pass it again to :meth:`from_state_dict`).
+        horizon: passes over which a new placement's savings are counted (default: three windows,
+            :data:`HORIZON_WINDOWS`; placements serve several windows between rebalances, and one
+            window under-counted the savings: the Balancer rebalanced too rarely and lost more time,
+            stalls included, on the series of ``bench/decision_rule.py``); with ``cost_model`` only.
         placement: the placement in service at start (default: slot ``s`` holds expert ``s % E``).
         options: passed to the planning method.
         threads: plan chunks of layers on this many threads (the kernels release the GIL); the
@@ -105,7 +127,7 @@ class Balancer:
 
     def __init__(self, num_layers, num_experts, *, num_slots=None, num_gpus=None, num_nodes=1, num_groups=None,
                  topology: Topology | None = None, window: int = 100, decay: float | None = None,
-                 method: str = DEFAULT_METHOD, tolerance: float | None = DEFAULT_TOLERANCE, max_moves=None,
+                 forecast: int | None = None, method: str = DEFAULT_METHOD, tolerance: float | None = DEFAULT_TOLERANCE, max_moves=None,
                  min_gain: float = 0.01, move_cost: float = 0.05, expert_bytes: int | None = None,
                  placement: Placement | None = None, options: dict | None = None, threads: int = 1,
                  compile: str = "eager", cost_model: CostModel | None = None, horizon: int | None = None):
@@ -126,6 +148,7 @@ class Balancer:
             if not 0.0 < decay <= 1.0:
                 raise ValueError(f"decay must be in (0, 1] or None, got {decay}")
         self.decay = decay
+        self.forecast = self.window // 2 if forecast is None else as_int(forecast, "forecast", minimum=0)
         self.method = method
         if tolerance is not None and not (np.isfinite(float(tolerance)) and float(tolerance) >= 0):
             raise ValueError(f"tolerance must be a non-negative number or None, got {tolerance}")
@@ -150,6 +173,7 @@ class Balancer:
         self.history: list[dict] = []
         self.last_decision: dict = {}
         self._candidate: tuple[int, int, Placement] | None = None  # (steps, rebalances, plan)
+        self._committing: Placement | None = None  # the placement last committed (whole or in part)
         self._lock = threading.Lock()
         # every recorded pass is converted into one of these first, so the window kernels see
         # float64 [L, E] / [L, S] arrays only (one compiled specialization, any input dtype)
@@ -251,13 +275,59 @@ class Balancer:
     def window_counts(self) -> np.ndarray:
         """``[L, E]`` float64: the window's loads (decay-weighted sum over the recorded passes)."""
         with self._lock:
-            ages = (self._position - 1 - np.arange(self.window)) % self.window  # age of each buffer row
-            weights = np.where(ages < self._filled, 1.0, 0.0)
-            if self.decay is not None:
-                weights *= self.decay ** ages
+            weights, _ = self._row_weights()
             out = np.empty((self.num_layers, self.num_experts))
             weighted_window(self._buffer, weights, out)
         return out
+
+    def _row_weights(self) -> tuple[np.ndarray, np.ndarray]:
+        """``[W]`` weight and ``[W]`` age (passes before the newest) of each ring-buffer row."""
+        ages = ((self._position - 1 - np.arange(self.window)) % self.window).astype(np.float64)
+        weights = np.where(ages < self._filled, 1.0, 0.0)
+        if self.decay is not None:
+            weights *= self.decay ** ages
+        return weights, ages
+
+    def planning_counts(self) -> np.ndarray:
+        """``[L, E]`` float64: the loads decisions and plans are made for, on the scale of
+        :meth:`window_counts` (the window's weight of passes).
+
+        With ``forecast=h`` each expert's load per pass is its (weighted) least-squares line over the
+        window's passes, read ``h`` passes past the newest one: traffic that drifts is planned for
+        where it is going, not where it was on average half a window ago. Each slope is shrunk by
+        ``max(0, 1 - (2 standard errors / slope)^2)`` (the standard error from the line's own
+        residuals): a trend the window's noise could explain is ignored, so the noise of small
+        batches (decode) is not extrapolated. A prediction is never below a twentieth of the expert's window mean
+        (a line through a falling expert may cross zero). Without forecast, or with fewer than
+        :data:`FORECAST_MIN_PASSES` passes recorded, the window's loads as they are.
+        """
+        if not self.forecast or self._filled < FORECAST_MIN_PASSES:
+            return self.window_counts()
+        shape = (self.num_layers, self.num_experts)
+        total, by_age, residual = np.empty(shape), np.empty(shape), np.empty(shape)
+        with self._lock:
+            weights, ages = self._row_weights()
+            mass = weights.sum()
+            mean_age = float(weights @ ages) / mass
+            centred = ages - mean_age
+            spread = float(weights @ centred ** 2)
+            weighted_window(self._buffer, weights, total)
+            weighted_window(self._buffer, weights * centred, by_age)
+            mean = total / mass
+            slope = by_age / spread  # per pass of age: negative for a rising expert
+            scale = np.where(mean > 0, mean, 1.0)
+            window_residuals(self._buffer, weights, ages, mean - slope * mean_age, slope, scale, residual)
+        # the slope's sampling variance, from the residuals (in units of the mean, as is the slope
+        # below), with the effective number of passes of the weights
+        passes = mass ** 2 / float(weights @ weights)
+        residual *= passes / max(passes - 2.0, 1.0) / mass
+        slope_variance = residual * float((weights ** 2) @ centred ** 2) / spread ** 2
+        signal = (slope / scale) ** 2
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+            shrink = np.maximum(1.0 - 4.0 * slope_variance / signal, 0.0)  # soft threshold at 2 standard errors
+        shrink = np.where(np.isfinite(shrink), shrink, 0.0)
+        predicted = mean - shrink * slope * (mean_age + self.forecast)
+        return np.maximum(predicted, mean / 20.0) * mass
 
     # -- deciding and planning -------------------------------------------------------------------
     def _plan(self, load: np.ndarray) -> Placement:
@@ -271,7 +341,8 @@ class Balancer:
     def should_rebalance(self) -> bool:
         """Whether a rebalance now is worth its weight copies.
 
-        The predicted gain is the rise in mean balancedness (over layers) on the window's loads.
+        The predicted gain is the rise in mean balancedness (over layers) on the loads planned for
+        (:meth:`planning_counts`: the window's, carried ``forecast`` passes ahead).
         First a free check: the lower bound caps what any plan can reach; if even that is less than
         ``min_gain`` above today's balancedness, no. Otherwise plan (migration-aware; the plan is
         kept for :meth:`rebalance`) and say yes when
@@ -285,7 +356,7 @@ class Balancer:
             self.last_decision = {"rebalance": False, "reason": "no loads recorded"}
             return False
         steps, rebalances = self.steps, self.rebalances
-        load = self.window_counts()
+        load = self.planning_counts()
         current = float(balancedness(self.placement.gpu_loads(load)).mean())
         active = int((self.topology.slots_per_gpu > 0).sum())
         # the cheap bounds only: this check runs often and must cost far less than planning
@@ -308,13 +379,13 @@ class Balancer:
         else:
             per_pass = load / self._effective_passes()
             now, new = self._step_time(self.placement, per_pass), self._step_time(candidate, per_pass)
-            horizon = self.horizon or self.window
+            horizon = self.horizon or HORIZON_WINDOWS * self.window
             saved = (now - new) * horizon
             copies = 0.0
             if self.cost_model.copy_mode == "stall":
                 copies = self.cost_model.transfer_time(transfer_plan(self.placement, candidate,
                                                                      expert_bytes=int(self.cost_model.expert_bytes)))
-            worth = saved > copies
+            worth = saved > copies and gain >= self.min_gain
             self.last_decision = {**decision, "rebalance": bool(worth), "gain": gain, "moved_fraction": moved,
                                   "step_time_s": now, "step_time_new_s": new, "saved_s": saved, "copy_s": copies,
                                   "reason": "time saved exceeds copy time" if worth else
@@ -355,7 +426,7 @@ class Balancer:
         else:
             if self._filled == 0:
                 raise ValueError("record() some loads before rebalance()")
-            candidate = self._plan(self.window_counts())
+            candidate = self._plan(self.planning_counts())
         old = self.placement
         transfer = transfer_plan(old, candidate, expert_bytes=self.expert_bytes)
         moved = int(np.sum(candidate.info["slots_changed"]))
@@ -368,12 +439,43 @@ class Balancer:
             self.commit(candidate)
         return candidate, transfer
 
-    def commit(self, placement: Placement) -> None:
-        """Make ``placement`` the one in service (after the engine moved the weights)."""
+    def commit(self, placement: Placement, layers: tuple[int, int] | None = None) -> None:
+        """Make ``placement`` the one in service (after the engine moved the weights).
+
+        Args:
+            placement: the new placement (from :meth:`rebalance`).
+            layers: ``None`` (every layer), or ``(start, stop)``: only layers ``start <= l < stop``
+                switch, the others keep the placement in service. An engine that applies a
+                rebalance a few layers per step commits each chunk once its weights are in place
+                (``balancer.commit(placement, chunk.layers)`` for ``chunk`` in
+                ``transfer.chunks(k)``), so per-slot counts recorded meanwhile are mapped through
+                what each layer really holds. A rebalance counts once, at the first commit of its
+                placement.
+        """
         self._check_placement(placement)
+        num_layers = self.num_layers
+        if layers is None:
+            start, stop = 0, num_layers
+        else:
+            try:
+                start, stop = (int(v) for v in layers)
+            except (TypeError, ValueError):
+                raise ValueError(f"layers must be None or a (start, stop) pair of layer indices, got {layers!r}") \
+                    from None
+            if not 0 <= start < stop <= num_layers:
+                raise ValueError(f"layers must satisfy 0 <= start < stop <= {num_layers}, got {layers!r}")
         with self._lock:
-            self.placement = placement
-            self.rebalances += 1
+            if (start, stop) == (0, num_layers):
+                in_service = placement
+            else:
+                mixed = self.placement.phy2log.copy()
+                mixed[start:stop] = placement.phy2log[start:stop]
+                in_service = placement if np.array_equal(mixed, placement.phy2log) else Placement(
+                    mixed, self.num_experts, self.topology, self.num_groups, method="mixed")
+            self.placement = in_service
+            if placement is not self._committing:
+                self.rebalances += 1
+                self._committing = placement
             self._candidate = None
 
     def _check_placement(self, placement) -> None:
@@ -387,7 +489,8 @@ class Balancer:
     def _config(self) -> dict:
         return {
             "num_layers": self.num_layers, "num_experts": self.num_experts, "topology": self.topology.to_dict(),
-            "num_groups": self.num_groups, "window": self.window, "decay": self.decay, "method": self.method,
+            "num_groups": self.num_groups, "window": self.window, "decay": self.decay, "forecast": self.forecast,
+            "method": self.method,
             "tolerance": self.tolerance, "max_moves": self.max_moves, "min_gain": self.min_gain,
             "move_cost": self.move_cost, "expert_bytes": self.expert_bytes, "options": self.options,
             "threads": self.threads,
@@ -467,8 +570,8 @@ class Balancer:
         return balancer
 
 
-CONFIG_KEYS = ("num_layers", "num_experts", "topology", "num_groups", "window", "decay", "method", "tolerance",
-               "max_moves", "min_gain", "move_cost", "expert_bytes", "options", "threads")
+CONFIG_KEYS = ("num_layers", "num_experts", "topology", "num_groups", "window", "decay", "forecast", "method",
+               "tolerance", "max_moves", "min_gain", "move_cost", "expert_bytes", "options", "threads")
 """The keys of a saved configuration (``state_dict()["config"]``)."""
 
 
@@ -507,6 +610,9 @@ def _warm_window_kernels(num_layers: int, num_experts: int, num_slots: int) -> N
     store_physical(np.zeros((num_layers, num_slots)), np.zeros((num_layers, num_slots), np.int64) % num_experts,
                    np.zeros((num_layers, num_experts)))
     weighted_window(np.zeros((1, num_layers, num_experts)), np.ones(1), np.zeros((num_layers, num_experts)))
+    level, slope, out = (np.zeros((num_layers, num_experts)) for _ in range(3))
+    window_residuals(np.zeros((1, num_layers, num_experts)), np.ones(1), np.zeros(1), level, slope,
+                     np.ones((num_layers, num_experts)), out)
 
 
 def _warm_loads(num_layers: int, num_experts: int) -> list[np.ndarray]:

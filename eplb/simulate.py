@@ -55,7 +55,6 @@ takes at least half a token).
 
 from __future__ import annotations
 
-import inspect
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -195,8 +194,9 @@ class BalancerPolicy:
     Args:
         check_every: steps between decisions.
         **balancer_options: passed to :class:`eplb.Balancer` (window, tolerance, min_gain, ...).
-            The deployment, the initial placement and ``expert_bytes`` come from the simulation
-            (and ``cost_model``, when the Balancer accepts one).
+            The deployment, the initial placement, ``expert_bytes`` and ``cost_model`` (so the
+            Balancer decides in time) come from the simulation; ``cost_model=None`` makes it decide
+            in balancedness.
     """
 
     def __init__(self, check_every: int = 100, name: str | None = None, **balancer_options):
@@ -207,10 +207,8 @@ class BalancerPolicy:
 
     def start(self, placement: Placement, deployment: Deployment) -> None:
         options = dict(self.options)
-        accepted = inspect.signature(Balancer).parameters
         options.setdefault("expert_bytes", int(deployment.cost_model.expert_bytes))
-        if "cost_model" in accepted:
-            options.setdefault("cost_model", deployment.cost_model)
+        options.setdefault("cost_model", deployment.cost_model)
         self.balancer = Balancer(deployment.num_layers, deployment.num_experts, topology=deployment.topology,
                                  num_groups=deployment.num_groups, placement=placement, **options)
 

@@ -32,6 +32,8 @@ class TransferPlan:
         kind: ``[C]`` int64, 0 intra-GPU (local copy), 1 intra-node, 2 cross-node.
         num_layers: ``L`` of the placements; topology: their topology.
         expert_bytes: bytes of one expert's weights in one layer (``None``: unknown).
+        layers: ``(start, stop)``, the layers this plan covers (all of them unless it is one of
+            :meth:`chunks`; pass it to :meth:`eplb.Balancer.commit` once the chunk is applied).
     """
 
     layer: np.ndarray

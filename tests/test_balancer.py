@@ -456,3 +456,119 @@ def test_decisions_in_time_weigh_the_pass_time_saved_against_the_copy_stall():
     assert free.should_rebalance() and free.last_decision["copy_s"] == 0.0
     with pytest.raises(ValueError, match="cost_model"):
         eplb.Balancer(4, 64, num_slots=80, num_gpus=8, cost_model="H100", compile="lazy")
+
+
+# -- forecast: planning for where drifting traffic is going --------------------------------------
+
+def test_forecast_follows_a_linear_trend_exactly():
+    """Loads that rise and fall linearly are planned for where they will be ``forecast`` passes on."""
+    balancer = make(window=20, forecast=5)
+    base = np.linspace(50.0, 150.0, 64)[None, :].repeat(6, axis=0)
+    slope = np.linspace(-1.0, 2.0, 64)[None, :]
+    for t in range(30):  # 30 passes: the window holds passes 10..29
+        balancer.record(base + slope * t)
+    expected = (base + slope * (29 + 5)) * 20  # on the window's scale: 20 passes
+    np.testing.assert_allclose(balancer.planning_counts(), expected, rtol=1e-9)
+
+
+def test_forecast_with_decay_still_recovers_the_line():
+    balancer = make(window=16, decay=0.8, forecast=3)
+    base = np.full((6, 64), 40.0)
+    slope = np.linspace(0.0, 1.5, 64)[None, :]
+    for t in range(16):
+        balancer.record(base + slope * t)
+    mass = sum(0.8 ** a for a in range(16))
+    np.testing.assert_allclose(balancer.planning_counts(), (base + slope * (15 + 3)) * mass, rtol=1e-9)
+
+
+def test_forecast_of_a_falling_expert_is_floored_at_a_twentieth_of_its_mean():
+    balancer = make(window=20, forecast=200)
+    for t in range(20):
+        counts = np.full((6, 64), 100.0)
+        counts[:, 0] = 200.0 - 10.0 * t  # the line crosses zero long before 200 passes on
+        balancer.record(counts)
+    mean = np.mean(200.0 - 10.0 * np.arange(20))
+    assert balancer.planning_counts()[0, 0] == pytest.approx(mean / 20.0 * 20)
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), passes=st.integers(1, 40), forecast=st.integers(0, 100),
+       scale=st.sampled_from([1e-300, 1e-3, 1.0, 1e6, 1e200]))
+def test_forecast_is_finite_non_negative_and_leaves_a_steady_window_alone(seed, passes, forecast, scale):
+    rng = np.random.default_rng(seed)
+    balancer = make(window=16, forecast=forecast, compile="lazy")
+    for _ in range(passes):
+        balancer.record(rng.pareto(1.0, (6, 64)) * scale)
+    predicted = balancer.planning_counts()
+    assert np.isfinite(predicted).all() and (predicted >= 0).all()
+    steady = make(window=16, forecast=forecast, compile="lazy")
+    counts = rng.random((6, 64)) * scale
+    for _ in range(passes):
+        steady.record(counts)
+    np.testing.assert_allclose(steady.planning_counts(), steady.window_counts(), rtol=1e-9)
+
+
+def test_forecast_zero_plans_for_the_window_as_recorded_and_is_saved():
+    rng = np.random.default_rng(3)
+    balancer = make(window=12, forecast=0)
+    for _ in range(12):
+        balancer.record(rng.random((6, 64)) * 100)
+    np.testing.assert_array_equal(balancer.planning_counts(), balancer.window_counts())
+    assert make(window=12).forecast == 6  # default: half the window
+    restored = eplb.Balancer.from_state_dict(make(window=12, forecast=7).state_dict(), compile="lazy")
+    assert restored.forecast == 7
+    with pytest.raises(ValueError, match="forecast"):
+        make(forecast=-1)
+
+
+def test_a_rebalance_committed_in_chunks_of_layers_maps_counts_through_what_each_layer_holds():
+    rng = np.random.default_rng(5)
+    balancer = make(window=8, min_gain=0.0, move_cost=0.0)
+    old = balancer.placement
+    for _ in range(8):
+        balancer.record(rng.pareto(1.0, (6, 64)) * 100)
+    placement, transfer = balancer.rebalance(commit=False)
+    chunks = transfer.chunks(4)
+    assert [c.layers for c in chunks] == [(0, 4), (4, 6)]
+    balancer.commit(placement, chunks[0].layers)
+    in_service = balancer.placement.phy2log
+    np.testing.assert_array_equal(in_service[:4], placement.phy2log[:4])
+    np.testing.assert_array_equal(in_service[4:], old.phy2log[4:])
+    assert balancer.rebalances == 1
+    # per-slot counts recorded between the chunks go to the expert each slot holds now
+    per_slot = rng.integers(0, 50, (6, 80)).astype(float)
+    balancer.record(per_slot, physical=True)
+    expected = np.zeros((6, 64))
+    for layer in range(6):
+        np.add.at(expected[layer], in_service[layer], per_slot[layer])
+    newest = balancer.state_dict()["window_buffer"][(balancer._position - 1) % 8]
+    np.testing.assert_allclose(newest, expected)
+    balancer.commit(placement, chunks[1].layers)
+    np.testing.assert_array_equal(balancer.placement.phy2log, placement.phy2log)
+    assert balancer.rebalances == 1  # one rebalance, committed in two chunks
+
+
+def test_commit_refuses_bad_layer_ranges():
+    balancer = make()
+    for layers in ((3, 3), (-1, 2), (0, 7), "all", (1,)):
+        with pytest.raises(ValueError, match="layers"):
+            balancer.commit(balancer.placement, layers)
+
+
+def test_forecast_ignores_noise_but_follows_a_noisy_trend():
+    """Poisson noise around steady loads is not extrapolated (the slopes are within their standard
+    errors); a real drift under the same noise is followed."""
+    rng = np.random.default_rng(0)
+    truth = rng.uniform(20, 200, (6, 64))
+    steady = make(window=100, forecast=25, compile="lazy")
+    for _ in range(100):
+        steady.record(rng.poisson(truth).astype(float))
+    forecast_error = np.abs(steady.planning_counts() / 100 - truth).mean()
+    assert forecast_error <= 1.25 * np.abs(steady.window_counts() / 100 - truth).mean()
+    drifting = make(window=100, forecast=25, compile="lazy")
+    slope = rng.uniform(-0.5, 1.0, (6, 64))
+    for t in range(100):
+        drifting.record(rng.poisson(np.maximum(truth + slope * t, 0)).astype(float))
+    future = np.maximum(truth + slope * (99 + 25), 0)
+    assert np.abs(drifting.planning_counts() / 100 - future).mean() < 0.2 * np.abs(
+        drifting.window_counts() / 100 - future).mean()

@@ -143,6 +143,17 @@ def test_rebalancing_policies_beat_standing_still_on_drifting_traffic():
     assert timer["rebalances"] == 6
 
 
+def test_balancer_policy_decides_in_time_with_the_simulations_cost_model_unless_told():
+    options = dict(num_slots=80, num_gpus=8, num_nodes=2, num_groups=8, cost_model=COMPUTE)
+    timed = BalancerPolicy(25, window=48)
+    simulate(drifting(steps=60), policy=timed, **options)
+    assert timed.balancer.cost_model is COMPUTE and timed.balancer.forecast == 24  # half the window
+    assert "saved_s" in timed.balancer.last_decision
+    plain = BalancerPolicy(25, window=48, cost_model=None)
+    simulate(drifting(steps=60), policy=plain, **options)
+    assert plain.balancer.cost_model is None and "saved_s" not in plain.balancer.last_decision
+
+
 def test_series_object_and_array_give_the_same_result_deterministically():
     series = drifting(steps=60)
     options = dict(num_slots=80, num_gpus=8, num_nodes=2, policy=FixedInterval(20), cost_model=COMPUTE)

@@ -46,3 +46,21 @@ def weighted_window(buffer, weights, out):
         for i in range(buffer.shape[1]):
             for j in range(buffer.shape[2]):
                 out[i, j] += wt * buffer[t, i, j]
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def window_residuals(buffer, weights, ages, level, slope, scale, out):
+    """``out [L, E] = sum_t w_t ((x_t - level - slope * a_t) / scale)^2`` over a ring buffer
+    ``[W, L, E]`` with row weights and ages ``[W]``: the weighted squared residuals of a line per
+    entry (``level``, ``slope`` and ``scale`` ``[L, E]``; dividing by ``scale``, e.g. the entry's
+    mean, keeps the squares of huge counts finite)."""
+    out[:, :] = 0.0
+    for t in range(buffer.shape[0]):
+        wt = weights[t]
+        if wt == 0.0:
+            continue
+        a = ages[t]
+        for i in range(buffer.shape[1]):
+            for j in range(buffer.shape[2]):
+                r = (buffer[t, i, j] - level[i, j] - slope[i, j] * a) / scale[i, j]
+                out[i, j] += wt * r * r

@@ -1,0 +1,146 @@
+"""Decision rule: the Balancer settings chosen on one drifting series, judged on another.
+
+``eplb.Balancer``'s defaults (how far ahead it plans, ``forecast``; the decision in time or in
+balancedness, its hurdle ``min_gain``, and over how many passes a new placement's savings are
+counted, ``horizon``) are chosen here by the MoE time lost *with* copy stalls, what a user pays, on
+tuning series, and then reported on held-out series that took no part in the choice (those of
+``bench/simulate.py``).
+
+All series are DeepSeek-V3-sized (58 layers x 256 experts, top-8, 8 groups): 7 related synthetic
+workloads (different seeds for tuning and held out), traffic moving through them in blocks of 10
+passes, served on 288 slots / 32 GPUs / 4 nodes, global and hierarchical. Prefill: passes of 4096
+tokens, H100 compute-bound; decode: passes of 256 tokens on the H100 roofline (memory-bound: token
+balance matters little). Copies are priced as a stall. Every candidate starts from the greedy plan
+of the first block and is checked every 100 passes (``BalancerPolicy(check_every=100)``).
+
+Run: ``python bench/decision_rule.py [--quick]`` (results in ``bench/results/decision_rule.{csv,md}``).
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from _common import load_note, markdown_table, read_csv, write_csv
+from simulate import BLOCK, DECODE_TOKENS, DS, TOKENS, Cached
+
+from eplb.cost import CostModel
+from eplb.series import Series, mixture_path, synthetic_workloads
+from eplb.simulate import BalancerPolicy, NoRebalance, simulate
+
+SERIES_SEEDS = {"tuning": (21, 22), "held out": (11, 12)}  # (workloads seed, series seed)
+PHASES = {"prefill": TOKENS, "decode": DECODE_TOKENS}  # tokens per pass
+DEPLOYMENTS = {"global 288/32": dict(DS, num_groups=None), "hierarchical 4 nodes": dict(DS, num_groups=8)}
+WINDOW = 100  # the Balancer's default window
+
+# (key, label, Balancer options); "defaults" passes none: the Balancer's defaults, deciding in time
+# with the simulation's cost model (what BalancerPolicy hands it)
+CANDIDATES = [
+    ("defaults", "Balancer defaults (in time)", {}),
+    ("no_forecast", "no forecast", dict(forecast=0)),
+    ("forecast_quarter", "forecast a quarter of the window", dict(forecast=WINDOW // 4)),
+    ("forecast_whole", "forecast a whole window", dict(forecast=WINDOW)),
+    ("tolerance_0.05", "tolerance 0.05 (fewer copies)", dict(tolerance=0.05)),
+    ("horizon_1", "horizon 1 window", dict(horizon=WINDOW)),
+    ("no_hurdle", "no balancedness hurdle (min_gain 0)", dict(min_gain=0.0)),
+    ("balancedness", "in balancedness (no cost model)", dict(cost_model=None)),
+    ("balancedness_no_forecast", "in balancedness, no forecast", dict(cost_model=None, forecast=0)),
+]
+
+
+def series(kind: str, phase: str, blocks: int) -> Cached:
+    workload_seed, series_seed = SERIES_SEEDS[kind]
+    steps = blocks * BLOCK
+    workloads = synthetic_workloads(7, 58, 256, num_groups=8, shift=0.5, seed=workload_seed)
+    return Cached(Series(workloads, num_steps=steps, tokens_per_step=PHASES[phase], top_k=8,
+                         mixture=mixture_path(steps, 7), seed=series_seed + (phase == "decode")))
+
+
+def cost_model(phase: str) -> CostModel:
+    """Compute-bound prefill (time proportional to tokens); decode on the H100 roofline."""
+    return CostModel.preset("H100", "deepseek-v3", **({"regime": "compute"} if phase == "prefill" else {}))
+
+
+def measure(blocks: int) -> list[dict]:
+    rows = []
+    for kind in SERIES_SEEDS:
+        for phase in PHASES:
+            data, cost = series(kind, phase, blocks), cost_model(phase)
+            for deployment, options in DEPLOYMENTS.items():
+                for key, label, balancer_options in [("none", "no rebalancing", None)] + CANDIDATES:
+                    policy = NoRebalance() if balancer_options is None else BalancerPolicy(
+                        check_every=100, name=label, **balancer_options)
+                    summary = simulate(data, policy=policy, cost_model=cost, initial_steps=BLOCK,
+                                       **options).summary()
+                    rows.append({"series": kind, "phase": phase, "deployment": deployment, "key": key,
+                                 "candidate": label, "lost_share": round(summary["lost_share"], 5),
+                                 "lost_with_stalls_share": round(summary["lost_with_stalls_share"], 5),
+                                 "rebalances": summary["rebalances"], "copies": summary["copies"]})
+    return rows
+
+
+def chosen(rows: list[dict]) -> str:
+    """The candidate with the least time lost with stalls on the tuning series (mean over the
+    phases and deployments)."""
+    tuning = [r for r in rows if r["series"] == "tuning" and r["key"] != "none"]
+    keys = dict.fromkeys(r["key"] for r in tuning)
+    mean = {k: sum(float(r["lost_with_stalls_share"]) for r in tuning if r["key"] == k) for k in keys}
+    return min(mean, key=mean.get)
+
+
+def headline(results_dir: Path) -> list[tuple[str, str, str]]:
+    path = Path(results_dir) / "decision_rule.csv"
+    if not path.exists():
+        return []
+    rows = read_csv(path)
+    get = {(r["series"], r["phase"], r["deployment"], r["key"]): r for r in rows}
+    out = []
+    for phase in PHASES:
+        for deployment in DEPLOYMENTS:
+            new, old = (get.get(("held out", phase, deployment, key)) for key in ("defaults", "balancedness_no_forecast"))
+            if new is None or old is None:
+                continue
+            out.append((f"Balancer defaults (chosen on a tuning series) on a held-out drifting {phase} series, "
+                        f"{deployment}: MoE time lost with stalls",
+                        f"{100 * float(new['lost_with_stalls_share']):.2f}% ({new['copies']} copies) vs "
+                        f"{100 * float(old['lost_with_stalls_share']):.2f}% ({old['copies']}) for the defaults before",
+                        "settings that win in the simulator"))
+    return out
+
+
+def run(quick: bool, results_dir: Path, *, blocks: int | None = None) -> str:
+    blocks = blocks or (180 if quick else 900)
+    rows = measure(blocks)
+    write_csv(results_dir / "decision_rule.csv", rows)
+    winner = chosen(rows)
+    table = markdown_table(
+        ["series", "phase", "deployment", "candidate", "MoE time lost", "with stalls", "rebalances", "copies"],
+        [(r["series"], r["phase"], r["deployment"], r["candidate"], f"{100 * r['lost_share']:.2f}%",
+          f"{100 * r['lost_with_stalls_share']:.2f}%", r["rebalances"], r["copies"]) for r in rows])
+    verdict = ("the Balancer's defaults are that candidate" if winner == "defaults" else
+               f"the Balancer's defaults are NOT that candidate: '{winner}' won")
+    text = "\n".join([
+        "## Decision rule: Balancer settings chosen on a tuning series, judged held out",
+        "",
+        f"{blocks} blocks of {BLOCK} passes of {TOKENS} tokens (prefill, compute-bound) or {DECODE_TOKENS} tokens "
+        f"(decode, H100 roofline), DeepSeek-V3-sized synthetic workloads (tuning: "
+        f"seeds {SERIES_SEEDS['tuning']}; held out: {SERIES_SEEDS['held out']}, the series of the Simulate section), "
+        f"checked every 100 passes, copies priced as a stall. {load_note()}.",
+        "",
+        table,
+        "",
+        f"Least time lost with stalls on the tuning series (sum over phases and deployments): '{winner}'; {verdict}.",
+        "",
+    ])
+    (results_dir / "decision_rule.md").write_text(text)
+    return text
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true")
+    args = parser.parse_args()
+    default = Path(__file__).resolve().parent / "results"
+    out = default / "quick" if args.quick else default
+    out.mkdir(parents=True, exist_ok=True)
+    print(run(args.quick, out))
