@@ -20,10 +20,12 @@ dispatch (:func:`eplb.dispatch.dispatch`). A held-out window's balancedness is t
 layers of ``mean / max`` GPU load; tables give the mean over held-out windows and the worst one.
 Objectives (:mod:`eplb.objectives`): the combiners ``sum``, ``quantile``, ``max_share``, and the
 per-layer selections ``expected_peak`` / ``worst_window`` scored under uniform (``/u``) or optimal
-(``/o``) dispatch; ``expected_peak/o, made for dispatch`` adds the swap search of
-:func:`eplb.objectives.made_for_dispatch` (300 swaps per layer), i.e. ``plan_series(objective=
-"expected_peak", dispatch="optimal")``; for the next-window protocol also ``sum`` with recency
-weights (half-life 4).
+(``/o``) dispatch; ``expected_peak/o, made for dispatch`` is ``plan_series(objective=
+"expected_peak", dispatch="optimal")``: the candidates and the same with their replicas linked in
+rings (:func:`eplb.objectives.link_replicas`), the selection among the eight, then the swap search of
+:func:`eplb.objectives.made_for_dispatch` (300 swaps per layer, single-replica experts only);
+``expected_peak/o, swaps only`` is the previous plan made for dispatch (the selection, then 300
+swaps of any slots); for the next-window protocol also ``sum`` with recency weights (half-life 4).
 All objectives of one fold are built from the same four candidate plans (the ``CANDIDATES`` of
 :mod:`eplb.objectives`), exactly what :func:`eplb.objectives.plan_series` does.
 
@@ -41,7 +43,8 @@ from _common import load_note, trace_workloads, write_csv
 
 from eplb.api import make_problem
 from eplb.methods import DEFAULT_METHOD, get_method
-from eplb.objectives import CANDIDATES, combine, made_for_dispatch, recency_weights, select_per_layer, window_peaks
+from eplb.objectives import (CANDIDATES, combine, link_replicas, made_for_dispatch, recency_weights, select_per_layer,
+                             window_peaks)
 from eplb.synthetic import DEEPSEEK_V3, drifting_counts, expert_popularity
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -53,6 +56,7 @@ DEPLOYMENTS = {
 SELECTION_SCORING = (("uniform", "u"), ("optimal", "o"))
 SWAPS = 300  # swaps tried per layer by made_for_dispatch (the plan_series default)
 MADE_FOR_DISPATCH = "expected_peak/o, made for dispatch"
+SWAPS_ONLY = "expected_peak/o, swaps only (no linked replicas)"
 
 
 def _problem(num_experts: int, config: dict):
@@ -98,7 +102,8 @@ def objective_plans(train: np.ndarray, problem, method: str, recency: bool):
     """``{objective label: phy2log [L, S]}`` for one fold, from the four candidate plans."""
     fn = get_method(method)
     weights = recency_weights(train.shape[0], 4.0) if recency else None
-    plans = [fn(combine(train, name, weights, quantile=q or 0.9), problem)[0] for name, q in CANDIDATES]
+    estimates = [combine(train, name, weights, quantile=q or 0.9) for name, q in CANDIDATES]
+    plans = [fn(w, problem)[0] for w in estimates]
     out = {"sum": plans[0], "quantile": plans[2], "max_share": plans[3]}
     for objective in ("expected_peak", "worst_window"):
         for dispatch, tag in SELECTION_SCORING:
@@ -106,8 +111,13 @@ def objective_plans(train: np.ndarray, problem, method: str, recency: bool):
                                                          dispatch)[0]
     if recency:
         return {f"{k} (recency)": v for k, v in out.items() if k in ("sum", "expected_peak/u", "expected_peak/o")}
-    # plan_series(objective="expected_peak", dispatch="optimal"): the selection, then the swap search
-    out[MADE_FOR_DISPATCH] = made_for_dispatch(train, out["expected_peak/o"], problem, iterations=SWAPS)[0]
+    # plan_series(objective="expected_peak", dispatch="optimal"): the candidates and the same with
+    # their replicas linked in rings, the selection, then the swap search over single-replica experts
+    linked = [link_replicas(w, p, problem)[0] for w, p in zip(estimates, plans)]
+    selected = select_per_layer(train, plans + linked, problem.topology, "expected_peak", weights, "optimal")[0]
+    out[MADE_FOR_DISPATCH] = made_for_dispatch(train, selected, problem, iterations=SWAPS, keep_replicas=True)[0]
+    # the previous plan made for dispatch: the selection, then swaps of any slots
+    out[SWAPS_ONLY] = made_for_dispatch(train, out["expected_peak/o"], problem, iterations=SWAPS)[0]
     return out
 
 

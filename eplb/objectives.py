@@ -13,11 +13,14 @@ traffic; the other objectives hedge against the windows that differ from it:
 :func:`combine` turns a series into planning weights ``[L, E]`` (the first three);
 :func:`plan_series` plans a series under any objective for an engine that splits tokens
 uniformly among replicas (``dispatch="uniform"``) or optimally (``"optimal"``). For the latter the
-plan is *made for dispatch*: selections are scored by optimal-dispatch peaks, and a swap search
-(:func:`made_for_dispatch`) then lowers the mean optimal-dispatch peak over the windows. What
-matters there is how load can flow between GPUs through replicated experts, which uniform
-planning ignores; held out, it lifts optimal-dispatch balancedness a lot (``bench/out_of_sample.py``)
-and lowers uniform-split balancedness, so it is only for engines that dispatch optimally. The
+plan is *made for dispatch*: each candidate's redundant replicas are also laid out as rings
+linking every GPU (:func:`link_replicas`: the heaviest experts get two replicas on neighbouring
+GPUs), selections are scored by optimal-dispatch peaks among the plans with and without links,
+and a swap search (:func:`made_for_dispatch`, moving only single-replica experts) then lowers the
+mean optimal-dispatch peak over the windows. What matters there is how load can flow between GPUs
+through replicated experts, which uniform planning ignores; held out, it lifts optimal-dispatch
+balancedness a lot (``bench/out_of_sample.py``: the links beat swaps alone on every synthetic
+series) and lowers uniform-split balancedness, so it is only for engines that dispatch optimally. The
 same search scored under uniform split fits the windows but does not help held-out windows, so
 uniform plans do not get it.
 Windows are scaled to the same total before shares and peaks are compared, so a long window
@@ -31,6 +34,7 @@ import numpy as np
 from ._validation import as_counts
 from .dispatch import optimal_dispatch
 from .kernels.dispatch import improve_for_dispatch
+from .kernels.linked import linked_placement
 from .kernels.layout import replica_counts
 from .metrics import gpu_loads
 
@@ -181,12 +185,13 @@ def _blocks(series: np.ndarray, weights: np.ndarray, limit: int) -> tuple[np.nda
 
 
 def made_for_dispatch(series: np.ndarray, phy2log: np.ndarray, problem, window_weights=None, *,
-                      iterations: int = 300, max_windows: int = 16, seed: int = 1):
+                      iterations: int = 300, max_windows: int = 16, seed: int = 1, keep_replicas: bool = False):
     """Swap slots of ``phy2log`` so that, with optimal dispatch, the weighted mean over windows of
     ``peak / mean load`` drops (:func:`eplb.kernels.dispatch.improve_for_dispatch`).
 
     Swaps stay on one node when the problem keeps groups on their nodes; replica counts do not
-    change. Cost: about ``iterations * T`` optimal dispatches of one layer per layer (``T`` at
+    change, and with ``keep_replicas`` only experts with one replica move (the replicated ones
+    keep the GPUs :func:`link_replicas` gave them). Cost: about ``iterations * T`` optimal dispatches of one layer per layer (``T`` at
     most ``max_windows``: longer series are summed in contiguous blocks).
 
     Args:
@@ -201,16 +206,42 @@ def made_for_dispatch(series: np.ndarray, phy2log: np.ndarray, problem, window_w
         raise ValueError(f"max_windows must be a positive integer, got {max_windows!r}")
     blocks, block_weights = _blocks(series, weights, int(max_windows))
     topology = problem.topology
-    if problem.hierarchical:
-        zone = topology.node_of_gpu[topology.gpu_of_slot]
-    else:
-        zone = np.zeros(topology.num_slots, np.int64)
+    zone = _zones(problem)
     out, before, after = improve_for_dispatch(
         np.ascontiguousarray(blocks, dtype=np.float64), np.ascontiguousarray(block_weights),
         np.require(phy2log, dtype=np.int64, requirements="C"), topology.gpu_of_slot, topology.slot_offsets,
-        zone, int(iterations), int(seed),
+        zone, int(iterations), int(seed), bool(keep_replicas),
     )
     return out, (before, after)
+
+
+def _zones(problem) -> np.ndarray:
+    """``[S]`` int64 zone of each slot: its node when groups stay on their node, else 0."""
+    topology = problem.topology
+    if problem.hierarchical:
+        return topology.node_of_gpu[topology.gpu_of_slot]
+    return np.zeros(topology.num_slots, np.int64)
+
+
+def link_replicas(weights: np.ndarray, phy2log: np.ndarray, problem) -> tuple[np.ndarray, np.ndarray]:
+    """Lay out the redundant replicas of ``phy2log`` as rings linking the GPUs
+    (:func:`eplb.kernels.linked.linked_placement`): per zone (node when groups stay on their
+    node), the heaviest experts get two replicas each on neighbouring GPUs of a ring through every
+    GPU, the others fill the slots left, least loaded GPU first. With optimal dispatch, load can
+    then flow around the ring to wherever a window needs it.
+
+    Args:
+        weights: ``[L, E]`` float64 planning weights; phy2log: ``[L, S]`` int64 (gives each zone
+            its experts); problem: a ``Problem``.
+    Returns:
+        ``phy2log [L, S]`` int64 and ``linked [L]`` bool (``False``: the layer kept ``phy2log``,
+        e.g. more redundant slots than experts).
+    """
+    topology = problem.topology
+    zone_of_gpu = topology.node_of_gpu if problem.hierarchical else np.zeros(topology.num_gpus, np.int64)
+    return linked_placement(np.ascontiguousarray(weights, dtype=np.float64),
+                            np.require(phy2log, dtype=np.int64, requirements="C"), topology.gpu_of_slot,
+                            topology.slot_offsets, np.ascontiguousarray(zone_of_gpu, dtype=np.int64))
 
 
 def plan_series(counts, problem, method_fn, objective: str = "sum", window_weights=None, *,
@@ -237,15 +268,26 @@ def plan_series(counts, problem, method_fn, objective: str = "sum", window_weigh
     if dispatch not in DISPATCH_SCORING:
         raise ValueError(f"dispatch must be one of {DISPATCH_SCORING}, got {dispatch!r}")
     weights = check_window_weights(window_weights, series.shape[0])
+    optimal = dispatch == "optimal"
     if objective in COMBINERS:
-        phy2log, info = method_fn(combine(series, objective, weights, quantile=quantile), problem, **options)
+        combined = combine(series, objective, weights, quantile=quantile)
+        phy2log, info = method_fn(combined, problem, **options)
         info = {**info, "objective": objective}
+        if optimal:  # per layer, the linked plan unless the method's serves the windows better
+            plans = [phy2log, link_replicas(combined, phy2log, problem)[0]]
+            phy2log, chosen, _ = select_per_layer(series, plans, problem.topology, "expected_peak", weights, dispatch)
+            info["linked"] = chosen == 1
     else:
-        plans = [method_fn(combine(series, name, weights, quantile=q or 0.9), problem, **options)[0]
-                 for name, q in CANDIDATES]
+        estimates = [combine(series, name, weights, quantile=q or 0.9) for name, q in CANDIDATES]
+        plans = [method_fn(w, problem, **options)[0] for w in estimates]
+        if optimal:  # candidates C + c: candidate c with its replicas linked
+            plans += [link_replicas(w, p, problem)[0] for w, p in zip(estimates, plans)]
         phy2log, chosen, _ = select_per_layer(series, plans, problem.topology, objective, weights, dispatch)
-        info = {"objective": objective, "candidate_of_layer": chosen}
-    if dispatch == "optimal":
-        phy2log, (before, after) = made_for_dispatch(series, phy2log, problem, weights, iterations=iterations)
+        info = {"objective": objective, "candidate_of_layer": chosen % len(CANDIDATES)}
+        if optimal:
+            info["linked"] = chosen >= len(CANDIDATES)
+    if optimal:
+        phy2log, (before, after) = made_for_dispatch(series, phy2log, problem, weights, iterations=iterations,
+                                                     keep_replicas=True)
         info.update(dispatch_objective_before=before, dispatch_objective_after=after)
     return phy2log, info

@@ -14,6 +14,7 @@ from eplb.objectives import (
     CANDIDATES,
     OBJECTIVES,
     combine,
+    link_replicas,
     made_for_dispatch,
     plan_series,
     recency_weights,
@@ -176,3 +177,91 @@ def test_plan_takes_objectives_window_weights_and_dispatch():
         eplb.plan(series, num_slots=80, num_gpus=8, objective="quantile", previous=summed)
     with pytest.raises(ValueError, match="window_weights"):
         eplb.plan(series, num_slots=80, num_gpus=8, window_weights=[1.0, 2.0])
+
+
+def _check_valid(phy2log, start, problem):
+    """Every expert keeps a replica; groups stay on their node when the problem is hierarchical."""
+    num_experts = int(start.max()) + 1
+    counts = np.stack([np.bincount(row, minlength=num_experts) for row in phy2log])
+    assert phy2log.shape == start.shape and (counts >= 1).all()
+    if problem.hierarchical:
+        node = problem.topology.node_of_gpu[problem.topology.gpu_of_slot]
+        for layer in range(phy2log.shape[0]):
+            for e in range(num_experts):
+                np.testing.assert_array_equal(np.unique(node[phy2log[layer] == e]), np.unique(node[start[layer] == e]))
+
+
+@given(st.integers(0, 10**6), st.sampled_from([(16, 20, 4, 1, None), (16, 24, 4, 2, 4), (8, 16, 4, 1, None),
+                                               (8, 12, 2, 1, None), (32, 40, 8, 2, 8), (12, 36, 3, 1, None)]))
+def test_linked_replicas_are_valid_rings_and_deterministic(seed, config):
+    num_experts, num_slots, num_gpus, num_nodes, num_groups = config
+    problem = make_problem(num_experts, num_slots, num_gpus, num_nodes, num_groups)
+    weights = drifting_counts(1, 3, num_experts, drift=0.3, seed=seed)[0].astype(np.float64)
+    weights[1] = 0.0  # a dense layer
+    start = get_method("balanced")(weights, problem)[0]
+    phy2log, linked = link_replicas(weights, start, problem)
+    _check_valid(phy2log, start, problem)
+    again, _ = link_replicas(weights.copy(), start.copy(), problem)
+    np.testing.assert_array_equal(phy2log, again)
+    if num_slots > 2 * num_experts:  # more redundant slots than experts: the layer keeps its plan
+        assert not linked.any()
+        np.testing.assert_array_equal(phy2log, start)
+        return
+    # a layer keeps its plan when a node holds fewer experts than redundant slots (hierarchical
+    # plans may give a node few groups, and a dense layer's plan need not keep groups on one node)
+    if not problem.hierarchical:
+        assert linked[[0, 2]].all()
+    counts = np.stack([np.bincount(row, minlength=num_experts) for row in phy2log])
+    gpu = problem.topology.gpu_of_slot
+    for layer in np.nonzero(linked)[0]:
+        assert counts[layer].max() <= 2 and (counts[layer] == 2).sum() == num_slots - num_experts
+        # the heaviest experts (of their node, when hierarchical) hold the replicas, each pair on two GPUs
+        hot = np.argsort(-weights[layer], kind="stable")[: num_slots - num_experts]
+        if not problem.hierarchical:
+            assert (counts[layer, hot] == 2).all()
+        for e in np.nonzero(counts[layer] == 2)[0]:
+            assert len(np.unique(gpu[phy2log[layer] == e])) == 2
+
+
+def test_linked_replicas_on_uneven_and_masked_gpus():
+    from eplb.topology import Topology
+
+    topology = Topology(np.array([3, 0, 5, 4, 4]))
+    problem = make_problem(12, topology=topology)
+    weights = drifting_counts(1, 2, 12, drift=0.3, seed=5)[0].astype(np.float64)
+    start = get_method("balanced")(weights, problem)[0]
+    phy2log, linked = link_replicas(weights, start, problem)
+    assert linked.all()
+    _check_valid(phy2log, start, problem)
+
+
+def test_keep_replicas_moves_only_single_replica_experts_and_never_worsens():
+    series = drifting_counts(6, 3, 64, drift=0.3, num_groups=8, seed=6).astype(np.float64)
+    for problem in (make_problem(64, 72, 8), make_problem(64, 72, 8, 2, 8)):
+        start = get_method("balanced")(series.sum(axis=0), problem)[0]
+        start, _ = link_replicas(series.sum(axis=0), start, problem)
+        phy2log, (before, after) = made_for_dispatch(series, start, problem, iterations=200, keep_replicas=True)
+        assert (after <= before).all()
+        np.testing.assert_allclose(window_peaks(series, phy2log, problem.topology, "optimal").mean(axis=0), after,
+                                   rtol=1e-9)
+        _check_valid(phy2log, start, problem)
+        for layer in range(3):
+            counts = np.bincount(start[layer], minlength=64)
+            replicated = counts[start[layer]] > 1
+            np.testing.assert_array_equal(phy2log[layer, replicated], start[layer, replicated])
+        again, _ = made_for_dispatch(series.copy(), start.copy(), problem, iterations=200, keep_replicas=True)
+        np.testing.assert_array_equal(phy2log, again)
+
+
+def test_plan_for_optimal_dispatch_links_replicas():
+    series = drifting_counts(5, 3, 64, drift=0.3, num_groups=8, seed=7).astype(np.float64)
+    for problem in (make_problem(64, 80, 8), make_problem(64, 80, 8, 2, 8)):
+        for objective in ("sum", "expected_peak"):
+            phy2log, info = plan_series(series, problem, get_method("balanced"), objective, dispatch="optimal",
+                                        iterations=100)
+            start = get_method("balanced")(series.sum(axis=0), problem)[0]
+            _check_valid(phy2log, start, problem)
+            assert (info["dispatch_objective_after"] <= info["dispatch_objective_before"]).all()
+            assert info["linked"].shape == (3,) and info["linked"].dtype == bool
+            counts = np.stack([np.bincount(row, minlength=64) for row in phy2log])
+            assert (counts[info["linked"]] <= 2).all()

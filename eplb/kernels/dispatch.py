@@ -454,14 +454,17 @@ def _next_random(state):
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def improve_for_dispatch(windows, window_weights, phy2log, gpu_of_slot, slot_offsets, zone_of_slot, iterations, seed):
+def improve_for_dispatch(windows, window_weights, phy2log, gpu_of_slot, slot_offsets, zone_of_slot, iterations, seed,
+                         keep_replicas):
     """Swap slots to lower the mean over windows of the optimal-dispatch peak (a placement made for
     an engine that splits tokens optimally among replicas).
 
     Per layer, a hill climb: take a window in turn, a slot on its most loaded GPU (under optimal
     dispatch) and a random slot of another GPU in the same zone (node, when groups must stay on
     their node; else one zone), swap their experts, and keep the swap when the weighted mean of
-    ``peak / mean load`` over the windows drops. Replica counts do not change.
+    ``peak / mean load`` over the windows drops. Replica counts do not change; with
+    ``keep_replicas`` only slots of experts with one replica move, so the replicated experts keep
+    their GPUs (the links a :func:`eplb.kernels.linked.linked_placement` laid out).
 
     Args:
         windows: ``[T, L, E]`` float64 counts the placement should serve well.
@@ -470,6 +473,7 @@ def improve_for_dispatch(windows, window_weights, phy2log, gpu_of_slot, slot_off
         gpu_of_slot: ``[S]`` int64; slot_offsets: ``[G + 1]`` int64 first slot of each GPU.
         zone_of_slot: ``[S]`` int64, swaps stay inside a zone.
         iterations: swaps tried per layer; seed: ``>= 1``, the random stream.
+        keep_replicas: bool, swap only slots whose expert has a single replica.
     Returns:
         ``phy2log [L, S]`` int64 (a new array), ``before [L]`` and ``after [L]`` float64 (the
         weighted mean of ``peak / mean`` on the windows).
@@ -484,6 +488,7 @@ def improve_for_dispatch(windows, window_weights, phy2log, gpu_of_slot, slot_off
     weights = np.empty((num_windows, num_experts))
     scale = np.zeros(num_windows)
     new_shares = np.empty((num_windows, num_slots))
+    count = np.zeros(num_experts, np.int64)
     state = np.uint64(seed) if seed > 0 else np.uint64(88172645463325252)
     for layer in range(num_layers):
         total_weight = 0.0
@@ -499,6 +504,9 @@ def improve_for_dispatch(windows, window_weights, phy2log, gpu_of_slot, slot_off
                 tiled[t, s] = out[layer, s]
         if total_weight <= 0.0:
             continue
+        count[:] = 0
+        for s in range(num_slots):
+            count[out[layer, s]] += 1
         shares, peak = optimal_shares(weights, tiled, gpu_of_slot, num_gpus)
         current = 0.0
         for t in range(num_windows):
@@ -516,16 +524,26 @@ def improve_for_dispatch(windows, window_weights, phy2log, gpu_of_slot, slot_off
                 if loads[0, g] > loads[0, hot]:
                     hot = g
             size = slot_offsets[hot + 1] - slot_offsets[hot]
-            state = _next_random(state)
-            a = slot_offsets[hot] + np.int64(state % np.uint64(size))
+            a = -1
+            for _attempt in range(32):
+                state = _next_random(state)
+                candidate = slot_offsets[hot] + np.int64(state % np.uint64(size))
+                if not keep_replicas or count[out[layer, candidate]] == 1:
+                    a = candidate
+                    break
+            if a < 0:
+                continue
             b = -1
             for _attempt in range(32):
                 state = _next_random(state)
                 candidate = np.int64(state % np.uint64(num_slots))
-                if gpu_of_slot[candidate] != hot and zone_of_slot[candidate] == zone_of_slot[a]:
-                    b = candidate
-                    break
-            if b < 0 or out[layer, a] == out[layer, b]:
+                if gpu_of_slot[candidate] == hot or zone_of_slot[candidate] != zone_of_slot[a]:
+                    continue
+                if out[layer, candidate] == out[layer, a] or (keep_replicas and count[out[layer, candidate]] != 1):
+                    continue
+                b = candidate
+                break
+            if b < 0:
                 continue
             for r in range(num_windows):
                 tiled[r, a] = out[layer, b]
@@ -562,4 +580,3 @@ def improve_for_dispatch(windows, window_weights, phy2log, gpu_of_slot, slot_off
                     tiled[r, b] = out[layer, b]
         after[layer] = current
     return out, before, after
-
