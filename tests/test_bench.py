@@ -140,3 +140,16 @@ def test_every_section_records_the_commit_it_ran_at(tmp_path, monkeypatch):
     records = runner.run_sections(["stamped_section"], True, tmp_path, "at commit abc1234, today")
     assert records[0]["markdown"].splitlines()[:3] == ["## Stamped", "", "_at commit abc1234, today_"]
     assert "body" in records[0]["markdown"]
+
+
+def test_engine_dispatch_bench_scores_every_engine_mode(tmp_path):
+    engines = importlib.import_module("engine_dispatch")
+    text = engines.run(True, tmp_path)
+    with open(tmp_path / "engine_dispatch.csv", newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    assert {r["dispatch"] for r in rows} == set(engines.MODES)
+    for key in {(r["series"], r["deployment"]) for r in rows}:
+        block = {r["dispatch"]: r for r in rows if (r["series"], r["deployment"]) == key}
+        # optimal dispatch is the min-max split: no engine's fixed split serves a window better
+        assert all(float(block["optimal"]["held_out_mean"]) >= float(r["held_out_mean"]) - 1e-9 for r in block.values())
+    assert "Engine dispatch" in text and engines.headline(tmp_path)

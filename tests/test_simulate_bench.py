@@ -23,3 +23,31 @@ def test_simulate_bench_runs_every_policy_and_reports_targets(tmp_path):
     assert bench.headline(tmp_path) and all(len(row) == 3 for row in bench.headline(tmp_path))
     assert "Balancer trade-off" in text
     assert {f"balancer_tolerance_{t}" for t in bench.TOLERANCES} <= keys
+
+
+def test_decision_rule_bench_tunes_on_one_series_and_reports_the_other(tmp_path):
+    decision = importlib.import_module("decision_rule")
+    text = decision.run(True, tmp_path, blocks=2)
+    with open(tmp_path / "decision_rule.csv", newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    assert {(r["series"], r["phase"]) for r in rows} == {(s, p) for s in decision.SERIES_SEEDS for p in decision.PHASES}
+    assert {r["key"] for r in rows} == {"none"} | {key for key, _, _ in decision.CANDIDATES}
+    assert decision.chosen(rows) in {key for key, _, _ in decision.CANDIDATES}
+    assert "Least time lost with stalls on the tuning series" in text
+    assert len(decision.headline(tmp_path)) == len(decision.PHASES) * len(decision.DEPLOYMENTS)
+
+
+def test_chunks_bench_applies_the_same_copies_at_every_chunk_size(tmp_path):
+    chunks = importlib.import_module("simulate_chunks")
+    text = chunks.run(True, tmp_path, blocks=20)
+    with open(tmp_path / "simulate_chunks.csv", newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    for deployment in {r["deployment"] for r in rows}:
+        mine = [r for r in rows if r["deployment"] == deployment]
+        assert len(mine) == len(chunks.LAYERS_PER_STEP)
+        whole = next(r for r in mine if r["layers_per_step"] == "")
+        assert {r["rebalances"] for r in mine} == {whole["rebalances"]}  # the same decisions
+        # the same plans' copies, spread over steps (fewer only where the series ends mid-application)
+        assert all(0 < int(r["copies"]) <= int(whole["copies"]) for r in mine)
+        assert all(float(r["max_stall_ms"]) <= float(whole["max_stall_ms"]) + 1e-9 for r in mine)
+    assert "chunks of layers" in text
