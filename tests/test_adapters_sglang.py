@@ -12,14 +12,10 @@ Checked with sglang 0.5.23.
 
 from __future__ import annotations
 
-import importlib.util
 import inspect
 import json
-import os
 import sys
 import types
-import zipfile
-from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -30,28 +26,13 @@ torch = pytest.importorskip("torch", reason="SGLang's loader uses torch; torch i
 import eplb  # noqa: E402
 from eplb.formats.sglang import write_sglang_placement  # noqa: E402
 from eplb.synthetic import drifting_counts  # noqa: E402
+from sglang_sources import SKIP_REASON, sglang_file  # noqa: E402
 
 LOADER = "sglang/srt/eplb/expert_location.py"
 
 
-def _loader_source() -> str | None:
-    path = os.environ.get("EPLB_SGLANG_SOURCES")
-    if path:
-        path = Path(path)
-        if path.suffix == ".whl":
-            with zipfile.ZipFile(path) as wheel:
-                return wheel.read(LOADER).decode()
-        return (path / LOADER).read_text()
-    spec = importlib.util.find_spec("sglang")
-    if spec is not None and spec.origin:
-        file = Path(spec.origin).parent.parent / LOADER
-        return file.read_text() if file.is_file() else None
-    return None
-
-
-SOURCE = _loader_source()
-pytestmark = pytest.mark.skipif(SOURCE is None, reason="no SGLang files: set EPLB_SGLANG_SOURCES to a sglang "
-                                                       "wheel (pip download sglang --no-deps) or install sglang")
+SOURCE = sglang_file(LOADER)
+pytestmark = pytest.mark.skipif(SOURCE is None, reason=SKIP_REASON)
 
 
 @pytest.fixture

@@ -13,6 +13,7 @@ import pytest
 import eplb
 from eplb.formats import read_placement, write_placement
 
+from cli_runner import invoke
 from test_formats import write_trtllm_statistics
 
 EPLB = shutil.which("eplb")
@@ -29,23 +30,6 @@ def run(*args, cwd=None, expect=0, python=None):
     assert done.returncode == expect, f"exit {done.returncode}\nstdout:\n{done.stdout}\nstderr:\n{done.stderr}"
     assert "Traceback" not in done.stderr, done.stderr
     return done.stdout, done.stderr
-
-
-def invoke(*args, cwd, expect=0):
-    """The same command in this process (click's runner), for the many small error cases."""
-    from click.testing import CliRunner
-
-    from eplb.cli import main
-
-    old = os.getcwd()
-    os.chdir(cwd)
-    try:
-        result = CliRunner().invoke(main, list(args))
-    finally:
-        os.chdir(old)
-    assert result.exit_code == expect, f"exit {result.exit_code}\n{result.output}\n{result.exception!r}"
-    assert result.exception is None or isinstance(result.exception, SystemExit), repr(result.exception)
-    return result.stdout, result.stderr
 
 
 def test_help_on_every_command(tmp_path):

@@ -9,11 +9,8 @@ or an unpacked tree, or an installed sglang; without them those tests skip with 
 
 from __future__ import annotations
 
-import importlib.util
-import os
 import sys
 import types
-import zipfile
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -30,6 +27,7 @@ from eplb.metrics import balancedness
 from eplb.placement import Placement, uniform_shares
 from eplb.synthetic import deepseek_v3_counts, drifting_counts
 from eplb.topology import Topology
+from sglang_sources import SKIP_REASON, sglang_file
 from strategies import configs
 
 EVEN = ("uniform", "vllm", "tensorrt-llm", "sglang-dynamic-no-a2a")
@@ -214,24 +212,8 @@ def test_bad_input_names_the_argument_and_the_rule():
 LOADER = "sglang/srt/eplb/expert_location.py"
 
 
-def _loader_source() -> str | None:
-    path = os.environ.get("EPLB_SGLANG_SOURCES")
-    if path:
-        path = Path(path)
-        if path.suffix == ".whl":
-            with zipfile.ZipFile(path) as wheel:
-                return wheel.read(LOADER).decode()
-        return (path / LOADER).read_text()
-    spec = importlib.util.find_spec("sglang")
-    if spec is not None and spec.origin:
-        file = Path(spec.origin).parent.parent / LOADER
-        return file.read_text() if file.is_file() else None
-    return None
-
-
-SOURCE = _loader_source()
-needs_sglang = pytest.mark.skipif(SOURCE is None, reason="no SGLang files: set EPLB_SGLANG_SOURCES to a sglang wheel "
-                                                         "(pip download sglang --no-deps) or install sglang")
+SOURCE = sglang_file(LOADER)
+needs_sglang = pytest.mark.skipif(SOURCE is None, reason=SKIP_REASON)
 
 
 def run_sglang(monkeypatch, placement: Placement, tmp_path: Path):

@@ -11,12 +11,10 @@ Checked with sglang 0.5.23.
 from __future__ import annotations
 
 import ast
-import importlib.util
 import json
 import os
 import sys
 import types
-import zipfile
 from contextlib import contextmanager
 from enum import IntEnum, auto
 from pathlib import Path
@@ -30,6 +28,8 @@ torch = pytest.importorskip("torch", reason="SGLang's dumps are torch files; tor
 import eplb  # noqa: E402
 from eplb.formats import CountsFile, FormatError, detect_counts_format, read_counts  # noqa: E402
 from eplb.formats.sglang import FORWARD_MODES  # noqa: E402
+from cli_runner import invoke  # noqa: E402
+from sglang_sources import SKIP_REASON, sglang_file  # noqa: E402
 
 EXTEND, DECODE, MIXED, IDLE, TARGET_VERIFY, DRAFT_EXTEND_V2, PREBUILT, SPLIT_PREFILL, DLLM_EXTEND = range(1, 10)
 TOP_K_COLUMNS = 8           # _DetailSinglePassGatherer._TOP_K_NUM: the columns of topk_ids_of_layer
@@ -371,23 +371,6 @@ def test_size_limits_are_checked_before_allocating(tmp_path, monkeypatch):
 # -- eplb plan --phase ---------------------------------------------------------------------------
 
 
-def invoke(*args, cwd, expect=0):
-    """``eplb ARGS`` in this process (click's runner) from ``cwd``: (stdout, stderr)."""
-    from click.testing import CliRunner
-
-    from eplb.cli import main
-
-    old = os.getcwd()
-    os.chdir(cwd)
-    try:
-        result = CliRunner().invoke(main, list(args))
-    finally:
-        os.chdir(old)
-    assert result.exit_code == expect, f"exit {result.exit_code}\n{result.output}\n{result.exception!r}"
-    assert result.exception is None or isinstance(result.exception, SystemExit), repr(result.exception)
-    return result.stdout, result.stderr
-
-
 DEPLOYMENT = ["--slots", "12", "--gpus", "4", "--method", "greedy"]
 
 
@@ -451,21 +434,6 @@ FORWARD_BATCH_INFO = "sglang/srt/model_executor/forward_batch_info.py"
 UTILS = "sglang/srt/utils/common.py"
 
 
-def _sglang_file(name: str) -> str | None:
-    path = os.environ.get("EPLB_SGLANG_SOURCES")
-    if path:
-        path = Path(path)
-        if path.suffix == ".whl":
-            with zipfile.ZipFile(path) as wheel:
-                return wheel.read(name).decode()
-        return (path / name).read_text()
-    spec = importlib.util.find_spec("sglang")
-    if spec is not None and spec.origin:
-        file = Path(spec.origin).parent.parent / name
-        return file.read_text() if file.is_file() else None
-    return None
-
-
 def _class_source(source: str, name: str) -> str:
     """The source of the top-level class ``name`` in ``source``."""
     for node in ast.parse(source).body:
@@ -474,16 +442,15 @@ def _class_source(source: str, name: str) -> str:
     raise LookupError(name)
 
 
-needs_sglang = pytest.mark.skipif(_sglang_file(RECORDER) is None,
-                                  reason="no SGLang files: set EPLB_SGLANG_SOURCES to a sglang wheel "
-                                         "(pip download sglang --no-deps) or install sglang")
+needs_sglang = pytest.mark.skipif(sglang_file(RECORDER) is None,
+                                  reason=SKIP_REASON)
 
 
 @pytest.fixture
 def sglang_forward_mode():
     """SGLang's ``ForwardMode`` enum, executed from its source."""
     namespace = {"IntEnum": IntEnum, "auto": auto}
-    exec(compile(_class_source(_sglang_file(FORWARD_BATCH_INFO), "ForwardMode"), FORWARD_BATCH_INFO, "exec"),
+    exec(compile(_class_source(sglang_file(FORWARD_BATCH_INFO), "ForwardMode"), FORWARD_BATCH_INFO, "exec"),
          namespace)
     return namespace["ForwardMode"]
 
@@ -498,7 +465,7 @@ def recorder_module(monkeypatch, tmp_path, sglang_forward_mode):
                             eplb_min_rebalancing_utilization_threshold=1.0, expert_balancedness_report_mode="off"),
         overlap=SimpleNamespace(enable_two_batch_overlap=False),
     )
-    utils_source = _sglang_file(UTILS)
+    utils_source = sglang_file(UTILS)
     modules = {
         "einops": {},
         "sglang": {}, "sglang.srt": {}, "sglang.srt.layers": {},
@@ -528,7 +495,7 @@ def recorder_module(monkeypatch, tmp_path, sglang_forward_mode):
     exec(compile(_class_source(utils_source, "Withable"), UTILS, "exec"), utils.__dict__)
     module = types.ModuleType("sglang_expert_distribution_under_test")
     monkeypatch.setitem(sys.modules, module.__name__, module)
-    exec(compile(_sglang_file(RECORDER), RECORDER, "exec"), module.__dict__)
+    exec(compile(sglang_file(RECORDER), RECORDER, "exec"), module.__dict__)
     module.settings = settings
     module.dump_folder = tmp_path
     return module
