@@ -45,6 +45,7 @@ from eplb.api import make_problem
 from eplb.methods import DEFAULT_METHOD, get_method
 from eplb.objectives import (CANDIDATES, combine, link_replicas, made_for_dispatch, recency_weights, select_per_layer,
                              window_peaks)
+from eplb.robust import improve_expected_peak
 from eplb.synthetic import DEEPSEEK_V3, drifting_counts, expert_popularity
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -56,6 +57,7 @@ DEPLOYMENTS = {
 SELECTION_SCORING = (("uniform", "u"), ("optimal", "o"))
 SWAPS = 300  # swaps tried per layer by made_for_dispatch (the plan_series default)
 MADE_FOR_DISPATCH = "expected_peak/o, made for dispatch"
+SEARCHED = "expected_peak_search"  # the default under uniform split (default method only: ~2 s a plan)
 SWAPS_ONLY = "expected_peak/o, swaps only (no linked replicas)"
 
 
@@ -118,6 +120,8 @@ def objective_plans(train: np.ndarray, problem, method: str, recency: bool):
     out[MADE_FOR_DISPATCH] = made_for_dispatch(train, selected, problem, iterations=SWAPS, keep_replicas=True)[0]
     # the previous plan made for dispatch: the selection, then swaps of any slots
     out[SWAPS_ONLY] = made_for_dispatch(train, out["expected_peak/o"], problem, iterations=SWAPS)[0]
+    if method == DEFAULT_METHOD:  # plan_series(objective="expected_peak_search"): the sum plan, searched
+        out[SEARCHED] = improve_expected_peak(train, plans[0], problem, weights)[0]
     return out
 
 
@@ -205,21 +209,25 @@ def verdict(rows) -> list[str]:
     lines = [
         f"### Defaults (method `{DEFAULT_METHOD}`): summed counts vs the series default per dispatch mode",
         "",
-        "Uniform split: the default objective is `sum` (`DEFAULT_OBJECTIVE['uniform']`). Optimal dispatch: "
+        "Uniform split: the default objective is `expected_peak_search` (`DEFAULT_OBJECTIVE['uniform']`: the sum "
+        "plan searched for a lower mean window peak, kept where cross-validation over the training windows says it "
+        "pays), against planning on the summed counts. Optimal dispatch: "
         "`expected_peak` made for dispatch (`DEFAULT_OBJECTIVE['optimal']`, i.e. `plan(series, dispatch='optimal')`), "
         "against the same plan from summed counts served with optimal dispatch. Cells: mean / worst held-out window.",
         "",
-        "| series | protocol | deployment | uniform, sum | optimal, sum | optimal, made for dispatch | "
-        "made for dispatch under uniform split |",
-        "|---|---|---|---|---|---|---|",
+        "| series | protocol | deployment | uniform, sum | uniform, default (searched) | optimal, sum | "
+        "optimal, made for dispatch | made for dispatch under uniform split |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for (series, protocol, deployment, objective), r in pick.items():
         if objective != "sum":
             continue
         m = pick.get((series, protocol, deployment, MADE_FOR_DISPATCH))
-        if m is None:
+        u = pick.get((series, protocol, deployment, SEARCHED))
+        if m is None or u is None:
             continue
         lines.append(f"| {series} | {protocol} | {deployment} | {r['uniform_mean']:.4f} / {r['uniform_worst']:.4f} | "
+                     f"{u['uniform_mean']:.4f} / {u['uniform_worst']:.4f} | "
                      f"{r['optimal_mean']:.4f} / {r['optimal_worst']:.4f} | "
                      f"{m['optimal_mean']:.4f} / {m['optimal_worst']:.4f} | "
                      f"{m['uniform_mean']:.4f} / {m['uniform_worst']:.4f} |")
@@ -229,8 +237,7 @@ def verdict(rows) -> list[str]:
         "the synthetic workloads stand in for them: the issue's plain figures (global 288/32, uniform "
         "0.896 / 0.836, optimal dispatch 0.943 / 0.908) lie between sigma=0.1 (easier) and sigma=0.2 (harder). "
         "Targets: optimal dispatch, global 288/32, >= 0.97 mean and >= 0.95 every window; 320/32, >= 0.995 / "
-        "0.985; uniform split >= 0.91 / 0.88 and never below the summed counts (the uniform default is the "
-        "summed counts, so it never is; no objective lifts the uniform figures on every series).",
+        "0.985; uniform split >= 0.91 / 0.88 and never below the summed counts.",
     ]
     return lines
 
@@ -247,7 +254,7 @@ def headline(results_dir: Path):
     out = []
     checks = (("global 288/32", MADE_FOR_DISPATCH, "optimal", 0.97, 0.95),
               ("global 320/32", MADE_FOR_DISPATCH, "optimal", 0.995, 0.985),
-              ("global 288/32", "sum", "uniform", 0.91, 0.88))
+              ("global 288/32", SEARCHED, "uniform", 0.91, 0.88))
     for series in sorted({key[0] for key in rows if key[0].startswith("synthetic workloads")}):
         for deployment, objective, mode, mean_target, worst_target in checks:
             r = rows.get((series, deployment, objective))
@@ -256,7 +263,7 @@ def headline(results_dir: Path):
             mean, worst = float(r[f"{mode}_mean"]), float(r[f"{mode}_worst"])
             base = rows.get((series, deployment, "sum"))
             plain = f"; planned on summed counts {float(base[f'{mode}_mean']):.3f} / {float(base[f'{mode}_worst']):.3f}" \
-                if base is not None and objective != "sum" else ""
+                if base is not None else ""
             met = mean >= mean_target and worst >= worst_target
             out.append((f"Out of sample, {series}, {deployment}, {'optimal dispatch, plan made for it' if mode == 'optimal' else 'even split, default objective'}: mean / worst held-out window",
                         f"{mean:.3f} / {worst:.3f}{plain}",
@@ -292,9 +299,9 @@ def markdown(rows, missing, quick, seconds) -> str:
         for objective in dict.fromkeys(r["objective"] for r in block):
             cells = []
             for m in methods:
-                r = next(r for r in block if r["method"] == m and r["objective"] == objective)
-                cells += [f"{r['uniform_mean']:.4f} / {r['uniform_worst']:.4f}",
-                          f"{r['optimal_mean']:.4f} / {r['optimal_worst']:.4f}"]
+                r = next((r for r in block if r["method"] == m and r["objective"] == objective), None)
+                cells += ["–", "–"] if r is None else [f"{r['uniform_mean']:.4f} / {r['uniform_worst']:.4f}",
+                                                       f"{r['optimal_mean']:.4f} / {r['optimal_worst']:.4f}"]
             lines.append(f"| {objective} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

@@ -60,8 +60,11 @@ def plan(counts, *, num_slots=None, num_gpus=None, num_nodes=1, num_groups=None,
             ``"sum"`` (summed counts), ``"quantile"`` (each expert's 0.9 quantile of its share),
             ``"max_share"`` (its largest share), ``"expected_peak"`` / ``"worst_window"`` (per
             layer, the plan among those estimators with the best mean / worst window peak on the
-            windows). ``None``: the default for ``dispatch`` (:data:`eplb.objectives.DEFAULT_OBJECTIVE`),
-            chosen by what served held-out windows best in ``bench/out_of_sample.py``.
+            windows), ``"expected_peak_search"`` (even split only: the summed counts' plan searched
+            for a lower mean window peak, kept where cross-validation says it pays; about 2 s at
+            DeepSeek-V3 size). ``None``: the default for ``dispatch``
+            (:data:`eplb.objectives.DEFAULT_OBJECTIVE`), chosen by what served held-out windows best
+            in ``bench/out_of_sample.py``.
         window_weights: ``[T]`` non-negative weights of the windows (e.g.
             :func:`eplb.objectives.recency_weights`); ``None``: equal.
         dispatch: how the engine splits an expert's tokens among its replicas: ``"uniform"`` (as

@@ -23,6 +23,7 @@ import eplb
 
 from . import __version__
 from .methods import DEFAULT_METHOD, METHODS
+from .objectives import DISPATCH_SCORING, OBJECTIVES
 from .metrics import moe_layers, moe_mean
 from .report import Bound, bound_for, moe_note
 
@@ -204,7 +205,7 @@ def plan_with_progress(weights, *, num_slots, num_gpus, num_nodes, num_groups, m
         return eplb.plan(weights, **kwargs), use_previous
     if not progress or method == "greedy":
         return eplb.plan(weights, **kwargs), use_previous
-    return _with_timer(lambda: eplb.plan(weights, **kwargs), f"planning {weights.shape[0]} layers ({method})"), \
+    return _with_timer(lambda: eplb.plan(weights, **kwargs), f"planning {weights.shape[-2]} layers ({method})"), \
         use_previous
 
 
@@ -278,6 +279,13 @@ def _check_previous(previous, placement_like, path):
                    "then carries shares, which eplb JSON keeps.")
 @click.option("--input-format", type=click.Choice(COUNTS_FORMAT_NAMES), default=None,
               help="Format of COUNTS (default: detected from the name).")
+@click.option("--objective", type=click.Choice(OBJECTIVES), default=None,
+              help="How the windows of a series COUNTS [T, L, E] combine (eplb.objectives; default: summed). "
+                   "expected_peak_search served unseen windows best under an even split (seconds at "
+                   "DeepSeek-V3 size).")
+@click.option("--dispatch", type=click.Choice(DISPATCH_SCORING), default="uniform", show_default=True,
+              help="How the engine splits an expert's tokens among its replicas; optimal: plan for an engine "
+                   "that splits every batch optimally (eplb.dispatch), from the series' windows.")
 @click.option("--phase", type=click.Choice(["prefill", "decode"]), default=None,
               help="Plan from the passes of this phase only (a pool serving one phase); needs COUNTS that record "
                    "each pass's phase (SGLang's per_token dump).")
@@ -293,8 +301,8 @@ def _check_previous(previous, placement_like, path):
 @quiet_option
 @friendly_errors
 def plan(counts, slots, gpus, nodes, groups, method, previous, previous_format, tolerance, max_moves, time_limit,
-         deterministic_time, max_off_node, input_format, phase, output_format, output, layer_updates_per_iter,
-         transpose, allow_shape, quiet):
+         deterministic_time, max_off_node, input_format, objective, dispatch, phase, output_format, output,
+         layer_updates_per_iter, transpose, allow_shape, quiet):
     """Plan a placement from recorded expert COUNTS and write it for your engine.
 
     COUNTS is a file or a TensorRT-LLM statistics folder; a series [T, L, E] is summed over
@@ -306,6 +314,7 @@ def plan(counts, slots, gpus, nodes, groups, method, previous, previous_format, 
 
     --phase prefill|decode plans a pool that serves one phase from the passes of that phase (and
     prints how many of the file's passes it kept); COUNTS must record each pass's phase.
+    --objective and --dispatch optimal plan from the series' windows instead of their sum.
 
     -o must not name an input file; an existing output file is replaced (a note says so on
     stderr). SGLang output also writes <name>.eplb.json beside it with the configuration.
@@ -332,6 +341,11 @@ def plan(counts, slots, gpus, nodes, groups, method, previous, previous_format, 
         if method != "exact":
             raise click.BadParameter(f"applies to method 'exact' only, not {method!r}", param_hint="--deterministic-time")
         options["deterministic_time"] = deterministic_time
+    if objective is not None or dispatch != "uniform":
+        if previous is not None or max_off_node is not None:
+            raise click.UsageError("--objective and --dispatch optimal plan from the windows from scratch: "
+                                   "not with --previous or --max-off-node")
+        options.update(objective=objective, dispatch=dispatch)
     if max_off_node is not None:
         if previous is not None:
             raise click.UsageError("--max-off-node plans from scratch: it cannot be combined with --previous")
@@ -365,7 +379,7 @@ def plan(counts, slots, gpus, nodes, groups, method, previous, previous_format, 
         _check_previous(prev, dict(layers=num_layers, experts=num_experts, slots=slots, gpus=gpus, nodes=nodes), previous)
 
     placement, used_previous = plan_with_progress(
-        weights, num_slots=slots, num_gpus=gpus, num_nodes=nodes, num_groups=groups, method=method,
+        data.counts if "objective" in options else weights, num_slots=slots, num_gpus=gpus, num_nodes=nodes, num_groups=groups, method=method,
         previous=None if prev is None else prev.placement, migration=migration, progress=show_progress(quiet),
         **options)
     elapsed = time.perf_counter() - start

@@ -211,3 +211,23 @@ def test_progress_goes_to_the_method_or_a_timer_and_never_changes_the_plan(monke
     assert seen == [True, False] and capsys.readouterr().err == ""
     with pytest.raises(ValueError, match="num_slots"):               # errors come back from the worker thread
         plan_with_progress(weights, method="slow", progress=True, **{**kwargs, "num_slots": 16})
+
+
+def test_plan_from_a_series_objective_and_for_optimal_dispatch(tmp_path):
+    from eplb.synthetic import drifting_counts
+
+    series = drifting_counts(5, 3, 16, drift=0.4, seed=2).astype(np.float64)
+    np.save(tmp_path / "series.npy", series)
+    deployment = ["--slots", "20", "--gpus", "4", "--nodes", "2"]
+    for extra, kwargs in ((["--objective", "expected_peak_search"], dict(objective="expected_peak_search")),
+                          (["--dispatch", "optimal"], dict(dispatch="optimal"))):
+        invoke("plan", "series.npy", *deployment, *extra, "-o", "p.json", cwd=tmp_path)
+        expected = eplb.plan(series, num_slots=20, num_gpus=4, num_nodes=2, **kwargs)
+        np.testing.assert_array_equal(read_placement(tmp_path / "p.json").placement.phy2log, expected.phy2log)
+    summed = eplb.plan(series.sum(axis=0), num_slots=20, num_gpus=4, num_nodes=2)
+    invoke("plan", "series.npy", *deployment, "-o", "p.json", cwd=tmp_path)
+    np.testing.assert_array_equal(read_placement(tmp_path / "p.json").placement.phy2log, summed.phy2log)
+    invoke("plan", "series.npy", *deployment, "-o", "q.json", cwd=tmp_path)
+    _, err = invoke("plan", "series.npy", *deployment, "--objective", "quantile", "--previous", "q.json",
+                    "-o", "p.json", cwd=tmp_path, expect=2)
+    assert "--objective" in err and "--previous" in err

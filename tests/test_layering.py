@@ -35,7 +35,7 @@ LAYERS = [
                             "eplb.cost"]),
     ("methods", ["eplb.methods", "eplb.methods.*", "eplb.exact"]),
     ("planning", ["eplb.api", "eplb.migration", "eplb.exact_migration", "eplb.certificate",
-                  "eplb.dispatch", "eplb.engine_dispatch", "eplb.objectives", "eplb.locality"]),
+                  "eplb.dispatch", "eplb.engine_dispatch", "eplb.objectives", "eplb.robust", "eplb.windows", "eplb.locality"]),
     ("serving", ["eplb.balancer", "eplb.transfer", "eplb.simulate", "eplb.sweep", "eplb.adapters", "eplb.adapters.*"]),
     ("edges", ["eplb.formats", "eplb.formats.*", "eplb.report", "eplb.cli", "eplb.demo", "eplb.__main__",
                "eplb.warmup", "eplb.simulation_report", "eplb"]),

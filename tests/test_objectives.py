@@ -13,6 +13,7 @@ from eplb.methods import get_method
 from eplb.objectives import (
     CANDIDATES,
     OBJECTIVES,
+    SEARCHES,
     combine,
     link_replicas,
     made_for_dispatch,
@@ -100,9 +101,12 @@ def test_plan_series_is_deterministic_and_sum_matches_planning_the_sum():
     problem = make_problem(16, 24, 4)
     method = get_method("balanced")
     for objective in OBJECTIVES:
-        first, _ = plan_series(series, problem, method, objective, dispatch="optimal")
-        again, _ = plan_series(series.copy(), problem, method, objective, dispatch="optimal")
-        np.testing.assert_array_equal(first, again)
+        for dispatch in ("uniform", "optimal") if objective not in SEARCHES else ("uniform",):
+            first, _ = plan_series(series, problem, method, objective, dispatch=dispatch)
+            again, _ = plan_series(series.copy(), problem, method, objective, dispatch=dispatch)
+            np.testing.assert_array_equal(first, again)
+    with pytest.raises(ValueError, match="dispatch='uniform'"):
+        plan_series(series, problem, method, SEARCHES[0], dispatch="optimal")
     summed, _ = plan_series(series, problem, method, "sum")
     np.testing.assert_array_equal(summed, method(series.sum(axis=0), problem)[0])
 
