@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import inspect
 import json
-import sys
-import types
 from types import SimpleNamespace
 
 import numpy as np
@@ -26,9 +24,8 @@ torch = pytest.importorskip("torch", reason="SGLang's loader uses torch; torch i
 import eplb  # noqa: E402
 from eplb.formats.sglang import write_sglang_placement  # noqa: E402
 from eplb.synthetic import drifting_counts  # noqa: E402
-from sglang_sources import SKIP_REASON, sglang_file  # noqa: E402
+from sglang_sources import LOADER, SKIP_REASON, load_expert_location, sglang_file  # noqa: E402
 
-LOADER = "sglang/srt/eplb/expert_location.py"
 
 
 SOURCE = sglang_file(LOADER)
@@ -43,20 +40,7 @@ def loader(monkeypatch):
                             ep_join_mode="none", ep_num_redundant_experts=16, eplb_algorithm="auto"),
     )
     parallel = SimpleNamespace(ep_size=8, nnodes=2, tp_size=8, elastic_ep_initial_size=None, ep_join_rank_offset=0)
-    context = types.ModuleType("sglang.srt.runtime_context")
-    context.get_exec = lambda: settings
-    context.get_parallel = lambda: parallel
-    context.get_device = lambda: SimpleNamespace(device="cpu")
-    context.get_resources = lambda: SimpleNamespace(expert_location_metadata=None)
-    elastic = types.ModuleType("sglang.srt.elastic_ep.elastic_ep")
-    elastic.elastic_expanded_world_enabled = lambda: False
-    for name in ("sglang", "sglang.srt", "sglang.srt.elastic_ep"):
-        monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
-    monkeypatch.setitem(sys.modules, context.__name__, context)
-    monkeypatch.setitem(sys.modules, elastic.__name__, elastic)
-    module = types.ModuleType("sglang_expert_location_under_test")
-    monkeypatch.setitem(sys.modules, module.__name__, module)
-    exec(compile(SOURCE, LOADER, "exec"), module.__dict__)
+    module = load_expert_location(monkeypatch, settings, parallel)
     module.settings = settings
     return module
 

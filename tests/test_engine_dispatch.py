@@ -9,8 +9,6 @@ or an unpacked tree, or an installed sglang; without them those tests skip with 
 
 from __future__ import annotations
 
-import sys
-import types
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -27,7 +25,7 @@ from eplb.metrics import balancedness
 from eplb.placement import Placement, uniform_shares
 from eplb.synthetic import deepseek_v3_counts, drifting_counts
 from eplb.topology import Topology
-from sglang_sources import SKIP_REASON, sglang_file
+from sglang_sources import LOADER, SKIP_REASON, load_expert_location, sglang_file
 from strategies import configs
 
 EVEN = ("uniform", "vllm", "tensorrt-llm", "sglang-dynamic-no-a2a")
@@ -209,7 +207,6 @@ def test_bad_input_names_the_argument_and_the_rule():
 
 # ---------------------------------------------------------------------- SGLang's own code
 
-LOADER = "sglang/srt/eplb/expert_location.py"
 
 
 SOURCE = sglang_file(LOADER)
@@ -228,20 +225,7 @@ def run_sglang(monkeypatch, placement: Placement, tmp_path: Path):
         ep_join_mode="none", ep_num_redundant_experts=placement.num_slots - placement.num_experts))
     parallel = SimpleNamespace(ep_size=placement.num_gpus, nnodes=placement.num_nodes, tp_size=placement.num_gpus,
                                elastic_ep_initial_size=None, ep_join_rank_offset=0)
-    context = types.ModuleType("sglang.srt.runtime_context")
-    context.get_exec = lambda: settings
-    context.get_parallel = lambda: parallel
-    context.get_device = lambda: SimpleNamespace(device="cpu")
-    context.get_resources = lambda: SimpleNamespace(expert_location_metadata=None)
-    elastic = types.ModuleType("sglang.srt.elastic_ep.elastic_ep")
-    elastic.elastic_expanded_world_enabled = lambda: False
-    for name in ("sglang", "sglang.srt", "sglang.srt.elastic_ep"):
-        monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
-    monkeypatch.setitem(sys.modules, context.__name__, context)
-    monkeypatch.setitem(sys.modules, elastic.__name__, elastic)
-    module = types.ModuleType("sglang_expert_location_under_test")
-    monkeypatch.setitem(sys.modules, module.__name__, module)
-    exec(compile(SOURCE, LOADER, "exec"), module.__dict__)
+    module = load_expert_location(monkeypatch, settings, parallel)
     shape = module.ModelConfigForExpertLocation(num_layers=placement.num_layers,
                                                 num_logical_experts=placement.num_experts)
     module.ModelConfigForExpertLocation.from_model_config = staticmethod(lambda model_config: shape)

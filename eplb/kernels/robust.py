@@ -11,16 +11,9 @@ a move touches only the GPUs it changes: ``O(T)`` for a swap, ``O(T * replicas)`
 import numpy as np
 from numba import njit
 
+from .dispatch import _next_random  # the xorshift64 stream of the dispatch search
+
 TOP = 4  # most loaded GPUs remembered per window
-
-
-@njit(cache=True, nogil=True, error_model="numpy")
-def _next_random(state):
-    """xorshift64: the next state (also the random number); deterministic on every machine."""
-    state ^= (state << np.uint64(13)) & np.uint64(0xFFFFFFFFFFFFFFFF)
-    state ^= state >> np.uint64(7)
-    state ^= (state << np.uint64(17)) & np.uint64(0xFFFFFFFFFFFFFFFF)
-    return state
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
