@@ -16,8 +16,10 @@ from .locality import capped_lower_bound, home_nodes, plan_locality
 from .locality import pareto as locality_curve
 from .metrics import gpu_loads
 from .migration import as_previous, plan_near
-from .objectives import DEFAULT_OBJECTIVE, DISPATCH_SCORING, combine, plan_series
+from .objectives import (DEFAULT_OBJECTIVE, DISPATCH_SCORING, SEARCHES, combine, hedge_info, hedge_windows,
+                         plan_series)
 from .placement import Placement
+from .robust import DEFAULT_COPY_COST
 from .problem import Problem, make_problem, power_of_two_scale, weights_2d
 from .topology import Topology
 
@@ -30,7 +32,7 @@ def plan(counts, *, num_slots=None, num_gpus=None, num_nodes=1, num_groups=None,
          method: str = DEFAULT_METHOD, topology: Topology | None = None, previous=None,
          tolerance: float | None = 0.005, max_moves=None, max_off_node: float | None = None,
          objective: str | None = None, window_weights=None, dispatch: str = "uniform",
-         **options) -> Placement:
+         copy_cost: float = DEFAULT_COPY_COST, **options) -> Placement:
     """Plan a replicated expert placement for every layer.
 
     Args:
@@ -78,22 +80,24 @@ def plan(counts, *, num_slots=None, num_gpus=None, num_nodes=1, num_groups=None,
         A :class:`Placement` (with ``home_node`` when hierarchical); its ``max_load``, ``lower_bound`` and ``gap`` on ``counts`` are
         computed on first access (a call that never reads them never computes the bound).
     """
-    weights = weights_2d(counts, "counts")
+    windows = as_counts(counts, "counts", ndims=(1, 2, 3))
+    weights = weights_2d(windows, "counts")
+    windows = windows.reshape((-1,) + weights.shape)
     problem = make_problem(weights.shape[1], num_slots, num_gpus, num_nodes, num_groups, topology)
-    start = time.perf_counter()
-    shares = home = None
-    series = objective is not None or window_weights is not None or dispatch != "uniform"
     if dispatch not in DISPATCH_SCORING:
         raise ValueError(f"dispatch must be one of {DISPATCH_SCORING}, got {dispatch!r}")
-    if series and (previous is not None or max_off_node is not None):
-        raise ValueError("objective, window_weights and dispatch='optimal' plan from scratch: "
-                         "not with previous= or max_off_node=")
+    # a series of windows is planned as windows (hedged) unless objective="sum"
+    series = windows.shape[0] > 1 or objective is not None or window_weights is not None or dispatch != "uniform"
+    objective = objective or (DEFAULT_OBJECTIVE[dispatch] if series else "sum")
     if series:
-        windows = as_counts(counts, "counts", ndims=(1, 2, 3)).reshape((-1,) + weights.shape)
-        phy2log, info = plan_series(windows, problem, get_method(method), objective or DEFAULT_OBJECTIVE[dispatch],
-                                    window_weights, dispatch=dispatch, options=options)
         weights = combine(windows, "sum", window_weights)
-    elif max_off_node is not None:
+    hedged = series and objective in SEARCHES
+    if (previous is not None or max_off_node is not None) and series and not (hedged or objective == "sum"):
+        raise ValueError(f"previous= and max_off_node= combine with objective 'sum' or {SEARCHES} (an even split), "
+                         f"not objective={objective!r} with dispatch={dispatch!r}")
+    start = time.perf_counter()
+    shares = home = None
+    if max_off_node is not None:
         max_off_node = as_fraction(max_off_node, "max_off_node")
         if not problem.hierarchical:
             raise ValueError("max_off_node needs a hierarchical configuration: num_groups a multiple of num_nodes")
@@ -102,12 +106,22 @@ def plan(counts, *, num_slots=None, num_gpus=None, num_nodes=1, num_groups=None,
         phy2log, shares, home, info = plan_locality(weights, problem, max_off_node, method, **options)
         if max_off_node == 0:
             shares = None  # the hierarchical plan: an even split
-    elif previous is None:
-        phy2log, info = get_method(method)(weights, problem, **options)
-    else:
+        if hedged:  # swaps inside nodes: shares and off-node traffic unchanged
+            result = hedge_windows(windows, phy2log, problem, window_weights, shares=shares)
+            phy2log, shares = result.phy2log, (None if shares is None else result.shares)
+            info = {**info, **hedge_info(result, objective)}
+    elif previous is not None:
         old = as_previous(previous, weights.shape[1], problem, weights.shape[0])
         phy2log, info = plan_near(weights, problem, old, method=method, tolerance=tolerance, max_moves=max_moves,
                                   options=options)
+        if hedged:
+            phy2log, hedge_entries = _hedge_near(windows, window_weights, problem, old, phy2log, copy_cost)
+            info = {**info, **hedge_entries, "objective": objective}
+    elif series:
+        phy2log, info = plan_series(windows, problem, get_method(method), objective, window_weights,
+                                    dispatch=dispatch, options=options)
+    else:
+        phy2log, info = get_method(method)(weights, problem, **options)
     if problem.hierarchical and home is None:
         home = home_nodes(phy2log, problem.num_groups, weights.shape[1], problem.topology)
     elapsed = time.perf_counter() - start
@@ -122,6 +136,27 @@ def plan(counts, *, num_slots=None, num_gpus=None, num_nodes=1, num_groups=None,
         num_groups=problem.num_groups, method=method, info={**info, "time_s": elapsed},
         max_load=peaks, lower_bound=bound, shares=shares, home_node=home,
     )
+
+
+def _hedge_near(windows: np.ndarray, window_weights, problem: Problem, previous: np.ndarray, near: np.ndarray,
+                copy_cost: float) -> tuple[np.ndarray, dict]:
+    """Per layer, the better of two hedged searches charged ``copy_cost`` per slot changed from
+    ``previous [L, S]``: one from ``previous`` itself (its replica counts, few copies) and one from
+    ``near [L, S]`` (the plan near it for the summed windows, whose replica counts fit the new
+    traffic); better = lower mean window ``peak / mean`` plus ``copy_cost`` per changed slot.
+    Returns ``phy2log [L, S]`` and info entries (``slots_changed [L]``, ``uniform_objective_*``)."""
+    candidates = [hedge_windows(windows, start, problem, window_weights, previous=previous, copy_cost=copy_cost)
+                  for start in (previous, near)]
+    changed = np.stack([(c.phy2log != previous).sum(axis=1) for c in candidates])  # [2, L]
+    cost = np.stack([c.after for c in candidates]) + copy_cost * changed
+    pick = np.argmin(cost, axis=0)
+    layers = np.arange(previous.shape[0])
+    phy2log = np.ascontiguousarray(np.stack([c.phy2log for c in candidates])[pick, layers])
+    before = np.stack([c.before for c in candidates])[pick, layers]
+    after = np.stack([c.after for c in candidates])[pick, layers]
+    return phy2log, {"slots_changed": changed[pick, layers].astype(np.int64), "uniform_objective_before": before,
+                     "uniform_objective_after": after, "searched": any(c.searched for c in candidates),
+                     "hedged_from_previous": pick == 0}
 
 
 def _peaks(weights: np.ndarray, phy2log: np.ndarray, problem: Problem, shares: np.ndarray | None = None

@@ -36,7 +36,7 @@ import numpy as np
 from ._validation import as_counts
 from .kernels.dispatch import improve_for_dispatch
 from .kernels.linked import linked_placement
-from .robust import improve_expected_peak
+from .robust import Hedged, hedge
 from .windows import DISPATCH_SCORING, check_window_weights, window_peaks
 
 COMBINERS = ("sum", "quantile", "max_share")
@@ -216,6 +216,22 @@ def link_replicas(weights: np.ndarray, phy2log: np.ndarray, problem) -> tuple[np
                             topology.slot_offsets, np.ascontiguousarray(zone_of_gpu, dtype=np.int64))
 
 
+def hedge_windows(series: np.ndarray, phy2log: np.ndarray, problem, window_weights=None, **options) -> Hedged:
+    """The search of ``"expected_peak_search"`` (:func:`eplb.robust.hedge`) from ``phy2log [L, S]``
+    over the windows of ``series [T, L, E]`` (longer series as ``SEARCH_WINDOWS`` contiguous
+    blocks); ``options`` go to the search (``shares``, ``previous``, ``copy_cost``, ...)."""
+    weights = check_window_weights(window_weights, series.shape[0])
+    blocks, block_weights = _blocks(series, weights, SEARCH_WINDOWS)
+    return hedge(blocks, phy2log, problem, block_weights, **options)
+
+
+def hedge_info(hedged: Hedged, objective: str = "expected_peak_search") -> dict:
+    """The ``info`` entries of a hedged plan: ``objective``, ``uniform_objective_before`` /
+    ``_after [L]`` (the mean window ``peak / mean`` searched) and ``searched``."""
+    return {"objective": objective, "uniform_objective_before": hedged.before,
+            "uniform_objective_after": hedged.after, "searched": hedged.searched}
+
+
 def plan_series(counts, problem, method_fn, objective: str = "sum", window_weights=None, *,
                 dispatch: str = "uniform", quantile: float = 0.9, options=None, iterations: int = 300):
     """Plan a series ``counts [T, L, E]`` under ``objective``.
@@ -245,10 +261,8 @@ def plan_series(counts, problem, method_fn, objective: str = "sum", window_weigh
         if optimal:
             raise ValueError(f"objective {objective!r} is for dispatch='uniform' (an even split among replicas)")
         start, info = method_fn(combine(series, "sum", weights), problem, **options)
-        blocks, block_weights = _blocks(series, weights, SEARCH_WINDOWS)
-        phy2log, (before, after) = improve_expected_peak(blocks, start, problem, block_weights)
-        return phy2log, {**info, "objective": objective, "uniform_objective_before": before,
-                         "uniform_objective_after": after, "searched": bool((phy2log != start).any())}
+        hedged = hedge_windows(series, start, problem, weights)
+        return hedged.phy2log, {**info, **hedge_info(hedged, objective)}
     if objective in COMBINERS:
         combined = combine(series, objective, weights, quantile=quantile)
         phy2log, info = method_fn(combined, problem, **options)

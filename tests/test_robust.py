@@ -77,9 +77,10 @@ def test_search_is_valid_never_worse_and_deterministic(data):
     series = data.draw(series_for(num_experts))
     start = get_method("balanced")(series.sum(axis=0), problem)[0]
     iterations = data.draw(st.sampled_from([0, 50, 400]))
+    swaps = data.draw(st.sampled_from([0, 3, 40]))
     replica_moves = data.draw(st.booleans())
     kept = (series.copy(), start.copy())
-    phy2log, (before, after) = improve_expected_peak(series, start, problem, iterations=iterations,
+    phy2log, (before, after) = improve_expected_peak(series, start, problem, swaps=swaps, iterations=iterations,
                                                      replica_moves=replica_moves, anchor=0.0, folds=0)
     np.testing.assert_array_equal(series, kept[0])
     np.testing.assert_array_equal(start, kept[1])
@@ -92,13 +93,13 @@ def test_search_is_valid_never_worse_and_deterministic(data):
     np.testing.assert_allclose(before, _objective(series, start, problem), rtol=1e-9)
     np.testing.assert_allclose(after, _objective(series, phy2log, problem), rtol=1e-9)
     assert (after <= before * (1 + 1e-12)).all()
-    if iterations == 0:
+    if iterations == 0 and swaps == 0:
         np.testing.assert_array_equal(phy2log, start)
-    again, _ = improve_expected_peak(series.copy(), start.copy(), problem, iterations=iterations,
+    again, _ = improve_expected_peak(series.copy(), start.copy(), problem, swaps=swaps, iterations=iterations,
                                      replica_moves=replica_moves, anchor=0.0, folds=0)
     np.testing.assert_array_equal(phy2log, again)
     # with the cross-validation check: the start, or the same search
-    checked, (_, checked_after) = improve_expected_peak(series, start, problem, iterations=iterations,
+    checked, (_, checked_after) = improve_expected_peak(series, start, problem, swaps=swaps, iterations=iterations,
                                                         replica_moves=replica_moves, anchor=0.0, folds=3)
     if np.array_equal(checked, start):
         np.testing.assert_array_equal(checked_after, before)

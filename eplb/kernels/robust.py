@@ -1,5 +1,7 @@
-"""A local search that lowers the expected step time of a placement over a series of windows when
-tokens are split uniformly among replicas (``1 / logcnt``).
+"""Local searches that lower the expected step time of a placement over a series of windows when
+tokens are split uniformly among replicas (``1 / logcnt``): :func:`pair_descent` (the best swap
+between a window's most loaded GPU and a light GPU, the fast default) and
+:func:`improve_expected_peak` (random swaps and replica moves).
 
 Per layer, each window ``t`` is scaled so its mean GPU load is ``window_weights[t]``; the objective
 is then ``sum_t max_g load[t, g] / sum_t window_weights[t]``, the weighted mean over windows of
@@ -290,3 +292,217 @@ def improve_expected_peak(windows, window_weights, phy2log, gpu_of_slot, slot_of
                 current += peak[r]
         after[layer] = current / total_weight
     return out, before, after
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _scaled_layer(windows, window_weights, layer, num_gpus, scale, share, active):
+    """Scale window ``t`` of ``layer`` so its mean GPU load is ``window_weights[t]``: fills
+    ``scale [T]``, ``share [T, E]`` (an expert's scaled tokens) and ``active [T]`` (the windows that
+    count, first ``n`` entries). Returns ``(n, total weight of the active windows)``."""
+    num_windows, _, num_experts = windows.shape
+    total = 0.0
+    n = 0
+    for t in range(num_windows):
+        mean = 0.0
+        for e in range(num_experts):
+            mean += windows[t, layer, e]
+        mean /= num_gpus
+        scale[t] = window_weights[t] / mean if mean > 0.0 and window_weights[t] > 0.0 else 0.0
+        if scale[t] > 0.0:
+            total += window_weights[t]
+            active[n] = t
+            n += 1
+        for e in range(num_experts):
+            share[t, e] = windows[t, layer, e] * scale[t]
+    return n, total
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _window_loads(row, fraction, share, gpu_of_slot, active, n, loads, top):
+    """Per active window, GPU loads ``loads [T, G]`` of ``row [S]`` with slot ``s`` taking
+    ``fraction[s]`` of its expert's tokens, and the ``TOP`` most loaded GPUs; returns the sum over
+    active windows of the peaks."""
+    total = 0.0
+    for j in range(n):
+        t = active[j]
+        loads[t, :] = 0.0
+        for s in range(row.shape[0]):
+            loads[t, gpu_of_slot[s]] += share[t, row[s]] * fraction[s]
+        _rank_window(loads, t, top)
+        total += loads[t, top[t, 0]]
+    return total
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _partner(loads, t, hot, zone_of_gpu, slot_offsets, state, lightest):
+    """A GPU of ``hot``'s zone to swap with: the lightest of window ``t`` when ``lightest``, else a
+    random one (``-1`` if none found). Returns ``(gpu, state)``."""
+    num_gpus = loads.shape[1]
+    zone = zone_of_gpu[hot]
+    best = -1
+    if lightest:
+        low = np.inf
+        for g in range(num_gpus):
+            if g != hot and zone_of_gpu[g] == zone and slot_offsets[g + 1] > slot_offsets[g] and loads[t, g] < low:
+                low = loads[t, g]
+                best = g
+        return best, state
+    for _attempt in range(16):
+        state = _next_random(state)
+        g = np.int64(state % np.uint64(num_gpus))
+        if g != hot and zone_of_gpu[g] == zone and slot_offsets[g + 1] > slot_offsets[g]:
+            return g, state
+    return best, state
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _best_swap(row, work, hot, cold, slot_offsets, j, limit):
+    """The swap of a slot of ``hot`` with a slot of ``cold`` that lowers the sum of window peaks
+    most (below ``limit``), scoring each pair in ``O(T)`` with early exit.
+
+    ``work`` bundles the per-GPU-pair state filled by :func:`pair_descent`: ``excl [T]`` (each
+    active window's largest load outside the pair), ``suffix [T + 1]`` (sums of ``excl`` from
+    window ``j`` on: a floor for the windows not yet scored), ``hot_load``/``cold_load [T]``,
+    ``hot_replica``/``cold_replica [k, T]`` (each slot's replica load per active window),
+    ``held_by_hot``/``held_by_cold [E]`` stamped with ``stamp``, ``n`` active windows, and
+    ``previous [S]`` with ``copy_cost``: a swap is charged ``copy_cost`` per slot it makes differ
+    from ``previous`` (and credited per slot it gives back). ``j`` is the active window whose peak
+    is ``hot``: a swap must lower it. Returns ``(slot on hot, slot on cold, new sum)``, slots ``-1``
+    when no swap beats ``limit``.
+    """
+    excl, suffix, hot_load, cold_load, hot_replica, cold_replica, held_by_hot, held_by_cold, stamp, n = work[:10]
+    previous, copy_cost = work[10:]
+    best_a = -1
+    best_b = -1
+    for i in range(slot_offsets[hot + 1] - slot_offsets[hot]):
+        x = row[slot_offsets[hot] + i]
+        if held_by_cold[x] == stamp:
+            continue
+        for k in range(slot_offsets[cold + 1] - slot_offsets[cold]):
+            f = row[slot_offsets[cold] + k]
+            if held_by_hot[f] == stamp or cold_replica[k, j] >= hot_replica[i, j]:
+                continue
+            value = 0.0
+            if copy_cost > 0.0:
+                a = slot_offsets[hot] + i
+                b = slot_offsets[cold] + k
+                changed = (f != previous[a]) + (x != previous[b]) - (x != previous[a]) - (f != previous[b])
+                value = copy_cost * changed
+            for r in range(n):
+                delta = cold_replica[k, r] - hot_replica[i, r]
+                value += max(excl[r], hot_load[r] + delta, cold_load[r] - delta)
+                if value + suffix[r + 1] >= limit:
+                    value = np.inf
+                    break
+            if value < limit:
+                limit = value
+                best_a = slot_offsets[hot] + i
+                best_b = slot_offsets[cold] + k
+    return best_a, best_b, limit
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def pair_descent(windows, window_weights, phy2log, fractions, gpu_of_slot, slot_offsets, zone_of_gpu, iterations,
+                 seed, previous, copy_cost):
+    """Lower, per layer, the weighted mean over windows of ``peak / mean`` GPU load by
+    best-improvement swaps between two GPUs, each slot taking a fixed fraction of its expert's
+    tokens (``1 / logcnt`` for an even split, or a capped plan's shares).
+
+    Iteration ``i`` takes the next window ``t`` (cyclically, skipping windows without weight or
+    tokens), its most loaded GPU ``hot`` and a partner GPU of the same zone (every other iteration
+    the lightest of window ``t``, else a random one), scores every swap of a slot of ``hot`` with
+    a slot of the partner that lowers window ``t``'s peak (``O(T)`` each, with early exit) and
+    applies the best one if the objective drops. A swap exchanges two slots' experts together
+    with their fractions, so replica counts and every expert's split stay; no GPU gets a second
+    replica of an expert; slots stay in their zones (so with zones = nodes, no token changes node).
+    Deterministic for a ``seed``.
+
+    Args:
+        windows: ``[T, L, E]`` float64 non-negative counts; window_weights: ``[T]`` float64 >= 0.
+        phy2log: ``[L, S]`` int64 starting placement (every expert has a slot).
+        fractions: ``[L, S]`` float64, the fraction of its expert's tokens each slot takes.
+        gpu_of_slot: ``[S]`` int64; slot_offsets: ``[G + 1]`` int64 (GPU ``g`` holds slots
+            ``slot_offsets[g] : slot_offsets[g + 1]``); zone_of_gpu: ``[G]`` int64, swaps stay in a zone.
+        iterations: swaps tried per layer; seed: ``>= 1``, the random stream.
+        previous: ``[L, S]`` int64, the placement in service; copy_cost: ``>= 0``, what one slot
+            changed from ``previous`` costs, in units of the objective (a weighted mean of
+            ``peak / mean``): a swap is kept only if it lowers the objective by more than the
+            copies it adds cost (``0``: ``previous`` is ignored).
+    Returns:
+        ``phy2log [L, S]`` int64 and ``fractions [L, S]`` float64 (new arrays), ``before [L]`` and
+        ``after [L]`` float64: the objective at the start and the end (1.0 for a layer with no tokens).
+    """
+    num_windows, num_layers, num_experts = windows.shape
+    num_gpus = slot_offsets.shape[0] - 1
+    width = 0
+    for g in range(num_gpus):
+        width = max(width, slot_offsets[g + 1] - slot_offsets[g])
+    out = phy2log.copy()
+    out_fractions = fractions.copy()
+    before = np.ones(num_layers)
+    after = np.ones(num_layers)
+    scale = np.zeros(num_windows)
+    share = np.empty((num_windows, num_experts))
+    active = np.empty(num_windows, np.int64)
+    loads = np.zeros((num_windows, num_gpus))
+    top = np.empty((num_windows, TOP), np.int64)
+    mark = np.zeros(num_gpus, np.int64)
+    held_by_hot = np.zeros(num_experts, np.int64)
+    held_by_cold = np.zeros(num_experts, np.int64)
+    excl = np.empty(num_windows)
+    suffix = np.zeros(num_windows + 1)
+    hot_load = np.empty(num_windows)
+    cold_load = np.empty(num_windows)
+    hot_replica = np.empty((width, num_windows))
+    cold_replica = np.empty((width, num_windows))
+    stamp = 0
+    state = np.uint64(seed)
+    for layer in range(num_layers):
+        row = out[layer]
+        fraction = out_fractions[layer]
+        n, total_weight = _scaled_layer(windows, window_weights, layer, num_gpus, scale, share, active)
+        if total_weight <= 0.0:
+            continue
+        current = _window_loads(row, fraction, share, gpu_of_slot, active, n, loads, top)
+        before[layer] = current / total_weight
+        for it in range(iterations):
+            j = it % n
+            t = active[j]
+            hot = top[t, 0]
+            cold, state = _partner(loads, t, hot, zone_of_gpu, slot_offsets, state, it % 2 == 0)
+            if cold < 0:
+                continue
+            stamp += 1
+            mark[hot] = stamp
+            mark[cold] = stamp
+            for r in range(n):
+                excl[r] = _max_untouched(loads, active[r], top, mark, stamp)
+                hot_load[r] = loads[active[r], hot]
+                cold_load[r] = loads[active[r], cold]
+            for r in range(n - 1, -1, -1):
+                suffix[r] = suffix[r + 1] + excl[r]
+            for gpu, replica, held in ((hot, hot_replica, held_by_hot), (cold, cold_replica, held_by_cold)):
+                for i in range(slot_offsets[gpu + 1] - slot_offsets[gpu]):
+                    slot = slot_offsets[gpu] + i
+                    held[row[slot]] = stamp
+                    for r in range(n):
+                        replica[i, r] = share[active[r], row[slot]] * fraction[slot]
+            work = (excl, suffix, hot_load, cold_load, hot_replica, cold_replica, held_by_hot, held_by_cold, stamp, n,
+                    previous[layer], copy_cost * total_weight)
+            a, b, _ = _best_swap(row, work, hot, cold, slot_offsets, j, current * (1.0 - 1e-12))
+            if a < 0:
+                continue
+            x, fraction_x = row[a], fraction[a]
+            f, fraction_f = row[b], fraction[b]
+            row[a], fraction[a] = f, fraction_f
+            row[b], fraction[b] = x, fraction_x
+            current = 0.0
+            for r in range(n):
+                t = active[r]
+                delta = share[t, f] * fraction_f - share[t, x] * fraction_x
+                loads[t, hot] += delta
+                loads[t, cold] -= delta
+                _rank_window(loads, t, top)
+                current += loads[t, top[t, 0]]
+        after[layer] = current / total_weight
+    return out, out_fractions, before, after
