@@ -1,6 +1,6 @@
 """eplb: expert-parallel load balancing for Mixture-of-Experts serving."""
 
-from .api import pareto, plan, rebalance_experts
+from .api import held_out, pareto, plan, rebalance_experts
 from .balancer import Balancer
 from .bounds import lower_bound, lower_bounds
 from .cost import CostModel
@@ -28,6 +28,7 @@ __all__ = [
     "Topology",
     "TransferPlan",
     "dispatch",
+    "held_out",
     "lower_bound",
     "lower_bounds",
     "pareto",

@@ -14,7 +14,7 @@ from .kernels.dispatch import share_gpu_loads
 from .kernels.layout import replica_counts, slots_of_experts
 from .locality import capped_lower_bound, home_nodes, plan_locality
 from .locality import pareto as locality_curve
-from .metrics import gpu_loads
+from .metrics import gpu_loads, moe_mean
 from .migration import as_previous, plan_near
 from .objectives import (DEFAULT_OBJECTIVE, DISPATCH_SCORING, SEARCHES, combine, hedge_info, hedge_windows,
                          plan_series)
@@ -25,7 +25,9 @@ from .topology import Topology
 
 _weights_2d = weights_2d  # eplb.certificate imports this name
 
-__all__ = ["Problem", "make_problem", "pareto", "plan", "rebalance_experts"]
+__all__ = ["Problem", "held_out", "make_problem", "pareto", "plan", "rebalance_experts"]
+
+HELD_OUT_FOLDS = 16  # leave-one-out over at most this many blocks of windows
 
 
 def plan(counts, *, num_slots=None, num_gpus=None, num_nodes=1, num_groups=None,
@@ -36,8 +38,9 @@ def plan(counts, *, num_slots=None, num_gpus=None, num_nodes=1, num_groups=None,
     """Plan a replicated expert placement for every layer.
 
     Args:
-        counts: ``[L, E]`` tokens routed to each logical expert (``[E]`` for one layer; a series
-            ``[T, L, E]`` is summed over windows). Non-negative and finite.
+        counts: ``[L, E]`` tokens routed to each logical expert (``[E]`` for one layer), or a series
+            ``[T, L, E]`` of ``T`` windows, planned as windows: hedged over them (``objective``
+            below; ``objective="sum"`` plans on their sum). Non-negative and finite.
         num_slots: ``S``, physical expert slots in all (``S >= E``, a multiple of ``num_gpus``).
         num_gpus: ``G``, GPUs (ranks); ``num_nodes``: ``N``, nodes (``G % N == 0``).
         num_groups: expert groups; with ``num_groups % num_nodes == 0`` every group stays on one node.
@@ -63,18 +66,22 @@ def plan(counts, *, num_slots=None, num_gpus=None, num_nodes=1, num_groups=None,
             ``"max_share"`` (its largest share), ``"expected_peak"`` / ``"worst_window"`` (per
             layer, the plan among those estimators with the best mean / worst window peak on the
             windows), ``"expected_peak_search"`` (even split only: the summed counts' plan searched
-            for a lower mean window peak, kept where cross-validation says it pays; about 2 s at
-            DeepSeek-V3 size). ``None``: the default for ``dispatch``
-            (:data:`eplb.objectives.DEFAULT_OBJECTIVE`), chosen by what served held-out windows best
-            in ``bench/out_of_sample.py``.
+            for a lower mean window peak, kept where cross-validation says it pays; tens of
+            milliseconds at DeepSeek-V3 size). ``None``: for a series (or with ``window_weights``
+            or ``dispatch="optimal"``), the default for ``dispatch``
+            (:data:`eplb.objectives.DEFAULT_OBJECTIVE`, chosen by what served held-out windows best
+            in ``bench/out_of_sample.py`` and ``bench/robust_default.py``); for ``[L, E]``, ``"sum"``.
+            With ``previous`` or ``max_off_node`` only ``"sum"`` and ``"expected_peak_search"``.
         window_weights: ``[T]`` non-negative weights of the windows (e.g.
             :func:`eplb.objectives.recency_weights`); ``None``: equal.
         dispatch: how the engine splits an expert's tokens among its replicas: ``"uniform"`` (as
             engines do by default) or ``"optimal"`` (per batch, :func:`eplb.dispatch`); with
             ``"optimal"`` the plan is made for it (:func:`eplb.objectives.made_for_dispatch`: a few
-            seconds for DeepSeek-V3 size and a dozen windows). ``objective``, ``window_weights`` and
-            ``dispatch="optimal"`` plan from scratch (not with ``previous`` or ``max_off_node``);
-            ``[L, E]`` counts are one window.
+            seconds for DeepSeek-V3 size and a dozen windows; not with ``previous`` or
+            ``max_off_node``). ``[L, E]`` counts are one window.
+        copy_cost: with ``previous`` and a hedged series plan, what one slot changed from
+            ``previous`` costs, in mean ``peak / mean`` over the windows: a swap is kept only if it
+            pays for its copies (:func:`eplb.robust.hedge`).
         **options: passed to the method.
     Returns:
         A :class:`Placement` (with ``home_node`` when hierarchical); its ``max_load``, ``lower_bound`` and ``gap`` on ``counts`` are
@@ -93,7 +100,8 @@ def plan(counts, *, num_slots=None, num_gpus=None, num_nodes=1, num_groups=None,
         weights = combine(windows, "sum", window_weights)
     hedged = series and objective in SEARCHES
     if (previous is not None or max_off_node is not None) and series and not (hedged or objective == "sum"):
-        raise ValueError(f"previous= and max_off_node= combine with objective 'sum' or {SEARCHES} (an even split), "
+        allowed = " or ".join(repr(name) for name in ("sum",) + SEARCHES)
+        raise ValueError(f"previous= and max_off_node= combine with objective {allowed} under an even split, "
                          f"not objective={objective!r} with dispatch={dispatch!r}")
     start = time.perf_counter()
     shares = home = None
@@ -136,6 +144,44 @@ def plan(counts, *, num_slots=None, num_gpus=None, num_nodes=1, num_groups=None,
         num_groups=problem.num_groups, method=method, info={**info, "time_s": elapsed},
         max_load=peaks, lower_bound=bound, shares=shares, home_node=home,
     )
+
+
+def held_out(counts, *, folds: int = HELD_OUT_FOLDS, judge: str | None = None, **plan_options) -> np.ndarray:
+    """Held-out estimate of the plan :func:`plan` makes from a series: leave one window out.
+
+    Window ``t`` (or, for a long series, block ``k`` of ``folds`` contiguous blocks) is served by
+    the plan made with ``plan_options`` from all the other windows, given as a series; its score
+    is the mean over MoE layers of its balancedness (mean / max GPU load).
+
+    Args:
+        counts: ``[T, L, E]`` with ``T >= 2`` windows.
+        folds: ``>= 2``, at most this many held-out blocks (``min(T, folds)`` plans are made).
+        judge: how the held-out window is split among replicas: ``"uniform"``, ``"optimal"``, or
+            ``"shares"`` (a plan's own shares); ``None``: the plan's own (``"optimal"`` with
+            ``dispatch="optimal"``, else ``"shares"``, which is the even split when a plan has none).
+        **plan_options: passed to :func:`plan` (deployment, method, objective, ...).
+    Returns:
+        ``[F]`` float64: each held-out block's mean over its windows of the MoE-layer balancedness.
+    """
+    windows = as_counts(counts, "counts", ndims=(3,))
+    if windows.shape[0] < 2:
+        raise ValueError(f"counts must hold at least 2 windows [T, L, E] to hold one out, got shape {windows.shape}")
+    if not (isinstance(folds, (int, np.integer)) and not isinstance(folds, bool) and folds >= 2):
+        raise ValueError(f"folds must be an integer >= 2, got {folds!r}")
+    if judge is None:
+        judge = "optimal" if plan_options.get("dispatch") == "optimal" else "shares"
+    if judge not in ("uniform", "optimal", "shares"):
+        raise ValueError(f"judge must be 'uniform', 'optimal' or 'shares', got {judge!r}")
+    if plan_options.get("window_weights") is not None:
+        raise ValueError("held_out leaves windows out: give window_weights=None")
+    edges = np.linspace(0, windows.shape[0], min(int(folds), windows.shape[0]) + 1).round().astype(np.int64)
+    scores = []
+    for lo, hi in zip(edges[:-1], edges[1:]):
+        kept = np.concatenate([windows[:lo], windows[hi:]])
+        placement = plan(kept, **plan_options)
+        per_window = placement.balancedness(windows[lo:hi], judge)  # [w, L]
+        scores.append(float(np.nanmean(moe_mean(per_window, windows[lo:hi]))))
+    return np.asarray(scores)
 
 
 def _hedge_near(windows: np.ndarray, window_weights, problem: Problem, previous: np.ndarray, near: np.ndarray,
@@ -226,7 +272,9 @@ def rebalance_experts(weight, num_replicas, num_groups, num_nodes, num_gpus, *, 
     """Drop-in replacement for DeepSeek EPLB's ``rebalance_experts``.
 
     Args:
-        weight: ``[L, E]`` (or ``[E]``) load statistics of the logical experts; numpy or torch.
+        weight: ``[L, E]`` (or ``[E]``) load statistics of the logical experts, or a series
+            ``[T, L, E]`` of windows (e.g. vLLM's load window), planned hedged over the windows as
+            :func:`plan` does; numpy or torch.
         num_replicas: physical experts ``S``, a multiple of ``num_gpus``.
         num_groups: expert groups; hierarchical placement when ``num_groups % num_nodes == 0``
             (then ``E % num_groups == 0`` and ``num_gpus % num_nodes == 0`` are required).
@@ -240,10 +288,14 @@ def rebalance_experts(weight, num_replicas, num_groups, num_nodes, num_gpus, *, 
     """
     is_torch = type(weight).__module__.split(".")[0] == "torch"
     one_layer = np.ndim(weight) == 1 if not is_torch else weight.dim() == 1
-    weights = weights_2d(as_counts(weight, "weight", ndims=(1, 2)), "weight")
+    windows = as_counts(weight, "weight", ndims=(1, 2, 3))
+    weights = weights_2d(windows, "weight")
     problem = make_problem(weights.shape[1], num_replicas, num_gpus, num_nodes, num_groups,
                            ignore_nodes_when_global=True)
-    phy2log, _ = get_method(method)(weights, problem, **options)
+    if windows.ndim == 3 and windows.shape[0] > 1:  # windows: the hedged plan of the default objective
+        phy2log, _ = plan_series(windows, problem, get_method(method), DEFAULT_OBJECTIVE["uniform"], options=options)
+    else:
+        phy2log, _ = get_method(method)(weights, problem, **options)
     logcnt = replica_counts(phy2log, weights.shape[1])
     log2phy = slots_of_experts(phy2log, weights.shape[1], int(logcnt.max()))
     result = (phy2log, log2phy, logcnt)

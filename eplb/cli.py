@@ -280,9 +280,14 @@ def _check_previous(previous, placement_like, path):
 @click.option("--input-format", type=click.Choice(COUNTS_FORMAT_NAMES), default=None,
               help="Format of COUNTS (default: detected from the name).")
 @click.option("--objective", type=click.Choice(OBJECTIVES), default=None,
-              help="How the windows of a series COUNTS [T, L, E] combine (eplb.objectives; default: summed). "
-                   "expected_peak_search served unseen windows best under an even split (seconds at "
-                   "DeepSeek-V3 size).")
+              help="How the windows of a series COUNTS [T, L, E] combine (eplb.objectives). Default: the plan is "
+                   "hedged over the windows (expected_peak_search under an even split, as eplb.plan does with a "
+                   "series); 'sum' plans on the summed counts.")
+@click.option("--window", "passes_per_window", type=click.IntRange(min=1), default=None,
+              help="Cut the recording into windows of this many consecutive passes or iterations (an SGLang "
+                   "per-pass dump, TensorRT-LLM iterations) before planning from its windows.")
+@click.option("--no-held-out", is_flag=True,
+              help="Skip the held-out estimate (leave one window out) printed for a series.")
 @click.option("--dispatch", type=click.Choice(DISPATCH_SCORING), default="uniform", show_default=True,
               help="How the engine splits an expert's tokens among its replicas; optimal: plan for an engine "
                    "that splits every batch optimally (eplb.dispatch), from the series' windows.")
@@ -301,20 +306,22 @@ def _check_previous(previous, placement_like, path):
 @quiet_option
 @friendly_errors
 def plan(counts, slots, gpus, nodes, groups, method, previous, previous_format, tolerance, max_moves, time_limit,
-         deterministic_time, max_off_node, input_format, objective, dispatch, phase, output_format, output,
-         layer_updates_per_iter, transpose, allow_shape, quiet):
+         deterministic_time, max_off_node, input_format, objective, passes_per_window, no_held_out, dispatch, phase,
+         output_format, output, layer_updates_per_iter, transpose, allow_shape, quiet):
     """Plan a placement from recorded expert COUNTS and write it for your engine.
 
-    COUNTS is a file or a TensorRT-LLM statistics folder; a series [T, L, E] is summed over
-    windows. Prints balancedness (mean / max GPU load, 1.0 is perfect) without rebalancing and
-    with the plan (means over the MoE layers: all-zero dense layers are left out), the gap of the
+    COUNTS is a file or a TensorRT-LLM statistics folder. A series [T, L, E] is planned from its
+    windows, hedged over them as eplb.plan does (--objective sum: from their sum; --window N
+    first cuts a long recording into windows of N passes). Prints balancedness (mean / max GPU
+    load, 1.0 is perfect) in sample, without rebalancing and with the plan (means over the MoE
+    layers: all-zero dense layers are left out), for a series also a held-out estimate (each
+    window served by the plan made from the others) of this plan and of the summed plan, the gap of the
     max GPU load to the proven lower bound and which bound (hierarchical with the groups, or
     global), what the hierarchy costs (the balancedness a plan without groups reaches), with
     --previous the deployed plan's balancedness on these counts and the moves, and the time taken.
 
     --phase prefill|decode plans a pool that serves one phase from the passes of that phase (and
     prints how many of the file's passes it kept); COUNTS must record each pass's phase.
-    --objective and --dispatch optimal plan from the series' windows instead of their sum.
 
     -o must not name an input file; an existing output file is replaced (a note says so on
     stderr). SGLang output also writes <name>.eplb.json beside it with the configuration.
@@ -341,11 +348,10 @@ def plan(counts, slots, gpus, nodes, groups, method, previous, previous_format, 
         if method != "exact":
             raise click.BadParameter(f"applies to method 'exact' only, not {method!r}", param_hint="--deterministic-time")
         options["deterministic_time"] = deterministic_time
-    if objective is not None or dispatch != "uniform":
-        if previous is not None or max_off_node is not None:
-            raise click.UsageError("--objective and --dispatch optimal plan from the windows from scratch: "
-                                   "not with --previous or --max-off-node")
-        options.update(objective=objective, dispatch=dispatch)
+    if objective is not None:
+        options["objective"] = objective
+    if dispatch != "uniform":
+        options["dispatch"] = dispatch
     if max_off_node is not None:
         if previous is not None:
             raise click.UsageError("--max-off-node plans from scratch: it cannot be combined with --previous")
@@ -371,6 +377,8 @@ def plan(counts, slots, gpus, nodes, groups, method, previous, previous_format, 
             raise click.BadParameter(f"{counts} records no phase per pass (only SGLang's per_token detail dump "
                                      "records one): plan it without --phase", param_hint="--phase")
         data = data.select_phase(phase)
+    if passes_per_window is not None:
+        data = data.in_windows(passes_per_window)
     weights = data.weights
     num_layers, num_experts = weights.shape
     prev = None
@@ -379,10 +387,14 @@ def plan(counts, slots, gpus, nodes, groups, method, previous, previous_format, 
         _check_previous(prev, dict(layers=num_layers, experts=num_experts, slots=slots, gpus=gpus, nodes=nodes), previous)
 
     placement, used_previous = plan_with_progress(
-        data.counts if "objective" in options else weights, num_slots=slots, num_gpus=gpus, num_nodes=nodes, num_groups=groups, method=method,
+        data.counts, num_slots=slots, num_gpus=gpus, num_nodes=nodes, num_groups=groups, method=method,
         previous=None if prev is None else prev.placement, migration=migration, progress=show_progress(quiet),
         **options)
     elapsed = time.perf_counter() - start
+    held = None
+    if data.num_windows > 1 and not no_held_out:
+        held = _held_out_estimates(data.counts, method, options, slots=slots, gpus=gpus, nodes=nodes, groups=groups,
+                                   previous=None if prev is None else prev.placement)
 
     before = metrics.balancedness(metrics.static_gpu_loads(weights, gpus))
     after = placement.balancedness(weights, "shares")
@@ -413,6 +425,11 @@ def plan(counts, slots, gpus, nodes, groups, method, previous, previous_format, 
         "balancedness_previous": deployed_bal,
         "replicas_sharing_a_gpu": placement.replicas_sharing_a_gpu(), "time_s": elapsed,
     }
+    if data.num_windows > 1:
+        per_window = placement.balancedness(data.counts, _judge(options))
+        diagnostics["balancedness_per_window"] = moe_mean(per_window, data.counts)
+    if held is not None:
+        diagnostics["held_out"] = held
     if moves is not None:
         diagnostics["moves"] = {"slots_changed": moves.slots_changed, "gpu_copies": moves.gpu_copies,
                                 "cross_node_copies": moves.cross_node_copies,
@@ -431,8 +448,16 @@ def plan(counts, slots, gpus, nodes, groups, method, previous, previous_format, 
         f"plan     {method}: {num_layers} layers x {num_experts} experts -> {slots} slots on {gpus} GPUs"
         f" in {nodes} node{'s' if nodes > 1 else ''}" + (f", {groups} groups" if groups else ""),
         f"balance  {moe_mean(before, weights):.4f} without rebalancing -> {moe_mean(after, weights):.4f} with the plan"
-        f" (mean over {moe_note(weights)}; worst layer {after[moe].min() if moe.any() else after.min():.4f})",
+        f" (mean over {moe_note(weights)}; worst layer {after[moe].min() if moe.any() else after.min():.4f})"
+        + ("; on the summed windows, in sample" if data.num_windows > 1 else ""),
     ]
+    if data.num_windows > 1:
+        window_bal = diagnostics["balancedness_per_window"]
+        how = "their sum" if (objective or "") == "sum" else f"the windows ({placement.info.get('objective', 'hedged')})"
+        lines.append(f"windows  planned from {how}; in sample, each window: "
+                     f"{np.nanmean(window_bal):.4f} mean, {np.nanmin(window_bal):.4f} worst{_judge_note(options)}")
+    if held is not None:
+        lines += _held_out_lines(held)
     if global_bal is not None:
         lines.append(f"global   {moe_mean(global_bal, weights):.4f} with a plan free of groups on the same counts "
                      f"(what keeping each group on one node costs)")
@@ -459,6 +484,41 @@ def plan(counts, slots, gpus, nodes, groups, method, previous, previous_format, 
     lines.append(f"time     {elapsed:.2f} s")
     lines.append(f"wrote    {output} ({output_format})")
     click.echo("\n".join(lines))
+
+
+def _judge(options: dict) -> str:
+    """How a plan made with ``options`` is split among replicas when judged: its own rule."""
+    return "optimal" if options.get("dispatch") == "optimal" else "shares"
+
+
+def _judge_note(options: dict) -> str:
+    return " (optimal dispatch)" if options.get("dispatch") == "optimal" else ""
+
+
+def _held_out_estimates(counts, method, options, *, slots, gpus, nodes, groups, previous) -> dict | None:
+    """Leave one window out (:func:`eplb.held_out`) for this plan's options and for the summed
+    plan: ``{"folds", "plan": [F], "summed": [F]}``; ``None`` for the exact method (one exact
+    plan per fold would take too long: say so instead)."""
+    if method == "exact":
+        return None
+    deployment = dict(num_slots=slots, num_gpus=gpus, num_nodes=nodes, num_groups=groups, method=method,
+                      previous=previous)
+    mine = eplb.held_out(counts, **deployment, **options)
+    summed_options = {k: v for k, v in options.items() if k not in ("objective", "dispatch")}
+    summed = mine if options.get("objective") == "sum" and "dispatch" not in options else \
+        eplb.held_out(counts, **deployment, **summed_options, objective="sum", judge=_judge(options))
+    return {"folds": int(mine.size), "plan": mine, "summed": summed}
+
+
+def _held_out_lines(held: dict) -> list[str]:
+    """The summary lines of the held-out estimate, with a recommendation only from held-out figures."""
+    mine, summed = held["plan"], held["summed"]
+    lines = [f"held out {mine.mean():.4f} mean, {mine.min():.4f} worst window with this plan's options; "
+             f"{summed.mean():.4f} / {summed.min():.4f} planned on the summed windows "
+             f"(each of {held['folds']} blocks of windows served by the plan made from the others)"]
+    if mine.mean() < summed.mean() - 0.002:
+        lines.append("note     held out, the summed plan serves unseen windows better here: consider --objective sum")
+    return lines
 
 
 def _check_flag_sizes(**values) -> None:
@@ -509,7 +569,9 @@ def _output_format(path, infer):
 def _shape_text(data) -> str:
     text = f"{data.num_layers} layers x {data.num_experts} experts"
     if data.num_windows > 1:
-        text = f"{data.num_windows} windows x {text} (summed over windows)"
+        text = f"{data.num_windows} windows x {text}"
+        if data.metadata.get("passes_per_window"):
+            text += f" (windows of {data.metadata['passes_per_window']} passes)"
     return text
 
 

@@ -262,4 +262,70 @@ def trace_workloads(path, *, group_by: str | None = None) -> tuple[list[str], np
     return names, _probabilities(counts, "counts", 3)
 
 
-__all__ = ["Series", "mixture_path", "prefill_share_from_lengths", "synthetic_workloads", "trace_workloads"]
+def mixture_windows(workloads, num_windows: int, *, concentration: float = 0.3, tokens: int = 524288,
+                    seed: int = 0) -> np.ndarray:
+    """``[T, L, E]`` int64 recording windows that differ as real traffic does: by structured shifts.
+
+    Each window serves a mix of the workloads (request lengths, tasks, phases) drawn from a
+    symmetric Dirichlet of ``concentration`` (small: most windows dominated by one or two
+    workloads; large: every window close to the average mix), then ``tokens`` routings per layer
+    drawn from that mix (multinomial: the sampling noise of a finite window). Independent noise
+    around one popularity (:func:`synthetic_workloads` with one workload) is the hard case beside it.
+
+    Args:
+        workloads: ``[K, L, E]`` routing distributions (:func:`synthetic_workloads`,
+            :func:`trace_workloads`); rows normalised, all-zero rows stay dense layers.
+        num_windows: ``T``; concentration: ``> 0``; tokens: routings per layer and window (``>= 1``).
+        seed: the same seed gives the same windows.
+    """
+    table = _probabilities(workloads, "workloads", 3)
+    num_windows = as_int(num_windows, "num_windows", minimum=1)
+    tokens = as_int(tokens, "tokens", minimum=1)
+    if not (np.isfinite(concentration) and concentration > 0):
+        raise ValueError(f"concentration must be a positive number, got {concentration!r}")
+    rng = np.random.default_rng(as_int(seed, "seed", minimum=0))
+    out = np.zeros((num_windows,) + table.shape[1:], np.int64)
+    for t in range(num_windows):
+        p = np.tensordot(rng.dirichlet(np.full(table.shape[0], float(concentration))), table, axes=1)  # [L, E]
+        rows = p.sum(axis=1)
+        for layer in np.flatnonzero(rows > 0):
+            out[t, layer] = rng.multinomial(tokens, p[layer] / rows[layer])
+    return out
+
+
+def shift_structure(counts, *, components: int = 3) -> float:
+    """How structured the differences between windows are: per layer, the share of the
+    between-window variance of the experts' token shares (each scaled by the square root of its
+    mean share, so sampling noise weighs every expert alike) that the ``components`` leading
+    principal directions hold, averaged over layers with tokens.
+
+    Mixtures of a few workloads give values near 1 (their windows move along a few directions);
+    independent noise spreads the variance over all directions (about ``components / (T - 1)``).
+
+    Args:
+        counts: ``[T, L, E]`` with ``T >= 2``. components: ``>= 1``.
+    Returns:
+        float in ``[0, 1]``.
+    """
+    series = np.asarray(counts, dtype=np.float64)
+    if series.ndim != 3 or series.shape[0] < 2:
+        raise ValueError(f"counts must be [T, L, E] with T >= 2, got shape {series.shape}")
+    components = as_int(components, "components", minimum=1)
+    totals = series.sum(axis=2, keepdims=True)
+    shares = np.divide(series, totals, out=np.zeros_like(series), where=totals > 0)
+    fractions = []
+    for layer in range(series.shape[1]):
+        live = totals[:, layer, 0] > 0
+        if live.sum() < 2:
+            continue
+        mean = shares[live, layer].mean(axis=0)
+        # scaled by the square root of the mean share: sampling noise then weighs every expert alike
+        centred = (shares[live, layer] - mean) / np.sqrt(np.where(mean > 0, mean, 1.0))
+        values = np.linalg.svd(centred, compute_uv=False) ** 2
+        if values.sum() > 0:
+            fractions.append(values[:components].sum() / values.sum())
+    return float(np.mean(fractions)) if fractions else 0.0
+
+
+__all__ = ["Series", "mixture_path", "mixture_windows", "prefill_share_from_lengths", "shift_structure",
+           "synthetic_workloads", "trace_workloads"]

@@ -83,6 +83,23 @@ class CountsFile:
         return CountsFile(np.ascontiguousarray(self.counts[keep]), self.layer_ids, self.format, self.path, metadata,
                           self.phases[keep])
 
+    def in_windows(self, passes: int) -> CountsFile:
+        """The recording cut into windows of ``passes`` consecutive windows (passes or iterations)
+        each, summed; the last window holds what is left.
+
+        Returns:
+            a :class:`CountsFile` with ``counts [ceil(T / passes), L, E]`` (phases dropped: a window
+            may mix them) and ``metadata`` plus ``passes_per_window``.
+        Raises:
+            ValueError: ``passes`` is not a positive whole number.
+        """
+        if isinstance(passes, bool) or not isinstance(passes, (int, np.integer)) or passes < 1:
+            raise ValueError(f"passes must be a positive whole number, got {passes!r}")
+        starts = np.arange(0, self.num_windows, int(passes))
+        counts = np.add.reduceat(self.counts, starts, axis=0)
+        return CountsFile(counts, self.layer_ids, self.format, self.path,
+                          {**self.metadata, "passes_per_window": int(passes)})
+
     @property
     def weights(self) -> np.ndarray:
         """``[L, E]``: the counts summed over windows (what a placement is planned on)."""
