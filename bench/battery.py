@@ -207,13 +207,16 @@ def cases() -> dict[str, str]:
 
 
 def _engine_dispatch():
-    """The engine dispatch rules' module, by its public name (``eplb.engine_dispatch``), or where
-    it lived before it was reachable from ``import eplb``."""
-    if hasattr(eplb, "engine_dispatch"):
-        return eplb.engine_dispatch
+    """The engine dispatch rules' module (``eplb.analysis.engine_dispatch``; ``eplb.engine_dispatch``
+    before the package's folders were its layers)."""
     import importlib
 
-    return importlib.import_module("eplb.engine_dispatch")
+    for name in ("eplb.analysis.engine_dispatch", "eplb.engine_dispatch"):
+        try:
+            return importlib.import_module(name)
+        except ImportError:
+            continue
+    raise ImportError("no engine dispatch module")
 
 
 def main(argv=None) -> int:

@@ -27,7 +27,7 @@ import numpy as np
 from _common import load_note, load_trace, markdown_table, read_csv, write_csv
 
 import eplb
-from eplb.api import make_problem
+from eplb.planning.api import make_problem
 from fewest_changes_search import prove_fewest_changes
 
 TOLERANCE = 0.005

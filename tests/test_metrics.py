@@ -7,7 +7,7 @@ from strategies import problems
 
 import eplb
 from eplb import metrics
-from eplb.topology import Topology
+from eplb.model.topology import Topology
 
 
 def test_gpu_loads_by_hand():

@@ -7,7 +7,7 @@ import pytest
 
 import eplb
 from eplb import report
-from eplb.formats.data import CountsFile, PlacementFile
+from eplb.io.formats.data import CountsFile, PlacementFile
 
 pytest.importorskip("matplotlib", reason="matplotlib is the optional 'report' extra")
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from eplb.warmup import synthetic_loads, warmup
+from eplb.precompile import synthetic_loads, warmup
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -26,7 +26,7 @@ import numpy as np
 from numba.core.registry import CPUDispatcher
 import eplb
 import eplb.kernels
-from eplb.synthetic import skewed_counts
+from eplb.simulation.synthetic import skewed_counts
 
 
 def compiled():
