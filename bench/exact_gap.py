@@ -28,7 +28,7 @@ if str(BENCH) not in sys.path:
 from _common import load_note, markdown_table, planning_methods, pyplot, read_csv, write_csv  # noqa: E402
 
 import eplb  # noqa: E402
-from eplb import exact  # noqa: E402
+from eplb.planning.methods import exact_model as exact  # noqa: E402
 from eplb.planning.api import make_problem  # noqa: E402
 from eplb.analysis.bounds import lower_bound  # noqa: E402
 from eplb.planning.methods import DEFAULT_METHOD, get_method  # noqa: E402

@@ -316,7 +316,7 @@ def test_no_kernel_compiles_after_eager_construction(tmp_path, config):
 
 def test_background_compile_never_blocks_a_decision(monkeypatch):
     """While the kernels compile on the thread, a decision answers at once (no); rebalance waits."""
-    from eplb import balancer as module
+    from eplb.serving import balancer as module
 
     release = threading.Event()
     real = module.warm_kernels
@@ -339,7 +339,7 @@ def test_background_compile_never_blocks_a_decision(monkeypatch):
 
 
 def test_background_compile_error_reaches_the_caller(monkeypatch):
-    from eplb import balancer as module
+    from eplb.serving import balancer as module
 
     def broken(*args, **kwargs):
         raise MemoryError("no room")

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 import eplb
 
 pytest.importorskip("ortools", reason="method='exact' needs OR-Tools: pip install 'eplb[exact]'")
-from eplb import exact  # noqa: E402  (imports OR-Tools)
+from eplb.planning.methods import exact_model as exact  # noqa: E402  (imports OR-Tools)
 from eplb.planning.methods import DEFAULT_METHOD
 from eplb.simulation.synthetic import skewed_counts
 

@@ -6,7 +6,7 @@ from hypothesis import given
 from strategies import problems
 
 import eplb
-from eplb import metrics
+from eplb.analysis import metrics
 from eplb.model.topology import Topology
 
 

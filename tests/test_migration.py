@@ -234,7 +234,7 @@ def test_layers_near_the_bound_skip_the_plan_from_scratch_soundly(problem, seed,
     layer takes it.)"""
     from unittest import mock
 
-    from eplb import migration
+    from eplb.planning import migration
     from eplb.planning.api import make_problem
     from eplb.planning.migration import reference_bound
 
@@ -304,7 +304,7 @@ def test_hierarchical_plan_is_hierarchical_from_any_previous(problem, seed, tole
     import warnings
     from unittest import mock
 
-    from eplb import migration
+    from eplb.planning import migration
 
     config, counts = problem
     previous = random_previous(config, counts.shape[0], seed)

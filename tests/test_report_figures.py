@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import eplb
-from eplb import report
+from eplb.io import report
 from eplb.io.formats.data import CountsFile, PlacementFile
 
 pytest.importorskip("matplotlib", reason="matplotlib is the optional 'report' extra")

@@ -59,7 +59,7 @@ def test_plan_diagnostics_stay_finite_and_gaps_non_negative_at_extreme_magnitude
 
 
 def test_each_named_bound_is_scale_free_down_to_denormal_loads():
-    from eplb import bounds
+    from eplb.analysis import bounds
 
     counts = _counts()
     topology = eplb.Topology.from_layout(24, 4)
