@@ -30,7 +30,7 @@ from quality import FAMILIES, speed_rows
 
 import eplb.planning.methods.balanced as balanced_module
 from eplb.planning.api import make_problem
-from eplb.analysis.bounds import lower_bound
+from eplb import lower_bound
 from eplb.planning.methods import get_method
 from eplb.simulation.synthetic import deepseek_v3_counts, skewed_counts
 

@@ -20,9 +20,9 @@ from pathlib import Path
 from _common import read_csv, fmt_ms, load_note, markdown_table, median_time, write_csv
 
 import eplb
-from eplb.analysis.bounds import lower_bound
+from eplb import lower_bound
 from eplb.simulation.synthetic import skewed_counts
-from eplb.model.topology import Topology
+from eplb import Topology
 
 LAYOUT = dict(layers=58, experts=256, slots=288, gpus=32, nodes=4, groups=8)
 LARGE = dict(slots=1152, gpus=128, nodes=16, groups=32)

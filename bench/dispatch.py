@@ -16,7 +16,7 @@ import numpy as np
 from _common import load_note, median_time, write_csv
 
 import eplb
-from eplb.analysis.dispatch import dispatch
+from eplb import dispatch
 from eplb.kernels.shares import optimal_shares
 from eplb.simulation.synthetic import DEEPSEEK_V3, drifting_counts
 

@@ -30,7 +30,7 @@ from _common import load_note, markdown_table, planning_methods, pyplot, read_cs
 import eplb  # noqa: E402
 from eplb.planning.methods import exact_model as exact  # noqa: E402
 from eplb.planning.api import make_problem  # noqa: E402
-from eplb.analysis.bounds import lower_bound  # noqa: E402
+from eplb import lower_bound  # noqa: E402
 from eplb.planning.methods import DEFAULT_METHOD, get_method  # noqa: E402
 from eplb.simulation.synthetic import skewed_counts  # noqa: E402
 

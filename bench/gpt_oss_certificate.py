@@ -33,7 +33,7 @@ from _common import load_note, markdown_table, pct, trace_workloads, write_csv  
 import eplb  # noqa: E402
 from eplb.analysis.bounds import average_bound, lower_bound  # noqa: E402
 from eplb.planning.certificate import improve_layer  # noqa: E402
-from eplb.model.topology import Topology  # noqa: E402
+from eplb import Topology  # noqa: E402
 
 VARIANTS = (("fixed", False, 20_000), ("quick", True, 1_000), ("full", True, 20_000))
 """(name, descent over replica counts, search nodes per packing attempt)."""

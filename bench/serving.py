@@ -227,8 +227,8 @@ def rebalance_times(repeats: int) -> list[dict]:
 
     from eplb.planning.methods import get_method
     from eplb.planning.migration import migrate, near_bound
-    from eplb.analysis.placement import Placement
-    from eplb.serving.transfer import transfer_plan
+    from eplb import Placement
+    from eplb import transfer_plan
 
     series = drifting_counts(2, 58, 256, num_groups=8, drift=0.02, tokens=4096 * 100, seed=3).astype(float)
     balancers, threaded = {}, {}

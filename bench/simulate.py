@@ -40,9 +40,9 @@ import numpy as np
 from _common import load_note, markdown_table, read_csv, traces_dir, write_csv
 
 import eplb
-from eplb.model.cost import CostModel
+from eplb import CostModel
 from eplb.simulation.series import Series, mixture_path, synthetic_workloads, trace_workloads
-from eplb.simulation.simulate import BalancerPolicy, FixedInterval, NoRebalance, simulate, sglang_like, vllm_like
+from eplb import BalancerPolicy, FixedInterval, NoRebalance, simulate, sglang_like, vllm_like
 
 BLOCK = 10  # passes per block
 TOKENS = 4096  # tokens per pass

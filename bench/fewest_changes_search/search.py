@@ -31,7 +31,7 @@ import numpy as np
 
 from eplb.model._validation import as_int
 from eplb.planning.methods import Problem
-from eplb.model.topology import Topology
+from eplb import Topology
 
 from .kernels import FOUND, REFUTED, fewest_changes_exact
 
