@@ -207,13 +207,13 @@ def cases() -> dict[str, str]:
 
 
 def _engine_dispatch():
-    """The engine dispatch rules' module (``eplb.analysis.engine_dispatch``; ``eplb.engine_dispatch``
-    before the package's folders were its layers)."""
+    """The engine dispatch rules' module: ``eplb/analysis/engine_dispatch.py``, or at the package's
+    root in the layout before the folders were the layers (so the battery runs on either)."""
     import importlib
 
-    for name in ("eplb.analysis.engine_dispatch", "eplb.engine_dispatch"):
+    for where in (("eplb", "analysis", "engine_dispatch"), ("eplb", "engine_dispatch")):
         try:
-            return importlib.import_module(name)
+            return importlib.import_module(".".join(where))
         except ImportError:
             continue
     raise ImportError("no engine dispatch module")

@@ -1,6 +1,7 @@
 """Every name and path the README gives exists as written: ``eplb.x.y`` attribute chains in its
 code blocks resolve after a plain ``import eplb`` (in a fresh process, so no other test's imports
-help), every other dotted name it mentions imports, and every ``eplb/...`` file it cites exists."""
+help), every other dotted name it mentions imports, and every ``eplb/...`` file it cites exists.
+The docstrings of the package, the benchmarks and the notebooks cite existing names too."""
 
 from __future__ import annotations
 
@@ -72,3 +73,17 @@ def test_every_cited_file_exists():
     paths = set(re.findall(r"(?<![\w./-])eplb/[\w/]+\.py", README))
     assert paths  # the README cites kernel and solver files
     assert sorted(p for p in paths if not (ROOT / p).is_file()) == []
+
+
+def test_the_package_bench_and_notebooks_cite_existing_names():
+    """A module moved or renamed leaves no docstring pointing at its old path."""
+    sources = [*sorted((ROOT / "eplb").rglob("*.py")), *sorted((ROOT / "bench").rglob("*.py")),
+               *sorted((ROOT / "notebooks").glob("*.ipynb"))]
+    stale = []
+    for path in sources:
+        for name in sorted(set(NAME.findall(path.read_text()))):
+            try:
+                _resolve(name)
+            except (ImportError, AttributeError):
+                stale.append(f"{path.relative_to(ROOT)}: {name}")
+    assert stale == []
