@@ -46,13 +46,14 @@ def _timed(steps: dict, name: str, fn) -> None:
     steps[name] = time.perf_counter() - start
 
 
-def warmup(num_experts, num_slots, num_gpus, num_nodes=1, num_groups=None, methods=None,
+def warmup(num_experts, *, num_slots=None, num_gpus=None, num_nodes=1, num_groups=None, methods=None,
            balancer=True) -> dict:
     """Compile (or load from Numba's on-disk cache) every kernel this configuration will use.
 
     Args:
         num_experts: ``E`` logical experts per layer.
-        num_slots, num_gpus, num_nodes, num_groups: the deployment, as for :func:`eplb.plan`.
+        num_slots, num_gpus, num_nodes, num_groups: the deployment, as for :func:`eplb.plan`
+            (keyword-only, like every deployment argument of the package).
         methods: planning methods to warm (names from ``eplb.METHODS``); default the default
             method and ``"greedy"`` (``rebalance_experts(method="greedy")``).
         balancer: also warm a :class:`eplb.Balancer` of each method (:func:`eplb.serving.balancer.warm_kernels`:

@@ -85,11 +85,15 @@ def test_after_warmup_serving_compiles_nothing(tmp_path):
 
 def test_warmup_rejects_bad_arguments():
     with pytest.raises(ValueError, match="methods"):
-        warmup(16, 24, 4, methods=["fastest"], balancer=False)
+        warmup(16, num_slots=24, num_gpus=4, methods=["fastest"], balancer=False)
     with pytest.raises(ValueError, match="num_slots"):
-        warmup(16, 8, 4, balancer=False)
+        warmup(16, num_slots=8, num_gpus=4, balancer=False)
+    with pytest.raises(ValueError, match="num_slots and num_gpus are required"):
+        warmup(16, balancer=False)
     with pytest.raises(ValueError, match="balancer"):
-        warmup(16, 24, 4, balancer="yes")
+        warmup(16, num_slots=24, num_gpus=4, balancer="yes")
+    with pytest.raises(TypeError):  # the deployment is keyword-only, as for eplb.plan
+        warmup(16, 24, 4, balancer=False)
 
 
 def test_synthetic_loads_take_every_path():
