@@ -33,7 +33,7 @@ import numpy as np
 from _common import markdown_table
 
 import eplb
-from eplb.synthetic import drifting_counts
+from eplb.simulation.synthetic import drifting_counts
 
 
 def busy_python(stop: threading.Event) -> None:

@@ -28,11 +28,11 @@ import numpy as np
 from _common import load_note, markdown_table, pct, trace_workloads, write_csv
 from quality import FAMILIES, speed_rows
 
-import eplb.methods.balanced as balanced_module
-from eplb.api import make_problem
-from eplb.bounds import lower_bound
-from eplb.methods import get_method
-from eplb.synthetic import deepseek_v3_counts, skewed_counts
+import eplb.planning.methods.balanced as balanced_module
+from eplb.planning.api import make_problem
+from eplb import lower_bound
+from eplb.planning.methods import get_method
+from eplb.simulation.synthetic import deepseek_v3_counts, skewed_counts
 
 
 def replication_alone(weights: np.ndarray, problem) -> np.ndarray:

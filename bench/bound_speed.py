@@ -1,8 +1,8 @@
 """Speed of the lower bound at DeepSeek-V3 size, next to the plan it certifies.
 
 ``eplb.plan`` reports ``gap = max_load / lower_bound - 1``; the bound is computed on first access
-of ``lower_bound`` / ``gap``. Here ``eplb.bounds.lower_bound`` is timed alone (median of many
-calls after a warm-up) on realistic synthetic loads (``eplb.synthetic``: lognormal with group
+of ``lower_bound`` / ``gap``. Here ``eplb.analysis.bounds.lower_bound`` is timed alone (median of many
+calls after a warm-up) on realistic synthetic loads (``eplb.simulation.synthetic``: lognormal with group
 factors, Zipf 1.0 / 1.5, a few hot experts), 58 layers x 256 experts, 288 slots on 32 GPUs in 4
 nodes, hierarchical (8 groups) and global, with the default plan's time beside it; then the
 default plan's gap to the hierarchical bound at 1024 experts / 32 groups / 16 nodes.
@@ -20,9 +20,9 @@ from pathlib import Path
 from _common import read_csv, fmt_ms, load_note, markdown_table, median_time, write_csv
 
 import eplb
-from eplb.bounds import lower_bound
-from eplb.synthetic import skewed_counts
-from eplb.topology import Topology
+from eplb import lower_bound
+from eplb.simulation.synthetic import skewed_counts
+from eplb import Topology
 
 LAYOUT = dict(layers=58, experts=256, slots=288, gpus=32, nodes=4, groups=8)
 LARGE = dict(slots=1152, gpus=128, nodes=16, groups=32)

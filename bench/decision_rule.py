@@ -27,9 +27,9 @@ import numpy as np
 from _common import load_note, markdown_table, read_csv, write_csv
 from simulate import BLOCK, DECODE_TOKENS, DS, TOKENS, Cached
 
-from eplb.cost import CostModel
-from eplb.series import Series, mixture_path, synthetic_workloads
-from eplb.simulate import BalancerPolicy, NoRebalance, simulate
+from eplb import CostModel
+from eplb.simulation.series import Series, mixture_path, synthetic_workloads
+from eplb import BalancerPolicy, NoRebalance, simulate
 
 SERIES_SEEDS = {"tuning": (21, 22), "held out": (11, 12)}  # (workloads seed, series seed)
 PHASES = {"prefill": TOKENS, "decode": DECODE_TOKENS}  # tokens per pass

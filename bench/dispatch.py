@@ -16,9 +16,9 @@ import numpy as np
 from _common import load_note, median_time, write_csv
 
 import eplb
-from eplb.dispatch import dispatch
-from eplb.kernels.dispatch import optimal_shares
-from eplb.synthetic import DEEPSEEK_V3, drifting_counts
+from eplb import dispatch
+from eplb.kernels.shares import optimal_shares
+from eplb.simulation.synthetic import DEEPSEEK_V3, drifting_counts
 
 CASES = (
     ("global 288 slots / 32 GPUs", dict(num_slots=288, num_gpus=32, num_nodes=1, num_groups=None)),

@@ -1,7 +1,7 @@
 """Engine dispatch: the balancedness a placement really gets from each engine's replica choice.
 
 eplb's default plan (``eplb.plan``, uniform dispatch, summed counts) is judged with the split of
-each expert's tokens among its replicas that the engine realises (:mod:`eplb.engine_dispatch`):
+each expert's tokens among its replicas that the engine realises (:mod:`eplb.analysis.engine_dispatch`):
 
 - ``uniform``: the even split ``1 / logcnt`` (vLLM, TensorRT-LLM, SGLang ``dynamic`` without an
   all-to-all backend); what eplb's figures assume by default;
@@ -41,8 +41,8 @@ import numpy as np
 from _common import load_note, markdown_table, read_csv, trace_workloads, write_csv
 
 import eplb
-from eplb.engine_dispatch import with_engine_shares
-from eplb.synthetic import DEEPSEEK_V3, drifting_counts
+from eplb.analysis.engine_dispatch import with_engine_shares
+from eplb.simulation.synthetic import DEEPSEEK_V3, drifting_counts
 from out_of_sample import synthetic_workloads
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -144,7 +144,7 @@ def markdown(rows, missing, quick: bool, seconds: float) -> str:
         "",
         f"`python bench/engine_dispatch.py{' --quick' if quick else ''}` ({seconds:.0f} s; {load_note()}). "
         "Default plan (`eplb.plan`, summed counts of the training windows), served with the split each "
-        "engine realises (`eplb.engine_dispatch`): `uniform` = vLLM, TensorRT-LLM, SGLang `dynamic` without "
+        "engine realises (`eplb.analysis.engine_dispatch`): `uniform` = vLLM, TensorRT-LLM, SGLang `dynamic` without "
         "an all-to-all backend; `sglang-static` = SGLang's per-rank table (exact); `sglang-dynamic` = SGLang "
         "`dynamic` with an all-to-all backend (its expectation); `optimal` = min-max split per window "
         "(SGLang `lp`). Cells: in sample; held out mean / worst (balancedness = mean over layers of "

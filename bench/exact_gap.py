@@ -1,6 +1,6 @@
 """How far the heuristics and the lower bounds are from the exact optimum (CP-SAT, ``method="exact"``).
 
-On random skewed instances (``eplb.synthetic.skewed_counts``: lognormal / zipf / hot families,
+On random skewed instances (``eplb.simulation.synthetic.skewed_counts``: lognormal / zipf / hot families,
 random skew, 64 / 512 / 4096 tokens x top-8 per layer), small (4-16 experts, 2-4 GPUs, up to 6
 slots per GPU; a fifth of them hierarchical with 2 nodes) and medium (24-64 experts, 4-8 GPUs),
 records per instance: whether CP-SAT proved optimality, its solve time (wall and CPU seconds),
@@ -28,11 +28,11 @@ if str(BENCH) not in sys.path:
 from _common import load_note, markdown_table, planning_methods, pyplot, read_csv, write_csv  # noqa: E402
 
 import eplb  # noqa: E402
-from eplb import exact  # noqa: E402
-from eplb.api import make_problem  # noqa: E402
-from eplb.bounds import lower_bound  # noqa: E402
-from eplb.methods import DEFAULT_METHOD, get_method  # noqa: E402
-from eplb.synthetic import skewed_counts  # noqa: E402
+from eplb.planning.methods import exact_model as exact  # noqa: E402
+from eplb.planning.api import make_problem  # noqa: E402
+from eplb import lower_bound  # noqa: E402
+from eplb.planning.methods import DEFAULT_METHOD, get_method  # noqa: E402
+from eplb.simulation.synthetic import skewed_counts  # noqa: E402
 
 FAMILIES = ("lognormal", "zipf", "hot")
 TOKENS = (64, 512, 4096)

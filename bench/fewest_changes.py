@@ -7,7 +7,7 @@ and layer, from the placement eplb had in service (its own previous rebalance), 
 eplb itself uses (1.005 x the default method's max load from scratch):
 
 - **eplb**: the slots ``plan(previous=..., tolerance=0.005)`` changes;
-- **fewest found** and **proven lower bound**: the exact search of :mod:`eplb.fewest_changes`
+- **fewest found** and **proven lower bound**: the exact search of ``bench/fewest_changes_search``
   (iterative deepening; its first placement found is the proven minimum) with a budget of search
   nodes per layer, eplb's plan as the incumbent; where 60% of the budget runs out, the bound is
   the last ``k`` refuted plus one, and the rest of the budget searches with the replica counts
@@ -27,7 +27,7 @@ import numpy as np
 from _common import load_note, load_trace, markdown_table, read_csv, write_csv
 
 import eplb
-from eplb.api import make_problem
+from eplb.planning.api import make_problem
 from fewest_changes_search import prove_fewest_changes
 
 TOLERANCE = 0.005
@@ -103,7 +103,7 @@ def run(quick: bool, results_dir: Path) -> str:
     write_csv(results_dir / "fewest_changes.csv", per)
     lines += [f"Machine: {load_note()}. Per rebalance, slots changed as a share of all layer x slot pairs, "
               f"from eplb's previous placement, within 1.005 x the default method's max load from scratch. "
-              f"Exact search (`eplb.fewest_changes`, iterative deepening) with {work:,} nodes per layer; "
+              f"Exact search (`bench/fewest_changes_search`, iterative deepening) with {work:,} nodes per layer; "
               "where the proof runs out of budget, 'found' comes from the search with the replica counts of eplb's "
               "plan or of the plan from scratch, else eplb's own plan.", ""]
     lines.append(markdown_table(

@@ -9,7 +9,7 @@ averaged over layers; 1.0 is perfect) on that same window (*in-sample*) and on o
   domains, gpt-oss-20b benchmarks (windows summed per benchmark).
   *pairwise*: plan on window A, evaluate on every window B != A;
   *leave-one-out*: plan on the sum of all other windows, evaluate on the held-out one.
-- synthetic drift (``eplb.synthetic.drifting_counts``) on the DeepSeek-V3-sized deployment
+- synthetic drift (``eplb.simulation.synthetic.drifting_counts``) on the DeepSeek-V3-sized deployment
   (hierarchical: 8 groups on 4 nodes; and global): plan on window t, evaluate on window t + 1,
   for several drift sizes (drift 0 isolates the sampling noise between two windows).
 
@@ -26,7 +26,7 @@ import numpy as np
 from _common import load_note, markdown_table, planning_methods, pyplot, read_csv, trace_workloads, write_csv
 
 import eplb
-from eplb.synthetic import DEEPSEEK_V3, drifting_counts
+from eplb.simulation.synthetic import DEEPSEEK_V3, drifting_counts
 
 DRIFTS = (0.0, 0.05, 0.1, 0.2, 0.4)
 QUICK_DRIFTS = (0.0, 0.2)
@@ -35,7 +35,7 @@ NO_DATA = "plan ignoring counts"
 
 def mean_balancedness(placement: eplb.Placement, counts: np.ndarray) -> float:
     """Balancedness of ``placement`` under ``counts [L, E]``, averaged over the MoE layers."""
-    return float(eplb.metrics.moe_mean(placement.balancedness(counts), counts))
+    return float(eplb.analysis.metrics.moe_mean(placement.balancedness(counts), counts))
 
 
 def ignoring_counts(serve: list[list[np.ndarray]], deployment: dict) -> dict:

@@ -1,10 +1,10 @@
-"""Where the gpt-oss-20b gap lies: the bound or the methods (``eplb.certificate.certify``).
+"""Where the gpt-oss-20b gap lies: the bound or the methods (``eplb.planning.certificate.certify``).
 
 On the real gpt-oss-20b trace (windows summed per benchmark, 24 layers x 32 experts, 40 slots on
 8 GPUs of 5, global mode) records per (benchmark, layer): the lower bound
-(:func:`eplb.bounds.lower_bound`; the average bound on every one of these layers), the max load of
+(:func:`eplb.analysis.bounds.lower_bound`; the average bound on every one of these layers), the max load of
 the default method and of ``best``, and two placements of the exact capped packing search
-(:mod:`eplb.certificate`): ``fixed`` keeps best's replica counts and bisects the cap (the packing
+(:mod:`eplb.planning.certificate`): ``fixed`` keeps best's replica counts and bisects the cap (the packing
 is then the optimum for those counts when every search finishes within its node budget), ``quick``
 and ``full`` also descend over the replica counts (one replica moved between two experts at a
 time) with 1,000 / 20,000 search nodes per packing attempt. Every
@@ -31,9 +31,9 @@ if str(BENCH) not in sys.path:
 from _common import load_note, markdown_table, pct, trace_workloads, write_csv  # noqa: E402
 
 import eplb  # noqa: E402
-from eplb.bounds import average_bound, lower_bound  # noqa: E402
-from eplb.certificate import improve_layer  # noqa: E402
-from eplb.topology import Topology  # noqa: E402
+from eplb.analysis.bounds import average_bound, lower_bound  # noqa: E402
+from eplb.planning.certificate import improve_layer  # noqa: E402
+from eplb import Topology  # noqa: E402
 
 VARIANTS = (("fixed", False, 20_000), ("quick", True, 1_000), ("full", True, 20_000))
 """(name, descent over replica counts, search nodes per packing attempt)."""

@@ -17,7 +17,7 @@ import argparse
 import numpy as np
 
 import eplb
-from eplb.synthetic import skewed_counts
+from eplb.simulation.synthetic import skewed_counts
 
 from _common import trace_workloads  # noqa: E402  (bench/ is on sys.path when run as a script)
 from quality import CONFIGS, FAMILIES  # noqa: E402

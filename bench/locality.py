@@ -28,9 +28,9 @@ import numpy as np
 from _common import markdown_table, pyplot, read_csv, trace_workloads, write_csv
 
 import eplb
-from eplb.dispatch import optimal_dispatch
-from eplb.problem import make_problem
-from eplb.locality import pareto, plan_locality
+from eplb.analysis.dispatch import optimal_dispatch
+from eplb.model.problem import make_problem
+from eplb.planning.locality import pareto, plan_locality
 
 FRACTIONS = (0.0, 0.02, 0.05, 0.1, 0.15, 0.2, 0.3, 1.0)
 QUICK_FRACTIONS = (0.0, 0.1, 0.2, 1.0)

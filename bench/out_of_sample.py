@@ -8,7 +8,7 @@ Series:
 - ``synthetic workloads`` (DeepSeek-V3 size, 58 layers x 256 experts, 8 groups): ``K`` workloads
   share a base popularity and each moves every expert's log-popularity by ``N(0, sigma)``, so the
   hot experts differ from workload to workload (leave-one-out);
-- ``synthetic drift``: :func:`eplb.synthetic.drifting_counts`, hot experts move by a random walk
+- ``synthetic drift``: :func:`eplb.simulation.synthetic.drifting_counts`, hot experts move by a random walk
   (next-window);
 - real traces (``../shared/data/traces``; skipped with a note when absent): OLMoE domains and
   gpt-oss benchmarks as workloads (leave-one-out), and a series that mixes them over time: every
@@ -16,18 +16,18 @@ Series:
   (next-window).
 
 Each plan is served with uniform split (``1 / logcnt``, what engines do) and with optimal
-dispatch (:func:`eplb.dispatch.dispatch`). A held-out window's balancedness is the mean over
+dispatch (:func:`eplb.analysis.dispatch.dispatch`). A held-out window's balancedness is the mean over
 layers of ``mean / max`` GPU load; tables give the mean over held-out windows and the worst one.
-Objectives (:mod:`eplb.objectives`): the combiners ``sum``, ``quantile``, ``max_share``, and the
+Objectives (:mod:`eplb.planning.objectives`): the combiners ``sum``, ``quantile``, ``max_share``, and the
 per-layer selections ``expected_peak`` / ``worst_window`` scored under uniform (``/u``) or optimal
 (``/o``) dispatch; ``expected_peak/o, made for dispatch`` is ``plan_series(objective=
 "expected_peak", dispatch="optimal")``: the candidates and the same with their replicas linked in
-rings (:func:`eplb.objectives.link_replicas`), the selection among the eight, then the swap search of
-:func:`eplb.objectives.made_for_dispatch` (300 swaps per layer, single-replica experts only);
+rings (:func:`eplb.planning.objectives.link_replicas`), the selection among the eight, then the swap search of
+:func:`eplb.planning.objectives.made_for_dispatch` (300 swaps per layer, single-replica experts only);
 ``expected_peak/o, swaps only`` is the previous plan made for dispatch (the selection, then 300
 swaps of any slots); for the next-window protocol also ``sum`` with recency weights (half-life 4).
 All objectives of one fold are built from the same four candidate plans (the ``CANDIDATES`` of
-:mod:`eplb.objectives`), exactly what :func:`eplb.objectives.plan_series` does.
+:mod:`eplb.planning.objectives`), exactly what :func:`eplb.planning.objectives.plan_series` does.
 
 ``python bench/out_of_sample.py [--quick]`` writes ``bench/results/out_of_sample.{csv,md}``.
 """
@@ -41,12 +41,12 @@ from pathlib import Path
 import numpy as np
 from _common import load_note, trace_workloads, write_csv
 
-from eplb.api import make_problem
-from eplb.methods import DEFAULT_METHOD, get_method
-from eplb.objectives import (CANDIDATES, combine, link_replicas, made_for_dispatch, recency_weights, select_per_layer,
+from eplb.planning.api import make_problem
+from eplb.planning.methods import DEFAULT_METHOD, get_method
+from eplb.planning.objectives import (CANDIDATES, combine, link_replicas, made_for_dispatch, recency_weights, select_per_layer,
                              window_peaks)
-from eplb.robust import improve_expected_peak
-from eplb.synthetic import DEEPSEEK_V3, drifting_counts, expert_popularity
+from eplb.planning.robust import improve_expected_peak
+from eplb.simulation.synthetic import DEEPSEEK_V3, drifting_counts, expert_popularity
 
 RESULTS = Path(__file__).resolve().parent / "results"
 DEPLOYMENTS = {

@@ -1,7 +1,7 @@
 """End-to-end ``eplb.plan()`` latency at DeepSeek-V3 size, with and without reading the bound.
 
 DeepSeek-V3: 58 layers x 256 experts -> 288 slots, 32 GPUs, 4 nodes, 8 groups (hierarchical) and
-the same without groups (global), realistic loads from :func:`eplb.synthetic.deepseek_v3_counts`.
+the same without groups (global), realistic loads from :func:`eplb.simulation.synthetic.deepseek_v3_counts`.
 ``plan`` computes the lower bound only when ``.lower_bound`` / ``.gap`` is read: the script times
 ``plan(...)`` alone and ``plan(...).gap`` (median of many calls after a warm-up, one process).
 
@@ -17,7 +17,7 @@ import time
 import numpy as np
 
 import eplb
-from eplb.synthetic import DEEPSEEK_V3, deepseek_v3_counts
+from eplb.simulation.synthetic import DEEPSEEK_V3, deepseek_v3_counts
 
 
 def median_ms(fn, repeats: int) -> float:

@@ -20,9 +20,9 @@ import numpy as np
 from _common import fmt_ms, load_note, markdown_table, median_time, pct, trace_workloads, write_csv
 
 import eplb
-from eplb.api import make_problem
-from eplb.methods import get_method
-from eplb.synthetic import deepseek_v3_counts, skewed_counts
+from eplb.planning.api import make_problem
+from eplb.planning.methods import get_method
+from eplb.simulation.synthetic import deepseek_v3_counts, skewed_counts
 
 METHODS = ("greedy", "balanced", "best")
 

@@ -12,7 +12,7 @@ Families (balancedness = mean over MoE layers of mean / max GPU load; cells mean
 
 - real traces (``../shared/data/traces``; skipped with a note when absent): gpt-oss-20b grouped
   by benchmark and by subject category, OLMoE and Mixtral text domains (leave-one-out), and windows
-  mixing the gpt-oss benchmarks over time (:func:`eplb.series.mixture_windows`, next-window);
+  mixing the gpt-oss benchmarks over time (:func:`eplb.simulation.series.mixture_windows`, next-window);
 - DeepSeek-V3-sized synthetic workloads whose windows differ by *structured* shifts, as real
   traffic does: 12 workloads, 6 "prefill" and 6 "decode" ones (the decode ones moved by one
   phase-wide shift), held out one at a time within a phase (``same phase``) or among all 12
@@ -21,7 +21,7 @@ Families (balancedness = mean over MoE layers of mean / max GPU load; cells mean
   (``sigma`` per expert) and by drift; here no fixed placement beats the summed plan by much, and
   the default must not lose more than 0.002 to it (its cross-validation keeps the summed plan).
 
-``shift structure`` (:func:`eplb.series.shift_structure`, 11 windows each) says how structured a
+``shift structure`` (:func:`eplb.simulation.series.shift_structure`, 11 windows each) says how structured a
 family's differences between windows are: real traces and mixtures near 0.8-0.95, noise lower.
 
 Speed: the default plan and the summed plan of 16 windows at DeepSeek-V3 size (58 x 256, 288
@@ -39,8 +39,9 @@ import numpy as np
 from _common import load_note, load_trace, markdown_table, median_time, trace_workloads, write_csv
 
 import eplb
-from eplb.series import mixture_windows, shift_structure, synthetic_workloads
-from eplb.synthetic import drifting_counts
+from eplb.simulation.series import mixture_windows, shift_structure, synthetic_workloads
+from eplb.analysis.metrics import moe_mean
+from eplb.simulation.synthetic import drifting_counts
 
 RESULTS = Path(__file__).resolve().parent / "results"
 DEEPSEEK = dict(num_layers=58, num_experts=256, num_groups=8)
@@ -59,7 +60,7 @@ PLANS = {  # label -> plan options (the series given as windows)
 
 def _score(placement, windows: np.ndarray, judge: str = "uniform") -> np.ndarray:
     """``[T]`` mean over MoE layers of each window's balancedness."""
-    return eplb.metrics.moe_mean(placement.balancedness(windows, judge), windows)
+    return moe_mean(placement.balancedness(windows, judge), windows)
 
 
 def _phase_workloads(seed: int, num_layers: int, num_experts: int, num_groups: int | None):

@@ -3,7 +3,7 @@
 Two parts, measured side by side in one run:
 
 1. **Rebalancing drifting loads.** Sequences of windows whose load drifts: synthetic
-   (``eplb.synthetic.drifting_counts``, DeepSeek-V3 size, hierarchical and global) and built from
+   (``eplb.simulation.synthetic.drifting_counts``, DeepSeek-V3 size, hierarchical and global) and built from
    the real traces (gpt-oss-20b: a sum over 40 recorded windows sliding by 5; OLMoE and Mixtral:
    the mixture moving from one text domain to the next in steps of 20%). For every window after the
    first: the slots changed from the previous placement and the max GPU load relative to planning
@@ -30,8 +30,8 @@ import numpy as np
 from _common import load_note, load_trace, markdown_table, median_time, pyplot, read_csv, write_csv
 
 import eplb
-from eplb.metrics import balancedness
-from eplb.synthetic import DEEPSEEK_V3, drifting_counts
+from eplb.analysis.metrics import balancedness
+from eplb.simulation.synthetic import DEEPSEEK_V3, drifting_counts
 
 DS = dict(num_slots=DEEPSEEK_V3["num_slots"], num_gpus=DEEPSEEK_V3["num_gpus"], num_nodes=DEEPSEEK_V3["num_nodes"])
 EXPERT_BYTES = 3 * 7168 * 2048  # one DeepSeek-V3 routed expert (gate, up, down) in FP8
@@ -153,9 +153,9 @@ def serving_loop(quick: bool, method: str) -> tuple[list[dict], list[dict]]:
 def plan_time_split(method: str, repeats: int) -> dict:
     """Median time of the method from scratch alone and of the whole migration-aware plan, on two
     consecutive windows of a drifting DeepSeek-V3-sized load."""
-    from eplb.api import make_problem
-    from eplb.methods import get_method
-    from eplb.migration import plan_near
+    from eplb.planning.api import make_problem
+    from eplb.planning.methods import get_method
+    from eplb.planning.migration import plan_near
 
     series = drifting_counts(2, 58, 256, num_groups=8, drift=0.02, tokens=4096 * 100, seed=3).astype(float)
     problem = make_problem(256, **DS, num_groups=8)
@@ -173,12 +173,12 @@ EXACT_SLOTS = 12  # Mixtral's deployment (12 slots / 4 GPUs): CP-SAT proves its 
 
 def fewest_changes_rows(seqs: list, quick: bool) -> list[dict]:
     """Per rebalance of Mixtral's 12-slot deployment: the slots eplb changes vs the fewest any plan
-    within the tolerance can change (CP-SAT, :mod:`eplb.exact_migration`, from the same previous
+    within the tolerance can change (CP-SAT, :mod:`eplb.planning.exact_migration`, from the same previous
     placement), against two references: the default method from scratch (eplb's) and the optimum
     (``method="exact"``). gpt-oss-20b's 40 slots: ``bench/fewest_changes.py`` (an exact search
     proves there what CP-SAT does not)."""
-    from eplb.api import make_problem
-    from eplb.exact_migration import fewest_changes
+    from eplb.planning.api import make_problem
+    from eplb.planning.exact_migration import fewest_changes
 
     rows = []
     for name, series, deployment in seqs:
@@ -225,10 +225,10 @@ def rebalance_times(repeats: int) -> list[dict]:
     then the migration search towards it)."""
     import time
 
-    from eplb.methods import get_method
-    from eplb.migration import migrate, near_bound
-    from eplb.placement import Placement
-    from eplb.transfer import transfer_plan
+    from eplb.planning.methods import get_method
+    from eplb.planning.migration import migrate, near_bound
+    from eplb import Placement
+    from eplb import transfer_plan
 
     series = drifting_counts(2, 58, 256, num_groups=8, drift=0.02, tokens=4096 * 100, seed=3).astype(float)
     balancers, threaded = {}, {}
@@ -350,7 +350,7 @@ def run(quick: bool, results_dir: Path) -> str:
           *(f"{r[f'{k}_ms']} / {r[f'{k}_cpu_ms']}" for k in keys)) for r in timings]))
     lines += ["", "### Fewest slots changed, proven (Mixtral, 12 slots)", "",
               "Per rebalance, from the same previous placement as eplb: the fewest slots any plan within 0.5% of "
-              "the reference can change (CP-SAT model of `eplb.exact_migration`: no GPU gets a second replica "
+              "the reference can change (CP-SAT model of `eplb.planning.exact_migration`: no GPU gets a second replica "
               "of an expert, as in eplb's search; `proven`: the solver proved the minimum on every layer, else "
               "`bound` is what it proved). Reference: the default method from scratch (eplb's) or the optimum "
               "(`method=\"exact\"`). As a fraction of all slots. gpt-oss-20b on 40 slots: see the section "

@@ -1,6 +1,6 @@
 """Simulate: what rebalancing policies cost in MoE time and weight copies on drifting traffic.
 
-Series (``eplb.series``): ``blocks`` blocks of 10 passes of 4096 tokens, traffic moving through 7
+Series (``eplb.simulation.series``): ``blocks`` blocks of 10 passes of 4096 tokens, traffic moving through 7
 workloads one after the other (``mixture_path``, half of each segment a linear shift to the
 next), each pass a multinomial draw of its tokens x top_k routings:
 
@@ -40,9 +40,9 @@ import numpy as np
 from _common import load_note, markdown_table, read_csv, traces_dir, write_csv
 
 import eplb
-from eplb.cost import CostModel
-from eplb.series import Series, mixture_path, synthetic_workloads, trace_workloads
-from eplb.simulate import BalancerPolicy, FixedInterval, NoRebalance, simulate, sglang_like, vllm_like
+from eplb import CostModel
+from eplb.simulation.series import Series, mixture_path, synthetic_workloads, trace_workloads
+from eplb import BalancerPolicy, FixedInterval, NoRebalance, simulate, sglang_like, vllm_like
 
 BLOCK = 10  # passes per block
 TOKENS = 4096  # tokens per pass
@@ -115,7 +115,7 @@ def policies() -> list[tuple[str, object, bool]]:
     ]
 
 
-TOLERANCES = (0.005, 0.01, 0.02, 0.05)  # around the default (eplb.balancer.DEFAULT_TOLERANCE, 0.03)
+TOLERANCES = (0.005, 0.01, 0.02, 0.05)  # around the default (eplb.serving.balancer.DEFAULT_TOLERANCE, 0.03)
 
 
 def trade_off_policies() -> list[tuple[str, object, bool]]:

@@ -21,7 +21,7 @@ from pathlib import Path
 from _common import load_note, markdown_table, read_csv, write_csv
 from simulate import BLOCK, Cached, policies, scenarios
 
-from eplb.simulate import simulate
+from eplb import simulate
 
 LAYERS_PER_STEP = (None, 1, 4, 8, 16)
 

@@ -23,7 +23,7 @@ from _common import fmt_ms, load_note, markdown_table, median_time, planning_met
 
 import eplb
 import published_greedy
-from eplb.synthetic import skewed_counts
+from eplb.simulation.synthetic import skewed_counts
 
 NUMPY_PORT = "numpy port"
 BASE = dict(layers=58, experts=256, gpus=32, nodes=4, groups=8, slots_per_gpu=9)

@@ -39,7 +39,7 @@ start, cpu_start = time.perf_counter(), time.process_time()
 import eplb
 imported, cpu_imported = time.perf_counter(), time.process_time()
 import numpy as np
-from eplb.synthetic import DEEPSEEK_V3 as c, deepseek_v3_counts
+from eplb.simulation.synthetic import DEEPSEEK_V3 as c, deepseek_v3_counts
 counts = deepseek_v3_counts(0)
 deploy = dict(num_slots=c["num_slots"], num_gpus=c["num_gpus"], num_nodes=c["num_nodes"], num_groups=c["num_groups"])
 

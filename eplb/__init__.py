@@ -1,19 +1,23 @@
 """eplb: expert-parallel load balancing for Mixture-of-Experts serving."""
 
-from .api import held_out, pareto, plan, rebalance_experts
-from .balancer import Balancer
-from .bounds import lower_bound, lower_bounds
-from .cost import CostModel
-from .dispatch import dispatch
-from .methods import DEFAULT_METHOD, METHODS
-from .placement import Placement
-from .simulate import BalancerPolicy, FixedInterval, NoRebalance, SimulationResult, simulate, sglang_like, vllm_like
-from .sweep import sweep
-from .topology import Topology
-from .transfer import TransferPlan, transfer_plan
-from .warmup import warmup
+from .planning.api import held_out, pareto, plan, rebalance_experts
+from .serving.balancer import Balancer
+from .analysis.bounds import lower_bound, lower_bounds
+from .model.cost import CostModel
+from .analysis.dispatch import dispatch
+from .planning.methods import DEFAULT_METHOD, METHODS
+from .analysis.placement import Placement
+from .simulation.simulate import BalancerPolicy, FixedInterval, NoRebalance, SimulationResult, simulate, sglang_like, vllm_like
+from .simulation.sweep import sweep
+from .model.topology import Topology
+from .serving.transfer import TransferPlan, transfer_plan
+from .precompile import warmup
+from ._version import __version__
 
-__version__ = "0.1.0"
+# Modules the README reaches by attribute after `import eplb` (eplb.analysis.engine_dispatch.engine_shares,
+# eplb.planning.certificate.certify); the others it names are imported above through the public names.
+from .analysis import engine_dispatch as _engine_dispatch  # noqa: E402,F401
+from .planning import certificate as _certificate  # noqa: E402,F401
 
 __all__ = [
     "Balancer",

@@ -22,10 +22,10 @@ import numpy as np
 import eplb
 
 from . import __version__
-from .methods import DEFAULT_METHOD, METHODS
-from .objectives import DISPATCH_SCORING, OBJECTIVES
-from .metrics import moe_layers, moe_mean
-from .report import Bound, bound_for, moe_note
+from .planning.methods import DEFAULT_METHOD, METHODS
+from .planning.objectives import DISPATCH_SCORING, OBJECTIVES
+from .analysis.metrics import moe_layers, moe_mean
+from .io.report import Bound, bound_for, moe_note
 
 COUNTS_FORMAT_NAMES = ("npy", "npz", "csv", "logical-count-json", "sglang-dump", "sglang-detail", "trtllm-stats")
 PLACEMENT_FORMAT_NAMES = ("eplb", "npz", "sglang", "trtllm")
@@ -46,7 +46,7 @@ def friendly_errors(command):
 
     @functools.wraps(command)
     def wrapper(*args, **kwargs):
-        from .formats import FormatError, MissingExtraError
+        from .io.formats import FormatError, MissingExtraError
 
         try:
             return command(*args, **kwargs)
@@ -105,7 +105,7 @@ def main():
 def demo(methods):
     """Plan the built-in DeepSeek-V3-sized example and compare with no rebalancing."""
     from .demo import format_demo, run_demo
-    from .methods import METHODS
+    from .planning.methods import METHODS
 
     for method in methods:
         if method not in METHODS:
@@ -137,13 +137,13 @@ def warmup(experts, slots, gpus, nodes, groups, methods, no_balancer, quiet):
       eplb warmup --experts 256 --slots 288 --gpus 32 --nodes 4 --groups 8
     """
     _check_flag_sizes(slots=slots, gpus=gpus, nodes=nodes, groups=groups)
-    from .formats.limits import check_size
+    from .io.formats.limits import check_size
 
     try:
         check_size(experts, "experts", "--experts")
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--experts") from None
-    result = eplb.warmup(experts, slots, gpus, num_nodes=nodes, num_groups=groups, methods=list(methods) or None,
+    result = eplb.warmup(experts, num_slots=slots, num_gpus=gpus, num_nodes=nodes, num_groups=groups, methods=list(methods) or None,
                          balancer=not no_balancer)
     if quiet:
         return
@@ -236,14 +236,14 @@ def _with_timer(work, description: str):
 
 
 def _read_previous(path, fmt, *, num_gpus, num_nodes, num_experts):
-    from .formats import read_placement
+    from .io.formats import read_placement
 
     return read_placement(path, fmt, num_gpus=num_gpus, num_nodes=num_nodes, num_experts=num_experts)
 
 
 def _check_previous(previous, placement_like, path):
     """The previous plan must describe the same layers, experts, slots, GPUs and nodes."""
-    from .formats import FormatError
+    from .io.formats import FormatError
 
     old = previous.placement
     mine = (placement_like["layers"], placement_like["experts"], placement_like["slots"],
@@ -280,7 +280,7 @@ def _check_previous(previous, placement_like, path):
 @click.option("--input-format", type=click.Choice(COUNTS_FORMAT_NAMES), default=None,
               help="Format of COUNTS (default: detected from the name).")
 @click.option("--objective", type=click.Choice(OBJECTIVES), default=None,
-              help="How the windows of a series COUNTS [T, L, E] combine (eplb.objectives). Default: the plan is "
+              help="How the windows of a series COUNTS [T, L, E] combine (eplb.planning.objectives). Default: the plan is "
                    "hedged over the windows (expected_peak_search under an even split, as eplb.plan does with a "
                    "series); 'sum' plans on the summed counts.")
 @click.option("--window", "passes_per_window", type=click.IntRange(min=1), default=None,
@@ -331,8 +331,8 @@ def plan(counts, slots, gpus, nodes, groups, method, previous, previous_format, 
       eplb plan expert_distribution_recorder.pt --slots 288 --gpus 32 --nodes 4 --groups 8 \\
           --format sglang -o init_expert_location.json
     """
-    from . import metrics
-    from .formats import placement_format_for_output, read_counts, write_placement
+    from .analysis import metrics
+    from .io.formats import placement_format_for_output, read_counts, write_placement
 
     if previous is None and (tolerance is not None or max_moves is not None):
         raise click.UsageError("--tolerance and --max-moves apply only with --previous")
@@ -366,7 +366,7 @@ def plan(counts, slots, gpus, nodes, groups, method, previous, previous_format, 
     _check_flag_sizes(slots=slots, gpus=gpus, nodes=nodes, groups=groups)
     _refuse_input_as_output(output, [counts, previous])
     if output_format == "sglang":
-        from .formats.sglang import sidecar_path
+        from .io.formats.sglang import sidecar_path
 
         _refuse_input_as_output(sidecar_path(output), [counts, previous], what="the SGLang side file of -o")
 
@@ -523,7 +523,7 @@ def _held_out_lines(held: dict) -> list[str]:
 
 def _check_flag_sizes(**values) -> None:
     """Refuse sizes on the command line beyond the documented limits before anything is allocated."""
-    from .formats.limits import check_size
+    from .io.formats.limits import check_size
 
     names = {"slots": "slots", "gpus": "slots", "nodes": "slots", "groups": "experts"}
     for flag, value in values.items():
@@ -599,8 +599,8 @@ def validate(plan_file, counts_file, plan_format, input_format, gpus, nodes, gro
     against the same lower bound ``eplb plan`` reports (hierarchical when the deployment has
     groups: --groups or recorded in the file). Exits 1 when the file is not a valid placement.
     """
-    from . import metrics
-    from .formats import FormatError, read_counts, read_placement
+    from .analysis import metrics
+    from .io.formats import FormatError, read_counts, read_placement
 
     _check_flag_sizes(gpus=gpus, nodes=nodes, groups=groups)
     data = (read_counts(counts_file, input_format, transpose=transpose, allow_shape=allow_shape)
@@ -677,8 +677,8 @@ def report(counts, plan_file, output, previous, input_format, plan_format, gpus,
     window (for a series of counts) and, with --previous, what moved. Greedy and the lower bound use
     the deployment's groups (--groups or recorded in the file). Open OUTPUT/index.html.
     """
-    from .formats import FormatError, read_counts, read_placement
-    from .report import make_report
+    from .io.formats import FormatError, read_counts, read_placement
+    from .io.report import make_report
 
     _check_flag_sizes(gpus=gpus, nodes=nodes, groups=groups)
     _refuse_input_as_output(output, [counts, plan_file, previous])
@@ -724,7 +724,7 @@ def _load_function(spec: str):
 
 
 def _simulation_policy(name: str, method, check_every: int):
-    from .simulate import BalancerPolicy, FixedInterval, NoRebalance, sglang_like, vllm_like
+    from .simulation.simulate import BalancerPolicy, FixedInterval, NoRebalance, sglang_like, vllm_like
 
     if name == "none":
         return NoRebalance()
@@ -788,10 +788,10 @@ def simulate(counts, slots, gpus, nodes, groups, policies, method, rebalance_fn,
     Example:
       eplb simulate steps.npz --slots 288 --gpus 32 --nodes 4 --groups 8 -p vllm -p balancer -o sim/
     """
-    from .cost import CostModel
-    from .formats import read_counts
-    from .simulate import simulate as run_simulation
-    from .simulation_report import write_simulation_report
+    from .model.cost import CostModel
+    from .io.formats import read_counts
+    from .simulation.simulate import simulate as run_simulation
+    from .io.simulation_report import write_simulation_report
 
     _check_flag_sizes(slots=slots, gpus=gpus, nodes=nodes, groups=groups)
     _refuse_input_as_output(output, [counts])
@@ -871,10 +871,10 @@ def sweep(counts, extra_slots, gpus, nodes, groups, dispatches, policies, hardwa
     Example:
       eplb sweep steps.npz --extra-slots 0,1,2,3 --gpus 32,64 --nodes 4,8 --groups 8 -p vllm -p balancer -o sweep/
     """
-    from .cost import CostModel
-    from .formats import read_counts
-    from .simulation_report import write_sweep_report
-    from .sweep import knee, sweep as run_sweep
+    from .model.cost import CostModel
+    from .io.formats import read_counts
+    from .io.simulation_report import write_sweep_report
+    from .simulation.sweep import knee, sweep as run_sweep
 
     extras, gpu_counts, node_counts = (_int_list(extra_slots, "--extra-slots"), _int_list(gpus, "--gpus"),
                                        _int_list(nodes, "--nodes"))

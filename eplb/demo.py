@@ -6,10 +6,10 @@ import time
 
 import numpy as np
 
-from . import metrics
-from .api import plan
-from .methods import DEFAULT_METHOD
-from .synthetic import DEEPSEEK_V3, deepseek_v3_counts
+from .analysis import metrics
+from .planning.api import plan
+from .planning.methods import DEFAULT_METHOD
+from .simulation.synthetic import DEEPSEEK_V3, deepseek_v3_counts
 
 
 def run_demo(methods: tuple[str, ...] | None = None, seed: int = 0) -> list[dict]:

@@ -22,8 +22,8 @@ import pytest
 torch = pytest.importorskip("torch", reason="SGLang's loader uses torch; torch is not installed")
 
 import eplb  # noqa: E402
-from eplb.formats.sglang import write_sglang_placement  # noqa: E402
-from eplb.synthetic import drifting_counts  # noqa: E402
+from eplb.io.formats.sglang import write_sglang_placement  # noqa: E402
+from eplb.simulation.synthetic import drifting_counts  # noqa: E402
 from sglang_sources import LOADER, SKIP_REASON, load_expert_location, sglang_file  # noqa: E402
 
 

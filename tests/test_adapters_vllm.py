@@ -30,8 +30,8 @@ import pytest
 torch = pytest.importorskip("torch", reason="the vLLM adapter returns torch tensors; torch is not installed")
 
 import eplb  # noqa: E402
-from eplb.adapters import vllm as adapter  # noqa: E402
-from eplb.synthetic import drifting_counts  # noqa: E402
+from eplb.serving.adapters import vllm as adapter  # noqa: E402
+from eplb.simulation.synthetic import drifting_counts  # noqa: E402
 
 FACTS = json.loads((Path(__file__).parent / "engine_interfaces" / "vllm.json").read_text())
 INTERFACES = FACTS["interfaces"]

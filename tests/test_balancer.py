@@ -12,8 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import eplb
-from eplb.metrics import balancedness
-from eplb.synthetic import drifting_counts
+from eplb.analysis.metrics import balancedness
+from eplb.simulation.synthetic import drifting_counts
 
 CONFIG = dict(num_slots=80, num_gpus=8, num_nodes=2, num_groups=8)
 
@@ -158,8 +158,8 @@ def test_state_survives_a_restart(tmp_path):
 def test_planning_kernel_releases_the_gil():
     """With a huge switch interval the main thread can only run while the planner thread waits or
     sits in a GIL-free kernel: it makes progress during the migration search."""
-    from eplb.api import make_problem
-    from eplb.kernels.migration import SearchLayout, search_near_previous
+    from eplb.planning.api import make_problem
+    from eplb.kernels.few_changes import SearchLayout, search_near_previous
 
     series = drifting_counts(2, 58, 256, num_groups=8, drift=0.3, seed=8).astype(float)
     weights = np.concatenate([series[1]] * 4)
@@ -268,7 +268,7 @@ import sys
 import numba
 import numpy as np
 import eplb
-from eplb.synthetic import drifting_counts
+from eplb.simulation.synthetic import drifting_counts
 
 
 def compiled():
@@ -316,7 +316,7 @@ def test_no_kernel_compiles_after_eager_construction(tmp_path, config):
 
 def test_background_compile_never_blocks_a_decision(monkeypatch):
     """While the kernels compile on the thread, a decision answers at once (no); rebalance waits."""
-    from eplb import balancer as module
+    from eplb.serving import balancer as module
 
     release = threading.Event()
     real = module.warm_kernels
@@ -339,7 +339,7 @@ def test_background_compile_never_blocks_a_decision(monkeypatch):
 
 
 def test_background_compile_error_reaches_the_caller(monkeypatch):
-    from eplb import balancer as module
+    from eplb.serving import balancer as module
 
     def broken(*args, **kwargs):
         raise MemoryError("no room")
@@ -359,7 +359,7 @@ def test_compile_mode_is_checked():
 
 
 def test_warm_kernels_takes_a_configuration():
-    from eplb.balancer import warm_kernels
+    from eplb.serving.balancer import warm_kernels
 
     assert warm_kernels(64, num_slots=80, num_gpus=8, num_nodes=2, num_groups=8) >= 0.0
     with pytest.raises(ValueError, match="num_slots"):
@@ -437,7 +437,7 @@ def test_restored_state_with_an_unknown_config_key_is_refused():
 def test_decisions_in_time_weigh_the_pass_time_saved_against_the_copy_stall():
     """With a cost model the balancer rebalances when the time a plan saves over its horizon beats
     the stall of its weight copies: over one pass it cannot, over many passes it does."""
-    from eplb.synthetic import skewed_counts
+    from eplb.simulation.synthetic import skewed_counts
 
     cost = eplb.CostModel.preset("H100", "deepseek-v3", regime="compute", copy_mode="stall")
     loads = skewed_counts(4, 64, family="zipf", skew=1.2, tokens=4096, seed=3).astype(float)

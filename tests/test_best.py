@@ -11,7 +11,7 @@ from strategies import problems
 import eplb
 from eplb.kernels.multistart import aligned_counts
 from eplb.kernels.replication import replicate_capped
-from eplb.synthetic import skewed_counts
+from eplb.simulation.synthetic import skewed_counts
 
 
 @st.composite

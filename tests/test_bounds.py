@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 from strategies import problems
 
 import eplb
-from eplb.bounds import BOUNDS, hierarchical_bound, lower_bound, lower_bounds
+from eplb.analysis.bounds import BOUNDS, hierarchical_bound, lower_bound, lower_bounds
 
 METHODS = [m for m in eplb.METHODS if m != "exact"]
 
@@ -159,7 +159,7 @@ def test_tier_bound_is_at_most_the_exact_optimum_with_hot_experts(gpus, k, spare
 def test_pigeonhole_sees_the_hot_gpus_without_redundant_slots():
     """No redundant slot (S = E = 128 on 8 GPUs, 4 hot experts): the 4 GPUs holding a hot expert
     also hold 15 others each, which the average over all 8 GPUs misses."""
-    from eplb.synthetic import skewed_counts
+    from eplb.simulation.synthetic import skewed_counts
 
     counts = skewed_counts(4, 128, family="hot", skew=1.0, seed=3).astype(float)
     topology = eplb.Topology.uniform(128, 8)
@@ -172,7 +172,7 @@ def test_pigeonhole_sees_the_hot_gpus_without_redundant_slots():
 
 def test_hierarchical_bound_on_deepseek_v3_sized_loads_is_tight():
     """Greedy and the default both land above it; the default within 0.5%."""
-    from eplb.synthetic import DEEPSEEK_V3, deepseek_v3_counts
+    from eplb.simulation.synthetic import DEEPSEEK_V3, deepseek_v3_counts
 
     counts = deepseek_v3_counts(seed=2)
     config = {k: DEEPSEEK_V3[k] for k in ("num_slots", "num_gpus", "num_nodes", "num_groups")}

@@ -9,8 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import eplb
-import eplb.bounds as bounds
-from eplb.bounds import lower_bound, lower_bounds
+import eplb.analysis.bounds as bounds
+from eplb.analysis.bounds import lower_bound, lower_bounds
 from eplb.kernels.budget import budget_tier_bound
 
 
@@ -76,7 +76,7 @@ def test_the_budget_bound_reaches_the_proven_optimum(gpus, k, loads, before, bes
 def test_kimi_k2_zipf_1_5_gap_is_closed():
     """Kimi-K2 (384 experts, 432 slots, 72 GPUs), Zipf 1.5: the default's mean gap to the bound
     was 1.93% (the bound's fault: the placements did not change); the bound never passes best."""
-    from eplb.synthetic import skewed_counts
+    from eplb.simulation.synthetic import skewed_counts
 
     counts = skewed_counts(12, 384, family="zipf", skew=1.5, seed=11)
     kwargs = dict(num_slots=432, num_gpus=72, num_nodes=9)

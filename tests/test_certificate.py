@@ -1,4 +1,4 @@
-"""The capped packing search (eplb.kernels.capped) and the certificates built on it (eplb.certificate)."""
+"""The capped packing search (eplb.kernels.capped) and the certificates built on it (eplb.planning.certificate)."""
 
 import itertools
 
@@ -8,10 +8,10 @@ from hypothesis import given, settings, strategies as st
 
 import eplb
 from brute_force import optimum
-from eplb.certificate import certify, improve_layer
-from eplb.synthetic import skewed_counts
+from eplb.planning.certificate import certify, improve_layer
+from eplb.simulation.synthetic import skewed_counts
 from eplb.kernels.capped import EXHAUSTED, FOUND, pack_under_cap
-from eplb.topology import Topology
+from eplb.model.topology import Topology
 
 
 def _replicas(w, counts):
@@ -138,7 +138,7 @@ def test_gpt_oss_layers_are_certified_within_the_bar(trace_counts):
 
 
 def test_attempt_limit_bounds_the_work_and_keeps_a_valid_placement():
-    from eplb.synthetic import skewed_counts as counts_of
+    from eplb.simulation.synthetic import skewed_counts as counts_of
 
     w = counts_of(1, 32, family="zipf", skew=1.0, seed=3).astype(float)
     topology = Topology.uniform(40, 8)

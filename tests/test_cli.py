@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import eplb
-from eplb.formats import read_placement, write_placement
+from eplb.io.formats import read_placement, write_placement
 
 from cli_runner import invoke
 from test_formats import write_trtllm_statistics
@@ -118,7 +118,7 @@ def test_trtllm_statistics_in_yaml_out_and_previous(tmp_path):
         assert "(migration-aware)" in out
     previous = read_placement(tmp_path / "moe_load_balancer.yaml").placement
     new = read_placement(tmp_path / "next.npz")
-    changed = eplb.metrics.moves(previous.phy2log, new.placement.phy2log, new.placement.topology).slots_changed
+    changed = eplb.analysis.metrics.moves(previous.phy2log, new.placement.phy2log, new.placement.topology).slots_changed
     assert f"{changed} of 240 slots changed" in out
     assert new.layer_ids.tolist() == [3, 4, 5, 6, 7, 8]
     out, _ = run("validate", "moe_load_balancer.yaml", "--counts", "expert_statistic", cwd=tmp_path)
@@ -183,9 +183,9 @@ def test_progress_goes_to_the_method_or_a_timer_and_never_changes_the_plan(monke
     """A method with its own per-layer bar gets ``progress``; another slow method runs under a
     timer on stderr. Either way the plan is the one eplb.plan returns, and nothing is drawn
     without progress."""
-    from eplb._validation import Option
+    from eplb.model._validation import Option
     from eplb.cli import plan_with_progress
-    from eplb.methods import METHODS, OPTIONS
+    from eplb.planning.methods import METHODS, OPTIONS
 
     greedy = METHODS["greedy"]
     seen = []
@@ -214,7 +214,7 @@ def test_progress_goes_to_the_method_or_a_timer_and_never_changes_the_plan(monke
 
 
 def test_plan_from_a_series_objective_and_for_optimal_dispatch(tmp_path):
-    from eplb.synthetic import drifting_counts
+    from eplb.simulation.synthetic import drifting_counts
 
     series = drifting_counts(5, 3, 16, drift=0.4, seed=2).astype(np.float64)
     np.save(tmp_path / "series.npy", series)

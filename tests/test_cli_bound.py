@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 import eplb
-from eplb.formats import read_counts, read_placement
-from eplb.metrics import moe_mean
-from eplb.report import bound_for
+from eplb.io.formats import read_counts, read_placement
+from eplb.analysis.metrics import moe_mean
+from eplb.io.report import bound_for
 
 from test_cli import invoke
 
@@ -48,7 +48,7 @@ def test_validate_reports_the_gap_plan_reports_whatever_the_format(tmp_path, out
     placement = eplb.plan(counts, num_slots=24, num_gpus=4, num_nodes=2, num_groups=4)
     bound = bound_for(counts, read_placement(tmp_path / output).placement)
     assert np.allclose(bound.values, placement.lower_bound)
-    glob = eplb.bounds.lower_bound(counts, placement.topology)
+    glob = eplb.analysis.bounds.lower_bound(counts, placement.topology)
     assert (bound.values > 1.05 * glob)[counts.sum(axis=1) > 0].all()        # the case where it matters
 
 
@@ -76,13 +76,13 @@ def test_a_placement_that_spreads_a_group_is_judged_by_the_global_bound(tmp_path
     claimed = eplb.Placement(flat.phy2log, 16, flat.topology, num_groups=4)
     bound = bound_for(counts, claimed)
     assert bound.kind == "hierarchical" and "judged by the global bound" in bound.description
-    gap = eplb.metrics.gap(claimed.gpu_loads(counts).max(axis=1), bound.values)
+    gap = eplb.analysis.metrics.gap(claimed.gpu_loads(counts).max(axis=1), bound.values)
     assert (gap >= -1e-12).all()                                                # never a negative gap
 
 
 def test_report_compares_with_greedy_on_the_recorded_groups(tmp_path):
     pytest.importorskip("matplotlib")
-    from eplb.report import make_report
+    from eplb.io.report import make_report
 
     counts = _skewed_counts()
     np.save(tmp_path / "c.npy", counts)

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 import eplb
 from eplb.cli import main
-from eplb.formats import write_placement
+from eplb.io.formats import write_placement
 
 yaml = pytest.importorskip("yaml")
 

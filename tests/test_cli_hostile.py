@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import eplb
-from eplb.formats import FormatError, read_counts, read_placement
+from eplb.io.formats import FormatError, read_counts, read_placement
 
 from test_cli import invoke
 
@@ -191,7 +191,7 @@ def test_unreadable_input_exits_1(tmp_path, name, monkeypatch):
     np.save(tmp_path / "c.npy", COUNTS)
     (tmp_path / "c.csv").write_text("1,2\n3,4\n")
     (tmp_path / "c.json").write_text(json.dumps({"logical_count": COUNTS.tolist()}))
-    eplb.formats.write_placement(eplb.plan(COUNTS, num_slots=16, num_gpus=4), tmp_path / "p.yaml")
+    eplb.io.formats.write_placement(eplb.plan(COUNTS, num_slots=16, num_gpus=4), tmp_path / "p.yaml")
     target = str(tmp_path / name)
     real_open, real_io_open = builtins.open, io.open
 

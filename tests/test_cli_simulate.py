@@ -8,7 +8,7 @@ import numpy as np
 from click.testing import CliRunner
 
 from eplb.cli import main
-from eplb.synthetic import drifting_counts
+from eplb.simulation.synthetic import drifting_counts
 
 
 def test_simulate_compares_policies_and_writes_the_report(tmp_path):

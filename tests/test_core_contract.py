@@ -10,9 +10,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import eplb
-import eplb.api
-from eplb.problem import power_of_two_scale
-from eplb.synthetic import DEEPSEEK_V3, deepseek_v3_counts
+import eplb.planning.api
+from eplb.model.problem import power_of_two_scale
+from eplb.simulation.synthetic import DEEPSEEK_V3, deepseek_v3_counts
 
 CONFIG = dict(num_slots=24, num_gpus=4, num_nodes=2)
 
@@ -26,8 +26,8 @@ def counts(layers=3, experts=16, seed=0):
 
 def test_plan_does_not_compute_the_bound_until_it_is_read(monkeypatch):
     calls = []
-    real = eplb.api.lower_bound
-    monkeypatch.setattr(eplb.api, "lower_bound", lambda *a, **k: calls.append(1) or real(*a, **k))
+    real = eplb.planning.api.lower_bound
+    monkeypatch.setattr(eplb.planning.api, "lower_bound", lambda *a, **k: calls.append(1) or real(*a, **k))
     placement = eplb.plan(counts(), num_groups=2, **CONFIG)
     assert calls == []
     gap = placement.gap

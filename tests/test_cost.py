@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 import eplb
-from eplb.cost import HARDWARE, MODELS, CostModel, Hardware, MoEModel
+from eplb.model.cost import HARDWARE, MODELS, CostModel, Hardware, MoEModel
 
 # round numbers: an expert is 100 bytes, a routed token 10 FLOPs and 1 byte of activations
 SIMPLE = dict(expert_bytes=100, flops_per_token=10, token_bytes=1, flops=100, hbm_bandwidth=100,

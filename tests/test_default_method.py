@@ -10,7 +10,7 @@ from strategies import configs, counts_for, problems
 
 import eplb
 from eplb.kernels.local_search import improve_placement
-from eplb.methods import DEFAULT_METHOD
+from eplb.planning.methods import DEFAULT_METHOD
 
 QUALITY_METHODS = ["balanced", "best"]
 
@@ -104,7 +104,7 @@ def test_hierarchical_placement_keeps_every_group_on_one_node(problem, method):
 
 
 def test_far_better_than_greedy_on_deepseek_v3_sized_loads():
-    from eplb.synthetic import DEEPSEEK_V3, deepseek_v3_counts
+    from eplb.simulation.synthetic import DEEPSEEK_V3, deepseek_v3_counts
 
     counts = deepseek_v3_counts(seed=5)
     config = {k: DEEPSEEK_V3[k] for k in ("num_slots", "num_gpus", "num_nodes", "num_groups")}
@@ -126,7 +126,7 @@ def test_near_uniform_loads_with_fewer_spare_slots_than_gpus_reach_the_average(n
     # D'Hondt doubles the `spare` heaviest experts: their 2 x spare half replicas cannot land one per
     # GPU, so some GPUs carry a whole expert more than others (0.6% above the bound on Kimi-K2). The
     # heaviest experts taking the spare slots in whole rows of GPUs reaches the average.
-    from eplb.synthetic import skewed_counts
+    from eplb.simulation.synthetic import skewed_counts
 
     counts = (100 + np.arange(num_experts))[None, :] if layers == 1 else \
         skewed_counts(layers, num_experts, family="uniform", skew=0.0, seed=11)

@@ -11,10 +11,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import eplb
-from eplb.dispatch import check_shares, dispatch, gpu_loads_with_shares, optimal_dispatch, uniform_shares
-from eplb.placement import Placement
-from eplb.synthetic import deepseek_v3_counts, drifting_counts
-from eplb.topology import Topology
+from eplb.analysis.dispatch import check_shares, dispatch, gpu_loads_with_shares, optimal_dispatch, uniform_shares
+from eplb.analysis.placement import Placement
+from eplb.simulation.synthetic import deepseek_v3_counts, drifting_counts
+from eplb.model.topology import Topology
 
 
 def lp_peak(weights: np.ndarray, phy2log: np.ndarray, topology: Topology) -> float:

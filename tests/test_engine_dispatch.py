@@ -1,4 +1,4 @@
-"""The shares engines realise (:mod:`eplb.engine_dispatch`): properties over random placements,
+"""The shares engines realise (:mod:`eplb.analysis.engine_dispatch`): properties over random placements,
 the rules of SGLang's near-replica choice, and the strong check: SGLang 0.5.23's own code, run
 from its files, builds the same per-rank static table from the file eplb writes.
 
@@ -18,13 +18,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import eplb
-from eplb.dispatch import gpu_loads_with_shares
-from eplb.engine_dispatch import ENGINES, engine_shares, sglang_static_table, with_engine_shares
-from eplb.formats.sglang import write_sglang_placement
-from eplb.metrics import balancedness
-from eplb.placement import Placement, uniform_shares
-from eplb.synthetic import deepseek_v3_counts, drifting_counts
-from eplb.topology import Topology
+from eplb.analysis.dispatch import gpu_loads_with_shares
+from eplb.analysis.engine_dispatch import ENGINES, engine_shares, sglang_static_table, with_engine_shares
+from eplb.io.formats.sglang import write_sglang_placement
+from eplb.analysis.metrics import balancedness
+from eplb.analysis.placement import Placement, uniform_shares
+from eplb.simulation.synthetic import deepseek_v3_counts, drifting_counts
+from eplb.model.topology import Topology
 from sglang_sources import LOADER, SKIP_REASON, load_expert_location, sglang_file
 from strategies import configs
 

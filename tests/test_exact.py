@@ -18,9 +18,9 @@ from hypothesis import strategies as st
 import eplb
 
 pytest.importorskip("ortools", reason="method='exact' needs OR-Tools: pip install 'eplb[exact]'")
-from eplb import exact  # noqa: E402  (imports OR-Tools)
-from eplb.methods import DEFAULT_METHOD
-from eplb.synthetic import skewed_counts
+from eplb.planning.methods import exact_model as exact  # noqa: E402  (imports OR-Tools)
+from eplb.planning.methods import DEFAULT_METHOD
+from eplb.simulation.synthetic import skewed_counts
 
 HEURISTICS = [m for m in eplb.METHODS if m != "exact"]
 # The default method on the tiny instances below: at most 25% above the optimum when every GPU has

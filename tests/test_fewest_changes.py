@@ -12,8 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import eplb
-from eplb.api import make_problem
-from eplb.exact_migration import fewest_changes_layer
+from eplb.planning.api import make_problem
+from eplb.planning.exact_migration import fewest_changes_layer
 from fewest_changes_search import FOUND, OUT_OF_WORK, REFUTED, fewest_changes_exact, follows_rules, \
     prove_fewest_changes, prove_layer
 

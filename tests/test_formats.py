@@ -1,4 +1,4 @@
-"""eplb.formats: every reader on files written the way the engines write them, every placement
+"""eplb.io.formats: every reader on files written the way the engines write them, every placement
 format written and read back, and untrusted files refused without running anything."""
 
 import json
@@ -12,11 +12,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import eplb
-from eplb.formats import (
+from eplb.io.formats import (
     FormatError, MissingExtraError, detect_counts_format, detect_placement_format, read_counts, read_placement,
     write_placement,
 )
-from eplb.topology import Topology
+from eplb.model.topology import Topology
 
 from strategies import counts_for, configs
 

@@ -6,7 +6,7 @@ from hypothesis import given
 from strategies import problems
 
 import eplb
-from eplb.metrics import gpu_loads
+from eplb.analysis.metrics import gpu_loads
 
 
 def published_loads(counts, config):
@@ -28,7 +28,7 @@ def test_same_gpu_loads_as_the_published_algorithm(problem):
 
 
 def test_same_gpu_loads_on_deepseek_v3_sized_counts():
-    from eplb.synthetic import DEEPSEEK_V3, deepseek_v3_counts
+    from eplb.simulation.synthetic import DEEPSEEK_V3, deepseek_v3_counts
 
     counts = deepseek_v3_counts(seed=3)
     config = {k: DEEPSEEK_V3[k] for k in ("num_slots", "num_gpus", "num_nodes", "num_groups")}
@@ -40,7 +40,7 @@ def test_same_gpu_loads_on_deepseek_v3_sized_counts():
 
 
 def test_hierarchical_greedy_keeps_each_group_on_one_node():
-    from eplb.synthetic import skewed_counts
+    from eplb.simulation.synthetic import skewed_counts
 
     counts = skewed_counts(4, 64, num_groups=8, seed=1)
     placement = eplb.plan(counts, num_slots=96, num_gpus=16, num_nodes=4, num_groups=8, method="greedy")

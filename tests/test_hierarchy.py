@@ -122,7 +122,7 @@ def test_node_load_bound_never_exceeds_the_best_group_assignment(instance):
         placement = eplb.plan(weights, topology=topology, num_groups=num_groups, method=method)
         if not placement.info["hierarchical"]:  # groups not a multiple of nodes: a global plan
             continue
-        assert eplb.bounds.lower_bound(weights, topology, num_groups, True)[0] <= placement.max_load[0] * (1 + 1e-9)
+        assert eplb.analysis.bounds.lower_bound(weights, topology, num_groups, True)[0] <= placement.max_load[0] * (1 + 1e-9)
 
 
 def test_node_load_bound_is_the_optimal_pairing_with_two_groups_per_node():
@@ -138,7 +138,7 @@ def test_node_load_bound_is_the_optimal_pairing_with_two_groups_per_node():
 
 def test_hierarchical_bound_at_1024_experts_32_groups_16_nodes():
     """The group search gives up on 32 groups; the node-load bound proves the plan near optimal."""
-    counts = eplb.synthetic.skewed_counts(2, 1024, num_groups=32, seed=1)
+    counts = eplb.simulation.synthetic.skewed_counts(2, 1024, num_groups=32, seed=1)
     placement = eplb.plan(counts, num_slots=1152, num_gpus=128, num_nodes=16, num_groups=32)
     assert (placement.gap >= 0).all() and (placement.gap < 0.002).all(), placement.gap
 
@@ -153,7 +153,7 @@ def test_hierarchical_bound_never_above_a_plan_where_the_search_gives_up(shape, 
     num_experts = num_groups * size
     gpus_per_node = 2
     slots_per_gpu = -(-num_experts // (num_nodes * gpus_per_node)) + spare
-    counts = eplb.synthetic.skewed_counts(3, num_experts, family=family, skew=1.2, num_groups=num_groups, seed=seed)
+    counts = eplb.simulation.synthetic.skewed_counts(3, num_experts, family=family, skew=1.2, num_groups=num_groups, seed=seed)
     config = dict(num_slots=slots_per_gpu * num_nodes * gpus_per_node, num_gpus=num_nodes * gpus_per_node,
                   num_nodes=num_nodes, num_groups=num_groups)
     try:

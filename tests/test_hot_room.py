@@ -8,9 +8,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import eplb
-from eplb.bounds import hierarchical_bound, lower_bound
+from eplb.analysis.bounds import hierarchical_bound, lower_bound
 from eplb.kernels.hot_room import hot_room_fits
-from eplb.synthetic import skewed_counts
+from eplb.simulation.synthetic import skewed_counts
 
 
 def fits(loads, target, gpus, slots_per_gpu):

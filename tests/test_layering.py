@@ -3,43 +3,21 @@ layers below it, counting imports inside functions too, and no modules import ea
 circle. Optional heavy dependencies imported inside functions are outside the package and not
 checked here.
 
-Layers, lowest first (a module's layer is the first pattern in :data:`LAYERS` that names it):
-
-0. model: input validation, the topology, the problem configuration (``Problem``);
-1. kernels: Numba over plain arrays;
-2. searches shared by bounds and methods (the group -> node search, the capped descent);
-3. bounds and metrics: numbers about loads and placements, the ``Placement`` result type (it
-   answers questions about itself through the metrics), synthetic loads;
-4. methods: one module per method, and the exact method's CP-SAT model (``eplb.exact``);
-5. planning: ``plan``, migration-aware and locality-aware planning, dispatch and the objectives
-   built on it, certificates;
-6. serving: the online balancer, transfer plans, simulation, engine adapters;
-7. edges: file formats, reports, the CLI, warm-up, and the package's public names (``eplb``).
+The layers are the folders of ``eplb/``; their order is written once, in :mod:`eplb.layers`
+(``LAYERS``), which this test reads.
 """
 
 from __future__ import annotations
 
 import ast
-from fnmatch import fnmatch
+from collections import Counter
 from pathlib import Path
 
 import pytest
 
-PACKAGE = Path(__file__).resolve().parent.parent / "eplb"
+from eplb.layers import FOLDERS, LAYERS, layer_of
 
-LAYERS = [
-    ("model", ["eplb._validation", "eplb.topology", "eplb.problem"]),
-    ("kernels", ["eplb.kernels", "eplb.kernels.*"]),
-    ("searches", ["eplb.searches"]),
-    ("bounds and metrics", ["eplb.bounds", "eplb.metrics", "eplb.placement", "eplb.synthetic", "eplb.series",
-                            "eplb.cost"]),
-    ("methods", ["eplb.methods", "eplb.methods.*", "eplb.exact"]),
-    ("planning", ["eplb.api", "eplb.migration", "eplb.exact_migration", "eplb.certificate",
-                  "eplb.dispatch", "eplb.engine_dispatch", "eplb.objectives", "eplb.robust", "eplb.windows", "eplb.locality"]),
-    ("serving", ["eplb.balancer", "eplb.transfer", "eplb.simulate", "eplb.sweep", "eplb.adapters", "eplb.adapters.*"]),
-    ("edges", ["eplb.formats", "eplb.formats.*", "eplb.report", "eplb.cli", "eplb.demo", "eplb.__main__",
-               "eplb.warmup", "eplb.simulation_report", "eplb"]),
-]
+PACKAGE = Path(__file__).resolve().parent.parent / "eplb"
 
 
 def module_name(path: Path) -> str:
@@ -48,13 +26,6 @@ def module_name(path: Path) -> str:
 
 
 MODULES = {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
-
-
-def layer_of(module: str) -> int | None:
-    for rank, (_, patterns) in enumerate(LAYERS):
-        if any(fnmatch(module, pattern) for pattern in patterns):
-            return rank
-    return None
 
 
 def imported_modules(module: str, path: Path) -> set[str]:
@@ -82,16 +53,50 @@ def imported_modules(module: str, path: Path) -> set[str]:
 GRAPH = {module: imported_modules(module, path) for module, path in MODULES.items()}
 
 
-def test_every_module_has_a_layer():
-    assert [m for m in MODULES if layer_of(m) is None] == []
+def test_every_folder_is_a_layer():
+    """Every folder of ``eplb/`` holding code is a layer of :data:`eplb.layers.LAYERS` and every layer
+    is a folder, so no module falls into the root layer by accident."""
+    folders = {p.relative_to(PACKAGE).parts[0] for p in PACKAGE.rglob("*.py") if len(p.relative_to(PACKAGE).parts) > 1}
+    assert folders == set(FOLDERS) - {""}
+    assert all((PACKAGE / folder / "__init__.py").is_file() for folder in folders)
+
+
+def test_layer_of_reads_the_folder():
+    assert layer_of("eplb.kernels.shares") == FOLDERS["kernels"]
+    assert layer_of("eplb.planning.methods.best") == FOLDERS["planning"] > FOLDERS["analysis"]
+    assert layer_of("eplb.cli") == layer_of("eplb") == len(LAYERS) - 1
+    with pytest.raises(ValueError, match="module must be a module of eplb"):
+        layer_of("numpy.linalg")
+
+
+def test_at_most_ten_modules_at_the_root():
+    root = sorted(p.name for p in PACKAGE.glob("*.py"))
+    assert len(root) <= 10, root
+
+
+def test_a_file_name_lives_at_one_level():
+    """No two modules share a file name (``__init__.py`` aside): a kernel is named by what it
+    computes, not after the module that calls it."""
+    names = Counter(p.name for p in PACKAGE.rglob("*.py") if p.name != "__init__.py")
+    assert sorted(name for name, count in names.items() if count > 1) == []
+
+
+def test_no_public_name_shadows_a_module():
+    """``eplb.dispatch``, ``eplb.simulate``, ... are functions only: no module of that name sits at
+    the root of ``eplb/``, so ``import eplb.dispatch`` cannot swap the function for a module."""
+    import eplb
+
+    clashes = [name for name in eplb.__all__
+               if (PACKAGE / f"{name}.py").exists() or (PACKAGE / name / "__init__.py").exists()]
+    assert clashes == []
 
 
 @pytest.mark.parametrize("module", sorted(MODULES))
 def test_no_module_imports_from_a_higher_layer(module):
     rank = layer_of(module)
-    upward = sorted(f"{other} ({LAYERS[layer_of(other)][0]})" for other in GRAPH[module]
-                    if layer_of(other) is not None and rank is not None and layer_of(other) > rank)
-    assert upward == [], f"{module} ({LAYERS[rank][0]}) imports from a higher layer: {upward}"
+    upward = sorted(f"{other} ({LAYERS[layer_of(other)][0] or 'root'})" for other in GRAPH[module]
+                    if layer_of(other) > rank)
+    assert upward == [], f"{module} ({LAYERS[rank][0] or 'root'}) imports from a higher layer: {upward}"
 
 
 def test_no_import_circles():
@@ -123,8 +128,18 @@ def test_no_import_circles():
 
 
 def test_the_checker_sees_imports_inside_functions(tmp_path):
-    path = PACKAGE / "bounds.py"
-    assert "eplb.kernels.bounds" in imported_modules("eplb.bounds", path)
+    path = PACKAGE / "analysis" / "bounds.py"
+    assert "eplb.kernels.load_bounds" in imported_modules("eplb.analysis.bounds", path)
     source = tmp_path / "probe.py"
     source.write_text("def f():\n    from .methods.balanced import x\n")
-    assert imported_modules("eplb.probe", source) == {"eplb.methods.balanced"}
+    assert imported_modules("eplb.planning.probe", source) == {"eplb.planning.methods.balanced"}
+
+
+def test_the_readme_shows_the_map():
+    """The README's Design section lists the layers of :data:`eplb.layers.LAYERS`, in order."""
+    import re
+
+    readme = (PACKAGE.parent / "README.md").read_text()
+    design = readme[readme.index("## Design"):]
+    rows = re.findall(r"^\| (\d+) \| (?:`(\w+)/`|root) \|", design, re.MULTILINE)
+    assert [(int(rank), folder) for rank, folder in rows] == [(rank, folder) for rank, (folder, _) in enumerate(LAYERS)]

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 import eplb
 from eplb.kernels.multistart import light_split
 from eplb.kernels.replication import replicate_capped
-from eplb.synthetic import skewed_counts
+from eplb.simulation.synthetic import skewed_counts
 
 
 @given(st.integers(1, 8), st.integers(1, 6), st.integers(0, 2**32 - 1), st.sampled_from([0.6, 1.2, 3.0]))

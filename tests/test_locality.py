@@ -1,4 +1,4 @@
-"""Locality-aware hierarchical placement (eplb.locality): validity, the cap, home nodes, the bound."""
+"""Locality-aware hierarchical placement (eplb.planning.locality): validity, the cap, home nodes, the bound."""
 
 from __future__ import annotations
 
@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from eplb.locality import (capped_lower_bound, gpu_loads_with_shares, home_nodes, off_node_tokens, pareto,
+from eplb.planning.locality import (capped_lower_bound, gpu_loads_with_shares, home_nodes, off_node_tokens, pareto,
                            plan_locality)
-from eplb.methods import get_method
-from eplb.problem import make_problem
+from eplb.planning.methods import get_method
+from eplb.model.problem import make_problem
 
 
 def group_skewed(num_layers, num_experts, num_groups, hot_groups, hot_share, seed):

@@ -6,8 +6,8 @@ from hypothesis import given
 from strategies import problems
 
 import eplb
-from eplb import metrics
-from eplb.topology import Topology
+from eplb.analysis import metrics
+from eplb.model.topology import Topology
 
 
 def test_gpu_loads_by_hand():

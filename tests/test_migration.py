@@ -8,9 +8,9 @@ from hypothesis import strategies as st
 from strategies import problems
 
 import eplb
-from eplb.kernels.migration import SearchLayout, min_cost_assignment, relabel_like, search_near_previous
-from eplb.metrics import moves
-from eplb.synthetic import drifting_counts
+from eplb.kernels.few_changes import SearchLayout, min_cost_assignment, relabel_like, search_near_previous
+from eplb.analysis.metrics import moves
+from eplb.simulation.synthetic import drifting_counts
 
 
 def kwargs(config):
@@ -208,7 +208,7 @@ def test_close_plan_is_the_same_in_another_process():
 
     code = (
         "import numpy as np, eplb\n"
-        "from eplb.synthetic import drifting_counts\n"
+        "from eplb.simulation.synthetic import drifting_counts\n"
         "s = drifting_counts(2, 6, 64, num_groups=8, drift=0.2, seed=12)\n"
         "for groups in (None, 8):\n"
         "    c = dict(num_slots=80, num_gpus=8, num_nodes=2, num_groups=groups)\n"
@@ -234,9 +234,9 @@ def test_layers_near_the_bound_skip_the_plan_from_scratch_soundly(problem, seed,
     layer takes it.)"""
     from unittest import mock
 
-    from eplb import migration
-    from eplb.api import make_problem
-    from eplb.migration import reference_bound
+    from eplb.planning import migration
+    from eplb.planning.api import make_problem
+    from eplb.planning.migration import reference_bound
 
     config, counts = problem
     previous = random_previous(config, counts.shape[0], seed)
@@ -262,7 +262,7 @@ def test_swaps_stay_inside_the_kernel_arrays_when_every_expert_has_one_slot(tmp_
 
     code = """
 import numpy as np
-from eplb.kernels.migration import SearchLayout, search_near_previous
+from eplb.kernels.few_changes import SearchLayout, search_near_previous
 w = np.array([[850., 636., 511., 269., 307., 40., 75., 16.]])
 previous = np.array([[3, 6, 0, 7, 5, 1, 2, 4]], dtype=np.int64)
 layout = SearchLayout(np.repeat(np.arange(2), 4), np.array([0, 4, 8]), np.zeros(2, np.int64), np.arange(8) // 2,
@@ -304,7 +304,7 @@ def test_hierarchical_plan_is_hierarchical_from_any_previous(problem, seed, tole
     import warnings
     from unittest import mock
 
-    from eplb import migration
+    from eplb.planning import migration
 
     config, counts = problem
     previous = random_previous(config, counts.shape[0], seed)

@@ -1,4 +1,4 @@
-"""The fewest-changes model (eplb.exact_migration, plan(previous=..., method="exact")) against brute
+"""The fewest-changes model (eplb.planning.exact_migration, plan(previous=..., method="exact")) against brute
 force on tiny instances, and its invariants."""
 
 import itertools
@@ -10,8 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import eplb
-from eplb.api import make_problem
-from eplb.exact_migration import fewest_changes_layer
+from eplb.planning.api import make_problem
+from eplb.planning.exact_migration import fewest_changes_layer
 
 
 def exact_peak(row, w, slots_per_gpu):
@@ -175,7 +175,7 @@ def test_balancer_with_the_exact_method_rebalances_with_the_fewest_changes():
 @settings(max_examples=25, deadline=None)
 @given(tiny.filter(lambda c: c[3] is None), st.integers(0, 2**32 - 1), st.sampled_from([0.0, 0.005, 0.1]))
 def test_exhaustive_search_of_small_layers_finds_the_fewest_changes(config, seed, tolerance):
-    from eplb.kernels.migration import fewest_changes_search
+    from eplb.kernels.few_changes import fewest_changes_search
 
     num_experts, slots, num_nodes, _ = config
     slots = np.array(slots)
@@ -203,8 +203,8 @@ def test_small_layers_change_no_more_than_the_exhaustive_search_allows():
     scratch = eplb.plan(new, **CONFIG)
     assert (near.max_load <= scratch.max_load * 1.005 * (1 + 1e-12)).all()
     # within the same reference, the search (up to 4 changes per layer here) reaches the proven minimum
-    from eplb.api import make_problem
-    from eplb.exact_migration import fewest_changes
+    from eplb.planning.api import make_problem
+    from eplb.planning.exact_migration import fewest_changes
 
     _, info = fewest_changes(new, make_problem(8, 12, 4), previous.phy2log.copy(), near.phy2log.copy(),
                              cap=scratch.max_load * 1.005, max_moves=None, time_limit=5.0)

@@ -8,9 +8,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
-from eplb.api import make_problem
-from eplb.methods import get_method
-from eplb.objectives import (
+from eplb.planning.api import make_problem
+from eplb.planning.methods import get_method
+from eplb.planning.objectives import (
     CANDIDATES,
     OBJECTIVES,
     SEARCHES,
@@ -22,7 +22,7 @@ from eplb.objectives import (
     select_per_layer,
     window_peaks,
 )
-from eplb.synthetic import drifting_counts
+from eplb.simulation.synthetic import drifting_counts
 
 series_strategy = arrays(np.float64, st.tuples(st.integers(1, 6), st.integers(1, 3), st.integers(1, 9)),
                          elements=st.floats(0, 1e4, allow_nan=False, allow_infinity=False))
@@ -163,13 +163,13 @@ def test_bad_input_raises_value_errors():
 
 def test_plan_takes_objectives_window_weights_and_dispatch():
     import eplb
-    from eplb.synthetic import drifting_counts
+    from eplb.simulation.synthetic import drifting_counts
 
     series = drifting_counts(6, 3, 64, drift=0.2, seed=3)
     summed = eplb.plan(series, num_slots=80, num_gpus=8)
     assert summed == eplb.plan(series, num_slots=80, num_gpus=8, objective="sum")
     weighted = eplb.plan(series, num_slots=80, num_gpus=8, objective="expected_peak",
-                         window_weights=eplb.objectives.recency_weights(6, 2.0))
+                         window_weights=eplb.planning.objectives.recency_weights(6, 2.0))
     assert weighted.info["objective"] == "expected_peak"
     made = eplb.plan(series, num_slots=80, num_gpus=8, dispatch="optimal")
     # made for optimal dispatch: its mean optimal-dispatch peak on the windows is no worse than the summed plan's
@@ -228,7 +228,7 @@ def test_linked_replicas_are_valid_rings_and_deterministic(seed, config):
 
 
 def test_linked_replicas_on_uneven_and_masked_gpus():
-    from eplb.topology import Topology
+    from eplb.model.topology import Topology
 
     topology = Topology(np.array([3, 0, 5, 4, 4]))
     problem = make_problem(12, topology=topology)

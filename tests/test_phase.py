@@ -26,8 +26,8 @@ import pytest
 torch = pytest.importorskip("torch", reason="SGLang's dumps are torch files; torch is not installed")
 
 import eplb  # noqa: E402
-from eplb.formats import CountsFile, FormatError, detect_counts_format, read_counts  # noqa: E402
-from eplb.formats.sglang import FORWARD_MODES  # noqa: E402
+from eplb.io.formats import CountsFile, FormatError, detect_counts_format, read_counts  # noqa: E402
+from eplb.io.formats.sglang import FORWARD_MODES  # noqa: E402
 from cli_runner import invoke  # noqa: E402
 from sglang_sources import SKIP_REASON, sglang_file  # noqa: E402
 

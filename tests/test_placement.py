@@ -7,8 +7,8 @@ import pytest
 from checks import assert_valid
 
 import eplb
-from eplb.placement import Placement, build_log2phy
-from eplb.topology import Topology
+from eplb.analysis.placement import Placement, build_log2phy
+from eplb.model.topology import Topology
 
 
 def make(phy2log, num_experts=3, slots=4, gpus=2):

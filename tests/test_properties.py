@@ -26,12 +26,12 @@ def test_same_input_same_placement(problem, method):
 
 
 def test_same_placement_in_another_process():
-    from eplb.synthetic import skewed_counts
+    from eplb.simulation.synthetic import skewed_counts
 
     counts = skewed_counts(6, 64, num_groups=8, seed=7)
     code = (
         "import sys, numpy as np, eplb\n"
-        "from eplb.synthetic import skewed_counts\n"
+        "from eplb.simulation.synthetic import skewed_counts\n"
         "counts = skewed_counts(6, 64, num_groups=8, seed=7)\n"
         "for m in sys.argv[1:]:\n"
         "    p = eplb.plan(counts, num_slots=80, num_gpus=8, num_nodes=2, num_groups=8, method=m)\n"

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 import eplb
-from eplb.formats import read_counts, read_placement, write_placement
-from eplb.topology import Topology
+from eplb.io.formats import read_counts, read_placement, write_placement
+from eplb.model.topology import Topology
 
 from test_cli import run
 
@@ -27,7 +27,7 @@ def _png_size(data: bytes):
 @pytest.fixture(scope="module")
 def report_dir(tmp_path_factory):
     """A report made by the console script on drifting counts, with a previous placement."""
-    from eplb.synthetic import drifting_counts
+    from eplb.simulation.synthetic import drifting_counts
 
     if shutil.which("eplb") is None:
         pytest.skip("the eplb console script is not installed (pip install -e .)")
@@ -81,7 +81,7 @@ def test_report_page_in_headless_chromium(report_dir, tmp_path):
 def test_report_on_one_window_and_uneven_slots(tmp_path):
     """No windows figure for a single window, no moves without a previous plan; greedy cannot place
     uneven slots, so the page says n/a instead of failing."""
-    from eplb.report import make_report
+    from eplb.io.report import make_report
 
     counts = np.random.default_rng(1).integers(0, 100, size=(3, 6))
     np.save(tmp_path / "counts.npy", counts)

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 import eplb
-from eplb import report
-from eplb.formats.data import CountsFile, PlacementFile
+from eplb.io import report
+from eplb.io.formats.data import CountsFile, PlacementFile
 
 pytest.importorskip("matplotlib", reason="matplotlib is the optional 'report' extra")
 

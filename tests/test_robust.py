@@ -1,4 +1,4 @@
-"""The expected-peak search for uniform split (:mod:`eplb.robust`): valid placements, never worse
+"""The expected-peak search for uniform split (:mod:`eplb.planning.robust`): valid placements, never worse
 than the start on the windows, deterministic, experts stay on their node, and a case where the
 plan of the summed counts is provably not the best for the windows."""
 
@@ -9,11 +9,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from eplb.api import make_problem
-from eplb.methods import get_method
-from eplb.objectives import window_peaks
-from eplb.robust import improve_expected_peak
-from eplb.topology import Topology
+from eplb.planning.api import make_problem
+from eplb.planning.methods import get_method
+from eplb.planning.objectives import window_peaks
+from eplb.planning.robust import improve_expected_peak
+from eplb.model.topology import Topology
 
 from strategies import configs
 

@@ -10,10 +10,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import eplb
-from eplb.api import make_problem
-from eplb.methods import get_method
-from eplb.robust import hedge
-from eplb.series import mixture_windows, shift_structure, synthetic_workloads
+from eplb.planning.api import make_problem
+from eplb.planning.methods import get_method
+from eplb.planning.robust import hedge
+from eplb.simulation.series import mixture_windows, shift_structure, synthetic_workloads
 
 from cli_runner import invoke
 from strategies import configs
@@ -132,7 +132,7 @@ def test_held_out_leaves_each_window_out():
     for t in (0, 4):
         kept = np.delete(series, t, axis=0)
         placement = eplb.plan(kept.sum(axis=0), **DEPLOYMENT)
-        expected = eplb.metrics.moe_mean(placement.balancedness(series[t]), series[t])
+        expected = eplb.analysis.metrics.moe_mean(placement.balancedness(series[t]), series[t])
         assert scores[t] == pytest.approx(expected)
     assert eplb.held_out(series, folds=2, **DEPLOYMENT).shape == (2,)
     with pytest.raises(ValueError, match="at least 2 windows"):
@@ -182,7 +182,7 @@ def test_real_traces_differ_by_structured_shifts(trace_counts):
     from pathlib import Path
 
     from conftest import traces_dir
-    from eplb.series import trace_workloads
+    from eplb.simulation.series import trace_workloads
 
     trace_counts("gpt_oss_20b_benchmark_windows.npz")  # skips when absent
     _, benchmarks = trace_workloads(Path(traces_dir()) / "gpt_oss_20b_benchmark_windows.npz", group_by="benchmark")
@@ -196,7 +196,7 @@ def test_cli_plans_windows_like_the_api_and_cuts_recordings(tmp_path):
     np.save(tmp_path / "s.npy", series)
     deployment = ["--slots", "40", "--gpus", "8", "--nodes", "2", "--groups", "4"]
     out, _ = invoke("plan", "s.npy", *deployment, "-o", "p.npz", cwd=tmp_path)
-    from eplb.formats import read_placement
+    from eplb.io.formats import read_placement
 
     np.testing.assert_array_equal(read_placement(tmp_path / "p.npz").placement.phy2log,
                                   eplb.plan(series, **DEPLOYMENT).phy2log)

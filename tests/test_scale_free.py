@@ -33,7 +33,7 @@ def test_best_never_heavier_than_the_default_at_any_scale(scale):
 
 @pytest.mark.parametrize("hierarchical", [False, True])
 def test_bounds_scale_exactly_from_denormal_to_huge_counts(hierarchical):
-    from eplb.bounds import lower_bound
+    from eplb.analysis.bounds import lower_bound
 
     counts = _counts()
     topology = eplb.Topology.from_layout(24, 4, 2)
@@ -59,7 +59,7 @@ def test_plan_diagnostics_stay_finite_and_gaps_non_negative_at_extreme_magnitude
 
 
 def test_each_named_bound_is_scale_free_down_to_denormal_loads():
-    from eplb import bounds
+    from eplb.analysis import bounds
 
     counts = _counts()
     topology = eplb.Topology.from_layout(24, 4)

@@ -6,7 +6,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from eplb.series import BLOCK, Series, mixture_path, prefill_share_from_lengths, synthetic_workloads, trace_workloads
+from eplb.simulation.series import BLOCK, Series, mixture_path, prefill_share_from_lengths, synthetic_workloads, trace_workloads
 
 TRACES = Path(os.environ.get("EPLB_TRACES", Path(__file__).resolve().parents[2] / "shared" / "data" / "traces"))
 

@@ -9,9 +9,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import eplb
-from eplb.cost import CostModel
-from eplb.series import Series, mixture_path, synthetic_workloads
-from eplb.simulate import BalancerPolicy, FixedInterval, NoRebalance, simulate, sglang_like, vllm_like
+from eplb.model.cost import CostModel
+from eplb.simulation.series import Series, mixture_path, synthetic_workloads
+from eplb.simulation.simulate import BalancerPolicy, FixedInterval, NoRebalance, simulate, sglang_like, vllm_like
 
 # 0.1 s per routed token (compute), 1 s per activated slot read (memory), copies: 100 bytes at
 # 50 B/s over NVLink, 10 B/s over the network
@@ -115,7 +115,7 @@ def test_fixed_interval_rebalances_on_its_timer_from_its_window():
 
 
 def test_a_published_signature_function_plugs_in_like_the_method_name():
-    series = eplb.synthetic.drifting_counts(20, 4, 16, drift=0.3, tokens=256, seed=3)
+    series = eplb.simulation.synthetic.drifting_counts(20, 4, 16, drift=0.3, tokens=256, seed=3)
     options = dict(num_slots=24, num_gpus=4, num_nodes=2, num_groups=4, cost_model=COMPUTE)
     by_name = simulate(series, policy=FixedInterval(5, method="greedy"), **options)
     published = functools.partial(eplb.rebalance_experts, method="greedy")
@@ -219,7 +219,7 @@ def test_bad_series_and_policy_output_raise():
 
 
 def test_report_tables_and_page(tmp_path):
-    from eplb.simulation_report import write_simulation_report, write_tables
+    from eplb.io.simulation_report import write_simulation_report, write_tables
 
     deployment = dict(num_slots=4, num_gpus=2, num_nodes=2, initial=[[0, 0, 1, 1]], cost_model=COMPUTE)
     results = [simulate(swap_series(), policy=NoRebalance(), **deployment),

@@ -13,9 +13,9 @@ from click.testing import CliRunner
 
 import eplb
 from eplb.cli import main
-from eplb.cost import CostModel
-from eplb.simulate import FixedInterval, simulate
-from eplb.synthetic import drifting_counts
+from eplb.model.cost import CostModel
+from eplb.simulation.simulate import FixedInterval, simulate
+from eplb.simulation.synthetic import drifting_counts
 
 # 0.1 s per routed token (compute-bound); copies: 100 bytes at 50 B/s over NVLink, 10 B/s over the
 # network, a local copy reads and writes 100 bytes at 100 B/s (2 s)
@@ -324,7 +324,7 @@ def test_cli_layers_per_step(tmp_path):
 
 def test_report_shows_the_longest_stall(tmp_path):
     pytest.importorskip("matplotlib")
-    from eplb.simulation_report import write_simulation_report
+    from eplb.io.simulation_report import write_simulation_report
 
     written = write_simulation_report([run(None), run(1)], tmp_path)
     page = written["html"].read_text()

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import eplb
-from eplb.bounds import lower_bounds
+from eplb.analysis.bounds import lower_bounds
 from eplb.kernels.tiny import tiny_optimum
 
 sys.path.insert(0, str(Path(__file__).parent))

@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import eplb
-from eplb.synthetic import drifting_counts
+from eplb.simulation.synthetic import drifting_counts
 
 
 def test_from_layout_spreads_slots_and_masks_ranks():

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from test_migration import random_previous
 
 import eplb
-from eplb.transfer import CROSS_NODE, INTRA_GPU, INTRA_NODE
+from eplb.serving.transfer import CROSS_NODE, INTRA_GPU, INTRA_NODE
 
 
 @st.composite
@@ -80,7 +80,7 @@ def test_senders_are_spread_evenly():
 
 
 def test_totals_bytes_and_chunks():
-    from eplb.synthetic import drifting_counts
+    from eplb.simulation.synthetic import drifting_counts
 
     series = drifting_counts(2, 10, 64, num_groups=8, drift=0.3, seed=4)
     config = dict(num_slots=80, num_gpus=8, num_nodes=2, num_groups=8)

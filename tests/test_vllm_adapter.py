@@ -8,8 +8,8 @@ import pytest
 torch = pytest.importorskip("torch", reason="the vLLM adapter returns torch tensors; torch is not installed")
 
 import eplb  # noqa: E402
-from eplb.adapters.vllm import EplbPolicy  # noqa: E402
-from eplb.synthetic import drifting_counts  # noqa: E402
+from eplb.serving.adapters.vllm import EplbPolicy  # noqa: E402
+from eplb.simulation.synthetic import drifting_counts  # noqa: E402
 
 ARGS = dict(num_replicas=80, num_groups=8, num_nodes=2, num_ranks=8)
 

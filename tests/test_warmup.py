@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from eplb.warmup import synthetic_loads, warmup
+from eplb.precompile import synthetic_loads, warmup
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -26,7 +26,7 @@ import numpy as np
 from numba.core.registry import CPUDispatcher
 import eplb
 import eplb.kernels
-from eplb.synthetic import skewed_counts
+from eplb.simulation.synthetic import skewed_counts
 
 
 def compiled():
@@ -85,11 +85,15 @@ def test_after_warmup_serving_compiles_nothing(tmp_path):
 
 def test_warmup_rejects_bad_arguments():
     with pytest.raises(ValueError, match="methods"):
-        warmup(16, 24, 4, methods=["fastest"], balancer=False)
+        warmup(16, num_slots=24, num_gpus=4, methods=["fastest"], balancer=False)
     with pytest.raises(ValueError, match="num_slots"):
-        warmup(16, 8, 4, balancer=False)
+        warmup(16, num_slots=8, num_gpus=4, balancer=False)
+    with pytest.raises(ValueError, match="num_slots and num_gpus are required"):
+        warmup(16, balancer=False)
     with pytest.raises(ValueError, match="balancer"):
-        warmup(16, 24, 4, balancer="yes")
+        warmup(16, num_slots=24, num_gpus=4, balancer="yes")
+    with pytest.raises(TypeError):  # the deployment is keyword-only, as for eplb.plan
+        warmup(16, 24, 4, balancer=False)
 
 
 def test_synthetic_loads_take_every_path():

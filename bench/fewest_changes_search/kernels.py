@@ -5,7 +5,7 @@ loads ``w [E]``, what is the fewest number of slots whose expert changes in any 
 GPU loads are all at most ``cap``? Iterative deepening over ``k = 0, 1, ...``: each ``k`` is either
 refuted exhaustively (then ``k + 1`` is a proven lower bound) or a placement with ``k`` changes is
 found (the first such ``k`` is the proven minimum). The rules are those of
-:class:`eplb.exact_migration.MoveModel`: every expert keeps ``>= 1`` replica, a changed slot of GPU
+:class:`eplb.planning.exact_migration.MoveModel`: every expert keeps ``>= 1`` replica, a changed slot of GPU
 ``g`` gets an expert ``e`` that GPU ``g`` did not hold before (unless ``shared``: then any expert
 of which ``g`` keeps every previous replica), so no GPU gets a second replica of an expert it held.
 

@@ -1,8 +1,8 @@
 """Proven fewest slot changes within a load cap: an exact combinatorial search (global mode).
 
-Migration-aware planning (:mod:`eplb.migration`) changes few slots of the placement in service;
+Migration-aware planning (:mod:`eplb.planning.migration`) changes few slots of the placement in service;
 this module says how few any placement within the cap can change, with a proof, and finds such a
-placement. It answers the same question as the CP-SAT model of :mod:`eplb.exact_migration` (same
+placement. It answers the same question as the CP-SAT model of :mod:`eplb.planning.exact_migration` (same
 rules: every expert keeps a replica, no GPU gets a second replica of an expert it held unless
 ``shared``), by the dedicated search of :mod:`fewest_changes_search.kernels` instead, per layer:
 
@@ -29,9 +29,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from eplb._validation import as_int
-from eplb.methods import Problem
-from eplb.topology import Topology
+from eplb.model._validation import as_int
+from eplb.planning.methods import Problem
+from eplb import Topology
 
 from .kernels import FOUND, REFUTED, fewest_changes_exact
 
@@ -60,7 +60,7 @@ class LayerProof:
 
 
 def _peak(row: np.ndarray, w: np.ndarray, topology: Topology) -> float:
-    """Max GPU load of ``row [S]`` on ``w [E]`` (as :func:`eplb.exact_migration.row_peak`)."""
+    """Max GPU load of ``row [S]`` on ``w [E]`` (as :func:`eplb.planning.exact_migration.row_peak`)."""
     counts = np.bincount(row, minlength=len(w))
     return float(np.bincount(topology.gpu_of_slot, weights=w[row] / counts[row], minlength=topology.num_gpus).max())
 

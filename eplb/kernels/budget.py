@@ -1,7 +1,7 @@
 """The tier bound with the slot budget: the heavy experts' replicas, the other experts' replicas and
 the fillers of the heavy GPUs all come out of the same ``S`` slots.
 
-The tier bound (:func:`eplb.kernels.bounds.tier_bound`) takes the minimum over the tier's replica
+The tier bound (:func:`eplb.kernels.load_bounds.tier_bound`) takes the minimum over the tier's replica
 count ``R`` of what the GPUs holding the tier must carry, and lets the other experts split into as
 many replicas as the remaining slots allow, so that the fillers of those GPUs can be tiny. When one
 expert carries a large share of the load (Zipf 1.5: ~40% on one expert), that minimum is reached
@@ -14,7 +14,7 @@ extra replicas to keep every replica ``<= T``, and only the slots left over can 
 import numpy as np
 from numba import njit
 
-from .bounds import _fewest_replicas, _lightest_items, _shell_sort
+from .load_bounds import _fewest_replicas, _lightest_items, _shell_sort
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
@@ -42,7 +42,7 @@ def _budget_feasible(desc, tier, target, num_slots, active_gpus, min_slots, max_
     Lightest replicas: with every replica ``<= T``, expert ``e`` has at least ``b_e`` replicas
     (the fewest of load ``<= T``), leaving ``F = S - E - sum (b_e - 1)`` free. Any ``m`` replicas
     weigh at least the ``m`` lightest of the *virtual* experts (each expert cut into its ``b_e``
-    equal parts) replicated with ``F`` extras (:func:`eplb.kernels.bounds._lightest_items`): equal
+    equal parts) replicated with ``F`` extras (:func:`eplb.kernels.load_bounds._lightest_items`): equal
     replicas are the heaviest way to split an expert, since the ``j`` smallest of ``N`` values
     summing to ``w`` sum to at most ``j w / N``.
 

@@ -28,7 +28,7 @@ placement; the assignment found at the smallest feasible ``T`` is the one used.
 import numpy as np
 from numba import njit
 
-from .bounds import _fewest_replicas, _shell_sort
+from .load_bounds import _fewest_replicas, _shell_sort
 from .hot_room import hot_room_fits
 
 # status codes of _search

@@ -5,7 +5,7 @@ From a start placement, every layer and domain first tries the *aligned* replica
 GPU can carry the same number of heavy replicas) and the :func:`light_split` variants of those
 and of the start (the light experts' extra replicas moved to the lightest), then ``num_starts`` seeded ones, each one or a
 few replicas moved from one expert to another (a donor with several replicas, a receiver drawn
-by load per replica); it packs each with :func:`eplb.kernels.balanced.pack_domain` and keeps it
+by load per replica); it packs each with :func:`eplb.kernels.pack_descend.pack_domain` and keeps it
 when the domain's heaviest GPU gets lighter (and no more replicas share a GPU with their
 expert). The best packing then gets a pair-swap descent. The random numbers come from a
 fixed-seed generator, so the result is deterministic."""
@@ -13,7 +13,7 @@ fixed-seed generator, so the result is deterministic."""
 import numpy as np
 from numba import njit
 
-from .balanced import _shared, descend, domain_slots, pack_domain
+from .pack_descend import _shared, descend, domain_slots, pack_domain
 from .local_search import pair_swap_descent
 from .packing import clear_gpus, load_state, new_state, recompute_loads, store_state
 
@@ -244,7 +244,7 @@ def _is_new(row, n, counts, rows, found):
 @njit(cache=True, nogil=True, error_model="numpy")
 def _pack_and_keep(w, experts, counts, gpus, slots_per_gpu, first_item, item_expert, item_load, gpu_items, gpu_fill,
                    gpu_load, holds, max_steps, slot_offsets, best_max, best_shared, best_counts, best_expert):
-    """Pack the replication ``counts`` on ``gpus`` (:func:`eplb.kernels.balanced.pack_domain`) and keep
+    """Pack the replication ``counts`` on ``gpus`` (:func:`eplb.kernels.pack_descend.pack_domain`) and keep
     it in ``best_counts`` / ``best_expert`` (expert of every slot of ``gpus``) when the domain's
     heaviest GPU is lighter than ``best_max`` and no more replicas share a GPU with their expert
     than ``best_shared``. Returns the best max load."""

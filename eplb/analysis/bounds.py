@@ -1,0 +1,235 @@
+"""Lower bounds on the maximum GPU load: numbers no placement can beat (ARCHITECTURE.md section 3).
+
+All functions take ``weights [L, E]`` (non-negative float64) and a :class:`Topology` and return
+``[L]`` float64. Only GPUs that hold slots count (a masked GPU carries nothing).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..kernels.load_bounds import (min_max_replica_load, pigeonhole_bound, replica_and_pigeonhole_upper, threshold_bound,
+                             tier_bound)
+from ..kernels.budget import budget_tier_bound
+from ..kernels.hierarchy import node_load_bound
+from ..kernels.tiny import tiny_bound
+from ..model.problem import Problem
+from .searches import group_assignment
+from ..model.topology import Topology
+
+TINY_SLOTS = 16
+"""Instances with at most this many slots get the exact search's proven optimum as their bound."""
+
+TINY_BUDGET = 50_000
+"""Most nodes of that search per layer (Mixtral-8x7b's 8 experts on 12 slots: a few hundred)."""
+
+MEMO_GROUPS = 16
+"""Up to this many groups the group -> node search of the hierarchical bound remembers node sets
+(:mod:`eplb.kernels.hierarchy`) and runs with its full budget."""
+
+MANY_GROUPS_BUDGET = 2_000
+"""Most steps of one feasibility test of that search with more groups, where no test finishes: at
+1024 experts / 32 groups / 16 nodes it proved nothing beyond :func:`~eplb.kernels.hierarchy.node_load_bound`
+with 20,000, 2,000 or 200 steps (8 layers: 48 / 5 / 1 ms lognormal, 66 / 8 / 2 ms Zipf 1.0)."""
+
+BUDGET_TIERS = 4
+"""Most tiers of heaviest experts the slot-budget tier bound tries per layer
+(:func:`eplb.kernels.budget.budget_tier_bound`)."""
+
+
+def average_bound(weights: np.ndarray, topology: Topology) -> np.ndarray:
+    """Perfect balance: ``sum(w) / G`` over the GPUs that hold slots."""
+    active_gpus = int((topology.slots_per_gpu > 0).sum())
+    return weights.sum(axis=-1) / active_gpus
+
+
+def replica_bound(weights: np.ndarray, topology: Topology) -> np.ndarray:
+    """The heaviest replica: ``min over r of max_e w_e / r_e`` with ``S`` replicas in all."""
+    return min_max_replica_load(_descending(weights), topology.num_slots)
+
+
+def _descending(weights: np.ndarray) -> np.ndarray:
+    """``[L, E]`` float64 C-contiguous: each row of ``weights`` in decreasing order (the kernels
+    work on sorted loads; NumPy's sort is many times faster than a compiled one)."""
+    return np.ascontiguousarray(np.sort(np.asarray(weights, dtype=np.float64), axis=-1)[..., ::-1])
+
+
+def cardinality_bound(weights: np.ndarray, topology: Topology) -> np.ndarray:
+    """The GPU holding the heaviest replica also holds ``k - 1`` other replicas.
+
+    Whatever the replication, expert ``e`` has at most ``S - E + 1`` replicas, each carrying at
+    least ``w_e / (S - E + 1)``, so the ``k - 1`` lightest other replicas carry at least the
+    ``k - 1`` smallest entries of the multiset holding ``S - E + 1`` copies of every
+    ``w_e / (S - E + 1)``. ``k`` is the fewest slots any GPU in use holds.
+    """
+    return _cardinality(np.sort(weights, axis=-1), topology, replica_bound(weights, topology))
+
+
+def _cardinality(ascending: np.ndarray, topology: Topology, replica: np.ndarray) -> np.ndarray:
+    """:func:`cardinality_bound` given ``ascending [L, E]`` (each row of the weights in increasing
+    order) and the replica bound ``replica [L]`` (computed once)."""
+    num_experts = ascending.shape[-1]
+    k = int(topology.slots_per_gpu[topology.slots_per_gpu > 0].min())
+    max_copies = topology.num_slots - num_experts + 1
+    others = k - 1
+    lightest = ascending / max_copies
+    # the k - 1 smallest entries: whole blocks of max_copies equal values, then a partial block
+    full_blocks, rest = divmod(others, max_copies)
+    total = lightest[:, :full_blocks].sum(axis=-1) * max_copies
+    if full_blocks < num_experts:
+        total = total + rest * lightest[:, full_blocks]
+    return replica + total
+
+
+def pigeonhole(weights: np.ndarray, topology: Topology) -> np.ndarray:
+    """Where the largest replicas must go, for every replication
+    (:func:`eplb.kernels.load_bounds.pigeonhole_bound`)."""
+    active = topology.slots_per_gpu > 0
+    return pigeonhole_bound(_descending(weights), topology.num_slots, int(active.sum()),
+                            int(topology.slots_per_gpu[active].min()), np.zeros(weights.shape[0]))
+
+
+def threshold(weights: np.ndarray, topology: Topology, max_m: int = 3) -> np.ndarray:
+    """Binary search on the target max load with necessary conditions that hold for one
+    replication at once: no replica above what a GPU can hold, at most ``m`` per GPU above
+    ``1 / (m + 1)`` of it (:func:`eplb.kernels.load_bounds.threshold_bound`), from the other bounds up."""
+    weights = np.ascontiguousarray(weights, dtype=np.float64)
+    replica = replica_bound(weights, topology)
+    start = np.maximum(np.maximum(average_bound(weights, topology), replica),
+                       _cardinality(np.sort(weights, axis=-1), topology, replica))
+    return _threshold(weights, topology, start, max_m)
+
+
+def _threshold(weights: np.ndarray, topology: Topology, start: np.ndarray, max_m: int = 3) -> np.ndarray:
+    """:func:`threshold` from ``start [L]``, the largest of the average, replica and cardinality bounds."""
+    active = topology.slots_per_gpu > 0
+    return threshold_bound(weights, start, topology.num_slots, int(active.sum()),
+                           int(topology.slots_per_gpu[active].min()), int(max_m))
+
+
+def tier(weights: np.ndarray, topology: Topology) -> np.ndarray:
+    """The GPUs holding the replicas of the heaviest experts also hold the lightest others
+    (:func:`eplb.kernels.load_bounds.tier_bound`), and those replicas, the other heavy experts' and
+    every replica's fillers share the slots (:func:`eplb.kernels.budget.budget_tier_bound`), from
+    the average and replica bounds up."""
+    desc = _descending(weights)
+    replica = min_max_replica_load(desc, topology.num_slots)
+    return _tier(desc, topology, np.maximum(average_bound(weights, topology), replica), replica)
+
+
+def _tier(desc: np.ndarray, topology: Topology, start: np.ndarray, replica: np.ndarray) -> np.ndarray:
+    """:func:`tier` on ``desc [L, E]`` (the weights, each row decreasing) from ``start [L]`` (valid
+    bounds: tiers that cannot beat them are skipped)."""
+    active = topology.slots_per_gpu[topology.slots_per_gpu > 0]
+    args = (topology.num_slots, int(active.size), int(active.min()), int(active.max()))
+    tiers = tier_bound(desc, np.ascontiguousarray(start, dtype=np.float64), replica, *args)
+    # the same tiers with the slot budget shared by the tier, the other heavy experts and the fillers
+    return budget_tier_bound(desc, tiers, replica, *args, BUDGET_TIERS)
+
+
+def search(weights: np.ndarray, topology: Topology) -> np.ndarray:
+    """The optimum itself on tiny instances (at most :data:`TINY_SLOTS` slots) where the exact
+    branch and bound (:mod:`eplb.kernels.tiny`) finishes within :data:`TINY_BUDGET` nodes; the
+    average bound elsewhere."""
+    weights = np.ascontiguousarray(weights, dtype=np.float64)
+    return _search(weights, topology, average_bound(weights, topology))
+
+
+def _search(weights: np.ndarray, topology: Topology, start: np.ndarray) -> np.ndarray:
+    """:func:`search` from ``start [L]`` (valid bounds, kept where the search does not finish)."""
+    if topology.num_slots > TINY_SLOTS:
+        return start
+    return tiny_bound(weights, np.require(topology.slots_per_gpu, dtype=np.int64, requirements="CW"),
+                      np.ascontiguousarray(start, dtype=np.float64), TINY_BUDGET)
+
+
+BOUNDS = {
+    "average": average_bound,
+    "replica": replica_bound,
+    "cardinality": cardinality_bound,
+    "pigeonhole": pigeonhole,
+    "threshold": threshold,
+    "tier": tier,
+    "search": search,
+}
+
+
+def _scaled(weights: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(weights [L, E] * 2**-x, x [L])``: each layer scaled by a power of two to a largest load in
+    ``[0.5, 1)`` (0 for all-zero layers). Every bound scales with the loads, and scaling by a power
+    of two is exact, so the kernels work near 1 whatever the magnitude (denormal or near the float64
+    maximum) and one :func:`np.ldexp` scales their result back."""
+    weights = np.ascontiguousarray(weights, dtype=np.float64)
+    peak = weights.max(axis=-1, initial=0.0) if weights.size else np.zeros(weights.shape[:-1])
+    _, exponent = np.frexp(np.where(np.isfinite(peak) & (peak > 0), peak, 1.0))
+    return np.ascontiguousarray(np.ldexp(weights, -exponent[..., None])), exponent
+
+
+def lower_bounds(weights: np.ndarray, topology: Topology) -> dict[str, np.ndarray]:
+    """Every bound by name, each ``[L]`` (computed on each layer scaled near 1, see :func:`_scaled`)."""
+    scaled, exponent = _scaled(weights)
+    return {name: np.ldexp(bound(scaled, topology), exponent) for name, bound in BOUNDS.items()}
+
+
+def hierarchical_bound(weights: np.ndarray, topology: Topology, num_groups: int) -> np.ndarray:
+    """A bound for placements that keep every group of experts on one node, ``[L]``.
+
+    Every node ``n`` reaching max load ``<= T`` needs the groups it holds to load it by at most
+    ``T`` per GPU and to need at most its slots in replicas of ``<= T`` each, and its other experts
+    to fit beside its heaviest expert's replicas or on its GPUs without one
+    (:mod:`eplb.kernels.hot_room`); an exhaustive search over group -> node assignments
+    (:mod:`eplb.kernels.hierarchy`) proves the largest ``T`` for which no assignment meets that.
+    Where the search runs out of budget (many groups) the bound from the node loads alone stays
+    (:func:`eplb.kernels.hierarchy.node_load_bound`: pigeonhole and heavy-light pairings of the
+    groups over the nodes), with the global bound.
+    """
+    per_node = topology.slots_per_gpu.reshape(topology.num_nodes, -1)
+    node_slots = per_node.sum(axis=1).astype(np.int64)
+    node_active = (per_node > 0).sum(axis=1).astype(np.int64)
+    weights = np.ascontiguousarray(weights, dtype=np.float64)
+    base = _strongest(weights, topology)
+    problem = Problem(topology=topology, num_groups=num_groups, hierarchical=True)
+    budget = {} if num_groups <= MEMO_GROUPS else {"budget": MANY_GROUPS_BUDGET}
+    _, proven = group_assignment(weights, problem, lower=base, strong=True, **budget)
+    return np.maximum(np.maximum(base, proven), node_load_bound(weights, int(num_groups), node_slots, node_active))
+
+
+def lower_bound(weights: np.ndarray, topology: Topology, num_groups: int | None = None,
+                hierarchical: bool = False) -> np.ndarray:
+    """The strongest bound for each layer, ``[L]``: the largest of :data:`BOUNDS`, and with
+    ``hierarchical`` (every one of ``num_groups`` groups on one node) the :func:`hierarchical_bound`.
+
+    Each layer is bounded scaled by a power of two to a largest load near 1 (:func:`_scaled`): the
+    same bound for every magnitude of counts, finite for denormal ones and for huge ones (as long
+    as the bound itself is below the float64 maximum)."""
+    scaled, exponent = _scaled(weights)
+    if hierarchical:
+        return np.ldexp(hierarchical_bound(scaled, topology, num_groups), exponent)
+    return np.ldexp(_strongest(scaled, topology), exponent)
+
+
+def _strongest(weights: np.ndarray, topology: Topology) -> np.ndarray:
+    """The largest of :data:`BOUNDS` per layer, ``[L]``: the same values as the maximum over
+    :func:`lower_bounds`, faster. The weights are sorted once for every kernel, the replica bound
+    comes from the D'Hondt replication that also gives the pigeonhole bound's cheap upper bound
+    (:func:`eplb.kernels.load_bounds.replica_and_pigeonhole_upper`), and the pigeonhole bound (the
+    costliest) runs only on the layers where that upper bound (with a margin far above rounding)
+    reaches the others: elsewhere it cannot be the largest, so the maximum is unchanged."""
+    weights = np.ascontiguousarray(weights, dtype=np.float64)
+    ascending = np.sort(weights, axis=-1)
+    desc = np.ascontiguousarray(ascending[:, ::-1])
+    active = topology.slots_per_gpu > 0
+    args = (topology.num_slots, int(active.sum()), int(topology.slots_per_gpu[active].min()))
+    replica, upper = replica_and_pigeonhole_upper(desc, *args)
+    others = np.maximum(np.maximum(average_bound(weights, topology), replica),
+                        _cardinality(ascending, topology, replica))
+    others = np.maximum(others, _threshold(weights, topology, others))
+    others = _tier(desc, topology, others, replica)
+    others = _search(weights, topology, others)
+    needed = ~(upper * (1.0 + 1e-6) < others)
+    if needed.any():
+        rows = np.flatnonzero(needed)
+        others = others.copy()
+        others[rows] = np.maximum(others[rows], pigeonhole_bound(np.ascontiguousarray(desc[rows]), *args,
+                                                                 np.ascontiguousarray(others[rows])))
+    return others

@@ -1,0 +1,500 @@
+"""An HTML report with PNG figures on how a placement balances recorded expert counts.
+
+``make_report`` writes into a folder:
+
+- ``balancedness.png``: per-layer balancedness (mean / max GPU load) of the plan, of the published
+  greedy on the same configuration, and without rebalancing (expert ``e`` on GPU ``e * G // E``);
+- ``gpu_loads.png``: heatmap of each GPU's load relative to its layer's mean (layers x GPUs), on a
+  scale from 0, with node boundaries drawn;
+- ``hottest_experts.png``: replica counts of the hottest (layer, expert) pairs and the load each
+  of their replicas carries, relative to a GPU's mean load;
+- ``windows.png`` (counts with several windows): mean balancedness in each window;
+- ``moves.png`` (with a previous placement): which slots changed and the weight copies per layer;
+- ``index.html``: a summary table and every figure, embedded, so the page stands alone.
+
+Means over layers leave out dense (all-zero) layers, which figures shade or leave blank; the gap
+is measured against :func:`bound_for`, the bound ``eplb plan`` reports for the configuration.
+
+Needs matplotlib (``pip install 'eplb[report]'``); drawn with the Agg backend (no display).
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ..analysis import metrics
+from ..analysis.bounds import average_bound, lower_bound
+from ..planning.locality import busiest_nodes, node_cap_bound, off_node_tokens
+from ..model.problem import make_problem
+from ..analysis.metrics import moe_layers, moe_mean
+from .formats.data import CountsFile, PlacementFile
+from .formats.errors import require
+
+#: windows evaluated per step of the progress bar
+WINDOW_CHUNK = 64
+
+
+@dataclass(frozen=True)
+class Report:
+    """Paths of what :func:`make_report` wrote, and the numbers in its summary table."""
+
+    html: Path
+    figures: tuple[Path, ...]
+    summary: dict
+
+
+@dataclass(frozen=True)
+class Bound:
+    """The lower bound a placement is judged against.
+
+    Attributes:
+        values: ``[L]`` the proven lower bound on the max GPU load of each layer.
+        kind: ``"hierarchical"`` (every group of experts on one node) or ``"global"``.
+        description: what a summary prints, e.g. ``"hierarchical: 8 groups on 4 nodes"``.
+    """
+
+    values: np.ndarray
+    kind: str
+    description: str
+
+
+def groups_on_one_node(placement) -> np.ndarray:
+    """``[L]`` bool: the layers where every expert group (``e // (E / num_groups)``) sits on one node."""
+    topology = placement.topology
+    groups = placement.num_groups
+    node_of_slot = topology.node_of_gpu[topology.gpu_of_slot]                  # [S]
+    group_of_slot = placement.phy2log // (placement.num_experts // groups)       # [L, S]
+    held = np.zeros((placement.num_layers, groups, topology.num_nodes), bool)
+    layer = np.broadcast_to(np.arange(placement.num_layers)[:, None], group_of_slot.shape)
+    held[layer, group_of_slot, np.broadcast_to(node_of_slot, group_of_slot.shape)] = True
+    return (held.sum(axis=2) <= 1).all(axis=1)
+
+
+def bound_for(weights: np.ndarray, placement) -> Bound:
+    """The bound ``eplb plan`` uses for the placement's configuration, whatever file it came from.
+
+    With ``num_groups`` dividing over the nodes the plan is hierarchical and its bound is the
+    hierarchical one (as ``eplb.plan`` reports); on a layer where the placement does not keep every
+    group on one node that bound does not apply, and the global one is used there (and said).
+
+    Args:
+        weights: ``[L, E]`` counts.
+        placement: an :class:`eplb.Placement` with ``num_groups`` set when the deployment has groups.
+    Raises:
+        ValueError: when ``num_groups`` does not divide the experts.
+    """
+    topology = placement.topology
+    groups = placement.num_groups
+    if placement.shares is not None:
+        return _share_bound(weights, placement)
+    values = lower_bound(weights, topology)
+    if groups is None:
+        return Bound(values, "global", "global (no expert groups)")
+    if placement.num_experts % groups:
+        raise ValueError(f"num_groups ({groups}) must divide the number of experts ({placement.num_experts})")
+    nodes = topology.num_nodes
+    if groups % nodes:
+        return Bound(values, "global", f"global ({groups} groups do not divide over {nodes} nodes, so placement "
+                                       "is global)")
+    kept = groups_on_one_node(placement)
+    if kept.any():
+        rows = np.flatnonzero(kept)
+        values = values.copy()
+        values[rows] = np.maximum(values[rows], lower_bound(np.ascontiguousarray(weights[rows]), topology, groups,
+                                                            hierarchical=True))
+    description = f"hierarchical: {groups} groups on {nodes} node{'s' if nodes > 1 else ''}"
+    if not kept.all():
+        description += (f"; {int((~kept).sum())} of {len(kept)} layers spread a group over nodes, judged by the "
+                        "global bound")
+    return Bound(values, "hierarchical", description)
+
+
+def _share_bound(weights: np.ndarray, placement) -> Bound:
+    """The bound for a plan that splits experts by its shares: any split among replicas, and at most
+    the share of tokens off their home node the plan itself serves on these counts (per layer)."""
+    problem = make_problem(placement.num_experts, topology=placement.topology, num_groups=placement.num_groups)
+    if placement.home_node is None or not problem.hierarchical:
+        return Bound(average_bound(weights, placement.topology), "average",
+                     "average load (the plan splits experts unevenly; no home nodes to cap)")
+    away = placement.off_node_fraction(weights)
+    values = np.array([node_cap_bound(weights[layer:layer + 1], problem, float(away[layer]))[0]
+                       for layer in range(weights.shape[0])])
+    return Bound(values, "capped", f"{placement.num_groups} groups with home nodes; at most the plan's own off-node "
+                                   f"share of the tokens (up to {100 * float(away.max()):.1f}%) served off node, "
+                                   "any split among replicas")
+
+
+def moe_note(weights: np.ndarray) -> str:
+    """``"58 MoE layers; 3 all-zero layers left out"`` (or ``"61 layers"``) for ``weights [L, E]``."""
+    moe = moe_layers(weights)
+    if moe.all() or not moe.any():
+        return f"{len(moe)} layers"
+    return f"{int(moe.sum())} MoE layers; {int((~moe).sum())} all-zero layers left out"
+
+
+def _pyplot():
+    matplotlib = require("matplotlib", "report", "eplb report")
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def make_report(counts: CountsFile, plan: PlacementFile, out_dir, *, previous: PlacementFile | None = None,
+                top: int = 16, progress: bool = False) -> Report:
+    """Write ``index.html`` and the PNG figures into ``out_dir`` (which must exist).
+
+    Args:
+        counts: the counts to evaluate on (``[T, L, E]``; the plan is judged on their sum over windows).
+        plan: the placement, with as many layers and experts as the counts.
+        previous: an earlier placement on the same topology, to show what moved.
+        top: how many of the hottest (layer, expert) pairs to show.
+        progress: a tqdm bar over windows on stderr.
+    """
+    from ..planning.api import plan as make_plan
+
+    plt = _pyplot()
+    out_dir = Path(out_dir)
+    placement = plan.placement
+    weights = counts.weights
+    layer_ids = plan.layer_ids if len(plan.layer_ids) == counts.num_layers else counts.layer_ids
+    num_gpus = placement.num_gpus
+
+    loads = placement.gpu_loads(weights, "shares")                          # [L, G]
+    plan_bal = metrics.balancedness(loads, placement.topology)             # [L]
+    none_bal = metrics.balancedness(metrics.static_gpu_loads(weights, num_gpus))
+    try:
+        greedy = make_plan(weights, method="greedy", topology=placement.topology, num_groups=placement.num_groups)
+        greedy_bal = greedy.balancedness(weights)
+    except ValueError:
+        greedy, greedy_bal = None, None
+    bound = bound_for(weights, placement)
+    gap = metrics.gap(loads.max(axis=-1), bound.values)
+    moe = moe_layers(weights)
+
+    figures = []
+    figures.append(_balancedness_figure(plt, out_dir, layer_ids, plan_bal, greedy_bal, none_bal, placement.method,
+                                        moe))
+    figures.append(_heatmap_figure(plt, out_dir, layer_ids, loads, placement.topology, moe))
+    figures.append(_hottest_figure(plt, out_dir, layer_ids, weights, placement, top))
+    window_rows = None
+    if counts.num_windows > 1:
+        window_rows = _window_balancedness(counts, placement, greedy, progress)
+        figures.append(_windows_figure(plt, out_dir, window_rows, placement.method))
+    curve = None
+    if placement.num_groups and placement.num_groups % placement.num_nodes == 0 and moe.any():
+        curve = _locality_curve(weights, placement)
+        figures.append(_locality_figure(plt, out_dir, curve, placement, weights, greedy_bal, moe))
+    moves = None
+    if previous is not None:
+        moves = metrics.moves(previous.placement.phy2log, placement.phy2log, placement.topology)
+        figures.append(_moves_figure(plt, out_dir, layer_ids, previous.placement, placement))
+
+    finite = gap[np.isfinite(gap) & moe] if moe.any() else gap[np.isfinite(gap)]
+    worst = int(np.flatnonzero(moe)[plan_bal[moe].argmin()]) if moe.any() else int(plan_bal.argmin())
+    summary = {
+        "counts": f"{counts.path} ({counts.format}), {counts.num_windows} window(s) x {counts.num_layers} layers"
+                  f" x {counts.num_experts} experts",
+        "placement": f"{plan.path} ({plan.format}), method {placement.method}",
+        "configuration": f"{placement.num_slots} slots on {num_gpus} GPUs in {placement.num_nodes} node(s)"
+                         + (f", {placement.num_groups} groups" if placement.num_groups else ", no expert groups"),
+        "balancedness (mean over layers)":
+            f"over {moe_note(weights)}: plan {moe_mean(plan_bal, weights):.4f} · greedy on the same configuration "
+            + ("n/a" if greedy_bal is None else f"{moe_mean(greedy_bal, weights):.4f}")
+            + f" · no rebalancing {moe_mean(none_bal, weights):.4f}",
+        "worst layer": f"layer {layer_ids[worst]}: balancedness {plan_bal[worst]:.4f}",
+        "lower bound": bound.description,
+        "gap to the lower bound": (f"{100 * finite.mean():.2f}% mean, {100 * finite.max():.2f}% max"
+                                   if finite.size else "n/a"),
+        "replicas sharing a GPU": f"{int(placement.replicas_sharing_a_gpu().sum())} slots",
+    }
+    if curve is not None:
+        at = {f: (b, o) for f, b, o in zip(curve["max_off_node"], curve["balancedness"], curve["off_node_fraction"])}
+        summary["off-node trade-off"] = " · ".join(f"cap {f:.0%}: {b:.4f} ({o:.1%} off node)" for f, (b, o) in at.items())
+    if window_rows is not None:
+        summary["per window"] = (f"plan balancedness {window_rows['plan'].min():.4f} .. {window_rows['plan'].max():.4f}"
+                                 f" over {counts.num_windows} windows")
+    if moves is not None:
+        total = placement.num_layers * placement.num_slots
+        summary["previous placement on these counts"] = (
+            f"balancedness {moe_mean(previous.placement.balancedness(weights), weights):.4f}")
+        summary["moves from previous"] = (f"{moves.slots_changed} of {total} slots changed "
+                                          f"({100 * moves.slots_changed / total:.1f}%), {moves.gpu_copies} weight "
+                                          f"copies to GPUs, {moves.cross_node_copies} across nodes")
+    page = out_dir / "index.html"
+    page.write_text(_html(summary, figures))
+    return Report(page, tuple(figures), summary)
+
+
+# -- figures ---------------------------------------------------------------------------------------
+
+
+def _save(plt, fig, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _layer_axis(ax, layer_ids, max_ticks: int = 16):
+    ax.set_xlabel("MoE layer")
+    positions = np.arange(len(layer_ids))
+    step = max(1, -(-len(layer_ids) // max_ticks))
+    ax.set_xticks(positions[::step])
+    ax.set_xticklabels([str(i) for i in layer_ids[::step]])
+    return positions
+
+
+def _balancedness_figure(plt, out_dir, layer_ids, plan_bal, greedy_bal, none_bal, method, moe) -> Path:
+    """Per-layer balancedness; all-zero (dense) layers are left blank and shaded, not drawn at 1.0."""
+    fig, ax = plt.subplots(figsize=(9, 4))
+    x = _layer_axis(ax, layer_ids)
+    blank = lambda values: np.where(moe, values, np.nan) if moe.any() else values  # noqa: E731
+    mean = lambda values: float(values[moe].mean() if moe.any() else values.mean())  # noqa: E731
+    for i in np.flatnonzero(~moe):
+        ax.axvspan(i - 0.5, i + 0.5, color="#eeeeee", zorder=0)
+    ax.plot(x, blank(none_bal), "o-", color="#bbbbbb", label=f"no rebalancing (mean {mean(none_bal):.3f})",
+            markersize=3)
+    if greedy_bal is not None:
+        ax.plot(x, blank(greedy_bal), "s-", color="#e08214", label=f"greedy (mean {mean(greedy_bal):.3f})",
+                markersize=3)
+    ax.plot(x, blank(plan_bal), "o-", color="#2166ac", label=f"this plan: {method} (mean {mean(plan_bal):.3f})",
+            markersize=3)
+    ax.set_ylabel("balancedness = mean / max GPU load")
+    low = float(np.nanmin(blank(none_bal)))
+    ax.set_ylim(min(0.0, low) if low < 0.5 else 0.5, 1.005)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="best", fontsize=8)
+    title = "Balancedness per layer (1.0 = every GPU equally loaded)"
+    if not moe.all() and moe.any():
+        title += f"\n{int((~moe).sum())} all-zero (dense) layers shaded, left out of the means"
+    ax.set_title(title, fontsize=10)
+    return _save(plt, fig, out_dir / "balancedness.png")
+
+
+def _heatmap_figure(plt, out_dir, layer_ids, loads, topology, moe) -> Path:
+    """GPU load / layer mean on a scale from 0 (white at 1.0); node boundaries drawn; dense layers grey."""
+    from matplotlib.colors import TwoSlopeNorm
+
+    mean = loads.mean(axis=1, keepdims=True)
+    relative = np.divide(loads, mean, out=np.ones_like(loads), where=mean > 0)
+    relative = np.where(moe[:, None], relative, np.nan)
+    num_layers, num_gpus = loads.shape
+    fig, ax = plt.subplots(figsize=(min(14, 4 + 0.18 * num_gpus), min(12, 2.5 + 0.14 * num_layers)))
+    finite = relative[np.isfinite(relative)]
+    spread = max(0.05, float(np.abs(finite - 1).max())) if finite.size else 0.05
+    norm = TwoSlopeNorm(vmin=max(0.0, 1 - spread), vcenter=1.0, vmax=1 + spread)
+    cmap = plt.get_cmap("RdBu_r").with_extremes(bad="#dddddd")
+    image = ax.imshow(relative, aspect="auto", cmap=cmap, norm=norm, interpolation="nearest")
+    per_node = num_gpus // topology.num_nodes
+    for boundary in range(per_node, num_gpus, per_node):
+        ax.axvline(boundary - 0.5, color="black", linewidth=1.2)
+    ax.set_xlabel("GPU" + (f" (black lines: node boundaries, {per_node} GPUs per node)" if topology.num_nodes > 1 else ""))
+    ax.set_ylabel("MoE layer")
+    step = max(1, -(-num_layers // 20))
+    ax.set_yticks(np.arange(num_layers)[::step])
+    ax.set_yticklabels([str(i) for i in layer_ids[::step]])
+    fig.colorbar(image, ax=ax, label="GPU load / layer mean")
+    title = "GPU load / layer mean under the plan\n(red: above the mean"
+    title += "; grey: all-zero layers)" if not moe.all() else ")"
+    ax.set_title(title, fontsize=10)
+    return _save(plt, fig, out_dir / "gpu_loads.png")
+
+
+def _hottest_figure(plt, out_dir, layer_ids, weights, placement, top) -> Path:
+    """Replicas of the hottest experts (bars) and the load each replica carries, relative to the
+    layer's mean GPU load (points, right axis)."""
+    totals = weights.sum(axis=1, keepdims=True)
+    share = np.divide(weights, totals, out=np.zeros_like(weights), where=totals > 0)
+    order = np.argsort(-share, axis=None, kind="stable")[:top]
+    layers, experts = np.unravel_index(order, share.shape)
+    fig, ax = plt.subplots(figsize=(max(7, 0.6 * len(order) + 2.5), 4.2))
+    x = np.arange(len(order))
+    replicas = placement.logcnt[layers, experts]
+    ax.bar(x, replicas, color="#92c5de", label="replicas")
+    ax.set_xticks(x)
+    ax.set_xticklabels([f"L{layer_ids[l]}\nE{e}" for l, e in zip(layers, experts)], fontsize=7)
+    ax.set_ylabel("replicas (bars)")
+    ax.set_ylim(0, replicas.max() * 1.3 + 0.5)
+    from matplotlib.ticker import MaxNLocator
+
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+    for xi, r, s in zip(x, replicas, share[layers, experts]):
+        ax.text(xi, r + 0.05, f"{100 * s:.1f}%", ha="center", va="bottom", fontsize=7)
+    mean_gpu = totals[layers, 0] / placement.num_gpus
+    per_replica = np.divide(weights[layers, experts] / replicas, mean_gpu, out=np.zeros(len(order)),
+                            where=mean_gpu > 0)
+    right = ax.twinx()
+    right.plot(x, per_replica, "D", color="#b2182b", markersize=6, label="load per replica")
+    right.axhline(1.0, color="#b2182b", linewidth=0.8, linestyle="--")
+    right.set_ylim(0, max(1.2, float(per_replica.max()) * 1.2))
+    right.set_ylabel("load per replica / mean GPU load (points)", color="#b2182b")
+    right.tick_params(axis="y", colors="#b2182b")
+    ax.set_title(f"The {len(order)} hottest experts: replicas (label: share of the layer's tokens) and the load\n"
+                 "each replica carries (dashed: a GPU's mean load; a replica above it overloads its GPU alone)",
+                 fontsize=9)
+    return _save(plt, fig, out_dir / "hottest_experts.png")
+
+
+LOCALITY_CAPS = (0.0, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
+
+
+def _locality_curve(weights: np.ndarray, placement) -> dict:
+    """:func:`eplb.pareto` on the report's counts and the placement's configuration."""
+    from ..planning.api import pareto
+
+    return pareto(weights, topology=placement.topology, num_groups=placement.num_groups, fractions=LOCALITY_CAPS)
+
+
+def _off_node_share(weights: np.ndarray, placement, num_groups: int) -> float:
+    """Share of all tokens a placement serves off the home nodes of ``num_groups`` groups (the nodes
+    serving most of each group when it records none)."""
+    shares = placement.slot_shares(weights)
+    home = placement.home_node
+    if home is None:
+        home = busiest_nodes(weights, placement.phy2log, shares, num_groups, placement.topology)
+    return float(off_node_tokens(weights, placement.phy2log, shares, home, placement.topology).sum()
+                 / max(float(weights.sum()), 1e-300))
+
+
+def _locality_figure(plt, out_dir, curve, placement, weights, greedy_bal, moe) -> Path:
+    """Balancedness against the share of tokens off their home node: eplb's curve over caps, the
+    published greedy (hierarchical), a global plan, and this plan."""
+    from ..planning.api import plan as make_plan
+
+    fig, ax = plt.subplots(figsize=(6.5, 4.2))
+    ax.plot(100 * curve["off_node_fraction"], curve["balancedness"], "o-", color="#2166ac",
+            label="eplb, max_off_node = " + ", ".join(f"{f:g}" for f in curve["max_off_node"]))
+    if greedy_bal is not None:
+        ax.plot([0.0], [float(greedy_bal[moe].mean())], "s", color="#e08214", markersize=9,
+                label="published greedy (hierarchical)")
+    spread = make_plan(weights, topology=placement.topology)
+    ax.plot([100 * _off_node_share(weights, spread, placement.num_groups)], [float(moe_mean(spread.balancedness(weights), weights))], "D",
+            color="#1b7837", markersize=8, label="global placement (no groups)")
+    ax.plot([100 * _off_node_share(weights, placement, placement.num_groups)],
+            [float(moe_mean(placement.balancedness(weights, "shares"), weights))], "*", color="#b2182b",
+            markersize=13, label=f"this plan ({placement.method})")
+    ax.set_xlabel("tokens served off their group's home node (%)")
+    ax.set_ylabel("balancedness (mean over MoE layers)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="lower right")
+    ax.set_title("What a little off-node traffic buys (plans with shares; in sample)", fontsize=10)
+    return _save(plt, fig, out_dir / "locality.png")
+
+
+def _window_balancedness(counts: CountsFile, placement, greedy, progress: bool) -> dict:
+    from tqdm import tqdm
+
+    series = {"plan": [], "no rebalancing": []}
+    if greedy is not None:
+        series["greedy"] = []
+    starts = range(0, counts.num_windows, WINDOW_CHUNK)
+    for start in tqdm(starts, desc="windows", unit="chunk", disable=not progress, file=sys.stderr):
+        chunk = counts.counts[start:start + WINDOW_CHUNK]                    # [t, L, E]
+        per_window = lambda loads: moe_mean(metrics.balancedness(loads), chunk)  # noqa: E731  [t], MoE layers
+        series["plan"].append(per_window(placement.gpu_loads(chunk)))
+        series["no rebalancing"].append(per_window(metrics.static_gpu_loads(chunk, placement.num_gpus)))
+        if greedy is not None:
+            series["greedy"].append(per_window(greedy.gpu_loads(chunk)))
+    return {name: np.concatenate(parts) for name, parts in series.items()}
+
+
+def _windows_figure(plt, out_dir, rows, method) -> Path:
+    fig, ax = plt.subplots(figsize=(9, 3.8))
+    x = np.arange(len(rows["plan"]))
+    styles = {"no rebalancing": ("#bbbbbb", "o-"), "greedy": ("#e08214", "s-"), "plan": ("#2166ac", "o-")}
+    for name in ("no rebalancing", "greedy", "plan"):
+        if name in rows:
+            color, style = styles[name]
+            label = f"this plan: {method}" if name == "plan" else name
+            ax.plot(x, rows[name], style, color=color, label=f"{label} (mean {rows[name].mean():.3f})", markersize=3)
+    ax.set_xlabel("recording window")
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlim(-0.5, len(x) - 0.5)
+    ax.set_ylabel("balancedness (mean over layers)")
+    ax.grid(alpha=0.3)
+    ax.legend(loc="best", fontsize=8)
+    ax.set_title("One placement for all windows: balancedness in each window")
+    return _save(plt, fig, out_dir / "windows.png")
+
+
+def _moves_figure(plt, out_dir, layer_ids, old, new) -> Path:
+    changed = old.phy2log != new.phy2log                                    # [L, S]
+    per_layer = [metrics.moves(old.phy2log[i:i + 1], new.phy2log[i:i + 1], new.topology) for i in range(new.num_layers)]
+    copies = np.array([m.gpu_copies for m in per_layer])
+    cross = np.array([m.cross_node_copies for m in per_layer])
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4), gridspec_kw={"width_ratios": [3, 2]})
+    left.imshow(changed, aspect="auto", cmap="Greys", interpolation="nearest", vmin=0, vmax=1)
+    for boundary in new.topology.slot_offsets[1:-1]:
+        left.axvline(boundary - 0.5, color="#f4a582", linewidth=0.8)
+    left.set_xlabel("slot (orange lines: GPU boundaries)")
+    left.set_ylabel("MoE layer")
+    step = max(1, -(-new.num_layers // 20))
+    left.set_yticks(np.arange(new.num_layers)[::step])
+    left.set_yticklabels([str(i) for i in layer_ids[::step]])
+    left.set_title(f"Slots whose expert changed (black): {int(changed.sum())} of {changed.size}")
+    x = _layer_axis(right, layer_ids, max_ticks=8)
+    right.bar(x, copies - cross, color="#2166ac", label="copies within a node")
+    right.bar(x, cross, bottom=copies - cross, color="#b2182b", label="copies across nodes")
+    right.set_ylabel("expert weights copied to a GPU")
+    right.set_ylim(0, max(1, int(copies.max())) * 1.3)
+    from matplotlib.ticker import MaxNLocator
+
+    right.yaxis.set_major_locator(MaxNLocator(integer=True))
+    right.legend(fontsize=8, loc="upper left", ncol=2)
+    right.set_title("Weight copies per layer")
+    return _save(plt, fig, out_dir / "moves.png")
+
+
+# -- page ------------------------------------------------------------------------------------------
+
+_CAPTIONS = {
+    "locality.png": "Balancedness against the share of tokens served off their group's home node: eplb's plans "
+                    "for a sweep of caps (max_off_node), the published hierarchical greedy, a global placement "
+                    "and this plan",
+    "balancedness.png": "Balancedness per layer: the plan against the published greedy and against no rebalancing.",
+    "gpu_loads.png": "Load of each GPU relative to its layer's mean, under the plan.",
+    "hottest_experts.png": "Replica counts of the hottest experts.",
+    "windows.png": "Balancedness of the one placement in each recording window.",
+    "moves.png": "What moved from the previous placement.",
+}
+
+
+def _html(summary: dict, figures: list[Path]) -> str:
+    rows = "\n".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(str(v))}</td></tr>" for k, v in summary.items())
+    blocks = []
+    for path in figures:
+        data = base64.b64encode(path.read_bytes()).decode("ascii")
+        caption = html.escape(_CAPTIONS.get(path.name, path.name))
+        blocks.append(f'<figure id="{path.stem}"><img src="data:image/png;base64,{data}" alt="{caption}">'
+                      f'<figcaption>{caption} (<a href="{html.escape(path.name)}">{html.escape(path.name)}</a>)'
+                      "</figcaption></figure>")
+    from .._version import __version__
+
+    return f"""<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><title>eplb placement report</title>
+<style>
+body {{ font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1100px; color: #222; }}
+table {{ border-collapse: collapse; margin-bottom: 1.5em; }}
+th, td {{ text-align: left; padding: 0.3em 0.8em; border-bottom: 1px solid #ddd; vertical-align: top; }}
+figure {{ margin: 1.5em 0; }} img {{ max-width: 100%; border: 1px solid #eee; }}
+figcaption {{ color: #555; font-size: 0.9em; }}
+</style></head>
+<body>
+<h1>eplb placement report</h1>
+<table id="summary">
+{rows}
+</table>
+{''.join(blocks)}
+<p style="color:#888;font-size:0.8em">balancedness = mean / max GPU load (1.0 is perfect); gap = max GPU load /
+proven lower bound - 1. Written by eplb {html.escape(__version__)}.</p>
+</body></html>
+"""

@@ -1,0 +1,508 @@
+"""Local searches that lower the expected step time of a placement over a series of windows when
+tokens are split uniformly among replicas (``1 / logcnt``): :func:`pair_descent` (the best swap
+between a window's most loaded GPU and a light GPU, the fast default) and
+:func:`improve_expected_peak` (random swaps and replica moves).
+
+Per layer, each window ``t`` is scaled so its mean GPU load is ``window_weights[t]``; the objective
+is then ``sum_t max_g load[t, g] / sum_t window_weights[t]``, the weighted mean over windows of
+``peak / mean`` (the expected step time of the layer, in units of a perfectly balanced step).
+The loads ``[T, G]`` are kept up to date, with each window's ``TOP`` most loaded GPUs, so scoring
+a move touches only the GPUs it changes: ``O(T)`` for a swap, ``O(T * replicas)`` for a replica move.
+"""
+
+import numpy as np
+from numba import njit
+
+from .shares import _next_random  # the xorshift64 stream of the dispatch search
+
+TOP = 4  # most loaded GPUs remembered per window
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _rank_window(loads, t, top):
+    """Fill ``top[t, :]`` with the ``TOP`` most loaded GPUs of window ``t`` (``-1`` pads when
+    there are fewer GPUs), heaviest first, the lower index first on ties."""
+    num_gpus = loads.shape[1]
+    width = top.shape[1]
+    for k in range(width):
+        top[t, k] = -1
+    for g in range(num_gpus):
+        x = loads[t, g]
+        k = width - 1
+        if top[t, k] >= 0 and loads[t, top[t, k]] >= x:
+            continue
+        while k > 0 and (top[t, k - 1] < 0 or loads[t, top[t, k - 1]] < x):
+            top[t, k] = top[t, k - 1]
+            k -= 1
+        top[t, k] = g
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _max_untouched(loads, t, top, mark, stamp):
+    """The largest load of window ``t`` over the GPUs not marked with ``stamp`` (0.0 if none)."""
+    for k in range(top.shape[1]):
+        g = top[t, k]
+        if g < 0:
+            return 0.0
+        if mark[g] != stamp:
+            return loads[t, g]
+    best = 0.0
+    for g in range(loads.shape[1]):
+        if mark[g] != stamp and loads[t, g] > best:
+            best = loads[t, g]
+    return best
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _holds(row, slot_offsets, gpu, expert, skip):
+    """Whether a slot of ``gpu`` other than ``skip`` holds ``expert``."""
+    for s in range(slot_offsets[gpu], slot_offsets[gpu + 1]):
+        if s != skip and row[s] == expert:
+            return True
+    return False
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def improve_expected_peak(windows, window_weights, phy2log, gpu_of_slot, slot_offsets, zone_of_slot, iterations,
+                          seed, replica_moves):
+    """Lower, per layer, the weighted mean over windows of the uniform-split ``peak / mean``.
+
+    A first-improvement hill climb. Iteration ``i`` takes window ``i mod T`` (windows of weight 0
+    are skipped) and its most loaded GPU ``hot``, and tries one move:
+
+    - swap: a random slot of ``hot`` and a random slot of another GPU in the same zone exchange
+      experts;
+    - give (``replica_moves``): a random slot of ``hot`` whose expert has two or more replicas
+      takes a random other expert of the zone;
+    - take (``replica_moves``): a random slot elsewhere in the zone whose expert has two or more
+      replicas takes an expert of ``hot`` (one more replica for it, lighter ones on ``hot``).
+
+    Swaps and replica moves alternate (swaps first, one replica move every other iteration when
+    allowed). A move is kept when the objective drops. Every expert keeps at least one replica,
+    every GPU its slot count, a move never puts a second replica of an expert on a GPU that
+    already holds it, and the expert a slot receives always has a replica in the slot's zone
+    already, so every expert stays inside the zones it started in (with zones = nodes, groups stay
+    on their node).
+
+    Args:
+        windows: ``[T, L, E]`` float64 non-negative counts the placement should serve well.
+        window_weights: ``[T]`` float64, non-negative (a window of weight 0, or with no tokens in
+            a layer, is ignored for that layer).
+        phy2log: ``[L, S]`` int64 starting placement (every expert has a slot).
+        gpu_of_slot: ``[S]`` int64 GPU of each slot; slot_offsets: ``[G + 1]`` int64, GPU ``g``
+            holds slots ``slot_offsets[g] : slot_offsets[g + 1]``.
+        zone_of_slot: ``[S]`` int64, moves stay inside a zone.
+        iterations: moves tried per layer; seed: the random stream (``0`` picks a fixed one).
+        replica_moves: bool, also move redundant replicas between experts (else swaps only, and
+            replica counts do not change).
+    Returns:
+        ``phy2log [L, S]`` int64 (a new array), ``before [L]`` and ``after [L]`` float64: the
+        objective on the windows at the start and at the end (1.0 for a layer with no tokens).
+    """
+    num_windows, num_layers, num_experts = windows.shape
+    num_slots = phy2log.shape[1]
+    num_gpus = slot_offsets.shape[0] - 1
+    out = phy2log.copy()
+    before = np.ones(num_layers)
+    after = np.ones(num_layers)
+    scale = np.zeros(num_windows)
+    share = np.empty((num_windows, num_experts))  # tokens of an expert per window, scaled
+    loads = np.zeros((num_windows, num_gpus))
+    peak = np.zeros(num_windows)
+    top = np.empty((num_windows, TOP), np.int64)
+    count = np.zeros(num_experts, np.int64)
+    mark = np.zeros(num_gpus, np.int64)
+    touched = np.empty(num_gpus, np.int64)
+    coef_x = np.zeros(num_gpus)
+    coef_f = np.zeros(num_gpus)
+    new_peak = np.empty(num_windows)
+    stamp = 0
+    state = np.uint64(seed) if seed > 0 else np.uint64(88172645463325252)
+    for layer in range(num_layers):
+        row = out[layer]
+        total_weight = 0.0
+        for t in range(num_windows):
+            mean = 0.0
+            for e in range(num_experts):
+                mean += windows[t, layer, e]
+            mean /= num_gpus
+            scale[t] = window_weights[t] / mean if mean > 0.0 and window_weights[t] > 0.0 else 0.0
+            if scale[t] > 0.0:
+                total_weight += window_weights[t]
+            for e in range(num_experts):
+                share[t, e] = windows[t, layer, e] * scale[t]
+        if total_weight <= 0.0:
+            continue
+        count[:] = 0
+        for s in range(num_slots):
+            count[row[s]] += 1
+        current = 0.0
+        for t in range(num_windows):
+            for g in range(num_gpus):
+                loads[t, g] = 0.0
+            for s in range(num_slots):
+                e = row[s]
+                loads[t, gpu_of_slot[s]] += share[t, e] / count[e]
+            _rank_window(loads, t, top)
+            peak[t] = loads[t, top[t, 0]] if scale[t] > 0.0 else 0.0
+            current += peak[t]
+        before[layer] = current / total_weight
+        t = -1
+        for it in range(iterations):
+            t = (t + 1) % num_windows
+            while scale[t] <= 0.0:
+                t = (t + 1) % num_windows
+            hot = top[t, 0]
+            size_hot = slot_offsets[hot + 1] - slot_offsets[hot]
+            kind = 0
+            if replica_moves and it % 2 == 1:
+                kind = 1 if (it // 2) % 2 == 0 else 2
+            # pick the move: slot a on gpu_a changes from expert x to expert f; for a swap slot b
+            # (on gpu_b) changes from f to x
+            a = -1
+            b = -1
+            f = -1
+            if kind == 0:
+                state = _next_random(state)
+                a = slot_offsets[hot] + np.int64(state % np.uint64(size_hot))
+                x = row[a]
+                for _attempt in range(16):
+                    state = _next_random(state)
+                    c = np.int64(state % np.uint64(num_slots))
+                    if gpu_of_slot[c] == hot or zone_of_slot[c] != zone_of_slot[a] or row[c] == x:
+                        continue
+                    if _holds(row, slot_offsets, hot, row[c], a) or _holds(row, slot_offsets, gpu_of_slot[c], x, c):
+                        continue
+                    b = c
+                    f = row[c]
+                    break
+                if b < 0:
+                    continue
+            elif kind == 1:  # give: a replica on hot goes to another expert
+                for _attempt in range(16):
+                    state = _next_random(state)
+                    c = slot_offsets[hot] + np.int64(state % np.uint64(size_hot))
+                    if count[row[c]] >= 2:
+                        a = c
+                        break
+                if a < 0:
+                    continue
+                for _attempt in range(16):
+                    state = _next_random(state)
+                    c = np.int64(state % np.uint64(num_slots))
+                    if zone_of_slot[c] != zone_of_slot[a] or row[c] == row[a]:
+                        continue
+                    if _holds(row, slot_offsets, hot, row[c], a):
+                        continue
+                    f = row[c]
+                    break
+                if f < 0:
+                    continue
+            else:  # take: a redundant replica elsewhere becomes one more replica of an expert of hot
+                state = _next_random(state)
+                c = slot_offsets[hot] + np.int64(state % np.uint64(size_hot))
+                f = row[c]
+                for _attempt in range(16):
+                    state = _next_random(state)
+                    c2 = np.int64(state % np.uint64(num_slots))
+                    if gpu_of_slot[c2] == hot or zone_of_slot[c2] != zone_of_slot[c] or count[row[c2]] < 2:
+                        continue
+                    if row[c2] == f or _holds(row, slot_offsets, gpu_of_slot[c2], f, c2):
+                        continue
+                    a = c2
+                    break
+                if a < 0:
+                    continue
+            x = row[a]
+            gpu_a = gpu_of_slot[a]
+            # the GPUs the move changes, with the change of their load per token of x and of f
+            stamp += 1
+            num_touched = 0
+            if kind == 0:
+                gpu_b = gpu_of_slot[b]
+                touched[0] = gpu_a
+                touched[1] = gpu_b
+                num_touched = 2
+                mark[gpu_a] = stamp
+                mark[gpu_b] = stamp
+                coef_x[gpu_a] = -1.0 / count[x]
+                coef_f[gpu_a] = 1.0 / count[f]
+                coef_x[gpu_b] = 1.0 / count[x]
+                coef_f[gpu_b] = -1.0 / count[f]
+            else:
+                cx = count[x]
+                cf = count[f]
+                for s in range(num_slots):
+                    e = row[s]
+                    if e != x and e != f:
+                        continue
+                    g = gpu_of_slot[s]
+                    if mark[g] != stamp:
+                        mark[g] = stamp
+                        touched[num_touched] = g
+                        num_touched += 1
+                        coef_x[g] = 0.0
+                        coef_f[g] = 0.0
+                    if s == a:
+                        coef_x[g] -= 1.0 / cx
+                        coef_f[g] += 1.0 / (cf + 1)
+                    elif e == x:
+                        coef_x[g] += 1.0 / (cx - 1) - 1.0 / cx
+                    else:
+                        coef_f[g] += 1.0 / (cf + 1) - 1.0 / cf
+            # score, window by window; stop once even the best case for the rest cannot win
+            target = current * (1.0 - 1e-12)
+            value = 0.0
+            floor = total_weight  # a window's peak is at least its mean, its weight
+            rejected = False
+            for r in range(num_windows):
+                if scale[r] <= 0.0:
+                    continue
+                best = _max_untouched(loads, r, top, mark, stamp)
+                for k in range(num_touched):
+                    g = touched[k]
+                    load = loads[r, g] + coef_x[g] * share[r, x] + coef_f[g] * share[r, f]
+                    if load > best:
+                        best = load
+                new_peak[r] = best
+                value += best
+                floor -= window_weights[r]
+                if value + floor >= target:
+                    rejected = True
+                    break
+            if rejected:
+                continue
+            # keep it
+            row[a] = f
+            if kind == 0:
+                row[b] = x
+            else:
+                count[x] -= 1
+                count[f] += 1
+            for r in range(num_windows):
+                if scale[r] <= 0.0:
+                    continue
+                for k in range(num_touched):
+                    g = touched[k]
+                    loads[r, g] += coef_x[g] * share[r, x] + coef_f[g] * share[r, f]
+                _rank_window(loads, r, top)
+                peak[r] = loads[r, top[r, 0]]
+            current = 0.0
+            for r in range(num_windows):
+                current += peak[r]
+        after[layer] = current / total_weight
+    return out, before, after
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _scaled_layer(windows, window_weights, layer, num_gpus, scale, share, active):
+    """Scale window ``t`` of ``layer`` so its mean GPU load is ``window_weights[t]``: fills
+    ``scale [T]``, ``share [T, E]`` (an expert's scaled tokens) and ``active [T]`` (the windows that
+    count, first ``n`` entries). Returns ``(n, total weight of the active windows)``."""
+    num_windows, _, num_experts = windows.shape
+    total = 0.0
+    n = 0
+    for t in range(num_windows):
+        mean = 0.0
+        for e in range(num_experts):
+            mean += windows[t, layer, e]
+        mean /= num_gpus
+        scale[t] = window_weights[t] / mean if mean > 0.0 and window_weights[t] > 0.0 else 0.0
+        if scale[t] > 0.0:
+            total += window_weights[t]
+            active[n] = t
+            n += 1
+        for e in range(num_experts):
+            share[t, e] = windows[t, layer, e] * scale[t]
+    return n, total
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _window_loads(row, fraction, share, gpu_of_slot, active, n, loads, top):
+    """Per active window, GPU loads ``loads [T, G]`` of ``row [S]`` with slot ``s`` taking
+    ``fraction[s]`` of its expert's tokens, and the ``TOP`` most loaded GPUs; returns the sum over
+    active windows of the peaks."""
+    total = 0.0
+    for j in range(n):
+        t = active[j]
+        loads[t, :] = 0.0
+        for s in range(row.shape[0]):
+            loads[t, gpu_of_slot[s]] += share[t, row[s]] * fraction[s]
+        _rank_window(loads, t, top)
+        total += loads[t, top[t, 0]]
+    return total
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _partner(loads, t, hot, zone_of_gpu, slot_offsets, state, lightest):
+    """A GPU of ``hot``'s zone to swap with: the lightest of window ``t`` when ``lightest``, else a
+    random one (``-1`` if none found). Returns ``(gpu, state)``."""
+    num_gpus = loads.shape[1]
+    zone = zone_of_gpu[hot]
+    best = -1
+    if lightest:
+        low = np.inf
+        for g in range(num_gpus):
+            if g != hot and zone_of_gpu[g] == zone and slot_offsets[g + 1] > slot_offsets[g] and loads[t, g] < low:
+                low = loads[t, g]
+                best = g
+        return best, state
+    for _attempt in range(16):
+        state = _next_random(state)
+        g = np.int64(state % np.uint64(num_gpus))
+        if g != hot and zone_of_gpu[g] == zone and slot_offsets[g + 1] > slot_offsets[g]:
+            return g, state
+    return best, state
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _best_swap(row, work, hot, cold, slot_offsets, j, limit):
+    """The swap of a slot of ``hot`` with a slot of ``cold`` that lowers the sum of window peaks
+    most (below ``limit``), scoring each pair in ``O(T)`` with early exit.
+
+    ``work`` bundles the per-GPU-pair state filled by :func:`pair_descent`: ``excl [T]`` (each
+    active window's largest load outside the pair), ``suffix [T + 1]`` (sums of ``excl`` from
+    window ``j`` on: a floor for the windows not yet scored), ``hot_load``/``cold_load [T]``,
+    ``hot_replica``/``cold_replica [k, T]`` (each slot's replica load per active window),
+    ``held_by_hot``/``held_by_cold [E]`` stamped with ``stamp``, ``n`` active windows, and
+    ``previous [S]`` with ``copy_cost``: a swap is charged ``copy_cost`` per slot it makes differ
+    from ``previous`` (and credited per slot it gives back). ``j`` is the active window whose peak
+    is ``hot``: a swap must lower it. Returns ``(slot on hot, slot on cold, new sum)``, slots ``-1``
+    when no swap beats ``limit``.
+    """
+    excl, suffix, hot_load, cold_load, hot_replica, cold_replica, held_by_hot, held_by_cold, stamp, n = work[:10]
+    previous, copy_cost = work[10:]
+    best_a = -1
+    best_b = -1
+    for i in range(slot_offsets[hot + 1] - slot_offsets[hot]):
+        x = row[slot_offsets[hot] + i]
+        if held_by_cold[x] == stamp:
+            continue
+        for k in range(slot_offsets[cold + 1] - slot_offsets[cold]):
+            f = row[slot_offsets[cold] + k]
+            if held_by_hot[f] == stamp or cold_replica[k, j] >= hot_replica[i, j]:
+                continue
+            value = 0.0
+            if copy_cost > 0.0:
+                a = slot_offsets[hot] + i
+                b = slot_offsets[cold] + k
+                changed = (f != previous[a]) + (x != previous[b]) - (x != previous[a]) - (f != previous[b])
+                value = copy_cost * changed
+            for r in range(n):
+                delta = cold_replica[k, r] - hot_replica[i, r]
+                value += max(excl[r], hot_load[r] + delta, cold_load[r] - delta)
+                if value + suffix[r + 1] >= limit:
+                    value = np.inf
+                    break
+            if value < limit:
+                limit = value
+                best_a = slot_offsets[hot] + i
+                best_b = slot_offsets[cold] + k
+    return best_a, best_b, limit
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def pair_descent(windows, window_weights, phy2log, fractions, gpu_of_slot, slot_offsets, zone_of_gpu, iterations,
+                 seed, previous, copy_cost):
+    """Lower, per layer, the weighted mean over windows of ``peak / mean`` GPU load by
+    best-improvement swaps between two GPUs, each slot taking a fixed fraction of its expert's
+    tokens (``1 / logcnt`` for an even split, or a capped plan's shares).
+
+    Iteration ``i`` takes the next window ``t`` (cyclically, skipping windows without weight or
+    tokens), its most loaded GPU ``hot`` and a partner GPU of the same zone (every other iteration
+    the lightest of window ``t``, else a random one), scores every swap of a slot of ``hot`` with
+    a slot of the partner that lowers window ``t``'s peak (``O(T)`` each, with early exit) and
+    applies the best one if the objective drops. A swap exchanges two slots' experts together
+    with their fractions, so replica counts and every expert's split stay; no GPU gets a second
+    replica of an expert; slots stay in their zones (so with zones = nodes, no token changes node).
+    Deterministic for a ``seed``.
+
+    Args:
+        windows: ``[T, L, E]`` float64 non-negative counts; window_weights: ``[T]`` float64 >= 0.
+        phy2log: ``[L, S]`` int64 starting placement (every expert has a slot).
+        fractions: ``[L, S]`` float64, the fraction of its expert's tokens each slot takes.
+        gpu_of_slot: ``[S]`` int64; slot_offsets: ``[G + 1]`` int64 (GPU ``g`` holds slots
+            ``slot_offsets[g] : slot_offsets[g + 1]``); zone_of_gpu: ``[G]`` int64, swaps stay in a zone.
+        iterations: swaps tried per layer; seed: ``>= 1``, the random stream.
+        previous: ``[L, S]`` int64, the placement in service; copy_cost: ``>= 0``, what one slot
+            changed from ``previous`` costs, in units of the objective (a weighted mean of
+            ``peak / mean``): a swap is kept only if it lowers the objective by more than the
+            copies it adds cost (``0``: ``previous`` is ignored).
+    Returns:
+        ``phy2log [L, S]`` int64 and ``fractions [L, S]`` float64 (new arrays), ``before [L]`` and
+        ``after [L]`` float64: the objective at the start and the end (1.0 for a layer with no tokens).
+    """
+    num_windows, num_layers, num_experts = windows.shape
+    num_gpus = slot_offsets.shape[0] - 1
+    width = 0
+    for g in range(num_gpus):
+        width = max(width, slot_offsets[g + 1] - slot_offsets[g])
+    out = phy2log.copy()
+    out_fractions = fractions.copy()
+    before = np.ones(num_layers)
+    after = np.ones(num_layers)
+    scale = np.zeros(num_windows)
+    share = np.empty((num_windows, num_experts))
+    active = np.empty(num_windows, np.int64)
+    loads = np.zeros((num_windows, num_gpus))
+    top = np.empty((num_windows, TOP), np.int64)
+    mark = np.zeros(num_gpus, np.int64)
+    held_by_hot = np.zeros(num_experts, np.int64)
+    held_by_cold = np.zeros(num_experts, np.int64)
+    excl = np.empty(num_windows)
+    suffix = np.zeros(num_windows + 1)
+    hot_load = np.empty(num_windows)
+    cold_load = np.empty(num_windows)
+    hot_replica = np.empty((width, num_windows))
+    cold_replica = np.empty((width, num_windows))
+    stamp = 0
+    state = np.uint64(seed)
+    for layer in range(num_layers):
+        row = out[layer]
+        fraction = out_fractions[layer]
+        n, total_weight = _scaled_layer(windows, window_weights, layer, num_gpus, scale, share, active)
+        if total_weight <= 0.0:
+            continue
+        current = _window_loads(row, fraction, share, gpu_of_slot, active, n, loads, top)
+        before[layer] = current / total_weight
+        for it in range(iterations):
+            j = it % n
+            t = active[j]
+            hot = top[t, 0]
+            cold, state = _partner(loads, t, hot, zone_of_gpu, slot_offsets, state, it % 2 == 0)
+            if cold < 0:
+                continue
+            stamp += 1
+            mark[hot] = stamp
+            mark[cold] = stamp
+            for r in range(n):
+                excl[r] = _max_untouched(loads, active[r], top, mark, stamp)
+                hot_load[r] = loads[active[r], hot]
+                cold_load[r] = loads[active[r], cold]
+            for r in range(n - 1, -1, -1):
+                suffix[r] = suffix[r + 1] + excl[r]
+            for gpu, replica, held in ((hot, hot_replica, held_by_hot), (cold, cold_replica, held_by_cold)):
+                for i in range(slot_offsets[gpu + 1] - slot_offsets[gpu]):
+                    slot = slot_offsets[gpu] + i
+                    held[row[slot]] = stamp
+                    for r in range(n):
+                        replica[i, r] = share[active[r], row[slot]] * fraction[slot]
+            work = (excl, suffix, hot_load, cold_load, hot_replica, cold_replica, held_by_hot, held_by_cold, stamp, n,
+                    previous[layer], copy_cost * total_weight)
+            a, b, _ = _best_swap(row, work, hot, cold, slot_offsets, j, current * (1.0 - 1e-12))
+            if a < 0:
+                continue
+            x, fraction_x = row[a], fraction[a]
+            f, fraction_f = row[b], fraction[b]
+            row[a], fraction[a] = f, fraction_f
+            row[b], fraction[b] = x, fraction_x
+            current = 0.0
+            for r in range(n):
+                t = active[r]
+                delta = share[t, f] * fraction_f - share[t, x] * fraction_x
+                loads[t, hot] += delta
+                loads[t, cold] -= delta
+                _rank_window(loads, t, top)
+                current += loads[t, top[t, 0]]
+        after[layer] = current / total_weight
+    return out, out_fractions, before, after

@@ -1,0 +1,44 @@
+"""The package's layers, lowest first: each is a folder of ``eplb/``, and a module imports only
+from its own layer or the layers below it (``tests/test_layering.py`` checks every import, inside
+functions too, and that no modules import each other in a circle). The modules at the root of
+``eplb/`` are the top layer: the public names (``eplb/__init__.py``) and the entry points.
+
+This map is the only copy: the layering test reads it, and the README's Design section shows it.
+"""
+
+from __future__ import annotations
+
+LAYERS: tuple[tuple[str, str], ...] = (
+    ("model", "the deployment: input checks, topology, problem configuration, cost model"),
+    ("kernels", "Numba over plain arrays, each file named by what it computes"),
+    ("analysis", "numbers about loads and placements: Placement, metrics, lower bounds and the searches "
+                 "they share with the methods, dispatch (optimal and each engine's), the windows of a series"),
+    ("planning", "plan() and rebalance_experts(), methods/ (the registry and one module a method), "
+                 "migration, locality, series objectives and the robust search, certificates"),
+    ("serving", "the online Balancer, transfer plans, adapters/ (engines)"),
+    ("simulation", "simulate, sweep, synthetic counts and series generators"),
+    ("io", "formats/ (counts and placements in every engine's files), reports"),
+    ("", "the root: public names (__init__), cli, demo, precompile (warmup), this map"),
+)
+"""``(folder, what it holds)`` for every layer, lowest first; a layer's rank is its index. The
+empty folder is the root of ``eplb/``."""
+
+FOUNDATION: tuple[str, ...] = ("_version",)
+"""Root modules every layer may import (rank 0): the version string, which file writers record."""
+
+FOLDERS: dict[str, int] = {folder: rank for rank, (folder, _) in enumerate(LAYERS)}
+"""Folder -> rank."""
+
+
+def layer_of(module: str) -> int:
+    """The rank of ``module`` (a dotted name such as ``"eplb.planning.methods.best"``) in :data:`LAYERS`.
+
+    Raises ``ValueError`` for a name outside the package."""
+    parts = module.split(".")
+    if parts[0] != "eplb":
+        raise ValueError(f"module must be a module of eplb, got {module!r}")
+    if len(parts) > 1 and parts[1] in FOUNDATION:
+        return 0
+    if len(parts) > 1 and parts[1] in FOLDERS and parts[1]:
+        return FOLDERS[parts[1]]
+    return FOLDERS[""]

@@ -1,0 +1,2 @@
+"""Planning: ``plan``, the methods and their registry, migration-aware and locality-aware planning,
+series objectives and the robust search, certificates."""

@@ -1,0 +1,201 @@
+"""``method="balanced"`` (the default): replication and packing that close the greedy's gap.
+
+Per layer, and per node in hierarchical mode:
+
+1. hierarchical only: assign the expert groups to nodes with the smallest target max load that
+   the node's load and replica needs allow (exhaustive search when the number of groups is small,
+   see :mod:`eplb.kernels.hierarchy`); a node's replica count is then its slot count;
+2. replicate by the D'Hondt rule capped at one replica per GPU, so that no two replicas of an
+   expert need to share a GPU;
+3. pack replicas largest-first onto the lightest GPU that does not yet hold the expert;
+4. swap replicas between the heaviest GPU and the others while that lowers the heaviest GPU
+   (:func:`eplb.kernels.local_search.swap_descent`);
+5. on domains more than 0.2% above the bounds, try the aligned replication (the heavy experts get
+   a multiple of the domain's GPUs in replicas, so that every GPU can carry as many heavy
+   replicas: :func:`eplb.kernels.multistart.aligned_counts`), and each of those and the start with
+   the light experts' extra replicas moved to the lightest experts
+   (:func:`eplb.kernels.multistart.light_split`), and keep the one that packs best;
+6. on layers still above the simple bounds, try other replications (a replica or three moved
+   between experts, each packed again: the seeded search of ``method="best"``), as many as a
+   per-layer work budget affords (many on small models, none at DeepSeek-V3 size), and keep the
+   best; every layer is searched on its own, so a layer's row never depends on the other layers
+   planned with it;
+7. on tiny global instances (at most 16 slots, e.g. Mixtral's 8 experts on 12), replace every
+   layer by the optimum over spread placements when the exact branch and bound
+   (:mod:`eplb.kernels.tiny`) finds one lighter within its node budget;
+8. on every layer keep the published greedy's placement instead if it has a strictly lower max
+   load, so the method is never worse than greedy.
+
+The name says what it optimises for: balanced GPU loads at serving-loop speed.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ...kernels.pack_descend import balanced_placement
+from ...kernels.deepseek_greedy import greedy_placement
+from ...kernels.packing import max_gpu_loads
+from ...kernels.multistart import best_placement
+from ...kernels.tiny import tiny_optimum
+from ...analysis.bounds import TINY_BUDGET, TINY_SLOTS, average_bound
+from ...analysis.searches import group_assignment
+from ...model.topology import Topology
+from . import Option, Problem, register
+
+def writable(array: np.ndarray) -> np.ndarray:
+    """``array`` as a writable C-contiguous array (a copy if it is read-only, as a Topology's are).
+
+    Kernels get a compiled specialization per argument type and read-only is a type of its own:
+    passing every array writable keeps one per kernel (a shorter first, compiling call).
+    """
+    return np.require(array, requirements="CW")
+
+
+def domains(weights: np.ndarray, problem: Problem) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(gpu_domain [G], expert_domain [L, E], bound [L])``: nodes in hierarchical mode, one domain
+    otherwise; ``bound`` is the hierarchical bound the group search proved (zeros when global)."""
+    topology = problem.topology
+    num_layers, num_experts = weights.shape
+    if not problem.hierarchical:
+        return (np.zeros(topology.num_gpus, np.int64), np.zeros((num_layers, num_experts), np.int64),
+                np.zeros(num_layers))
+    node_of_group, proven = group_assignment(weights, problem)
+    size = num_experts // problem.num_groups
+    return topology.node_of_gpu.astype(np.int64), np.repeat(node_of_group, size, axis=1), proven
+
+
+def max_loads(weights: np.ndarray, phy2log: np.ndarray, topology: Topology) -> np.ndarray:
+    """``[L]`` max GPU load of a placement (float64)."""
+    return max_gpu_loads(weights, phy2log, topology.slot_offsets)
+
+
+def keep_better_than_greedy(weights: np.ndarray, problem: Problem, phy2log: np.ndarray) -> tuple[np.ndarray, int]:
+    """Replace the layers where the published greedy has a strictly lower max load.
+
+    Returns the placement and the number of layers taken from greedy (greedy needs equal slots per GPU).
+    """
+    topology = problem.topology
+    if not topology.is_uniform:
+        return phy2log, 0
+    groups, nodes = (problem.num_groups, topology.num_nodes) if problem.hierarchical else (1, 1)
+    greedy, _ = greedy_placement(np.ascontiguousarray(weights, dtype=np.float32), topology.num_slots, groups,
+                                 nodes, topology.num_gpus)
+    worse = max_loads(weights, greedy, topology) < max_loads(weights, phy2log, topology)
+    if worse.any():
+        phy2log = phy2log.copy()
+        phy2log[worse] = greedy[worse]
+    return phy2log, int(worse.sum())
+
+
+RETRY_WORK = 16_384
+"""Work budget of the replication retries of one layer, in (slot x GPU) units: a layer gets
+``RETRY_WORK // (its slots x all GPUs)`` starts, in hierarchical mode too (at most 64; none when
+that is below 2: a DeepSeek-V3-sized layer, 288 x 32, gets none)."""
+
+
+def retry_replication(weights: np.ndarray, problem: Problem, phy2log: np.ndarray, gpu_domain: np.ndarray,
+                      bound: np.ndarray, num_starts: int, max_steps: int, tolerance: float = 2e-4,
+                      work: int = RETRY_WORK) -> tuple[np.ndarray, int]:
+    """Try other replications (:func:`eplb.kernels.multistart.best_placement`) on the layers whose
+    max load is more than ``tolerance`` above the average and heaviest-replica bounds (and
+    ``bound [L]``, a valid bound the caller has): each such layer gets the starts its own work
+    budget affords (``work // (domain slots x domain GPUs)``, at most 64, at least ``num_starts``
+    when it gets any), and a pair-swap descent when a GPU holds few slots.
+
+    Every decision is per layer and every layer is searched on its own (its own seed), so a layer's
+    row is the same whether it is planned alone or with other layers.
+
+    Returns the placement and the number of layers retried.
+    """
+    topology = problem.topology
+    if num_starts <= 1:
+        return phy2log, 0
+    domains_count = topology.num_nodes if problem.hierarchical else 1
+    domain_gpus = topology.num_gpus // domains_count
+    # a hierarchical layer costs as much as a global one: DeepSeek-V3 size (288 x 32) gets no retries either
+    starts = min(64, int(work) // max(1, topology.num_slots * topology.num_gpus))
+    if starts < 2:
+        return phy2log, 0
+    starts = max(starts, int(num_starts))
+    cheap = np.maximum(average_bound(weights, topology), weights.max(axis=1) / topology.num_gpus)
+    cheap = np.maximum(cheap, bound)
+    excess = max_loads(weights, phy2log, topology) / np.where(cheap > 0, cheap, 1.0)
+    layers = np.flatnonzero(excess > 1 + tolerance)
+    if layers.size == 0:
+        return phy2log, 0
+    k = int(topology.slots_per_gpu.max())
+    pair_swaps = domain_gpus * (k * (k - 1) // 2) ** 2 <= 2000
+    slots_per_gpu = writable(topology.slots_per_gpu)
+    no_threshold = np.zeros(1)
+    phy2log = phy2log.copy()
+    for layer in layers:  # one call per layer: the search's seed then depends on that layer alone
+        rows = slice(int(layer), int(layer) + 1)
+        phy2log[rows] = best_placement(np.ascontiguousarray(weights[rows]), slots_per_gpu, gpu_domain,
+                                       np.ascontiguousarray(phy2log[rows]), starts, int(max_steps), 0, pair_swaps,
+                                       no_threshold, 0, 0, no_threshold)
+    return phy2log, int(layers.size)
+
+
+def align_replication(weights: np.ndarray, problem: Problem, phy2log: np.ndarray, gpu_domain: np.ndarray,
+                      bound: np.ndarray, max_steps: int, tolerance: float = 2e-3) -> tuple[np.ndarray, int]:
+    """Try the aligned replications (:func:`eplb.kernels.multistart.aligned_counts`: the heavy experts
+    of a domain get a multiple of its GPUs in replicas) on every domain whose heaviest GPU is more
+    than ``tolerance`` above the average and heaviest-replica bounds and ``bound [L]``.
+
+    Returns the placement and the number of layers tried.
+    """
+    topology = problem.topology
+    cheap = np.maximum(average_bound(weights, topology), weights.max(axis=1) / topology.num_gpus)
+    threshold = np.maximum(cheap, bound) * (1 + tolerance)
+    rows = max_loads(weights, phy2log, topology) > threshold
+    if rows.any():
+        phy2log = phy2log.copy()
+        phy2log[rows] = best_placement(np.ascontiguousarray(weights[rows]), writable(topology.slots_per_gpu),
+                                       gpu_domain, np.ascontiguousarray(phy2log[rows]), 0, int(max_steps), 0, False,
+                                       np.ascontiguousarray(threshold[rows]), 0, 0, np.ascontiguousarray(threshold[rows]))
+    return phy2log, int(rows.sum())
+
+
+def solve_tiny(weights: np.ndarray, problem: Problem, phy2log: np.ndarray) -> tuple[np.ndarray, int]:
+    """On tiny global instances (at most :data:`eplb.analysis.bounds.TINY_SLOTS` slots), replace every layer
+    by the best placement with no two replicas of an expert on one GPU, when the exact branch and
+    bound (:func:`eplb.kernels.tiny.tiny_optimum`, :data:`eplb.analysis.bounds.TINY_BUDGET` nodes) finds one
+    strictly lighter. Returns the placement and the number of layers replaced."""
+    topology = problem.topology
+    if problem.hierarchical or topology.num_slots > TINY_SLOTS:
+        return phy2log, 0
+    peaks = max_loads(weights, phy2log, topology)
+    slots_per_gpu = writable(topology.slots_per_gpu)
+    phy2log = phy2log.copy()
+    row = np.empty(topology.num_slots, np.int64)
+    replaced = 0
+    for layer in range(weights.shape[0]):
+        _, found, _ = tiny_optimum(weights[layer], slots_per_gpu, True, float(peaks[layer]), TINY_BUDGET, row)
+        if found:
+            phy2log[layer] = row
+            replaced += 1
+    return phy2log, replaced
+
+
+@register("balanced", options={"max_steps": Option("int", minimum=0), "num_starts": Option("int", minimum=1),
+                               "greedy_fallback": Option("bool")})
+def balanced(weights: np.ndarray, problem: Problem, max_steps: int = 4096, num_starts: int = 4,
+             greedy_fallback: bool = True) -> tuple[np.ndarray, dict]:
+    """The default method (module docstring). ``max_steps``: most swaps per layer and node;
+    ``num_starts``: replications tried on layers left above the simple bounds (1 = none);
+    ``greedy_fallback``: step 8 (keep greedy's layer where it is lighter); ``False`` shows the
+    method's own placements (``bench/greedy_net.py`` counts how often step 8 fires)."""
+    weights = np.ascontiguousarray(weights, dtype=np.float64)
+    topology = problem.topology
+    gpu_domain, expert_domain, bound = domains(weights, problem)
+    phy2log = balanced_placement(weights, writable(topology.slots_per_gpu), gpu_domain, expert_domain,
+                                 int(max_steps))
+    phy2log, aligned = align_replication(weights, problem, phy2log, gpu_domain, bound, max_steps)
+    phy2log, retried = retry_replication(weights, problem, phy2log, gpu_domain, bound, num_starts, max_steps)
+    phy2log, solved = solve_tiny(weights, problem, phy2log)
+    from_greedy = 0
+    if greedy_fallback:
+        phy2log, from_greedy = keep_better_than_greedy(weights, problem, phy2log)
+    return phy2log, {"hierarchical": problem.hierarchical, "layers_aligned": aligned, "layers_retried": retried,
+                     "layers_solved_exactly": solved, "layers_from_greedy": from_greedy}

@@ -1,0 +1,534 @@
+"""Migration-aware planning: a new placement close to the previous one.
+
+Planning from scratch after the loads drift moves almost every expert (greedy changes ~90% of the
+slots), and every changed slot is an expert's weights (tens of MiB) copied across GPUs. Here, per
+layer:
+
+0. (:func:`plan_near`, the path of :func:`eplb.plan` and :class:`eplb.Balancer`, on layers of at
+   least :data:`BOUND_FIRST_SLOTS` slots) first improve the previous placement as in step 2 until
+   it is within the tolerance of a cheap lower bound (:func:`reference_bound`); a layer that gets
+   there is within the tolerance of any plan from scratch, so none is made for it: most layers of a
+   drifting load, and the plan from scratch is most of the time of a rebalance. Only the other
+   layers go on to steps 1-6;
+1. plan from scratch with the chosen method: the reference max GPU load ``M``;
+2. improve the previous placement by local search (swap two slots, give a slot to another expert),
+   best balance gain per changed slot first, until its max load is at most ``(1 + tolerance) * M``
+   or the budget of changed slots is spent; then give back every changed slot the target does not
+   need (:func:`eplb.kernels.few_changes.search_near_previous`);
+3. where that stalls above the target, search again: by steepest descent, from the previous
+   placement with the fresh plan's replica counts, and (hierarchical) with whole groups moved to
+   the fresh plan's nodes;
+4. where that still misses, relabel the fresh plan's nodes, GPUs and slots (assignment matching) so
+   that what stays, stays put, and give back changed slots the target does not need;
+5. keep the candidate that reaches the target with the fewest changed slots (if none does, the one
+   with the lowest max load). A budget of moves (``max_moves``) is never exceeded;
+6. on small layers (at most ``TINY_SLOTS`` slots, global mode), search every set of fewer changed
+   slots exhaustively, within a fixed amount of work.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+
+import numpy as np
+
+from ..model._validation import as_int
+from ..analysis.bounds import average_bound
+from ..kernels.layout import replica_counts
+from ..kernels.few_changes import (SearchLayout, fewest_changes_search, min_cost_assignment, relabel_like,
+                                search_near_previous)
+from ..analysis.metrics import gpu_loads
+from .methods import Problem, get_method
+from ..analysis.placement import Placement, check_placement
+from ..analysis.searches import group_assignment
+
+
+def as_previous(previous, num_experts: int, problem: Problem, num_layers: int) -> np.ndarray:
+    """The previous placement as ``phy2log [L, S]`` int64, checked against the new problem."""
+    if isinstance(previous, Placement):
+        if previous.topology != problem.topology:
+            raise ValueError(
+                "previous must be planned on the same topology (slots per GPU, nodes) as the new plan; "
+                f"got {previous.topology.slots_per_gpu.tolist()} vs {problem.topology.slots_per_gpu.tolist()}"
+            )
+        if previous.num_experts != num_experts:
+            raise ValueError(f"previous has {previous.num_experts} experts, counts have {num_experts}")
+        phy2log = previous.phy2log
+    else:
+        if type(previous).__module__.split(".")[0] == "torch":
+            previous = previous.detach().cpu().numpy()
+        try:
+            phy2log, _ = check_placement(np.asarray(previous), num_experts, problem.topology)
+        except ValueError as exc:
+            raise ValueError(f"previous: {exc}") from None
+    if phy2log.shape[0] != num_layers:
+        raise ValueError(f"previous has {phy2log.shape[0]} layers, counts have {num_layers}")
+    # writable (a Placement's array is read-only): the kernels then get one compiled specialization
+    return np.require(phy2log, dtype=np.int64, requirements="CW")
+
+
+RESTARTS = ("steepest", "recount", "regroup")  # the searches tried where the first one stalls
+TINY_SLOTS = 16  # layers with at most this many slots also get an exhaustive search for fewer changes
+BOUND_FIRST_SLOTS = 128
+"""Layers with at least this many slots take the bound-first search (:func:`near_bound`). There the
+plan from scratch is most of a rebalance's time (DeepSeek-V3 size: 11 -> 6.6 ms hierarchical, 19
+-> 10 ms global), and the tighter cap costs few moves (3.8 -> 4.0% of the slots per rebalance
+hierarchical, 8.8 -> 9.0% global, bench/serving.py). In smaller layers one slot is a large share
+of the layer, every avoided move matters (gpt-oss-20b on 40 slots: 27.4% -> 27.9%), and planning
+from scratch takes a few milliseconds anyway."""
+TINY_WORK = 1_300_000  # placements that search checks per layer at most (~40 ms if it finds none)
+
+
+def migrate(weights: np.ndarray, problem: Problem, previous: np.ndarray, scratch: np.ndarray, *,
+            tolerance: float | None = 0.005, max_moves=None, exact: dict | None = None) -> tuple[np.ndarray, dict]:
+    """Choose, per layer, a placement close to ``previous`` and about as balanced as ``scratch``.
+
+    Args:
+        weights: ``[L, E]`` float64 loads to plan for.
+        problem: topology and groups (with ``problem.hierarchical`` no move puts an expert on a
+            node holding no expert of its group, and nodes are relabelled as a whole).
+        previous: ``[L, S]`` int64, the placement in service.
+        scratch: ``[L, S]`` int64, a plan from scratch for ``weights`` (the balance reference).
+        tolerance: accept a max GPU load up to ``(1 + tolerance)`` times the one of ``scratch``
+            (``None``: as balanced as the budget allows).
+        max_moves: at most this many slots change per layer (``None``: no limit).
+        exact: ``None``, or the options (``time_limit``, ``workers``) of the CP-SAT model of
+            :mod:`eplb.planning.exact_migration`, warm-started from the search's result: the fewest changed
+            slots within the tolerance (and the budget), proven per layer where the solver finishes.
+    Returns:
+        ``phy2log [L, S]`` and info: ``slots_changed [L]``, ``scratch_max_load [L]``,
+        ``from_scratch [L]`` bool (the layer took the relabelled fresh plan: the local search
+        missed the target and the fresh plan fits the budget); with ``exact`` also
+        ``fewest_changes_proven [L]`` bool and ``fewest_changes_bound [L]`` (proven fewest changes
+        within the tolerance; 0 where unknown).
+    """
+    topology = problem.topology
+    num_layers, num_experts = weights.shape
+    num_slots = topology.num_slots
+    tolerance, budget = check_trade_off(tolerance, max_moves, num_slots)
+
+    scratch_peak = _peaks(weights, scratch, topology)
+    target = np.full(num_layers, -1.0) if tolerance is None else scratch_peak * (1.0 + tolerance)
+    layout = search_layout(problem, num_experts)
+    group_of_expert = layout.group_of_expert
+    budgets = np.full(num_layers, budget, np.int64)
+    # a layer whose previous placement spreads a group over nodes cannot be searched from: the
+    # search keeps groups where they are. It takes the relabelled fresh plan (hierarchical) below.
+    spread = groups_spread(previous, problem, num_experts)
+    kept = np.flatnonzero(~spread)
+    local, local_changes = previous.copy(), np.zeros(num_layers, np.int64)
+    local_peak = np.full(num_layers, np.inf)
+    if kept.size:
+        # per_change given (True, the default) in every call: one compiled specialization
+        local[kept], local_changes[kept], _ = search_near_previous(
+            np.ascontiguousarray(weights[kept]), np.ascontiguousarray(previous[kept]),
+            np.ascontiguousarray(previous[kept]), layout, target[kept], budgets[kept], 2 * num_slots, True)
+        local_peak[kept] = _peaks(weights[kept], local[kept], topology)
+    # Where the search from the previous placement stalls above the target, search again: (a) by
+    # steepest descent, (b) from the previous placement with the fresh plan's replica counts, and
+    # in hierarchical mode (c) with whole groups moved to the nodes the fresh plan gives them.
+    for restart in RESTARTS:
+        if restart == "regroup" and not (problem.hierarchical and topology.num_nodes > 1):
+            continue
+        missed = np.flatnonzero((local_peak > target) & ~spread)
+        if restart == "steepest":
+            starts = [(layer, previous[layer]) for layer in missed]
+        elif restart == "recount":
+            starts = [(layer, _recounted(weights[layer], previous[layer], scratch[layer], topology, group_of_expert,
+                                         problem.hierarchical)) for layer in missed]
+        else:
+            starts = [(layer, _regrouped(weights[layer], previous[layer], scratch[layer], topology,
+                                         problem.num_groups)) for layer in missed]
+        starts = [(layer, row) for layer, row in starts if row is not None]
+        if starts:
+            rows = np.array([layer for layer, _ in starts])
+            tried, tried_changes, _ = search_near_previous(
+                weights[rows], np.stack([row for _, row in starts]), np.ascontiguousarray(previous[rows]), layout,
+                target[rows], budgets[rows], 2 * num_slots, restart != "steepest")
+            tried_peak = _peaks(weights[rows], tried, topology)
+            for i, layer in enumerate(rows):
+                if tried_changes[i] <= budget and _better(tried_peak[i], tried_changes[i], local_peak[layer],
+                                                          local_changes[layer], target[layer]):
+                    local[layer], local_changes[layer], local_peak[layer] = tried[i], tried_changes[i], tried_peak[i]
+    # the relabelled fresh plan is only needed where the local search missed the target
+    missed = np.flatnonzero(local_peak > target)
+    relabelled = local.copy()
+    fresh_changes = np.full(num_layers, num_slots + 1, np.int64)
+    fresh_peak = np.full(num_layers, np.inf)
+    if missed.size:
+        before = np.ascontiguousarray(previous[missed])
+        matched, _ = relabel_like(np.ascontiguousarray(scratch[missed], dtype=np.int64), before,
+                                  topology.slot_offsets, topology.gpus_per_node, problem.hierarchical, num_experts)
+        # then give slots back their previous expert wherever the target allows (no search steps)
+        relabelled[missed], fresh_changes[missed], _ = search_near_previous(
+            weights[missed], matched, before, layout, target[missed], budgets[missed], 0, True)
+        fresh_peak[missed] = _peaks(weights[missed], relabelled[missed], topology)
+
+    use_fresh = spread.copy()
+    for layer in kept:
+        use_fresh[layer] = fresh_changes[layer] <= budget and _better(
+            fresh_peak[layer], fresh_changes[layer], local_peak[layer], local_changes[layer], target[layer])
+    over = np.flatnonzero(spread & (fresh_changes > budget))
+    if over.size:
+        warnings.warn(
+            f"previous spreads expert groups over nodes in layers {over.tolist()}: keeping every group on one "
+            f"node changes {fresh_changes[over].tolist()} slots there, more than max_moves={budget}",
+            RuntimeWarning, stacklevel=5)  # the caller of eplb.plan
+    phy2log = np.where(use_fresh[:, None], relabelled, local)
+    changes = np.where(use_fresh, fresh_changes, local_changes)
+    if topology.num_slots <= TINY_SLOTS and not problem.hierarchical and tolerance is not None:
+        # small layers: an exhaustive search for fewer changes (within a fixed amount of work)
+        chosen_peak = np.where(use_fresh, fresh_peak, local_peak)
+        for layer in range(num_layers):
+            met = chosen_peak[layer] <= target[layer]
+            most = int(changes[layer]) if met else budget + 1  # missed: any fit within the budget is better
+            if most < 2:
+                continue
+            row, fewer = fewest_changes_search(weights[layer], previous[layer], topology.slot_offsets, target[layer],
+                                               min(most, num_slots + 1), TINY_WORK)
+            if fewer > 0 and _peaks(weights[layer:layer + 1], row[None], topology)[0] <= target[layer]:
+                phy2log[layer], changes[layer] = row, fewer
+    info = {}
+    if exact is not None:
+        from .exact_migration import fewest_changes
+
+        options = {k: v for k, v in exact.items() if k in ("time_limit", "workers")}
+        phy2log, solved = fewest_changes(weights, problem, previous, np.ascontiguousarray(phy2log),
+                                         cap=None if tolerance is None else target,
+                                         max_moves=max_moves if max_moves is None else budget, **options)
+        changes = solved["slots_changed"]
+        info = {"fewest_changes_proven": solved["proven"], "fewest_changes_bound": solved["fewest_changes_bound"]}
+    info = {
+        **info,
+        "slots_changed": changes,
+        "scratch_max_load": scratch_peak,
+        "from_scratch": use_fresh,
+        "regrouped": spread,
+        "tolerance": tolerance,
+        "max_moves": max_moves,
+    }
+    return phy2log, info
+
+
+def plan_near(weights: np.ndarray, problem: Problem, previous: np.ndarray | None, *, method: str,
+              tolerance: float | None = 0.005, max_moves=None, options: dict | None = None,
+              threads: int = 1) -> tuple[np.ndarray, dict]:
+    """``phy2log [L, S]`` and info for ``weights [L, E]``: from scratch with ``method``, then (with
+    ``previous [L, S]``) close to ``previous`` via :func:`migrate`. No bounds are computed: this is
+    the fast path for serving engines (:class:`eplb.Balancer`, the engine adapters).
+
+    ``threads > 1`` plans contiguous chunks of layers on that many threads (the kernels release
+    the GIL). Every layer's row depends on that layer alone, so the result is the same for any
+    number of threads (property-tested); only the wall time changes.
+    """
+    start = time.perf_counter()
+    threads = as_int(threads, "threads", minimum=1)
+    chunks = np.array_split(np.arange(weights.shape[0]), min(threads, weights.shape[0]))
+    if len(chunks) == 1:
+        phy2log, info = _plan_layers(weights, problem, previous, method, tolerance, max_moves, options)
+    else:
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(len(chunks)) as pool:
+            parts = list(pool.map(lambda rows: _plan_layers(
+                weights[rows], problem, None if previous is None else previous[rows], method, tolerance, max_moves,
+                options), chunks))
+        phy2log = np.concatenate([part for part, _ in parts])
+        info = _merge_infos([part_info for _, part_info in parts])
+    return phy2log, {**info, "time_s": time.perf_counter() - start}
+
+
+def _plan_layers(weights, problem, previous, method, tolerance, max_moves, options):
+    """:func:`plan_near` on one chunk of layers (no timing)."""
+    options = options or {}
+    if previous is None:
+        return get_method(method)(weights, problem, **options)
+    num_layers = weights.shape[0]
+    within = np.zeros(num_layers, bool)
+    if _bound_first(problem, tolerance, method):
+        tolerance, budget = check_trade_off(tolerance, max_moves, problem.topology.num_slots)
+        near, near_changes, within = near_bound(weights, problem, previous, tolerance=tolerance, budget=budget)
+    rows = np.flatnonzero(~within)
+    # the other layers: plan from scratch (the reference), then migrate towards it
+    scratch, info = get_method(method)(np.ascontiguousarray(weights[rows]), problem, **options)
+    phy2log, moved = migrate(np.ascontiguousarray(weights[rows]), problem, np.ascontiguousarray(previous[rows]),
+                             scratch, tolerance=tolerance, max_moves=max_moves,
+                             exact=options if method == "exact" else None)
+    if rows.size == num_layers:
+        return phy2log, {**info, **moved, "within_bound": within}
+    changes, scratch_peak, from_scratch = near_changes.copy(), np.full(num_layers, np.nan), np.zeros(num_layers, bool)
+    near[rows], changes[rows] = phy2log, moved["slots_changed"]
+    scratch_peak[rows], from_scratch[rows] = moved["scratch_max_load"], moved["from_scratch"]
+    return near, {**info, **moved, "slots_changed": changes, "scratch_max_load": scratch_peak,
+                  "from_scratch": from_scratch, "within_bound": within}
+
+
+def _bound_first(problem: Problem, tolerance: float | None, method: str) -> bool:
+    """Whether :func:`plan_near` tries :func:`near_bound` before planning from scratch: with a
+    tolerance, on layers of at least :data:`BOUND_FIRST_SLOTS` slots, except for the exact method
+    (its reference is its own plan)."""
+    return tolerance is not None and method != "exact" and problem.topology.num_slots >= BOUND_FIRST_SLOTS
+
+
+def _merge_infos(infos: list[dict]) -> dict:
+    """The info of the whole plan from the infos of its chunks of layers: per-layer arrays and lists
+    concatenated, counts of layers summed, flags or-ed, settings (equal in every chunk) kept."""
+    merged = {}
+    for key, first in infos[0].items():
+        values = [info[key] for info in infos]
+        if isinstance(first, np.ndarray) and first.ndim >= 1:
+            merged[key] = np.concatenate(values)
+        elif isinstance(first, list):
+            merged[key] = [item for value in values for item in value]
+        elif isinstance(first, bool):  # flags ("interrupted") or settings equal in every chunk
+            merged[key] = any(values)
+        elif isinstance(first, (int, np.integer)) and key.startswith("layers_"):
+            merged[key] = int(sum(values))
+        else:
+            merged[key] = first
+    return merged
+
+
+def check_trade_off(tolerance, max_moves, num_slots: int) -> tuple[float | None, int]:
+    """``(tolerance, budget of changed slots per layer)`` checked: a clear ``ValueError`` otherwise."""
+    if tolerance is not None:
+        tolerance = float(tolerance)
+        if not np.isfinite(tolerance) or tolerance < 0:
+            raise ValueError(f"tolerance must be a non-negative number or None, got {tolerance}")
+    if tolerance is None and max_moves is None:
+        raise ValueError("give tolerance, max_moves or both (else there is no trade-off to make)")
+    return tolerance, num_slots if max_moves is None else as_int(max_moves, "max_moves", minimum=0)
+
+
+def search_layout(problem: Problem, num_experts: int) -> SearchLayout:
+    """The deployment as :func:`eplb.kernels.few_changes.search_near_previous` takes it."""
+    topology = problem.topology
+    if problem.hierarchical:
+        group_of_expert = np.arange(num_experts, dtype=np.int64) // (num_experts // problem.num_groups)
+        num_groups = problem.num_groups
+    else:
+        group_of_expert = np.zeros(num_experts, np.int64)
+        num_groups = 1
+    return SearchLayout(topology.gpu_of_slot, topology.slot_offsets, topology.node_of_gpu, group_of_expert,
+                        bool(problem.hierarchical), int(num_groups))
+
+
+def reference_bound(weights: np.ndarray, problem: Problem) -> np.ndarray:
+    """``[L]`` a lower bound on the max load of any plan from scratch, cheap enough for every
+    rebalance: the average bound, and in hierarchical mode the bound that the group -> node search
+    proves (about 2 ms at DeepSeek-V3 size; the full :func:`eplb.analysis.bounds.lower_bound` costs ~5 ms)."""
+    bound = average_bound(weights, problem.topology)
+    if problem.hierarchical:
+
+        _, proven = group_assignment(weights, problem, lower=bound)
+        bound = np.maximum(bound, proven)
+    return bound
+
+
+def near_bound(weights: np.ndarray, problem: Problem, previous: np.ndarray, *, tolerance: float,
+               budget: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The first search of :func:`migrate` with a lower bound as the reference: improve ``previous``
+    until its max load is within ``(1 + tolerance)`` of :func:`reference_bound`, at most ``budget``
+    changed slots per layer.
+
+    A layer that gets there is within the tolerance of any plan from scratch (none is lighter than
+    the bound), so it needs none. Returns ``phy2log [L, S]``, ``slots_changed [L]`` and
+    ``within [L]`` bool (the layers that got there).
+    """
+    num_layers, num_experts = weights.shape
+    near, changes, within = previous.copy(), np.zeros(num_layers, np.int64), np.zeros(num_layers, bool)
+    rows = np.flatnonzero(~groups_spread(previous, problem, num_experts))  # the others must move groups: see migrate
+    if rows.size == 0:
+        return near, changes, within
+    if rows.size < num_layers:
+        weights, previous = np.ascontiguousarray(weights[rows]), np.ascontiguousarray(previous[rows])
+    target = reference_bound(weights, problem) * (1.0 + tolerance)
+    near[rows], changes[rows], _ = search_near_previous(
+        weights, previous, previous, search_layout(problem, num_experts), target,
+        np.full(rows.size, budget, np.int64), 2 * problem.topology.num_slots, True)
+    within[rows] = _peaks(weights, near[rows], problem.topology) <= target
+    return near, changes, within
+
+
+def groups_spread(phy2log: np.ndarray, problem: Problem, num_experts: int) -> np.ndarray:
+    """``[L]`` bool: the layers of ``phy2log [L, S]`` where some expert group has replicas on more
+    than one node (always False unless ``problem.hierarchical``)."""
+    num_layers = phy2log.shape[0]
+    if not problem.hierarchical or problem.topology.num_nodes == 1:
+        return np.zeros(num_layers, bool)
+    topology = problem.topology
+    group = phy2log // (num_experts // problem.num_groups)  # [L, S]
+    node = topology.node_of_gpu[topology.gpu_of_slot]  # [S]
+    present = np.zeros((num_layers, problem.num_groups, topology.num_nodes), bool)
+    present[np.arange(num_layers)[:, None], group, node[None, :]] = True
+    return (present.sum(axis=2) > 1).any(axis=1)
+
+
+def _better(peak_a, changes_a, peak_b, changes_b, target) -> bool:
+    """Whether candidate a beats b: meeting the target first, then fewer changes (both meet it) or
+    a lower peak (neither does)."""
+    ok_a, ok_b = peak_a <= target, peak_b <= target
+    if ok_a != ok_b:
+        return bool(ok_a)
+    if ok_a:
+        return bool(changes_a < changes_b)
+    return bool(peak_a < peak_b)
+
+
+def _recounted(weights: np.ndarray, previous: np.ndarray, scratch: np.ndarray, topology, group_of_expert,
+               hierarchical: bool):
+    """A start for the local search of one layer: the previous placement with the replica counts
+    of the fresh plan. Surplus replicas leave the most loaded GPUs first; the freed slots go to the
+    experts short of replicas, largest per-replica load first, lightest GPU first (same node as the
+    expert's group in hierarchical mode). ``None`` when that is not possible.
+
+    Args:
+        weights: ``[E]``; previous, scratch: ``[S]``; group_of_expert: ``[E]``.
+    Returns:
+        ``[S]`` int64 or ``None``.
+    """
+    num_experts = weights.shape[0]
+    have = np.bincount(previous, minlength=num_experts)
+    want = np.bincount(scratch, minlength=num_experts)
+    if np.array_equal(have, want):
+        return None
+    gpu, offsets = topology.gpu_of_slot, topology.slot_offsets
+    node_of_slot = topology.node_of_gpu[gpu]
+    share = weights / np.maximum(want, 1)
+    row = previous.copy()
+    loads = np.bincount(gpu, weights=share[row], minlength=topology.num_gpus)
+    free = []
+    # Python sorts of short lists, not NumPy's: NumPy's sorts release the GIL, and each time a
+    # planning thread then waits up to a switch interval for a busy thread to give it back
+    for e in np.flatnonzero(have > want):
+        slots = sorted(np.flatnonzero(row == e).tolist(), key=lambda s: (-loads[gpu[s]], s))[: have[e] - want[e]]
+        for s in slots:
+            loads[gpu[s]] -= share[e]
+        free.extend(slots)
+    short = np.flatnonzero(want > have)
+    needs = sorted(np.repeat(short, (want - have)[short]).tolist(), key=lambda e: (-share[e], e))
+    free = np.array(free, dtype=np.int64)
+    taken = np.zeros(free.size, bool)
+    group_node = None
+    if hierarchical:
+        num_groups = int(group_of_expert.max()) + 1
+        present = np.zeros((num_groups, topology.num_nodes), bool)
+        present[group_of_expert[previous], node_of_slot] = True
+        if (present.sum(axis=1) != 1).any():
+            return None
+        group_node = np.argmax(present, axis=1)
+    for e in needs:
+        best = -1
+        for i in np.flatnonzero(~taken):
+            s = free[i]
+            if hierarchical and node_of_slot[s] != group_node[group_of_expert[e]]:
+                continue
+            if np.any(row[offsets[gpu[s]]:offsets[gpu[s] + 1]] == e):
+                continue  # never a second replica of e on one GPU
+            key = (loads[gpu[s]], s)
+            if best < 0 or key < best_key:
+                best, best_key = i, key
+        if best < 0:
+            return None
+        taken[best] = True
+        row[free[best]] = e
+        loads[gpu[free[best]]] += share[e]
+    return row
+
+
+def _regrouped(weights: np.ndarray, previous: np.ndarray, scratch: np.ndarray, topology, num_groups: int):
+    """A start for the local search of one layer: every group on the node the fresh plan gives it
+    (nodes matched to keep the most groups in place), groups that stay keep their slots, arriving
+    groups take the slots of leaving ones (one replica per expert, then the largest per-replica
+    loads get the spare slots). ``None`` if a placement does not keep its groups on one node.
+
+    Args:
+        weights: ``[E]``; previous, scratch: ``[S]`` placements keeping each group on one node.
+    Returns:
+        ``[S]`` int64 or ``None``.
+    """
+    num_experts = weights.shape[0]
+    size = num_experts // num_groups
+    gpu_of_slot, offsets = topology.gpu_of_slot, topology.slot_offsets
+    node_of_slot = topology.node_of_gpu[gpu_of_slot]
+    group = np.arange(num_experts) // size
+
+    def node_of_group(row):
+        present = np.zeros((num_groups, topology.num_nodes), bool)
+        present[group[row], node_of_slot] = True
+        if (present.sum(axis=1) != 1).any():
+            return None
+        return np.argmax(present, axis=1)
+
+    old_node, new_node = node_of_group(previous), node_of_group(scratch)
+    if old_node is None or new_node is None:
+        return None
+    num_nodes = topology.num_nodes
+    per_node = topology.slots_per_gpu.reshape(num_nodes, -1)
+    cost = np.zeros((num_nodes, num_nodes))
+    for a in range(num_nodes):
+        for b in range(num_nodes):
+            if not np.array_equal(per_node[a], per_node[b]):
+                cost[a, b] = 1e9
+            else:
+                cost[a, b] = -np.sum((new_node == a) & (old_node == b))
+    new_node = min_cost_assignment(cost)[new_node]  # in the previous placement's node labels
+    row = previous.copy()
+    for n in range(num_nodes):
+        arriving = [e for g in np.flatnonzero((new_node == n) & (old_node != n)) for e in range(g * size, (g + 1) * size)]
+        slots = np.flatnonzero(node_of_slot == n)
+        free = [s for s in slots if new_node[group[row[s]]] != n]  # leaving groups' slots
+        if not arriving and not free:
+            continue
+        if len(free) < len(arriving):
+            # take spare replicas of staying experts, the lightest per replica first
+            counts = np.bincount(row[slots], minlength=num_experts)
+            spare = [s for s in slots if new_node[group[row[s]]] == n and counts[row[s]] > 1]
+            spare.sort(key=lambda s: (weights[row[s]] / counts[row[s]], s))
+            for s in spare:
+                if len(free) >= len(arriving):
+                    break
+                if counts[row[s]] > 1:
+                    counts[row[s]] -= 1
+                    free.append(s)
+        if len(free) < len(arriving):
+            return None
+        free.sort()
+        for s, e in zip(free, arriving):
+            row[s] = e
+        counts = np.bincount(row[slots][[new_node[group[e]] == n for e in row[slots]]], minlength=num_experts)
+        members = np.flatnonzero(new_node[group] == n)
+        on_gpu = np.zeros(num_experts, bool)
+        for s in free[len(arriving):]:
+            on_gpu[:] = False
+            on_gpu[row[offsets[gpu_of_slot[s]]:offsets[gpu_of_slot[s] + 1]]] = True
+            allowed = (counts[members] > 0) & ~on_gpu[members]  # no second replica on one GPU
+            if not allowed.any():
+                return None
+            e = members[np.argmax(np.where(allowed, weights[members] / np.maximum(counts[members], 1), -1.0))]
+            row[s] = e
+            counts[e] += 1
+    return row
+
+
+def warm_search_kernels(topology) -> None:
+    """Compile (or load from the cache) the kernels :func:`migrate` calls only on some loads (the
+    relabelled fresh plan, the node matching of the regroup restart, the exhaustive search of small
+    layers), with the argument types it passes; the rest is compiled by any migration-aware plan."""
+    min_cost_assignment(np.zeros((2, 2)))
+    row = np.arange(topology.num_slots, dtype=np.int64)[None, :]
+    relabel_like(np.ascontiguousarray(row), np.ascontiguousarray(row), topology.slot_offsets, topology.gpus_per_node,
+                 False, topology.num_slots)
+    if topology.num_slots <= TINY_SLOTS:
+        weights = np.ones((1, topology.num_slots))
+        previous = np.zeros((1, topology.num_slots), np.int64)
+        fewest_changes_search(weights[0], previous[0], topology.slot_offsets, np.ones(1)[0], 1, TINY_WORK)
+
+
+def _peaks(weights: np.ndarray, phy2log: np.ndarray, topology) -> np.ndarray:
+    """``[L]`` max GPU load of ``phy2log`` on ``weights``."""
+    if phy2log.shape[0] == 0:
+        return np.zeros(0)
+    logcnt = replica_counts(np.require(phy2log, requirements="CW"), weights.shape[1])  # one specialization
+    return gpu_loads(weights, phy2log, logcnt, topology).max(axis=-1)

@@ -1,0 +1,102 @@
+"""Compile, ahead of serving, every kernel a deployment will use: :func:`warmup`.
+
+eplb's kernels are compiled by Numba on their first call and cached on disk (see
+:mod:`eplb.kernels._cache`). An engine that plans inside its serving loop must not stall on that
+compile: run :func:`warmup` (or ``eplb warmup``) once while building the container or starting the
+server, for the configuration the engine will serve. Later processes then load the compiled code
+from the cache (a fraction of a second) instead of compiling it.
+
+Which kernels a call compiles depends on the configuration (hierarchical or global, slots per GPU,
+tiny or not) and on the loads (a layer near its bound skips the searches). So the warm-up plans
+the configuration itself, with few layers of synthetic loads that take every path: skewed (Zipf,
+hot experts), uniform and all-zero (dense) layers, from scratch and from a placement in service,
+and it computes the lower bound, the migration and, with ``balancer=True``, a Balancer's whole
+record / decide / rebalance cycle (:func:`eplb.serving.balancer.warm_kernels`).
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from .planning.api import plan, rebalance_experts
+from .serving.balancer import warm_kernels
+from .planning.methods import DEFAULT_METHOD, METHODS
+from .model.problem import make_problem
+from .simulation.synthetic import skewed_counts
+from .serving.transfer import transfer_plan
+
+def synthetic_loads(num_experts: int, num_groups: int | None = None, seed: int = 0) -> np.ndarray:
+    """``[5, E]`` int64 token counts whose layers take every planning path: Zipf 1.5 (heavy hot
+    experts: the aligned replications and retries), hot experts, lognormal, uniform, all zero."""
+    rows = [
+        skewed_counts(1, num_experts, family="zipf", skew=1.5, num_groups=num_groups, seed=seed),
+        skewed_counts(1, num_experts, family="hot", skew=1.0, num_groups=num_groups, seed=seed + 1),
+        skewed_counts(1, num_experts, family="lognormal", skew=1.0, num_groups=num_groups, seed=seed + 2),
+        skewed_counts(1, num_experts, family="uniform", num_groups=num_groups, seed=seed + 3),
+        np.zeros((1, num_experts), np.int64),
+    ]
+    return np.concatenate(rows)
+
+
+def _timed(steps: dict, name: str, fn) -> None:
+    start = time.perf_counter()
+    fn()
+    steps[name] = time.perf_counter() - start
+
+
+def warmup(num_experts, *, num_slots=None, num_gpus=None, num_nodes=1, num_groups=None, methods=None,
+           balancer=True) -> dict:
+    """Compile (or load from Numba's on-disk cache) every kernel this configuration will use.
+
+    Args:
+        num_experts: ``E`` logical experts per layer.
+        num_slots, num_gpus, num_nodes, num_groups: the deployment, as for :func:`eplb.plan`
+            (keyword-only, like every deployment argument of the package).
+        methods: planning methods to warm (names from ``eplb.METHODS``); default the default
+            method and ``"greedy"`` (``rebalance_experts(method="greedy")``).
+        balancer: also warm a :class:`eplb.Balancer` of each method (:func:`eplb.serving.balancer.warm_kernels`:
+            record, should_rebalance, rebalance on loads that take every path).
+    Returns:
+        ``{"steps": {name: seconds}, "time_s": total seconds, "methods": [...], "balancer": bool}``;
+        a step that compiled takes seconds, one that loaded from the cache milliseconds.
+    Raises:
+        ValueError: a bad configuration or an unknown method (as :func:`eplb.plan` would).
+    """
+    problem = make_problem(int(num_experts), num_slots, num_gpus, num_nodes, num_groups)  # validates
+    if methods is None:
+        methods = list(dict.fromkeys([DEFAULT_METHOD, "greedy"]))
+    elif isinstance(methods, str):
+        methods = [methods]
+    methods = list(methods)
+    for method in methods:
+        if method not in METHODS:
+            raise ValueError(f"methods must be names from {sorted(METHODS)}, got {method!r}")
+    if not isinstance(balancer, bool):
+        raise ValueError(f"balancer must be True or False, got {balancer!r}")
+    num_experts = int(num_experts)
+    config = dict(num_slots=problem.topology.num_slots, num_gpus=problem.topology.num_gpus,
+                  num_nodes=problem.topology.num_nodes, num_groups=problem.num_groups)
+    loads = synthetic_loads(num_experts, problem.num_groups)
+    later = synthetic_loads(num_experts, problem.num_groups, seed=10)  # the loads drift
+    steps: dict[str, float] = {}
+    start = time.perf_counter()
+    for method in methods:
+        def from_scratch(method=method):
+            placement = plan(loads, method=method, **config)
+            placement.lower_bound  # computed on first access: the bound kernels
+            placement.gap
+            near = plan(later, method=method, previous=placement, **config)  # migration-aware
+            transfer_plan(placement, near)
+
+        _timed(steps, f"plan {method}", from_scratch)
+        if problem.topology.is_uniform:
+            _timed(steps, f"rebalance_experts {method}",
+                   lambda method=method: rebalance_experts(loads, config["num_slots"], config["num_groups"] or 1,
+                                                           config["num_nodes"], config["num_gpus"], method=method))
+    if balancer:
+        for method in methods:
+            _timed(steps, f"Balancer {method}", lambda method=method: warm_kernels(num_experts, method=method, **config))
+    return {"steps": steps, "time_s": time.perf_counter() - start, "methods": methods, "balancer": balancer}
+

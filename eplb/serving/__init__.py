@@ -1,0 +1,1 @@
+"""Serving: the online balancer, transfer plans, engine adapters."""

@@ -1,0 +1,365 @@
+"""vLLM adapter: eplb as vLLM's EPLB policy, for each policy interface vLLM has shipped.
+
+vLLM asks its EPLB policy for a new placement; the interface changed over releases (checked on the
+released wheels' ``vllm/distributed/eplb/`` files, see ``tests/engine_interfaces/vllm.json``):
+
+``"function"`` (vLLM 0.11 - 0.12; EPLB first shipped in 0.9)
+    No policy class: ``eplb_state.py`` imports ``rebalance_experts(weight, num_replicas,
+    num_groups, num_nodes, num_gpus)`` from ``rebalance_algo`` and unpacks
+    ``(phy2log, log2phy, logcnt)``. :func:`install` replaces that name; :func:`rebalance_function`
+    is the replacement.
+``"triple"`` (vLLM 0.13 - 0.18)
+    ``AbstractEplbPolicy.rebalance_experts`` is a classmethod returning the three tensors
+    ``(phy2log [L, S], log2phy [L, E, R], logcnt [L, E])``; from 0.14 on it also takes
+    ``old_global_expert_indices`` (the placement in service, ``[L, S]``). :class:`EplbTriplePolicy`.
+``"phy2log"`` (vLLM 0.19 - 0.33, the latest release checked)
+    The same classmethod with ``old_global_expert_indices``, returning only ``phy2log [L, S]``.
+    :class:`EplbPolicy`.
+``"context"`` (vLLM development branch, not in a release up to 0.33)
+    An instance method ``rebalance_experts(context, policy_state) -> EplbPlan``; ``context``
+    carries ``load_window_cpu [samples, layers, experts]`` (oldest first), the placement in
+    service ``physical_to_logical_map_cpu [L, S]``, ``topology`` (``num_groups``, ``num_nodes``,
+    ``num_ranks``), ``num_replicas`` and ``cpu_group``; ``create_state(num_moe_layers)`` makes the
+    per-model state and ``on_layer_committed(policy_state, plan, layer_idx)`` runs after each layer
+    of a plan is installed. :class:`EplbContextPolicy`.
+
+:func:`detect_interface` tells them apart by inspecting the installed vLLM (the abstract policy
+class and its method's kind, parameters and return annotation; no version strings);
+:func:`policy_for` returns the matching adapter as a subclass of the engine's own abstract class,
+and :func:`install` registers it before the engine starts::
+
+    from eplb.serving.adapters.vllm import install
+    install(tolerance=0.005)         # replaces vLLM's "default" EPLB policy, any supported vLLM
+
+Every adapter plans with :func:`eplb.plan`: the default method, and, when vLLM passes the
+placement in service, a plan close to it (``previous=``) so few expert weights move. A placement
+in service of another shape (the EP size changed) is ignored: the plan starts from scratch. As
+vLLM's own policy does, expert groups are used only when they divide among the nodes.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import sys
+
+import numpy as np
+
+from ...model._validation import as_counts
+from ...planning.api import plan
+from ...planning.methods import DEFAULT_METHOD, get_method
+
+#: the interfaces :func:`detect_interface` can return, oldest first
+INTERFACES = ("function", "triple", "phy2log", "context")
+
+_POLICY_MODULE = "vllm.distributed.eplb.policy"
+_FUNCTION_MODULES = ("vllm.distributed.eplb.eplb_state", "vllm.distributed.eplb.async_worker")
+
+
+def _torch():
+    try:
+        import torch
+    except ImportError as exc:  # pragma: no cover - exercised only without torch
+        raise ImportError("the vLLM adapter returns torch tensors: pip install torch") from exc
+    return torch
+
+
+def _to_numpy(tensor, torch):
+    if isinstance(tensor, torch.Tensor):
+        return tensor.detach().cpu().numpy()
+    return np.asarray(tensor)
+
+
+def _placement(settings, weight, num_replicas: int, num_groups, num_nodes: int, num_ranks: int, old=None):
+    """Plan with ``settings`` (an object with ``method``, ``tolerance``, ``max_moves``, ``options``).
+
+    Args:
+        weight: ``[L, E]`` load of each logical expert, or a series ``[T, L, E]`` (summed over T).
+        old: ``[L, S]`` placement in service or ``None``; ignored when its shape is not ``[L, S]``.
+    Returns:
+        the :class:`eplb.Placement` (``phy2log [L, S]``, ``log2phy [L, E, R]``, ``logcnt [L, E]``).
+    """
+    torch = _torch()
+    weights = as_counts(weight, "weight", ndims=(2, 3))
+    if weights.ndim == 3:
+        weights = weights.sum(axis=0)
+    num_nodes = int(num_nodes) if num_nodes else 1
+    groups = int(num_groups) if num_groups else None
+    if groups is not None and groups % num_nodes != 0:
+        groups = None  # vLLM's own policy then plans globally too
+    previous = None
+    if old is not None:
+        old = _to_numpy(old, torch)
+        if old.shape == (weights.shape[0], int(num_replicas)):
+            previous = old.astype(np.int64, copy=False)
+    return plan(weights, num_slots=int(num_replicas), num_gpus=int(num_ranks), num_nodes=num_nodes,
+                num_groups=groups, method=settings.method, previous=previous, tolerance=settings.tolerance,
+                max_moves=settings.max_moves, **settings.options)
+
+
+def _tensor(array, like, torch):
+    result = torch.tensor(np.asarray(array), dtype=torch.int64)
+    if isinstance(like, torch.Tensor):
+        result = result.to(like.device)
+    return result
+
+
+class _Settings:
+    """Planning settings shared by every adapter (class attributes; see :meth:`configured`).
+
+    Attributes:
+        method: planning method (one of ``eplb.METHODS``).
+        tolerance, max_moves: migration trade-off when vLLM passes the placement in service:
+            accept a max GPU load up to ``1 + tolerance`` times planning from scratch, change at
+            most ``max_moves`` slots per layer.
+        options: passed to the method.
+    """
+
+    method: str = DEFAULT_METHOD
+    tolerance: float | None = 0.005
+    max_moves: int | None = None
+    options: dict = {}
+
+    @classmethod
+    def configured(cls, *, method: str = DEFAULT_METHOD, tolerance: float | None = 0.005, max_moves=None,
+                   **options):
+        """A subclass with these settings (vLLM instantiates policies itself, without arguments)."""
+        get_method(method)
+        return type(cls.__name__, (cls,), {"method": method, "tolerance": tolerance, "max_moves": max_moves,
+                                            "options": dict(options)})
+
+
+class EplbPolicy(_Settings):
+    """vLLM 0.19 - 0.33 (``"phy2log"``): classmethod returning ``phy2log``."""
+
+    @classmethod
+    def rebalance_experts(cls, weight, num_replicas: int, num_groups: int, num_nodes: int, num_ranks: int,
+                          old_global_expert_indices=None):
+        """New placement for the loads ``weight``.
+
+        Args:
+            weight: ``[L, E]`` load of each logical expert (torch tensor or array).
+            num_replicas: physical experts (slots) ``S``, a multiple of ``num_ranks``.
+            num_groups: expert groups (hierarchical placement when divisible by ``num_nodes``);
+                ``None`` or 0 for models without groups.
+            num_nodes: nodes; num_ranks: EP ranks (GPUs), a multiple of ``num_nodes``.
+            old_global_expert_indices: ``[L, S]`` the placement in service, or ``None``.
+        Returns:
+            ``phy2log [L, S]`` int64 torch tensor, on ``weight``'s device when it is a tensor.
+        """
+        torch = _torch()
+        placement = _placement(cls, weight, num_replicas, num_groups, num_nodes, num_ranks,
+                               old_global_expert_indices)
+        return _tensor(placement.phy2log, weight, torch)
+
+
+class EplbTriplePolicy(_Settings):
+    """vLLM 0.13 - 0.18 (``"triple"``): classmethod returning ``(phy2log, log2phy, logcnt)``."""
+
+    @classmethod
+    def rebalance_experts(cls, weight, num_replicas: int, num_groups: int, num_nodes: int, num_ranks: int,
+                          old_global_expert_indices=None):
+        """New placement for the loads ``weight`` (arguments as :meth:`EplbPolicy.rebalance_experts`).
+
+        Returns:
+            ``phy2log [L, S]``, ``log2phy [L, E, R]`` (padded with -1; vLLM pads it further to its
+            own width) and ``logcnt [L, E]``, int64 torch tensors on ``weight``'s device.
+        """
+        torch = _torch()
+        placement = _placement(cls, weight, num_replicas, num_groups, num_nodes, num_ranks,
+                               old_global_expert_indices)
+        return tuple(_tensor(a, weight, torch) for a in (placement.phy2log, placement.log2phy, placement.logcnt))
+
+
+def rebalance_function(settings=_Settings):
+    """vLLM <= 0.12 (``"function"``): a ``rebalance_experts(weight, num_replicas, num_groups,
+    num_nodes, num_gpus) -> (phy2log, log2phy, logcnt)`` function planning with ``settings`` (a
+    class from :meth:`EplbTriplePolicy.configured`, or the defaults)."""
+
+    policy = EplbTriplePolicy.configured(method=settings.method, tolerance=settings.tolerance,
+                                         max_moves=settings.max_moves, **settings.options)
+
+    def rebalance_experts(weight, num_replicas, num_groups, num_nodes, num_gpus):
+        return policy.rebalance_experts(weight, num_replicas, num_groups, num_nodes, num_gpus)
+
+    rebalance_experts.__doc__ = rebalance_function.__doc__
+    return rebalance_experts
+
+
+class EplbPolicyState:
+    """Per-model state of :class:`EplbContextPolicy` (what vLLM's ``create_state`` returns).
+
+    Attributes:
+        num_moe_layers: ``L``.
+        committed: ``[L, S]`` int64, the placement eplb last planned as far as vLLM has installed
+            it (a row is copied when vLLM reports the layer committed), or ``None`` before the
+            first commit.
+        plans: plans made; commits: layers committed.
+    """
+
+    def __init__(self, num_moe_layers: int):
+        self.num_moe_layers = int(num_moe_layers)
+        self.committed = None
+        self.plans = 0
+        self.commits = 0
+
+
+class EplbContextPolicy(_Settings):
+    """vLLM's context interface (``"context"``): an instance with ``create_state``,
+    ``rebalance_experts(context, policy_state) -> EplbPlan`` and ``on_layer_committed``.
+
+    ``plan_type`` is the engine's ``EplbPlan`` class (set by :func:`policy_for`); the plan's
+    ``physical_to_logical_map`` is a CPU int64 tensor ``[L, S]``.
+    """
+
+    plan_type = None
+    state_type = EplbPolicyState
+
+    def create_state(self, num_moe_layers: int):
+        """Independent state for one model."""
+        return self.state_type(num_moe_layers)
+
+    def rebalance_experts(self, context, policy_state):
+        """Plan from ``context.load_window_cpu [T, L, E]`` (summed over samples) close to
+        ``context.physical_to_logical_map_cpu [L, S]``; ``policy_state`` is only read."""
+        torch = _torch()
+        topology = context.topology
+        placement = _placement(self, context.load_window_cpu, context.num_replicas, topology.num_groups,
+                               topology.num_nodes, topology.num_ranks, context.physical_to_logical_map_cpu)
+        if isinstance(policy_state, EplbPolicyState):
+            policy_state.plans += 1
+        phy2log = torch.tensor(placement.phy2log, dtype=torch.int64)
+        if self.plan_type is None:
+            raise TypeError("EplbContextPolicy needs the engine's EplbPlan class: build it with policy_for()")
+        return self.plan_type(phy2log)
+
+    def on_layer_committed(self, policy_state, plan, layer_idx: int) -> None:
+        """Record that layer ``layer_idx`` of ``plan`` is now in service."""
+        if not isinstance(policy_state, EplbPolicyState):
+            return
+        table = _to_numpy(plan.physical_to_logical_map, _torch())
+        if policy_state.committed is None or policy_state.committed.shape != table.shape:
+            policy_state.committed = np.full(table.shape, -1, dtype=np.int64)
+        policy_state.committed[layer_idx] = table[layer_idx]
+        policy_state.commits += 1
+
+
+def _abstract_policy():
+    """The installed vLLM's ``AbstractEplbPolicy``, or ``None`` when vLLM has no policy package."""
+    try:
+        module = importlib.import_module(_POLICY_MODULE)
+    except ModuleNotFoundError as exc:
+        if exc.name is not None and (exc.name == "vllm" or _POLICY_MODULE.startswith(exc.name)):
+            return None
+        raise
+    return module.AbstractEplbPolicy
+
+
+def detect_interface(abstract=None) -> str:
+    """Which of :data:`INTERFACES` a vLLM policy class follows.
+
+    Args:
+        abstract: vLLM's ``AbstractEplbPolicy`` class; by default the installed vLLM's, or, when
+            vLLM has no ``vllm.distributed.eplb.policy`` package but has EPLB, ``"function"``.
+    Raises:
+        ImportError: vLLM (with EPLB) is not installed.
+        ValueError: ``abstract`` does not look like any interface eplb knows (named in the message).
+    """
+    if abstract is None:
+        abstract = _abstract_policy()
+        if abstract is None:
+            try:
+                importlib.import_module("vllm.distributed.eplb.rebalance_algo")
+            except ModuleNotFoundError as exc:
+                raise ImportError("vLLM with EPLB (vllm.distributed.eplb) is not installed") from exc
+            return "function"
+    method = inspect.getattr_static(abstract, "rebalance_experts", None)
+    if method is None:
+        raise ValueError(f"abstract={abstract!r} has no rebalance_experts: not a vLLM EPLB policy class eplb knows")
+    if isinstance(method, classmethod):
+        names = list(inspect.signature(method.__func__).parameters)[1:]
+        signature = inspect.signature(method.__func__)
+        legacy = ["weight", "num_replicas", "num_groups", "num_nodes", "num_ranks"]
+        if names[:5] != legacy or len(names) > 6 or (len(names) == 6 and names[5] != "old_global_expert_indices"):
+            raise ValueError(f"abstract.rebalance_experts takes {names}, expected {legacy} "
+                             "[+ old_global_expert_indices]")
+        returns = signature.return_annotation
+        text = returns if isinstance(returns, str) else repr(returns)
+        if len(names) == 5 or text.replace("typing.", "").lower().startswith("tuple"):
+            return "triple"
+        if returns is inspect.Signature.empty:
+            raise ValueError("abstract.rebalance_experts has no return annotation: cannot tell a (phy2log, "
+                             "log2phy, logcnt) policy from a phy2log one; pick the adapter class yourself")
+        return "phy2log"
+    names = list(inspect.signature(method).parameters)
+    if names == ["self", "context", "policy_state"]:
+        return "context"
+    raise ValueError(f"abstract.rebalance_experts is an instance method taking {names}, "
+                     "expected (self, context, policy_state)")
+
+
+_ADAPTERS = {"triple": EplbTriplePolicy, "phy2log": EplbPolicy, "context": EplbContextPolicy}
+
+
+def policy_for(abstract=None, **settings):
+    """The eplb policy class for a vLLM policy interface, as a subclass of ``abstract``.
+
+    Args:
+        abstract: vLLM's ``AbstractEplbPolicy`` (default: the installed vLLM's).
+        settings: ``method``, ``tolerance``, ``max_moves`` and method options (see
+            :meth:`EplbPolicy.configured`).
+    Returns:
+        a class vLLM can register in ``EPLB_POLICIES``; for the ``"context"`` interface its plans
+        are instances of the ``EplbPlan`` class defined next to ``abstract``.
+    Raises:
+        ValueError: the interface is ``"function"`` (no policy class: use :func:`install`) or
+            unknown.
+    """
+    if abstract is None:
+        abstract = _abstract_policy()
+    interface = detect_interface(abstract)
+    if interface == "function":
+        raise ValueError("this vLLM has no policy classes (rebalance_algo.rebalance_experts is a function): "
+                         "use eplb.serving.adapters.vllm.install() or rebalance_function()")
+    adapter = _ADAPTERS[interface].configured(**settings)
+    namespace = {"__module__": __name__, "__doc__": adapter.__doc__}
+    if interface == "context":
+        module = sys.modules[abstract.__module__]
+        namespace["plan_type"] = getattr(module, "EplbPlan")
+        engine_state = getattr(module, "EplbPolicyState", None)
+        if engine_state is not None:
+            namespace["state_type"] = type("EplbPolicyState", (EplbPolicyState, engine_state),
+                                           {"__module__": __name__})
+    return type(abstract)(_ADAPTERS[interface].__name__, (adapter, abstract), namespace)
+
+
+def install(name: str = "default", **settings):
+    """Make vLLM plan with eplb: call before the engine starts (in every process that plans).
+
+    For policy interfaces, registers :func:`policy_for`'s class as ``EPLB_POLICIES[name]`` (the
+    policy chosen by ``--eplb-config '{"policy": ...}'``; ``"default"`` unless configured). For
+    the ``"function"`` interface (vLLM <= 0.12) it replaces ``rebalance_experts`` where vLLM's
+    EPLB modules imported it (``name`` is unused there).
+
+    Returns:
+        what was installed (the policy class or the function).
+    """
+    abstract = _abstract_policy()
+    if abstract is None:
+        detect_interface()  # raises ImportError without vLLM's EPLB
+        function = rebalance_function(_Settings.configured(**settings))
+        for module_name in _FUNCTION_MODULES:
+            module = sys.modules.get(module_name) or _import_if_present(module_name)
+            if module is not None and hasattr(module, "rebalance_experts"):
+                module.rebalance_experts = function
+        return function
+    policy = policy_for(abstract, **settings)
+    importlib.import_module(_POLICY_MODULE).EPLB_POLICIES[name] = policy
+    return policy
+
+
+def _import_if_present(module_name: str):
+    try:
+        return importlib.import_module(module_name)
+    except ModuleNotFoundError:
+        return None

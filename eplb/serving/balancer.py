@@ -1,0 +1,675 @@
+"""The online balancer a serving engine plugs in: record loads every forward pass, decide when a
+rebalance pays for its weight copies, and plan it close to the placement in service.
+
+Typical use inside an engine::
+
+    balancer = eplb.Balancer(num_layers=58, num_experts=256, num_slots=288, num_gpus=32,
+                             num_nodes=4, num_groups=8, window=1000, expert_bytes=44 << 20)
+    for step in serving_loop:
+        balancer.record(tokens_per_expert)          # [L, E] logical or [L, S] per slot
+        if step % 100 == 0 and balancer.should_rebalance():
+            placement, transfer = balancer.rebalance(commit=False)   # may run on a background thread
+            pending = transfer.chunks(8)                  # 8 layers' copies per step
+        if pending:
+            chunk = pending.pop(0)
+            engine.copy_weights(chunk)
+            balancer.commit(placement, chunk.layers)      # those layers are now in service
+
+Thread safety: :meth:`record` and the window snapshot taken by planning share a lock; planning
+itself runs in Numba kernels that release the GIL, so :meth:`rebalance` can run on a background
+thread while the engine keeps recording.
+
+Compilation: Numba compiles a kernel on its first call (tens of seconds on an empty cache). A
+``Balancer`` compiles every kernel its decisions and rebalances use before the serving loop needs
+them (``compile="eager"``, the default, at construction; ``"background"`` on a thread, see
+:class:`Balancer`); :func:`warm_kernels` does the same for a configuration without a balancer (for
+container builds: the compiled kernels land in Numba's cache, and later processes load them).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import numpy as np
+
+from ..model._validation import as_int
+from ..planning.api import make_problem
+from ..analysis.bounds import average_bound, replica_bound
+from ..model.cost import CostModel
+from ..kernels.gpu_work import gpu_work
+from ..kernels.load_window import first_bad_count, store_logical, store_physical, weighted_window, window_residuals
+from ..planning.methods import DEFAULT_METHOD, get_method
+from ..planning.migration import plan_near, warm_search_kernels
+from ..analysis.metrics import balancedness
+from ..analysis.placement import Placement, uniform_shares
+from ..model.topology import Topology
+from .transfer import TransferPlan, transfer_plan
+
+STATE_VERSION = 1
+COMPILE_MODES = ("eager", "background", "lazy")
+
+
+def round_robin_placement(num_layers: int, num_experts: int, topology: Topology, num_groups=None) -> Placement:
+    """The layout engines start from: slot ``s`` holds expert ``s % E`` in every layer."""
+    row = np.arange(topology.num_slots, dtype=np.int64) % num_experts
+    return Placement(np.tile(row, (num_layers, 1)), num_experts, topology, num_groups, method="round_robin")
+
+
+DEFAULT_TOLERANCE = 0.03
+"""The Balancer's default migration tolerance (see :class:`Balancer`)."""
+
+HORIZON_WINDOWS = 3
+"""With a cost model, a new placement's savings are counted over this many windows of passes
+unless ``horizon`` says otherwise (see :class:`Balancer`)."""
+
+FORECAST_MIN_PASSES = 10
+"""Fewer recorded passes than this: no trend is fitted (see :meth:`Balancer.planning_counts`)."""
+
+
+class Balancer:
+    """Online expert-load balancer: a window of recent loads and the placement in service.
+
+    Args:
+        num_layers: ``L`` MoE layers; num_experts: ``E`` logical experts per layer.
+        num_slots, num_gpus, num_nodes, num_groups, topology: the deployment, as for :func:`eplb.plan`.
+        window: ``W``, forward passes kept (a ring buffer ``[W, L, E]`` allocated once).
+        decay: ``None`` (all passes in the window weigh the same) or a factor in ``(0, 1]``: a pass
+            ``a`` steps old weighs ``decay ** a``.
+        forecast: plan for the loads this many passes past the newest, each expert's extrapolated
+            along its least-squares trend over the window (:meth:`planning_counts`); default
+            ``None``: half the window; ``0``: the window's loads as recorded. On the drifting
+            DeepSeek-V3-sized series of ``bench/decision_rule.py`` it cut the MoE time lost, stalls
+            included, on the held-out series, for a few more copies.
+        method: the planning method (``eplb.METHODS``); tolerance, max_moves: the trade-off of
+            migration-aware planning (see :func:`eplb.plan`). The default tolerance, 0.03, is the one
+            that lost the least MoE time, weight-copy stalls included, on the drifting DeepSeek-V3-sized
+            series of ``bench/simulate.py`` (global and hierarchical; 0.005 moved twice the weights for
+            a lower balance time but more stalls).
+        min_gain: rebalance only if the mean balancedness over layers rises by at least this much
+            (on the window's loads) ...
+        move_cost: ... plus ``move_cost`` times the fraction of slots that change (the migration cost
+            expressed in balancedness points: with 0.05, moving every slot must buy 0.05).
+        expert_bytes: bytes of one expert's weights in one layer (for transfer-plan byte totals).
+        cost_model: decide in time instead (:class:`eplb.CostModel`; recommended): rebalance when
+            the step time the candidate plan saves on the mean pass, times ``horizon`` passes,
+            exceeds the time its weight copies stall serving (``copy_mode="stall"``; copies beside
+            serving or free cost nothing), and its balancedness gain is at least ``min_gain`` (the
+            gain and the savings are measured on the loads the candidate was planned for, so they
+            run high; the hurdle keeps it from chasing that). Only time tells that memory-bound
+            decode passes gain next to nothing from token balance: on the decode series of
+            ``bench/decision_rule.py`` the balancedness rule rebalanced every check and lost time
+            to stalls, the decision in time never rebalanced. ``move_cost`` is not used. Not part of
+            :meth:`state_dict` (pass it again to :meth:`from_state_dict`).
+        horizon: passes over which a new placement's savings are counted (default: three windows,
+            :data:`HORIZON_WINDOWS`; placements serve several windows between rebalances, and one
+            window under-counted the savings: the Balancer rebalanced too rarely and lost more time,
+            stalls included, on the series of ``bench/decision_rule.py``); with ``cost_model`` only.
+        placement: the placement in service at start (default: slot ``s`` holds expert ``s % E``).
+        options: passed to the planning method.
+        threads: plan chunks of layers on this many threads (the kernels release the GIL); the
+            placement is the same for any number, only the wall time of a rebalance changes.
+        compile: when the Numba kernels of decisions and rebalances are compiled (or loaded from
+            Numba's cache), so that none is compiled inside the serving loop:
+
+            - ``"eager"`` (default): at construction, which then takes as long as compiling (20-60 s
+              on an empty cache; about a second once :func:`warm_kernels` or ``eplb warmup`` has
+              filled it, e.g. at container build);
+            - ``"background"``: the recording kernels at construction (about a second), the rest
+              on a daemon thread. Until it ends, :meth:`should_rebalance` does not block: it returns
+              False with ``last_decision["reason"] == "kernels still compiling"``; :meth:`rebalance`
+              (an explicit request) waits for the compile. :attr:`compiled` and
+              :meth:`wait_compiled` tell when it is done; an error in the thread is raised by the
+              next decision or rebalance;
+            - ``"lazy"``: on first use (scripts and tests; the first decision may then compile).
+    """
+
+    def __init__(self, num_layers, num_experts, *, num_slots=None, num_gpus=None, num_nodes=1, num_groups=None,
+                 topology: Topology | None = None, window: int = 100, decay: float | None = None,
+                 forecast: int | None = None, method: str = DEFAULT_METHOD, tolerance: float | None = DEFAULT_TOLERANCE, max_moves=None,
+                 min_gain: float = 0.01, move_cost: float = 0.05, expert_bytes: int | None = None,
+                 placement: Placement | None = None, options: dict | None = None, threads: int = 1,
+                 compile: str = "eager", cost_model: CostModel | None = None, horizon: int | None = None):
+        self.num_layers = as_int(num_layers, "num_layers", minimum=1)
+        self.num_experts = as_int(num_experts, "num_experts", minimum=1)
+        if cost_model is not None and not isinstance(cost_model, CostModel):
+            raise ValueError(f"cost_model must be an eplb.CostModel or None, got {type(cost_model).__name__}")
+        self.cost_model = cost_model
+        self.horizon = None if horizon is None else as_int(horizon, "horizon", minimum=1)
+        problem = make_problem(self.num_experts, num_slots, num_gpus, num_nodes, num_groups, topology)
+        self._problem = problem
+        self.topology = problem.topology
+        self.num_groups = problem.num_groups
+        get_method(method)  # fail early on an unknown method
+        self.window = as_int(window, "window", minimum=1)
+        if decay is not None:
+            decay = float(decay)
+            if not 0.0 < decay <= 1.0:
+                raise ValueError(f"decay must be in (0, 1] or None, got {decay}")
+        self.decay = decay
+        self.forecast = self.window // 2 if forecast is None else as_int(forecast, "forecast", minimum=0)
+        self.method = method
+        if tolerance is not None and not (np.isfinite(float(tolerance)) and float(tolerance) >= 0):
+            raise ValueError(f"tolerance must be a non-negative number or None, got {tolerance}")
+        if tolerance is None and max_moves is None:
+            raise ValueError("give tolerance, max_moves or both")
+        self.tolerance = tolerance
+        self.max_moves = None if max_moves is None else as_int(max_moves, "max_moves", minimum=0)
+        self.min_gain = _non_negative(min_gain, "min_gain")
+        self.move_cost = _non_negative(move_cost, "move_cost")
+        self.expert_bytes = None if expert_bytes is None else as_int(expert_bytes, "expert_bytes", minimum=0)
+        self.options = dict(options or {})
+        self.threads = as_int(threads, "threads", minimum=1)
+        if placement is None:
+            placement = round_robin_placement(self.num_layers, self.num_experts, self.topology, self.num_groups)
+        self._check_placement(placement)
+        self.placement = placement
+        self._buffer = np.zeros((self.window, self.num_layers, self.num_experts))
+        self._position = 0  # next row of the ring buffer to write
+        self._filled = 0  # rows holding data
+        self.steps = 0  # forward passes recorded in all
+        self.rebalances = 0
+        self.history: list[dict] = []
+        self.last_decision: dict = {}
+        self._candidate: tuple[int, int, Placement] | None = None  # (steps, rebalances, plan)
+        self._committing: Placement | None = None  # the placement last committed (whole or in part)
+        self._lock = threading.Lock()
+        # every recorded pass is converted into one of these first, so the window kernels see
+        # float64 [L, E] / [L, S] arrays only (one compiled specialization, any input dtype)
+        self._logical = np.zeros((self.num_layers, self.num_experts))
+        self._physical = np.zeros((self.num_layers, self.topology.num_slots))
+        if compile not in COMPILE_MODES:
+            raise ValueError(f"compile must be one of {COMPILE_MODES}, got {compile!r}")
+        self.compile = compile
+        self._compiled = threading.Event()
+        self._compile_error: BaseException | None = None
+        if compile == "lazy":
+            self._compiled.set()
+        else:
+            _warm_window_kernels(self.num_layers, self.num_experts, self.topology.num_slots)
+            settings = dict(num_groups=self.num_groups, topology=self.topology, method=method,
+                            tolerance=tolerance, max_moves=self.max_moves, options=self.options)
+            if compile == "eager":
+                warm_kernels(self.num_experts, **settings)
+                self._warm_cost_model()
+                self._compiled.set()
+            else:
+                threading.Thread(target=self._warm_in_background, args=(settings,), daemon=True,
+                                 name="eplb-balancer-compile").start()
+
+    # -- compiling -------------------------------------------------------------------------------
+    def _warm_cost_model(self) -> None:
+        """Compile the pricing kernel a decision in time uses (nothing without a cost model)."""
+        if self.cost_model is not None:
+            self._step_time(self.placement, np.ones((self.num_layers, self.num_experts)))
+
+    def _warm_in_background(self, settings: dict) -> None:
+        try:
+            warm_kernels(self.num_experts, **settings)
+            self._warm_cost_model()
+        except BaseException as exc:  # handed to the next decision or rebalance
+            self._compile_error = exc
+        finally:
+            self._compiled.set()
+
+    @property
+    def compiled(self) -> bool:
+        """Whether every kernel of decisions and rebalances is compiled (always True unless
+        ``compile="background"`` is still running)."""
+        return self._compiled.is_set()
+
+    def wait_compiled(self, timeout: float | None = None) -> bool:
+        """Wait up to ``timeout`` seconds (``None``: as long as it takes) for the background compile;
+        returns :attr:`compiled`."""
+        self._compiled.wait(timeout)
+        self._raise_compile_error()
+        return self.compiled
+
+    def _raise_compile_error(self) -> None:
+        if self._compile_error is not None:
+            raise RuntimeError("compiling the balancer's kernels in the background failed") from self._compile_error
+
+    # -- recording -------------------------------------------------------------------------------
+    def record(self, counts, *, physical: bool | None = None) -> None:
+        """Add one forward pass's token counts to the window (no allocation for numpy input).
+
+        Args:
+            counts: ``[L, E]`` tokens per logical expert, or ``[L, S]`` tokens per physical slot
+                (mapped back through the placement in service); numpy or torch, any numeric dtype.
+            physical: which of the two ``counts`` is; inferred from the shape unless ``E == S``.
+        """
+        counts = _counts_array(counts)
+        num_slots = self.topology.num_slots
+        if counts.ndim != 2 or counts.shape[0] != self.num_layers or counts.shape[1] not in (self.num_experts, num_slots):
+            raise ValueError(
+                f"counts must have shape [L, E] = [{self.num_layers}, {self.num_experts}] or per slot "
+                f"[L, S] = [{self.num_layers}, {num_slots}], got {counts.shape}"
+            )
+        if physical is None:
+            if self.num_experts == num_slots:
+                raise ValueError("E == S: pass physical=True (per-slot counts) or physical=False (per expert)")
+            physical = counts.shape[1] == num_slots
+        expected = num_slots if physical else self.num_experts
+        if counts.shape[1] != expected:
+            raise ValueError(f"counts must have {expected} columns with physical={physical}, got {counts.shape[1]}")
+        with self._lock:
+            staged = self._physical if physical else self._logical
+            # any real dtype (float16, longdouble, big-endian, any integer width) to float64 in
+            # place: values beyond float64's range become inf and are refused just below
+            with np.errstate(over="ignore", invalid="ignore"):
+                np.copyto(staged, counts, casting="unsafe")
+            bad = first_bad_count(staged)
+            if bad >= 0:
+                raise ValueError(
+                    f"counts must be finite and non-negative, found {counts.flat[bad]} at flat index {bad}")
+            row = self._buffer[self._position]
+            if physical:
+                store_physical(staged, self.placement.phy2log, row)
+            else:
+                store_logical(staged, row)
+            self._position = (self._position + 1) % self.window
+            self._filled = min(self._filled + 1, self.window)
+            self.steps += 1
+
+    def window_counts(self) -> np.ndarray:
+        """``[L, E]`` float64: the window's loads (decay-weighted sum over the recorded passes)."""
+        with self._lock:
+            weights, _ = self._row_weights()
+            out = np.empty((self.num_layers, self.num_experts))
+            weighted_window(self._buffer, weights, out)
+        return out
+
+    def _row_weights(self) -> tuple[np.ndarray, np.ndarray]:
+        """``[W]`` weight and ``[W]`` age (passes before the newest) of each ring-buffer row."""
+        ages = ((self._position - 1 - np.arange(self.window)) % self.window).astype(np.float64)
+        weights = np.where(ages < self._filled, 1.0, 0.0)
+        if self.decay is not None:
+            weights *= self.decay ** ages
+        return weights, ages
+
+    def planning_counts(self) -> np.ndarray:
+        """``[L, E]`` float64: the loads decisions and plans are made for, on the scale of
+        :meth:`window_counts` (the window's weight of passes).
+
+        With ``forecast=h`` each expert's load per pass is its (weighted) least-squares line over the
+        window's passes, read ``h`` passes past the newest one: traffic that drifts is planned for
+        where it is going, not where it was on average half a window ago. Each slope is shrunk by
+        ``max(0, 1 - (2 standard errors / slope)^2)`` (the standard error from the line's own
+        residuals): a trend the window's noise could explain is ignored, so the noise of small
+        batches (decode) is not extrapolated. A prediction is never below a twentieth of the expert's window mean
+        (a line through a falling expert may cross zero). Without forecast, or with fewer than
+        :data:`FORECAST_MIN_PASSES` passes recorded, the window's loads as they are.
+        """
+        if not self.forecast or self._filled < FORECAST_MIN_PASSES:
+            return self.window_counts()
+        shape = (self.num_layers, self.num_experts)
+        total, by_age, residual = np.empty(shape), np.empty(shape), np.empty(shape)
+        with self._lock:
+            weights, ages = self._row_weights()
+            mass = weights.sum()
+            mean_age = float(weights @ ages) / mass
+            centred = ages - mean_age
+            spread = float(weights @ centred ** 2)
+            weighted_window(self._buffer, weights, total)
+            weighted_window(self._buffer, weights * centred, by_age)
+            mean = total / mass
+            slope = by_age / spread  # per pass of age: negative for a rising expert
+            scale = np.where(mean > 0, mean, 1.0)
+            window_residuals(self._buffer, weights, ages, mean - slope * mean_age, slope, scale, residual)
+        # the slope's sampling variance, from the residuals (in units of the mean, as is the slope
+        # below), with the effective number of passes of the weights
+        passes = mass ** 2 / float(weights @ weights)
+        residual *= passes / max(passes - 2.0, 1.0) / mass
+        slope_variance = residual * float((weights ** 2) @ centred ** 2) / spread ** 2
+        signal = (slope / scale) ** 2
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+            shrink = np.maximum(1.0 - 4.0 * slope_variance / signal, 0.0)  # soft threshold at 2 standard errors
+        shrink = np.where(np.isfinite(shrink), shrink, 0.0)
+        predicted = mean - shrink * slope * (mean_age + self.forecast)
+        return np.maximum(predicted, mean / 20.0) * mass
+
+    # -- deciding and planning -------------------------------------------------------------------
+    def _plan(self, load: np.ndarray) -> Placement:
+        """Migration-aware plan for ``load [L, E]`` from the placement in service (no bounds: the
+        balancer needs the placement, not its certificate, and keeps planning fast)."""
+        phy2log, info = plan_near(load, self._problem, self.placement.phy2log, method=self.method,
+                                  tolerance=self.tolerance, max_moves=self.max_moves, options=self.options,
+                                  threads=self.threads)
+        return Placement(phy2log, self.num_experts, self.topology, self.num_groups, method=self.method, info=info)
+
+    def should_rebalance(self) -> bool:
+        """Whether a rebalance now is worth its weight copies.
+
+        The predicted gain is the rise in mean balancedness (over layers) on the loads planned for
+        (:meth:`planning_counts`: the window's, carried ``forecast`` passes ahead).
+        First a free check: the lower bound caps what any plan can reach; if even that is less than
+        ``min_gain`` above today's balancedness, no. Otherwise plan (migration-aware; the plan is
+        kept for :meth:`rebalance`) and say yes when
+        ``gain >= min_gain + move_cost * fraction of slots changed``. Details in ``last_decision``.
+        """
+        if not self._compiled.is_set():
+            self.last_decision = {"rebalance": False, "reason": "kernels still compiling"}
+            return False
+        self._raise_compile_error()
+        if self._filled == 0:
+            self.last_decision = {"rebalance": False, "reason": "no loads recorded"}
+            return False
+        steps, rebalances = self.steps, self.rebalances
+        load = self.planning_counts()
+        current = float(balancedness(self.placement.gpu_loads(load)).mean())
+        active = int((self.topology.slots_per_gpu > 0).sum())
+        # the cheap bounds only: this check runs often and must cost far less than planning
+        bound = np.maximum(average_bound(load, self.topology), replica_bound(load, self.topology))
+        mean = load.sum(axis=1) / active
+        ceiling = float(np.divide(mean, bound, out=np.ones_like(mean), where=bound > 0).mean())
+        decision = {"step": steps, "balancedness": current, "ceiling": ceiling}
+        if ceiling - current < self.min_gain:
+            self.last_decision = {**decision, "rebalance": False, "reason": "even an optimal plan gains too little"}
+            return False
+        candidate = self._plan(load)
+        gain = float(balancedness(candidate.gpu_loads(load)).mean()) - current
+        moved = float(np.sum(candidate.info["slots_changed"])) / candidate.phy2log.size
+        self._candidate = (steps, rebalances, candidate)
+        if self.cost_model is None:
+            worth = gain >= self.min_gain + self.move_cost * moved
+            self.last_decision = {**decision, "rebalance": bool(worth), "gain": gain, "moved_fraction": moved,
+                                  "cost": self.move_cost * moved,
+                                  "reason": "gain exceeds cost" if worth else "gain below min_gain + migration cost"}
+        else:
+            per_pass = load / self._effective_passes()
+            now, new = self._step_time(self.placement, per_pass), self._step_time(candidate, per_pass)
+            horizon = self.horizon or HORIZON_WINDOWS * self.window
+            saved = (now - new) * horizon
+            copies = 0.0
+            if self.cost_model.copy_mode == "stall":
+                copies = self.cost_model.transfer_time(transfer_plan(self.placement, candidate,
+                                                                     expert_bytes=int(self.cost_model.expert_bytes)))
+            worth = saved > copies and gain >= self.min_gain
+            self.last_decision = {**decision, "rebalance": bool(worth), "gain": gain, "moved_fraction": moved,
+                                  "step_time_s": now, "step_time_new_s": new, "saved_s": saved, "copy_s": copies,
+                                  "reason": "time saved exceeds copy time" if worth else
+                                            "time saved below copy time"}
+        return bool(worth)
+
+    def _effective_passes(self) -> float:
+        """The weight of the window's passes (their number without decay)."""
+        if self.decay is None:
+            return float(self._filled)
+        return float(np.sum(self.decay ** np.arange(self._filled)))
+
+    def _step_time(self, placement: Placement, per_pass: np.ndarray) -> float:
+        """Predicted seconds of one pass of ``per_pass [L, E]`` counts under ``placement`` (even split)."""
+        phy2log = np.ascontiguousarray(placement.phy2log)
+        shares = uniform_shares(phy2log, placement.logcnt)[None]
+        tokens, active = gpu_work(per_pass[None], phy2log, np.ascontiguousarray(shares), self.topology.gpu_of_slot,
+                                  self.topology.num_gpus, True)
+        live = self.topology.slots_per_gpu > 0
+        return float(self.cost_model.step_time(tokens[..., live], active[..., live])[0])
+
+    def rebalance(self, *, commit: bool = True) -> tuple[Placement, TransferPlan]:
+        """Plan a new placement close to the one in service, for the window's loads.
+
+        Args:
+            commit: make it the placement in service now (physical counts recorded afterwards are
+                mapped through it). With ``commit=False`` call :meth:`commit` once the engine has
+                moved the weights.
+        Returns:
+            The new :class:`Placement` (``info["slots_changed"]`` per layer) and the
+            :class:`TransferPlan` of weight copies from the current placement.
+        """
+        start = time.perf_counter()
+        self.wait_compiled()
+        cached = self._candidate
+        if cached is not None and cached[0] == self.steps and cached[1] == self.rebalances:
+            candidate = cached[2]
+        else:
+            if self._filled == 0:
+                raise ValueError("record() some loads before rebalance()")
+            candidate = self._plan(self.planning_counts())
+        old = self.placement
+        transfer = transfer_plan(old, candidate, expert_bytes=self.expert_bytes)
+        moved = int(np.sum(candidate.info["slots_changed"]))
+        self.history.append({
+            "step": self.steps, "slots_changed": moved, "moved_fraction": moved / candidate.phy2log.size,
+            "plan_time_s": float(candidate.info["time_s"]), "time_s": time.perf_counter() - start,
+            "copies": transfer.counts(),
+        })
+        if commit:
+            self.commit(candidate)
+        return candidate, transfer
+
+    def commit(self, placement: Placement, layers: tuple[int, int] | None = None) -> None:
+        """Make ``placement`` the one in service (after the engine moved the weights).
+
+        Args:
+            placement: the new placement (from :meth:`rebalance`).
+            layers: ``None`` (every layer), or ``(start, stop)``: only layers ``start <= l < stop``
+                switch, the others keep the placement in service. An engine that applies a
+                rebalance a few layers per step commits each chunk once its weights are in place
+                (``balancer.commit(placement, chunk.layers)`` for ``chunk`` in
+                ``transfer.chunks(k)``), so per-slot counts recorded meanwhile are mapped through
+                what each layer really holds. A rebalance counts once, at the first commit of its
+                placement.
+        """
+        self._check_placement(placement)
+        num_layers = self.num_layers
+        if layers is None:
+            start, stop = 0, num_layers
+        else:
+            try:
+                start, stop = (int(v) for v in layers)
+            except (TypeError, ValueError):
+                raise ValueError(f"layers must be None or a (start, stop) pair of layer indices, got {layers!r}") \
+                    from None
+            if not 0 <= start < stop <= num_layers:
+                raise ValueError(f"layers must satisfy 0 <= start < stop <= {num_layers}, got {layers!r}")
+        with self._lock:
+            if (start, stop) == (0, num_layers):
+                in_service = placement
+            else:
+                mixed = self.placement.phy2log.copy()
+                mixed[start:stop] = placement.phy2log[start:stop]
+                in_service = placement if np.array_equal(mixed, placement.phy2log) else Placement(
+                    mixed, self.num_experts, self.topology, self.num_groups, method="mixed")
+            self.placement = in_service
+            if placement is not self._committing:
+                self.rebalances += 1
+                self._committing = placement
+            self._candidate = None
+
+    def _check_placement(self, placement) -> None:
+        if not isinstance(placement, Placement):
+            raise ValueError(f"placement must be an eplb.Placement, got {type(placement).__name__}")
+        if placement.topology != self.topology or placement.num_experts != self.num_experts \
+                or placement.num_layers != self.num_layers:
+            raise ValueError("placement must match the balancer's layers, experts and topology")
+
+    # -- persistence -----------------------------------------------------------------------------
+    def _config(self) -> dict:
+        return {
+            "num_layers": self.num_layers, "num_experts": self.num_experts, "topology": self.topology.to_dict(),
+            "num_groups": self.num_groups, "window": self.window, "decay": self.decay, "forecast": self.forecast,
+            "method": self.method,
+            "tolerance": self.tolerance, "max_moves": self.max_moves, "min_gain": self.min_gain,
+            "move_cost": self.move_cost, "expert_bytes": self.expert_bytes, "options": self.options,
+            "threads": self.threads,
+        }
+
+    def state_dict(self) -> dict:
+        """Everything a restarted server needs, as numpy arrays, ints and a JSON string (no pickle):
+        save it with ``np.savez(path, **state)`` (load with ``allow_pickle=False``) or as JSON after
+        ``tolist()``."""
+        with self._lock:
+            return {
+                "format_version": STATE_VERSION,
+                "config": json.dumps(self._config()),
+                "window_buffer": self._buffer.copy(),
+                "position": self._position,
+                "filled": self._filled,
+                "steps": self.steps,
+                "rebalances": self.rebalances,
+                "phy2log": self.placement.phy2log.copy(),
+            }
+
+    def load_state_dict(self, state) -> None:
+        """Restore a :meth:`state_dict` (also as read back by ``np.load`` or from JSON lists)."""
+        try:
+            version = int(np.asarray(state["format_version"]))
+            config = json.loads(str(np.asarray(state["config"])))
+            buffer = np.asarray(state["window_buffer"], dtype=np.float64)
+            position, filled = int(np.asarray(state["position"])), int(np.asarray(state["filled"]))
+            steps, rebalances = int(np.asarray(state["steps"])), int(np.asarray(state["rebalances"]))
+            phy2log = np.asarray(state["phy2log"], dtype=np.int64)
+        except KeyError as exc:
+            raise ValueError(f"state is missing the key {exc}") from None
+        if version != STATE_VERSION:
+            raise ValueError(f"unsupported balancer state format_version {version}")
+        mine = self._config()
+        for key in ("num_layers", "num_experts", "topology", "window"):
+            if config[key] != mine[key]:
+                raise ValueError(f"state has {key}={config[key]!r}, this balancer has {mine[key]!r}")
+        if buffer.shape != self._buffer.shape:
+            raise ValueError(f"state window_buffer has shape {buffer.shape}, expected {self._buffer.shape}")
+        bad = first_bad_count(np.ascontiguousarray(buffer).reshape(-1, self.num_experts))
+        if bad >= 0:
+            raise ValueError(f"state window_buffer must be finite and non-negative, found {buffer.flat[bad]} at "
+                             f"flat index {bad}")
+        if not (0 <= position < self.window and 0 <= filled <= self.window):
+            raise ValueError("state position/filled are out of range for the window")
+        placement = Placement(phy2log, self.num_experts, self.topology, self.num_groups, method="restored")
+        with self._lock:
+            self._buffer[...] = buffer
+            self._position, self._filled = position, filled
+            self.steps, self.rebalances = steps, rebalances
+            self.placement = placement
+            self._candidate = None
+
+    @classmethod
+    def from_state_dict(cls, state, *, compile: str = "eager", cost_model: CostModel | None = None,
+                        horizon: int | None = None) -> "Balancer":
+        """A new balancer with the configuration and state saved by :meth:`state_dict` (``compile``,
+        ``cost_model`` and ``horizon`` as for the constructor: not part of the state)."""
+        try:
+            config = json.loads(str(np.asarray(state["config"])))
+        except KeyError as exc:
+            raise ValueError(f"state is missing the key {exc}") from None
+        if not isinstance(config, dict):
+            raise ValueError(f"state config must be a JSON object, got {type(config).__name__}")
+        accepted = set(CONFIG_KEYS)
+        unknown = sorted(set(config) - accepted)
+        if unknown:
+            raise ValueError(f"state config has unknown keys {unknown}; accepted keys: {sorted(accepted)}")
+        missing = sorted({"num_layers", "num_experts", "topology"} - set(config))
+        if missing:
+            raise ValueError(f"state config is missing the keys {missing}")
+        topology = Topology.from_dict(config.pop("topology"))
+        balancer = cls(config.pop("num_layers"), config.pop("num_experts"), topology=topology, compile=compile,
+                       cost_model=cost_model, horizon=horizon, **config)
+        balancer.load_state_dict(state)
+        return balancer
+
+
+CONFIG_KEYS = ("num_layers", "num_experts", "topology", "num_groups", "window", "decay", "forecast", "method",
+               "tolerance", "max_moves", "min_gain", "move_cost", "expert_bytes", "options", "threads")
+"""The keys of a saved configuration (``state_dict()["config"]``)."""
+
+
+def _counts_array(counts) -> np.ndarray:
+    """One forward pass's counts as a numpy array of real numbers (not copied when already one).
+
+    Torch tensors: dense, on any real device; bfloat16 (which numpy lacks) is widened on the
+    tensor's device first. Sparse, meta and complex inputs get a ``ValueError``.
+    """
+    if type(counts).__module__.split(".")[0] == "torch":
+        layout = str(getattr(counts, "layout", "torch.strided"))
+        if layout != "torch.strided":
+            raise ValueError(f"counts must be a dense tensor, got layout {layout} (call .to_dense() first)")
+        if counts.device.type == "meta":
+            raise ValueError("counts is a meta tensor (shape only, no values): pass a tensor holding the counts")
+        if counts.is_complex():
+            raise ValueError(f"counts must hold real numbers, got dtype {counts.dtype}")
+        counts = counts.detach()
+        if str(counts.dtype) == "torch.bfloat16":
+            counts = counts.float()
+        counts = counts.cpu().numpy()
+    counts = np.asarray(counts)
+    if counts.dtype.kind == "c":
+        raise ValueError(f"counts must hold real numbers, got complex dtype {counts.dtype}")
+    if counts.dtype.kind not in "biuf":
+        raise ValueError(f"counts must hold numbers, got dtype {counts.dtype}")
+    return counts
+
+
+def _warm_window_kernels(num_layers: int, num_experts: int, num_slots: int) -> None:
+    """Compile (or load from the cache) the kernels :meth:`Balancer.record` and
+    :meth:`Balancer.window_counts` call, with the array types they pass."""
+    logical = np.zeros((num_layers, num_experts))
+    first_bad_count(logical)
+    store_logical(logical, np.zeros((num_layers, num_experts)))
+    store_physical(np.zeros((num_layers, num_slots)), np.zeros((num_layers, num_slots), np.int64) % num_experts,
+                   np.zeros((num_layers, num_experts)))
+    weighted_window(np.zeros((1, num_layers, num_experts)), np.ones(1), np.zeros((num_layers, num_experts)))
+    level, slope, out = (np.zeros((num_layers, num_experts)) for _ in range(3))
+    window_residuals(np.zeros((1, num_layers, num_experts)), np.ones(1), np.zeros(1), level, slope,
+                     np.ones((num_layers, num_experts)), out)
+
+
+def _warm_loads(num_layers: int, num_experts: int) -> list[np.ndarray]:
+    """Passes ``[L, E]`` that take a balancer through its planning paths: skewed loads, the same
+    loads on other experts (the search from the placement in service stalls), a small drift (it
+    does not), a dense (all-zero) layer and a one-hot layer. Fixed seed."""
+    rng = np.random.default_rng(0)
+    skewed = np.floor(rng.pareto(1.0, (num_layers, num_experts)) * 100.0) + 1.0
+    moved = skewed[:, rng.permutation(num_experts)]
+    drifted = np.floor(moved * rng.uniform(0.8, 1.25, moved.shape))
+    extreme = drifted.copy()
+    extreme[0] = 0.0
+    extreme[-1] = 0.0
+    extreme[-1, num_experts // 2] = 1e6
+    return [skewed, moved, drifted, extreme]
+
+
+def warm_kernels(num_experts: int, *, num_slots=None, num_gpus=None, num_nodes=1, num_groups=None,
+                 topology: Topology | None = None, method: str = DEFAULT_METHOD, tolerance: float | None = DEFAULT_TOLERANCE,
+                 max_moves=None, options: dict | None = None) -> float:
+    """Compile (or load from Numba's cache) every kernel a :class:`Balancer` of this configuration
+    calls when it records, decides and rebalances. Returns the seconds it took.
+
+    It runs a throw-away two-layer balancer of the same configuration through every planning path
+    (from the round-robin layout, then from its own plans on shifted, drifted, dense and one-hot
+    loads), so the kernels are compiled for the very array types the serving loop passes. The
+    number of layers does not change what is compiled. A configuration already warmed in this
+    process returns at once (what it compiled stays compiled).
+    """
+    start = time.perf_counter()
+    key = json.dumps([num_experts, num_slots, num_gpus, num_nodes, num_groups,
+                      None if topology is None else topology.to_dict(), method, tolerance is None, max_moves is None,
+                      options or {}], sort_keys=True, default=str)
+    if key in _WARMED:
+        return 0.0
+    balancer = Balancer(2, num_experts, num_slots=num_slots, num_gpus=num_gpus, num_nodes=num_nodes,
+                        num_groups=num_groups, topology=topology, window=1, method=method, tolerance=tolerance,
+                        max_moves=max_moves, min_gain=0.0, move_cost=0.0, options=options, compile="lazy")
+    num_slots = balancer.topology.num_slots
+    _warm_window_kernels(2, num_experts, num_slots)
+    warm_search_kernels(balancer.topology)
+    for load in _warm_loads(2, num_experts):
+        balancer.record(load, physical=False)
+        balancer.should_rebalance()
+        placement, transfer = balancer.rebalance()
+        transfer.counts()
+        balancer.record(np.ones((2, num_slots)), physical=True)
+        balancer.rebalance(commit=False)  # planned again: not the cached candidate
+    _WARMED.add(key)
+    return time.perf_counter() - start
+
+
+_WARMED: set[str] = set()  # configurations warm_kernels has run in this process
+
+
+def _non_negative(value, name: str) -> float:
+    value = float(value)
+    if not np.isfinite(value) or value < 0:
+        raise ValueError(f"{name} must be a non-negative number, got {value}")
+    return value

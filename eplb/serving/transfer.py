@@ -1,0 +1,167 @@
+"""Transfer plans: the expert-weight copies that take a serving engine from one placement to another.
+
+For every slot whose expert changes, one copy of that expert's weights from a slot holding it under
+the old placement: from the same GPU when it holds the expert elsewhere (a local copy), else from a
+GPU of the same node (NVLink), else from another node; senders are spread evenly. Copies read the
+old weights, so an engine can run them all at once (or chunk by chunk of layers, see
+:meth:`TransferPlan.chunks`) before switching to the new placement.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..model._validation import as_int
+from ..kernels.weight_copies import CROSS_NODE, INTRA_GPU, INTRA_NODE, weight_copies
+from ..analysis.placement import Placement, check_placement
+from ..model.topology import Topology
+
+KINDS = ("intra_gpu", "intra_node", "cross_node")
+
+
+@dataclass(frozen=True, eq=False)
+class TransferPlan:
+    """The weight copies from an old to a new placement, ``C`` copies in all.
+
+    Attributes:
+        layer, expert: ``[C]`` int64, the MoE layer and the logical expert copied.
+        src_slot, dst_slot: ``[C]`` int64, the old slot read and the new slot written.
+        src_gpu, dst_gpu: ``[C]`` int64, the GPUs holding those slots.
+        kind: ``[C]`` int64, 0 intra-GPU (local copy), 1 intra-node, 2 cross-node.
+        num_layers: ``L`` of the placements; topology: their topology.
+        expert_bytes: bytes of one expert's weights in one layer (``None``: unknown).
+        layers: ``(start, stop)``, the layers this plan covers (all of them unless it is one of
+            :meth:`chunks`; pass it to :meth:`eplb.Balancer.commit` once the chunk is applied).
+    """
+
+    layer: np.ndarray
+    expert: np.ndarray
+    src_slot: np.ndarray
+    dst_slot: np.ndarray
+    src_gpu: np.ndarray
+    dst_gpu: np.ndarray
+    kind: np.ndarray
+    num_layers: int
+    topology: Topology
+    expert_bytes: int | None = None
+    layers: tuple = field(default=None)
+
+    def __post_init__(self):
+        if self.layers is None:
+            object.__setattr__(self, "layers", (0, self.num_layers))
+
+    def __len__(self) -> int:
+        return int(self.layer.size)
+
+    # -- totals ----------------------------------------------------------------------------------
+    def counts(self) -> dict[str, int]:
+        """Copies of each kind: ``{"intra_gpu", "intra_node", "cross_node", "total"}``."""
+        per_kind = np.bincount(self.kind, minlength=3)
+        result = {name: int(per_kind[i]) for i, name in enumerate(KINDS)}
+        result["total"] = len(self)
+        return result
+
+    def bytes(self) -> dict[str, int]:
+        """Bytes of each kind (copies times ``expert_bytes``); needs ``expert_bytes``."""
+        if self.expert_bytes is None:
+            raise ValueError("expert_bytes is unknown: pass expert_bytes= to transfer_plan")
+        return {name: count * self.expert_bytes for name, count in self.counts().items()}
+
+    def sends_per_gpu(self) -> np.ndarray:
+        """``[L, G]`` int64: copies each GPU sends to another GPU, per layer."""
+        out = np.zeros((self.num_layers, self.topology.num_gpus), np.int64)
+        remote = self.kind != INTRA_GPU
+        np.add.at(out, (self.layer[remote], self.src_gpu[remote]), 1)
+        return out
+
+    def receives_per_gpu(self) -> np.ndarray:
+        """``[L, G]`` int64: copies each GPU receives from another GPU, per layer."""
+        out = np.zeros((self.num_layers, self.topology.num_gpus), np.int64)
+        remote = self.kind != INTRA_GPU
+        np.add.at(out, (self.layer[remote], self.dst_gpu[remote]), 1)
+        return out
+
+    def summary(self) -> dict:
+        """Counts (and bytes when known) of each kind, and the busiest sender's copies in a layer."""
+        result = {"copies": self.counts()}
+        if self.expert_bytes is not None:
+            result["bytes"] = self.bytes()
+        sends = self.sends_per_gpu()
+        result["max_sends_per_gpu_layer"] = int(sends.max()) if sends.size else 0
+        return result
+
+    # -- views -----------------------------------------------------------------------------------
+    def for_layers(self, start: int, stop: int) -> "TransferPlan":
+        """The copies of layers ``start <= layer < stop``."""
+        keep = (self.layer >= start) & (self.layer < stop)
+        return TransferPlan(
+            *(getattr(self, n)[keep] for n in ("layer", "expert", "src_slot", "dst_slot", "src_gpu", "dst_gpu", "kind")),
+            num_layers=self.num_layers, topology=self.topology, expert_bytes=self.expert_bytes,
+            layers=(int(start), int(stop)),
+        )
+
+    def chunks(self, layers_per_chunk: int) -> list["TransferPlan"]:
+        """Split into consecutive chunks of ``layers_per_chunk`` layers, so an engine can apply a
+        rebalance over several steps (one chunk per step)."""
+        size = as_int(layers_per_chunk, "layers_per_chunk", minimum=1)
+        return [self.for_layers(start, min(start + size, self.num_layers)) for start in range(0, self.num_layers, size)]
+
+    def to_dict(self) -> dict:
+        """JSON-ready: one list per field, plus the totals."""
+        fields = ("layer", "expert", "src_slot", "dst_slot", "src_gpu", "dst_gpu", "kind")
+        data = {name: getattr(self, name).tolist() for name in fields}
+        data.update(num_layers=self.num_layers, layers=list(self.layers), expert_bytes=self.expert_bytes,
+                    topology=self.topology.to_dict(), totals=self.summary())
+        return data
+
+
+def transfer_plan(old, new, *, topology: Topology | None = None, num_experts: int | None = None,
+                  expert_bytes: int | None = None) -> TransferPlan:
+    """The weight copies from placement ``old`` to placement ``new``.
+
+    Args:
+        old, new: :class:`Placement` objects, or ``phy2log [L, S]`` arrays (then ``topology`` is
+            required). Both on the same topology with the same number of layers.
+        expert_bytes: bytes of one expert's weights in one layer, for :meth:`TransferPlan.bytes`.
+    Returns:
+        A :class:`TransferPlan`.
+    """
+    placements = [p for p in (old, new) if isinstance(p, Placement)]
+    if topology is None:
+        if not placements:
+            raise ValueError("topology is required when old and new are arrays")
+        topology = placements[0].topology
+    if any(p.topology != topology for p in placements):
+        raise ValueError("old and new must be placements on the same topology")
+    if num_experts is None:
+        if placements:
+            num_experts = placements[0].num_experts
+        else:
+            num_experts = int(max(np.max(old), np.max(new))) + 1
+    arrays = []
+    for name, p in (("old", old), ("new", new)):
+        if isinstance(p, Placement) and p.num_experts == num_experts:
+            arrays.append(p.phy2log)  # checked when the Placement was built (C-contiguous int64)
+            continue
+        array = p.phy2log if isinstance(p, Placement) else p
+        try:
+            array, _ = check_placement(np.asarray(array), num_experts, topology)
+        except ValueError as exc:
+            raise ValueError(f"{name}: {exc}") from None
+        arrays.append(np.ascontiguousarray(array))
+    if arrays[0].shape != arrays[1].shape:
+        raise ValueError(f"old and new must have the same shape, got {arrays[0].shape} and {arrays[1].shape}")
+    if expert_bytes is not None:
+        expert_bytes = as_int(expert_bytes, "expert_bytes", minimum=0)
+    copies, kind = weight_copies(arrays[0], arrays[1], topology.gpu_of_slot, topology.node_of_gpu,
+                                 topology.num_gpus, num_experts)
+    return TransferPlan(
+        layer=copies[:, 0], expert=copies[:, 1], src_slot=copies[:, 2], dst_slot=copies[:, 3],
+        src_gpu=copies[:, 4], dst_gpu=copies[:, 5], kind=kind, num_layers=arrays[0].shape[0],
+        topology=topology, expert_bytes=expert_bytes,
+    )
+
+
+__all__ = ["TransferPlan", "transfer_plan", "INTRA_GPU", "INTRA_NODE", "CROSS_NODE"]

@@ -1,0 +1,2 @@
+"""Simulation: replaying series through a deployment and a policy, sweeps, synthetic counts and
+series generators."""

@@ -1,0 +1,506 @@
+"""Replay a series of per-step counts through a deployment and a rebalancing policy, in time.
+
+:func:`simulate` serves every step of a series ``[T, L, E]`` with the placement in service, prices
+it with a :class:`eplb.CostModel` (a layer waits for its slowest GPU; a step is the sum over layers),
+shows the step's counts to the policy and, when the policy returns a new placement, prices the
+weight copies (:func:`eplb.transfer_plan`: a slot whose expert changes costs a copy unless its GPU
+already holds that expert) and switches to it (``copy_mode`` of the cost model: ``"stall"`` adds the
+copy time to the step; ``"overlap"`` keeps serving the old placement until the copies are done;
+``"free"`` switches at once for nothing).
+
+Applying a rebalance in chunks of layers
+----------------------------------------
+With ``layers_per_step=k`` the engine applies a new placement ``k`` layers per step, as
+TensorRT-LLM can (``layer_updates_per_iter``): the layers the new placement changes are queued in
+layer order; after the step the policy returned it, the first ``k`` of them get their copies
+(those layers' rows of the rebalance's transfer plan: the same copies as applied at once), after
+the next step the next ``k``, and so on, at most one chunk started after any step. ``"stall"``: a
+chunk's copy time is the stall after the step it is copied, and its layers switch then;
+``"overlap"``: a chunk's layers switch once its copies are done in serving time, and the next
+chunk starts then; ``"free"``: a chunk's layers switch at once. A chunk's copy time is its own
+slowest GPU's, so the chunks' times add up to at least the all-at-once time (equal when every
+chunk has the same slowest GPU): chunking trades one long stall for shorter ones that may add up
+to more. Until a layer switches, its old placement serves it, so the placement in service is a
+per-layer mix, and each step is priced with that mix (a layer's time depends only on its own
+placement). Layers the new placement leaves unchanged take no turn.
+
+If the policy returns another placement while one is being applied, the newest replaces it for
+every layer: the layers not yet switched go straight to the newest plan, layers already switched
+are moved again only where the newest plan changes them, and the queue is rebuilt (in layer order)
+from the layers that differ from the newest plan. Its copies are priced from what each layer holds
+at that moment (a layer whose copies are in flight, in ``"overlap"``, counted as holding what it is
+being copied to, as when a whole placement is superseded; those in-flight copies are then replaced
+by the new plan's chunks).
+
+Policies
+--------
+A policy is any object with two methods (write your own, or wrap your own planning function)::
+
+    policy.start(placement, deployment)   # before step 0: the placement in service and a Deployment
+    policy.observe(step, counts)          # after serving step `step` with `counts [L, E]`:
+                                          #   None, or the new placement (Placement or phy2log [L, S])
+
+and optionally a ``name``. Provided: :class:`NoRebalance`; :class:`FixedInterval` (re-plan from
+scratch every ``every`` steps from the last ``window`` steps, as the engines do; presets
+:func:`vllm_like` and :func:`sglang_like`), whose ``method`` is an ``eplb.METHODS`` name or any
+function with the published ``rebalance_experts(weight, num_replicas, num_groups, num_nodes,
+num_gpus)`` signature; and :class:`BalancerPolicy`, which wraps :class:`eplb.Balancer`.
+
+Dispatch: ``"uniform"`` (each token goes to a replica of its expert picked at random: a slot is
+activated with probability ``1 - (1 - 1/r)^c``, counted as its expectation) or ``"optimal"`` (every
+step split by :func:`eplb.analysis.dispatch.optimal_dispatch` for that step's counts, as an engine that
+computes the split from the router's output before the all-to-all; a slot is activated when it
+takes at least half a token).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from math import gcd
+from typing import Any, Callable
+
+import numpy as np
+
+from ..model._validation import as_int
+from ..planning.api import make_problem
+from ..serving.balancer import Balancer
+from ..model.cost import CostModel
+from ..analysis.dispatch import optimal_dispatch, uniform_shares
+from ..kernels.layout import replica_counts
+from ..kernels.gpu_work import gpu_work
+from ..planning.methods import DEFAULT_METHOD, get_method
+from ..analysis.placement import Placement
+from ..model.topology import Topology
+from ..serving.transfer import KINDS, TransferPlan, transfer_plan
+
+DISPATCH_MODES = ("uniform", "optimal")
+CHUNK = 256  # steps priced at once
+_PLAN_FIELDS = ("layer", "expert", "src_slot", "dst_slot", "src_gpu", "dst_gpu", "kind")
+
+
+@dataclass(frozen=True)
+class Deployment:
+    """What a policy plans for: the model's shape and the deployment (as for :func:`eplb.plan`)."""
+
+    num_layers: int
+    num_experts: int
+    topology: Topology
+    num_groups: int | None
+    cost_model: CostModel
+
+    @property
+    def num_slots(self) -> int:
+        return self.topology.num_slots
+
+    @property
+    def num_gpus(self) -> int:
+        return self.topology.num_gpus
+
+    @property
+    def num_nodes(self) -> int:
+        return self.topology.num_nodes
+
+    def plan(self, weights: np.ndarray, method: str | Callable = DEFAULT_METHOD) -> Placement:
+        """A placement from scratch for ``weights [L, E]`` with an ``eplb.METHODS`` name or a
+        function with the published ``rebalance_experts`` signature (returning ``phy2log`` or a
+        tuple starting with it)."""
+        weights = np.ascontiguousarray(weights, dtype=np.float64)
+        if callable(method):
+            groups = self.num_groups if self.num_groups is not None else 1
+            result = method(weights, self.num_slots, groups, self.num_nodes, self.num_gpus)
+            phy2log = result[0] if isinstance(result, tuple) else result
+            if type(phy2log).__module__.split(".")[0] == "torch":
+                phy2log = phy2log.cpu().numpy()
+            return Placement(np.asarray(phy2log, dtype=np.int64), self.num_experts, self.topology, self.num_groups,
+                             method=getattr(method, "__name__", "custom"))
+        problem = make_problem(self.num_experts, topology=self.topology, num_groups=self.num_groups)
+        phy2log, _ = get_method(method)(weights, problem)
+        return Placement(phy2log, self.num_experts, self.topology, self.num_groups, method=method)
+
+
+# ------------------------------------------------------------------------------------ policies
+
+class NoRebalance:
+    """Keep the initial placement."""
+
+    name = "no rebalancing"
+
+    def start(self, placement: Placement, deployment: Deployment) -> None:
+        pass
+
+    def observe(self, step: int, counts: np.ndarray):
+        return None
+
+
+class FixedInterval:
+    """Re-plan from scratch after every ``every`` steps, from the counts of the last ``window`` steps.
+
+    Args:
+        every: steps between rebalances (the first after step ``every - 1``).
+        window: steps of counts the plan is made from (default ``every``).
+        method: an ``eplb.METHODS`` name, or a function with the published ``rebalance_experts``
+            signature (an algorithm from elsewhere, measured side by side).
+        name: a label (default from the settings).
+
+    Memory: ``window / gcd(every, window)`` partial sums of ``[L, E]`` float64 (one for the
+    engines' presets).
+    """
+
+    def __init__(self, every: int, window: int | None = None, method: str | Callable = "greedy",
+                 name: str | None = None):
+        self.every = as_int(every, "every", minimum=1)
+        self.window = self.every if window is None else as_int(window, "window", minimum=1)
+        if not callable(method):
+            get_method(method)  # fail early on an unknown name
+        self.method = method
+        label = method if isinstance(method, str) else getattr(method, "__name__", "custom")
+        self.name = name or f"every {self.every} from {self.window}, {label}"
+        self._block = gcd(self.every, self.window)
+
+    def start(self, placement: Placement, deployment: Deployment) -> None:
+        self._deployment = deployment
+        self._sums: deque = deque(maxlen=self.window // self._block)  # sums over blocks of steps
+        self._current = np.zeros((deployment.num_layers, deployment.num_experts))
+        self._steps_in_block = 0
+
+    def observe(self, step: int, counts: np.ndarray):
+        self._current += counts
+        self._steps_in_block += 1
+        if self._steps_in_block == self._block:
+            self._sums.append(self._current)
+            self._current = np.zeros_like(self._current)
+            self._steps_in_block = 0
+        if (step + 1) % self.every:
+            return None
+        return self._deployment.plan(np.sum(self._sums, axis=0), self.method)
+
+
+def vllm_like(method: str | Callable = "greedy") -> FixedInterval:
+    """vLLM's EPLB defaults: every 3000 steps from the last 1000, greedy from scratch."""
+    return FixedInterval(3000, 1000, method, name="vLLM-like (every 3000 from 1000)")
+
+
+def sglang_like(method: str | Callable = "greedy") -> FixedInterval:
+    """SGLang's defaults: every 1000 iterations from the last 1000, greedy from scratch."""
+    return FixedInterval(1000, 1000, method, name="SGLang-like (every 1000)")
+
+
+class BalancerPolicy:
+    """:class:`eplb.Balancer` in the loop: record every step, ask ``should_rebalance()`` every
+    ``check_every`` steps and apply ``rebalance()`` when it says yes.
+
+    Args:
+        check_every: steps between decisions.
+        **balancer_options: passed to :class:`eplb.Balancer` (window, tolerance, min_gain, ...).
+            The deployment, the initial placement, ``expert_bytes`` and ``cost_model`` (so the
+            Balancer decides in time) come from the simulation; ``cost_model=None`` makes it decide
+            in balancedness.
+    """
+
+    def __init__(self, check_every: int = 100, name: str | None = None, **balancer_options):
+        self.check_every = as_int(check_every, "check_every", minimum=1)
+        self.options = balancer_options
+        self.name = name or "Balancer" + (f" ({balancer_options})" if balancer_options else ", defaults")
+        self.balancer: Balancer | None = None
+
+    def start(self, placement: Placement, deployment: Deployment) -> None:
+        options = dict(self.options)
+        options.setdefault("expert_bytes", int(deployment.cost_model.expert_bytes))
+        options.setdefault("cost_model", deployment.cost_model)
+        self.balancer = Balancer(deployment.num_layers, deployment.num_experts, topology=deployment.topology,
+                                 num_groups=deployment.num_groups, placement=placement, **options)
+
+    def observe(self, step: int, counts: np.ndarray):
+        self.balancer.record(counts, physical=False)
+        if (step + 1) % self.check_every or not self.balancer.should_rebalance():
+            return None
+        placement, _ = self.balancer.rebalance()
+        return placement
+
+
+# ------------------------------------------------------------------------------------ result
+
+@dataclass(frozen=True, eq=False)
+class SimulationResult:
+    """What a policy cost over a series of ``T`` steps and ``L`` layers (times in seconds).
+
+    Attributes:
+        layer_time: ``[T, L]`` each layer's time (its slowest GPU).
+        balanced_time: ``[T, L]`` each layer's time with its work spread evenly over the GPUs.
+        stall_time: ``[T]`` time serving waited for weight copies after step ``t``.
+        copies: ``[T, 3]`` slots whose expert changed after step ``t``, by where the weights come
+            from: the same GPU (a local move, not a copy between GPUs), the same node, another node.
+            Applied in chunks of layers, a rebalance's copies are spread over the steps of its chunks.
+        copy_time: ``[T]`` duration of the copies started after step ``t`` (one chunk's, when chunked).
+        rebalance_steps: ``[R]`` steps after which a policy's new placement was adopted (its first
+            copies start).
+        policy: the policy's name; cost_model: the :class:`CostModel`; expert_bytes: bytes per copy.
+        final_placement: the placement in service at the end, copies in flight counted as landed;
+            when a rebalance applied in chunks of layers is unfinished, a per-layer mix of the old
+            and the new placements (``method="mixed"``).
+        wall_time_s: seconds the simulation took.
+        extra: ``{"layers_per_step": k}`` when the simulation applied rebalances in chunks, else empty.
+    """
+
+    layer_time: np.ndarray
+    balanced_time: np.ndarray
+    stall_time: np.ndarray
+    copies: np.ndarray
+    copy_time: np.ndarray
+    rebalance_steps: np.ndarray
+    policy: str
+    cost_model: CostModel
+    final_placement: Placement
+    wall_time_s: float
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def step_time(self) -> np.ndarray:
+        """``[T]`` MoE time of each step (sum over layers), without stalls."""
+        return self.layer_time.sum(axis=1)
+
+    @property
+    def ideal_time(self) -> np.ndarray:
+        """``[T]`` MoE time of each step with every layer perfectly balanced."""
+        return self.balanced_time.sum(axis=1)
+
+    @property
+    def num_rebalances(self) -> int:
+        return int(self.rebalance_steps.size)
+
+    def bytes_moved(self) -> dict[str, float]:
+        """Bytes copied of each kind (``intra_gpu``, ``intra_node``, ``cross_node``, ``total``)."""
+        totals = self.copies.sum(axis=0) * self.cost_model.expert_bytes
+        result = {name: float(totals[i]) for i, name in enumerate(KINDS)}
+        result["total"] = float(totals.sum())
+        return result
+
+    def summary(self) -> dict[str, Any]:
+        """Totals: time lost to imbalance (and with stalls) as a share of the balanced time, the
+        largest single stall (``max_stall_s``: the latency spike requests in flight see),
+        rebalances, and weight copies between GPUs (``copies``: a slot whose expert changes, unless
+        its GPU already holds that expert; those are ``local_moves``, within one GPU's HBM) and the
+        bytes they move."""
+        ideal = float(self.ideal_time.sum())
+        moe = float(self.step_time.sum())
+        stall = float(self.stall_time.sum())
+        copies = self.copies.sum(axis=0)
+        return {
+            "policy": self.policy, "steps": int(self.layer_time.shape[0]),
+            "moe_time_s": moe, "balanced_time_s": ideal, "stall_time_s": stall,
+            "max_stall_s": float(self.stall_time.max()) if self.stall_time.size else 0.0,
+            "lost_share": (moe - ideal) / ideal if ideal > 0 else 0.0,
+            "lost_with_stalls_share": (moe + stall - ideal) / ideal if ideal > 0 else 0.0,
+            "rebalances": self.num_rebalances,
+            "copies": int(copies[1] + copies[2]), "copies_intra_node": int(copies[1]),
+            "copies_cross_node": int(copies[2]), "local_moves": int(copies[0]),
+            "bytes_moved": float((copies[1] + copies[2]) * self.cost_model.expert_bytes),
+            "wall_time_s": self.wall_time_s,
+        }
+
+
+# ------------------------------------------------------------------------------------ simulation
+
+class _Pricing:
+    """Turns counts into per-GPU tokens and activated slots under one placement and dispatch.
+
+    Args:
+        phy2log: ``[L, S]`` int64, the placement in service (possibly a per-layer mix of plans).
+        topology, num_experts: the deployment's; dispatch: ``"uniform"`` or ``"optimal"``.
+    """
+
+    def __init__(self, phy2log: np.ndarray, topology: Topology, num_experts: int, dispatch: str):
+        self.topology = topology
+        self.dispatch = dispatch
+        self.phy2log = np.array(phy2log, dtype=np.int64, order="C")  # a copy: the caller's mix changes
+        self.uniform = uniform_shares(self.phy2log, replica_counts(self.phy2log, num_experts))[None]  # [1, L, S]
+        self.gpu_of_slot = topology.gpu_of_slot
+        self.num_gpus = topology.num_gpus
+        self.live = topology.slots_per_gpu > 0  # GPUs that serve
+
+    def loads(self, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``counts [B, L, E]`` -> tokens ``[B, L, G]`` and activated slots ``[B, L, G]``."""
+        counts = np.ascontiguousarray(counts, dtype=np.float64)
+        if self.dispatch == "optimal":
+            shares, _ = optimal_dispatch(counts, self.phy2log, self.topology)
+            return gpu_work(counts, self.phy2log, shares, self.gpu_of_slot, self.num_gpus, False)
+        return gpu_work(counts, self.phy2log, self.uniform, self.gpu_of_slot, self.num_gpus, True)
+
+
+def _copies_of_layers(plan: TransferPlan, layers: np.ndarray) -> TransferPlan:
+    """The copies of ``plan`` whose layer is in ``layers [n]`` (the whole plan when it has no other)."""
+    wanted = np.zeros(plan.num_layers, bool)
+    wanted[layers] = True
+    keep = wanted[plan.layer]
+    if keep.all():
+        return plan
+    return TransferPlan(*(getattr(plan, name)[keep] for name in _PLAN_FIELDS), num_layers=plan.num_layers,
+                        topology=plan.topology, expert_bytes=plan.expert_bytes)
+
+
+def _as_placement(value, deployment: Deployment, what: str) -> Placement:
+    if isinstance(value, Placement):
+        if value.topology != deployment.topology or value.num_experts != deployment.num_experts \
+                or value.num_layers != deployment.num_layers:
+            raise ValueError(f"{what} must match the series' layers and experts and the deployment's topology")
+        return value
+    try:
+        return Placement(np.asarray(value, dtype=np.int64), deployment.num_experts, deployment.topology,
+                         deployment.num_groups, method="given")
+    except ValueError as exc:
+        raise ValueError(f"{what}: {exc}") from None
+
+
+def _series_block(series, start: int, stop: int) -> np.ndarray:
+    if isinstance(series, np.ndarray):
+        return series[start:stop]
+    return np.asarray(series.block(start, stop))
+
+
+def simulate(series, *, num_slots=None, num_gpus=None, num_nodes=1, num_groups=None, policy=None,
+             cost_model: CostModel | None = None, dispatch: str = "uniform", initial=None,
+             topology: Topology | None = None, initial_steps: int = 1,
+             layers_per_step: int | None = None) -> SimulationResult:
+    """Replay ``series`` through a deployment and a rebalancing policy.
+
+    Args:
+        series: ``[T, L, E]`` counts per step (numpy), or an :class:`eplb.simulation.series.Series` (generated
+            block by block, never held whole).
+        num_slots, num_gpus, num_nodes, num_groups, topology: the deployment, as for :func:`eplb.plan`.
+        policy: see the module docstring (default :class:`NoRebalance`).
+        cost_model: a :class:`CostModel` (default: DeepSeek-V3 on H100, ``CostModel.preset()``).
+        dispatch: ``"uniform"`` or ``"optimal"`` (see the module docstring).
+        initial: the placement in service at step 0 (a :class:`Placement` or ``phy2log [L, S]``);
+            default: the greedy plan of the first ``initial_steps`` steps.
+        layers_per_step: ``None`` (default): a new placement's layers switch all at once. An integer
+            ``k >= 1``: the engine applies it ``k`` layers per step, in layer order (see "Applying
+            a rebalance in chunks of layers" in the module docstring); ``k >= L`` is all at once.
+    Returns:
+        A :class:`SimulationResult`.
+    """
+    start_wall = time.perf_counter()
+    if dispatch not in DISPATCH_MODES:
+        raise ValueError(f"dispatch must be one of {DISPATCH_MODES}, got {dispatch!r}")
+    if layers_per_step is not None:
+        layers_per_step = as_int(layers_per_step, "layers_per_step", minimum=1)
+    if isinstance(series, np.ndarray) or not hasattr(series, "block"):
+        series = np.asarray(series)
+        if series.ndim != 3 or series.dtype.kind not in "biuf":
+            raise ValueError(f"series must be a numeric [T, L, E] array or a Series, got shape {series.shape}")
+        if series.dtype.kind == "f" and not np.isfinite(series).all():
+            raise ValueError("series must be finite")
+        if (series < 0).any():
+            raise ValueError("series must be non-negative")
+        num_steps, num_layers, num_experts = series.shape
+    else:
+        num_steps, num_layers, num_experts = series.shape
+    if num_steps < 1:
+        raise ValueError("series must have at least one step")
+    cost_model = CostModel.preset() if cost_model is None else cost_model
+    if not isinstance(cost_model, CostModel):
+        raise ValueError(f"cost_model must be an eplb.CostModel, got {type(cost_model).__name__}")
+    problem = make_problem(num_experts, num_slots, num_gpus, num_nodes, num_groups, topology)
+    deployment = Deployment(num_layers, num_experts, problem.topology, problem.num_groups, cost_model)
+    policy = NoRebalance() if policy is None else policy
+    if not (callable(getattr(policy, "start", None)) and callable(getattr(policy, "observe", None))):
+        raise ValueError("policy must have start(placement, deployment) and observe(step, counts) methods")
+    if initial is None:
+        steps = as_int(initial_steps, "initial_steps", minimum=1)
+        initial = deployment.plan(_series_block(series, 0, min(steps, num_steps)).sum(axis=0), "greedy")
+    target = _as_placement(initial, deployment, "initial")  # the newest plan adopted
+    step_layers = num_layers if layers_per_step is None else layers_per_step
+
+    layer_time = np.empty((num_steps, num_layers))
+    balanced = np.empty((num_steps, num_layers))
+    stall = np.zeros(num_steps)
+    copies = np.zeros((num_steps, 3), np.int64)
+    copy_time = np.zeros(num_steps)
+    rebalance_steps = []
+    # The placement in service is a per-layer mix while a plan is being applied:
+    serving = np.array(target.phy2log)  # [L, S] what serves each layer
+    held = serving.copy()  # [L, S] what each layer holds once the copies started have landed
+    pricing = _Pricing(serving, deployment.topology, num_experts, dispatch)
+    plan: TransferPlan | None = None  # the copies from `held` to `target` when the plan was adopted
+    queue = np.empty(0, np.int64)  # [n] layers still to switch to `target`, in order
+    in_flight: tuple[np.ndarray, float] | None = None  # (layers, serving time when their copies finish)
+    clock = 0.0
+    policy.start(target, deployment)
+    live = pricing.live
+
+    def price(block: np.ndarray, offset: int) -> None:
+        tokens, active = pricing.loads(block)
+        if not live.all():
+            tokens, active = tokens[..., live], active[..., live]
+        rows = slice(offset, offset + block.shape[0])
+        layer_time[rows] = cost_model.layer_time(tokens, active)
+        balanced[rows] = cost_model.balanced_layer_time(tokens, active)
+
+    def catch_up(block: np.ndarray, i: int) -> None:
+        """Price the steps up to block row ``i`` with the placement in service now."""
+        nonlocal priced_until, clock
+        t = chunk_start + i
+        if priced_until <= t:
+            price(block[priced_until - chunk_start:i + 1], priced_until)
+            clock += layer_time[priced_until:t + 1].sum()
+            priced_until = t + 1
+
+    def switch(layers: np.ndarray) -> None:
+        nonlocal pricing
+        serving[layers] = held[layers]
+        pricing = _Pricing(serving, deployment.topology, num_experts, dispatch)
+
+    for chunk_start in range(0, num_steps, CHUNK):
+        block = _series_block(series, chunk_start, min(chunk_start + CHUNK, num_steps))
+        priced_until = chunk_start  # steps before this are priced
+        for i in range(block.shape[0]):
+            t = chunk_start + i
+            if in_flight is not None:  # price step by step while copies run beside serving
+                catch_up(block, i)
+                if clock >= in_flight[1]:
+                    switch(in_flight[0])
+                    in_flight = None
+            new = policy.observe(t, block[i])
+            if new is not None:
+                new = _as_placement(new, deployment, f"the placement policy.observe returned at step {t}")
+                catch_up(block, i)  # the steps served by the placement up to now
+                plan = transfer_plan(held, new, expert_bytes=int(cost_model.expert_bytes))
+                target = new
+                changed = (held != new.phy2log).any(axis=1) | (serving != new.phy2log).any(axis=1)
+                queue = np.flatnonzero(changed)
+                in_flight = None  # superseded: its layers are in the queue again unless they serve `new`
+                rebalance_steps.append(t)
+            if in_flight is None and queue.size:  # the next chunk of layers: its copies start now
+                catch_up(block, i)
+                layers, queue = queue[:step_layers], queue[step_layers:]
+                part = _copies_of_layers(plan, layers)
+                copies[t] = np.bincount(part.kind, minlength=3)
+                duration = cost_model.transfer_time(part) if len(part) else 0.0
+                copy_time[t] = duration
+                held[layers] = target.phy2log[layers]
+                if cost_model.copy_mode == "stall":
+                    stall[t] = duration
+                    clock += duration
+                    switch(layers)
+                elif cost_model.copy_mode == "free" or duration == 0.0:
+                    switch(layers)
+                else:
+                    in_flight = (layers, clock + duration)
+        if priced_until < chunk_start + block.shape[0]:
+            price(block[priced_until - chunk_start:], priced_until)
+            clock += layer_time[priced_until:chunk_start + block.shape[0]].sum()
+    if np.array_equal(held, target.phy2log):
+        final = target
+    else:
+        final = Placement(held, num_experts, deployment.topology, deployment.num_groups, method="mixed")
+    return SimulationResult(
+        layer_time=layer_time, balanced_time=balanced, stall_time=stall, copies=copies, copy_time=copy_time,
+        rebalance_steps=np.asarray(rebalance_steps, np.int64), policy=getattr(policy, "name", type(policy).__name__),
+        cost_model=cost_model, final_placement=final, wall_time_s=time.perf_counter() - start_wall,
+        extra={} if layers_per_step is None else {"layers_per_step": layers_per_step},
+    )
+
+
+__all__ = ["simulate", "SimulationResult", "Deployment", "NoRebalance", "FixedInterval", "BalancerPolicy",
+           "vllm_like", "sglang_like", "DISPATCH_MODES"]
