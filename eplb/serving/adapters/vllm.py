@@ -31,7 +31,8 @@ and :func:`install` registers it before the engine starts::
     from eplb.serving.adapters.vllm import install
     install(tolerance=0.005)         # replaces vLLM's "default" EPLB policy, any supported vLLM
 
-Every adapter plans with :func:`eplb.plan`: the default method, and, when vLLM passes the
+Every adapter plans with :func:`eplb.plan`: the default method, hedged over the samples of the
+load window when vLLM passes one (the ``"context"`` interface), and, when vLLM passes the
 placement in service, a plan close to it (``previous=``) so few expert weights move. A placement
 in service of another shape (the EP size changed) is ignored: the plan starts from scratch. As
 vLLM's own policy does, expert groups are used only when they divide among the nodes.
@@ -74,15 +75,14 @@ def _placement(settings, weight, num_replicas: int, num_groups, num_nodes: int, 
     """Plan with ``settings`` (an object with ``method``, ``tolerance``, ``max_moves``, ``options``).
 
     Args:
-        weight: ``[L, E]`` load of each logical expert, or a series ``[T, L, E]`` (summed over T).
+        weight: ``[L, E]`` load of each logical expert, or a series ``[T, L, E]`` (vLLM's load
+            window), planned hedged over its windows as :func:`eplb.plan` does with a series.
         old: ``[L, S]`` placement in service or ``None``; ignored when its shape is not ``[L, S]``.
     Returns:
         the :class:`eplb.Placement` (``phy2log [L, S]``, ``log2phy [L, E, R]``, ``logcnt [L, E]``).
     """
     torch = _torch()
     weights = as_counts(weight, "weight", ndims=(2, 3))
-    if weights.ndim == 3:
-        weights = weights.sum(axis=0)
     num_nodes = int(num_nodes) if num_nodes else 1
     groups = int(num_groups) if num_groups else None
     if groups is not None and groups % num_nodes != 0:
@@ -90,7 +90,7 @@ def _placement(settings, weight, num_replicas: int, num_groups, num_nodes: int, 
     previous = None
     if old is not None:
         old = _to_numpy(old, torch)
-        if old.shape == (weights.shape[0], int(num_replicas)):
+        if old.shape == (weights.shape[-2], int(num_replicas)):
             previous = old.astype(np.int64, copy=False)
     return plan(weights, num_slots=int(num_replicas), num_gpus=int(num_ranks), num_nodes=num_nodes,
                 num_groups=groups, method=settings.method, previous=previous, tolerance=settings.tolerance,
@@ -220,7 +220,7 @@ class EplbContextPolicy(_Settings):
         return self.state_type(num_moe_layers)
 
     def rebalance_experts(self, context, policy_state):
-        """Plan from ``context.load_window_cpu [T, L, E]`` (summed over samples) close to
+        """Plan from ``context.load_window_cpu [T, L, E]`` (hedged over its samples) close to
         ``context.physical_to_logical_map_cpu [L, S]``; ``policy_state`` is only read."""
         torch = _torch()
         topology = context.topology
