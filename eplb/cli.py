@@ -675,7 +675,9 @@ def report(counts, plan_file, output, previous, input_format, plan_format, gpus,
     Figures: per-layer balancedness of the plan against greedy and against no rebalancing, a
     per-GPU load heatmap (layers x GPUs), replica counts of the hottest experts, balancedness per
     window (for a series of counts) and, with --previous, what moved. Greedy and the lower bound use
-    the deployment's groups (--groups or recorded in the file). Open OUTPUT/index.html.
+    the deployment's groups (--groups or recorded in the file). Open OUTPUT/index.html. For a series,
+    prints the plan's in-sample balancedness (summed and per window) beside a held-out estimate of
+    planning from these windows (leave one window out): hedged over them and from their sum.
     """
     from .io.formats import FormatError, read_counts, read_placement
     from .io.report import make_report
@@ -701,10 +703,23 @@ def report(counts, plan_file, output, previous, input_format, plan_format, gpus,
         raise FormatError(output, "exists and is not a folder")
     output.mkdir(parents=True, exist_ok=True)
     result = make_report(data, loaded, output, previous=prev, top=top, progress=show_progress(quiet))
-    if not quiet:
-        click.echo(f"wrote    {result.html}")
-        for figure in result.figures:
-            click.echo(f"         {figure}")
+    if quiet:
+        return
+    lines = []
+    if data.num_windows > 1:
+        per_window = moe_mean(p.balancedness(data.counts, "shares"), data.counts)
+        lines.append(f"in sample {moe_mean(p.balancedness(data.weights, 'shares'), data.weights):.4f} on the summed "
+                     f"windows; each of the {data.num_windows} windows: {np.nanmean(per_window):.4f} mean, "
+                     f"{np.nanmin(per_window):.4f} worst (the plan may have been made from these windows)")
+        deployment = dict(topology=p.topology, num_groups=p.num_groups)
+        hedged = eplb.held_out(data.counts, **deployment)
+        summed = eplb.held_out(data.counts, **deployment, objective="sum")
+        lines.append(f"held out  planning from these windows, each served by the plan made from the others: "
+                     f"{hedged.mean():.4f} mean, {hedged.min():.4f} worst hedged over them (eplb's default); "
+                     f"{summed.mean():.4f} / {summed.min():.4f} from their sum")
+    lines.append(f"wrote    {result.html}")
+    lines += [f"         {figure}" for figure in result.figures]
+    click.echo("\n".join(lines))
 
 
 # -- simulate --------------------------------------------------------------------------------------

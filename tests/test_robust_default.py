@@ -208,3 +208,15 @@ def test_cli_plans_windows_like_the_api_and_cuts_recordings(tmp_path):
     assert "windows of 3 passes" in out
     out, _ = invoke("plan", "s.npy", *deployment, "--no-held-out", "-o", "r.npz", cwd=tmp_path)
     assert "held out" not in out
+
+
+def test_report_prints_in_sample_beside_held_out(tmp_path):
+    pytest.importorskip("matplotlib")
+    series = structured_series(num_windows=6, seed=23)
+    np.save(tmp_path / "s.npy", series)
+    invoke("plan", "s.npy", "--slots", "40", "--gpus", "8", "--objective", "sum", "--no-held-out", "-o", "p.json",
+           cwd=tmp_path)
+    out, _ = invoke("report", "s.npy", "p.json", "-o", "rep", cwd=tmp_path)
+    assert "in sample" in out and "held out" in out
+    hedged = eplb.held_out(series, num_slots=40, num_gpus=8).mean()
+    assert f"{hedged:.4f} mean" in out
