@@ -14,9 +14,10 @@ Families (balancedness = mean over MoE layers of mean / max GPU load; cells mean
   by benchmark and by subject category, OLMoE and Mixtral text domains (leave-one-out), and windows
   mixing the gpt-oss benchmarks over time (:func:`eplb.simulation.series.mixture_windows`, next-window);
 - DeepSeek-V3-sized synthetic workloads whose windows differ by *structured* shifts, as real
-  traffic does: 12 workloads, 6 "prefill" and 6 "decode" ones (the decode ones moved by one
-  phase-wide shift), held out one at a time within a phase (``same phase``) or among all 12
-  (``phases mixed``); windows mixing 6 workloads (next-window);
+  traffic does: 12 workloads, each a mixture of 4 latent routing distributions (plus a little
+  noise of its own), 6 "prefill" and 6 "decode" ones (the decode ones moved by one phase-wide
+  shift), held out one at a time within a phase (``same phase``) or among all 12 (``phases
+  mixed``); windows mixing 6 workloads (next-window);
 - the hard case: windows that differ only by independent noise around one popularity
   (``sigma`` per expert) and by drift; here no fixed placement beats the summed plan by much, and
   the default must not lose more than 0.002 to it (its cross-validation keeps the summed plan).
@@ -64,13 +65,17 @@ def _score(placement, windows: np.ndarray, judge: str = "uniform") -> np.ndarray
 
 
 def _phase_workloads(seed: int, num_layers: int, num_experts: int, num_groups: int | None):
-    """``[12, L, E]``: 6 prefill workloads and 6 decode ones (the prefill ones moved by one shift
-    common to the phase, as decode traffic differs from prefill traffic)."""
-    prefill = synthetic_workloads(6, num_layers, num_experts, shift=0.5, num_groups=num_groups, seed=seed)
+    """``[12, L, E]``: 6 prefill workloads and 6 decode ones. A workload (a task, a request mix) is
+    a mixture of 4 latent routing distributions with weights from a Dirichlet(0.5), each expert
+    then moved by ``exp(N(0, 0.1))`` of its own; the decode workloads are the prefill ones moved by
+    one shift common to the phase, as decode traffic differs from prefill traffic."""
+    latent = synthetic_workloads(4, num_layers, num_experts, shift=0.5, num_groups=num_groups, seed=seed)
     rng = np.random.default_rng(seed + 1000)
+    prefill = np.tensordot(rng.dirichlet(np.full(4, 0.5), size=6), latent, axes=1)
+    prefill *= np.exp(rng.normal(0.0, 0.1, size=prefill.shape))
     decode = prefill * np.exp(rng.normal(0.0, 0.35, size=prefill.shape[1:]))[None]
-    decode /= decode.sum(axis=2, keepdims=True)
-    return np.concatenate([prefill, decode])
+    both = np.concatenate([prefill, decode])
+    return both / both.sum(axis=2, keepdims=True)
 
 
 def _sampled(workloads: np.ndarray, seed: int, tokens: int = TOKENS) -> np.ndarray:

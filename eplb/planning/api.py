@@ -123,7 +123,7 @@ def plan(counts, *, num_slots=None, num_gpus=None, num_nodes=1, num_groups=None,
         phy2log, info = plan_near(weights, problem, old, method=method, tolerance=tolerance, max_moves=max_moves,
                                   options=options)
         if hedged:
-            phy2log, hedge_entries = _hedge_near(windows, window_weights, problem, old, phy2log, copy_cost)
+            phy2log, hedge_entries = hedge_near(windows, window_weights, problem, old, phy2log, copy_cost)
             info = {**info, **hedge_entries, "objective": objective}
     elif series:
         phy2log, info = plan_series(windows, problem, get_method(method), objective, window_weights,
@@ -184,7 +184,7 @@ def held_out(counts, *, folds: int = HELD_OUT_FOLDS, judge: str | None = None, *
     return np.asarray(scores)
 
 
-def _hedge_near(windows: np.ndarray, window_weights, problem: Problem, previous: np.ndarray, near: np.ndarray,
+def hedge_near(windows: np.ndarray, window_weights, problem: Problem, previous: np.ndarray, near: np.ndarray,
                 copy_cost: float) -> tuple[np.ndarray, dict]:
     """Per layer, the better of two hedged searches charged ``copy_cost`` per slot changed from
     ``previous [L, S]``: one from ``previous`` itself (its replica counts, few copies) and one from

@@ -35,7 +35,8 @@ import time
 import numpy as np
 
 from ..model._validation import as_int
-from ..planning.api import make_problem
+from ..planning.api import hedge_near, make_problem
+from ..planning.robust import DEFAULT_COPY_COST
 from ..analysis.bounds import average_bound, replica_bound
 from ..model.cost import CostModel
 from ..kernels.gpu_work import gpu_work
@@ -67,6 +68,9 @@ unless ``horizon`` says otherwise (see :class:`Balancer`)."""
 FORECAST_MIN_PASSES = 10
 """Fewer recorded passes than this: no trend is fitted (see :meth:`Balancer.planning_counts`)."""
 
+SUBWINDOWS = 10
+"""The Balancer hedges its plans over this many sub-windows of its window (see :class:`Balancer`)."""
+
 
 class Balancer:
     """Online expert-load balancer: a window of recent loads and the placement in service.
@@ -82,6 +86,13 @@ class Balancer:
             ``None``: half the window; ``0``: the window's loads as recorded. On the drifting
             DeepSeek-V3-sized series of ``bench/decision_rule.py`` it cut the MoE time lost, stalls
             included, on the held-out series, for a few more copies.
+        subwindows: plan hedged over the window cut into this many sub-windows of consecutive
+            passes (:func:`eplb.planning.api.hedge_near`: the plan near the placement in service,
+            then swaps that lower the mean over the sub-windows of each one's peak, each paying
+            ``copy_cost`` per slot it changes), so the placement serves the traffic the window
+            moved through, not only its average; ``1``: plan for the window's loads alone.
+        copy_cost: with ``subwindows > 1``, what one changed slot costs the hedged search, in mean
+            ``peak / mean`` load (see :func:`eplb.plan`).
         method: the planning method (``eplb.METHODS``); tolerance, max_moves: the trade-off of
             migration-aware planning (see :func:`eplb.plan`). The default tolerance, 0.03, is the one
             that lost the least MoE time, weight-copy stalls included, on the drifting DeepSeek-V3-sized
@@ -130,7 +141,8 @@ class Balancer:
                  forecast: int | None = None, method: str = DEFAULT_METHOD, tolerance: float | None = DEFAULT_TOLERANCE, max_moves=None,
                  min_gain: float = 0.01, move_cost: float = 0.05, expert_bytes: int | None = None,
                  placement: Placement | None = None, options: dict | None = None, threads: int = 1,
-                 compile: str = "eager", cost_model: CostModel | None = None, horizon: int | None = None):
+                 compile: str = "eager", cost_model: CostModel | None = None, horizon: int | None = None,
+                 subwindows: int = SUBWINDOWS, copy_cost: float = DEFAULT_COPY_COST):
         self.num_layers = as_int(num_layers, "num_layers", minimum=1)
         self.num_experts = as_int(num_experts, "num_experts", minimum=1)
         if cost_model is not None and not isinstance(cost_model, CostModel):
@@ -149,6 +161,8 @@ class Balancer:
                 raise ValueError(f"decay must be in (0, 1] or None, got {decay}")
         self.decay = decay
         self.forecast = self.window // 2 if forecast is None else as_int(forecast, "forecast", minimum=0)
+        self.subwindows = as_int(subwindows, "subwindows", minimum=1)
+        self.copy_cost = _non_negative(copy_cost, "copy_cost")
         self.method = method
         if tolerance is not None and not (np.isfinite(float(tolerance)) and float(tolerance) >= 0):
             raise ValueError(f"tolerance must be a non-negative number or None, got {tolerance}")
@@ -333,10 +347,29 @@ class Balancer:
     def _plan(self, load: np.ndarray) -> Placement:
         """Migration-aware plan for ``load [L, E]`` from the placement in service (no bounds: the
         balancer needs the placement, not its certificate, and keeps planning fast)."""
-        phy2log, info = plan_near(load, self._problem, self.placement.phy2log, method=self.method,
+        start = time.perf_counter()
+        previous = self.placement.phy2log
+        phy2log, info = plan_near(load, self._problem, previous, method=self.method,
                                   tolerance=self.tolerance, max_moves=self.max_moves, options=self.options,
                                   threads=self.threads)
+        windows = self.planning_windows()
+        if windows.shape[0] > 1 and self.max_moves is None:  # a move budget is plan_near's to keep
+            phy2log, hedged = hedge_near(windows, None, self._problem, previous, phy2log, self.copy_cost)
+            info = {**info, **hedged, "time_s": time.perf_counter() - start}
         return Placement(phy2log, self.num_experts, self.topology, self.num_groups, method=self.method, info=info)
+
+    def planning_windows(self) -> np.ndarray:
+        """``[K, L, E]`` float64: the window's passes in ``K = min(subwindows, passes recorded)``
+        sub-windows of consecutive passes, oldest first (decay-weighted), what plans hedge over."""
+        count = min(self.subwindows, self._filled)
+        out = np.zeros((count, self.num_layers, self.num_experts))
+        with self._lock:
+            weights, ages = self._row_weights()
+            edges = np.linspace(0, self._filled, count + 1)
+            for k in range(count):  # sub-window k holds the passes aged in [edges[K-1-k], edges[K-k])
+                low, high = edges[count - 1 - k], edges[count - k]
+                weighted_window(self._buffer, np.where((ages >= low) & (ages < high), weights, 0.0), out[k])
+        return out
 
     def should_rebalance(self) -> bool:
         """Whether a rebalance now is worth its weight copies.
@@ -493,7 +526,7 @@ class Balancer:
             "method": self.method,
             "tolerance": self.tolerance, "max_moves": self.max_moves, "min_gain": self.min_gain,
             "move_cost": self.move_cost, "expert_bytes": self.expert_bytes, "options": self.options,
-            "threads": self.threads,
+            "threads": self.threads, "subwindows": self.subwindows, "copy_cost": self.copy_cost,
         }
 
     def state_dict(self) -> dict:
@@ -571,7 +604,8 @@ class Balancer:
 
 
 CONFIG_KEYS = ("num_layers", "num_experts", "topology", "num_groups", "window", "decay", "forecast", "method",
-               "tolerance", "max_moves", "min_gain", "move_cost", "expert_bytes", "options", "threads")
+               "tolerance", "max_moves", "min_gain", "move_cost", "expert_bytes", "options", "threads",
+               "subwindows", "copy_cost")
 """The keys of a saved configuration (``state_dict()["config"]``)."""
 
 
@@ -636,7 +670,8 @@ def warm_kernels(num_experts: int, *, num_slots=None, num_gpus=None, num_nodes=1
     """Compile (or load from Numba's cache) every kernel a :class:`Balancer` of this configuration
     calls when it records, decides and rebalances. Returns the seconds it took.
 
-    It runs a throw-away two-layer balancer of the same configuration through every planning path
+    It runs a throw-away two-layer balancer of the same configuration (a window of two passes: its
+    plans hedge over two sub-windows) through every planning path
     (from the round-robin layout, then from its own plans on shifted, drifted, dense and one-hot
     loads), so the kernels are compiled for the very array types the serving loop passes. The
     number of layers does not change what is compiled. A configuration already warmed in this
@@ -649,7 +684,7 @@ def warm_kernels(num_experts: int, *, num_slots=None, num_gpus=None, num_nodes=1
     if key in _WARMED:
         return 0.0
     balancer = Balancer(2, num_experts, num_slots=num_slots, num_gpus=num_gpus, num_nodes=num_nodes,
-                        num_groups=num_groups, topology=topology, window=1, method=method, tolerance=tolerance,
+                        num_groups=num_groups, topology=topology, window=2, method=method, tolerance=tolerance,
                         max_moves=max_moves, min_gain=0.0, move_cost=0.0, options=options, compile="lazy")
     num_slots = balancer.topology.num_slots
     _warm_window_kernels(2, num_experts, num_slots)
