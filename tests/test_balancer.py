@@ -572,3 +572,38 @@ def test_forecast_ignores_noise_but_follows_a_noisy_trend():
     future = np.maximum(truth + slope * (99 + 25), 0)
     assert np.abs(drifting.planning_counts() / 100 - future).mean() < 0.2 * np.abs(
         drifting.window_counts() / 100 - future).mean()
+
+
+@pytest.mark.parametrize("cost_model", [None, "H100"])
+def test_only_the_layers_that_pay_are_rebalanced(cost_model):
+    """After a plan for nearly even loads, the layers that turn skewed move; those that stay nearly
+    even, where a new plan would gain a little balance for many copies, keep their slots."""
+    rng = np.random.default_rng(3)
+    cost = None if cost_model is None else eplb.CostModel.preset(cost_model, "deepseek-v3", regime="compute")
+    # copies free for the hedged search, so that a plan alone moves even layers for a little balance
+    balancer = make(window=20, compile="lazy", forecast=0, cost_model=cost, min_gain=0.0, tolerance=0.0,
+                    horizon=20, copy_cost=0.0, move_cost=0.5)
+    for _ in range(20):  # every layer nearly even: planned once
+        balancer.record(64000.0 * rng.uniform(0.98, 1.02, (6, 64)), physical=False)
+    balancer.rebalance()
+    loads = 64000.0 * rng.uniform(0.98, 1.02, (6, 64))  # layers 3-5: nearly even, other noise
+    loads[:3] = (np.floor(rng.pareto(1.0, (3, 64)) * 100.0) + 1.0) * 64  # layers 0-2: skewed now
+    for _ in range(20):
+        balancer.record(loads, physical=False)
+    before = balancer.placement.phy2log.copy()
+    assert balancer.should_rebalance()
+    candidate, _ = balancer.rebalance(commit=False)
+    unfiltered = balancer._plan(balancer.planning_counts())
+    assert (unfiltered.phy2log[3:] != before[3:]).any()  # a plan alone would move the even layers too
+    changed = (candidate.phy2log != before).sum(axis=1)
+    assert changed[3:].sum() < (unfiltered.phy2log[3:] != before[3:]).sum()  # fewer copies on the even layers
+    assert (changed[:3] > 0).all()  # the skewed layers move
+    np.testing.assert_array_equal(candidate.info["slots_changed"], changed)
+    kept = candidate.info["layers_rebalanced"]
+    np.testing.assert_array_equal(candidate.phy2log[~kept], before[~kept])
+    np.testing.assert_array_equal(candidate.phy2log[kept], unfiltered.phy2log[kept])
+    if cost_model is None:  # a layer moves when its gain is at least move_cost x its fraction of slots changed
+        load = balancer.planning_counts()
+        gain = balancedness(unfiltered.gpu_loads(load)) - balancedness(balancer.placement.gpu_loads(load))
+        moved = (unfiltered.phy2log != before).sum(axis=1) / before.shape[1]
+        np.testing.assert_array_equal(kept, (gain >= balancer.move_cost * moved) & (moved > 0))

@@ -400,7 +400,7 @@ class Balancer:
         if ceiling - current < self.min_gain:
             self.last_decision = {**decision, "rebalance": False, "reason": "even an optimal plan gains too little"}
             return False
-        candidate = self._plan(load)
+        candidate = self._layers_that_pay(load, self._plan(load))
         gain = float(balancedness(candidate.gpu_loads(load)).mean()) - current
         moved = float(np.sum(candidate.info["slots_changed"])) / candidate.phy2log.size
         self._candidate = (steps, rebalances, candidate)
@@ -425,20 +425,55 @@ class Balancer:
                                             "time saved below copy time"}
         return bool(worth)
 
+    def _layers_that_pay(self, load: np.ndarray, candidate: Placement) -> Placement:
+        """``candidate`` with every layer whose move does not pay for itself on ``load [L, E]``
+        given back its slots in service: with a cost model, a layer pays when the time it saves
+        over the horizon exceeds its share of the copy stall (its copies' share of the plan's);
+        otherwise when its balancedness gain is at least ``move_cost`` times the fraction of its
+        slots that change. Copies then go to the layers where they buy balance."""
+        previous = self.placement.phy2log
+        changed = np.asarray(candidate.info["slots_changed"], dtype=np.int64)
+        if not changed.any():
+            return candidate
+        if self.cost_model is None:
+            gain = balancedness(candidate.gpu_loads(load)) - balancedness(self.placement.gpu_loads(load))
+            pays = gain >= self.move_cost * changed / previous.shape[1]
+        else:
+            per_pass = load / self._effective_passes()
+            saved = (self._layer_times(self.placement, per_pass) - self._layer_times(candidate, per_pass)) \
+                * (self.horizon or HORIZON_WINDOWS * self.window)
+            stall = np.zeros(self.num_layers)
+            if self.cost_model.copy_mode == "stall":
+                transfer = transfer_plan(self.placement, candidate, expert_bytes=int(self.cost_model.expert_bytes))
+                copies = np.bincount(transfer.layer, minlength=self.num_layers)
+                stall = self.cost_model.transfer_time(transfer) * copies / max(int(copies.sum()), 1)
+            pays = saved > stall
+        keep = pays & (changed > 0)
+        if keep.all():
+            return candidate
+        phy2log = np.where(keep[:, None], candidate.phy2log, previous)
+        info = {**candidate.info, "slots_changed": np.where(keep, changed, 0), "layers_rebalanced": keep}
+        return Placement(phy2log, self.num_experts, self.topology, self.num_groups, method=self.method, info=info)
+
     def _effective_passes(self) -> float:
         """The weight of the window's passes (their number without decay)."""
         if self.decay is None:
             return float(self._filled)
         return float(np.sum(self.decay ** np.arange(self._filled)))
 
-    def _step_time(self, placement: Placement, per_pass: np.ndarray) -> float:
-        """Predicted seconds of one pass of ``per_pass [L, E]`` counts under ``placement`` (even split)."""
+    def _layer_times(self, placement: Placement, per_pass: np.ndarray) -> np.ndarray:
+        """``[L]`` predicted seconds of each MoE layer of one pass of ``per_pass [L, E]`` counts under
+        ``placement`` (even split): the layer's slowest GPU."""
         phy2log = np.ascontiguousarray(placement.phy2log)
         shares = uniform_shares(phy2log, placement.logcnt)[None]
         tokens, active = gpu_work(per_pass[None], phy2log, np.ascontiguousarray(shares), self.topology.gpu_of_slot,
                                   self.topology.num_gpus, True)
         live = self.topology.slots_per_gpu > 0
-        return float(self.cost_model.step_time(tokens[..., live], active[..., live])[0])
+        return self.cost_model.layer_time(tokens[..., live], active[..., live])[0]
+
+    def _step_time(self, placement: Placement, per_pass: np.ndarray) -> float:
+        """Predicted seconds of one pass of ``per_pass [L, E]`` counts under ``placement`` (even split)."""
+        return float(self._layer_times(placement, per_pass).sum())
 
     def rebalance(self, *, commit: bool = True) -> tuple[Placement, TransferPlan]:
         """Plan a new placement close to the one in service, for the window's loads.
