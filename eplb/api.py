@@ -20,6 +20,7 @@ from .objectives import DEFAULT_OBJECTIVE, DISPATCH_SCORING, combine, plan_serie
 from .placement import Placement
 from .problem import Problem, make_problem, power_of_two_scale, weights_2d
 from .topology import Topology
+from .windows import check_window_weights
 
 _weights_2d = weights_2d  # eplb.certificate imports this name
 
@@ -66,7 +67,9 @@ def plan(counts, *, num_slots=None, num_gpus=None, num_nodes=1, num_groups=None,
             (:data:`eplb.objectives.DEFAULT_OBJECTIVE`), chosen by what served held-out windows best
             in ``bench/out_of_sample.py``.
         window_weights: ``[T]`` non-negative weights of the windows (e.g.
-            :func:`eplb.objectives.recency_weights`); ``None``: equal.
+            :func:`eplb.objectives.recency_weights`); ``None``: equal. Relative: divided by the
+            largest, so ``max_load`` and ``lower_bound`` are on the weighted sum with the largest
+            weight 1.
         dispatch: how the engine splits an expert's tokens among its replicas: ``"uniform"`` (as
             engines do by default) or ``"optimal"`` (per batch, :func:`eplb.dispatch`); with
             ``"optimal"`` the plan is made for it (:func:`eplb.objectives.made_for_dispatch`: a few
@@ -90,6 +93,9 @@ def plan(counts, *, num_slots=None, num_gpus=None, num_nodes=1, num_groups=None,
                          "not with previous= or max_off_node=")
     if series:
         windows = as_counts(counts, "counts", ndims=(1, 2, 3)).reshape((-1,) + weights.shape)
+        if window_weights is not None:  # relative: the largest is 1, so huge or denormal weights plan alike
+            window_weights = check_window_weights(window_weights, windows.shape[0])
+            window_weights = window_weights / window_weights.max()
         phy2log, info = plan_series(windows, problem, get_method(method), objective or DEFAULT_OBJECTIVE[dispatch],
                                     window_weights, dispatch=dispatch, options=options)
         weights = combine(windows, "sum", window_weights)

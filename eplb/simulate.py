@@ -63,7 +63,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ._validation import as_int
+from ._validation import as_int, check_layer_totals
 from .api import make_problem
 from .balancer import Balancer
 from .cost import CostModel
@@ -393,6 +393,7 @@ def simulate(series, *, num_slots=None, num_gpus=None, num_nodes=1, num_groups=N
             raise ValueError("series must be finite")
         if (series < 0).any():
             raise ValueError("series must be non-negative")
+        check_layer_totals(series, "series")
         num_steps, num_layers, num_experts = series.shape
     else:
         num_steps, num_layers, num_experts = series.shape
@@ -434,8 +435,13 @@ def simulate(series, *, num_slots=None, num_gpus=None, num_nodes=1, num_groups=N
         if not live.all():
             tokens, active = tokens[..., live], active[..., live]
         rows = slice(offset, offset + block.shape[0])
-        layer_time[rows] = cost_model.layer_time(tokens, active)
-        balanced[rows] = cost_model.balanced_layer_time(tokens, active)
+        with np.errstate(over="ignore", invalid="ignore"):  # refused below
+            layer_time[rows] = cost_model.layer_time(tokens, active)
+            balanced[rows] = cost_model.balanced_layer_time(tokens, active)
+        if not (np.isfinite(layer_time[rows]).all() and np.isfinite(balanced[rows]).all()):
+            raise ValueError(f"series and cost_model: a layer time of steps {offset}..{offset + block.shape[0] - 1} "
+                             "overflows float64 (counts or cost constants too large; counts are scale-free: "
+                             "divide them by a common factor)")
 
     def catch_up(block: np.ndarray, i: int) -> None:
         """Price the steps up to block row ``i`` with the placement in service now."""

@@ -23,7 +23,7 @@ from typing import Callable
 
 import numpy as np
 
-from ._validation import as_int
+from ._validation import as_int, check_layer_totals
 from .cost import CostModel
 from .simulate import BalancerPolicy, NoRebalance, simulate, sglang_like, vllm_like
 
@@ -99,6 +99,11 @@ def sweep(series, *, extra_slots_per_gpu=(0, 1, 2), num_gpus=(32,), num_nodes=(1
     series = np.asarray(series)
     if series.ndim != 3 or series.dtype.kind not in "biuf" or series.shape[0] < 1:
         raise ValueError(f"series must be a numeric [T, L, E] array, got shape {series.shape}")
+    if series.dtype.kind == "f" and not np.isfinite(series).all():
+        raise ValueError("series must be finite")
+    if (series < 0).any():
+        raise ValueError("series must be non-negative")
+    check_layer_totals(series, "series")
     extras = [as_int(x, "extra_slots_per_gpu entry", minimum=0) for x in extra_slots_per_gpu]
     gpus = [as_int(g, "num_gpus entry", minimum=1) for g in num_gpus]
     nodes = [as_int(n, "num_nodes entry", minimum=1) for n in num_nodes]
