@@ -72,3 +72,78 @@ def test_window_weights_are_relative():
     a = eplb.plan(series, num_slots=12, num_gpus=4, window_weights=[1.0, 2.0, 4.0])
     b = eplb.plan(series, num_slots=12, num_gpus=4, window_weights=[2.0**-1070, 2.0**-1069, 2.0**-1068])
     np.testing.assert_array_equal(a.phy2log, b.phy2log)
+
+
+# -- 2. the capped (max_off_node) bound ----------------------------------------------------------
+
+def test_capped_bound_holds_when_nodes_have_room_for_more_groups_than_their_share():
+    w = np.random.default_rng(1).pareto(1.0, (1, 32)) * 100
+    capped = eplb.plan(w, num_slots=48, num_gpus=8, num_nodes=4, num_groups=8, max_off_node=0.05)
+    assert 0 <= capped.gap[0] < 0.01  # was 2.57: the node bound was skipped with 3 groups' room per node
+
+
+def _capped_optimum(weights, slots_per_gpu, num_nodes, gpus_per_node, num_groups, fraction):
+    """The smallest max GPU load of any placement with home nodes (each group's home node holds a
+    replica of each of its experts) whose shares send at most ``fraction`` of the tokens off their
+    home node: every placement and home assignment enumerated, the shares by an LP (OR-Tools GLOP)."""
+    import itertools
+
+    from ortools.linear_solver import pywraplp
+
+    num_experts = weights.size
+    total = float(weights.sum())
+    weights = [float(w) for w in weights]  # python floats: numpy scalars do not combine with solver terms
+    size = num_experts // num_groups
+    num_gpus = num_nodes * gpus_per_node
+    gpu_contents = list(itertools.combinations_with_replacement(range(num_experts), slots_per_gpu))
+    best = np.inf
+    for contents in itertools.product(gpu_contents, repeat=num_gpus):
+        phy2log = [e for gpu in contents for e in gpu]
+        if len(set(phy2log)) < num_experts:
+            continue
+        node_of_slot = [s // slots_per_gpu // gpus_per_node for s in range(len(phy2log))]
+        for home in itertools.product(range(num_nodes), repeat=num_groups):
+            if any(not any(phy2log[s] == e and node_of_slot[s] == home[e // size] for s in range(len(phy2log)))
+                   for e in range(num_experts)):
+                continue
+            solver = pywraplp.Solver.CreateSolver("GLOP")
+            x = [solver.NumVar(0, 1, "") for _ in phy2log]
+            peak = solver.NumVar(0, solver.infinity(), "")
+            for e in range(num_experts):
+                solver.Add(sum(x[s] for s, held in enumerate(phy2log) if held == e) == 1)
+            for g in range(num_gpus):
+                slots = range(g * slots_per_gpu, (g + 1) * slots_per_gpu)
+                solver.Add(sum(weights[phy2log[s]] * x[s] for s in slots) <= peak)
+            away = [s for s, e in enumerate(phy2log) if node_of_slot[s] != home[e // size]]
+            solver.Add(sum(weights[phy2log[s]] * x[s] for s in away) <= fraction * total)
+            solver.Minimize(peak)
+            if solver.Solve() == pywraplp.Solver.OPTIMAL:
+                best = min(best, peak.solution_value())
+    return best
+
+
+@pytest.mark.parametrize("layout", [
+    dict(slots_per_gpu=2, num_nodes=3, gpus_per_node=1, num_groups=3, num_experts=3),   # room for 2 groups, 1 each
+    dict(slots_per_gpu=4, num_nodes=2, gpus_per_node=1, num_groups=2, num_experts=4),   # room for 2 groups, 1 each
+])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_capped_bound_never_exceeds_the_capped_optimum(layout, seed):
+    pytest.importorskip("ortools")
+    from eplb.locality import capped_lower_bound, node_cap_bound
+    from eplb.problem import make_problem
+
+    weights = np.floor(np.random.default_rng(seed).pareto(1.0, layout["num_experts"]) * 100) + 1
+    num_gpus = layout["num_nodes"] * layout["gpus_per_node"]
+    problem = make_problem(layout["num_experts"], num_gpus * layout["slots_per_gpu"], num_gpus, layout["num_nodes"],
+                           layout["num_groups"])
+    assert problem.hierarchical
+    for fraction in (0.0, 0.05, 0.2, 0.5):
+        optimum = _capped_optimum(weights, layout["slots_per_gpu"], layout["num_nodes"], layout["gpus_per_node"],
+                                  layout["num_groups"], fraction)
+        bound = node_cap_bound(weights[None, :], problem, fraction)[0]
+        assert bound <= optimum * (1 + 1e-9), (fraction, bound, optimum)
+        if fraction > 0:
+            assert capped_lower_bound(weights[None, :], problem, fraction)[0] <= optimum * (1 + 1e-9)
+        plan = eplb.plan(weights[None, :], num_slots=num_gpus * layout["slots_per_gpu"], num_gpus=num_gpus,
+                         num_nodes=layout["num_nodes"], num_groups=layout["num_groups"], max_off_node=fraction)
+        assert plan.lower_bound[0] <= plan.max_load[0] * (1 + 1e-9)
