@@ -228,7 +228,12 @@ class SimulationResult:
 
     Attributes:
         layer_time: ``[T, L]`` each layer's time (its slowest GPU).
-        balanced_time: ``[T, L]`` each layer's time with its work spread evenly over the GPUs.
+        balanced_time: ``[T, L]`` each layer's time perfectly balanced: its routed tokens and its
+            activated experts (experts with tokens, each read once as with one replica) spread
+            evenly over the GPUs that serve. It depends on the counts and the deployment's GPUs
+            alone, not on the placement, the policy or the dispatch mode, so every run on the same
+            series and GPUs is measured from the same baseline (the extra weight reads of
+            replicas count as time lost).
         stall_time: ``[T]`` time serving waited for weight copies after step ``t``.
         copies: ``[T, 3]`` slots whose expert changed after step ``t``, by where the weights come
             from: the same GPU (a local move, not a copy between GPUs), the same node, another node.
@@ -437,11 +442,17 @@ def simulate(series, *, num_slots=None, num_gpus=None, num_nodes=1, num_groups=N
         rows = slice(offset, offset + block.shape[0])
         with np.errstate(over="ignore", invalid="ignore"):  # refused below
             layer_time[rows] = cost_model.layer_time(tokens, active)
-            balanced[rows] = cost_model.balanced_layer_time(tokens, active)
+            balanced[rows] = balanced_time(block, tokens.shape[-1])
         if not (np.isfinite(layer_time[rows]).all() and np.isfinite(balanced[rows]).all()):
             raise ValueError(f"series and cost_model: a layer time of steps {offset}..{offset + block.shape[0] - 1} "
                              "overflows float64 (counts or cost constants too large; counts are scale-free: "
                              "divide them by a common factor)")
+
+    def balanced_time(block: np.ndarray, serving_gpus: int) -> np.ndarray:
+        """``[B, L]``: each layer's routed tokens and its activated experts (one weight read each)
+        spread evenly over the GPUs that serve: the same for every placement and dispatch."""
+        counts = np.asarray(block, dtype=np.float64)
+        return cost_model.gpu_time(counts.sum(axis=-1) / serving_gpus, (counts > 0).sum(axis=-1) / serving_gpus)
 
     def catch_up(block: np.ndarray, i: int) -> None:
         """Price the steps up to block row ``i`` with the placement in service now."""

@@ -147,3 +147,25 @@ def test_capped_bound_never_exceeds_the_capped_optimum(layout, seed):
         plan = eplb.plan(weights[None, :], num_slots=num_gpus * layout["slots_per_gpu"], num_gpus=num_gpus,
                          num_nodes=layout["num_nodes"], num_groups=layout["num_groups"], max_off_node=fraction)
         assert plan.lower_bound[0] <= plan.max_load[0] * (1 + 1e-9)
+
+
+# -- 3. one balanced baseline for every row of a comparison ------------------------------------
+
+def test_dispatch_modes_and_policies_share_one_balanced_baseline():
+    from eplb.synthetic import drifting_counts
+
+    series = np.floor(drifting_counts(120, 2, 16, drift=0.2, tokens=512, seed=3))
+    runs = {(d, p.name): eplb.simulate(series, num_slots=24, num_gpus=8, dispatch=d, policy=p)
+            for d in ("uniform", "optimal") for p in (eplb.NoRebalance(), eplb.FixedInterval(40))}
+    baseline = next(iter(runs.values())).balanced_time
+    summaries = []
+    for result in runs.values():
+        np.testing.assert_array_equal(result.balanced_time, baseline)
+        summaries.append(result.summary())
+    # with one baseline, the run with less MoE time loses the smaller share
+    summaries.sort(key=lambda s: s["moe_time_s"])
+    assert [s["lost_share"] for s in summaries] == sorted(s["lost_share"] for s in summaries)
+    rows = eplb.sweep(series, extra_slots_per_gpu=(1,), num_gpus=(8,), dispatch=("uniform", "optimal"),
+                      policies=("none",), workers=1)
+    uniform, optimal = rows
+    assert optimal["lost_share"] < uniform["lost_share"]  # optimal dispatch serves faster, and is ranked so
