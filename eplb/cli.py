@@ -728,7 +728,7 @@ def simulate(counts, slots, gpus, nodes, groups, policies, method, rebalance_fn,
     """
     from .cost import CostModel
     from .formats import read_counts
-    from .simulate import simulate as run_simulation
+    from .simulate import PolicyError, simulate as run_simulation
     from .simulation_report import write_simulation_report
 
     _check_flag_sizes(slots=slots, gpus=gpus, nodes=nodes, groups=groups)
@@ -739,9 +739,12 @@ def simulate(counts, slots, gpus, nodes, groups, policies, method, rebalance_fn,
     results = []
     for name in policies or SIMULATE_POLICIES:
         policy = _simulation_policy(name, plan_with, check_every)
-        results.append(run_simulation(data.counts, num_slots=slots, num_gpus=gpus, num_nodes=nodes, num_groups=groups,
-                                      policy=policy, cost_model=cost, dispatch=dispatch,
-                                      layers_per_step=layers_per_step))
+        try:
+            results.append(run_simulation(data.counts, num_slots=slots, num_gpus=gpus, num_nodes=nodes,
+                                          num_groups=groups, policy=policy, cost_model=cost, dispatch=dispatch,
+                                          layers_per_step=layers_per_step))
+        except PolicyError as exc:  # the user's planning function: its error, not the configuration's
+            raise Failure(str(exc)) from None
     written = write_simulation_report(results, output, title=f"eplb simulate {data.path.name}")
     if quiet:
         return

@@ -109,12 +109,17 @@ class Deployment:
         weights = np.ascontiguousarray(weights, dtype=np.float64)
         if callable(method):
             groups = self.num_groups if self.num_groups is not None else 1
-            result = method(weights, self.num_slots, groups, self.num_nodes, self.num_gpus)
-            phy2log = result[0] if isinstance(result, tuple) else result
-            if type(phy2log).__module__.split(".")[0] == "torch":
-                phy2log = phy2log.cpu().numpy()
-            return Placement(np.asarray(phy2log, dtype=np.int64), self.num_experts, self.topology, self.num_groups,
-                             method=getattr(method, "__name__", "custom"))
+            name = getattr(method, "__name__", "custom")
+            try:
+                result = method(weights, self.num_slots, groups, self.num_nodes, self.num_gpus)
+            except Exception as exc:  # a user's function: say whose error it is
+                raise PolicyError(f"the planning function {name} raised {type(exc).__name__}: {exc}") from exc
+            phy2log = result[0] if isinstance(result, tuple) and result else result
+            if phy2log is None:
+                raise PolicyError(f"the planning function {name} returned {result!r}: it must return phy2log [L, S] "
+                                  "(or a tuple starting with it)")
+            return _as_placement(phy2log, self, f"the placement the planning function {name} returned",
+                                 method=name)
         problem = make_problem(self.num_experts, topology=self.topology, num_groups=self.num_groups)
         phy2log, _ = get_method(method)(weights, problem)
         return Placement(phy2log, self.num_experts, self.topology, self.num_groups, method=method)
@@ -345,17 +350,44 @@ def _copies_of_layers(plan: TransferPlan, layers: np.ndarray) -> TransferPlan:
                         topology=plan.topology, expert_bytes=plan.expert_bytes)
 
 
-def _as_placement(value, deployment: Deployment, what: str) -> Placement:
+class PolicyError(ValueError):
+    """A policy or a planning function failed or returned something that is not a placement of the
+    deployment (the message says which and at what step)."""
+
+
+def _as_placement(value, deployment: Deployment, what: str, method: str = "given") -> Placement:
+    """``value`` (a :class:`Placement` or ``phy2log [L, S]`` of integer expert ids: float ids are
+    refused, never truncated) as a placement of ``deployment``, else :class:`PolicyError`."""
     if isinstance(value, Placement):
         if value.topology != deployment.topology or value.num_experts != deployment.num_experts \
                 or value.num_layers != deployment.num_layers:
-            raise ValueError(f"{what} must match the series' layers and experts and the deployment's topology")
+            raise PolicyError(f"{what} must match the series' layers and experts and the deployment's topology")
         return value
+    if type(value).__module__.split(".")[0] == "torch":
+        value = value.detach().cpu().numpy()
     try:
-        return Placement(np.asarray(value, dtype=np.int64), deployment.num_experts, deployment.topology,
-                         deployment.num_groups, method="given")
-    except ValueError as exc:
-        raise ValueError(f"{what}: {exc}") from None
+        array = np.asarray(value)
+        if array.dtype == object or array.dtype.kind not in "iub":
+            raise ValueError(f"phy2log must hold integer expert ids, got {array.dtype} values"
+                             + (f" such as {array.flat[0]}" if array.size else ""))
+        if array.ndim == 2 and array.shape[0] != deployment.num_layers:
+            raise ValueError(f"phy2log must have {deployment.num_layers} layers, got shape {array.shape}")
+        return Placement(array, deployment.num_experts, deployment.topology, deployment.num_groups, method=method)
+    except (TypeError, ValueError) as exc:
+        raise PolicyError(f"{what}: {exc}") from None
+
+
+def _call_policy(policy, name: str, *args):
+    """``policy.<name>(*args)``; an exception the policy raises becomes a :class:`PolicyError` naming
+    the policy and the step (a policy is user code)."""
+    try:
+        return getattr(policy, name)(*args)
+    except PolicyError:
+        raise
+    except Exception as exc:
+        label = getattr(policy, "name", type(policy).__name__)
+        where = f" at step {args[0]}" if name == "observe" else ""
+        raise PolicyError(f"policy {label!r} raised {type(exc).__name__} in {name}(){where}: {exc}") from exc
 
 
 def _series_block(series, start: int, stop: int) -> np.ndarray:
@@ -432,7 +464,7 @@ def simulate(series, *, num_slots=None, num_gpus=None, num_nodes=1, num_groups=N
     queue = np.empty(0, np.int64)  # [n] layers still to switch to `target`, in order
     in_flight: tuple[np.ndarray, float] | None = None  # (layers, serving time when their copies finish)
     clock = 0.0
-    policy.start(target, deployment)
+    _call_policy(policy, "start", target, deployment)
     live = pricing.live
 
     def price(block: np.ndarray, offset: int) -> None:
@@ -478,7 +510,7 @@ def simulate(series, *, num_slots=None, num_gpus=None, num_nodes=1, num_groups=N
                 if clock >= in_flight[1]:
                     switch(in_flight[0])
                     in_flight = None
-            new = policy.observe(t, block[i])
+            new = _call_policy(policy, "observe", t, block[i])
             if new is not None:
                 new = _as_placement(new, deployment, f"the placement policy.observe returned at step {t}")
                 catch_up(block, i)  # the steps served by the placement up to now
@@ -520,4 +552,4 @@ def simulate(series, *, num_slots=None, num_gpus=None, num_nodes=1, num_groups=N
 
 
 __all__ = ["simulate", "SimulationResult", "Deployment", "NoRebalance", "FixedInterval", "BalancerPolicy",
-           "vllm_like", "sglang_like", "DISPATCH_MODES"]
+           "PolicyError", "vllm_like", "sglang_like", "DISPATCH_MODES"]

@@ -169,3 +169,92 @@ def test_dispatch_modes_and_policies_share_one_balanced_baseline():
                       policies=("none",), workers=1)
     uniform, optimal = rows
     assert optimal["lost_share"] < uniform["lost_share"]  # optimal dispatch serves faster, and is ranked so
+
+
+# -- 5 and 11. policies and planning functions from outside ---------------------------------------
+
+def _half_ids(weight, num_replicas, num_groups, num_nodes, num_gpus):
+    return np.tile(np.arange(num_replicas) % weight.shape[1], (weight.shape[0], 1)) + 0.5
+
+
+def _returns_none(weight, num_replicas, num_groups, num_nodes, num_gpus):
+    return None
+
+
+def _raises(weight, num_replicas, num_groups, num_nodes, num_gpus):
+    raise RuntimeError("my planner failed")
+
+
+class _FloatPolicy:
+    name = "floats"
+
+    def start(self, placement, deployment):
+        self.row = placement.phy2log.astype(float)
+
+    def observe(self, step, counts):
+        return self.row + 0.5 if step == 1 else None
+
+
+class _BrokenPolicy:
+    name = "broken"
+
+    def start(self, placement, deployment):
+        pass
+
+    def observe(self, step, counts):
+        raise KeyError("no such thing")
+
+
+SERIES = np.random.default_rng(0).integers(0, 100, (6, 2, 8))
+
+
+@pytest.mark.parametrize("policy, message", [
+    (eplb.FixedInterval(2, method=_half_ids), "planning function _half_ids returned: phy2log must hold integer"),
+    (eplb.FixedInterval(2, method=_returns_none), "planning function _returns_none returned None"),
+    (eplb.FixedInterval(2, method=_raises), "planning function _raises raised RuntimeError: my planner failed"),
+    (_FloatPolicy(), "policy.observe returned at step 1: phy2log must hold integer expert ids"),
+    (_BrokenPolicy(), "policy 'broken' raised KeyError in observe\\(\\) at step 0"),
+])
+def test_a_policy_that_fails_or_returns_float_ids_is_named_not_truncated(policy, message):
+    from eplb.simulate import PolicyError
+
+    with pytest.raises(PolicyError, match=message):
+        eplb.simulate(SERIES, num_slots=8, num_gpus=4, policy=policy)
+
+
+def test_integer_ids_from_a_policy_in_any_integer_dtype_are_used():
+    def int32_ids(weight, num_replicas, num_groups, num_nodes, num_gpus):
+        return eplb.rebalance_experts(weight, num_replicas, num_groups, num_nodes, num_gpus)[0].astype(np.int32)
+
+    result = eplb.simulate(SERIES, num_slots=8, num_gpus=4, policy=eplb.FixedInterval(2, method=int32_ids))
+    assert result.num_rebalances == 3
+
+
+@pytest.mark.parametrize("function, message", [
+    ("planners:halves", "must hold integer expert ids"), ("planners:nothing", "returned None"),
+    ("planners:boom", "raised RuntimeError: my planner failed"), ("os:system", "raised TypeError"),
+])
+def test_cli_simulate_names_a_bad_rebalance_function_in_one_line(tmp_path, monkeypatch, function, message):
+    (tmp_path / "planners.py").write_text(
+        "import numpy as np\n"
+        "def halves(weight, num_replicas, num_groups, num_nodes, num_gpus):\n"
+        "    return np.tile(np.arange(num_replicas) % weight.shape[1], (weight.shape[0], 1)) + 0.5\n"
+        "def nothing(*args):\n    return None\n"
+        "def boom(*args):\n    raise RuntimeError('my planner failed')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    np.save(tmp_path / "s.npy", SERIES)
+    _, err = invoke("simulate", "s.npy", "-s", "8", "-g", "4", "-p", "every:2", "--rebalance-fn", function,
+                    "-o", "sim", cwd=tmp_path, expect=1)
+    assert message in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "sim").exists()
+
+
+@pytest.mark.parametrize("groups, message", [
+    (3, "num_groups \\(3\\) must divide the number of experts \\(8\\)"), (0, "num_groups must be >= 1"),
+    (2.0, "num_groups must be an integer"), (True, "num_groups must be an integer"),
+])
+def test_a_hand_made_placement_with_bad_groups_is_refused(groups, message):
+    topology = eplb.Topology.uniform(8, 4, 2)
+    home = np.zeros((1, max(int(groups), 1)), np.int64)
+    with pytest.raises(ValueError, match=message):
+        eplb.Placement(np.arange(8)[None, :], 8, topology, num_groups=groups, home_node=home)
