@@ -3,13 +3,15 @@
 
 from __future__ import annotations
 
+import difflib
+import inspect
 import time
 
 import numpy as np
 
 from ._validation import as_counts, as_fraction
 from .bounds import lower_bound
-from .methods import DEFAULT_METHOD, get_method
+from .methods import DEFAULT_METHOD, OPTIONS as METHOD_OPTIONS, get_method
 from .kernels.dispatch import share_gpu_loads
 from .kernels.layout import replica_counts, slots_of_experts
 from .locality import capped_lower_bound, home_nodes, plan_locality
@@ -81,6 +83,7 @@ def plan(counts, *, num_slots=None, num_gpus=None, num_nodes=1, num_groups=None,
         A :class:`Placement` (with ``home_node`` when hierarchical); its ``max_load``, ``lower_bound`` and ``gap`` on ``counts`` are
         computed on first access (a call that never reads them never computes the bound).
     """
+    _check_option_names(method, options)
     weights = weights_2d(counts, "counts")
     problem = make_problem(weights.shape[1], num_slots, num_gpus, num_nodes, num_groups, topology)
     start = time.perf_counter()
@@ -128,6 +131,26 @@ def plan(counts, *, num_slots=None, num_gpus=None, num_nodes=1, num_groups=None,
         num_groups=problem.num_groups, method=method, info={**info, "time_s": elapsed},
         max_load=peaks, lower_bound=bound, shares=shares, home_node=home,
     )
+
+
+def _check_option_names(method, options: dict) -> None:
+    """A keyword :func:`plan` does not take and ``method`` does not either (a typo such as
+    ``tolerence``) raises ``ValueError`` naming it, the closest accepted names, and both lists."""
+    if not isinstance(method, str) or method not in METHOD_OPTIONS:
+        return  # get_method names the accepted methods
+    accepted = set(METHOD_OPTIONS[method])
+    unknown = sorted(set(options) - accepted)
+    if not unknown:
+        return
+    own = sorted(name for name in inspect.signature(plan).parameters if name not in ("counts", "options"))
+    hints = []
+    for name in unknown:
+        close = difflib.get_close_matches(name, own + sorted(accepted), n=1)
+        if close:
+            hints.append(f"{close[0]} for {name}")
+    raise ValueError(f"method {method!r} got unknown option(s) {', '.join(unknown)}; accepted options: "
+                     f"{', '.join(sorted(accepted)) or 'none'}" + (f"; did you mean {', '.join(hints)}?" if hints else "")
+                     + f" (plan's own arguments: {', '.join(own)})")
 
 
 def _peaks(weights: np.ndarray, phy2log: np.ndarray, problem: Problem, shares: np.ndarray | None = None

@@ -174,6 +174,14 @@ class CostModel:
             object.__setattr__(self, name, _positive(getattr(self, name), name, allow_zero=True))
         for name in ("flops", "hbm_bandwidth", "nvlink_bandwidth", "network_bandwidth"):
             object.__setattr__(self, name, _positive(getattr(self, name), name))
+        for top, bottom in (("flops_per_token", "flops"), ("token_bytes", "hbm_bandwidth"),
+                            ("expert_bytes", "hbm_bandwidth"), ("expert_bytes", "nvlink_bandwidth"),
+                            ("expert_bytes", "network_bandwidth")):
+            with np.errstate(over="ignore"):
+                ratio = getattr(self, top) / getattr(self, bottom)
+            if not np.isfinite(ratio):
+                raise ValueError(f"{top} / {bottom} must be finite (seconds per unit), got "
+                                 f"{getattr(self, top)!r} / {getattr(self, bottom)!r}")
         if self.regime not in REGIMES:
             raise ValueError(f"regime must be one of {REGIMES}, got {self.regime!r}")
         if self.copy_mode not in COPY_MODES:

@@ -258,3 +258,80 @@ def test_a_hand_made_placement_with_bad_groups_is_refused(groups, message):
     home = np.zeros((1, max(int(groups), 1)), np.int64)
     with pytest.raises(ValueError, match=message):
         eplb.Placement(np.arange(8)[None, :], 8, topology, num_groups=groups, home_node=home)
+
+
+# -- 12. Balancer, recency weights and cost models refuse what they cannot mean ----------------------
+
+@pytest.fixture(scope="module")
+def balancer():
+    return eplb.Balancer(num_layers=3, num_experts=8, num_slots=12, num_gpus=4, compile="lazy")
+
+
+@pytest.mark.parametrize("layers", [(0.9, 2.5), (False, True), (0, 2, 3), ("0", "2")])
+def test_commit_takes_only_a_pair_of_integer_layer_indices(balancer, layers):
+    before = balancer.placement
+    with pytest.raises(ValueError, match="pair of integer layer indices"):
+        balancer.commit(balancer.placement, layers)
+    assert balancer.placement is before
+
+
+def _edited_state(balancer, **changes):
+    import json
+
+    state = balancer.state_dict()
+    config = json.loads(state["config"])
+    for key, value in changes.items():
+        if key in config:
+            config[key] = value
+        else:
+            state[key] = value
+    state["config"] = json.dumps(config)
+    return state
+
+
+@pytest.mark.parametrize("changes, message", [
+    (dict(window=10**13), "window_buffer has shape \\(100, 3, 8\\), the config says"),
+    (dict(steps=-5), "state steps must be >= 0"),
+    (dict(rebalances=-1), "state rebalances must be >= 0"),
+    (dict(position=1.5), "state position must be an integer"),
+    (dict(topology="x"), "topology must be a dict with slots_per_gpu"),
+    (dict(topology={"slots_per_gpu": "abc"}), "slots_per_gpu must be a list of integers"),
+    (dict(phy2log=np.tile(np.arange(12) % 8, (3, 1)) + 0.5), "phy2log must hold integer expert ids"),
+])
+def test_a_restored_state_is_checked_before_anything_is_allocated(balancer, changes, message):
+    with pytest.raises(ValueError, match=message):
+        eplb.Balancer.from_state_dict(_edited_state(balancer, **changes), compile="lazy")
+
+
+def test_a_window_too_large_to_allocate_is_a_value_error():
+    with pytest.raises(ValueError, match="window=10000000000000: the ring buffer .* GiB"):
+        eplb.Balancer(num_layers=3, num_experts=8, num_slots=12, num_gpus=4, compile="lazy", window=10**13)
+
+
+@pytest.mark.parametrize("args, message", [
+    ((-1, 2), "num_windows must be >= 1"), ((0, 2), "num_windows must be >= 1"),
+    ((2.5, 2), "num_windows must be an integer"), ((5, "a"), "half_life must be a positive number"),
+    ((5, True), "half_life must be a positive number"), ((5, 0), "half_life must be a positive number"),
+])
+def test_recency_weights_refuse_bad_arguments(args, message):
+    from eplb.objectives import recency_weights
+
+    with pytest.raises(ValueError, match=message):
+        recency_weights(*args)
+
+
+def test_cost_constants_whose_ratio_overflows_are_refused():
+    with pytest.raises(ValueError, match="flops_per_token / flops must be finite"):
+        eplb.CostModel.preset(flops_per_token=1e300, flops=1e-300)
+    with pytest.raises(ValueError, match="expert_bytes / network_bandwidth must be finite"):
+        eplb.CostModel.preset(expert_bytes=1e300, network_bandwidth=1e-300)
+
+
+# -- 13. a misspelt option names the one meant ---------------------------------------------------
+
+def test_a_misspelt_plan_argument_is_named_with_the_one_meant():
+    with pytest.raises(ValueError, match="unknown option\\(s\\) tolerence.*did you mean tolerance for tolerence.*"
+                                         "plan's own arguments: .*tolerance"):
+        eplb.plan(np.ones((1, 8)), num_slots=8, num_gpus=4, tolerence=0.01)
+    with pytest.raises(ValueError, match="did you mean num_starts for num_start"):
+        eplb.plan(np.ones((1, 8)), num_slots=8, num_gpus=4, method="best", num_start=3)
