@@ -364,6 +364,7 @@ def plan(counts, slots, gpus, nodes, groups, method, previous, previous_format, 
 
         _refuse_input_as_output(sidecar_path(output), [counts, previous], what="the SGLang side file of -o")
 
+    _note_global_groups(groups, nodes, quiet)
     start = time.perf_counter()
     data = read_counts(counts, input_format, transpose=transpose, allow_shape=allow_shape)
     if phase is not None:
@@ -429,7 +430,7 @@ def plan(counts, slots, gpus, nodes, groups, method, previous, previous_format, 
         *([f"phase    {phase}: {data.metadata['windows_selected']} of {data.metadata['windows_total']} passes "
            "selected"] if phase is not None else []),
         f"plan     {method}: {num_layers} layers x {num_experts} experts -> {slots} slots on {gpus} GPUs"
-        f" in {nodes} node{'s' if nodes > 1 else ''}" + (f", {groups} groups" if groups else ""),
+        f" in {nodes} node{'s' if nodes > 1 else ''}" + _groups_text(groups, nodes),
         f"balance  {moe_mean(before, weights):.4f} without rebalancing -> {moe_mean(after, weights):.4f} with the plan"
         f" (mean over {moe_note(weights)}; worst layer {after[moe].min() if moe.any() else after.min():.4f})",
     ]
@@ -459,6 +460,22 @@ def plan(counts, slots, gpus, nodes, groups, method, previous, previous_format, 
     lines.append(f"time     {elapsed:.2f} s")
     lines.append(f"wrote    {output} ({output_format})")
     click.echo("\n".join(lines))
+
+
+def _note_global_groups(groups, nodes, quiet: bool) -> None:
+    """Say on stderr when ``--groups`` does not divide over ``--nodes``: the published rule then
+    plans a global placement and ignores the groups."""
+    if groups is None or groups % nodes == 0 or quiet:
+        return
+    click.echo(f"note: --groups {groups} is not a multiple of --nodes {nodes}, so the placement is global and the "
+               f"groups are ignored (the published rule); for a hierarchical plan (every group on one node) pass "
+               f"--groups as a multiple of --nodes (and a divisor of the experts)", err=True)
+
+
+def _groups_text(groups, nodes) -> str:
+    if not groups:
+        return ""
+    return f", {groups} groups" + (" (ignored: global placement)" if groups % nodes else "")
 
 
 def _check_flag_sizes(**values) -> None:
@@ -543,8 +560,8 @@ def validate(plan_file, counts_file, plan_format, input_format, gpus, nodes, gro
     _check_flag_sizes(gpus=gpus, nodes=nodes, groups=groups)
     data = (read_counts(counts_file, input_format, transpose=transpose, allow_shape=allow_shape)
             if counts_file is not None else None)
-    loaded = read_placement(plan_file, plan_format, num_gpus=gpus, num_nodes=nodes,
-                            num_experts=None if data is None else data.num_experts, num_groups=groups)
+    # the experts come from the file (or its side file), so counts of another width are blamed on the counts
+    loaded = read_placement(plan_file, plan_format, num_gpus=gpus, num_nodes=nodes, num_groups=groups)
     p = loaded.placement
     if gpus is not None and p.num_gpus != gpus:
         raise FormatError(plan_file, f"the file places slots on {p.num_gpus} GPUs, not --gpus {gpus}")
@@ -579,6 +596,11 @@ def validate(plan_file, counts_file, plan_format, input_format, gpus, nodes, gro
             f"gap      {100 * finite.mean():.2f}% mean, {100 * finite.max():.2f}% max above the proven lower bound"
             f" ({bound.kind})" if finite.size else "gap      n/a",
         ]
+        unrecorded = (loaded.format == "sglang" and "sidecar" not in loaded.metadata) or \
+            (loaded.format == "trtllm" and not loaded.metadata.get("eplb_comment"))
+        if unrecorded and nodes is None and groups is None and p.num_gpus > 1:
+            lines.append(f"note     {plan_file.name} records no nodes or groups (no eplb side file or comment), so it "
+                         "is judged against the global bound: pass --nodes and --groups for a hierarchical deployment")
         if data.num_windows > 1:
             window_loads = p.gpu_loads(data.counts, "shares")                              # [T, L, G]
             series = moe_mean(metrics.balancedness(window_loads), window_loads)  # [T]
@@ -733,6 +755,7 @@ def simulate(counts, slots, gpus, nodes, groups, policies, method, rebalance_fn,
 
     _check_flag_sizes(slots=slots, gpus=gpus, nodes=nodes, groups=groups)
     _refuse_input_as_output(output, [counts])
+    _note_global_groups(groups, nodes, quiet)
     data = read_counts(counts, input_format, transpose=transpose, allow_shape=allow_shape)
     plan_with = _load_function(rebalance_fn) if rebalance_fn else method
     cost = CostModel.preset(hardware, model, regime=regime, copy_mode=copy_mode)
@@ -771,6 +794,18 @@ def _int_list(text: str, flag: str) -> tuple[int, ...]:
     if not values or min(values) < 0:
         raise click.BadParameter(f"expected non-negative whole numbers, got {text!r}", param_hint=flag)
     return values
+
+
+def _check_sweep_slots(num_experts: int, gpu_counts, extras) -> None:
+    """The largest deployment a sweep implies (most GPUs, most extra slots) within the slot limit."""
+    from .formats.limits import check_size
+    from .sweep import slots_for
+
+    slots = slots_for(num_experts, max(gpu_counts), max(extras))
+    try:
+        check_size(slots, "slots", f"slots per layer of --extra-slots {max(extras)} with --gpus {max(gpu_counts)}")
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--extra-slots") from None
 
 
 @main.command()
@@ -823,6 +858,7 @@ def sweep(counts, extra_slots, gpus, nodes, groups, dispatches, policies, hardwa
         _check_flag_sizes(gpus=value)
     _refuse_input_as_output(output, [counts])
     data = read_counts(counts, input_format, transpose=transpose, allow_shape=allow_shape)
+    _check_sweep_slots(data.counts.shape[-1], gpu_counts, extras)
     cost = CostModel.preset(hardware, model, regime=regime, copy_mode=copy_mode)
     rows = run_sweep(data.counts, extra_slots_per_gpu=extras, num_gpus=gpu_counts, num_nodes=node_counts,
                      num_groups=groups, dispatch=dispatches or ("uniform",), policies=policies or ("none", "balancer"),

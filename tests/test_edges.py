@@ -335,3 +335,59 @@ def test_a_misspelt_plan_argument_is_named_with_the_one_meant():
         eplb.plan(np.ones((1, 8)), num_slots=8, num_gpus=4, tolerence=0.01)
     with pytest.raises(ValueError, match="did you mean num_starts for num_start"):
         eplb.plan(np.ones((1, 8)), num_slots=8, num_gpus=4, method="best", num_start=3)
+
+
+# -- 6. sweep sizes are checked against the slot limit --------------------------------------------
+
+def test_cli_sweep_refuses_more_slots_than_the_limit_before_planning(tmp_path, monkeypatch):
+    np.save(tmp_path / "s.npy", SERIES)
+    _, err = invoke("sweep", "s.npy", "--extra-slots", "0,2000000", "--gpus", "4", "-o", "sw", cwd=tmp_path,
+                    expect=2)
+    assert "8,000,008" in err and "EPLB_MAX_SLOTS" in err and not (tmp_path / "sw").exists()
+    monkeypatch.setenv("EPLB_MAX_SLOTS", "100")
+    _, err = invoke("sweep", "s.npy", "--extra-slots", "0,30", "--gpus", "4", "-o", "sw", cwd=tmp_path, expect=2)
+    assert "above the limit of 100" in err
+
+
+# -- 7. groups that do not divide over the nodes ---------------------------------------------------
+
+def test_cli_plan_says_when_groups_are_ignored_and_how_to_keep_them(tmp_path):
+    np.save(tmp_path / "c.npy", np.random.default_rng(0).integers(0, 100, (2, 56)))
+    out, err = invoke("plan", "c.npy", "-s", "64", "-g", "8", "-n", "4", "-k", "7", "-o", "p.json", cwd=tmp_path)
+    assert "7 groups (ignored: global placement)" in out
+    assert "--groups 7 is not a multiple of --nodes 4" in err and "hierarchical" in err
+    out, err = invoke("plan", "c.npy", "-s", "64", "-g", "8", "-n", "4", "-k", "4", "-o", "p.json", cwd=tmp_path)
+    assert "4 groups\n" in out and "not a multiple" not in err
+
+
+# -- 8 and 10. validate blames the right file; side files must belong to their placement ----------
+
+@pytest.fixture
+def sglang_plan(tmp_path):
+    np.save(tmp_path / "c256.npy", np.random.default_rng(0).integers(0, 100, (2, 256)))
+    np.save(tmp_path / "c255.npy", np.random.default_rng(0).integers(0, 100, (2, 255)))
+    invoke("plan", "c256.npy", "-s", "288", "-g", "32", "-n", "4", "-k", "8", "--format", "sglang", "-o", "p.json",
+           "-q", cwd=tmp_path)
+    return tmp_path
+
+
+def test_validate_blames_counts_of_the_wrong_width_not_the_placement(sglang_plan):
+    _, err = invoke("validate", "p.json", "--counts", "c255.npy", cwd=sglang_plan, expect=1)
+    assert err.startswith("Error: c255.npy: counts have 2 layers x 255 experts but the placement has 2 x 256")
+
+
+def test_validate_of_a_lone_sglang_file_hints_at_nodes_and_groups(sglang_plan):
+    out, _ = invoke("validate", "p.json", "--counts", "c256.npy", cwd=sglang_plan)
+    assert "hierarchical" in out and "note" not in out  # the side file gives nodes and groups
+    (sglang_plan / "p.eplb.json").unlink()
+    out, _ = invoke("validate", "p.json", "--counts", "c256.npy", "-g", "32", cwd=sglang_plan)
+    assert "global (no expert groups)" in out and "pass --nodes and --groups" in out
+    out, _ = invoke("validate", "p.json", "--counts", "c256.npy", "-g", "32", "-n", "4", "-k", "8", cwd=sglang_plan)
+    assert "pass --nodes and --groups" not in out and "hierarchical" in out
+
+
+def test_a_side_file_naming_another_placement_is_refused(sglang_plan):
+    (sglang_plan / "q.json").write_bytes((sglang_plan / "p.json").read_bytes())
+    (sglang_plan / "q.eplb.json").write_bytes((sglang_plan / "p.eplb.json").read_bytes())
+    _, err = invoke("validate", "q.json", cwd=sglang_plan, expect=1)
+    assert "q.eplb.json: records the configuration of 'p.json', not of 'q.json'" in err
