@@ -638,13 +638,13 @@ def report(counts, plan_file, output, previous, input_format, plan_format, gpus,
     the deployment's groups (--groups or recorded in the file). Open OUTPUT/index.html.
     """
     from .formats import FormatError, read_counts, read_placement
+    from .formats.errors import require
     from .report import make_report
 
     _check_flag_sizes(gpus=gpus, nodes=nodes, groups=groups)
     _refuse_input_as_output(output, [counts, plan_file, previous])
     data = read_counts(counts, input_format, transpose=transpose, allow_shape=allow_shape)
-    loaded = read_placement(plan_file, plan_format, num_gpus=gpus, num_nodes=nodes, num_experts=data.num_experts,
-                            num_groups=groups)
+    loaded = read_placement(plan_file, plan_format, num_gpus=gpus, num_nodes=nodes, num_groups=groups)
     p = loaded.placement
     if (data.num_layers, data.num_experts) != (p.num_layers, p.num_experts):
         raise FormatError(counts, f"counts have {data.num_layers} layers x {data.num_experts} experts but the "
@@ -659,8 +659,15 @@ def report(counts, plan_file, output, previous, input_format, plan_format, gpus,
             raise FormatError(previous, "incompatible configuration: slots per GPU differ from the plan's")
     if output.exists() and not output.is_dir():
         raise FormatError(output, "exists and is not a folder")
+    require("matplotlib", "report", "eplb report")  # before the folder is made: a failed report leaves none
+    created = not output.exists()
     output.mkdir(parents=True, exist_ok=True)
-    result = make_report(data, loaded, output, previous=prev, top=top, progress=show_progress(quiet))
+    try:
+        result = make_report(data, loaded, output, previous=prev, top=top, progress=show_progress(quiet))
+    except BaseException:
+        if created and not any(output.iterdir()):
+            output.rmdir()
+        raise
     if not quiet:
         click.echo(f"wrote    {result.html}")
         for figure in result.figures:
@@ -769,6 +776,8 @@ def simulate(counts, slots, gpus, nodes, groups, policies, method, rebalance_fn,
         except PolicyError as exc:  # the user's planning function: its error, not the configuration's
             raise Failure(str(exc)) from None
     written = write_simulation_report(results, output, title=f"eplb simulate {data.path.name}")
+    if written.get("missing"):
+        click.echo(f"note: {written['missing']}", err=True)
     if quiet:
         return
     lines = [f"counts   {data.path} ({data.format}): {data.counts.shape[0]} steps x {data.counts.shape[1]} layers"
@@ -865,6 +874,8 @@ def sweep(counts, extra_slots, gpus, nodes, groups, dispatches, policies, hardwa
                      cost_model=cost, workers=workers)
     knees = knee(rows)
     written = write_sweep_report(rows, output, knees)
+    if written.get("missing"):
+        click.echo(f"note: {written['missing']}", err=True)
     if quiet:
         return
     lines = [f"counts   {data.path} ({data.format}): {data.counts.shape[0]} steps; cost model {cost.name}, {regime}, "
@@ -876,8 +887,12 @@ def sweep(counts, extra_slots, gpus, nodes, groups, dispatches, policies, hardwa
                      f"{r['extra_slots_per_gpu']:>9} {100 * r['lost_share']:>7.2f}% {100 * r['lost_with_stalls_share']:>8.2f}% "
                      f"{r['copies']:>8} {r['replica_memory_per_gpu_bytes'] / 2**30:>16.2f}")
     for (g, n, d, p), extra in knees.items():
-        lines.append(f"knee     {g} GPUs / {n} nodes, {d}, {p}: {extra} extra slot(s) per GPU")
-    lines.append(f"wrote    {written['table']}, {written['figure']}")
+        if extra is None:
+            lines.append(f"knee     {g} GPUs / {n} nodes, {d}, {p}: none within the values tried (each extra slot "
+                         "per GPU still saved a point or more; try more)")
+        else:
+            lines.append(f"knee     {g} GPUs / {n} nodes, {d}, {p}: {extra} extra slot(s) per GPU")
+    lines.append(f"wrote    {written['table']}" + (f", {written['figure']}" if written["figure"] else ""))
     click.echo("\n".join(lines))
 
 

@@ -128,15 +128,17 @@ def sweep(series, *, extra_slots_per_gpu=(0, 1, 2), num_gpus=(32,), num_nodes=(1
         return list(pool.map(_run_point, jobs))
 
 
-def knee(rows: list[dict], *, threshold: float = 0.01) -> dict[tuple, int]:
+def knee(rows: list[dict], *, threshold: float = 0.01) -> dict[tuple, int | None]:
     """For every (GPUs, nodes, dispatch, policy): the fewest extra slots per GPU after which one more
     extra slot per GPU cuts the time lost (with stalls) by less than ``threshold`` (absolute share
-    of the balanced time). The memory beyond it buys little."""
+    of the balanced time). The memory beyond it buys little. ``None`` when the values tried show no
+    knee (each step still cut at least ``threshold``, or a single value): the last value tried is
+    not a knee."""
     out = {}
     key = lambda r: (r["num_gpus"], r["num_nodes"], r["dispatch"], r["policy"])  # noqa: E731
     for group, members in itertools.groupby(sorted(rows, key=lambda r: (key(r), r["extra_slots_per_gpu"])), key=key):
         members = list(members)
-        best = members[-1]["extra_slots_per_gpu"]
+        best = None
         for here, after in zip(members, members[1:]):
             if here["lost_with_stalls_share"] - after["lost_with_stalls_share"] < threshold:
                 best = here["extra_slots_per_gpu"]

@@ -391,3 +391,49 @@ def test_a_side_file_naming_another_placement_is_refused(sglang_plan):
     (sglang_plan / "q.eplb.json").write_bytes((sglang_plan / "p.eplb.json").read_bytes())
     _, err = invoke("validate", "q.json", cwd=sglang_plan, expect=1)
     assert "q.eplb.json: records the configuration of 'p.json', not of 'q.json'" in err
+
+
+# -- 15. without matplotlib; the knee ---------------------------------------------------------------
+
+@pytest.fixture
+def no_matplotlib(monkeypatch):
+    """As on a machine without the report extra: importing matplotlib fails."""
+    import sys
+
+    for name in [n for n in sys.modules if n == "matplotlib" or n.startswith("matplotlib.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+
+
+def test_cli_simulate_without_matplotlib_prints_the_table_and_names_the_extra(tmp_path, no_matplotlib):
+    np.save(tmp_path / "s.npy", SERIES)
+    out, err = invoke("simulate", "s.npy", "-s", "8", "-g", "4", "-p", "none", "-p", "every:2", "-o", "sim",
+                      cwd=tmp_path)
+    assert "no rebalancing" in out and "lost" in out
+    assert "pip install 'eplb[report]'" in err
+    assert (tmp_path / "sim" / "simulate.csv").exists() and not (tmp_path / "sim" / "time_lost.png").exists()
+
+
+def test_cli_sweep_without_matplotlib_prints_the_table_and_names_the_extra(tmp_path, no_matplotlib):
+    np.save(tmp_path / "s.npy", SERIES)
+    out, err = invoke("sweep", "s.npy", "--extra-slots", "0,1", "--gpus", "4", "-p", "none", "--workers", "1",
+                      "-o", "sw", cwd=tmp_path)
+    assert "knee" in out and "pip install 'eplb[report]'" in err
+    assert (tmp_path / "sw" / "sweep.csv").exists() and not (tmp_path / "sw" / "sweep.png").exists()
+
+
+def test_cli_report_without_matplotlib_leaves_no_folder(tmp_path, no_matplotlib):
+    np.save(tmp_path / "c.npy", SERIES.sum(axis=0))
+    invoke("plan", "c.npy", "-s", "8", "-g", "4", "-o", "p.json", "-q", cwd=tmp_path)
+    _, err = invoke("report", "c.npy", "p.json", "-o", "rep", cwd=tmp_path, expect=1)
+    assert "pip install 'eplb[report]'" in err and not (tmp_path / "rep").exists()
+
+
+def test_a_knee_at_the_last_value_tried_is_no_knee():
+    from eplb.sweep import knee
+
+    rows = [{"num_gpus": 8, "num_nodes": 1, "dispatch": "uniform", "policy": "p", "extra_slots_per_gpu": e,
+             "lost_with_stalls_share": lost} for e, lost in ((0, 0.40), (1, 0.30), (2, 0.20))]
+    assert knee(rows) == {(8, 1, "uniform", "p"): None}
+    assert knee(rows[:1]) == {(8, 1, "uniform", "p"): None}
+    assert knee(rows, threshold=0.15) == {(8, 1, "uniform", "p"): 0}
