@@ -14,6 +14,7 @@ import inspect
 import shlex
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import click
@@ -770,11 +771,16 @@ def simulate(counts, slots, gpus, nodes, groups, policies, method, rebalance_fn,
     for name in policies or SIMULATE_POLICIES:
         policy = _simulation_policy(name, plan_with, check_every)
         try:
-            results.append(run_simulation(data.counts, num_slots=slots, num_gpus=gpus, num_nodes=nodes,
-                                          num_groups=groups, policy=policy, cost_model=cost, dispatch=dispatch,
-                                          layers_per_step=layers_per_step))
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always", RuntimeWarning)
+                results.append(run_simulation(data.counts, num_slots=slots, num_gpus=gpus, num_nodes=nodes,
+                                              num_groups=groups, policy=policy, cost_model=cost, dispatch=dispatch,
+                                              layers_per_step=layers_per_step))
         except PolicyError as exc:  # the user's planning function: its error, not the configuration's
             raise Failure(str(exc)) from None
+        for warning in caught:
+            if not quiet:
+                click.echo(f"note: {warning.message}", err=True)
     written = write_simulation_report(results, output, title=f"eplb simulate {data.path.name}")
     if written.get("missing"):
         click.echo(f"note: {written['missing']}", err=True)

@@ -56,6 +56,7 @@ takes at least half a token).
 from __future__ import annotations
 
 import time
+import warnings
 from collections import deque
 from dataclasses import dataclass, field
 from math import gcd
@@ -377,6 +378,19 @@ def _as_placement(value, deployment: Deployment, what: str, method: str = "given
         raise PolicyError(f"{what}: {exc}") from None
 
 
+def _warn_if_too_short(policy, num_steps: int) -> None:
+    """A ``RuntimeWarning`` when the series ends before the policy's first rebalance or decision
+    (its ``every`` or ``check_every`` steps): its run cannot differ from no rebalancing."""
+    for attribute, what in (("every", "rebalances every"), ("check_every", "decides every")):
+        interval = getattr(policy, attribute, None)
+        if isinstance(interval, (int, np.integer)) and not isinstance(interval, bool) and interval > num_steps:
+            label = getattr(policy, "name", type(policy).__name__)
+            warnings.warn(f"the series has {num_steps} steps but policy {label!r} {what} {interval} steps: it never "
+                          "acts, so its run is the same as no rebalancing (use a longer series or a shorter interval)",
+                          RuntimeWarning, stacklevel=3)
+            return
+
+
 def _call_policy(policy, name: str, *args):
     """``policy.<name>(*args)``; an exception the policy raises becomes a :class:`PolicyError` naming
     the policy and the step (a policy is user code)."""
@@ -444,6 +458,7 @@ def simulate(series, *, num_slots=None, num_gpus=None, num_nodes=1, num_groups=N
     policy = NoRebalance() if policy is None else policy
     if not (callable(getattr(policy, "start", None)) and callable(getattr(policy, "observe", None))):
         raise ValueError("policy must have start(placement, deployment) and observe(step, counts) methods")
+    _warn_if_too_short(policy, num_steps)
     if initial is None:
         steps = as_int(initial_steps, "initial_steps", minimum=1)
         initial = deployment.plan(_series_block(series, 0, min(steps, num_steps)).sum(axis=0), "greedy")

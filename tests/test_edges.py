@@ -437,3 +437,37 @@ def test_a_knee_at_the_last_value_tried_is_no_knee():
     assert knee(rows) == {(8, 1, "uniform", "p"): None}
     assert knee(rows[:1]) == {(8, 1, "uniform", "p"): None}
     assert knee(rows, threshold=0.15) == {(8, 1, "uniform", "p"): 0}
+
+
+# -- 16. a series too short for a policy; compact series ------------------------------------------
+
+def test_a_series_shorter_than_a_policys_interval_warns():
+    with pytest.warns(RuntimeWarning, match="has 6 steps but policy 'vLLM-like .*' rebalances every 3000"):
+        eplb.simulate(SERIES, num_slots=8, num_gpus=4, policy=eplb.vllm_like())
+    with pytest.warns(RuntimeWarning, match="decides every 100 steps"):
+        eplb.simulate(SERIES, num_slots=8, num_gpus=4, policy=eplb.BalancerPolicy(check_every=100))
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        eplb.simulate(SERIES, num_slots=8, num_gpus=4, policy=eplb.FixedInterval(6))  # acts at the last step
+
+
+def test_cli_simulate_notes_a_policy_that_never_acts(tmp_path):
+    np.save(tmp_path / "s.npy", SERIES)
+    _, err = invoke("simulate", "s.npy", "-s", "8", "-g", "4", "-p", "vllm", "-p", "every:2", "-o", "sim", cwd=tmp_path)
+    assert err.count("never acts") == 1 and "vLLM-like" in err
+
+
+def test_series_to_array_is_compact_and_equal_to_its_blocks():
+    from eplb.series import BLOCK, Series, synthetic_workloads
+
+    series = Series(synthetic_workloads(3, 2, 16, seed=0), num_steps=BLOCK + 10, tokens_per_step=512, top_k=8, seed=1)
+    compact = series.to_array()
+    assert compact.dtype == np.uint16  # 4096 routings per step
+    np.testing.assert_array_equal(compact, series.block(0, series.num_steps))
+    assert series.to_array(np.int64).dtype == np.int64
+    with pytest.raises(ValueError, match="dtype must be a numeric dtype that holds 4096"):
+        series.to_array(np.uint8)
+    big = Series(synthetic_workloads(2, 58, 256, seed=0), num_steps=3000, tokens_per_step=4096, top_k=8)
+    assert big.compact_dtype == np.uint16  # 3000 DeepSeek-V3-sized steps: 89 MiB, not 357 MiB as int64
