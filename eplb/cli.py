@@ -460,7 +460,33 @@ def plan(counts, slots, gpus, nodes, groups, method, previous, previous_format, 
                      f" {moves.gpu_copies} weight copies to GPUs, {moves.cross_node_copies} across nodes ({how})")
     lines.append(f"time     {elapsed:.2f} s")
     lines.append(f"wrote    {output} ({output_format})")
+    dense = _dense_layers_note(weights, data.layer_ids, output_format)
+    if dense:
+        lines.append(dense)
     click.echo("\n".join(lines))
+
+
+DENSE_LAYERS_IN = {
+    "sglang": "SGLang indexes the map by layer id over all of the model's layers, so their rows are kept for the "
+              "shape; its dense layers never read them",
+    "trtllm": "TensorRT-LLM looks up initial_global_assignments only for its MoE layers, so their entries are "
+              "ignored",
+}
+"""What each engine does with the placement rows of dense layers (all-zero counts): SGLang's
+``ExpertLocationMetadata`` takes ``[num_hidden_layers, S]`` and is indexed by layer id; TensorRT-LLM's
+``MoeLoadBalancerConfig.get_layer_initial_global_assignments(layer_idx)`` is called by MoE layers."""
+
+
+def _dense_layers_note(weights: np.ndarray, layer_ids, output_format: str) -> str:
+    """A summary line naming the dense layers (no tokens) and what the engine of ``output_format``
+    does with their rows; ``""`` when there are none or the format is not an engine's."""
+    dense = np.flatnonzero(~moe_layers(weights))
+    if dense.size == 0 or output_format not in DENSE_LAYERS_IN:
+        return ""
+    ids = np.asarray(layer_ids)[dense] if layer_ids is not None else dense
+    shown = ", ".join(str(int(i)) for i in ids[:8]) + (", ..." if ids.size > 8 else "")
+    return (f"dense    layer{'s' if ids.size > 1 else ''} {shown} carr{'y' if ids.size > 1 else 'ies'} no tokens "
+            f"(any placement serves them): {DENSE_LAYERS_IN[output_format]}")
 
 
 def _note_global_groups(groups, nodes, quiet: bool) -> None:

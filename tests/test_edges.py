@@ -471,3 +471,20 @@ def test_series_to_array_is_compact_and_equal_to_its_blocks():
         series.to_array(np.uint8)
     big = Series(synthetic_workloads(2, 58, 256, seed=0), num_steps=3000, tokens_per_step=4096, top_k=8)
     assert big.compact_dtype == np.uint16  # 3000 DeepSeek-V3-sized steps: 89 MiB, not 357 MiB as int64
+
+
+# -- 17. dense layers in engine files ---------------------------------------------------------------
+
+@pytest.mark.parametrize("output, engine", [("p.json", "SGLang indexes the map by layer id"),
+                                            ("p.yaml", "TensorRT-LLM looks up initial_global_assignments only")])
+def test_cli_plan_says_what_the_engine_does_with_dense_layers(tmp_path, output, engine):
+    counts = np.random.default_rng(0).integers(0, 100, (6, 16))
+    counts[:3] = 0  # three dense layers first, as in DeepSeek-V3
+    np.save(tmp_path / "c.npy", counts)
+    fmt = ["--format", "sglang"] if output.endswith(".json") else []
+    out, _ = invoke("plan", "c.npy", "-s", "24", "-g", "4", *fmt, "-o", output, cwd=tmp_path)
+    assert "dense    layers 0, 1, 2 carry no tokens" in out and engine in out
+    out, _ = invoke("validate", output, "-g", "4", cwd=tmp_path)  # still readable, every layer kept
+    assert "6 layers x 16 experts" in out
+    out, _ = invoke("plan", "c.npy", "-s", "24", "-g", "4", "-o", "plain.json", cwd=tmp_path)
+    assert "dense" not in out  # eplb JSON: no engine reads it
