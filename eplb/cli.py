@@ -23,6 +23,7 @@ import numpy as np
 import eplb
 
 from . import __version__
+from .cost import HARDWARE as COST_HARDWARE, MODELS as COST_MODELS
 from .methods import DEFAULT_METHOD, METHODS
 from .objectives import DISPATCH_SCORING, OBJECTIVES
 from .metrics import moe_layers, moe_mean
@@ -297,13 +298,21 @@ def _check_previous(previous, placement_like, path):
 @click.option("--layer-updates-per-iter", type=click.IntRange(min=0), default=0, show_default=True,
               help="TensorRT-LLM YAML only (an error with another output format): layers the engine may "
                    "re-balance per iteration (0 = static).")
+@click.option("--expert-bytes", type=click.IntRange(min=1), default=None,
+              help="With --previous: bytes of one expert's weights in one layer; prints the bytes the moves copy "
+                   "and how long the copies take (--hardware).")
+@click.option("--model", "model_preset", type=click.Choice(sorted(COST_MODELS)), default=None,
+              help="With --previous: take the expert size from this model (eplb.cost.MODELS) and print the bytes "
+                   "and copy time as --expert-bytes does.")
+@click.option("--hardware", type=click.Choice(sorted(COST_HARDWARE)), default="H100", show_default=True,
+              help="With --expert-bytes or --model: the GPUs whose NVLink and network price the copies.")
 @transpose_option
 @allow_shape_option
 @quiet_option
 @friendly_errors
 def plan(counts, slots, gpus, nodes, groups, method, previous, previous_format, tolerance, max_moves, time_limit,
          deterministic_time, max_off_node, input_format, objective, dispatch, phase, output_format, output,
-         layer_updates_per_iter, transpose, allow_shape, quiet):
+         layer_updates_per_iter, expert_bytes, model_preset, hardware, transpose, allow_shape, quiet):
     """Plan a placement from recorded expert COUNTS and write it for your engine.
 
     COUNTS is a file or a TensorRT-LLM statistics folder; a series [T, L, E] is summed over
@@ -330,6 +339,8 @@ def plan(counts, slots, gpus, nodes, groups, method, previous, previous_format, 
 
     if previous is None and (tolerance is not None or max_moves is not None):
         raise click.UsageError("--tolerance and --max-moves apply only with --previous")
+    if previous is None and (expert_bytes is not None or model_preset is not None):
+        raise click.UsageError("--expert-bytes and --model price the moves: they apply only with --previous")
     migration = {k: v for k, v in (("tolerance", tolerance), ("max_moves", max_moves)) if v is not None}
     options = {}
     if time_limit is not None:
@@ -458,12 +469,33 @@ def plan(counts, slots, gpus, nodes, groups, method, previous, previous_format, 
         how = "migration-aware" if used_previous else "planned from scratch: this eplb.plan has no previous="
         lines.append(f"moves    {moves.slots_changed} of {total} slots changed ({100 * moves.slots_changed / total:.1f}%),"
                      f" {moves.gpu_copies} weight copies to GPUs, {moves.cross_node_copies} across nodes ({how})")
+        if expert_bytes is not None or model_preset is not None:
+            lines.append(_copy_cost_line(prev.placement, placement, expert_bytes, model_preset, hardware))
     lines.append(f"time     {elapsed:.2f} s")
     lines.append(f"wrote    {output} ({output_format})")
     dense = _dense_layers_note(weights, data.layer_ids, output_format)
     if dense:
         lines.append(dense)
     click.echo("\n".join(lines))
+
+
+def _copy_cost_line(old, new, expert_bytes, model_preset, hardware) -> str:
+    """The bytes the copies from ``old`` to ``new`` move and their time on ``hardware``
+    (:func:`eplb.transfer_plan`, :meth:`eplb.CostModel.transfer_time`: all layers at once, each GPU's
+    slowest link)."""
+    from .cost import CostModel
+    from .transfer import transfer_plan
+
+    overrides = {} if expert_bytes is None else {"expert_bytes": expert_bytes}
+    cost = CostModel.preset(hardware, model_preset or "deepseek-v3", **overrides)
+    transfer = transfer_plan(old, new, expert_bytes=int(cost.expert_bytes))
+    moved = transfer.bytes()
+    between = moved["intra_node"] + moved["cross_node"]
+    source = f"{int(cost.expert_bytes):,} bytes per expert" + (f" ({model_preset})" if expert_bytes is None else "")
+    return (f"copies   {between / 2**30:.3g} GiB between GPUs ({moved['intra_node'] / 2**30:.3g} GiB over NVLink, "
+            f"{moved['cross_node'] / 2**30:.3g} GiB across nodes) and {moved['intra_gpu'] / 2**30:.3g} GiB within GPUs, "
+            f"{source}; {1e3 * cost.transfer_time(transfer):.3g} ms all at once on {hardware} "
+            f"(the busiest GPU's slowest link)")
 
 
 DENSE_LAYERS_IN = {

@@ -488,3 +488,29 @@ def test_cli_plan_says_what_the_engine_does_with_dense_layers(tmp_path, output, 
     assert "6 layers x 16 experts" in out
     out, _ = invoke("plan", "c.npy", "-s", "24", "-g", "4", "-o", "plain.json", cwd=tmp_path)
     assert "dense" not in out  # eplb JSON: no engine reads it
+
+
+# -- 18. the moves priced in bytes and time ---------------------------------------------------------
+
+def test_cli_plan_with_previous_prices_the_copies(tmp_path):
+    rng = np.random.default_rng(5)
+    np.save(tmp_path / "old.npy", rng.integers(0, 100, (2, 64)))
+    np.save(tmp_path / "new.npy", rng.integers(0, 100, (2, 64)))
+    deployment = ["-s", "80", "-g", "16", "-n", "2", "-k", "8"]
+    invoke("plan", "old.npy", *deployment, "-o", "old.json", "-q", cwd=tmp_path)
+    out, _ = invoke("plan", "new.npy", *deployment, "--previous", "old.json", "--expert-bytes", "1000000",
+                    "-o", "new.json", cwd=tmp_path)
+    from eplb.formats import read_placement
+
+    before, after = (read_placement(tmp_path / name).placement for name in ("old.json", "new.json"))
+    transfer = eplb.transfer_plan(before, after, expert_bytes=1_000_000)
+    moved = transfer.bytes()
+    seconds = eplb.CostModel.preset("H100", expert_bytes=1_000_000).transfer_time(transfer)
+    line = next(line for line in out.splitlines() if line.startswith("copies"))
+    assert f"{(moved['intra_node'] + moved['cross_node']) / 2**30:.3g} GiB between GPUs" in line
+    assert f"{1e3 * seconds:.3g} ms all at once on H100" in line and "1,000,000 bytes per expert" in line
+    out, _ = invoke("plan", "new.npy", *deployment, "--previous", "old.json", "--model", "olmoe-1b-7b",
+                    "--hardware", "B200", "-o", "new2.json", cwd=tmp_path)
+    assert "(olmoe-1b-7b)" in out and "on B200" in out
+    _, err = invoke("plan", "new.npy", *deployment, "--expert-bytes", "10", "-o", "x.json", cwd=tmp_path, expect=2)
+    assert "apply only with --previous" in err
