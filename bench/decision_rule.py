@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 from _common import load_note, markdown_table, read_csv, write_csv
-from simulate import BLOCK, DECODE_TOKENS, DS, TOKENS, Cached
+from simulate import BLOCK, DECODE_TOKENS, DS, QUICK_BLOCKS, TOKENS, Cached
 
 from eplb.cost import CostModel
 from eplb.series import Series, mixture_path, synthetic_workloads
@@ -127,7 +127,7 @@ def headline(results_dir: Path) -> list[tuple[str, str, str]]:
 
 
 def run(quick: bool, results_dir: Path, *, blocks: int | None = None) -> str:
-    blocks = blocks or (180 if quick else 900)
+    blocks = blocks or (QUICK_BLOCKS if quick else 900)
     rows = measure(blocks)
     write_csv(results_dir / "decision_rule.csv", rows)
     winner, fallback = chosen(rows)

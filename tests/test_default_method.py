@@ -110,6 +110,15 @@ def test_best_does_not_keep_greedys_doubled_replica():
         assert placement.replicas_sharing_a_gpu()[0] == 0, dispatch
 
 
+def test_a_greedy_layer_with_more_replicas_than_gpus_is_not_kept():
+    """Greedy gives expert 10 five replicas on four GPUs (two share GPU 0): no swap spreads them."""
+    counts = np.array([[190, 29, 106, 0, 19, 279, 1, 99, 39, 883, 20061, 16, 35, 55, 65, 360, 10108, 315.0]])
+    config = dict(num_slots=24, num_gpus=4, num_nodes=1, num_groups=2)
+    assert eplb.plan(counts, method="greedy", **config).replicas_sharing_a_gpu()[0] > 0
+    for method in QUALITY_METHODS:
+        assert eplb.plan(counts, method=method, **config).replicas_sharing_a_gpu()[0] == 0, method
+
+
 @given(problems(), st.sampled_from(QUALITY_METHODS), st.data())
 def test_a_layers_row_depends_only_on_that_layers_loads(problem, method, data):
     """Planning a layer alone or with any other layers gives it the same placement row."""

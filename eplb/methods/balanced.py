@@ -25,8 +25,8 @@ Per layer, and per node in hierarchical mode:
    (:mod:`eplb.kernels.tiny`) finds one lighter within its node budget;
 8. on every layer keep the published greedy's placement instead if it has a strictly lower max
    load once its doubled replicas (two of an expert on one GPU, which the published greedy allows)
-   are spread by swaps, so no two replicas of an expert share a GPU where the replica counts allow
-   otherwise.
+   are spread by swaps (a greedy layer that cannot be spread is not taken), so no layer taken from
+   greedy has two replicas of an expert on one GPU.
 
 The name says what it optimises for: balanced GPU loads at serving-loop speed.
 """
@@ -75,25 +75,22 @@ def max_loads(weights: np.ndarray, phy2log: np.ndarray, topology: Topology) -> n
 def spread_layer(weights: np.ndarray, row: np.ndarray, topology: Topology, gpu_domain: np.ndarray
                  ) -> np.ndarray | None:
     """``row [S]`` (one layer's placement on ``weights [E]``) with no two replicas of an expert on
-    one GPU where its domain has a GPU for each of its replicas there, by swapping a doubled replica
-    with a slot of another GPU of its domain (``gpu_domain [G]``; each time the swap that leaves the
-    two GPUs lightest); the same row when nothing is doubled; ``None`` when no swap spreads it."""
+    one GPU, by swapping a doubled replica with a slot of another GPU of its domain (``gpu_domain
+    [G]``; each time the swap that leaves the two GPUs lightest); the same row when nothing is
+    doubled; ``None`` when no swap spreads it (e.g. an expert with more replicas than its domain
+    has GPUs)."""
     offsets = topology.slot_offsets
     gpu = topology.gpu_of_slot
     row = row.copy()
     counts = np.bincount(row, minlength=weights.shape[0])
     per_replica = weights / np.maximum(counts, 1)
     loads = np.bincount(gpu, weights=per_replica[row], minlength=topology.num_gpus)
-    domain_gpus = np.bincount(gpu_domain[topology.slots_per_gpu > 0], minlength=int(gpu_domain.max()) + 1)
     for _ in range(row.shape[0]):
         holds = [set() for _ in range(topology.num_gpus)]
-        in_domain = np.zeros((domain_gpus.shape[0], weights.shape[0]), np.int64)
-        np.add.at(in_domain, (gpu_domain[gpu], row), 1)
         doubled = None
         for s in range(row.shape[0]):
             e = int(row[s])
-            # doubled where its domain has a GPU for each of its replicas there (else unavoidable)
-            if e in holds[gpu[s]] and doubled is None and in_domain[gpu_domain[gpu[s]], e] <= domain_gpus[gpu_domain[gpu[s]]]:
+            if e in holds[gpu[s]] and doubled is None:
                 doubled = s
             holds[gpu[s]].add(e)
         if doubled is None:
@@ -122,7 +119,7 @@ def keep_better_than_greedy(weights: np.ndarray, problem: Problem, phy2log: np.n
     """Replace the layers where the published greedy has a strictly lower max load. The published
     greedy may put two replicas of an expert on one GPU; those are spread first over other GPUs of
     their domain (:func:`spread_layer`), and the greedy layer is taken only if it is still strictly
-    lighter, so no two replicas of an expert share a GPU where the replica counts allow otherwise.
+    lighter, so the method never keeps a layer of greedy's with two replicas of an expert on a GPU.
 
     Returns the placement and the number of layers taken from greedy (greedy needs equal slots per GPU).
     """
