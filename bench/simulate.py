@@ -45,6 +45,8 @@ from eplb.simulation.series import Series, mixture_path, synthetic_workloads, tr
 from eplb import BalancerPolicy, FixedInterval, NoRebalance, simulate, sglang_like, vllm_like
 
 BLOCK = 10  # passes per block
+QUICK_BLOCKS = 40  # --quick: 400 passes, four decisions of a Balancer checking every 100 (a smoke run; figures come
+# from the full run)
 TOKENS = 4096  # tokens per pass
 DECODE_TOKENS = 256  # tokens per decode pass (memory-bound: weight reads of activated slots)
 DS = dict(num_slots=288, num_gpus=32, num_nodes=4)
@@ -251,10 +253,10 @@ def headline(results_dir: Path) -> list[tuple[str, str, str]]:
 
 def run(quick: bool, results_dir: Path, *, blocks: int | None = None, timing_steps: int | None = None) -> str:
     """The section's markdown; ``blocks`` and ``timing_steps`` override the sizes (tests)."""
-    blocks = blocks or (180 if quick else 900)
+    blocks = blocks or (QUICK_BLOCKS if quick else 900)
     rows, notes = measure(blocks)
     write_csv(results_dir / "simulate.csv", rows)
-    timed = timing(timing_steps or (2000 if quick else 10_000))
+    timed = timing(timing_steps or (500 if quick else 10_000))
     header = ["series", "deployment", "policy", "MoE time lost", "with stalls", "rebalances", "copies", "cross-node", "GB moved"]
     table = markdown_table(header, [
         (r["series"], r["deployment"], r["policy"], f"{100 * r['lost_share']:.2f}%",

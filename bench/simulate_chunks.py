@@ -19,7 +19,7 @@ import os
 from pathlib import Path
 
 from _common import load_note, markdown_table, read_csv, write_csv
-from simulate import BLOCK, Cached, policies, scenarios
+from simulate import BLOCK, QUICK_BLOCKS, Cached, policies, scenarios
 
 from eplb import simulate
 
@@ -79,7 +79,7 @@ def headline(results_dir: Path) -> list[tuple[str, str, str]]:
 
 def run(quick: bool, results_dir: Path, *, blocks: int | None = None) -> str:
     """The section's markdown; ``blocks`` overrides the series length (tests)."""
-    blocks = blocks or (180 if quick else 900)
+    blocks = blocks or (QUICK_BLOCKS if quick else 900)
     rows = measure(blocks)
     results_dir = Path(results_dir)
     write_csv(results_dir / "simulate_chunks.csv", rows)

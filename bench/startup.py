@@ -15,7 +15,9 @@ first call of one entry point:
 
 cold: every process gets an empty cache folder (everything it calls compiles); warm: processes on a
 folder an untimed process filled. Medians over ``repeats`` processes (3; 1 with ``--quick``, which
-measures warm starts only). Run: ``python bench/startup.py [--quick]``.
+measures warm starts only, on one cache folder, ``$XDG_CACHE_HOME/eplb-bench-quick``, kept between
+quick runs, so only the first quick run on a machine and code version pays the compile). Run: ``python bench/startup.py
+[--quick]``.
 """
 
 from __future__ import annotations
@@ -100,9 +102,10 @@ def _row(entry: str, kind: str, runs: list[dict]) -> dict:
             "runs": len(runs)}
 
 
-def measure(entry: str, repeats: int, cold: bool = True) -> list[dict]:
+def measure(entry: str, repeats: int, cold: bool = True, warm_folder: str | None = None) -> list[dict]:
     """Start-ups of one entry point: ``repeats`` cold processes (each on its own empty cache
-    folder) with ``cold``, then ``repeats`` warm ones on a folder filled by an untimed process."""
+    folder) with ``cold``, then ``repeats`` warm ones on a folder filled by an untimed process (a
+    fresh one, or ``warm_folder``, kept between runs)."""
     rows = []
     if cold:
         runs = []
@@ -110,10 +113,24 @@ def measure(entry: str, repeats: int, cold: bool = True) -> list[dict]:
             with tempfile.TemporaryDirectory(prefix="eplb-cache-cold-") as folder:
                 runs.append(fresh_process(entry, folder))
         rows.append(_row(entry, "cold (empty cache)", runs))
+    if warm_folder is not None:
+        fresh_process(entry, warm_folder)  # fills the cache (loads it when an earlier run did)
+        rows.append(_row(entry, "warm cache", [fresh_process(entry, warm_folder) for _ in range(repeats)]))
+        return rows
     with tempfile.TemporaryDirectory(prefix="eplb-cache-warm-") as folder:
         fresh_process(entry, folder)  # fills the cache
         rows.append(_row(entry, "warm cache", [fresh_process(entry, folder) for _ in range(repeats)]))
     return rows
+
+
+def quick_cache_folder() -> str:
+    """The cache folder ``--quick`` measures warm starts on: kept between quick runs and shared by
+    the entry points, so a quick run compiles at most once per machine and code version (Numba
+    recompiles a kernel whose source changed)."""
+    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")  # the user's own, not a shared /tmp
+    folder = base / "eplb-bench-quick"
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    return str(folder)
 
 
 def verdict(wall_s: float, cpu_s: float, target_s: float) -> str:
@@ -137,7 +154,8 @@ def run(quick: bool, results_dir: Path, entries: tuple[str, ...] = ENTRIES, cold
     if repeats is None:
         repeats = 1 if quick else 3
     note = load_note()
-    rows = [row for entry in entries for row in measure(entry, repeats, cold=cold)]
+    warm_folder = quick_cache_folder() if quick else None
+    rows = [row for entry in entries for row in measure(entry, repeats, cold=cold, warm_folder=warm_folder)]
     write_csv(results_dir / "startup.csv", rows)
 
     plt = pyplot()

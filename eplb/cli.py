@@ -14,6 +14,7 @@ import inspect
 import shlex
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import click
@@ -22,6 +23,7 @@ import numpy as np
 import eplb
 
 from . import __version__
+from .model.cost import HARDWARE as COST_HARDWARE, MODELS as COST_MODELS
 from .planning.methods import DEFAULT_METHOD, METHODS
 from .planning.objectives import DISPATCH_SCORING, OBJECTIVES
 from .analysis.metrics import moe_layers, moe_mean
@@ -301,13 +303,22 @@ def _check_previous(previous, placement_like, path):
 @click.option("--layer-updates-per-iter", type=click.IntRange(min=0), default=0, show_default=True,
               help="TensorRT-LLM YAML only (an error with another output format): layers the engine may "
                    "re-balance per iteration (0 = static).")
+@click.option("--expert-bytes", type=click.IntRange(min=1), default=None,
+              help="With --previous: bytes of one expert's weights in one layer; prints the bytes the moves copy "
+                   "and how long the copies take (--hardware).")
+@click.option("--model", "model_preset", type=click.Choice(sorted(COST_MODELS)), default=None,
+              help="With --previous: take the expert size from this model (eplb.model.cost.MODELS) and print the bytes "
+                   "and copy time as --expert-bytes does.")
+@click.option("--hardware", type=click.Choice(sorted(COST_HARDWARE)), default="H100", show_default=True,
+              help="With --expert-bytes or --model: the GPUs whose NVLink and network price the copies.")
 @transpose_option
 @allow_shape_option
 @quiet_option
 @friendly_errors
 def plan(counts, slots, gpus, nodes, groups, method, previous, previous_format, tolerance, max_moves, time_limit,
          deterministic_time, max_off_node, input_format, objective, passes_per_window, no_held_out, dispatch, phase,
-         output_format, output, layer_updates_per_iter, transpose, allow_shape, quiet):
+         output_format, output, layer_updates_per_iter, expert_bytes, model_preset, hardware, transpose, allow_shape,
+         quiet):
     """Plan a placement from recorded expert COUNTS and write it for your engine.
 
     COUNTS is a file or a TensorRT-LLM statistics folder. A series [T, L, E] is planned from its
@@ -336,6 +347,8 @@ def plan(counts, slots, gpus, nodes, groups, method, previous, previous_format, 
 
     if previous is None and (tolerance is not None or max_moves is not None):
         raise click.UsageError("--tolerance and --max-moves apply only with --previous")
+    if previous is None and (expert_bytes is not None or model_preset is not None):
+        raise click.UsageError("--expert-bytes and --model price the moves: they apply only with --previous")
     migration = {k: v for k, v in (("tolerance", tolerance), ("max_moves", max_moves)) if v is not None}
     options = {}
     if time_limit is not None:
@@ -370,6 +383,7 @@ def plan(counts, slots, gpus, nodes, groups, method, previous, previous_format, 
 
         _refuse_input_as_output(sidecar_path(output), [counts, previous], what="the SGLang side file of -o")
 
+    _note_global_groups(groups, nodes, quiet)
     start = time.perf_counter()
     data = read_counts(counts, input_format, transpose=transpose, allow_shape=allow_shape)
     if phase is not None:
@@ -446,7 +460,7 @@ def plan(counts, slots, gpus, nodes, groups, method, previous, previous_format, 
         *([f"phase    {phase}: {data.metadata['windows_selected']} of {data.metadata['windows_total']} passes "
            "selected"] if phase is not None else []),
         f"plan     {method}: {num_layers} layers x {num_experts} experts -> {slots} slots on {gpus} GPUs"
-        f" in {nodes} node{'s' if nodes > 1 else ''}" + (f", {groups} groups" if groups else ""),
+        f" in {nodes} node{'s' if nodes > 1 else ''}" + _groups_text(groups, nodes),
         f"balance  {moe_mean(before, weights):.4f} without rebalancing -> {moe_mean(after, weights):.4f} with the plan"
         f" (mean over {moe_note(weights)}; worst layer {after[moe].min() if moe.any() else after.min():.4f})"
         + ("; on the summed windows, in sample" if data.num_windows > 1 else ""),
@@ -481,8 +495,13 @@ def plan(counts, slots, gpus, nodes, groups, method, previous, previous_format, 
         how = "migration-aware" if used_previous else "planned from scratch: this eplb.plan has no previous="
         lines.append(f"moves    {moves.slots_changed} of {total} slots changed ({100 * moves.slots_changed / total:.1f}%),"
                      f" {moves.gpu_copies} weight copies to GPUs, {moves.cross_node_copies} across nodes ({how})")
+        if expert_bytes is not None or model_preset is not None:
+            lines.append(_copy_cost_line(prev.placement, placement, expert_bytes, model_preset, hardware))
     lines.append(f"time     {elapsed:.2f} s")
     lines.append(f"wrote    {output} ({output_format})")
+    dense = _dense_layers_note(weights, data.layer_ids, output_format)
+    if dense:
+        lines.append(dense)
     click.echo("\n".join(lines))
 
 
@@ -519,6 +538,64 @@ def _held_out_lines(held: dict) -> list[str]:
     if mine.mean() < summed.mean() - 0.002:
         lines.append("note     held out, the summed plan serves unseen windows better here: consider --objective sum")
     return lines
+
+
+def _copy_cost_line(old, new, expert_bytes, model_preset, hardware) -> str:
+    """The bytes the copies from ``old`` to ``new`` move and their time on ``hardware``
+    (:func:`eplb.transfer_plan`, :meth:`eplb.CostModel.transfer_time`: all layers at once, each GPU's
+    slowest link)."""
+    from .model.cost import CostModel
+    from .serving.transfer import transfer_plan
+
+    overrides = {} if expert_bytes is None else {"expert_bytes": expert_bytes}
+    cost = CostModel.preset(hardware, model_preset or "deepseek-v3", **overrides)
+    transfer = transfer_plan(old, new, expert_bytes=int(cost.expert_bytes))
+    moved = transfer.bytes()
+    between = moved["intra_node"] + moved["cross_node"]
+    source = f"{int(cost.expert_bytes):,} bytes per expert" + (f" ({model_preset})" if expert_bytes is None else "")
+    return (f"copies   {between / 2**30:.3g} GiB between GPUs ({moved['intra_node'] / 2**30:.3g} GiB over NVLink, "
+            f"{moved['cross_node'] / 2**30:.3g} GiB across nodes) and {moved['intra_gpu'] / 2**30:.3g} GiB within GPUs, "
+            f"{source}; {1e3 * cost.transfer_time(transfer):.3g} ms all at once on {hardware} "
+            f"(the busiest GPU's slowest link)")
+
+
+DENSE_LAYERS_IN = {
+    "sglang": "SGLang indexes the map by layer id over all of the model's layers, so their rows are kept for the "
+              "shape; its dense layers never read them",
+    "trtllm": "TensorRT-LLM looks up initial_global_assignments only for its MoE layers, so their entries are "
+              "ignored",
+}
+"""What each engine does with the placement rows of dense layers (all-zero counts): SGLang's
+``ExpertLocationMetadata`` takes ``[num_hidden_layers, S]`` and is indexed by layer id; TensorRT-LLM's
+``MoeLoadBalancerConfig.get_layer_initial_global_assignments(layer_idx)`` is called by MoE layers."""
+
+
+def _dense_layers_note(weights: np.ndarray, layer_ids, output_format: str) -> str:
+    """A summary line naming the dense layers (no tokens) and what the engine of ``output_format``
+    does with their rows; ``""`` when there are none or the format is not an engine's."""
+    dense = np.flatnonzero(~moe_layers(weights))
+    if dense.size == 0 or output_format not in DENSE_LAYERS_IN:
+        return ""
+    ids = np.asarray(layer_ids)[dense] if layer_ids is not None else dense
+    shown = ", ".join(str(int(i)) for i in ids[:8]) + (", ..." if ids.size > 8 else "")
+    return (f"dense    layer{'s' if ids.size > 1 else ''} {shown} carr{'y' if ids.size > 1 else 'ies'} no tokens "
+            f"(any placement serves them): {DENSE_LAYERS_IN[output_format]}")
+
+
+def _note_global_groups(groups, nodes, quiet: bool) -> None:
+    """Say on stderr when ``--groups`` does not divide over ``--nodes``: the published rule then
+    plans a global placement and ignores the groups."""
+    if groups is None or groups % nodes == 0 or quiet:
+        return
+    click.echo(f"note: --groups {groups} is not a multiple of --nodes {nodes}, so the placement is global and the "
+               f"groups are ignored (the published rule); for a hierarchical plan (every group on one node) pass "
+               f"--groups as a multiple of --nodes (and a divisor of the experts)", err=True)
+
+
+def _groups_text(groups, nodes) -> str:
+    if not groups:
+        return ""
+    return f", {groups} groups" + (" (ignored: global placement)" if groups % nodes else "")
 
 
 def _check_flag_sizes(**values) -> None:
@@ -605,8 +682,8 @@ def validate(plan_file, counts_file, plan_format, input_format, gpus, nodes, gro
     _check_flag_sizes(gpus=gpus, nodes=nodes, groups=groups)
     data = (read_counts(counts_file, input_format, transpose=transpose, allow_shape=allow_shape)
             if counts_file is not None else None)
-    loaded = read_placement(plan_file, plan_format, num_gpus=gpus, num_nodes=nodes,
-                            num_experts=None if data is None else data.num_experts, num_groups=groups)
+    # the experts come from the file (or its side file), so counts of another width are blamed on the counts
+    loaded = read_placement(plan_file, plan_format, num_gpus=gpus, num_nodes=nodes, num_groups=groups)
     p = loaded.placement
     if gpus is not None and p.num_gpus != gpus:
         raise FormatError(plan_file, f"the file places slots on {p.num_gpus} GPUs, not --gpus {gpus}")
@@ -641,6 +718,11 @@ def validate(plan_file, counts_file, plan_format, input_format, gpus, nodes, gro
             f"gap      {100 * finite.mean():.2f}% mean, {100 * finite.max():.2f}% max above the proven lower bound"
             f" ({bound.kind})" if finite.size else "gap      n/a",
         ]
+        unrecorded = (loaded.format == "sglang" and "sidecar" not in loaded.metadata) or \
+            (loaded.format == "trtllm" and not loaded.metadata.get("eplb_comment"))
+        if unrecorded and nodes is None and groups is None and p.num_gpus > 1:
+            lines.append(f"note     {plan_file.name} records no nodes or groups (no eplb side file or comment), so it "
+                         "is judged against the global bound: pass --nodes and --groups for a hierarchical deployment")
         if data.num_windows > 1:
             window_loads = p.gpu_loads(data.counts, "shares")                              # [T, L, G]
             series = moe_mean(metrics.balancedness(window_loads), window_loads)  # [T]
@@ -681,12 +763,12 @@ def report(counts, plan_file, output, previous, input_format, plan_format, gpus,
     """
     from .io.formats import FormatError, read_counts, read_placement
     from .io.report import make_report
+    from .io.formats.errors import require
 
     _check_flag_sizes(gpus=gpus, nodes=nodes, groups=groups)
     _refuse_input_as_output(output, [counts, plan_file, previous])
     data = read_counts(counts, input_format, transpose=transpose, allow_shape=allow_shape)
-    loaded = read_placement(plan_file, plan_format, num_gpus=gpus, num_nodes=nodes, num_experts=data.num_experts,
-                            num_groups=groups)
+    loaded = read_placement(plan_file, plan_format, num_gpus=gpus, num_nodes=nodes, num_groups=groups)
     p = loaded.placement
     if (data.num_layers, data.num_experts) != (p.num_layers, p.num_experts):
         raise FormatError(counts, f"counts have {data.num_layers} layers x {data.num_experts} experts but the "
@@ -701,8 +783,15 @@ def report(counts, plan_file, output, previous, input_format, plan_format, gpus,
             raise FormatError(previous, "incompatible configuration: slots per GPU differ from the plan's")
     if output.exists() and not output.is_dir():
         raise FormatError(output, "exists and is not a folder")
+    require("matplotlib", "report", "eplb report")  # before the folder is made: a failed report leaves none
+    created = not output.exists()
     output.mkdir(parents=True, exist_ok=True)
-    result = make_report(data, loaded, output, previous=prev, top=top, progress=show_progress(quiet))
+    try:
+        result = make_report(data, loaded, output, previous=prev, top=top, progress=show_progress(quiet))
+    except BaseException:
+        if created and not any(output.iterdir()):
+            output.rmdir()
+        raise
     if quiet:
         return
     lines = []
@@ -805,21 +894,32 @@ def simulate(counts, slots, gpus, nodes, groups, policies, method, rebalance_fn,
     """
     from .model.cost import CostModel
     from .io.formats import read_counts
-    from .simulation.simulate import simulate as run_simulation
+    from .simulation.simulate import PolicyError, simulate as run_simulation
     from .io.simulation_report import write_simulation_report
 
     _check_flag_sizes(slots=slots, gpus=gpus, nodes=nodes, groups=groups)
     _refuse_input_as_output(output, [counts])
+    _note_global_groups(groups, nodes, quiet)
     data = read_counts(counts, input_format, transpose=transpose, allow_shape=allow_shape)
     plan_with = _load_function(rebalance_fn) if rebalance_fn else method
     cost = CostModel.preset(hardware, model, regime=regime, copy_mode=copy_mode)
     results = []
     for name in policies or SIMULATE_POLICIES:
         policy = _simulation_policy(name, plan_with, check_every)
-        results.append(run_simulation(data.counts, num_slots=slots, num_gpus=gpus, num_nodes=nodes, num_groups=groups,
-                                      policy=policy, cost_model=cost, dispatch=dispatch,
-                                      layers_per_step=layers_per_step))
+        try:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always", RuntimeWarning)
+                results.append(run_simulation(data.counts, num_slots=slots, num_gpus=gpus, num_nodes=nodes,
+                                              num_groups=groups, policy=policy, cost_model=cost, dispatch=dispatch,
+                                              layers_per_step=layers_per_step))
+        except PolicyError as exc:  # the user's planning function: its error, not the configuration's
+            raise Failure(str(exc)) from None
+        for warning in caught:
+            if not quiet:
+                click.echo(f"note: {warning.message}", err=True)
     written = write_simulation_report(results, output, title=f"eplb simulate {data.path.name}")
+    if written.get("missing"):
+        click.echo(f"note: {written['missing']}", err=True)
     if quiet:
         return
     lines = [f"counts   {data.path} ({data.format}): {data.counts.shape[0]} steps x {data.counts.shape[1]} layers"
@@ -845,6 +945,18 @@ def _int_list(text: str, flag: str) -> tuple[int, ...]:
     if not values or min(values) < 0:
         raise click.BadParameter(f"expected non-negative whole numbers, got {text!r}", param_hint=flag)
     return values
+
+
+def _check_sweep_slots(num_experts: int, gpu_counts, extras) -> None:
+    """The largest deployment a sweep implies (most GPUs, most extra slots) within the slot limit."""
+    from .io.formats.limits import check_size
+    from .simulation.sweep import slots_for
+
+    slots = slots_for(num_experts, max(gpu_counts), max(extras))
+    try:
+        check_size(slots, "slots", f"slots per layer of --extra-slots {max(extras)} with --gpus {max(gpu_counts)}")
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--extra-slots") from None
 
 
 @main.command()
@@ -897,12 +1009,15 @@ def sweep(counts, extra_slots, gpus, nodes, groups, dispatches, policies, hardwa
         _check_flag_sizes(gpus=value)
     _refuse_input_as_output(output, [counts])
     data = read_counts(counts, input_format, transpose=transpose, allow_shape=allow_shape)
+    _check_sweep_slots(data.counts.shape[-1], gpu_counts, extras)
     cost = CostModel.preset(hardware, model, regime=regime, copy_mode=copy_mode)
     rows = run_sweep(data.counts, extra_slots_per_gpu=extras, num_gpus=gpu_counts, num_nodes=node_counts,
                      num_groups=groups, dispatch=dispatches or ("uniform",), policies=policies or ("none", "balancer"),
                      cost_model=cost, workers=workers)
     knees = knee(rows)
     written = write_sweep_report(rows, output, knees)
+    if written.get("missing"):
+        click.echo(f"note: {written['missing']}", err=True)
     if quiet:
         return
     lines = [f"counts   {data.path} ({data.format}): {data.counts.shape[0]} steps; cost model {cost.name}, {regime}, "
@@ -914,8 +1029,12 @@ def sweep(counts, extra_slots, gpus, nodes, groups, dispatches, policies, hardwa
                      f"{r['extra_slots_per_gpu']:>9} {100 * r['lost_share']:>7.2f}% {100 * r['lost_with_stalls_share']:>8.2f}% "
                      f"{r['copies']:>8} {r['replica_memory_per_gpu_bytes'] / 2**30:>16.2f}")
     for (g, n, d, p), extra in knees.items():
-        lines.append(f"knee     {g} GPUs / {n} nodes, {d}, {p}: {extra} extra slot(s) per GPU")
-    lines.append(f"wrote    {written['table']}, {written['figure']}")
+        if extra is None:
+            lines.append(f"knee     {g} GPUs / {n} nodes, {d}, {p}: none within the values tried (each extra slot "
+                         "per GPU still saved a point or more; try more)")
+        else:
+            lines.append(f"knee     {g} GPUs / {n} nodes, {d}, {p}: {extra} extra slot(s) per GPU")
+    lines.append(f"wrote    {written['table']}" + (f", {written['figure']}" if written["figure"] else ""))
     click.echo("\n".join(lines))
 
 

@@ -32,14 +32,16 @@ def test_imbalance_by_hand():
 
 def test_replicas_cost_their_reads_by_hand():
     """Expert 0 has 3 replicas (2 on GPU 0, 1 on GPU 1): with 2 tokens each replica is activated
-    with probability 1 - (2/3)^2 = 5/9; expert 1 (5 tokens) sits on GPU 1."""
+    with probability 1 - (2/3)^2 = 5/9; expert 1 (5 tokens) sits on GPU 1. The balanced baseline
+    reads each activated expert once: replicas' extra reads are time lost."""
     memory = CostModel(**SIMPLE, regime="memory")
     series = np.array([[[2, 5]]])
     result = simulate(series, num_slots=4, num_gpus=2, cost_model=memory, initial=[[0, 0, 0, 1]])
     gpu0 = 10 / 9 + (4 / 3) / 100  # activated slots * 100 B / 100 B/s + tokens * 1 B / 100 B/s
     gpu1 = 5 / 9 + 1 + (2 / 3 + 5) / 100
     assert result.layer_time[0, 0] == pytest.approx(max(gpu0, gpu1))
-    assert result.balanced_time[0, 0] == pytest.approx((gpu0 + gpu1) / 2)
+    # perfectly balanced: 7 tokens and the 2 activated experts (one read each) over 2 GPUs
+    assert result.balanced_time[0, 0] == pytest.approx((2 * 100 / 100 + 7 * 1 / 100) / 2)
 
 
 class SwapOnce:

@@ -32,9 +32,20 @@ def test_decision_rule_bench_tunes_on_one_series_and_reports_the_other(tmp_path)
         rows = list(csv.DictReader(handle))
     assert {(r["series"], r["phase"]) for r in rows} == {(s, p) for s in decision.SERIES_SEEDS for p in decision.PHASES}
     assert {r["key"] for r in rows} == {"none"} | {key for key, _, _ in decision.CANDIDATES}
-    assert decision.chosen(rows) in {key for key, _, _ in decision.CANDIDATES}
+    assert decision.chosen(rows)[0] in {key for key, _, _ in decision.CANDIDATES}
     assert "Least time lost with stalls on the tuning series" in text
     assert len(decision.headline(tmp_path)) == len(decision.PHASES) * len(decision.DEPLOYMENTS)
+
+
+def test_decision_rule_falls_back_to_the_fastest_when_no_candidate_plans_in_time():
+    """Issue 22, item 14: on a busy machine every candidate may plan above the target."""
+    decision = importlib.import_module("decision_rule")
+    rows = [{"series": "tuning", "key": key, "plan_ms": str(20.0 + i), "lost_with_stalls_share": str(0.1 - 0.01 * i)}
+            for i, (key, _, _) in enumerate(decision.CANDIDATES)]
+    winner, note = decision.chosen(rows)
+    assert winner == decision.CANDIDATES[0][0] and "no candidate planned within" in note
+    rows[3]["plan_ms"] = "1.0"
+    assert decision.chosen(rows) == (decision.CANDIDATES[3][0], "")
 
 
 def test_chunks_bench_applies_the_same_copies_at_every_chunk_size(tmp_path):

@@ -9,7 +9,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from . import metrics
-from ..model._validation import as_counts
+from ..model._validation import as_counts, as_int
 from ..kernels.shares import optimal_shares, share_gpu_loads
 from ..kernels.layout import replica_counts, slots_of_experts
 from ..model.topology import Topology
@@ -156,9 +156,14 @@ class Placement:
         object.__setattr__(self, "info", MappingProxyType(dict(self.info)))
         if self.shares is not None:
             object.__setattr__(self, "shares", _frozen(check_shares(self.shares, phy2log, self.num_experts)))
+        if self.num_groups is not None:
+            object.__setattr__(self, "num_groups", as_int(self.num_groups, "num_groups", minimum=1))
         if self.home_node is not None:
             home = np.asarray(self.home_node)
             groups = self.num_groups
+            if groups is not None and self.num_experts % groups:
+                raise ValueError(f"num_groups ({groups}) must divide the number of experts ({self.num_experts}) "
+                                 "when home_node is given: group g is experts g*E/K ... (g+1)*E/K - 1")
             if groups is None or home.shape != (phy2log.shape[0], groups) or not np.issubdtype(home.dtype, np.integer):
                 raise ValueError(f"home_node must be an integer array [L, num_groups] = [{phy2log.shape[0]}, {groups}], "
                                  f"got {home.dtype} {home.shape}")

@@ -23,7 +23,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .formats.errors import require
+from .formats.errors import MissingExtraError, require
 from ..simulation.simulate import SimulationResult
 
 _CAPTIONS = {
@@ -69,20 +69,27 @@ def write_tables(results: Sequence[SimulationResult], out_dir) -> list[Path]:
 def write_simulation_report(results: Sequence[SimulationResult], out_dir, *, title: str = "eplb simulation") -> dict:
     """Write the tables, figures and ``index.html`` into ``out_dir`` (created if needed).
 
-    Returns ``{"html": path, "tables": [paths], "figures": [paths]}``.
+    Returns ``{"html": path, "tables": [paths], "figures": [paths], "missing": text}``; without
+    matplotlib the figures are left out and ``missing`` says how to get them (else ``""``).
     """
     results = _check(results)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     tables = write_tables(results, out_dir)
-    matplotlib = require("matplotlib", "report", "eplb simulate figures")
-    matplotlib.use("Agg", force=True)
-    import matplotlib.pyplot as plt
+    try:
+        matplotlib = require("matplotlib", "report", "eplb simulate figures")
+    except MissingExtraError as exc:  # the tables and the page without figures still serve
+        figures, missing = [], str(exc)
+    else:
+        matplotlib.use("Agg", force=True)
+        import matplotlib.pyplot as plt
 
-    figures = [_time_lost(plt, out_dir, results), _copies(plt, out_dir, results), _layer_balance(plt, out_dir, results)]
+        figures = [_time_lost(plt, out_dir, results), _copies(plt, out_dir, results),
+                   _layer_balance(plt, out_dir, results)]
+        missing = ""
     page = out_dir / "index.html"
     page.write_text(_html(title, results, figures))
-    return {"html": page, "tables": tables, "figures": figures}
+    return {"html": page, "tables": tables, "figures": figures, "missing": missing}
 
 
 def _save(plt, fig, path: Path) -> Path:
@@ -182,7 +189,9 @@ SWEEP_COLUMNS = ("policy", "num_slots", "redundant_slots", "extra_slots_per_gpu"
 def write_sweep_report(rows: Sequence[dict], out_dir, knees: dict) -> dict:
     """Write ``sweep.csv`` and ``sweep.png`` (time lost, stalls included, against the replicas'
     memory per GPU, one line per deployment / dispatch / policy, the knee of each marked) into
-    ``out_dir`` (created). ``rows``: :func:`eplb.simulation.sweep.sweep`'s; ``knees``: :func:`eplb.simulation.sweep.knee`'s."""
+    ``out_dir`` (created). ``rows``: :func:`eplb.simulation.sweep.sweep`'s; ``knees``: :func:`eplb.simulation.sweep.knee`'s.
+    Returns ``{"table": path, "figure": path or None, "missing": text}``: without matplotlib only
+    the table, and ``missing`` says how to get the figure."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     table = out_dir / "sweep.csv"
@@ -190,7 +199,10 @@ def write_sweep_report(rows: Sequence[dict], out_dir, knees: dict) -> dict:
         writer = csv.DictWriter(handle, fieldnames=SWEEP_COLUMNS, extrasaction="ignore")
         writer.writeheader()
         writer.writerows(rows)
-    matplotlib = require("matplotlib", "report", "eplb sweep figures")
+    try:
+        matplotlib = require("matplotlib", "report", "eplb sweep figures")
+    except MissingExtraError as exc:  # the table still serves
+        return {"table": table, "figure": None, "missing": str(exc)}
     matplotlib.use("Agg", force=True)
     import matplotlib.pyplot as plt
 
@@ -211,4 +223,4 @@ def write_sweep_report(rows: Sequence[dict], out_dir, knees: dict) -> dict:
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
     figure = _save(plt, fig, out_dir / "sweep.png")
-    return {"table": table, "figure": figure}
+    return {"table": table, "figure": figure, "missing": ""}

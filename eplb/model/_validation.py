@@ -58,7 +58,24 @@ def as_counts(counts, name: str = "counts", *, ndims: tuple[int, ...] = (2,)) ->
         raise ValueError(f"{name} must be finite, found an infinite value")
     if (array < 0).any():
         raise ValueError(f"{name} must be non-negative, found {array.min()}")
+    check_layer_totals(array, name)
     return array
+
+
+def check_layer_totals(array: np.ndarray, name: str = "counts") -> None:
+    """Refuse ``array [..., E]`` (finite, non-negative) when the total of a row (a layer, or a
+    window's layer) overflows float64: no finite GPU load or balancedness could be reported.
+    Counts are scale-free, so the caller can divide them by a common factor."""
+    if array.size == 0 or array.dtype.kind != "f":
+        return
+    with np.errstate(over="ignore"):
+        totals = array.sum(axis=-1, dtype=np.float64)
+    bad = np.argwhere(~np.isfinite(np.atleast_1d(totals)))
+    if bad.size:
+        where = bad[0]
+        place = f"layer {where[-1]}" + (f" of window {where[0]}" if np.ndim(totals) == 2 else "")
+        raise ValueError(f"{name}: the total of {place} overflows float64 (max {np.finfo(np.float64).max:.3g}); "
+                         "counts are scale-free: divide them by a common factor")
 
 
 _RANK_NAMES = {1: "[E]", 2: "[L, E]", 3: "[T, L, E]"}

@@ -10,10 +10,12 @@ that receive at least one of them. Its time is the roofline of two costs::
     gpu_time = max(compute, memory) + layer_overhead_s               (regime="roofline")
 
 ``regime="compute"`` or ``"memory"`` keeps one of the two terms. A layer takes as long as its
-slowest GPU; a step is the sum over layers. The *perfectly balanced* time of a layer is the time of
-a GPU carrying the mean tokens and the mean activated slots (the same work spread evenly), so
-``step time - balanced time`` is the time lost to imbalance alone (replicas still cost their reads
-in both).
+slowest GPU; a step is the sum over layers. :meth:`CostModel.balanced_layer_time` is the time of
+a GPU carrying the mean tokens and the mean activated slots (the same work spread evenly).
+:func:`eplb.simulate` measures every run from one *perfectly balanced* time that does not depend on
+the placement or the dispatch: the layer's tokens and its activated experts (each read once, as
+with one replica) spread evenly over the GPUs, so ``step time - balanced time`` is the time lost to
+imbalance and to replicas' extra reads, comparable between runs.
 
 Weight copies (see :class:`eplb.TransferPlan`) move ``expert_bytes`` each: over NVLink inside a node,
 over the network (one NIC per GPU) between nodes, or within one GPU's HBM (read + write). A GPU's
@@ -172,6 +174,14 @@ class CostModel:
             object.__setattr__(self, name, _positive(getattr(self, name), name, allow_zero=True))
         for name in ("flops", "hbm_bandwidth", "nvlink_bandwidth", "network_bandwidth"):
             object.__setattr__(self, name, _positive(getattr(self, name), name))
+        for top, bottom in (("flops_per_token", "flops"), ("token_bytes", "hbm_bandwidth"),
+                            ("expert_bytes", "hbm_bandwidth"), ("expert_bytes", "nvlink_bandwidth"),
+                            ("expert_bytes", "network_bandwidth")):
+            with np.errstate(over="ignore"):
+                ratio = getattr(self, top) / getattr(self, bottom)
+            if not np.isfinite(ratio):
+                raise ValueError(f"{top} / {bottom} must be finite (seconds per unit), got "
+                                 f"{getattr(self, top)!r} / {getattr(self, bottom)!r}")
         if self.regime not in REGIMES:
             raise ValueError(f"regime must be one of {REGIMES}, got {self.regime!r}")
         if self.copy_mode not in COPY_MODES:

@@ -127,7 +127,13 @@ class Topology:
 
     @classmethod
     def from_dict(cls, data: dict) -> "Topology":
-        return cls(np.asarray(data["slots_per_gpu"], dtype=np.int64), data.get("num_nodes", 1))
+        """The topology :meth:`to_dict` wrote: ``{"slots_per_gpu": [G] ints, "num_nodes": N}``."""
+        if not isinstance(data, dict) or "slots_per_gpu" not in data:
+            raise ValueError(f"topology must be a dict with slots_per_gpu (and num_nodes), got {data!r:.80}")
+        slots = np.asarray(data["slots_per_gpu"])
+        if slots.ndim != 1 or slots.dtype == object or slots.dtype.kind not in "iu":
+            raise ValueError(f"topology slots_per_gpu must be a list of integers, got {data['slots_per_gpu']!r:.80}")
+        return cls(slots.astype(np.int64), data.get("num_nodes", 1))
 
     def __eq__(self, other):
         return (

@@ -3,13 +3,15 @@
 
 from __future__ import annotations
 
+import difflib
+import inspect
 import time
 
 import numpy as np
 
 from ..model._validation import as_counts, as_fraction
 from ..analysis.bounds import lower_bound
-from .methods import DEFAULT_METHOD, get_method
+from .methods import DEFAULT_METHOD, OPTIONS as METHOD_OPTIONS, get_method
 from ..kernels.shares import share_gpu_loads
 from ..kernels.layout import replica_counts, slots_of_experts
 from .locality import capped_lower_bound, home_nodes, plan_locality
@@ -22,6 +24,7 @@ from ..analysis.placement import Placement
 from .robust import DEFAULT_COPY_COST
 from ..model.problem import Problem, make_problem, power_of_two_scale, weights_2d
 from ..model.topology import Topology
+from ..analysis.windows import check_window_weights
 
 _weights_2d = weights_2d  # eplb.planning.certificate imports this name
 
@@ -73,7 +76,9 @@ def plan(counts, *, num_slots=None, num_gpus=None, num_nodes=1, num_groups=None,
             in ``bench/out_of_sample.py`` and ``bench/robust_default.py``); for ``[L, E]``, ``"sum"``.
             With ``previous`` or ``max_off_node`` only ``"sum"`` and ``"expected_peak_search"``.
         window_weights: ``[T]`` non-negative weights of the windows (e.g.
-            :func:`eplb.planning.objectives.recency_weights`); ``None``: equal.
+            :func:`eplb.planning.objectives.recency_weights`); ``None``: equal. Relative: divided by the
+            largest, so ``max_load`` and ``lower_bound`` are on the weighted sum with the largest
+            weight 1.
         dispatch: how the engine splits an expert's tokens among its replicas: ``"uniform"`` (as
             engines do by default) or ``"optimal"`` (per batch, :func:`eplb.dispatch`); with
             ``"optimal"`` the plan is made for it (:func:`eplb.planning.objectives.made_for_dispatch`: a few
@@ -87,6 +92,7 @@ def plan(counts, *, num_slots=None, num_gpus=None, num_nodes=1, num_groups=None,
         A :class:`Placement` (with ``home_node`` when hierarchical); its ``max_load``, ``lower_bound`` and ``gap`` on ``counts`` are
         computed on first access (a call that never reads them never computes the bound).
     """
+    _check_option_names(method, options)
     windows = as_counts(counts, "counts", ndims=(1, 2, 3))
     weights = weights_2d(windows, "counts")
     windows = windows.reshape((-1,) + weights.shape)
@@ -96,6 +102,9 @@ def plan(counts, *, num_slots=None, num_gpus=None, num_nodes=1, num_groups=None,
     # a series of windows is planned as windows (hedged) unless objective="sum"
     series = windows.shape[0] > 1 or objective is not None or window_weights is not None or dispatch != "uniform"
     objective = objective or (DEFAULT_OBJECTIVE[dispatch] if series else "sum")
+    if window_weights is not None:  # relative: the largest is 1, so huge or denormal weights plan alike
+        window_weights = check_window_weights(window_weights, windows.shape[0])
+        window_weights = window_weights / window_weights.max()
     if series:
         weights = combine(windows, "sum", window_weights)
     hedged = series and objective in SEARCHES
@@ -203,6 +212,26 @@ def hedge_near(windows: np.ndarray, window_weights, problem: Problem, previous: 
     return phy2log, {"slots_changed": changed[pick, layers].astype(np.int64), "uniform_objective_before": before,
                      "uniform_objective_after": after, "searched": any(c.searched for c in candidates),
                      "hedged_from_previous": pick == 0}
+
+
+def _check_option_names(method, options: dict) -> None:
+    """A keyword :func:`plan` does not take and ``method`` does not either (a typo such as
+    ``tolerence``) raises ``ValueError`` naming it, the closest accepted names, and both lists."""
+    if not isinstance(method, str) or method not in METHOD_OPTIONS:
+        return  # get_method names the accepted methods
+    accepted = set(METHOD_OPTIONS[method])
+    unknown = sorted(set(options) - accepted)
+    if not unknown:
+        return
+    own = sorted(name for name in inspect.signature(plan).parameters if name not in ("counts", "options"))
+    hints = []
+    for name in unknown:
+        close = difflib.get_close_matches(name, own + sorted(accepted), n=1)
+        if close:
+            hints.append(f"{close[0]} for {name}")
+    raise ValueError(f"method {method!r} got unknown option(s) {', '.join(unknown)}; accepted options: "
+                     f"{', '.join(sorted(accepted)) or 'none'}" + (f"; did you mean {', '.join(hints)}?" if hints else "")
+                     + f" (plan's own arguments: {', '.join(own)})")
 
 
 def _peaks(weights: np.ndarray, phy2log: np.ndarray, problem: Problem, shares: np.ndarray | None = None

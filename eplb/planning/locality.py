@@ -291,28 +291,37 @@ def capped_lower_bound(weights: np.ndarray, problem: Problem, max_off_node: floa
 def node_cap_bound(weights: np.ndarray, problem: Problem, max_off_node: float) -> np.ndarray:
     """``[L]``: what the heaviest nodes must keep when at most ``f * total`` tokens leave home.
 
-    On equal nodes that each hold exactly ``c = num_groups / N`` groups: any ``m`` nodes that hold
-    the ``m`` heaviest groups hold ``m c`` groups, so the ``m`` heaviest nodes together carry at least
-    the ``m`` heaviest groups plus the ``m (c - 1)`` lightest; at most ``f * total`` tokens leave
-    them, so one of their ``m * G/N`` GPUs carries at least ``(that - f * total) / (m * G/N)``. The
-    bound is the largest over ``m`` (and the average load; only the average elsewhere).
+    A group's home node holds a replica of each of its ``s = E / K`` experts, so node ``n`` is home
+    to at most ``c_n = slots[n] // s`` groups. Take ``m`` nodes that include the home nodes of the
+    ``m`` heaviest groups: the other ``N - m`` nodes are home to at most the sum of the ``N - m``
+    largest ``c``, so the ``m`` nodes are home to at least ``q = max(m, K - that)`` groups and
+    carry at least the ``m`` heaviest groups plus the ``q - m`` lightest. At most ``f * total``
+    tokens leave them, so one of their GPUs (at most the ``m`` largest GPU counts of nodes)
+    carries at least ``(that - f * total) / those GPUs``. The bound is the largest over ``m`` (and
+    the average load; only the average elsewhere). With ``K / N`` groups on every node (``c_n =
+    K / N``) the ``m`` nodes hold exactly ``m K / N`` groups.
     """
     topology = problem.topology
     bound = average_bound(weights, topology)
     if max_off_node >= 1 or not problem.hierarchical:
         return bound
-    per_node = topology.slots_per_gpu.reshape(topology.num_nodes, -1)
-    size = weights.shape[1] // problem.num_groups
-    slots = per_node.sum(axis=1)
-    per_node_groups = problem.num_groups // topology.num_nodes
-    if (slots == slots[0]).all() and (slots[0] // size) == per_node_groups and (per_node > 0).all():
-        groups = np.sort(weights.reshape(weights.shape[0], problem.num_groups, size).sum(axis=2), axis=1)
-        heavy = np.cumsum(groups[:, ::-1], axis=1)
-        light = np.concatenate([np.zeros((groups.shape[0], 1)), np.cumsum(groups, axis=1)], axis=1)
-        cap = max_off_node * weights.sum(axis=1)
-        for m in range(1, topology.num_nodes + 1):
-            carried = heavy[:, m - 1] + light[:, m * (per_node_groups - 1)]
-            bound = np.maximum(bound, (carried - cap) / (m * topology.gpus_per_node))
+    num_groups, num_nodes = problem.num_groups, topology.num_nodes
+    size = weights.shape[1] // num_groups
+    per_node = topology.slots_per_gpu.reshape(num_nodes, -1)
+    capacity = np.minimum(per_node.sum(axis=1) // size, num_groups)  # [N] groups a node can be home to
+    active = np.sort((per_node > 0).sum(axis=1))[::-1]  # [N] GPUs with slots, most first
+    most_capacity = np.concatenate([[0], np.cumsum(np.sort(capacity)[::-1])])  # [N + 1]
+    groups = np.sort(weights.reshape(weights.shape[0], num_groups, size).sum(axis=2), axis=1)
+    heavy = np.cumsum(groups[:, ::-1], axis=1)
+    light = np.concatenate([np.zeros((groups.shape[0], 1)), np.cumsum(groups, axis=1)], axis=1)
+    cap = max_off_node * weights.sum(axis=1)
+    for m in range(1, min(num_nodes, num_groups) + 1):
+        held = max(m, num_groups - int(most_capacity[num_nodes - m]))
+        gpus = int(active[:m].sum())
+        if gpus == 0 or held > num_groups:
+            continue
+        carried = heavy[:, m - 1] + light[:, held - m]
+        bound = np.maximum(bound, (carried - cap) / gpus * (1.0 - 1e-12))
     return bound
 
 

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..model._validation import as_counts
+from ..model._validation import as_counts, as_int
 from ..kernels.shares import improve_for_dispatch
 from ..kernels.linked import linked_placement
 from .robust import Hedged, hedge
@@ -59,7 +59,9 @@ CANDIDATES = (("sum", None), ("quantile", 0.75), ("quantile", 0.9), ("max_share"
 def recency_weights(num_windows: int, half_life: float) -> np.ndarray:
     """``[T]`` weights ``0.5 ** ((T - 1 - t) / half_life)``: the newest window weighs 1, one
     ``half_life`` of windows earlier weighs 1/2."""
-    if not np.isfinite(half_life) or half_life <= 0:
+    num_windows = as_int(num_windows, "num_windows", minimum=1)
+    if isinstance(half_life, (bool, np.bool_)) or not isinstance(half_life, (int, float, np.integer, np.floating)) \
+            or not np.isfinite(half_life) or half_life <= 0:
         raise ValueError(f"half_life must be a positive number of windows, got {half_life!r}")
     return 0.5 ** ((num_windows - 1 - np.arange(num_windows)) / float(half_life))
 

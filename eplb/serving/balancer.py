@@ -179,7 +179,12 @@ class Balancer:
             placement = round_robin_placement(self.num_layers, self.num_experts, self.topology, self.num_groups)
         self._check_placement(placement)
         self.placement = placement
-        self._buffer = np.zeros((self.window, self.num_layers, self.num_experts))
+        try:
+            self._buffer = np.zeros((self.window, self.num_layers, self.num_experts))
+        except MemoryError:
+            raise ValueError(f"window={self.window}: the ring buffer [window, num_layers, num_experts] would take "
+                             f"{self.window * self.num_layers * self.num_experts * 8 / 2**30:.3g} GiB, more than "
+                             "can be allocated") from None
         self._position = 0  # next row of the ring buffer to write
         self._filled = 0  # rows holding data
         self.steps = 0  # forward passes recorded in all
@@ -526,10 +531,10 @@ class Balancer:
             start, stop = 0, num_layers
         else:
             try:
-                start, stop = (int(v) for v in layers)
+                start, stop = (as_int(v, "layers entry") for v in layers)
             except (TypeError, ValueError):
-                raise ValueError(f"layers must be None or a (start, stop) pair of layer indices, got {layers!r}") \
-                    from None
+                raise ValueError(f"layers must be None or a (start, stop) pair of integer layer indices, "
+                                 f"got {layers!r}") from None
             if not 0 <= start < stop <= num_layers:
                 raise ValueError(f"layers must satisfy 0 <= start < stop <= {num_layers}, got {layers!r}")
         with self._lock:
@@ -586,11 +591,13 @@ class Balancer:
             version = int(np.asarray(state["format_version"]))
             config = json.loads(str(np.asarray(state["config"])))
             buffer = np.asarray(state["window_buffer"], dtype=np.float64)
-            position, filled = int(np.asarray(state["position"])), int(np.asarray(state["filled"]))
-            steps, rebalances = int(np.asarray(state["steps"])), int(np.asarray(state["rebalances"]))
-            phy2log = np.asarray(state["phy2log"], dtype=np.int64)
+            position, filled, steps, rebalances = (_state_int(state, key) for key in
+                                                   ("position", "filled", "steps", "rebalances"))
+            phy2log = np.asarray(state["phy2log"])
         except KeyError as exc:
             raise ValueError(f"state is missing the key {exc}") from None
+        if phy2log.dtype == object or phy2log.dtype.kind not in "iu":
+            raise ValueError(f"state phy2log must hold integer expert ids, got dtype {phy2log.dtype}")
         if version != STATE_VERSION:
             raise ValueError(f"unsupported balancer state format_version {version}")
         mine = self._config()
@@ -632,6 +639,15 @@ class Balancer:
         if missing:
             raise ValueError(f"state config is missing the keys {missing}")
         topology = Topology.from_dict(config.pop("topology"))
+        # the window buffer is part of the state: check its size before allocating one
+        try:
+            shape = np.shape(state["window_buffer"])
+        except KeyError as exc:
+            raise ValueError(f"state is missing the key {exc}") from None
+        expected = (config.get("window", 100), config["num_layers"], config["num_experts"])
+        if tuple(shape) != expected:
+            raise ValueError(f"state window_buffer has shape {tuple(shape)}, the config says [window, num_layers, "
+                             f"num_experts] = {list(expected)}")
         balancer = cls(config.pop("num_layers"), config.pop("num_experts"), topology=topology, compile=compile,
                        cost_model=cost_model, horizon=horizon, **config)
         balancer.load_state_dict(state)
@@ -642,6 +658,14 @@ CONFIG_KEYS = ("num_layers", "num_experts", "topology", "num_groups", "window", 
                "tolerance", "max_moves", "min_gain", "move_cost", "expert_bytes", "options", "threads",
                "subwindows", "copy_cost")
 """The keys of a saved configuration (``state_dict()["config"]``)."""
+
+
+def _state_int(state, key: str) -> int:
+    """``state[key]`` as a non-negative int (a 0-d array, a number): floats and bools are refused."""
+    value = np.asarray(state[key])
+    if value.ndim != 0:
+        raise ValueError(f"state {key} must be one integer, got shape {value.shape}")
+    return as_int(value.item(), f"state {key}", minimum=0)
 
 
 def _counts_array(counts) -> np.ndarray:

@@ -56,6 +56,7 @@ takes at least half a token).
 from __future__ import annotations
 
 import time
+import warnings
 from collections import deque
 from dataclasses import dataclass, field
 from math import gcd
@@ -63,7 +64,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..model._validation import as_int
+from ..model._validation import as_int, check_layer_totals
 from ..planning.api import make_problem
 from ..serving.balancer import Balancer
 from ..model.cost import CostModel
@@ -109,12 +110,17 @@ class Deployment:
         weights = np.ascontiguousarray(weights, dtype=np.float64)
         if callable(method):
             groups = self.num_groups if self.num_groups is not None else 1
-            result = method(weights, self.num_slots, groups, self.num_nodes, self.num_gpus)
-            phy2log = result[0] if isinstance(result, tuple) else result
-            if type(phy2log).__module__.split(".")[0] == "torch":
-                phy2log = phy2log.cpu().numpy()
-            return Placement(np.asarray(phy2log, dtype=np.int64), self.num_experts, self.topology, self.num_groups,
-                             method=getattr(method, "__name__", "custom"))
+            name = getattr(method, "__name__", "custom")
+            try:
+                result = method(weights, self.num_slots, groups, self.num_nodes, self.num_gpus)
+            except Exception as exc:  # a user's function: say whose error it is
+                raise PolicyError(f"the planning function {name} raised {type(exc).__name__}: {exc}") from exc
+            phy2log = result[0] if isinstance(result, tuple) and result else result
+            if phy2log is None:
+                raise PolicyError(f"the planning function {name} returned {result!r}: it must return phy2log [L, S] "
+                                  "(or a tuple starting with it)")
+            return _as_placement(phy2log, self, f"the placement the planning function {name} returned",
+                                 method=name)
         problem = make_problem(self.num_experts, topology=self.topology, num_groups=self.num_groups)
         phy2log, _ = get_method(method)(weights, problem)
         return Placement(phy2log, self.num_experts, self.topology, self.num_groups, method=method)
@@ -228,7 +234,12 @@ class SimulationResult:
 
     Attributes:
         layer_time: ``[T, L]`` each layer's time (its slowest GPU).
-        balanced_time: ``[T, L]`` each layer's time with its work spread evenly over the GPUs.
+        balanced_time: ``[T, L]`` each layer's time perfectly balanced: its routed tokens and its
+            activated experts (experts with tokens, each read once as with one replica) spread
+            evenly over the GPUs that serve. It depends on the counts and the deployment's GPUs
+            alone, not on the placement, the policy or the dispatch mode, so every run on the same
+            series and GPUs is measured from the same baseline (the extra weight reads of
+            replicas count as time lost).
         stall_time: ``[T]`` time serving waited for weight copies after step ``t``.
         copies: ``[T, 3]`` slots whose expert changed after step ``t``, by where the weights come
             from: the same GPU (a local move, not a copy between GPUs), the same node, another node.
@@ -340,17 +351,57 @@ def _copies_of_layers(plan: TransferPlan, layers: np.ndarray) -> TransferPlan:
                         topology=plan.topology, expert_bytes=plan.expert_bytes)
 
 
-def _as_placement(value, deployment: Deployment, what: str) -> Placement:
+class PolicyError(ValueError):
+    """A policy or a planning function failed or returned something that is not a placement of the
+    deployment (the message says which and at what step)."""
+
+
+def _as_placement(value, deployment: Deployment, what: str, method: str = "given") -> Placement:
+    """``value`` (a :class:`Placement` or ``phy2log [L, S]`` of integer expert ids: float ids are
+    refused, never truncated) as a placement of ``deployment``, else :class:`PolicyError`."""
     if isinstance(value, Placement):
         if value.topology != deployment.topology or value.num_experts != deployment.num_experts \
                 or value.num_layers != deployment.num_layers:
-            raise ValueError(f"{what} must match the series' layers and experts and the deployment's topology")
+            raise PolicyError(f"{what} must match the series' layers and experts and the deployment's topology")
         return value
+    if type(value).__module__.split(".")[0] == "torch":
+        value = value.detach().cpu().numpy()
     try:
-        return Placement(np.asarray(value, dtype=np.int64), deployment.num_experts, deployment.topology,
-                         deployment.num_groups, method="given")
-    except ValueError as exc:
-        raise ValueError(f"{what}: {exc}") from None
+        array = np.asarray(value)
+        if array.dtype == object or array.dtype.kind not in "iub":
+            raise ValueError(f"phy2log must hold integer expert ids, got {array.dtype} values"
+                             + (f" such as {array.flat[0]}" if array.size else ""))
+        if array.ndim == 2 and array.shape[0] != deployment.num_layers:
+            raise ValueError(f"phy2log must have {deployment.num_layers} layers, got shape {array.shape}")
+        return Placement(array, deployment.num_experts, deployment.topology, deployment.num_groups, method=method)
+    except (TypeError, ValueError) as exc:
+        raise PolicyError(f"{what}: {exc}") from None
+
+
+def _warn_if_too_short(policy, num_steps: int) -> None:
+    """A ``RuntimeWarning`` when the series ends before the policy's first rebalance or decision
+    (its ``every`` or ``check_every`` steps): its run cannot differ from no rebalancing."""
+    for attribute, what in (("every", "rebalances every"), ("check_every", "decides every")):
+        interval = getattr(policy, attribute, None)
+        if isinstance(interval, (int, np.integer)) and not isinstance(interval, bool) and interval > num_steps:
+            label = getattr(policy, "name", type(policy).__name__)
+            warnings.warn(f"the series has {num_steps} steps but policy {label!r} {what} {interval} steps: it never "
+                          "acts, so its run is the same as no rebalancing (use a longer series or a shorter interval)",
+                          RuntimeWarning, stacklevel=3)
+            return
+
+
+def _call_policy(policy, name: str, *args):
+    """``policy.<name>(*args)``; an exception the policy raises becomes a :class:`PolicyError` naming
+    the policy and the step (a policy is user code)."""
+    try:
+        return getattr(policy, name)(*args)
+    except PolicyError:
+        raise
+    except Exception as exc:
+        label = getattr(policy, "name", type(policy).__name__)
+        where = f" at step {args[0]}" if name == "observe" else ""
+        raise PolicyError(f"policy {label!r} raised {type(exc).__name__} in {name}(){where}: {exc}") from exc
 
 
 def _series_block(series, start: int, stop: int) -> np.ndarray:
@@ -393,6 +444,7 @@ def simulate(series, *, num_slots=None, num_gpus=None, num_nodes=1, num_groups=N
             raise ValueError("series must be finite")
         if (series < 0).any():
             raise ValueError("series must be non-negative")
+        check_layer_totals(series, "series")
         num_steps, num_layers, num_experts = series.shape
     else:
         num_steps, num_layers, num_experts = series.shape
@@ -406,6 +458,7 @@ def simulate(series, *, num_slots=None, num_gpus=None, num_nodes=1, num_groups=N
     policy = NoRebalance() if policy is None else policy
     if not (callable(getattr(policy, "start", None)) and callable(getattr(policy, "observe", None))):
         raise ValueError("policy must have start(placement, deployment) and observe(step, counts) methods")
+    _warn_if_too_short(policy, num_steps)
     if initial is None:
         steps = as_int(initial_steps, "initial_steps", minimum=1)
         initial = deployment.plan(_series_block(series, 0, min(steps, num_steps)).sum(axis=0), "greedy")
@@ -426,7 +479,7 @@ def simulate(series, *, num_slots=None, num_gpus=None, num_nodes=1, num_groups=N
     queue = np.empty(0, np.int64)  # [n] layers still to switch to `target`, in order
     in_flight: tuple[np.ndarray, float] | None = None  # (layers, serving time when their copies finish)
     clock = 0.0
-    policy.start(target, deployment)
+    _call_policy(policy, "start", target, deployment)
     live = pricing.live
 
     def price(block: np.ndarray, offset: int) -> None:
@@ -434,8 +487,19 @@ def simulate(series, *, num_slots=None, num_gpus=None, num_nodes=1, num_groups=N
         if not live.all():
             tokens, active = tokens[..., live], active[..., live]
         rows = slice(offset, offset + block.shape[0])
-        layer_time[rows] = cost_model.layer_time(tokens, active)
-        balanced[rows] = cost_model.balanced_layer_time(tokens, active)
+        with np.errstate(over="ignore", invalid="ignore"):  # refused below
+            layer_time[rows] = cost_model.layer_time(tokens, active)
+            balanced[rows] = balanced_time(block, tokens.shape[-1])
+        if not (np.isfinite(layer_time[rows]).all() and np.isfinite(balanced[rows]).all()):
+            raise ValueError(f"series and cost_model: a layer time of steps {offset}..{offset + block.shape[0] - 1} "
+                             "overflows float64 (counts or cost constants too large; counts are scale-free: "
+                             "divide them by a common factor)")
+
+    def balanced_time(block: np.ndarray, serving_gpus: int) -> np.ndarray:
+        """``[B, L]``: each layer's routed tokens and its activated experts (one weight read each)
+        spread evenly over the GPUs that serve: the same for every placement and dispatch."""
+        counts = np.asarray(block, dtype=np.float64)
+        return cost_model.gpu_time(counts.sum(axis=-1) / serving_gpus, (counts > 0).sum(axis=-1) / serving_gpus)
 
     def catch_up(block: np.ndarray, i: int) -> None:
         """Price the steps up to block row ``i`` with the placement in service now."""
@@ -461,7 +525,7 @@ def simulate(series, *, num_slots=None, num_gpus=None, num_nodes=1, num_groups=N
                 if clock >= in_flight[1]:
                     switch(in_flight[0])
                     in_flight = None
-            new = policy.observe(t, block[i])
+            new = _call_policy(policy, "observe", t, block[i])
             if new is not None:
                 new = _as_placement(new, deployment, f"the placement policy.observe returned at step {t}")
                 catch_up(block, i)  # the steps served by the placement up to now
@@ -503,4 +567,4 @@ def simulate(series, *, num_slots=None, num_gpus=None, num_nodes=1, num_groups=N
 
 
 __all__ = ["simulate", "SimulationResult", "Deployment", "NoRebalance", "FixedInterval", "BalancerPolicy",
-           "vllm_like", "sglang_like", "DISPATCH_MODES"]
+           "PolicyError", "vllm_like", "sglang_like", "DISPATCH_MODES"]

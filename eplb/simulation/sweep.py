@@ -23,7 +23,7 @@ from typing import Callable
 
 import numpy as np
 
-from ..model._validation import as_int
+from ..model._validation import as_int, check_layer_totals
 from ..model.cost import CostModel
 from .simulate import BalancerPolicy, NoRebalance, simulate, sglang_like, vllm_like
 
@@ -99,6 +99,11 @@ def sweep(series, *, extra_slots_per_gpu=(0, 1, 2), num_gpus=(32,), num_nodes=(1
     series = np.asarray(series)
     if series.ndim != 3 or series.dtype.kind not in "biuf" or series.shape[0] < 1:
         raise ValueError(f"series must be a numeric [T, L, E] array, got shape {series.shape}")
+    if series.dtype.kind == "f" and not np.isfinite(series).all():
+        raise ValueError("series must be finite")
+    if (series < 0).any():
+        raise ValueError("series must be non-negative")
+    check_layer_totals(series, "series")
     extras = [as_int(x, "extra_slots_per_gpu entry", minimum=0) for x in extra_slots_per_gpu]
     gpus = [as_int(g, "num_gpus entry", minimum=1) for g in num_gpus]
     nodes = [as_int(n, "num_nodes entry", minimum=1) for n in num_nodes]
@@ -123,15 +128,17 @@ def sweep(series, *, extra_slots_per_gpu=(0, 1, 2), num_gpus=(32,), num_nodes=(1
         return list(pool.map(_run_point, jobs))
 
 
-def knee(rows: list[dict], *, threshold: float = 0.01) -> dict[tuple, int]:
+def knee(rows: list[dict], *, threshold: float = 0.01) -> dict[tuple, int | None]:
     """For every (GPUs, nodes, dispatch, policy): the fewest extra slots per GPU after which one more
     extra slot per GPU cuts the time lost (with stalls) by less than ``threshold`` (absolute share
-    of the balanced time). The memory beyond it buys little."""
+    of the balanced time). The memory beyond it buys little. ``None`` when the values tried show no
+    knee (each step still cut at least ``threshold``, or a single value): the last value tried is
+    not a knee."""
     out = {}
     key = lambda r: (r["num_gpus"], r["num_nodes"], r["dispatch"], r["policy"])  # noqa: E731
     for group, members in itertools.groupby(sorted(rows, key=lambda r: (key(r), r["extra_slots_per_gpu"])), key=key):
         members = list(members)
-        best = members[-1]["extra_slots_per_gpu"]
+        best = None
         for here, after in zip(members, members[1:]):
             if here["lost_with_stalls_share"] - after["lost_with_stalls_share"] < threshold:
                 best = here["extra_slots_per_gpu"]

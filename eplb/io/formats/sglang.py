@@ -329,6 +329,11 @@ def read_sidecar(path: Path) -> dict:
     document = load_json(side)
     if not isinstance(document, dict) or document.get("format") != SIDECAR_FORMAT:
         raise FormatError(side, f"not an eplb side file (expected \"format\": \"{SIDECAR_FORMAT}\")")
+    named = document.get("placement_file")
+    if named is not None and named != Path(path).name:
+        raise FormatError(side, f"records the configuration of {named!r}, not of {Path(path).name!r}: it belongs to "
+                                "another placement file (fix its \"placement_file\" if the file was renamed, or "
+                                "remove it and pass --gpus/--nodes/--groups)")
     return {
         "num_gpus": config_int(document.get("num_gpus"), side, "num_gpus", limit_name="slots", allow_none=True),
         "num_nodes": config_int(document.get("num_nodes"), side, "num_nodes", limit_name="slots", allow_none=True),

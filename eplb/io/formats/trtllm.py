@@ -234,4 +234,6 @@ def read_trtllm_yaml(path: Path, *, num_gpus=None, num_nodes=None, num_experts=N
     except ValueError as exc:
         raise FormatError(path, f"invalid placement: {exc}") from None
     metadata = {"layer_updates_per_iter": updates}
+    if hint:
+        metadata["eplb_comment"] = True  # GPUs, nodes and groups recorded by eplb
     return PlacementFile(placement, np.asarray(layer_ids, np.int64), "trtllm", path, metadata)

@@ -24,7 +24,9 @@ Per layer, and per node in hierarchical mode:
    layer by the optimum over spread placements when the exact branch and bound
    (:mod:`eplb.kernels.tiny`) finds one lighter within its node budget;
 8. on every layer keep the published greedy's placement instead if it has a strictly lower max
-   load, so the method is never worse than greedy.
+   load once its doubled replicas (two of an expert on one GPU, which the published greedy allows)
+   are spread by swaps (a greedy layer that cannot be spread is not taken), so no layer taken from
+   greedy has two replicas of an expert on one GPU.
 
 The name says what it optimises for: balanced GPU loads at serving-loop speed.
 """
@@ -70,8 +72,54 @@ def max_loads(weights: np.ndarray, phy2log: np.ndarray, topology: Topology) -> n
     return max_gpu_loads(weights, phy2log, topology.slot_offsets)
 
 
+def spread_layer(weights: np.ndarray, row: np.ndarray, topology: Topology, gpu_domain: np.ndarray
+                 ) -> np.ndarray | None:
+    """``row [S]`` (one layer's placement on ``weights [E]``) with no two replicas of an expert on
+    one GPU, by swapping a doubled replica with a slot of another GPU of its domain (``gpu_domain
+    [G]``; each time the swap that leaves the two GPUs lightest); the same row when nothing is
+    doubled; ``None`` when no swap spreads it (e.g. an expert with more replicas than its domain
+    has GPUs)."""
+    offsets = topology.slot_offsets
+    gpu = topology.gpu_of_slot
+    row = row.copy()
+    counts = np.bincount(row, minlength=weights.shape[0])
+    per_replica = weights / np.maximum(counts, 1)
+    loads = np.bincount(gpu, weights=per_replica[row], minlength=topology.num_gpus)
+    for _ in range(row.shape[0]):
+        holds = [set() for _ in range(topology.num_gpus)]
+        doubled = None
+        for s in range(row.shape[0]):
+            e = int(row[s])
+            if e in holds[gpu[s]] and doubled is None:
+                doubled = s
+            holds[gpu[s]].add(e)
+        if doubled is None:
+            return row
+        g, e = gpu[doubled], int(row[doubled])
+        best, best_value = None, np.inf
+        for t in range(row.shape[0]):
+            h, f = gpu[t], int(row[t])
+            if h == g or gpu_domain[h] != gpu_domain[g] or f == e or f in holds[g] or e in holds[h]:
+                continue
+            delta = per_replica[e] - per_replica[f]
+            value = max(loads[g] - delta, loads[h] + delta)
+            if value < best_value:
+                best, best_value = t, value
+        if best is None:
+            return None
+        h, f = gpu[best], int(row[best])
+        delta = per_replica[e] - per_replica[f]
+        loads[g] -= delta
+        loads[h] += delta
+        row[doubled], row[best] = f, e
+    return None
+
+
 def keep_better_than_greedy(weights: np.ndarray, problem: Problem, phy2log: np.ndarray) -> tuple[np.ndarray, int]:
-    """Replace the layers where the published greedy has a strictly lower max load.
+    """Replace the layers where the published greedy has a strictly lower max load. The published
+    greedy may put two replicas of an expert on one GPU; those are spread first over other GPUs of
+    their domain (:func:`spread_layer`), and the greedy layer is taken only if it is still strictly
+    lighter, so the method never keeps a layer of greedy's with two replicas of an expert on a GPU.
 
     Returns the placement and the number of layers taken from greedy (greedy needs equal slots per GPU).
     """
@@ -81,11 +129,19 @@ def keep_better_than_greedy(weights: np.ndarray, problem: Problem, phy2log: np.n
     groups, nodes = (problem.num_groups, topology.num_nodes) if problem.hierarchical else (1, 1)
     greedy, _ = greedy_placement(np.ascontiguousarray(weights, dtype=np.float32), topology.num_slots, groups,
                                  nodes, topology.num_gpus)
-    worse = max_loads(weights, greedy, topology) < max_loads(weights, phy2log, topology)
-    if worse.any():
-        phy2log = phy2log.copy()
-        phy2log[worse] = greedy[worse]
-    return phy2log, int(worse.sum())
+    own = max_loads(weights, phy2log, topology)
+    worse = max_loads(weights, greedy, topology) < own
+    if not worse.any():
+        return phy2log, 0
+    domain = topology.node_of_gpu if problem.hierarchical else np.zeros(topology.num_gpus, np.int64)
+    phy2log = phy2log.copy()
+    taken = 0
+    for layer in np.flatnonzero(worse):
+        row = spread_layer(weights[layer], greedy[layer], topology, domain)
+        if row is not None and max_loads(weights[layer:layer + 1], row[None, :], topology)[0] < own[layer]:
+            phy2log[layer] = row
+            taken += 1
+    return phy2log, taken
 
 
 RETRY_WORK = 16_384
