@@ -463,7 +463,9 @@ def plan(counts, slots, gpus, nodes, groups, method, previous, previous_format, 
         f" in {nodes} node{'s' if nodes > 1 else ''}" + _groups_text(groups, nodes),
         f"balance  {moe_mean(before, weights):.4f} without rebalancing -> {moe_mean(after, weights):.4f} with the plan"
         f" (mean over {moe_note(weights)}; worst layer {after[moe].min() if moe.any() else after.min():.4f})"
-        + ("; on the summed windows, in sample" if data.num_windows > 1 else ""),
+        + ("; on the summed windows, in sample" if data.num_windows > 1 else "")
+        + (f"; even split, {moe_mean(placement.balancedness(weights, 'optimal'), weights):.4f} with optimal dispatch"
+           if options.get("dispatch") == "optimal" else ""),
     ]
     if data.num_windows > 1:
         window_bal = diagnostics["balancedness_per_window"]
@@ -471,7 +473,7 @@ def plan(counts, slots, gpus, nodes, groups, method, previous, previous_format, 
         lines.append(f"windows  planned from {how}; in sample, each window: "
                      f"{np.nanmean(window_bal):.4f} mean, {np.nanmin(window_bal):.4f} worst{_judge_note(options)}")
     if held is not None:
-        lines += _held_out_lines(held)
+        lines += _held_out_lines(held, options)
     if global_bal is not None:
         lines.append(f"global   {moe_mean(global_bal, weights):.4f} with a plan free of groups on the same counts "
                      f"(what keeping each group on one node costs)")
@@ -529,10 +531,10 @@ def _held_out_estimates(counts, method, options, *, slots, gpus, nodes, groups, 
     return {"folds": int(mine.size), "plan": mine, "summed": summed}
 
 
-def _held_out_lines(held: dict) -> list[str]:
+def _held_out_lines(held: dict, options: dict) -> list[str]:
     """The summary lines of the held-out estimate, with a recommendation only from held-out figures."""
     mine, summed = held["plan"], held["summed"]
-    lines = [f"held out {mine.mean():.4f} mean, {mine.min():.4f} worst window with this plan's options; "
+    lines = [f"held out {mine.mean():.4f} mean, {mine.min():.4f} worst window with this plan's options{_judge_note(options)}; "
              f"{summed.mean():.4f} / {summed.min():.4f} planned on the summed windows "
              f"(each of {held['folds']} blocks of windows served by the plan made from the others)"]
     if mine.mean() < summed.mean() - 0.002:

@@ -220,3 +220,15 @@ def test_report_prints_in_sample_beside_held_out(tmp_path):
     assert "in sample" in out and "held out" in out
     hedged = eplb.held_out(series, num_slots=40, num_gpus=8).mean()
     assert f"{hedged:.4f} mean" in out
+
+
+def test_cli_summary_of_a_plan_made_for_optimal_dispatch_says_how_it_is_judged(tmp_path):
+    series = structured_series(num_windows=4, num_layers=2, seed=29)
+    np.save(tmp_path / "s.npy", series)
+    out, _ = invoke("plan", "s.npy", "--slots", "40", "--gpus", "8", "--dispatch", "optimal", "-o", "p.json",
+                    cwd=tmp_path)
+    assert "summed over windows" not in out
+    placement = eplb.plan(series, num_slots=40, num_gpus=8, dispatch="optimal")
+    optimal = eplb.analysis.metrics.moe_mean(placement.balancedness(series.sum(0), "optimal"), series.sum(0))
+    assert f"{optimal:.4f} with optimal dispatch" in out
+    assert "(optimal dispatch)" in out
