@@ -48,6 +48,7 @@ SECTIONS = (
     ("decision_rule", "Decision rule", "Balancer settings chosen on tuning series, judged on held-out ones"),
     ("simulate_chunks", "Rebalance in chunks", "a rebalance applied a few layers per step: stalls and time lost"),
     ("engine_dispatch", "Engine dispatch", "what each engine's replica choice serves: SGLang static, even split, optimal"),
+    ("robust_default", "Robust by default", "the default plan of a series, held out, on real traces and structured families"),
 )
 
 START = "<!-- bench:headline:start -->"

@@ -153,3 +153,24 @@ def test_engine_dispatch_bench_scores_every_engine_mode(tmp_path):
         # optimal dispatch is the min-max split: no engine's fixed split serves a window better
         assert all(float(block["optimal"]["held_out_mean"]) >= float(r["held_out_mean"]) - 1e-9 for r in block.values())
     assert "Engine dispatch" in text and engines.headline(tmp_path)
+
+
+def test_robust_default_section_on_tiny_sizes():
+    """The robust-default bench: its families have the promised shapes, its held-out protocols
+    score every held-out window, and the markdown reports the smallest gain over the summed plan."""
+    import numpy as np
+    import robust_default
+
+    phases = robust_default._phase_workloads(1, 2, 16, 4)
+    assert phases.shape == (12, 2, 16)
+    np.testing.assert_allclose(phases.sum(axis=2), 1.0)
+    windows = robust_default._sampled(phases[:4], seed=2, tokens=5000)
+    deployment = dict(num_slots=20, num_gpus=4)
+    loo = robust_default.held_out(windows, "leave-one-out", deployment, {})
+    assert loo.shape == (4,) and ((loo > 0) & (loo <= 1)).all()
+    series = np.concatenate([windows] * 6)  # 24 windows: plan on 16, serve 8
+    assert robust_default.held_out(series, "next-window", deployment, {"objective": "sum"}).shape == (8,)
+    row = {"family": "tiny", "protocol": "leave-one-out", "deployment": "20/4", "shift_structure": 0.5,
+           **{label: (float(loo.mean()), float(loo.min())) for label in robust_default.PLANS}}
+    text = robust_default.markdown([row], [], [], 1.0)
+    assert "+0.0000" in text and "tiny" in text
