@@ -107,7 +107,7 @@ def test_decisions_follow_gain_and_cost():
     expensive = make(window=1, min_gain=0.0, move_cost=1e6, placement=placement)
     expensive.record(series[2])
     assert not expensive.should_rebalance()  # any move costs more than it gains
-    assert expensive.last_decision["gain"] > 0
+    assert expensive.last_decision["planned_gain"] > 0 and expensive.last_decision["gain"] == 0.0
 
 
 def test_rebalance_returns_the_copies_to_apply():
@@ -436,7 +436,8 @@ def test_restored_state_with_an_unknown_config_key_is_refused():
 
 def test_decisions_in_time_weigh_the_pass_time_saved_against_the_copy_stall():
     """With a cost model the balancer rebalances when the time a plan saves over its horizon beats
-    the stall of its weight copies: over one pass it cannot, over many passes it does."""
+    the stall of its weight copies: over many passes every layer that gains pays, over one pass
+    fewer layers do."""
     from eplb.simulation.synthetic import skewed_counts
 
     cost = eplb.CostModel.preset("H100", "deepseek-v3", regime="compute", copy_mode="stall")
@@ -447,9 +448,13 @@ def test_decisions_in_time_weigh_the_pass_time_saved_against_the_copy_stall():
         balancer.record(loads)
         decisions[horizon] = (balancer.should_rebalance(), dict(balancer.last_decision))
     (short, short_why), (long, long_why) = decisions[1], decisions[10**6]
-    assert short_why["step_time_new_s"] < short_why["step_time_s"], "the candidate is faster per pass"
-    assert short_why["copy_s"] > short_why["saved_s"] and not short
     assert long and long_why["saved_s"] > long_why["copy_s"]
+    assert long_why["step_time_new_s"] < long_why["step_time_s"], "the candidate is faster per pass"
+    # over one pass only the layers whose saving beats their share of the stall may move, and the
+    # rebalance is made only if the time they save beats the stall of their copies
+    assert short_why["moved_fraction"] < long_why["moved_fraction"]
+    if short:
+        assert short_why["saved_s"] > short_why["copy_s"]
     free = eplb.Balancer(4, 64, num_slots=80, num_gpus=8, cost_model=cost.with_(copy_mode="free"), horizon=1,
                          compile="lazy")
     free.record(loads)

@@ -405,10 +405,16 @@ class Balancer:
         if ceiling - current < self.min_gain:
             self.last_decision = {**decision, "rebalance": False, "reason": "even an optimal plan gains too little"}
             return False
-        candidate = self._layers_that_pay(load, self._plan(load))
+        planned = self._plan(load)
+        candidate = self._layers_that_pay(load, planned)
         gain = float(balancedness(candidate.gpu_loads(load)).mean()) - current
         moved = float(np.sum(candidate.info["slots_changed"])) / candidate.phy2log.size
         self._candidate = (steps, rebalances, candidate)
+        if moved == 0:
+            planned_gain = float(balancedness(planned.gpu_loads(load)).mean()) - current
+            self.last_decision = {**decision, "rebalance": False, "gain": 0.0, "planned_gain": planned_gain,
+                                  "moved_fraction": 0.0, "reason": "no layer's move pays for its copies"}
+            return False
         if self.cost_model is None:
             worth = gain >= self.min_gain + self.move_cost * moved
             self.last_decision = {**decision, "rebalance": bool(worth), "gain": gain, "moved_fraction": moved,
