@@ -1,0 +1,151 @@
+"""SGLang's static dispatch table in Numba: CPython's ``random`` stream, per rank, over plain arrays.
+
+SGLang builds ``logical_to_rank_dispatch_physical_map`` with ``random.Random(42)`` (one stream per
+rank, see :mod:`eplb.engine_dispatch`). These kernels reproduce CPython's Mersenne Twister
+(``_randommodule.c``: ``init_by_array``, ``genrand_uint32``) and the pure-Python ``getrandbits``
+based ``_randbelow``, ``sample`` (pool and set variants) and ``shuffle`` of ``random.py``, draw
+for draw, so that a table is computed in milliseconds instead of seconds, and a layer's table
+can be computed for several candidate layouts from the same stream state.
+
+A stream state is ``[625]`` int64: the 624 words of the twister (each in ``[0, 2**32)``), then the
+index of the next word; a rank's streams are the rows of ``[G, 625]``.
+"""
+
+import numpy as np
+from numba import njit
+
+_N = 624
+_M = 397
+_MASK = 0xFFFFFFFF
+STATE_WIDTH = _N + 1
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def seeded_state(seed):
+    """``[625]`` int64: the state of ``random.Random(seed)`` for ``0 <= seed < 2**32``
+    (``init_genrand(19650218)`` then ``init_by_array([seed])``)."""
+    mt = np.zeros(STATE_WIDTH, np.int64)
+    mt[0] = 19650218
+    for i in range(1, _N):
+        mt[i] = (1812433253 * (mt[i - 1] ^ (mt[i - 1] >> 30)) + i) & _MASK
+    i, j = 1, 0
+    for _ in range(_N):  # max(N, key length 1)
+        mt[i] = ((mt[i] ^ ((mt[i - 1] ^ (mt[i - 1] >> 30)) * 1664525)) + seed + j) & _MASK
+        i += 1
+        j = 0  # the key has one word
+        if i >= _N:
+            mt[0] = mt[_N - 1]
+            i = 1
+    for _ in range(_N - 1):
+        mt[i] = ((mt[i] ^ ((mt[i - 1] ^ (mt[i - 1] >> 30)) * 1566083941)) - i) & _MASK
+        i += 1
+        if i >= _N:
+            mt[0] = mt[_N - 1]
+            i = 1
+    mt[0] = 0x80000000
+    mt[_N] = _N  # index: regenerate on the first draw
+    return mt
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def next_uint32(mt):
+    """The next 32-bit word of the stream ``mt [625]`` (advanced in place)."""
+    if mt[_N] >= _N:
+        for kk in range(_N):
+            y = (mt[kk] & 0x80000000) | (mt[(kk + 1) % _N] & 0x7FFFFFFF)
+            value = mt[(kk + _M) % _N] ^ (y >> 1)
+            if y & 1:
+                value ^= 0x9908B0DF
+            mt[kk] = value
+        mt[_N] = 0
+    y = mt[mt[_N]]
+    mt[_N] += 1
+    y ^= y >> 11
+    y ^= (y << 7) & 0x9D2C5680
+    y ^= (y << 15) & 0xEFC60000
+    y ^= y >> 18
+    return y & _MASK
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def rand_below(mt, n):
+    """``random.Random._randbelow_with_getrandbits(n)`` for ``1 <= n < 2**32``."""
+    bits = 0
+    while (n >> bits) > 0:
+        bits += 1
+    r = next_uint32(mt) >> (32 - bits)
+    while r >= n:
+        r = next_uint32(mt) >> (32 - bits)
+    return r
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _sample_into(mt, population, k, out, start):
+    """``random.sample(population, k)`` written to ``out[start:start + k]``."""
+    n = population.shape[0]
+    setsize = 21
+    if k > 5:
+        power = 1
+        while power < k * 3:  # 4 ** ceil(log(3k, 4))
+            power *= 4
+        setsize += power
+    if n <= setsize:
+        pool = population.copy()
+        for i in range(k):
+            j = rand_below(mt, n - i)
+            out[start + i] = pool[j]
+            pool[j] = pool[n - i - 1]
+    else:
+        selected = np.zeros(n, np.bool_)
+        for i in range(k):
+            j = rand_below(mt, n)
+            while selected[j]:
+                j = rand_below(mt, n)
+            selected[j] = True
+            out[start + i] = population[j]
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def fair_pick(mt, candidates, takers, position):
+    """One rank's entry of SGLang's ``_fair_choices(candidates, takers, r)[position]``: each of the
+    ``n`` candidates ``takers // n`` times plus ``random.sample`` of ``takers % n``, shuffled by
+    ``random.shuffle``, on the rank's stream ``mt`` (advanced in place)."""
+    n = candidates.shape[0]
+    rounds = takers // n
+    picks = np.empty(takers, np.int64)
+    for r in range(rounds):
+        picks[r * n:(r + 1) * n] = candidates
+    _sample_into(mt, candidates, takers - rounds * n, picks, rounds * n)
+    for i in range(takers - 1, 0, -1):
+        j = rand_below(mt, i + 1)
+        value = picks[i]
+        picks[i] = picks[j]
+        picks[j] = value
+    return picks[position]
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def static_layer_table(near, log2phy, logcnt, streams, table):
+    """One layer of SGLang's static table, advancing every rank's stream.
+
+    Args:
+        near: ``[G, E]`` int64, the rank's near replica of each expert, ``-1`` where it takes a fair pick.
+        log2phy: ``[E, R]`` int64 slots of each expert, increasing, ``-1`` padded; logcnt: ``[E]`` int64.
+        streams: ``[G, 625]`` int64, each rank's stream state before this layer (advanced in place).
+        table: ``[G, E]`` int64 output: the slot each rank sends each expert's tokens to.
+    """
+    num_ranks, num_experts = near.shape
+    takers = np.zeros(num_experts, np.int64)
+    for r in range(num_ranks):
+        for e in range(num_experts):
+            if near[r, e] < 0:
+                takers[e] += 1
+    seen = np.zeros(num_experts, np.int64)
+    for r in range(num_ranks):
+        mt = streams[r]
+        for e in range(num_experts):  # the experts a rank has no near replica of, in order
+            if near[r, e] >= 0:
+                table[r, e] = near[r, e]
+            else:
+                table[r, e] = fair_pick(mt, log2phy[e, :logcnt[e]], takers[e], seen[e])
+                seen[e] += 1
