@@ -9,6 +9,8 @@ import numpy as np
 
 from ._validation import as_counts, as_fraction
 from .bounds import lower_bound
+from .dispatch_rules import dispatch_rule
+from .engine_planning import plan_for_engine
 from .methods import DEFAULT_METHOD, get_method
 from .kernels.dispatch import share_gpu_loads
 from .kernels.layout import replica_counts, slots_of_experts
@@ -16,7 +18,7 @@ from .locality import capped_lower_bound, home_nodes, plan_locality
 from .locality import pareto as locality_curve
 from .metrics import gpu_loads
 from .migration import as_previous, plan_near
-from .objectives import DEFAULT_OBJECTIVE, DISPATCH_SCORING, combine, plan_series
+from .objectives import DEFAULT_OBJECTIVE, combine, plan_series
 from .placement import Placement
 from .problem import Problem, make_problem, power_of_two_scale, weights_2d
 from .topology import Topology
@@ -67,12 +69,15 @@ def plan(counts, *, num_slots=None, num_gpus=None, num_nodes=1, num_groups=None,
             in ``bench/out_of_sample.py``.
         window_weights: ``[T]`` non-negative weights of the windows (e.g.
             :func:`eplb.objectives.recency_weights`); ``None``: equal.
-        dispatch: how the engine splits an expert's tokens among its replicas: ``"uniform"`` (as
-            engines do by default) or ``"optimal"`` (per batch, :func:`eplb.dispatch`); with
-            ``"optimal"`` the plan is made for it (:func:`eplb.objectives.made_for_dispatch`: a few
-            seconds for DeepSeek-V3 size and a dozen windows). ``objective``, ``window_weights`` and
-            ``dispatch="optimal"`` plan from scratch (not with ``previous`` or ``max_off_node``);
-            ``[L, E]`` counts are one window.
+        dispatch: how the engine splits an expert's tokens among its replicas, one of
+            :data:`eplb.dispatch_rules.DISPATCH_RULES`: ``"uniform"`` (as engines do by default;
+            also ``"vllm"``, ``"tensorrt-llm"``: the same plan), ``"optimal"`` (per batch,
+            :func:`eplb.dispatch`; the plan is made for it, :func:`eplb.objectives.made_for_dispatch`:
+            a few seconds for DeepSeek-V3 size and a dozen windows), or SGLang's ``"sglang-static"``
+            / ``"sglang-dynamic"``: the plan for an even split, then made for that rule's shares
+            (:mod:`eplb.engine_planning`; never worse under the rule on ``counts``; the same slots on
+            every GPU). ``objective``, ``window_weights`` and ``dispatch`` other than an even split
+            plan from scratch (not with ``previous`` or ``max_off_node``); ``[L, E]`` counts are one window.
         **options: passed to the method.
     Returns:
         A :class:`Placement` (with ``home_node`` when hierarchical); its ``max_load``, ``lower_bound`` and ``gap`` on ``counts`` are
@@ -80,11 +85,17 @@ def plan(counts, *, num_slots=None, num_gpus=None, num_nodes=1, num_groups=None,
     """
     weights = weights_2d(counts, "counts")
     problem = make_problem(weights.shape[1], num_slots, num_gpus, num_nodes, num_groups, topology)
+    rule = dispatch_rule(dispatch)
+    if rule.kind == "engine":  # the plan for an even split, made for the engine's shares
+        if previous is not None or max_off_node is not None:
+            raise ValueError(f"dispatch={dispatch!r} plans from scratch: not with previous= or max_off_node=")
+        even = plan(counts, method=method, topology=problem.topology, num_groups=problem.num_groups,
+                    objective=objective, window_weights=window_weights, dispatch="uniform", **options)
+        return plan_for_engine(counts, even, problem, dispatch, window_weights)
+    dispatch = rule.kind
     start = time.perf_counter()
     shares = home = None
     series = objective is not None or window_weights is not None or dispatch != "uniform"
-    if dispatch not in DISPATCH_SCORING:
-        raise ValueError(f"dispatch must be one of {DISPATCH_SCORING}, got {dispatch!r}")
     if series and (previous is not None or max_off_node is not None):
         raise ValueError("objective, window_weights and dispatch='optimal' plan from scratch: "
                          "not with previous= or max_off_node=")

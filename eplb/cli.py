@@ -23,7 +23,8 @@ import eplb
 
 from . import __version__
 from .methods import DEFAULT_METHOD, METHODS
-from .objectives import DISPATCH_SCORING, OBJECTIVES
+from .dispatch_rules import DISPATCH_RULES, ENGINE_RULES, SCORING
+from .objectives import OBJECTIVES
 from .metrics import moe_layers, moe_mean
 from .report import Bound, bound_for, moe_note
 
@@ -80,6 +81,17 @@ groups_hint = ("Expert groups of the deployment (the bound is hierarchical when 
                "<name>.eplb.json), else none.")
 quiet_option = click.option("-q", "--quiet", is_flag=True, help="No progress bar and no summary (errors still go to stderr).")
 gpus_hint = "GPUs (ranks); needed to read SGLang and TensorRT-LLM placement files, which do not record it."
+engine_option = click.option("--engine", type=click.Choice(ENGINE_RULES), default=None,
+                             help="Judge the plan under this engine's dispatch rule (sglang-static: SGLang's "
+                                  "per-rank table; vllm, tensorrt-llm: an even split).")
+
+
+def engine_line(placement, weights, engine: str) -> str:
+    """The summary line judging ``placement`` on ``weights [L, E]`` under ``engine``'s dispatch rule."""
+    bal = placement.balancedness(weights, engine)
+    moe = moe_layers(weights)
+    return (f"engine   balancedness under {DISPATCH_RULES[engine].label}: {moe_mean(bal, weights):.4f} "
+            f"(mean over {moe_note(weights)}; worst layer {bal[moe].min() if moe.any() else bal.min():.4f})")
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -283,9 +295,12 @@ def _check_previous(previous, placement_like, path):
               help="How the windows of a series COUNTS [T, L, E] combine (eplb.objectives; default: summed). "
                    "expected_peak_search served unseen windows best under an even split (seconds at "
                    "DeepSeek-V3 size).")
-@click.option("--dispatch", type=click.Choice(DISPATCH_SCORING), default="uniform", show_default=True,
+@click.option("--dispatch", type=click.Choice(SCORING), default="uniform", show_default=True,
               help="How the engine splits an expert's tokens among its replicas; optimal: plan for an engine "
                    "that splits every batch optimally (eplb.dispatch), from the series' windows.")
+@click.option("--engine", type=click.Choice(ENGINE_RULES), default=None,
+              help="Plan for this engine's dispatch rule and judge the plan under it (sglang-static, "
+                   "sglang-dynamic: made for SGLang's replica choice; vllm, tensorrt-llm: an even split).")
 @click.option("--phase", type=click.Choice(["prefill", "decode"]), default=None,
               help="Plan from the passes of this phase only (a pool serving one phase); needs COUNTS that record "
                    "each pass's phase (SGLang's per_token dump).")
@@ -301,7 +316,7 @@ def _check_previous(previous, placement_like, path):
 @quiet_option
 @friendly_errors
 def plan(counts, slots, gpus, nodes, groups, method, previous, previous_format, tolerance, max_moves, time_limit,
-         deterministic_time, max_off_node, input_format, objective, dispatch, phase, output_format, output,
+         deterministic_time, max_off_node, input_format, objective, dispatch, engine, phase, output_format, output,
          layer_updates_per_iter, transpose, allow_shape, quiet):
     """Plan a placement from recorded expert COUNTS and write it for your engine.
 
@@ -315,6 +330,8 @@ def plan(counts, slots, gpus, nodes, groups, method, previous, previous_format, 
     --phase prefill|decode plans a pool that serves one phase from the passes of that phase (and
     prints how many of the file's passes it kept); COUNTS must record each pass's phase.
     --objective and --dispatch optimal plan from the series' windows instead of their sum.
+    --engine NAME plans for that engine's dispatch rule (from the windows) and prints the plan's
+    balancedness under it.
 
     -o must not name an input file; an existing output file is replaced (a note says so on
     stderr). SGLang output also writes <name>.eplb.json beside it with the configuration.
@@ -341,7 +358,13 @@ def plan(counts, slots, gpus, nodes, groups, method, previous, previous_format, 
         if method != "exact":
             raise click.BadParameter(f"applies to method 'exact' only, not {method!r}", param_hint="--deterministic-time")
         options["deterministic_time"] = deterministic_time
-    if objective is not None or dispatch != "uniform":
+    if engine is not None:
+        if dispatch != "uniform":
+            raise click.UsageError("--engine sets the dispatch rule: not with --dispatch optimal")
+        if previous is not None or max_off_node is not None:
+            raise click.UsageError("--engine plans from scratch: not with --previous or --max-off-node")
+        options.update(objective=objective, dispatch=engine)
+    elif objective is not None or dispatch != "uniform":
         if previous is not None or max_off_node is not None:
             raise click.UsageError("--objective and --dispatch optimal plan from the windows from scratch: "
                                    "not with --previous or --max-off-node")
@@ -446,6 +469,8 @@ def plan(counts, slots, gpus, nodes, groups, method, previous, previous_format, 
         if output_format != "eplb":
             lines.append(f"note     {output_format} files cannot carry the shares (eplb JSON does): the engine will "
                          "split evenly unless told otherwise")
+    if engine is not None:
+        lines.append(engine_line(placement, weights, engine))
     lines += [
         f"bound    {bound.description}",
         f"gap      {100 * finite.mean():.2f}% mean, {100 * finite.max():.2f}% max above the proven lower bound"
@@ -526,21 +551,25 @@ def _shape_text(data) -> str:
 @click.option("--gpus", "-g", type=click.IntRange(min=1), default=None, help=gpus_hint)
 @click.option("--nodes", "-n", type=click.IntRange(min=1), default=None, help="Nodes (default: from the file, else 1).")
 @click.option("--groups", "-k", type=click.IntRange(min=1), default=None, help=groups_hint)
+@engine_option
 @transpose_option
 @allow_shape_option
 @friendly_errors
-def validate(plan_file, counts_file, plan_format, input_format, gpus, nodes, groups, transpose, allow_shape):
+def validate(plan_file, counts_file, plan_format, input_format, gpus, nodes, groups, engine, transpose, allow_shape):
     """Check a placement file of any supported format and print its metrics.
 
     Checks that it parses, that every expert has a replica in every layer and that the slots
     divide over the GPUs; with --counts, that it fits the counts and how well it balances them,
     against the same lower bound ``eplb plan`` reports (hierarchical when the deployment has
     groups: --groups or recorded in the file). Exits 1 when the file is not a valid placement.
+    With --counts and --engine NAME, also its balancedness under that engine's dispatch rule.
     """
     from . import metrics
     from .formats import FormatError, read_counts, read_placement
 
     _check_flag_sizes(gpus=gpus, nodes=nodes, groups=groups)
+    if engine is not None and counts_file is None:
+        raise click.UsageError("--engine judges the plan on counts: give --counts")
     data = (read_counts(counts_file, input_format, transpose=transpose, allow_shape=allow_shape)
             if counts_file is not None else None)
     loaded = read_placement(plan_file, plan_format, num_gpus=gpus, num_nodes=nodes,
@@ -584,6 +613,8 @@ def validate(plan_file, counts_file, plan_format, input_format, gpus, nodes, gro
             series = moe_mean(metrics.balancedness(window_loads), window_loads)  # [T]
             lines.append(f"windows  {data.num_windows}: balancedness per window {np.nanmin(series):.4f}.."
                          f"{np.nanmax(series):.4f} (mean over each window's MoE layers)")
+        if engine is not None:
+            lines.append(engine_line(p, weights, engine))
     click.echo("\n".join(lines))
 
 
@@ -602,18 +633,20 @@ def validate(plan_file, counts_file, plan_format, input_format, gpus, nodes, gro
 @click.option("--nodes", "-n", type=click.IntRange(min=1), default=None, help="Nodes (default: from the file, else 1).")
 @click.option("--groups", "-k", type=click.IntRange(min=1), default=None, help=groups_hint)
 @click.option("--top", type=click.IntRange(min=1), default=16, show_default=True, help="Hottest experts to show.")
+@engine_option
 @transpose_option
 @allow_shape_option
 @quiet_option
 @friendly_errors
-def report(counts, plan_file, output, previous, input_format, plan_format, gpus, nodes, groups, top, transpose,
-           allow_shape, quiet):
+def report(counts, plan_file, output, previous, input_format, plan_format, gpus, nodes, groups, top, engine,
+           transpose, allow_shape, quiet):
     """Write an HTML report with PNG figures on how PLAN balances COUNTS.
 
     Figures: per-layer balancedness of the plan against greedy and against no rebalancing, a
     per-GPU load heatmap (layers x GPUs), replica counts of the hottest experts, balancedness per
     window (for a series of counts) and, with --previous, what moved. Greedy and the lower bound use
-    the deployment's groups (--groups or recorded in the file). Open OUTPUT/index.html.
+    the deployment's groups (--groups or recorded in the file). Open OUTPUT/index.html. With
+    --engine NAME the summary also judges the plan under that engine's dispatch rule.
     """
     from .formats import FormatError, read_counts, read_placement
     from .report import make_report
@@ -638,8 +671,10 @@ def report(counts, plan_file, output, previous, input_format, plan_format, gpus,
     if output.exists() and not output.is_dir():
         raise FormatError(output, "exists and is not a folder")
     output.mkdir(parents=True, exist_ok=True)
-    result = make_report(data, loaded, output, previous=prev, top=top, progress=show_progress(quiet))
+    result = make_report(data, loaded, output, previous=prev, top=top, progress=show_progress(quiet), engine=engine)
     if not quiet:
+        if engine is not None:
+            click.echo(engine_line(p, data.weights, engine))
         click.echo(f"wrote    {result.html}")
         for figure in result.figures:
             click.echo(f"         {figure}")
@@ -704,7 +739,7 @@ def _simulation_policy(name: str, method, check_every: int):
               help="Weight copies stall serving, run beside it, or cost nothing.")
 @click.option("--layers-per-step", type=click.IntRange(min=1), default=None,
               help="Apply a rebalance this many layers per step, in layer order (default: all layers at once).")
-@click.option("--dispatch", type=click.Choice(["uniform", "optimal"]), default="uniform", show_default=True)
+@click.option("--dispatch", type=click.Choice(SCORING), default="uniform", show_default=True)
 @click.option("--input-format", type=click.Choice(COUNTS_FORMAT_NAMES), default=None,
               help="Format of COUNTS (default: detected from the name).")
 @click.option("--output", "-o", type=click.Path(path_type=Path), required=True,
@@ -778,7 +813,7 @@ def _int_list(text: str, flag: str) -> tuple[int, ...]:
 @click.option("--nodes", "-n", default="1", show_default=True, help="Node counts, comma-separated.")
 @click.option("--groups", "-k", type=click.IntRange(min=1), default=None,
               help="Expert groups (kept on one node each where they divide by the nodes).")
-@click.option("--dispatch", "dispatches", multiple=True, type=click.Choice(["uniform", "optimal"]),
+@click.option("--dispatch", "dispatches", multiple=True, type=click.Choice(SCORING),
               help="Dispatch modes (repeatable; default uniform).")
 @click.option("--policy", "-p", "policies", multiple=True, type=click.Choice(["none", "vllm", "sglang", "balancer"]),
               help="Policies (repeatable; default none and balancer).")

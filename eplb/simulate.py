@@ -68,6 +68,7 @@ from .api import make_problem
 from .balancer import Balancer
 from .cost import CostModel
 from .dispatch import optimal_dispatch, uniform_shares
+from .dispatch_rules import SCORING
 from .kernels.layout import replica_counts
 from .kernels.simulate import gpu_work
 from .methods import DEFAULT_METHOD, get_method
@@ -75,7 +76,7 @@ from .placement import Placement
 from .topology import Topology
 from .transfer import KINDS, TransferPlan, transfer_plan
 
-DISPATCH_MODES = ("uniform", "optimal")
+DISPATCH_MODES = SCORING  # eplb.dispatch_rules
 CHUNK = 256  # steps priced at once
 _PLAN_FIELDS = ("layer", "expert", "src_slot", "dst_slot", "src_gpu", "dst_gpu", "kind")
 

@@ -80,8 +80,9 @@ def rand_below(mt, n):
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def _sample_into(mt, population, k, out, start):
-    """``random.sample(population, k)`` written to ``out[start:start + k]``."""
+def _sample_into(mt, population, k, out, start, pool):
+    """``random.sample(population, k)`` written to ``out[start:start + k]`` (``pool``: scratch of at
+    least ``len(population)``)."""
     n = population.shape[0]
     setsize = 21
     if k > 5:
@@ -90,7 +91,7 @@ def _sample_into(mt, population, k, out, start):
             power *= 4
         setsize += power
     if n <= setsize:
-        pool = population.copy()
+        pool[:n] = population
         for i in range(k):
             j = rand_below(mt, n - i)
             out[start + i] = pool[j]
@@ -106,16 +107,17 @@ def _sample_into(mt, population, k, out, start):
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def fair_pick(mt, candidates, takers, position):
+def fair_pick(mt, candidates, takers, position, scratch):
     """One rank's entry of SGLang's ``_fair_choices(candidates, takers, r)[position]``: each of the
     ``n`` candidates ``takers // n`` times plus ``random.sample`` of ``takers % n``, shuffled by
-    ``random.shuffle``, on the rank's stream ``mt`` (advanced in place)."""
+    ``random.shuffle``, on the rank's stream ``mt`` (advanced in place). ``scratch``: int64 of at
+    least ``takers + n``."""
     n = candidates.shape[0]
     rounds = takers // n
-    picks = np.empty(takers, np.int64)
+    picks = scratch[:takers]
     for r in range(rounds):
         picks[r * n:(r + 1) * n] = candidates
-    _sample_into(mt, candidates, takers - rounds * n, picks, rounds * n)
+    _sample_into(mt, candidates, takers - rounds * n, picks, rounds * n, scratch[takers:])
     for i in range(takers - 1, 0, -1):
         j = rand_below(mt, i + 1)
         value = picks[i]
@@ -141,11 +143,81 @@ def static_layer_table(near, log2phy, logcnt, streams, table):
             if near[r, e] < 0:
                 takers[e] += 1
     seen = np.zeros(num_experts, np.int64)
+    scratch = np.empty(num_ranks + log2phy.shape[1], np.int64)
     for r in range(num_ranks):
         mt = streams[r]
         for e in range(num_experts):  # the experts a rank has no near replica of, in order
             if near[r, e] >= 0:
                 table[r, e] = near[r, e]
             else:
-                table[r, e] = fair_pick(mt, log2phy[e, :logcnt[e]], takers[e], seen[e])
+                table[r, e] = fair_pick(mt, log2phy[e, :logcnt[e]], takers[e], seen[e], scratch)
                 seen[e] += 1
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def near_replicas(row, log2phy, logcnt, num_gpus, num_nodes):
+    """SGLang's near replica of each expert for each rank (``_find_nearest_expert``), one layer.
+
+    Args:
+        row: ``[S]`` int64 expert of each slot (``S / num_gpus`` contiguous slots per GPU, GPUs in
+            ``num_nodes`` contiguous nodes); log2phy: ``[E, R]`` int64; logcnt: ``[E]`` int64.
+    Returns:
+        ``[G, E]`` int64: the only replica; else the rank's lowest slot of the expert; else the
+        lowest slot on the rank's node when that node holds some but not all of its replicas; else ``-1``.
+    """
+    num_slots = row.shape[0]
+    num_experts = logcnt.shape[0]
+    per_gpu = num_slots // num_gpus
+    per_node = num_slots // num_nodes
+    gpus_per_node = num_gpus // num_nodes
+    node_first = np.full((num_nodes, num_experts), -1, np.int64)
+    on_node = np.zeros((num_nodes, num_experts), np.int64)
+    own_first = np.full((num_gpus, num_experts), -1, np.int64)
+    for s in range(num_slots - 1, -1, -1):  # the lowest slot is written last
+        e = row[s]
+        node_first[s // per_node, e] = s
+        own_first[s // per_gpu, e] = s
+        on_node[s // per_node, e] += 1
+    near = np.full((num_gpus, num_experts), -1, np.int64)
+    for g in range(num_gpus):
+        n = g // gpus_per_node
+        for e in range(num_experts):
+            if logcnt[e] == 1:
+                near[g, e] = log2phy[e, 0]
+            elif own_first[g, e] >= 0:
+                near[g, e] = own_first[g, e]
+            elif 0 < on_node[n, e] < logcnt[e]:
+                near[g, e] = node_first[n, e]
+    return near
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def dynamic_layer_shares(near, row, log2phy, logcnt, shares):
+    """One layer's shares under SGLang ``dynamic`` with an all-to-all backend: the near replica,
+    else replica ``randint(0, 65536) % n`` of the expert's list (see :mod:`eplb.engine_dispatch`).
+
+    Args:
+        near: ``[G, E]`` from :func:`near_replicas`; row: ``[S]``; log2phy: ``[E, R]``; logcnt: ``[E]``.
+        shares: ``[S]`` float64 output.
+    """
+    num_ranks, num_experts = near.shape
+    shares[:] = 0.0
+    for r in range(num_ranks):
+        for e in range(num_experts):
+            if near[r, e] >= 0:
+                shares[near[r, e]] += 1.0 / num_ranks
+            else:
+                n = logcnt[e]
+                for i in range(n):
+                    draw = (65536 // n + (1 if i < 65536 % n else 0)) / 65536.0
+                    shares[log2phy[e, i]] += draw / num_ranks
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def table_shares(table, num_slots, shares):
+    """``shares [S]`` (output): the fraction of the ranks whose ``table [G, E]`` entry is each slot."""
+    num_ranks, num_experts = table.shape
+    shares[:num_slots] = 0.0
+    for r in range(num_ranks):
+        for e in range(num_experts):
+            shares[table[r, e]] += 1.0 / num_ranks
