@@ -32,83 +32,17 @@ import time
 
 import numpy as np
 
-from .dispatch_rules import DISPATCH_RULES, dispatch_rule
+from .dispatch_rules import dispatch_rule
 from .kernels.fixed_shares import ANYWHERE, FIXED, balance_fixed_loads, spread_over_nodes
-from .kernels.sglang_table import (dynamic_layer_shares, near_replicas, seeded_state, static_layer_table,
-                                   table_shares)
 from .metrics import balancedness
 from .placement import Placement
+from .rule_shares import ENGINE_KIND_RULES as RULES
+from .rule_shares import RuleShares, check_topology, rule_shares
 from .windows import check_window_weights
 
-RULES = tuple(name for name, rule in DISPATCH_RULES.items() if rule.kind == "engine")
-"""The rules plans are made for here: ``("sglang-static", "sglang-dynamic")``."""
-
-SGLANG_SEED = 42
 DEFAULT_ANCHOR = 0.25
 DEFAULT_SWAPS = 128
 DEFAULT_PARTNERS = 4
-
-
-def _check_topology(topology, rule: str) -> None:
-    if not topology.is_uniform:
-        raise ValueError(f"dispatch={rule!r} needs the same number of slots on every GPU (num_slots divisible by "
-                         f"num_gpus): the topology has slots_per_gpu {topology.slots_per_gpu.tolist()}")
-
-
-def _layer_layout(row: np.ndarray, num_experts: int):
-    """``row [S]`` -> ``log2phy [E, R]`` (slots increasing, ``-1`` padded) and ``logcnt [E]``."""
-    logcnt = np.bincount(row, minlength=num_experts).astype(np.int64)
-    order = np.argsort(row, kind="stable")
-    width = int(logcnt.max())
-    log2phy = np.full((num_experts, width), -1, np.int64)
-    starts = np.concatenate([[0], np.cumsum(logcnt)[:-1]])
-    rank = np.arange(row.size) - starts[row[order]]
-    log2phy[row[order], rank] = order
-    return log2phy, logcnt
-
-
-class _RuleShares:
-    """The shares ``[S]`` of one layer under a rule, layer after layer (the static table's per-rank
-    streams ``[G, 625]`` advance with every layer whose table is kept)."""
-
-    def __init__(self, rule: str, topology):
-        self.rule = rule
-        self.num_gpus = topology.num_gpus
-        self.num_nodes = topology.num_nodes
-        self.streams = np.tile(seeded_state(SGLANG_SEED), (self.num_gpus, 1)) if rule == "sglang-static" else None
-
-    def layer(self, row: np.ndarray, num_experts: int):
-        """``(shares [S] float64, streams after the layer or None, logcnt [E])``; the streams held
-        are not advanced (call :meth:`keep`)."""
-        log2phy, logcnt = _layer_layout(row, num_experts)
-        near = near_replicas(row, log2phy, logcnt, self.num_gpus, self.num_nodes)
-        shares = np.zeros(row.size)
-        if self.streams is None:
-            dynamic_layer_shares(near, row, log2phy, logcnt, shares)
-            return shares, None, logcnt
-        streams = self.streams.copy()
-        table = np.empty(near.shape, np.int64)
-        static_layer_table(near, log2phy, logcnt, streams, table)
-        table_shares(table, row.size, shares)
-        return shares, streams, logcnt
-
-    def keep(self, streams) -> None:
-        if streams is not None:
-            self.streams = streams
-
-
-def rule_shares(phy2log, num_experts: int, topology, rule: str) -> np.ndarray:
-    """``[L, S]`` float64: the shares ``rule`` gives ``phy2log [L, S]`` of ``num_experts`` experts (equal to
-    :func:`eplb.engine_dispatch.engine_shares`, computed by the Numba kernels in milliseconds)."""
-    dispatch_rule(rule, "rule", RULES)
-    _check_topology(topology, rule)
-    phy2log = np.require(phy2log, dtype=np.int64, requirements="C")
-    shares = _RuleShares(rule, topology)
-    out = np.empty(phy2log.shape)
-    for layer, row in enumerate(phy2log):
-        out[layer], streams, _ = shares.layer(row, num_experts)
-        shares.keep(streams)
-    return out
 
 
 def _regions(row: np.ndarray, logcnt: np.ndarray, node_of_slot: np.ndarray, num_nodes: int,
@@ -168,7 +102,7 @@ def plan_for_rule(windows, base: np.ndarray, problem, rule: str, window_weights=
     """
     dispatch_rule(rule, "dispatch", RULES)
     topology = problem.topology
-    _check_topology(topology, rule)
+    check_topology(topology, rule)
     windows = np.asarray(windows, dtype=np.float64)
     if windows.ndim == 2:
         windows = windows[None]
@@ -182,7 +116,7 @@ def plan_for_rule(windows, base: np.ndarray, problem, rule: str, window_weights=
     scaled, scaled_weights = _scaled_windows(windows, weights, anchor, num_gpus)
     planning = np.tensordot(weights, windows, axes=1)  # [L, E]
     spread_possible = not problem.hierarchical and num_nodes > 1
-    shares = _RuleShares(rule, topology)
+    shares = RuleShares(rule, topology)
     out = np.empty_like(base)
     before = np.zeros(num_layers)
     after = np.zeros(num_layers)

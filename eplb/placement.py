@@ -11,6 +11,7 @@ import numpy as np
 from . import metrics
 from ._validation import as_counts
 from .dispatch_rules import DISPATCH_RULES, SCORING
+from .rule_shares import rule_shares
 from .kernels.dispatch import optimal_shares, share_gpu_loads
 from .kernels.layout import replica_counts, slots_of_experts
 from .topology import Topology
@@ -223,8 +224,6 @@ class Placement:
         """
         dispatch = _mode(dispatch)
         if dispatch in DISPATCH_RULES and DISPATCH_RULES[dispatch].kind == "engine":
-            from .engine_planning import rule_shares  # imports this module
-
             return rule_shares(self.phy2log, self.num_experts, self.topology, dispatch)
         if dispatch == "optimal":
             if counts is None:

@@ -28,14 +28,14 @@ import pytest
 PACKAGE = Path(__file__).resolve().parent.parent / "eplb"
 
 LAYERS = [
-    ("model", ["eplb._validation", "eplb.topology", "eplb.problem"]),
+    ("model", ["eplb._validation", "eplb.topology", "eplb.problem", "eplb.dispatch_rules"]),
     ("kernels", ["eplb.kernels", "eplb.kernels.*"]),
     ("searches", ["eplb.searches"]),
     ("bounds and metrics", ["eplb.bounds", "eplb.metrics", "eplb.placement", "eplb.synthetic", "eplb.series",
-                            "eplb.cost"]),
+                            "eplb.cost", "eplb.rule_shares"]),
     ("methods", ["eplb.methods", "eplb.methods.*", "eplb.exact"]),
     ("planning", ["eplb.api", "eplb.migration", "eplb.exact_migration", "eplb.certificate",
-                  "eplb.dispatch", "eplb.engine_dispatch", "eplb.objectives", "eplb.robust", "eplb.windows", "eplb.locality"]),
+                  "eplb.dispatch", "eplb.engine_dispatch", "eplb.engine_planning", "eplb.objectives", "eplb.robust", "eplb.windows", "eplb.locality"]),
     ("serving", ["eplb.balancer", "eplb.transfer", "eplb.simulate", "eplb.sweep", "eplb.adapters", "eplb.adapters.*"]),
     ("edges", ["eplb.formats", "eplb.formats.*", "eplb.report", "eplb.cli", "eplb.demo", "eplb.__main__",
                "eplb.warmup", "eplb.simulation_report", "eplb"]),
