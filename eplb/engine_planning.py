@@ -43,6 +43,7 @@ from .windows import check_window_weights
 DEFAULT_ANCHOR = 0.25
 DEFAULT_SWAPS = 128
 DEFAULT_PARTNERS = 4
+TRIAL_SWAPS = 16  # swaps tried on each layout before the search goes on with the better one
 
 
 def _regions(row: np.ndarray, logcnt: np.ndarray, node_of_slot: np.ndarray, num_nodes: int,
@@ -121,6 +122,10 @@ def plan_for_rule(windows, base: np.ndarray, problem, rule: str, window_weights=
     before = np.zeros(num_layers)
     after = np.zeros(num_layers)
     spread = np.zeros(num_layers, bool)
+    out_shares = np.empty(base.shape)  # [L, S] the rule's shares of the plan made
+    base_shares = np.empty(base.shape)  # [L, S] and of the even-split plan
+    base_rule = None  # the even-split plan's streams once they part from the plan's
+    search_weights = np.append(scaled_weights, 0.0)
     for layer in range(num_layers):
         layouts = [base[layer].copy()]
         if spread_possible:
@@ -130,21 +135,34 @@ def plan_for_rule(windows, base: np.ndarray, problem, rule: str, window_weights=
                                  num_gpus // num_nodes) > 0:
                 layouts.append(row)
         best = None
-        for index, row in enumerate(layouts):
+        for index, row in enumerate(layouts):  # a short search of each layout, then the better one on
             layer_shares, streams, logcnt = shares.layer(row, num_experts)
-            loads = np.ascontiguousarray(scaled[:, layer, row] * layer_shares)
+            if index == 0:  # the even-split plan's layer, on its own streams while they are the same
+                base_shares[layer], base_streams = (layer_shares, streams) if base_rule is None else \
+                    base_rule.layer(base[layer], num_experts)[:2]
+            # the shares ride along as a window of weight 0, so they follow the swaps
+            loads = np.concatenate([scaled[:, layer, row] * layer_shares, layer_shares[None]])
             region = _regions(row, logcnt, node_of_slot, num_nodes, problem.hierarchical)
-            start, end = balance_fixed_loads(loads, scaled_weights, row, region, node_of_slot, per_gpu,
-                                             num_gpus // num_nodes, swaps, partners)
+            start, end = balance_fixed_loads(loads, search_weights, row, region, node_of_slot, per_gpu,
+                                             num_gpus // num_nodes, min(swaps, TRIAL_SWAPS), partners)
             if index == 0:
                 before[layer] = start
             if best is None or end < best[0] - 1e-12:
-                best = (end, row, streams, index)
-        after[layer], out[layer], streams, index = best
+                best = [end, row, streams, index, loads, region]
+        if swaps > TRIAL_SWAPS:
+            _, row, _, _, loads, region = best
+            best[0] = balance_fixed_loads(loads, search_weights, row, region, node_of_slot, per_gpu,
+                                          num_gpus // num_nodes, swaps - TRIAL_SWAPS, partners)[1]
+        best[4] = best[4][-1]
+        after[layer], out[layer], streams, index, out_shares[layer], _ = best
         spread[layer] = index == 1
         shares.keep(streams)
-    even = mean_balancedness(windows, weights, base, rule_shares(base, num_experts, topology, rule), topology)
-    made = mean_balancedness(windows, weights, out, rule_shares(out, num_experts, topology, rule), topology)
+        if base_rule is None and index != 0:  # from here on the even-split plan's streams differ
+            base_rule = RuleShares(rule, topology)
+        if base_rule is not None:
+            base_rule.keep(base_streams)
+    even = mean_balancedness(windows, weights, base, base_shares, topology)
+    made = mean_balancedness(windows, weights, out, out_shares, topology)
     kept = made <= even
     info = {"dispatch": rule, "engine_objective_before": before, "engine_objective_after": after,
             "spread": spread, "engine_balancedness_before": even, "engine_balancedness_after": max(made, even),

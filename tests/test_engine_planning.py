@@ -161,6 +161,10 @@ def test_swaps_keep_every_slots_share():
         peaks = served.reshape(served.shape[:2] + (16, -1)).sum(axis=-1).max(axis=-1)  # [T', L]
         np.testing.assert_allclose(weights @ peaks, info["engine_objective_after"], rtol=1e-9)
         assert (info["engine_objective_after"] <= info["engine_objective_before"] + 1e-12).all()
+        made = Placement(out, 64, problem.topology, groups)
+        assert info["engine_balancedness_before"] == pytest.approx(even.balancedness(counts, rule).mean(), abs=1e-12)
+        assert info["engine_balancedness_after"] == pytest.approx(made.balancedness(counts, rule).mean(), abs=1e-12)
+        assert info["spread"].any() == (groups is None)  # spreading over nodes: global plans only
 
 
 def test_even_split_engines_get_the_even_split_plan():

@@ -96,6 +96,7 @@ def balance_fixed_loads(slot_loads, weights, row, region, node_of_slot, slots_pe
     tried = np.zeros(num_gpus, np.bool_)
     mean_load = np.zeros(num_gpus)
     others = np.zeros(num_windows)
+    rest = np.zeros(num_windows + 1)
     light = np.zeros(2 * partners, np.int64)
     for stamp in range(1, max_swaps + 1):
         mass[:] = 0.0
@@ -118,8 +119,15 @@ def balance_fixed_loads(slot_loads, weights, row, region, node_of_slot, slots_pe
                 b = light[i]
                 mark[a] = stamp * num_gpus + b
                 mark[b] = stamp * num_gpus + b
-                for t in range(num_windows):
+                # rest[t]: the least windows t.. can add to a swap's delta (a and b at best level
+                # out at their mean), so that a swap is dropped as soon as it cannot beat the best
+                rest[num_windows] = 0.0
+                for t in range(num_windows - 1, -1, -1):
                     others[t] = _max_untouched(loads, t, top, mark, stamp * num_gpus + b)
+                    level = max(others[t], 0.5 * (loads[t, a] + loads[t, b]))
+                    rest[t] = rest[t + 1] + weights[t] * (level - loads[t, top[t, 0]])
+                if rest[0] >= best_delta:
+                    continue
                 for s1 in range(a * slots_per_gpu, (a + 1) * slots_per_gpu):
                     for s2 in range(b * slots_per_gpu, (b + 1) * slots_per_gpu):
                         if row[s1] == row[s2] or not _allowed(region, node_of_slot, s1, s2) \
@@ -130,6 +138,9 @@ def balance_fixed_loads(slot_loads, weights, row, region, node_of_slot, slots_pe
                             moved = slot_loads[t, s2] - slot_loads[t, s1]
                             peak = max(others[t], loads[t, a] + moved, loads[t, b] - moved)
                             delta += weights[t] * (peak - loads[t, top[t, 0]])
+                            if delta + rest[t + 1] >= best_delta:
+                                delta = best_delta  # cannot beat the best: dropped
+                                break
                         if delta < best_delta:
                             best_delta, best_a, best_b = delta, s1, s2
         if best_a < 0:

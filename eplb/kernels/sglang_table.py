@@ -51,12 +51,12 @@ def seeded_state(seed):
 def next_uint32(mt):
     """The next 32-bit word of the stream ``mt [625]`` (advanced in place)."""
     if mt[_N] >= _N:
-        for kk in range(_N):
-            y = (mt[kk] & 0x80000000) | (mt[(kk + 1) % _N] & 0x7FFFFFFF)
-            value = mt[(kk + _M) % _N] ^ (y >> 1)
-            if y & 1:
-                value ^= 0x9908B0DF
-            mt[kk] = value
+        for kk in range(_N - 1):
+            y = (mt[kk] & 0x80000000) | (mt[kk + 1] & 0x7FFFFFFF)
+            source = kk + _M if kk < _N - _M else kk + _M - _N
+            mt[kk] = mt[source] ^ (y >> 1) ^ (0x9908B0DF if y & 1 else 0)
+        y = (mt[_N - 1] & 0x80000000) | (mt[0] & 0x7FFFFFFF)
+        mt[_N - 1] = mt[_M - 1] ^ (y >> 1) ^ (0x9908B0DF if y & 1 else 0)
         mt[_N] = 0
     y = mt[mt[_N]]
     mt[_N] += 1
