@@ -96,8 +96,9 @@ def plan_for_rule(windows, base: np.ndarray, problem, rule: str, window_weights=
         max_swaps: swaps per layer and layout; partners: the least loaded GPUs a peak GPU swaps with.
     Returns:
         ``phy2log [L, S]`` int64 and ``info``: ``dispatch``, ``engine_objective_before`` /
-        ``_after [L]`` (weighted mean of window peaks over mean load, anchor window included, of
-        the even-split plan's layout and of the layout kept, under the rule), ``spread [L]`` bool
+        ``_after [L]`` (weighted mean of window peaks over mean load, anchor window included, under
+        the rule: of the even-split plan's layer, with the random streams the plan reaches that
+        layer with, and of the layer kept), ``spread [L]`` bool
         (the layout with replicas spread over nodes was kept), ``engine_balancedness_before`` /
         ``_after`` (mean balancedness under the rule on the windows) and ``kept_even_split_plan``.
     """
@@ -164,10 +165,12 @@ def plan_for_rule(windows, base: np.ndarray, problem, rule: str, window_weights=
     even = mean_balancedness(windows, weights, base, base_shares, topology)
     made = mean_balancedness(windows, weights, out, out_shares, topology)
     kept = made <= even
+    if kept:
+        out, after, spread = base.copy(), before.copy(), np.zeros(num_layers, bool)
     info = {"dispatch": rule, "engine_objective_before": before, "engine_objective_after": after,
             "spread": spread, "engine_balancedness_before": even, "engine_balancedness_after": max(made, even),
             "kept_even_split_plan": bool(kept)}
-    return (base.copy() if kept else out), info
+    return out, info
 
 
 def plan_for_engine(counts, base: Placement, problem, rule: str, window_weights=None) -> Placement:
@@ -181,8 +184,9 @@ def plan_for_engine(counts, base: Placement, problem, rule: str, window_weights=
     summed = np.tensordot(weights, windows, axes=1)
     topology = base.topology
 
-    def peaks():
-        served = summed[np.arange(summed.shape[0])[:, None], phy2log] * rule_shares(phy2log, base.num_experts, topology, rule)
+    def peaks():  # [L] max GPU load on the summed counts under the rule
+        shares = rule_shares(phy2log, base.num_experts, topology, rule)
+        served = summed[np.arange(summed.shape[0])[:, None], phy2log] * shares
         return served.reshape(served.shape[0], topology.num_gpus, -1).sum(axis=-1).max(axis=-1)
 
     elapsed = time.perf_counter() - start
