@@ -139,8 +139,8 @@ def git_commit() -> str:
     try:
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
                                 check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, capture_output=True,
-                               text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".", ":!bench/results"],
+                               cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
         return commit + ("+" if dirty else "")
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
