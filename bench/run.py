@@ -49,6 +49,7 @@ SECTIONS = (
     ("simulate_chunks", "Rebalance in chunks", "a rebalance applied a few layers per step: stalls and time lost"),
     ("engine_dispatch", "Engine dispatch", "what each engine's replica choice serves: SGLang static, even split, optimal"),
     ("robust_default", "Robust by default", "the default plan of a series, held out, on real traces and structured families"),
+    ("engine_planning", "Engine planning", "plans made for SGLang's dispatch rules, held out"),
 )
 
 START = "<!-- bench:headline:start -->"

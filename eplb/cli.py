@@ -25,7 +25,8 @@ import eplb
 from . import __version__
 from .model.cost import HARDWARE as COST_HARDWARE, MODELS as COST_MODELS
 from .planning.methods import DEFAULT_METHOD, METHODS
-from .planning.objectives import DISPATCH_SCORING, OBJECTIVES
+from .model.dispatch_rules import DISPATCH_RULES, ENGINE_RULES, SCORING
+from .planning.objectives import OBJECTIVES
 from .analysis.metrics import moe_layers, moe_mean
 from .io.report import Bound, bound_for, moe_note
 
@@ -82,6 +83,17 @@ groups_hint = ("Expert groups of the deployment (the bound is hierarchical when 
                "<name>.eplb.json), else none.")
 quiet_option = click.option("-q", "--quiet", is_flag=True, help="No progress bar and no summary (errors still go to stderr).")
 gpus_hint = "GPUs (ranks); needed to read SGLang and TensorRT-LLM placement files, which do not record it."
+engine_option = click.option("--engine", type=click.Choice(ENGINE_RULES), default=None,
+                             help="Judge the plan under this engine's dispatch rule (sglang-static: SGLang's "
+                                  "per-rank table; vllm, tensorrt-llm: an even split).")
+
+
+def engine_line(placement, weights, engine: str) -> str:
+    """The summary line judging ``placement`` on ``weights [L, E]`` under ``engine``'s dispatch rule."""
+    bal = placement.balancedness(weights, engine)
+    moe = moe_layers(weights)
+    return (f"engine   balancedness under {DISPATCH_RULES[engine].label}: {moe_mean(bal, weights):.4f} "
+            f"(mean over {moe_note(weights)}; worst layer {bal[moe].min() if moe.any() else bal.min():.4f})")
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -290,9 +302,12 @@ def _check_previous(previous, placement_like, path):
                    "per-pass dump, TensorRT-LLM iterations) before planning from its windows.")
 @click.option("--no-held-out", is_flag=True,
               help="Skip the held-out estimate (leave one window out) printed for a series.")
-@click.option("--dispatch", type=click.Choice(DISPATCH_SCORING), default="uniform", show_default=True,
+@click.option("--dispatch", type=click.Choice(SCORING), default="uniform", show_default=True,
               help="How the engine splits an expert's tokens among its replicas; optimal: plan for an engine "
                    "that splits every batch optimally (eplb.dispatch), from the series' windows.")
+@click.option("--engine", type=click.Choice(ENGINE_RULES), default=None,
+              help="Plan for this engine's dispatch rule and judge the plan under it (sglang-static, "
+                   "sglang-dynamic: made for SGLang's replica choice; vllm, tensorrt-llm: an even split).")
 @click.option("--phase", type=click.Choice(["prefill", "decode"]), default=None,
               help="Plan from the passes of this phase only (a pool serving one phase); needs COUNTS that record "
                    "each pass's phase (SGLang's per_token dump).")
@@ -316,9 +331,9 @@ def _check_previous(previous, placement_like, path):
 @quiet_option
 @friendly_errors
 def plan(counts, slots, gpus, nodes, groups, method, previous, previous_format, tolerance, max_moves, time_limit,
-         deterministic_time, max_off_node, input_format, objective, passes_per_window, no_held_out, dispatch, phase,
-         output_format, output, layer_updates_per_iter, expert_bytes, model_preset, hardware, transpose, allow_shape,
-         quiet):
+         deterministic_time, max_off_node, input_format, objective, passes_per_window, no_held_out, dispatch, engine,
+         phase, output_format, output, layer_updates_per_iter, expert_bytes, model_preset, hardware, transpose,
+         allow_shape, quiet):
     """Plan a placement from recorded expert COUNTS and write it for your engine.
 
     COUNTS is a file or a TensorRT-LLM statistics folder. A series [T, L, E] is planned from its
@@ -333,6 +348,8 @@ def plan(counts, slots, gpus, nodes, groups, method, previous, previous_format, 
 
     --phase prefill|decode plans a pool that serves one phase from the passes of that phase (and
     prints how many of the file's passes it kept); COUNTS must record each pass's phase.
+    --engine NAME plans for that engine's dispatch rule (from the windows) and prints the plan's
+    balancedness under it.
 
     -o must not name an input file; an existing output file is replaced (a note says so on
     stderr). SGLang output also writes <name>.eplb.json beside it with the configuration.
@@ -361,10 +378,16 @@ def plan(counts, slots, gpus, nodes, groups, method, previous, previous_format, 
         if method != "exact":
             raise click.BadParameter(f"applies to method 'exact' only, not {method!r}", param_hint="--deterministic-time")
         options["deterministic_time"] = deterministic_time
+    if engine is not None:
+        if dispatch != "uniform":
+            raise click.UsageError("--engine sets the dispatch rule: not with --dispatch optimal")
+        if previous is not None or max_off_node is not None:
+            raise click.UsageError("--engine plans from scratch: not with --previous or --max-off-node")
+        options["dispatch"] = engine
+    elif dispatch != "uniform":
+        options["dispatch"] = dispatch
     if objective is not None:
         options["objective"] = objective
-    if dispatch != "uniform":
-        options["dispatch"] = dispatch
     if max_off_node is not None:
         if previous is not None:
             raise click.UsageError("--max-off-node plans from scratch: it cannot be combined with --previous")
@@ -487,6 +510,8 @@ def plan(counts, slots, gpus, nodes, groups, method, previous, previous_format, 
         if output_format != "eplb":
             lines.append(f"note     {output_format} files cannot carry the shares (eplb JSON does): the engine will "
                          "split evenly unless told otherwise")
+    if engine is not None:
+        lines.append(engine_line(placement, weights, engine))
     lines += [
         f"bound    {bound.description}",
         f"gap      {100 * finite.mean():.2f}% mean, {100 * finite.max():.2f}% max above the proven lower bound"
@@ -508,12 +533,15 @@ def plan(counts, slots, gpus, nodes, groups, method, previous, previous_format, 
 
 
 def _judge(options: dict) -> str:
-    """How a plan made with ``options`` is split among replicas when judged: its own rule."""
-    return "optimal" if options.get("dispatch") == "optimal" else "shares"
+    """How a plan made with ``options`` is split among replicas when judged: its own rule (an even
+    split, or its shares, unless it was made for optimal dispatch or an engine's rule)."""
+    rule = options.get("dispatch", "uniform")
+    return rule if DISPATCH_RULES[rule].kind in ("optimal", "engine") else "shares"
 
 
 def _judge_note(options: dict) -> str:
-    return " (optimal dispatch)" if options.get("dispatch") == "optimal" else ""
+    judge = _judge(options)
+    return "" if judge == "shares" else f" ({DISPATCH_RULES[judge].label})"
 
 
 def _held_out_estimates(counts, method, options, *, slots, gpus, nodes, groups, previous) -> dict | None:
@@ -667,21 +695,25 @@ def _shape_text(data) -> str:
 @click.option("--gpus", "-g", type=click.IntRange(min=1), default=None, help=gpus_hint)
 @click.option("--nodes", "-n", type=click.IntRange(min=1), default=None, help="Nodes (default: from the file, else 1).")
 @click.option("--groups", "-k", type=click.IntRange(min=1), default=None, help=groups_hint)
+@engine_option
 @transpose_option
 @allow_shape_option
 @friendly_errors
-def validate(plan_file, counts_file, plan_format, input_format, gpus, nodes, groups, transpose, allow_shape):
+def validate(plan_file, counts_file, plan_format, input_format, gpus, nodes, groups, engine, transpose, allow_shape):
     """Check a placement file of any supported format and print its metrics.
 
     Checks that it parses, that every expert has a replica in every layer and that the slots
     divide over the GPUs; with --counts, that it fits the counts and how well it balances them,
     against the same lower bound ``eplb plan`` reports (hierarchical when the deployment has
     groups: --groups or recorded in the file). Exits 1 when the file is not a valid placement.
+    With --counts and --engine NAME, also its balancedness under that engine's dispatch rule.
     """
     from .analysis import metrics
     from .io.formats import FormatError, read_counts, read_placement
 
     _check_flag_sizes(gpus=gpus, nodes=nodes, groups=groups)
+    if engine is not None and counts_file is None:
+        raise click.UsageError("--engine judges the plan on counts: give --counts")
     data = (read_counts(counts_file, input_format, transpose=transpose, allow_shape=allow_shape)
             if counts_file is not None else None)
     # the experts come from the file (or its side file), so counts of another width are blamed on the counts
@@ -730,6 +762,8 @@ def validate(plan_file, counts_file, plan_format, input_format, gpus, nodes, gro
             series = moe_mean(metrics.balancedness(window_loads), window_loads)  # [T]
             lines.append(f"windows  {data.num_windows}: balancedness per window {np.nanmin(series):.4f}.."
                          f"{np.nanmax(series):.4f} (mean over each window's MoE layers)")
+        if engine is not None:
+            lines.append(engine_line(p, weights, engine))
     click.echo("\n".join(lines))
 
 
@@ -748,12 +782,13 @@ def validate(plan_file, counts_file, plan_format, input_format, gpus, nodes, gro
 @click.option("--nodes", "-n", type=click.IntRange(min=1), default=None, help="Nodes (default: from the file, else 1).")
 @click.option("--groups", "-k", type=click.IntRange(min=1), default=None, help=groups_hint)
 @click.option("--top", type=click.IntRange(min=1), default=16, show_default=True, help="Hottest experts to show.")
+@engine_option
 @transpose_option
 @allow_shape_option
 @quiet_option
 @friendly_errors
-def report(counts, plan_file, output, previous, input_format, plan_format, gpus, nodes, groups, top, transpose,
-           allow_shape, quiet):
+def report(counts, plan_file, output, previous, input_format, plan_format, gpus, nodes, groups, top, engine,
+           transpose, allow_shape, quiet):
     """Write an HTML report with PNG figures on how PLAN balances COUNTS.
 
     Figures: per-layer balancedness of the plan against greedy and against no rebalancing, a
@@ -762,6 +797,7 @@ def report(counts, plan_file, output, previous, input_format, plan_format, gpus,
     the deployment's groups (--groups or recorded in the file). Open OUTPUT/index.html. For a series,
     prints the plan's in-sample balancedness (summed and per window) beside a held-out estimate of
     planning from these windows (leave one window out): hedged over them and from their sum.
+    With --engine NAME the summary also judges the plan under that engine's dispatch rule.
     """
     from .io.formats import FormatError, read_counts, read_placement
     from .io.report import make_report
@@ -789,14 +825,15 @@ def report(counts, plan_file, output, previous, input_format, plan_format, gpus,
     created = not output.exists()
     output.mkdir(parents=True, exist_ok=True)
     try:
-        result = make_report(data, loaded, output, previous=prev, top=top, progress=show_progress(quiet))
+        result = make_report(data, loaded, output, previous=prev, top=top, progress=show_progress(quiet),
+                             engine=engine)
     except BaseException:
         if created and not any(output.iterdir()):
             output.rmdir()
         raise
     if quiet:
         return
-    lines = []
+    lines = [] if engine is None else [engine_line(p, data.weights, engine)]
     if data.num_windows > 1:
         per_window = moe_mean(p.balancedness(data.counts, "shares"), data.counts)
         lines.append(f"in sample {moe_mean(p.balancedness(data.weights, 'shares'), data.weights):.4f} on the summed "
@@ -872,7 +909,7 @@ def _simulation_policy(name: str, method, check_every: int):
               help="Weight copies stall serving, run beside it, or cost nothing.")
 @click.option("--layers-per-step", type=click.IntRange(min=1), default=None,
               help="Apply a rebalance this many layers per step, in layer order (default: all layers at once).")
-@click.option("--dispatch", type=click.Choice(["uniform", "optimal"]), default="uniform", show_default=True)
+@click.option("--dispatch", type=click.Choice(SCORING), default="uniform", show_default=True)
 @click.option("--input-format", type=click.Choice(COUNTS_FORMAT_NAMES), default=None,
               help="Format of COUNTS (default: detected from the name).")
 @click.option("--output", "-o", type=click.Path(path_type=Path), required=True,
@@ -969,7 +1006,7 @@ def _check_sweep_slots(num_experts: int, gpu_counts, extras) -> None:
 @click.option("--nodes", "-n", default="1", show_default=True, help="Node counts, comma-separated.")
 @click.option("--groups", "-k", type=click.IntRange(min=1), default=None,
               help="Expert groups (kept on one node each where they divide by the nodes).")
-@click.option("--dispatch", "dispatches", multiple=True, type=click.Choice(["uniform", "optimal"]),
+@click.option("--dispatch", "dispatches", multiple=True, type=click.Choice(SCORING),
               help="Dispatch modes (repeatable; default uniform).")
 @click.option("--policy", "-p", "policies", multiple=True, type=click.Choice(["none", "vllm", "sglang", "balancer"]),
               help="Policies (repeatable; default none and balancer).")

@@ -174,3 +174,21 @@ def test_robust_default_section_on_tiny_sizes():
            **{label: (float(loo.mean()), float(loo.min())) for label in robust_default.PLANS}}
     text = robust_default.markdown([row], [], [], 1.0)
     assert "+0.0000" in text and "tiny" in text
+
+
+def test_engine_planning_bench_judges_plans_under_sglang_static(tmp_path):
+    engine_planning = importlib.import_module("engine_planning")
+    tiny = dict(num_layers=2, num_experts=32, num_groups=8, top_k=4, tokens=2000,
+                deployments={"global 48/8/2": dict(num_slots=48, num_gpus=8, num_nodes=2, num_groups=None),
+                             "hierarchical 48/8/2": dict(num_slots=48, num_gpus=8, num_nodes=2, num_groups=8)})
+    text = engine_planning.run(True, tmp_path, shape=tiny, traces=False)
+    rows = read(tmp_path / "engine_planning.csv")
+    assert {(r["series"].split(" ")[0], r["deployment"]) for r in rows} == {
+        (s, d) for s in ("workloads", "mixture") for d in tiny["deployments"]}
+    for r in rows:
+        assert int(r["folds"]) == 3
+        for column in engine_planning.COLUMNS:
+            assert 0 < float(r[f"{column} worst"]) <= float(r[f"{column} mean"]) <= 1
+    assert "## Engine planning" in text and "at commit" in text
+    assert (tmp_path / "engine_planning.md").read_text().strip() == text.strip()
+    assert len(engine_planning.headline(tmp_path)) == 2

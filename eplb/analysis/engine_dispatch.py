@@ -58,19 +58,14 @@ import random
 
 import numpy as np
 
+from ..model.dispatch_rules import DISPATCH_RULES, SHARE_RULES
 from .placement import Placement, uniform_shares
 
-ENGINES = {
-    "uniform": "even split 1 / logcnt",
-    "vllm": "even split (replica = token position % replica count)",
-    "tensorrt-llm": "even split (round robin over replicas)",
-    "sglang-static": "SGLang --ep-dispatch-algorithm static: the per-rank table, reproduced exactly",
-    "sglang-dynamic": "SGLang dynamic with an all-to-all backend: the rank's near replica, else a uniform random one",
-    "sglang-dynamic-no-a2a": "SGLang dynamic with --moe-a2a-backend none: even split",
-}
-"""Engine names accepted by :func:`engine_shares`, with what each models."""
+ENGINES = {name: DISPATCH_RULES[name].description for name in SHARE_RULES}
+"""Engine names accepted by :func:`engine_shares`, with what each models (the fixed-split rules of
+:data:`eplb.model.dispatch_rules.DISPATCH_RULES`)."""
 
-_EVEN = ("uniform", "vllm", "tensorrt-llm", "sglang-dynamic-no-a2a")
+_EVEN = tuple(name for name in SHARE_RULES if DISPATCH_RULES[name].kind == "uniform")
 _SGLANG_SEED = 42  # compute_logical_to_rank_dispatch_physical_map's seed (never overridden by SGLang)
 _SGLANG_RANDINT = 65536  # dynamic dispatch draws randint(0, 65536) % n
 

@@ -13,6 +13,8 @@ from ..model._validation import as_counts, as_int
 from ..kernels.shares import optimal_shares, share_gpu_loads
 from ..kernels.layout import replica_counts, slots_of_experts
 from ..model.topology import Topology
+from ..model.dispatch_rules import DISPATCH_RULES, SCORING
+from .rule_shares import rule_shares
 
 FORMAT_VERSION = 1
 
@@ -74,7 +76,16 @@ def check_shares(shares, phy2log: np.ndarray, num_experts: int) -> np.ndarray:
     return array
 
 
-DISPATCH_MODES = ("uniform", "shares", "optimal")
+DISPATCH_MODES = ("uniform", "shares", "optimal") + tuple(name for name in DISPATCH_RULES if name not in SCORING)
+"""``dispatch=`` of the metrics: the even split, the plan's own shares, optimal dispatch, or an
+engine's rule by name (:data:`eplb.model.dispatch_rules.DISPATCH_RULES`)."""
+
+
+def _mode(dispatch) -> str:
+    """``dispatch`` checked; an engine rule that splits evenly becomes ``"uniform"``."""
+    if dispatch not in DISPATCH_MODES:
+        raise ValueError(f"dispatch must be one of {DISPATCH_MODES}, got {dispatch!r}")
+    return "uniform" if dispatch in DISPATCH_RULES and DISPATCH_RULES[dispatch].kind == "uniform" else dispatch
 
 
 def uniform_shares(phy2log: np.ndarray, logcnt: np.ndarray) -> np.ndarray:
@@ -211,11 +222,14 @@ class Placement:
         optimal dispatch of a series).
 
         ``dispatch``: ``"uniform"`` (``1 / logcnt``, what engines do unless told), ``"shares"`` (the
-        plan's :attr:`shares`; uniform when it has none) or ``"optimal"`` (the split that minimises
-        each layer's max GPU load for ``counts``, exact: :func:`eplb.analysis.dispatch.dispatch`).
+        plan's :attr:`shares`; uniform when it has none), ``"optimal"`` (the split that minimises
+        each layer's max GPU load for ``counts``, exact: :func:`eplb.analysis.dispatch.dispatch`) or an
+        engine's rule: ``"vllm"``, ``"tensorrt-llm"`` (even split), ``"sglang-static"``,
+        ``"sglang-dynamic"`` (:func:`eplb.analysis.engine_dispatch.engine_shares`; the same slots on every GPU).
         """
-        if dispatch not in DISPATCH_MODES:
-            raise ValueError(f"dispatch must be one of {DISPATCH_MODES}, got {dispatch!r}")
+        dispatch = _mode(dispatch)
+        if dispatch in DISPATCH_RULES and DISPATCH_RULES[dispatch].kind == "engine":
+            return rule_shares(self.phy2log, self.num_experts, self.topology, dispatch)
         if dispatch == "optimal":
             if counts is None:
                 raise ValueError("dispatch='optimal' needs counts")
@@ -231,11 +245,11 @@ class Placement:
 
     def gpu_loads(self, counts, dispatch: str = "uniform") -> np.ndarray:
         """Tokens each GPU processes: ``counts [L, E] -> [L, G]`` (``[T, L, E] -> [T, L, G]``), with
-        each expert's tokens split among its replicas as ``dispatch`` says (:meth:`slot_shares`)."""
+        each expert's tokens split among its replicas as ``dispatch`` says (:meth:`slot_shares`:
+        e.g. ``"sglang-static"`` judges the placement under SGLang's static table)."""
         weights = self._check_counts(counts)
+        dispatch = _mode(dispatch)
         if dispatch == "uniform" or (dispatch == "shares" and self.shares is None):
-            if dispatch not in DISPATCH_MODES:
-                raise ValueError(f"dispatch must be one of {DISPATCH_MODES}, got {dispatch!r}")
             return metrics.gpu_loads(weights, self.phy2log, self.logcnt, self.topology)
         shares = self.slot_shares(weights, dispatch)
         flat = weights.reshape(-1, self.num_experts)

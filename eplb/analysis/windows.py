@@ -7,10 +7,11 @@ from __future__ import annotations
 import numpy as np
 
 from .dispatch import optimal_dispatch
+from ..model.dispatch_rules import SCORING
 from ..kernels.layout import replica_counts
 from .metrics import gpu_loads
 
-DISPATCH_SCORING = ("uniform", "optimal")
+DISPATCH_SCORING = SCORING  # the rules windows are scored by (eplb.model.dispatch_rules)
 
 
 def check_window_weights(window_weights, num_windows: int) -> np.ndarray:

@@ -33,6 +33,7 @@ from ..analysis.bounds import average_bound, lower_bound
 from ..planning.locality import busiest_nodes, node_cap_bound, off_node_tokens
 from ..model.problem import make_problem
 from ..analysis.metrics import moe_layers, moe_mean
+from ..model.dispatch_rules import DISPATCH_RULES
 from .formats.data import CountsFile, PlacementFile
 from .formats.errors import require
 
@@ -147,7 +148,7 @@ def _pyplot():
 
 
 def make_report(counts: CountsFile, plan: PlacementFile, out_dir, *, previous: PlacementFile | None = None,
-                top: int = 16, progress: bool = False) -> Report:
+                top: int = 16, progress: bool = False, engine: str | None = None) -> Report:
     """Write ``index.html`` and the PNG figures into ``out_dir`` (which must exist).
 
     Args:
@@ -156,6 +157,8 @@ def make_report(counts: CountsFile, plan: PlacementFile, out_dir, *, previous: P
         previous: an earlier placement on the same topology, to show what moved.
         top: how many of the hottest (layer, expert) pairs to show.
         progress: a tqdm bar over windows on stderr.
+        engine: an engine's dispatch rule (``eplb.model.dispatch_rules.ENGINE_RULES``): the summary also
+            gives the plan's balancedness under it.
     """
     from ..planning.api import plan as make_plan
 
@@ -227,6 +230,10 @@ def make_report(counts: CountsFile, plan: PlacementFile, out_dir, *, previous: P
         summary["moves from previous"] = (f"{moves.slots_changed} of {total} slots changed "
                                           f"({100 * moves.slots_changed / total:.1f}%), {moves.gpu_copies} weight "
                                           f"copies to GPUs, {moves.cross_node_copies} across nodes")
+    if engine is not None:
+        under = placement.balancedness(weights, engine)
+        summary[f"balancedness under {DISPATCH_RULES[engine].label}"] = (
+            f"over {moe_note(weights)}: plan {moe_mean(under, weights):.4f}")
     page = out_dir / "index.html"
     page.write_text(_html(summary, figures))
     return Report(page, tuple(figures), summary)

@@ -14,11 +14,13 @@ from ..analysis.bounds import lower_bound
 from .methods import DEFAULT_METHOD, OPTIONS as METHOD_OPTIONS, get_method
 from ..kernels.shares import share_gpu_loads
 from ..kernels.layout import replica_counts, slots_of_experts
+from ..model.dispatch_rules import DISPATCH_RULES, dispatch_rule
+from .engine_planning import plan_for_engine
 from .locality import capped_lower_bound, home_nodes, plan_locality
 from .locality import pareto as locality_curve
 from ..analysis.metrics import gpu_loads, moe_mean
 from .migration import as_previous, plan_near
-from .objectives import (DEFAULT_OBJECTIVE, DISPATCH_SCORING, SEARCHES, combine, hedge_info, hedge_windows,
+from .objectives import (DEFAULT_OBJECTIVE, SEARCHES, combine, hedge_info, hedge_windows,
                          plan_series)
 from ..analysis.placement import Placement
 from .robust import DEFAULT_COPY_COST
@@ -79,11 +81,16 @@ def plan(counts, *, num_slots=None, num_gpus=None, num_nodes=1, num_groups=None,
             :func:`eplb.planning.objectives.recency_weights`); ``None``: equal. Relative: divided by the
             largest, so ``max_load`` and ``lower_bound`` are on the weighted sum with the largest
             weight 1.
-        dispatch: how the engine splits an expert's tokens among its replicas: ``"uniform"`` (as
-            engines do by default) or ``"optimal"`` (per batch, :func:`eplb.dispatch`); with
-            ``"optimal"`` the plan is made for it (:func:`eplb.planning.objectives.made_for_dispatch`: a few
-            seconds for DeepSeek-V3 size and a dozen windows; not with ``previous`` or
-            ``max_off_node``). ``[L, E]`` counts are one window.
+        dispatch: how the engine splits an expert's tokens among its replicas, one of
+            :data:`eplb.model.dispatch_rules.DISPATCH_RULES`: ``"uniform"`` (as engines do by default;
+            also ``"vllm"``, ``"tensorrt-llm"``: the same plan), ``"optimal"`` (per batch,
+            :func:`eplb.dispatch`; the plan is made for it,
+            :func:`eplb.planning.objectives.made_for_dispatch`: a few seconds for DeepSeek-V3 size and a
+            dozen windows), or SGLang's ``"sglang-static"`` / ``"sglang-dynamic"``: the plan for an
+            even split (hedged for a series), then made for that rule's shares
+            (:mod:`eplb.planning.engine_planning`; never worse under the rule on ``counts``; the same
+            slots on every GPU). ``"optimal"`` and the SGLang rules plan from scratch (not with
+            ``previous`` or ``max_off_node``). ``[L, E]`` counts are one window.
         copy_cost: with ``previous`` and a hedged series plan, what one slot changed from
             ``previous`` costs, in mean ``peak / mean`` over the windows: a swap is kept only if it
             pays for its copies (:func:`eplb.planning.robust.hedge`).
@@ -97,8 +104,14 @@ def plan(counts, *, num_slots=None, num_gpus=None, num_nodes=1, num_groups=None,
     weights = weights_2d(windows, "counts")
     windows = windows.reshape((-1,) + weights.shape)
     problem = make_problem(weights.shape[1], num_slots, num_gpus, num_nodes, num_groups, topology)
-    if dispatch not in DISPATCH_SCORING:
-        raise ValueError(f"dispatch must be one of {DISPATCH_SCORING}, got {dispatch!r}")
+    rule = dispatch_rule(dispatch)
+    if rule.kind == "engine":  # the plan for an even split, made for the engine's shares
+        if previous is not None or max_off_node is not None:
+            raise ValueError(f"dispatch={dispatch!r} plans from scratch: not with previous= or max_off_node=")
+        even = plan(counts, method=method, topology=problem.topology, num_groups=problem.num_groups,
+                    objective=objective, window_weights=window_weights, dispatch="uniform", **options)
+        return plan_for_engine(counts, even, problem, dispatch, window_weights)
+    dispatch = rule.kind
     # a series of windows is planned as windows (hedged) unless objective="sum"
     series = windows.shape[0] > 1 or objective is not None or window_weights is not None or dispatch != "uniform"
     objective = objective or (DEFAULT_OBJECTIVE[dispatch] if series else "sum")
@@ -165,9 +178,11 @@ def held_out(counts, *, folds: int = HELD_OUT_FOLDS, judge: str | None = None, *
     Args:
         counts: ``[T, L, E]`` with ``T >= 2`` windows.
         folds: ``>= 2``, at most this many held-out blocks (``min(T, folds)`` plans are made).
-        judge: how the held-out window is split among replicas: ``"uniform"``, ``"optimal"``, or
-            ``"shares"`` (a plan's own shares); ``None``: the plan's own (``"optimal"`` with
-            ``dispatch="optimal"``, else ``"shares"``, which is the even split when a plan has none).
+        judge: how the held-out window is split among replicas: a rule of
+            :data:`eplb.model.dispatch_rules.DISPATCH_RULES` (``"uniform"``, ``"optimal"``,
+            ``"sglang-static"``, ...) or ``"shares"`` (a plan's own shares); ``None``: the plan's own
+            (its ``dispatch`` when that is optimal or an engine's rule, else ``"shares"``, which is
+            the even split when a plan has none).
         **plan_options: passed to :func:`plan` (deployment, method, objective, ...).
     Returns:
         ``[F]`` float64: each held-out block's mean over its windows of the MoE-layer balancedness.
@@ -178,9 +193,10 @@ def held_out(counts, *, folds: int = HELD_OUT_FOLDS, judge: str | None = None, *
     if not (isinstance(folds, (int, np.integer)) and not isinstance(folds, bool) and folds >= 2):
         raise ValueError(f"folds must be an integer >= 2, got {folds!r}")
     if judge is None:
-        judge = "optimal" if plan_options.get("dispatch") == "optimal" else "shares"
-    if judge not in ("uniform", "optimal", "shares"):
-        raise ValueError(f"judge must be 'uniform', 'optimal' or 'shares', got {judge!r}")
+        rule = plan_options.get("dispatch", "uniform")
+        judge = rule if dispatch_rule(rule).kind in ("optimal", "engine") else "shares"
+    if judge != "shares":
+        dispatch_rule(judge, "judge", accepted=tuple(DISPATCH_RULES) + ("shares",))
     if plan_options.get("window_weights") is not None:
         raise ValueError("held_out leaves windows out: give window_weights=None")
     edges = np.linspace(0, windows.shape[0], min(int(folds), windows.shape[0]) + 1).round().astype(np.int64)

@@ -75,8 +75,9 @@ from ..planning.methods import DEFAULT_METHOD, get_method
 from ..analysis.placement import Placement
 from ..model.topology import Topology
 from ..serving.transfer import KINDS, TransferPlan, transfer_plan
+from ..model.dispatch_rules import SCORING
 
-DISPATCH_MODES = ("uniform", "optimal")
+DISPATCH_MODES = SCORING  # eplb.model.dispatch_rules
 CHUNK = 256  # steps priced at once
 _PLAN_FIELDS = ("layer", "expert", "src_slot", "dst_slot", "src_gpu", "dst_gpu", "kind")
 

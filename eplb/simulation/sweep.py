@@ -25,6 +25,7 @@ import numpy as np
 
 from ..model._validation import as_int, check_layer_totals
 from ..model.cost import CostModel
+from ..model.dispatch_rules import SCORING
 from .simulate import BalancerPolicy, NoRebalance, simulate, sglang_like, vllm_like
 
 POLICY_NAMES = ("none", "vllm", "sglang", "balancer")
@@ -108,8 +109,8 @@ def sweep(series, *, extra_slots_per_gpu=(0, 1, 2), num_gpus=(32,), num_nodes=(1
     gpus = [as_int(g, "num_gpus entry", minimum=1) for g in num_gpus]
     nodes = [as_int(n, "num_nodes entry", minimum=1) for n in num_nodes]
     for mode in dispatch:
-        if mode not in ("uniform", "optimal"):
-            raise ValueError(f"dispatch entries must be 'uniform' or 'optimal', got {mode!r}")
+        if mode not in SCORING:
+            raise ValueError(f"dispatch entries must be one of {SCORING}, got {mode!r}")
     for policy in policies:
         if not callable(policy) and policy not in POLICY_NAMES:
             raise ValueError(f"policies entries must be one of {POLICY_NAMES} or callables, got {policy!r}")
