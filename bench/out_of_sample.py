@@ -151,22 +151,24 @@ def evaluate(series: np.ndarray, config: dict, protocol: str, method: str, *, st
 def scenarios(quick: bool):
     """``(series label, protocol, series [T, L, E], {deployment: config})``."""
     out = []
-    k = 6 if quick else 12
-    for sigma in (0.1, 0.2):
+    k = 4 if quick else 12
+    # --quick: one level of each kind on the first deployment, a smoke run (figures come from the full run)
+    deployments = dict(list(DEPLOYMENTS.items())[:1]) if quick else DEPLOYMENTS
+    for sigma in (0.2,) if quick else (0.1, 0.2):
         out.append((f"synthetic workloads sigma={sigma}", "leave-one-out", synthetic_workloads(k, sigma, seed=1),
-                    DEPLOYMENTS))
-    for drift in (0.1, 0.2):
-        steps = 8 if quick else 13
+                    deployments))
+    for drift in (0.2,) if quick else (0.1, 0.2):
+        steps = 5 if quick else 13
         series = drifting_counts(steps, DEEPSEEK_V3["num_layers"], DEEPSEEK_V3["num_experts"], drift=drift,
                                  tokens=65536, num_groups=DEEPSEEK_V3["num_groups"], seed=2)
-        out.append((f"synthetic drift={drift}", "next-window", series, DEPLOYMENTS))
+        out.append((f"synthetic drift={drift}", "next-window", series, deployments))
     workloads, missing = trace_workloads()
     for key, names, counts, config in workloads:
         if key == "mixtral-8x7b":
             continue  # 8 experts, nearly balanced: nothing to learn out of sample
         deployments = {f"global {config['num_slots']}/{config['num_gpus']}": config}
         out.append((f"{key} ({len(names)} workloads)", "leave-one-out", counts, deployments))
-        mixed = mixed_over_time(counts, 10 if quick else 24, seed=3)
+        mixed = mixed_over_time(counts, 6 if quick else 24, seed=3)
         out.append((f"{key} mixed over time", "next-window", mixed, deployments))
     return out, missing
 

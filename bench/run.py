@@ -6,8 +6,10 @@ serving, fewest changes (proven), certificate (gpt-oss-20b). Writes ``<results>/
 section), and copies the headline table into the README between
 ``<!-- bench:headline:start -->`` and ``<!-- bench:headline:end -->``.
 
-The full run writes ``bench/results/`` and updates the README; ``--quick`` (well under two minutes
-on a 2-core machine) writes ``bench/results/quick/`` and never touches the README. Every section's
+The full run writes ``bench/results/`` and updates the README; ``--quick`` (a smoke run at small
+sizes: 10 minutes on a 2-core machine shared with other jobs, load average 7, of which 4 were the
+start-up section compiling into its quick-run cache, which later quick runs reuse) writes
+``bench/results/quick/`` and never touches the README. Every section's
 markdown starts with the commit and time it ran at, so a partial re-run (``--only``) cannot pass an
 old figure off as new; the README's headline is only written by a full run in which every section
 ran, at one commit of a clean checkout (``--allow-dirty`` says in the README that it was not). A
@@ -165,7 +167,7 @@ def update_readme(readme: Path, table: str) -> None:
     else:
         section = ("## Benchmarks\n\n"
                    "```bash\npython bench/run.py            # every section; writes bench/results/ and this table\n"
-                   "python bench/run.py --quick    # the same at small sizes, under two minutes\n```\n\n"
+                   "python bench/run.py --quick    # the same at small sizes, a smoke run (minutes)\n```\n\n"
                    "eplb is measured against a pure-NumPy port of the published greedy algorithm "
                    "(`bench/published_greedy.py`) in the same run, so speed-ups are ratios measured side by "
                    "side. Results: `bench/results/` (CSV, PNG plots, `SUMMARY.md`). Executed examples with "
@@ -182,7 +184,8 @@ def update_readme(readme: Path, table: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Run eplb's benchmarks (every section of bench/).")
-    parser.add_argument("--quick", action="store_true", help="small sizes and few repeats (< 2 minutes)")
+    parser.add_argument("--quick", action="store_true",
+                        help="small sizes and few repeats: a smoke run (minutes; see the module docstring)")
     parser.add_argument("--only", nargs="+", choices=[n for n, _, _ in SECTIONS], help="run these sections only")
     parser.add_argument("--results-dir", type=Path, help="default: bench/results (bench/results/quick with --quick)")
     parser.add_argument("--no-readme", action="store_true", help="do not copy the headline table into README.md")

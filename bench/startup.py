@@ -146,15 +146,18 @@ def _target(row: dict) -> float | None:
 
 
 def run(quick: bool, results_dir: Path, entries: tuple[str, ...] = ENTRIES, cold: bool | None = None,
-        repeats: int | None = None) -> str:
-    """Cold (full run, or ``cold=True``) and warm start-ups of each entry point of ``entries``."""
+        repeats: int | None = None, warm_folder: str | None = None) -> str:
+    """Cold (full run, or ``cold=True``) and warm start-ups of each entry point of ``entries``; warm
+    ones on ``warm_folder`` when given, else (``quick``) :func:`quick_cache_folder`, else a fresh
+    folder per entry point."""
     results_dir.mkdir(parents=True, exist_ok=True)
     if cold is None:
         cold = not quick
     if repeats is None:
         repeats = 1 if quick else 3
     note = load_note()
-    warm_folder = quick_cache_folder() if quick else None
+    if warm_folder is None and quick:
+        warm_folder = quick_cache_folder()
     rows = [row for entry in entries for row in measure(entry, repeats, cold=cold, warm_folder=warm_folder)]
     write_csv(results_dir / "startup.csv", rows)
 
