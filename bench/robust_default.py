@@ -240,5 +240,15 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small sizes (about a minute)")
     parser.add_argument("--out", type=Path, default=None, help="results folder (default bench/results)")
+    parser.add_argument("--speed-only", action="store_true",
+                        help="only the plan times (written to robust_default_speed.csv; about a minute)")
     args = parser.parse_args()
-    print(run(args.quick, args.out or (RESULTS / "quick" if args.quick else RESULTS)))
+    out = args.out or (RESULTS / "quick" if args.quick else RESULTS)
+    if args.speed_only:
+        speeds = speed(args.quick)
+        out.mkdir(parents=True, exist_ok=True)
+        write_csv(out / "robust_default_speed.csv", speeds)
+        print(f"{load_note()}\n" + markdown_table(list(speeds[0]), [[f"{v:.1f}" if isinstance(v, float) else v
+                                                                     for v in r.values()] for r in speeds]))
+    else:
+        print(run(args.quick, out))
