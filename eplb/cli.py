@@ -27,6 +27,7 @@ from .model.cost import HARDWARE as COST_HARDWARE, MODELS as COST_MODELS
 from .planning.methods import DEFAULT_METHOD, METHODS
 from .model.dispatch_rules import DISPATCH_RULES, ENGINE_RULES, SCORING
 from .planning.objectives import OBJECTIVES
+from .simulation.simulate import POLICY_NAMES as SIMULATE_POLICIES
 from .analysis.metrics import moe_layers, moe_mean
 from .io.report import Bound, bound_for, moe_note
 
@@ -852,7 +853,7 @@ def report(counts, plan_file, output, previous, input_format, plan_format, gpus,
 
 # -- simulate --------------------------------------------------------------------------------------
 
-SIMULATE_POLICIES = ("none", "vllm", "sglang", "balancer")
+DEFAULT_SIMULATE_POLICIES = ("none", "vllm", "sglang", "balancer")
 
 
 def _load_function(spec: str):
@@ -867,16 +868,10 @@ def _load_function(spec: str):
 
 
 def _simulation_policy(name: str, method, check_every: int):
-    from .simulation.simulate import BalancerPolicy, FixedInterval, NoRebalance, sglang_like, vllm_like
+    from .simulation.simulate import FixedInterval, policy_by_name
 
-    if name == "none":
-        return NoRebalance()
-    if name == "vllm":
-        return vllm_like(method)
-    if name == "sglang":
-        return sglang_like(method)
-    if name == "balancer":
-        return BalancerPolicy(check_every=check_every)
+    if name in SIMULATE_POLICIES:
+        return policy_by_name(name, method, check_every)
     every, _, window = name.removeprefix("every:").partition("/")
     if not name.startswith("every:") or not every.isdigit() or not (window.isdigit() or not window):
         raise click.BadParameter(f"expected one of {', '.join(SIMULATE_POLICIES)} or every:N[/W] with whole "
@@ -891,8 +886,9 @@ def _simulation_policy(name: str, method, check_every: int):
 @deployment_arguments
 @click.option("--policy", "-p", "policies", multiple=True,
               help="Rebalancing policy, repeatable: none, vllm (every 3000 steps from 1000), sglang (every 1000), "
-                   "balancer (eplb.Balancer), every:N[/W] (every N steps from the last W). "
-                   "Default: none, vllm, sglang, balancer.")
+                   "vllm-hedged / sglang-hedged (the same timers, each window planned hedged over 10 "
+                   "sub-windows with eplb's default method), balancer (eplb.Balancer), every:N[/W] (every N "
+                   "steps from the last W). Default: none, vllm, sglang, balancer.")
 @click.option("--method", "-m", type=click.Choice(sorted(METHODS)), default="greedy", show_default=True,
               help="Planning method of the fixed-interval policies (from scratch).")
 @click.option("--rebalance-fn", default=None,
@@ -943,7 +939,7 @@ def simulate(counts, slots, gpus, nodes, groups, policies, method, rebalance_fn,
     plan_with = _load_function(rebalance_fn) if rebalance_fn else method
     cost = CostModel.preset(hardware, model, regime=regime, copy_mode=copy_mode)
     results = []
-    for name in policies or SIMULATE_POLICIES:
+    for name in policies or DEFAULT_SIMULATE_POLICIES:
         policy = _simulation_policy(name, plan_with, check_every)
         try:
             with warnings.catch_warnings(record=True) as caught:
@@ -1008,7 +1004,7 @@ def _check_sweep_slots(num_experts: int, gpu_counts, extras) -> None:
               help="Expert groups (kept on one node each where they divide by the nodes).")
 @click.option("--dispatch", "dispatches", multiple=True, type=click.Choice(SCORING),
               help="Dispatch modes (repeatable; default uniform).")
-@click.option("--policy", "-p", "policies", multiple=True, type=click.Choice(["none", "vllm", "sglang", "balancer"]),
+@click.option("--policy", "-p", "policies", multiple=True, type=click.Choice(SIMULATE_POLICIES),
               help="Policies (repeatable; default none and balancer).")
 @click.option("--hardware", type=click.Choice(["H100", "H200", "H20", "B200"]), default="H100", show_default=True)
 @click.option("--model", type=click.Choice(["deepseek-v3", "mixtral-8x7b", "gpt-oss-20b", "olmoe-1b-7b"]),

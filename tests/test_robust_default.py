@@ -232,3 +232,28 @@ def test_cli_summary_of_a_plan_made_for_optimal_dispatch_says_how_it_is_judged(t
     optimal = eplb.analysis.metrics.moe_mean(placement.balancedness(series.sum(0), "optimal"), series.sum(0))
     assert f"{optimal:.4f} with optimal dispatch" in out
     assert "(optimal dispatch)" in out
+
+
+def test_hedged_timers_in_the_simulator_and_one_registry_of_policy_names(tmp_path):
+    from eplb.simulation.simulate import POLICY_NAMES, FixedInterval, policy_by_name
+    from eplb.simulation.sweep import named_policy
+
+    series = mixture_windows(synthetic_workloads(4, 3, 32, shift=0.6, seed=1), 80, concentration=0.3,
+                             tokens=20000, seed=2).astype(np.float64)
+    lost = {}
+    for subwindows in (1, 4):
+        result = eplb.simulate(series, num_slots=40, num_gpus=8,
+                               policy=FixedInterval(20, 20, "balanced", subwindows=subwindows))
+        lost[subwindows] = result.summary()["lost_share"]
+    assert lost[4] < lost[1]  # windows that mix workloads: the hedged timer loses less time
+    for name in POLICY_NAMES:
+        assert policy_by_name(name).name and named_policy(name).name
+    assert "hedged" in policy_by_name("vllm-hedged").name
+    with pytest.raises(ValueError, match="subwindows"):
+        FixedInterval(20, 30, "balanced", subwindows=4)
+    with pytest.raises(ValueError, match="policy"):
+        policy_by_name("vllm-hedge")
+    np.save(tmp_path / "s.npy", series)
+    out, _ = invoke("simulate", "s.npy", "--slots", "40", "--gpus", "8", "-p", "sglang-hedged", "-p", "sglang",
+                    "--model", "olmoe-1b-7b", "-o", "sim", cwd=tmp_path)
+    assert "hedged over 10" in out

@@ -65,7 +65,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ..model._validation import as_int, check_layer_totals
-from ..planning.api import make_problem
+from ..planning.api import make_problem, plan
 from ..serving.balancer import Balancer
 from ..model.cost import CostModel
 from ..analysis.dispatch import optimal_dispatch, uniform_shares
@@ -150,21 +150,29 @@ class FixedInterval:
         method: an ``eplb.METHODS`` name, or a function with the published ``rebalance_experts``
             signature (an algorithm from elsewhere, measured side by side).
         name: a label (default from the settings).
+        subwindows: ``1``: plan from the window's summed counts (what the engines do); more: plan
+            from the window cut into this many sub-windows, hedged over them as :func:`eplb.plan`
+            does with a series (``window`` must divide by it; ``method`` a name).
 
     Memory: ``window / gcd(every, window)`` partial sums of ``[L, E]`` float64 (one for the
     engines' presets).
     """
 
     def __init__(self, every: int, window: int | None = None, method: str | Callable = "greedy",
-                 name: str | None = None):
+                 name: str | None = None, subwindows: int = 1):
         self.every = as_int(every, "every", minimum=1)
         self.window = self.every if window is None else as_int(window, "window", minimum=1)
         if not callable(method):
             get_method(method)  # fail early on an unknown name
         self.method = method
+        self.subwindows = as_int(subwindows, "subwindows", minimum=1)
+        if self.subwindows > 1 and (callable(method) or self.window % self.subwindows):
+            raise ValueError(f"subwindows={self.subwindows} needs a method name and a window that divides by it, "
+                             f"got window={self.window}, method={method!r}")
         label = method if isinstance(method, str) else getattr(method, "__name__", "custom")
-        self.name = name or f"every {self.every} from {self.window}, {label}"
-        self._block = gcd(self.every, self.window)
+        hedged = f", hedged over {self.subwindows} sub-windows" if self.subwindows > 1 else ""
+        self.name = name or f"every {self.every} from {self.window}, {label}{hedged}"
+        self._block = gcd(self.every, self.window // self.subwindows)
 
     def start(self, placement: Placement, deployment: Deployment) -> None:
         self._deployment = deployment
@@ -181,17 +189,51 @@ class FixedInterval:
             self._steps_in_block = 0
         if (step + 1) % self.every:
             return None
-        return self._deployment.plan(np.sum(self._sums, axis=0), self.method)
+        if self.subwindows == 1:
+            return self._deployment.plan(np.sum(self._sums, axis=0), self.method)
+        per_window = len(self._sums) // self.subwindows if len(self._sums) >= self.subwindows else 1
+        blocks = np.stack(list(self._sums))
+        windows = np.add.reduceat(blocks, np.arange(0, blocks.shape[0], per_window), axis=0)
+        return plan(windows, topology=self._deployment.topology, num_groups=self._deployment.num_groups,
+                    method=self.method)
 
 
-def vllm_like(method: str | Callable = "greedy") -> FixedInterval:
-    """vLLM's EPLB defaults: every 3000 steps from the last 1000, greedy from scratch."""
-    return FixedInterval(3000, 1000, method, name="vLLM-like (every 3000 from 1000)")
+def vllm_like(method: str | Callable = "greedy", subwindows: int = 1) -> FixedInterval:
+    """vLLM's EPLB defaults: every 3000 steps from the last 1000, greedy from scratch (with
+    ``subwindows > 1``: the window hedged over that many sub-windows, as eplb's vLLM adapter does)."""
+    hedged = f", hedged over {subwindows}" if subwindows > 1 else ""
+    return FixedInterval(3000, 1000, method, name=f"vLLM-like (every 3000 from 1000{hedged})", subwindows=subwindows)
 
 
-def sglang_like(method: str | Callable = "greedy") -> FixedInterval:
-    """SGLang's defaults: every 1000 iterations from the last 1000, greedy from scratch."""
-    return FixedInterval(1000, 1000, method, name="SGLang-like (every 1000)")
+def sglang_like(method: str | Callable = "greedy", subwindows: int = 1) -> FixedInterval:
+    """SGLang's defaults: every 1000 iterations from the last 1000, greedy from scratch (with
+    ``subwindows > 1``: the window hedged over that many sub-windows)."""
+    hedged = f", hedged over {subwindows}" if subwindows > 1 else ""
+    return FixedInterval(1000, 1000, method, name=f"SGLang-like (every 1000{hedged})", subwindows=subwindows)
+
+
+HEDGED_SUBWINDOWS = 10
+"""Sub-windows of the named hedged timers (``"vllm-hedged"``, ``"sglang-hedged"``)."""
+
+POLICY_NAMES = ("none", "vllm", "sglang", "vllm-hedged", "sglang-hedged", "balancer")
+"""The policies :func:`policy_by_name` makes: no rebalancing, the engines' timers (planning from
+their summed window, or hedged over it with eplb's default method), and eplb's :class:`Balancer`."""
+
+
+def policy_by_name(name: str, method: str | Callable = "greedy", check_every: int = 100):
+    """A fresh policy for one of :data:`POLICY_NAMES` (``method`` plans the plain timers;
+    the hedged ones use eplb's default method; ``check_every`` is the Balancer's)."""
+    makers = {
+        "none": NoRebalance,
+        "vllm": lambda: vllm_like(method),
+        "sglang": lambda: sglang_like(method),
+        "vllm-hedged": lambda: vllm_like(DEFAULT_METHOD, subwindows=HEDGED_SUBWINDOWS),
+        "sglang-hedged": lambda: sglang_like(DEFAULT_METHOD, subwindows=HEDGED_SUBWINDOWS),
+        "balancer": lambda: BalancerPolicy(check_every=check_every),
+    }
+    if name not in makers:
+        raise ValueError(f"policy must be one of {POLICY_NAMES}, got {name!r}")
+    return makers[name]()
 
 
 class BalancerPolicy:
@@ -568,4 +610,4 @@ def simulate(series, *, num_slots=None, num_gpus=None, num_nodes=1, num_groups=N
 
 
 __all__ = ["simulate", "SimulationResult", "Deployment", "NoRebalance", "FixedInterval", "BalancerPolicy",
-           "PolicyError", "vllm_like", "sglang_like", "DISPATCH_MODES"]
+           "PolicyError", "vllm_like", "sglang_like", "DISPATCH_MODES", "POLICY_NAMES", "policy_by_name"]

@@ -26,17 +26,14 @@ import numpy as np
 from ..model._validation import as_int, check_layer_totals
 from ..model.cost import CostModel
 from ..model.dispatch_rules import SCORING
-from .simulate import BalancerPolicy, NoRebalance, simulate, sglang_like, vllm_like
-
-POLICY_NAMES = ("none", "vllm", "sglang", "balancer")
+from .simulate import POLICY_NAMES, policy_by_name, simulate
 
 
 def named_policy(name: str):
-    """A fresh policy object for one of :data:`POLICY_NAMES`."""
-    makers = {"none": NoRebalance, "vllm": vllm_like, "sglang": sglang_like, "balancer": BalancerPolicy}
-    if name not in makers:
+    """A fresh policy object for one of :data:`eplb.simulation.simulate.POLICY_NAMES`."""
+    if name not in POLICY_NAMES:
         raise ValueError(f"policy must be one of {POLICY_NAMES} or a callable returning a policy, got {name!r}")
-    return makers[name]()
+    return policy_by_name(name)
 
 
 @dataclass(frozen=True)
