@@ -10,8 +10,12 @@ Which kernels a call compiles depends on the configuration (hierarchical or glob
 tiny or not) and on the loads (a layer near its bound skips the searches). So the warm-up plans
 the configuration itself, with few layers of synthetic loads that take every path: skewed (Zipf,
 hot experts), uniform and all-zero (dense) layers, from scratch and from a placement in service,
-and it computes the lower bound, the migration and, with ``balancer=True``, a Balancer's whole
-record / decide / rebalance cycle (:func:`eplb.serving.balancer.warm_kernels`).
+and it computes the lower bound, the migration, the other public calls a server makes
+(:func:`warm_public_calls`: the global plan, ``max_off_node``, a series planned hedged,
+``dispatch="optimal"``, :func:`eplb.dispatch`, every engine's shares, transfer plans,
+:func:`eplb.simulate`) and, with ``balancer=True``, a Balancer's whole record / decide / rebalance
+cycle (:func:`eplb.serving.balancer.warm_kernels`). ``tests/test_warmup.py`` checks that, after it,
+a fresh process compiles nothing on any of those calls.
 """
 
 from __future__ import annotations
