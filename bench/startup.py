@@ -101,13 +101,15 @@ a, b = series[0], series[1]
 state = {"p": eplb.plan(deepseek_v3_counts(0), method="greedy", **deploy)}  # the placement in service
 
 
-def compiled():
-    out = 0
+def compiled():  # (specializations compiled, loaded from the cache) so far by eplb's kernels
+    misses = hits = 0
     for info in pkgutil.iter_modules(eplb.kernels.__path__):
         module = importlib.import_module("eplb.kernels." + info.name)
-        out += sum(len(v.overloads) for v in vars(module).values()
-                   if isinstance(v, CPUDispatcher) and v.py_func.__module__ == module.__name__)
-    return out
+        for v in vars(module).values():
+            if isinstance(v, CPUDispatcher) and v.py_func.__module__ == module.__name__:
+                misses += sum(v.stats.cache_misses.values())
+                hits += sum(v.stats.cache_hits.values())
+    return misses, hits
 
 
 def decision():
@@ -142,11 +144,12 @@ for name, call in PUBLIC_CALLS.items():
     t, cpu = time.perf_counter(), time.process_time()
     call()
     first, first_cpu = time.perf_counter() - t, time.process_time() - cpu
-    new = compiled() - before
+    after = compiled()
     t, cpu = time.perf_counter(), time.process_time()
     call()
     out[name] = {"first_s": first, "first_cpu_s": first_cpu, "second_s": time.perf_counter() - t,
-                 "second_cpu_s": time.process_time() - cpu, "specializations": new}
+                 "second_cpu_s": time.process_time() - cpu, "compiled": after[0] - before[0],
+                 "loaded": after[1] - before[1]}
 print(json.dumps(out))
 """
 
@@ -171,34 +174,36 @@ def _child(code: str, args: list[str], cache_dir: str) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def after_warmup() -> tuple[dict, dict]:
+def after_warmup(folder: str | None = None) -> tuple[dict, dict]:
     """``eplb.warmup`` for DeepSeek-V3 on an empty folder (its time), then one fresh process timing
-    the first and second call of each public call: ``(warmup, {call: timings})``."""
+    the first and second call of each public call: ``(warmup, {call: timings})``. ``folder``: the
+    cache folder to fill and keep (default a temporary one)."""
+    if folder is not None:
+        return _child(WARMUP_CHILD, [], folder), _child(AFTER_WARMUP_CHILD, [], folder)
     with tempfile.TemporaryDirectory(prefix="eplb-cache-warmup-") as folder:
-        warm = _child(WARMUP_CHILD, [], folder)
-        return warm, _child(AFTER_WARMUP_CHILD, [], folder)
+        return after_warmup(folder)
 
 
-def after_warmup_section(results_dir: Path) -> str:
-    warm, calls = after_warmup()
+def after_warmup_section(results_dir: Path, folder: str | None = None) -> str:
+    warm, calls = after_warmup(folder)
     rows = [{"call": name, **{k: round(v, 4) for k, v in r.items()}} for name, r in calls.items()]
     write_csv(results_dir / "startup_after_warmup.csv", rows)
     table = []
     for r in rows:
         extra, extra_cpu = r["first_s"] - r["second_s"], r["first_cpu_s"] - r["second_cpu_s"]
         table.append((r["call"], f"{r['first_s']:.3f}", f"{r['first_cpu_s']:.3f}", f"{r['second_s']:.3f}",
-                      f"{extra:.3f}", str(r["specializations"]),
+                      f"{extra:.3f}", f"{extra_cpu:.3f}", f"{r['compiled']:g} / {r['loaded']:g}",
                       f"<= {AFTER_WARMUP_TARGET:g} s: " + verdict(extra, extra_cpu, AFTER_WARMUP_TARGET)))
     return "\n".join([
         "### After `eplb warmup`", "",
         f"`eplb.warmup(256, num_slots=288, num_gpus=32, num_nodes=4, num_groups=8)` on an empty cache folder took "
         f"{warm['warmup_s']:.1f} s wall, {warm['warmup_cpu_s']:.1f} s CPU (a fresh process, import included). Then "
         "one fresh process on that folder calls each public call twice (DeepSeek-V3-sized loads other than the "
-        "warm-up's; the placement in service is a greedy plan). Seconds; `extra` = first - second call (wall); "
-        "`specializations`: Numba specializations of eplb's kernels the first call compiled or loaded "
-        "(0: nothing left to compile).", "",
-        markdown_table(("public call", "first s", "first CPU s", "second s", "extra s", "specializations", "target"),
-                       table), "",
+        "warm-up's; the placement in service is a greedy plan). Seconds; `extra` = first - second call; "
+        "`compiled / loaded`: Numba specializations of eplb's kernels the first call compiled (0: the warm-up "
+        "left nothing to compile) / loaded from the on-disk cache (a fresh process's first use).", "",
+        markdown_table(("public call", "first s", "first CPU s", "second s", "extra s", "extra CPU s",
+                        "compiled / loaded", "target"), table), "",
     ])
 
 
@@ -331,7 +336,7 @@ def headline(results_dir: Path) -> list[tuple[str, str, str]]:
         worst = max(rows, key=lambda r: float(r["first_s"]) - float(r["second_s"]))
         extra = float(worst["first_s"]) - float(worst["second_s"])
         extra_cpu = float(worst["first_cpu_s"]) - float(worst["second_cpu_s"])
-        compiled = sum(int(float(r["specializations"])) for r in rows)
+        compiled = sum(int(float(r["compiled"])) for r in rows)
         out.append((f"after `eplb warmup` (DeepSeek-V3), fresh process: first call - second call, worst of "
                     f"{len(rows)} public calls (`{worst['call']}`)",
                     f"{extra:.3f} s wall, {extra_cpu:.3f} s CPU; {compiled} specializations compiled",
