@@ -170,7 +170,7 @@ def _add_candidate(w, experts, counts, t, seats, num_slots, cap, row, candidates
     n = experts.shape[0]
     if found >= candidates.shape[0]:
         return found
-    if not _apportion(w, experts, 0, t, seats, cap, row):
+    if not _apportion(w, experts, np.int64(0), t, seats, cap, row):  # not the literal 0: one specialization
         return found
     if not _apportion(w, experts, t, n, num_slots - seats, cap, row):
         return found
