@@ -8,16 +8,23 @@ process (warm). Each measurement runs in a fresh Python process on the DeepSeek-
 first call of one entry point:
 
 - ``plan greedy``: ``eplb.plan(..., method="greedy")``;
-- ``rebalance_experts``: DeepSeek's entry point, ``method="greedy"``;
+- ``rebalance_experts greedy``: DeepSeek's entry point, ``method="greedy"``;
+- ``rebalance_experts``: DeepSeek's entry point as the README writes it (the default method);
 - ``plan default``: ``eplb.plan(...)`` with the default method;
 - ``Balancer decision``: a ``Balancer`` of that deployment, one recorded pass, the first
   ``should_rebalance()`` (construction included).
 
 cold: every process gets an empty cache folder (everything it calls compiles); warm: processes on a
-folder an untimed process filled. Medians over ``repeats`` processes (3; 1 with ``--quick``, which
+folder an untimed process filled.
+
+After ``eplb warmup`` (issue 21): a process runs ``eplb.warmup`` for that deployment on an empty
+folder, then a fresh process times the first and the second call of each public call a server
+makes (:data:`PUBLIC_CALLS`: ``plan`` by default, global, ``previous=``, ``max_off_node=``, of a
+series ``[T, L, E]`` (hedged), ``dispatch="optimal"``; the lower bound, ``eplb.dispatch``, engine
+shares, ``transfer_plan``, ``rebalance_experts``, ``simulate``, a Balancer's decision and
+rebalance) and counts the Numba specializations each first call compiled or loaded. Medians over ``repeats`` processes (3; 1 with ``--quick``, which
 measures warm starts only, on one cache folder, ``$XDG_CACHE_HOME/eplb-bench-quick``, kept between
-quick runs, so only the first quick run on a machine and code version pays the compile). Run: ``python bench/startup.py
-[--quick]``.
+quick runs, so only the first quick run on a machine and code version pays the compile). Run: ``python bench/startup.py [--quick]``.
 """
 
 from __future__ import annotations
@@ -55,7 +62,9 @@ def decision():
 calls = {
     "plan greedy": lambda: eplb.plan(counts, method="greedy", **deploy),
     "rebalance_experts": lambda: eplb.rebalance_experts(counts, c["num_slots"], c["num_groups"], c["num_nodes"],
-                                                        c["num_gpus"], method="greedy"),
+                                                        c["num_gpus"]),
+    "rebalance_experts greedy": lambda: eplb.rebalance_experts(counts, c["num_slots"], c["num_groups"], c["num_nodes"],
+                                                               c["num_gpus"], method="greedy"),
     "plan default": lambda: eplb.plan(counts, **deploy),
     "Balancer decision": decision,
 }
@@ -68,10 +77,135 @@ t = time.perf_counter(); calls[entry](); out["next_call_s"] = time.perf_counter(
 print(json.dumps(out))
 """
 
-ENTRIES = ("plan greedy", "rebalance_experts", "plan default", "Balancer decision")
-TARGETS = {"plan greedy": 5.0, "rebalance_experts": 5.0, "plan default": 10.0}
-"""Cold-start targets (seconds, import + first call, empty cache) of issue 15 on a 2-core machine."""
+ENTRIES = ("plan greedy", "rebalance_experts greedy", "rebalance_experts", "plan default", "Balancer decision")
+TARGETS = {"plan greedy": 5.0, "rebalance_experts greedy": 5.0, "plan default": 5.0, "Balancer decision": 15.0}
+"""Cold-start targets (seconds, import + first call, empty cache): issue 15 (greedy) and issue 21
+(the default plan, a Balancer built and answering its first decision) on a 2-core machine."""
 WARM_TARGET = 2.0
+AFTER_WARMUP_TARGET = 0.5
+"""Issue 21: after ``eplb warmup``, a fresh process's first call of each public call costs at most
+this many seconds more than its second call."""
+
+
+# After eplb warmup: a fresh process times the first and second call of every public call.
+AFTER_WARMUP_CHILD = r"""
+import importlib, json, pkgutil, sys, time
+import numpy as np
+from numba.core.registry import CPUDispatcher
+import eplb, eplb.kernels
+from eplb.analysis.engine_dispatch import ENGINES, with_engine_shares
+from eplb.simulation.synthetic import DEEPSEEK_V3 as c, deepseek_v3_counts
+deploy = dict(num_slots=c["num_slots"], num_gpus=c["num_gpus"], num_nodes=c["num_nodes"], num_groups=c["num_groups"])
+flat = dict(num_slots=c["num_slots"], num_gpus=c["num_gpus"], num_nodes=c["num_nodes"])
+series = np.stack([deepseek_v3_counts(seed) for seed in (1, 2, 3, 4)])
+a, b = series[0], series[1]
+state = {"p": eplb.plan(deepseek_v3_counts(0), method="greedy", **deploy)}  # the placement in service
+
+
+def compiled():  # (specializations compiled, loaded from the cache) so far by eplb's kernels
+    misses = hits = 0
+    for info in pkgutil.iter_modules(eplb.kernels.__path__):
+        module = importlib.import_module("eplb.kernels." + info.name)
+        for v in vars(module).values():
+            if isinstance(v, CPUDispatcher) and v.py_func.__module__ == module.__name__:
+                misses += sum(v.stats.cache_misses.values())
+                hits += sum(v.stats.cache_hits.values())
+    return misses, hits
+
+
+def decision():
+    balancer = eplb.Balancer(a.shape[0], a.shape[1], **deploy)
+    balancer.record(a)
+    balancer.should_rebalance()
+    return balancer
+
+
+PUBLIC_CALLS = {
+    "plan (default)": lambda: eplb.plan(a, **deploy),
+    "plan global": lambda: eplb.plan(a, **flat),
+    "plan previous=": lambda: eplb.plan(b, previous=state["p"], **deploy),
+    "plan max_off_node=0.1": lambda: eplb.plan(a, max_off_node=0.1, **deploy),
+    "plan series [4, 58, 256] (hedged)": lambda: eplb.plan(series, **deploy),
+    "plan series, previous=": lambda: eplb.plan(series, previous=state["p"], **deploy),
+    "plan series, dispatch=optimal": lambda: eplb.plan(series, dispatch="optimal", **deploy),
+    "lower bound (placement.lower_bound)": lambda: eplb.plan(b, method="greedy", **deploy).lower_bound,
+    "eplb.dispatch": lambda: eplb.dispatch(b, state["p"]),
+    "engine shares (every engine)": lambda: [with_engine_shares(state["p"], e).balancedness(b, dispatch="shares")
+                                             for e in ENGINES],
+    "transfer_plan": lambda: eplb.transfer_plan(state["p"], eplb.plan(b, method="greedy", **deploy)).counts(),
+    "rebalance_experts (default method)": lambda: eplb.rebalance_experts(
+        a, c["num_slots"], c["num_groups"], c["num_nodes"], c["num_gpus"]),
+    "simulate [4, 58, 256]": lambda: eplb.simulate(series, **deploy),
+    "Balancer built + first decision": decision,
+    "Balancer.rebalance()": lambda: decision().rebalance(),
+}
+out = {}
+for name, call in PUBLIC_CALLS.items():
+    before = compiled()
+    t, cpu = time.perf_counter(), time.process_time()
+    call()
+    first, first_cpu = time.perf_counter() - t, time.process_time() - cpu
+    after = compiled()
+    t, cpu = time.perf_counter(), time.process_time()
+    call()
+    out[name] = {"first_s": first, "first_cpu_s": first_cpu, "second_s": time.perf_counter() - t,
+                 "second_cpu_s": time.process_time() - cpu, "compiled": after[0] - before[0],
+                 "loaded": after[1] - before[1]}
+print(json.dumps(out))
+"""
+
+WARMUP_CHILD = r"""
+import json, time
+t, cpu = time.perf_counter(), time.process_time()
+import eplb
+from eplb.simulation.synthetic import DEEPSEEK_V3 as c
+eplb.warmup(c["num_experts"], num_slots=c["num_slots"], num_gpus=c["num_gpus"], num_nodes=c["num_nodes"],
+            num_groups=c["num_groups"])
+print(json.dumps({"warmup_s": time.perf_counter() - t, "warmup_cpu_s": time.process_time() - cpu}))
+"""
+
+
+def _child(code: str, args: list[str], cache_dir: str) -> dict:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "EPLB_CACHE_DIR": cache_dir}
+    env.pop("NUMBA_CACHE_DIR", None)
+    done = subprocess.run([sys.executable, "-c", code, *args], env=env, cwd=ROOT, capture_output=True, text=True,
+                          timeout=3600)
+    if done.returncode:
+        raise RuntimeError(f"start-up child failed:\n{done.stderr[-2000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def after_warmup(folder: str | None = None) -> tuple[dict, dict]:
+    """``eplb.warmup`` for DeepSeek-V3 on an empty folder (its time), then one fresh process timing
+    the first and second call of each public call: ``(warmup, {call: timings})``. ``folder``: the
+    cache folder to fill and keep (default a temporary one)."""
+    if folder is not None:
+        return _child(WARMUP_CHILD, [], folder), _child(AFTER_WARMUP_CHILD, [], folder)
+    with tempfile.TemporaryDirectory(prefix="eplb-cache-warmup-") as folder:
+        return after_warmup(folder)
+
+
+def after_warmup_section(results_dir: Path, folder: str | None = None) -> str:
+    warm, calls = after_warmup(folder)
+    rows = [{"call": name, **{k: round(v, 4) for k, v in r.items()}} for name, r in calls.items()]
+    write_csv(results_dir / "startup_after_warmup.csv", rows)
+    table = []
+    for r in rows:
+        extra, extra_cpu = r["first_s"] - r["second_s"], r["first_cpu_s"] - r["second_cpu_s"]
+        table.append((r["call"], f"{r['first_s']:.3f}", f"{r['first_cpu_s']:.3f}", f"{r['second_s']:.3f}",
+                      f"{extra:.3f}", f"{extra_cpu:.3f}", f"{r['compiled']:g} / {r['loaded']:g}",
+                      f"<= {AFTER_WARMUP_TARGET:g} s: " + verdict(extra, extra_cpu, AFTER_WARMUP_TARGET)))
+    return "\n".join([
+        "### After `eplb warmup`", "",
+        f"`eplb.warmup(256, num_slots=288, num_gpus=32, num_nodes=4, num_groups=8)` on an empty cache folder took "
+        f"{warm['warmup_s']:.1f} s wall, {warm['warmup_cpu_s']:.1f} s CPU (a fresh process, import included). Then "
+        "one fresh process on that folder calls each public call twice (DeepSeek-V3-sized loads other than the "
+        "warm-up's; the placement in service is a greedy plan). Seconds; `extra` = first - second call; "
+        "`compiled / loaded`: Numba specializations of eplb's kernels the first call compiled (0: the warm-up "
+        "left nothing to compile) / loaded from the on-disk cache (a fresh process's first use).", "",
+        markdown_table(("public call", "first s", "first CPU s", "second s", "extra s", "extra CPU s",
+                        "compiled / loaded", "target"), table), "",
+    ])
 
 
 def fresh_process(entry: str, cache_dir: str) -> dict:
@@ -146,10 +280,13 @@ def _target(row: dict) -> float | None:
 
 
 def run(quick: bool, results_dir: Path, entries: tuple[str, ...] = ENTRIES, cold: bool | None = None,
-        repeats: int | None = None, warm_folder: str | None = None) -> str:
+        repeats: int | None = None, warm_folder: str | None = None, after: bool | None = None) -> str:
     """Cold (full run, or ``cold=True``) and warm start-ups of each entry point of ``entries``; warm
     ones on ``warm_folder`` when given, else (``quick``) :func:`quick_cache_folder`, else a fresh
-    folder per entry point."""
+    folder per entry point; with ``after`` (default: the full run) the first and second public
+    calls after ``eplb warmup``."""
+    if after is None:
+        after = not quick
     results_dir.mkdir(parents=True, exist_ok=True)
     if cold is None:
         cold = not quick
@@ -198,6 +335,7 @@ def run(quick: bool, results_dir: Path, entries: tuple[str, ...] = ENTRIES, cold
         markdown_table(("first call of", "kind", "import s", "first call s", "import + first call s", "same, CPU s",
                         "process s", "next call ms", "target"), table), "",
         *skipped, "![start-up](startup.png)", "",
+        *([after_warmup_section(results_dir)] if after else []),
     ])
 
 
@@ -212,6 +350,17 @@ def headline(results_dir: Path) -> list[tuple[str, str, str]]:
         what = "cold start (empty cache)" if r["kind"] != "warm cache" else "fresh process, warm cache"
         out.append((f"{what}: import + first `{r['entry']}`", f"{total:.2f} s wall, {cpu:.2f} s CPU",
                     "recorded" if target is None else f"<= {target:g} s: {verdict(total, cpu, target)}"))
+    after = results_dir / "startup_after_warmup.csv"
+    if after.exists():
+        rows = read_csv(after)
+        worst = max(rows, key=lambda r: float(r["first_s"]) - float(r["second_s"]))
+        extra = float(worst["first_s"]) - float(worst["second_s"])
+        extra_cpu = float(worst["first_cpu_s"]) - float(worst["second_cpu_s"])
+        compiled = sum(int(float(r["compiled"])) for r in rows)
+        out.append((f"after `eplb warmup` (DeepSeek-V3), fresh process: first call - second call, worst of "
+                    f"{len(rows)} public calls (`{worst['call']}`)",
+                    f"{extra:.3f} s wall, {extra_cpu:.3f} s CPU; {compiled} specializations compiled",
+                    f"<= {AFTER_WARMUP_TARGET:g} s: {verdict(extra, extra_cpu, AFTER_WARMUP_TARGET)}"))
     return out
 
 
@@ -220,6 +369,10 @@ if __name__ == "__main__":
     parser.add_argument("--quick", action="store_true", help="warm starts only, one process per entry point")
     parser.add_argument("--cold", action="store_true", help="with --quick: measure cold starts too")
     parser.add_argument("--entries", default=",".join(ENTRIES), help="comma-separated entry points")
+    parser.add_argument("--after-warmup", action="store_true",
+                        help="with --quick: measure the public calls after eplb warmup too")
+    parser.add_argument("--repeats", type=int, default=None, help="fresh processes per measurement")
     args = parser.parse_args()
     print(run(args.quick, Path(__file__).resolve().parent / "results" / ("quick" if args.quick else ""),
-              entries=tuple(args.entries.split(",")), cold=True if args.cold else None))
+              entries=tuple(e for e in args.entries.split(",") if e), cold=True if args.cold else None,
+              repeats=args.repeats, after=True if args.after_warmup else None))

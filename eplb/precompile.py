@@ -10,8 +10,12 @@ Which kernels a call compiles depends on the configuration (hierarchical or glob
 tiny or not) and on the loads (a layer near its bound skips the searches). So the warm-up plans
 the configuration itself, with few layers of synthetic loads that take every path: skewed (Zipf,
 hot experts), uniform and all-zero (dense) layers, from scratch and from a placement in service,
-and it computes the lower bound, the migration and, with ``balancer=True``, a Balancer's whole
-record / decide / rebalance cycle (:func:`eplb.serving.balancer.warm_kernels`).
+and it computes the lower bound, the migration, the other public calls a server makes
+(:func:`warm_public_calls`: the global plan, ``max_off_node``, a series planned hedged,
+``dispatch="optimal"``, :func:`eplb.dispatch`, every engine's shares, transfer plans,
+:func:`eplb.simulate`) and, with ``balancer=True``, a Balancer's whole record / decide / rebalance
+cycle (:func:`eplb.serving.balancer.warm_kernels`). ``tests/test_warmup.py`` checks that, after it,
+a fresh process compiles nothing on any of those calls.
 """
 
 from __future__ import annotations
@@ -26,6 +30,9 @@ from .planning.methods import DEFAULT_METHOD, METHODS
 from .model.problem import make_problem
 from .simulation.synthetic import skewed_counts
 from .serving.transfer import transfer_plan
+from .analysis.dispatch import dispatch
+from .analysis.engine_dispatch import ENGINES, with_engine_shares
+from .simulation.simulate import simulate, vllm_like
 
 def synthetic_loads(num_experts: int, num_groups: int | None = None, seed: int = 0) -> np.ndarray:
     """``[5, E]`` int64 token counts whose layers take every planning path: Zipf 1.5 (heavy hot
@@ -38,6 +45,45 @@ def synthetic_loads(num_experts: int, num_groups: int | None = None, seed: int =
         np.zeros((1, num_experts), np.int64),
     ]
     return np.concatenate(rows)
+
+
+def warm_public_calls(loads: np.ndarray, later: np.ndarray, hierarchical: bool, config: dict) -> None:
+    """Run, with the default method, the public calls a server of this configuration makes beside
+    a plan from scratch, on ``loads`` and ``later`` (``[L, E]`` each): the global plan of the same
+    slots and GPUs (when the configuration is hierarchical), a capped off-node plan
+    (``max_off_node``), a series ``[T, L, E]`` planned hedged (from scratch, near a placement, capped),
+    ``dispatch="optimal"``, :func:`eplb.dispatch`, every engine's shares
+    (:mod:`eplb.analysis.engine_dispatch`), transfer plans and :func:`eplb.simulate`."""
+    series = np.stack([loads, later, loads[::-1].copy()])
+    scratch = plan(loads, **config)
+    placements = [scratch]
+    if hierarchical:
+        flat = {key: value for key, value in config.items() if key != "num_groups"}
+        flat_plan = plan(loads, **flat)
+        flat_plan.lower_bound
+        transfer_plan(flat_plan, plan(later, previous=flat_plan, **flat)).counts()
+        for cap in (0.1, 1.0):
+            capped = plan(loads, max_off_node=cap, **config)
+            capped.lower_bound
+            capped.balancedness(later, dispatch="shares")
+            capped.off_node_fraction(later)
+            placements.append(capped)
+        plan(series, max_off_node=0.1, **config)
+    hedged = plan(series, **config)
+    hedged.lower_bound
+    near = plan(series, previous=scratch, **config)
+    transfer_plan(scratch, near).counts()
+    placements.append(plan(series, dispatch="optimal", **config))
+    for placement in placements:
+        dispatch(later, placement)
+        placement.balancedness(later, dispatch="optimal")
+    for engine in ENGINES:
+        shared = with_engine_shares(scratch, engine)
+        shared.balancedness(later, dispatch="shares")
+        if hierarchical:
+            shared.off_node_fraction(later)
+    simulate(series, **config)
+    simulate(series, policy=vllm_like(), **config)
 
 
 def _timed(steps: dict, name: str, fn) -> None:
@@ -95,6 +141,7 @@ def warmup(num_experts, *, num_slots=None, num_gpus=None, num_nodes=1, num_group
             _timed(steps, f"rebalance_experts {method}",
                    lambda method=method: rebalance_experts(loads, config["num_slots"], config["num_groups"] or 1,
                                                            config["num_nodes"], config["num_gpus"], method=method))
+    _timed(steps, "public calls", lambda: warm_public_calls(loads, later, problem.hierarchical, config))
     if balancer:
         for method in methods:
             _timed(steps, f"Balancer {method}", lambda method=method: warm_kernels(num_experts, method=method, **config))

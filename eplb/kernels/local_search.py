@@ -169,7 +169,7 @@ def improve_placement(weights, phy2log, slot_offsets, gpu_domain, max_swaps):
     num_layers, num_experts = weights.shape
     num_slots = phy2log.shape[1]
     num_gpus = slot_offsets.shape[0] - 1
-    width = 1
+    width = np.int64(1)  # not the literal 1: new_state then has one compiled specialization
     for g in range(num_gpus):
         width = max(width, slot_offsets[g + 1] - slot_offsets[g])
     out = phy2log.copy()

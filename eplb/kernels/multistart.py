@@ -133,7 +133,7 @@ def aligned_counts(w, experts, counts, num_slots, num_gpus, cap, wide, candidate
     for i in range(n):
         if counts[i] >= 2:
             heavy = i + 1
-    found = 0
+    found = np.int64(0)  # not the literal 0: _add_candidate then has one compiled specialization
     row = np.empty(n, np.int64)
     # every expert outside the tier keeps one replica: the tier is then t = j * num_gpus - (num_slots - n)
     # experts for a multiple j (with near-uniform loads, 24 experts x 3 replicas fill 72 GPUs one each,
@@ -170,7 +170,7 @@ def _add_candidate(w, experts, counts, t, seats, num_slots, cap, row, candidates
     n = experts.shape[0]
     if found >= candidates.shape[0]:
         return found
-    if not _apportion(w, experts, 0, t, seats, cap, row):
+    if not _apportion(w, experts, np.int64(0), t, seats, cap, row):  # not the literal 0: one specialization
         return found
     if not _apportion(w, experts, t, n, num_slots - seats, cap, row):
         return found
@@ -339,7 +339,7 @@ def best_placement(weights, slots_per_gpu, gpu_domain, start, num_starts, max_st
     num_layers, num_experts = weights.shape
     num_gpus = slots_per_gpu.shape[0]
     num_slots = start.shape[1]
-    width = 1
+    width = np.int64(1)  # not the literal 1: new_state then has one compiled specialization
     num_domains = 0
     for g in range(num_gpus):
         width = max(width, slots_per_gpu[g])

@@ -343,6 +343,8 @@ def near_bound(weights: np.ndarray, problem: Problem, previous: np.ndarray, *, t
         return near, changes, within
     if rows.size < num_layers:
         weights, previous = np.ascontiguousarray(weights[rows]), np.ascontiguousarray(previous[rows])
+    # writable, as in migrate's calls (a placement's arrays are read-only): one compiled specialization
+    previous = np.require(previous, np.int64, "CW")
     target = reference_bound(weights, problem) * (1.0 + tolerance)
     near[rows], changes[rows], _ = search_near_previous(
         weights, previous, previous, search_layout(problem, num_experts), target,

@@ -706,8 +706,9 @@ def _warm_window_kernels(num_layers: int, num_experts: int, num_slots: int) -> N
     logical = np.zeros((num_layers, num_experts))
     first_bad_count(logical)
     store_logical(logical, np.zeros((num_layers, num_experts)))
-    store_physical(np.zeros((num_layers, num_slots)), np.zeros((num_layers, num_slots), np.int64) % num_experts,
-                   np.zeros((num_layers, num_experts)))
+    phy2log = np.zeros((num_layers, num_slots), np.int64) % num_experts
+    phy2log.setflags(write=False)  # record(physical=True) passes a placement's read-only phy2log
+    store_physical(np.zeros((num_layers, num_slots)), phy2log, np.zeros((num_layers, num_experts)))
     weighted_window(np.zeros((1, num_layers, num_experts)), np.ones(1), np.zeros((num_layers, num_experts)))
     level, slope, out = (np.zeros((num_layers, num_experts)) for _ in range(3))
     window_residuals(np.zeros((1, num_layers, num_experts)), np.ones(1), np.zeros(1), level, slope,
