@@ -257,3 +257,16 @@ def test_hedged_timers_in_the_simulator_and_one_registry_of_policy_names(tmp_pat
     out, _ = invoke("simulate", "s.npy", "--slots", "40", "--gpus", "8", "-p", "sglang-hedged", "-p", "sglang",
                     "--model", "olmoe-1b-7b", "-o", "sim", cwd=tmp_path)
     assert "hedged over 10" in out
+
+
+def test_hedging_near_a_round_robin_start_keeps_groups_on_their_node():
+    """A placement in service that spreads groups over nodes is never kept by the hedged search."""
+    from eplb.planning.migration import groups_spread
+    from eplb.serving.balancer import round_robin_placement
+
+    series = structured_series(num_windows=6, seed=31)
+    problem = make_problem(32, **DEPLOYMENT)
+    start = round_robin_placement(3, 32, problem.topology, 4)
+    assert groups_spread(start.phy2log, problem, 32).all()
+    placement = eplb.plan(series, previous=start, copy_cost=1.0, **DEPLOYMENT)
+    assert not groups_spread(placement.phy2log, problem, 32).any()

@@ -40,7 +40,7 @@ def test_decision_rule_bench_tunes_on_one_series_and_reports_the_other(tmp_path)
 def test_decision_rule_falls_back_to_the_fastest_when_no_candidate_plans_in_time():
     """Issue 22, item 14: on a busy machine every candidate may plan above the target."""
     decision = importlib.import_module("decision_rule")
-    rows = [{"series": "tuning", "key": key, "plan_ms": str(20.0 + i), "lost_with_stalls_share": str(0.1 - 0.01 * i)}
+    rows = [{"series": "tuning", "key": key, "plan_ms": str(decision.PLAN_MS + 10.0 + i), "lost_with_stalls_share": str(0.1 - 0.01 * i)}
             for i, (key, _, _) in enumerate(decision.CANDIDATES)]
     winner, note = decision.chosen(rows)
     assert winner == decision.CANDIDATES[0][0] and "no candidate planned within" in note

@@ -19,7 +19,7 @@ from .engine_planning import plan_for_engine
 from .locality import capped_lower_bound, home_nodes, plan_locality
 from .locality import pareto as locality_curve
 from ..analysis.metrics import gpu_loads, moe_mean
-from .migration import as_previous, plan_near
+from .migration import as_previous, groups_spread, plan_near
 from .objectives import (DEFAULT_OBJECTIVE, SEARCHES, combine, hedge_info, hedge_windows,
                          plan_series)
 from ..analysis.placement import Placement
@@ -214,12 +214,16 @@ def hedge_near(windows: np.ndarray, window_weights, problem: Problem, previous: 
     """Per layer, the better of two hedged searches charged ``copy_cost`` per slot changed from
     ``previous [L, S]``: one from ``previous`` itself (its replica counts, few copies) and one from
     ``near [L, S]`` (the plan near it for the summed windows, whose replica counts fit the new
-    traffic); better = lower mean window ``peak / mean`` plus ``copy_cost`` per changed slot.
+    traffic); better = lower mean window ``peak / mean`` plus ``copy_cost`` per changed slot (in a
+    hierarchical deployment, a layer whose placement in service spreads a group over nodes takes the
+    second).
     Returns ``phy2log [L, S]`` and info entries (``slots_changed [L]``, ``uniform_objective_*``)."""
     candidates = [hedge_windows(windows, start, problem, window_weights, previous=previous, copy_cost=copy_cost)
                   for start in (previous, near)]
     changed = np.stack([(c.phy2log != previous).sum(axis=1) for c in candidates])  # [2, L]
     cost = np.stack([c.after for c in candidates]) + copy_cost * changed
+    # a layer whose placement in service spreads a group over nodes cannot be kept (hierarchical)
+    cost[0, groups_spread(previous, problem, windows.shape[2])] = np.inf
     pick = np.argmin(cost, axis=0)
     layers = np.arange(previous.shape[0])
     phy2log = np.ascontiguousarray(np.stack([c.phy2log for c in candidates])[pick, layers])
