@@ -28,7 +28,7 @@ placement; the assignment found at the smallest feasible ``T`` is the one used.
 import numpy as np
 from numba import njit
 
-from .load_bounds import _fewest_replicas, _shell_sort
+from .common import fewest_replicas, shell_sort
 from .hot_room import hot_room_fits
 
 # status codes of _search
@@ -54,7 +54,7 @@ def _replicas_needed(weights, group_size, num_groups, target, need):
         for j in range(group_size):
             w = weights[k * group_size + j]
             if target > 0.0 and w > target:
-                total += _fewest_replicas(w, target)  # guarded against rounding
+                total += fewest_replicas(w, target)  # guarded against rounding
             else:
                 total += 1
         need[k] = total
@@ -100,7 +100,7 @@ def _hot_expert_fits(weights, group_size, group_max, order, chosen, depth, group
                 e = q * group_size + j
                 if e == hot:
                     continue
-                total += 1 if weights[e] <= room else _fewest_replicas(weights[e], room)
+                total += 1 if weights[e] <= room else fewest_replicas(weights[e], room)
             if total > slots:
                 break
         if total <= slots:
@@ -133,7 +133,7 @@ def _nodes_fit(target, order, chosen, held, weights, group_size, node_slots, nod
                 for j in range(group_size):
                     loads[count] = weights[order[i] * group_size + j]
                     count += 1
-        _shell_sort(loads[:count])
+        shell_sort(loads[:count])
         for j in range(count // 2):  # decreasing
             loads[j], loads[count - 1 - j] = loads[count - 1 - j], loads[j]
         fits = hot_room_fits(loads, count, target, node_active[n], node_slots[n], node_min[n], node_max[n], scratch[1],
@@ -455,7 +455,7 @@ def node_load_bound(weights, num_groups, node_slots, node_active):
             for j in range(size):
                 total += weights[layer, k * size + j]
             asc[k] = total
-        _shell_sort(asc)
+        shell_sort(asc)
         if asc[num_groups - 1] <= 0.0:
             continue
         best = 0.0

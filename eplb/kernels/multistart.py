@@ -13,7 +13,8 @@ fixed-seed generator, so the result is deterministic."""
 import numpy as np
 from numba import njit
 
-from .pack_descend import _shared, descend, domain_slots, pack_domain
+from .common import shared_replicas
+from .pack_descend import descend, domain_slots, pack_domain
 from .local_search import pair_swap_descent
 from .packing import clear_gpus, load_state, new_state, recompute_loads, store_state
 
@@ -253,7 +254,7 @@ def _pack_and_keep(w, experts, counts, gpus, slots_per_gpu, first_item, item_exp
                 gpu_load, holds)
     descend(item_load, item_expert, gpus, gpu_items, gpu_fill, gpu_load, holds, max_steps)
     top = _domain_max(gpus, gpu_load)
-    if top < best_max * (1.0 - 1e-12) and _shared(gpus, gpu_items, gpu_fill, item_expert, holds) <= best_shared:
+    if top < best_max * (1.0 - 1e-12) and shared_replicas(gpus, gpu_items, gpu_fill, item_expert, holds) <= best_shared:
         for i in range(counts.shape[0]):  # not best_counts[:] = counts: see hierarchy._copy
             best_counts[i] = counts[i]
         for gi in range(gpus.shape[0]):
@@ -386,7 +387,7 @@ def best_placement(weights, slots_per_gpu, gpu_domain, start, num_starts, max_st
             best_max = _domain_max(gpus, gpu_load)
             if best_max <= threshold[layer]:
                 continue
-            best_shared = _shared(gpus, gpu_items, gpu_fill, item_expert, holds)
+            best_shared = shared_replicas(gpus, gpu_items, gpu_fill, item_expert, holds)
             for gi in range(gpus.shape[0]):
                 g = gpus[gi]
                 for s in range(slot_offsets[g], slot_offsets[g + 1]):

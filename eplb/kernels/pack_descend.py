@@ -7,22 +7,11 @@ in hierarchical mode); every domain is placed on its own.
 import numpy as np
 from numba import njit
 
+from .common import shared_replicas
 from .local_search import spread_duplicates, swap_descent
 from .packing import (clear_gpus, new_state, pack_spread_by_free_slots, pack_spread_largest_first,
                       recompute_loads, store_state)
 from .replication import replicate_capped
-
-
-@njit(cache=True, nogil=True, error_model="numpy")
-def _shared(gpus, gpu_items, gpu_fill, item_expert, holds):
-    """Replicas on the listed GPUs that share the GPU with another replica of their expert."""
-    total = 0
-    for gi in range(gpus.shape[0]):
-        g = gpus[gi]
-        for j in range(gpu_fill[g]):
-            if holds[g, item_expert[gpu_items[g, j]]] > 1:
-                total += 1
-    return total
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
@@ -53,7 +42,7 @@ def pack_domain(w, experts, counts, gpus, slots_per_gpu, first_item, item_expert
     pack_spread_largest_first(item_load, item_expert, items, gpus, slots_per_gpu, gpu_items, gpu_fill, gpu_load,
                               holds)
     spread_duplicates(item_load, item_expert, gpus, gpu_items, gpu_fill, gpu_load, holds)
-    if _shared(gpus, gpu_items, gpu_fill, item_expert, holds) > 0:
+    if shared_replicas(gpus, gpu_items, gpu_fill, item_expert, holds) > 0:
         # rare (uneven slots, few GPUs): rebuild expert by expert, which spreads whenever possible
         clear_gpus(gpus, item_expert, gpu_items, gpu_fill, gpu_load, holds)
         pack_spread_by_free_slots(item_load, item_expert, first_item + np.arange(item - first_item), gpus,
