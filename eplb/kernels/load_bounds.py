@@ -1,9 +1,16 @@
 """Kernels behind the lower bounds on the maximum GPU load."""
 
+from collections import namedtuple
+
 import numpy as np
 from numba import njit
 
 from .common import fewest_replicas, lightest_items, shell_sort
+
+BisectStack = namedtuple("BisectStack", ["lo", "hi", "a", "b", "it"])
+BisectStack.__doc__ = """The stack of :func:`_smallest_items_lower`'s bisection tree nodes, one entry a
+node: ``lo``, ``hi`` float64 its interval, ``a``, ``b`` int64 its ranks ``ranks[a:b]``, ``it``
+int64 the halvings done."""
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
@@ -115,10 +122,11 @@ def _smallest_item_lower(sorted_desc, extra, rank):
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def _settle_or_push(lo, hi, a, b, it, out, out_hi, tol, st_lo, st_hi, st_a, st_b, st_it, depth):
+def _settle_or_push(lo, hi, a, b, it, out, out_hi, tol, stack, depth):
     """Bisection step for ``ranks[a:b]`` now known to lie in ``[lo, hi]``: answer ``lo`` (and ``hi``
     in ``out_hi``) when the interval is narrow (``tol`` relative, or after 60 halvings), else push
-    it on the stack. Returns the new depth."""
+    it on the :class:`BisectStack`. Returns the new depth."""
+    st_lo, st_hi, st_a, st_b, st_it = stack
     if hi - lo <= tol * hi or it >= 60:
         for i in range(a, b):
             out[i] = lo
@@ -171,6 +179,7 @@ def _smallest_items_lower(sorted_desc, extra, ranks, out, out_hi, tol):
     st_a = np.empty(size, np.int64)
     st_b = np.empty(size, np.int64)
     st_it = np.empty(size, np.int64)
+    stack = BisectStack(st_lo, st_hi, st_a, st_b, st_it)
     st_lo[0] = 0.0
     st_hi[0] = hi0
     st_a[0] = first
@@ -190,9 +199,9 @@ def _smallest_items_lower(sorted_desc, extra, ranks, out, out_hi, tol):
         while split < b and count >= ranks[split]:
             split += 1
         if split > a:  # lo = mid
-            depth = _settle_or_push(mid, hi, a, split, it, out, out_hi, tol, st_lo, st_hi, st_a, st_b, st_it, depth)
+            depth = _settle_or_push(mid, hi, a, split, it, out, out_hi, tol, stack, depth)
         if split < b:  # hi = mid
-            depth = _settle_or_push(lo, mid, split, b, it, out, out_hi, tol, st_lo, st_hi, st_a, st_b, st_it, depth)
+            depth = _settle_or_push(lo, mid, split, b, it, out, out_hi, tol, stack, depth)
 
 
 @njit(cache=True, nogil=True, error_model="numpy")

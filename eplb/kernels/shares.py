@@ -233,9 +233,9 @@ def _cancel_cycles(graph, search, num_nodes, num_free, num_edges, eps):
 def _share_tables(num_experts, num_slots, num_gpus):
     """Fresh :class:`SlotTables`, :class:`FlowGraph` and :class:`FlowSearch` for layers of
     ``num_experts`` experts on ``num_slots`` slots of ``num_gpus`` GPUs."""
-    tables = SlotTables(np.zeros(num_experts, np.int64), np.empty(num_experts, np.int64), np.zeros(num_experts, np.bool_),
-                        np.zeros(num_gpus), np.zeros(num_experts + 1, np.int64), np.empty(num_slots, np.int64),
-                        np.zeros(num_experts, np.int64))
+    tables = SlotTables(np.zeros(num_experts, np.int64), np.empty(num_experts, np.int64),
+                        np.zeros(num_experts, np.bool_), np.zeros(num_gpus), np.zeros(num_experts + 1, np.int64),
+                        np.empty(num_slots, np.int64), np.zeros(num_experts, np.int64))
     graph = FlowGraph(np.empty(num_experts, np.int64), np.empty(num_experts), np.empty(num_gpus, np.int64),
                       np.empty(num_gpus, np.int64), np.empty(num_gpus, np.int64), np.empty(num_gpus, np.int64),
                       np.empty(num_slots, np.int64), np.empty(num_slots, np.int64), np.empty(num_slots, np.int64),
