@@ -22,6 +22,13 @@ from .packing import clear_gpus, load_state, new_state, recompute_loads, store_s
 
 _MASK = (1 << 64) - 1
 
+# Named values of best_placement's arguments, for callers (passed positionally: plain ints and
+# bools, so the compiled specializations are the ones literals get)
+NO_STARTS = 0  # num_starts: no seeded replications (the aligned and light-split ones only)
+SEED = 0  # seed: the generator's stream when the caller has no seed of its own
+PAIR_SWAPS, NO_PAIR_SWAPS = True, False  # pair_swaps: finish each domain with pair_swap_descent, or not
+NO_MOVES = 0  # move_experts, move_passes: no rounds of replica moves
+
 Domain = namedtuple("Domain", ["gpus", "slots_per_gpu", "slot_offsets", "first_item", "max_steps"])
 Domain.__doc__ = """One domain being packed: ``gpus [g]`` int64 its GPUs, ``slots_per_gpu [G]`` and
 ``slot_offsets [G + 1]`` int64 of every GPU, ``first_item`` the id of the domain's first replica
