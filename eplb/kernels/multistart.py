@@ -18,7 +18,7 @@ from numba import njit
 from .common import shared_replicas
 from .pack_descend import descend, domain_slots, pack_domain
 from .local_search import pair_swap_descent
-from .packing import clear_gpus, load_state, new_state, recompute_loads, store_state
+from .packing import PackState, clear_gpus, load_state, new_state, recompute_loads, store_state
 
 _MASK = (1 << 64) - 1
 
@@ -33,10 +33,6 @@ Domain = namedtuple("Domain", ["gpus", "slots_per_gpu", "slot_offsets", "first_i
 Domain.__doc__ = """One domain being packed: ``gpus [g]`` int64 its GPUs, ``slots_per_gpu [G]`` and
 ``slot_offsets [G + 1]`` int64 of every GPU, ``first_item`` the id of the domain's first replica
 (int64), ``max_steps`` the most swaps per descent."""
-
-PackState = namedtuple("PackState", ["item_expert", "item_load", "gpu_items", "gpu_fill", "gpu_load", "holds"])
-PackState.__doc__ = """The packing state of :func:`eplb.kernels.packing.new_state`: ``item_expert [S]``,
-``item_load [S]``, ``gpu_items [G, W]``, ``gpu_fill [G]``, ``gpu_load [G]``, ``holds [G, E]``."""
 
 Kept = namedtuple("Kept", ["counts", "expert", "shared"])
 Kept.__doc__ = """The best packing of a domain so far: ``counts [n]`` int64 its replication (the
@@ -268,16 +264,15 @@ def _is_new(row, n, counts, rows, found):
 @njit(cache=True, nogil=True, error_model="numpy")
 def _pack_and_keep(w, experts, counts, domain, pack, kept, best_max):
     """Pack the replication ``counts`` on the :class:`Domain`'s GPUs (:func:`eplb.kernels.pack_descend.pack_domain`,
-    in the :class:`PackState` ``pack``) and keep it in ``kept.counts`` / ``kept.expert`` (a
+    in the :class:`eplb.kernels.packing.PackState` ``pack``) and keep it in ``kept.counts`` / ``kept.expert`` (a
     :class:`Kept`) when the domain's heaviest GPU is lighter than ``best_max`` and no more replicas
     share a GPU with their expert than ``kept.shared``. Returns the best max load."""
     gpus, slots_per_gpu, slot_offsets, first_item, max_steps = domain
     item_expert, item_load, gpu_items, gpu_fill, gpu_load, holds = pack
     best_counts, best_expert, best_shared = kept
     clear_gpus(gpus, item_expert, gpu_items, gpu_fill, gpu_load, holds)
-    pack_domain(w, experts, counts, gpus, slots_per_gpu, first_item, item_expert, item_load, gpu_items, gpu_fill,
-                gpu_load, holds)
-    descend(item_load, item_expert, gpus, gpu_items, gpu_fill, gpu_load, holds, max_steps)
+    pack_domain(w, experts, counts, gpus, slots_per_gpu, first_item, pack)
+    descend(pack, gpus, max_steps)
     top = _domain_max(gpus, gpu_load)
     if top < best_max * (1.0 - 1e-12) and shared_replicas(gpus, gpu_items, gpu_fill, item_expert, holds) <= best_shared:
         for i in range(counts.shape[0]):  # not best_counts[:] = counts: see hierarchy._copy
