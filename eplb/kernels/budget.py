@@ -14,7 +14,7 @@ extra replicas to keep every replica ``<= T``, and only the slots left over can 
 import numpy as np
 from numba import njit
 
-from .load_bounds import _fewest_replicas, _lightest_items, _shell_sort
+from .common import fewest_replicas, lightest_items, shell_sort
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
@@ -24,11 +24,11 @@ def _virtual_experts(desc, first, last, target, virtual, prefix):
     ``prefix``. Returns the number of parts."""
     n = 0
     for e in range(last - 1, first - 1, -1):
-        b = _fewest_replicas(desc[e], target)
+        b = fewest_replicas(desc[e], target)
         for _ in range(b):
             virtual[n] = desc[e] / b
             n += 1
-    _shell_sort(virtual[:n])
+    shell_sort(virtual[:n])
     prefix[0] = 0.0
     for i in range(n):
         prefix[i + 1] = prefix[i] + virtual[i]
@@ -42,7 +42,7 @@ def _budget_feasible(desc, tier, target, num_slots, active_gpus, min_slots, max_
     Lightest replicas: with every replica ``<= T``, expert ``e`` has at least ``b_e`` replicas
     (the fewest of load ``<= T``), leaving ``F = S - E - sum (b_e - 1)`` free. Any ``m`` replicas
     weigh at least the ``m`` lightest of the *virtual* experts (each expert cut into its ``b_e``
-    equal parts) replicated with ``F`` extras (:func:`eplb.kernels.load_bounds._lightest_items`): equal
+    equal parts) replicated with ``F`` extras (:func:`eplb.kernels.common.lightest_items`): equal
     replicas are the heaviest way to split an expert, since the ``j`` smallest of ``N`` values
     summing to ``w`` sum to at most ``j w / N``.
 
@@ -65,21 +65,21 @@ def _budget_feasible(desc, tier, target, num_slots, active_gpus, min_slots, max_
     cold = num_experts - tier
     extras = 0
     for e in range(num_experts):
-        extras += _fewest_replicas(desc[e], target) - 1
+        extras += fewest_replicas(desc[e], target) - 1
         if extras > num_slots - num_experts:
             return False
     n = _virtual_experts(desc, 0, num_experts, target, virtual, prefix)
-    cap = target - _lightest_items(virtual[:n], prefix[: n + 1], num_slots - num_experts - extras, min_slots - 1, 8)
+    cap = target - lightest_items(virtual[:n], prefix[: n + 1], num_slots - num_experts - extras, min_slots - 1, 8)
     if cap <= 0.0:
         return False
     r_min = 0
     hot_load = 0.0
     for e in range(tier):
-        r_min += _fewest_replicas(desc[e], cap)
+        r_min += fewest_replicas(desc[e], cap)
         hot_load += desc[e]
     need = 0
     for e in range(tier, num_experts):
-        need += _fewest_replicas(desc[e], cap) - 1
+        need += fewest_replicas(desc[e], cap) - 1
         if r_min + cold + need > num_slots:
             return False
     r_max = num_slots - cold - need
@@ -89,7 +89,7 @@ def _budget_feasible(desc, tier, target, num_slots, active_gpus, min_slots, max_
         free = r_max - r
         q_low = (r + max_slots - 1) // max_slots
         for q in range(min(active_gpus, r), q_low - 1, -1):
-            if hot_load + _lightest_items(values, prefix[: n + 1], free, q * min_slots - r, 8) <= q * target:
+            if hot_load + lightest_items(values, prefix[: n + 1], free, q * min_slots - r, 8) <= q * target:
                 return True
     return False
 

@@ -10,12 +10,25 @@ The loads ``[T, G]`` are kept up to date, with each window's ``TOP`` most loaded
 a move touches only the GPUs it changes: ``O(T)`` for a swap, ``O(T * replicas)`` for a replica move.
 """
 
+from collections import namedtuple
+
 import numpy as np
 from numba import njit
 
-from .shares import _next_random  # the xorshift64 stream of the dispatch search
+from .common import next_random  # the xorshift64 stream of the dispatch search
 
 TOP = 4  # most loaded GPUs remembered per window
+
+PeakState = namedtuple("PeakState", ["scale", "share", "count", "loads", "peak", "top", "mark", "touched", "coef_x",
+                                     "coef_f", "new_peak"])
+PeakState.__doc__ = """One layer under :func:`improve_expected_peak`: ``scale [T]`` each window's
+scale (0: ignored), ``share [T, E]`` an expert's scaled tokens per window, ``count [E]`` replicas
+per expert, ``loads [T, G]`` GPU loads, ``peak [T]``, ``top [T, TOP]`` each window's most loaded
+GPUs; scratch of a move: ``mark [G]`` (stamps of the GPUs it touches), ``touched [G]`` (those GPUs),
+``coef_x [G]`` and ``coef_f [G]`` (their load change per token of the expert leaving and of the
+expert arriving), ``new_peak [T]``."""
+
+SWAP, GIVE, TAKE = 0, 1, 2  # the kinds of moves of improve_expected_peak
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
@@ -63,6 +76,207 @@ def _holds(row, slot_offsets, gpu, expert, skip):
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
+def _start_layer(windows, window_weights, layer, row, gpu_of_slot, st):
+    """Fill ``st`` (a :class:`PeakState`) for ``layer`` of ``windows [T, L, E]`` placed as ``row [S]``.
+
+    Returns ``(total_weight, current)``: the weight of the windows that count and the sum of their
+    peaks (``current`` is 0.0 when ``total_weight <= 0``, and the loads are then not filled)."""
+    scale, share, count, loads, peak, top = st.scale, st.share, st.count, st.loads, st.peak, st.top
+    num_windows, _, num_experts = windows.shape
+    num_gpus = loads.shape[1]
+    num_slots = row.shape[0]
+    total_weight = 0.0
+    for t in range(num_windows):
+        mean = 0.0
+        for e in range(num_experts):
+            mean += windows[t, layer, e]
+        mean /= num_gpus
+        scale[t] = window_weights[t] / mean if mean > 0.0 and window_weights[t] > 0.0 else 0.0
+        if scale[t] > 0.0:
+            total_weight += window_weights[t]
+        for e in range(num_experts):
+            share[t, e] = windows[t, layer, e] * scale[t]
+    if total_weight <= 0.0:
+        return total_weight, 0.0
+    count[:] = 0
+    for s in range(num_slots):
+        count[row[s]] += 1
+    current = 0.0
+    for t in range(num_windows):
+        for g in range(num_gpus):
+            loads[t, g] = 0.0
+        for s in range(num_slots):
+            e = row[s]
+            loads[t, gpu_of_slot[s]] += share[t, e] / count[e]
+        _rank_window(loads, t, top)
+        peak[t] = loads[t, top[t, 0]] if scale[t] > 0.0 else 0.0
+        current += peak[t]
+    return total_weight, current
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _pick_move(kind, hot, row, count, gpu_of_slot, slot_offsets, zone_of_slot, state):
+    """Draw a move of ``kind`` (:data:`SWAP`, :data:`GIVE` or :data:`TAKE`) from GPU ``hot``: slot
+    ``a`` changes to expert ``f`` and, for a swap, slot ``b`` to the expert ``a`` held.
+
+    Args:
+        row: ``[S]`` int64 the layer's placement; count: ``[E]`` replicas per expert; gpu_of_slot,
+        slot_offsets, zone_of_slot: as :func:`improve_expected_peak`; state: the random stream.
+    Returns:
+        ``(a, b, f, state)``; ``a < 0`` or ``f < 0`` when no move was found (``b`` is ``-1`` unless
+        a swap).
+    """
+    num_slots = row.shape[0]
+    size_hot = slot_offsets[hot + 1] - slot_offsets[hot]
+    a = -1
+    b = -1
+    f = -1
+    if kind == SWAP:
+        state = next_random(state)
+        a = slot_offsets[hot] + np.int64(state % np.uint64(size_hot))
+        x = row[a]
+        for _attempt in range(16):
+            state = next_random(state)
+            c = np.int64(state % np.uint64(num_slots))
+            if gpu_of_slot[c] == hot or zone_of_slot[c] != zone_of_slot[a] or row[c] == x:
+                continue
+            if _holds(row, slot_offsets, hot, row[c], a) or _holds(row, slot_offsets, gpu_of_slot[c], x, c):
+                continue
+            b = c
+            f = row[c]
+            break
+    elif kind == GIVE:  # a replica on hot goes to another expert
+        for _attempt in range(16):
+            state = next_random(state)
+            c = slot_offsets[hot] + np.int64(state % np.uint64(size_hot))
+            if count[row[c]] >= 2:
+                a = c
+                break
+        if a < 0:
+            return a, b, f, state
+        for _attempt in range(16):
+            state = next_random(state)
+            c = np.int64(state % np.uint64(num_slots))
+            if zone_of_slot[c] != zone_of_slot[a] or row[c] == row[a]:
+                continue
+            if _holds(row, slot_offsets, hot, row[c], a):
+                continue
+            f = row[c]
+            break
+    else:  # take: a redundant replica elsewhere becomes one more replica of an expert of hot
+        state = next_random(state)
+        c = slot_offsets[hot] + np.int64(state % np.uint64(size_hot))
+        f = row[c]
+        for _attempt in range(16):
+            state = next_random(state)
+            c2 = np.int64(state % np.uint64(num_slots))
+            if gpu_of_slot[c2] == hot or zone_of_slot[c2] != zone_of_slot[c] or count[row[c2]] < 2:
+                continue
+            if row[c2] == f or _holds(row, slot_offsets, gpu_of_slot[c2], f, c2):
+                continue
+            a = c2
+            break
+    return a, b, f, state
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _touch_gpus(kind, a, b, f, row, gpu_of_slot, st, stamp):
+    """Mark (with ``stamp``) and list in ``st.touched`` the GPUs the move ``(kind, a, b, f)`` of
+    :func:`_pick_move` changes, with the change of their load per token of the expert leaving slot
+    ``a`` (``st.coef_x``) and of ``f`` (``st.coef_f``). Returns how many GPUs."""
+    count, mark, touched, coef_x, coef_f = st.count, st.mark, st.touched, st.coef_x, st.coef_f
+    x = row[a]
+    gpu_a = gpu_of_slot[a]
+    num_touched = 0
+    if kind == SWAP:
+        gpu_b = gpu_of_slot[b]
+        touched[0] = gpu_a
+        touched[1] = gpu_b
+        num_touched = 2
+        mark[gpu_a] = stamp
+        mark[gpu_b] = stamp
+        coef_x[gpu_a] = -1.0 / count[x]
+        coef_f[gpu_a] = 1.0 / count[f]
+        coef_x[gpu_b] = 1.0 / count[x]
+        coef_f[gpu_b] = -1.0 / count[f]
+    else:
+        cx = count[x]
+        cf = count[f]
+        for s in range(row.shape[0]):
+            e = row[s]
+            if e != x and e != f:
+                continue
+            g = gpu_of_slot[s]
+            if mark[g] != stamp:
+                mark[g] = stamp
+                touched[num_touched] = g
+                num_touched += 1
+                coef_x[g] = 0.0
+                coef_f[g] = 0.0
+            if s == a:
+                coef_x[g] -= 1.0 / cx
+                coef_f[g] += 1.0 / (cf + 1)
+            elif e == x:
+                coef_x[g] += 1.0 / (cx - 1) - 1.0 / cx
+            else:
+                coef_f[g] += 1.0 / (cf + 1) - 1.0 / cf
+    return num_touched
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _beats(st, x, f, num_touched, stamp, window_weights, target, total_weight):
+    """Whether the move touching ``st.touched[:num_touched]`` (marked ``stamp``) brings the sum of
+    the windows' peaks below ``target``: scored window by window, stopping once even the best case
+    for the rest (each window at its mean, its weight) cannot win."""
+    scale, share, loads, top = st.scale, st.share, st.loads, st.top
+    mark, touched, coef_x, coef_f, new_peak = st.mark, st.touched, st.coef_x, st.coef_f, st.new_peak
+    value = 0.0
+    floor = total_weight  # a window's peak is at least its mean, its weight
+    for r in range(scale.shape[0]):
+        if scale[r] <= 0.0:
+            continue
+        best = _max_untouched(loads, r, top, mark, stamp)
+        for k in range(num_touched):
+            g = touched[k]
+            load = loads[r, g] + coef_x[g] * share[r, x] + coef_f[g] * share[r, f]
+            if load > best:
+                best = load
+        new_peak[r] = best
+        value += best
+        floor -= window_weights[r]
+        if value + floor >= target:
+            return False
+    return True
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _keep_move(kind, a, b, f, row, st, num_touched):
+    """Apply the move ``(kind, a, b, f)`` to ``row`` and ``st``; returns the new sum of the peaks."""
+    scale, share, count, loads, peak, top = st.scale, st.share, st.count, st.loads, st.peak, st.top
+    touched, coef_x, coef_f = st.touched, st.coef_x, st.coef_f
+    x = row[a]
+    row[a] = f
+    if kind == SWAP:
+        row[b] = x
+    else:
+        count[x] -= 1
+        count[f] += 1
+    num_windows = scale.shape[0]
+    for r in range(num_windows):
+        if scale[r] <= 0.0:
+            continue
+        for k in range(num_touched):
+            g = touched[k]
+            loads[r, g] += coef_x[g] * share[r, x] + coef_f[g] * share[r, f]
+        _rank_window(loads, r, top)
+        peak[r] = loads[r, top[r, 0]]
+    current = 0.0
+    for r in range(num_windows):
+        current += peak[r]
+    return current
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
 def improve_expected_peak(windows, window_weights, phy2log, gpu_of_slot, slot_offsets, zone_of_slot, iterations,
                           seed, replica_moves):
     """Lower, per layer, the weighted mean over windows of the uniform-split ``peak / mean``.
@@ -100,196 +314,41 @@ def improve_expected_peak(windows, window_weights, phy2log, gpu_of_slot, slot_of
         objective on the windows at the start and at the end (1.0 for a layer with no tokens).
     """
     num_windows, num_layers, num_experts = windows.shape
-    num_slots = phy2log.shape[1]
     num_gpus = slot_offsets.shape[0] - 1
     out = phy2log.copy()
     before = np.ones(num_layers)
     after = np.ones(num_layers)
-    scale = np.zeros(num_windows)
-    share = np.empty((num_windows, num_experts))  # tokens of an expert per window, scaled
-    loads = np.zeros((num_windows, num_gpus))
-    peak = np.zeros(num_windows)
-    top = np.empty((num_windows, TOP), np.int64)
-    count = np.zeros(num_experts, np.int64)
-    mark = np.zeros(num_gpus, np.int64)
-    touched = np.empty(num_gpus, np.int64)
-    coef_x = np.zeros(num_gpus)
-    coef_f = np.zeros(num_gpus)
-    new_peak = np.empty(num_windows)
+    st = PeakState(np.zeros(num_windows), np.empty((num_windows, num_experts)), np.zeros(num_experts, np.int64),
+                   np.zeros((num_windows, num_gpus)), np.zeros(num_windows), np.empty((num_windows, TOP), np.int64),
+                   np.zeros(num_gpus, np.int64), np.empty(num_gpus, np.int64), np.zeros(num_gpus), np.zeros(num_gpus),
+                   np.empty(num_windows))
+    scale = st.scale
     stamp = 0
     state = np.uint64(seed) if seed > 0 else np.uint64(88172645463325252)
     for layer in range(num_layers):
         row = out[layer]
-        total_weight = 0.0
-        for t in range(num_windows):
-            mean = 0.0
-            for e in range(num_experts):
-                mean += windows[t, layer, e]
-            mean /= num_gpus
-            scale[t] = window_weights[t] / mean if mean > 0.0 and window_weights[t] > 0.0 else 0.0
-            if scale[t] > 0.0:
-                total_weight += window_weights[t]
-            for e in range(num_experts):
-                share[t, e] = windows[t, layer, e] * scale[t]
+        total_weight, current = _start_layer(windows, window_weights, layer, row, gpu_of_slot, st)
         if total_weight <= 0.0:
             continue
-        count[:] = 0
-        for s in range(num_slots):
-            count[row[s]] += 1
-        current = 0.0
-        for t in range(num_windows):
-            for g in range(num_gpus):
-                loads[t, g] = 0.0
-            for s in range(num_slots):
-                e = row[s]
-                loads[t, gpu_of_slot[s]] += share[t, e] / count[e]
-            _rank_window(loads, t, top)
-            peak[t] = loads[t, top[t, 0]] if scale[t] > 0.0 else 0.0
-            current += peak[t]
         before[layer] = current / total_weight
         t = -1
         for it in range(iterations):
             t = (t + 1) % num_windows
             while scale[t] <= 0.0:
                 t = (t + 1) % num_windows
-            hot = top[t, 0]
-            size_hot = slot_offsets[hot + 1] - slot_offsets[hot]
-            kind = 0
+            kind = SWAP
             if replica_moves and it % 2 == 1:
-                kind = 1 if (it // 2) % 2 == 0 else 2
-            # pick the move: slot a on gpu_a changes from expert x to expert f; for a swap slot b
-            # (on gpu_b) changes from f to x
-            a = -1
-            b = -1
-            f = -1
-            if kind == 0:
-                state = _next_random(state)
-                a = slot_offsets[hot] + np.int64(state % np.uint64(size_hot))
-                x = row[a]
-                for _attempt in range(16):
-                    state = _next_random(state)
-                    c = np.int64(state % np.uint64(num_slots))
-                    if gpu_of_slot[c] == hot or zone_of_slot[c] != zone_of_slot[a] or row[c] == x:
-                        continue
-                    if _holds(row, slot_offsets, hot, row[c], a) or _holds(row, slot_offsets, gpu_of_slot[c], x, c):
-                        continue
-                    b = c
-                    f = row[c]
-                    break
-                if b < 0:
-                    continue
-            elif kind == 1:  # give: a replica on hot goes to another expert
-                for _attempt in range(16):
-                    state = _next_random(state)
-                    c = slot_offsets[hot] + np.int64(state % np.uint64(size_hot))
-                    if count[row[c]] >= 2:
-                        a = c
-                        break
-                if a < 0:
-                    continue
-                for _attempt in range(16):
-                    state = _next_random(state)
-                    c = np.int64(state % np.uint64(num_slots))
-                    if zone_of_slot[c] != zone_of_slot[a] or row[c] == row[a]:
-                        continue
-                    if _holds(row, slot_offsets, hot, row[c], a):
-                        continue
-                    f = row[c]
-                    break
-                if f < 0:
-                    continue
-            else:  # take: a redundant replica elsewhere becomes one more replica of an expert of hot
-                state = _next_random(state)
-                c = slot_offsets[hot] + np.int64(state % np.uint64(size_hot))
-                f = row[c]
-                for _attempt in range(16):
-                    state = _next_random(state)
-                    c2 = np.int64(state % np.uint64(num_slots))
-                    if gpu_of_slot[c2] == hot or zone_of_slot[c2] != zone_of_slot[c] or count[row[c2]] < 2:
-                        continue
-                    if row[c2] == f or _holds(row, slot_offsets, gpu_of_slot[c2], f, c2):
-                        continue
-                    a = c2
-                    break
-                if a < 0:
-                    continue
-            x = row[a]
-            gpu_a = gpu_of_slot[a]
-            # the GPUs the move changes, with the change of their load per token of x and of f
-            stamp += 1
-            num_touched = 0
-            if kind == 0:
-                gpu_b = gpu_of_slot[b]
-                touched[0] = gpu_a
-                touched[1] = gpu_b
-                num_touched = 2
-                mark[gpu_a] = stamp
-                mark[gpu_b] = stamp
-                coef_x[gpu_a] = -1.0 / count[x]
-                coef_f[gpu_a] = 1.0 / count[f]
-                coef_x[gpu_b] = 1.0 / count[x]
-                coef_f[gpu_b] = -1.0 / count[f]
-            else:
-                cx = count[x]
-                cf = count[f]
-                for s in range(num_slots):
-                    e = row[s]
-                    if e != x and e != f:
-                        continue
-                    g = gpu_of_slot[s]
-                    if mark[g] != stamp:
-                        mark[g] = stamp
-                        touched[num_touched] = g
-                        num_touched += 1
-                        coef_x[g] = 0.0
-                        coef_f[g] = 0.0
-                    if s == a:
-                        coef_x[g] -= 1.0 / cx
-                        coef_f[g] += 1.0 / (cf + 1)
-                    elif e == x:
-                        coef_x[g] += 1.0 / (cx - 1) - 1.0 / cx
-                    else:
-                        coef_f[g] += 1.0 / (cf + 1) - 1.0 / cf
-            # score, window by window; stop once even the best case for the rest cannot win
-            target = current * (1.0 - 1e-12)
-            value = 0.0
-            floor = total_weight  # a window's peak is at least its mean, its weight
-            rejected = False
-            for r in range(num_windows):
-                if scale[r] <= 0.0:
-                    continue
-                best = _max_untouched(loads, r, top, mark, stamp)
-                for k in range(num_touched):
-                    g = touched[k]
-                    load = loads[r, g] + coef_x[g] * share[r, x] + coef_f[g] * share[r, f]
-                    if load > best:
-                        best = load
-                new_peak[r] = best
-                value += best
-                floor -= window_weights[r]
-                if value + floor >= target:
-                    rejected = True
-                    break
-            if rejected:
+                kind = GIVE if (it // 2) % 2 == 0 else TAKE
+            # slot a on gpu_a changes from expert x to expert f; for a swap slot b changes from f to x
+            a, b, f, state = _pick_move(kind, st.top[t, 0], row, st.count, gpu_of_slot, slot_offsets, zone_of_slot,
+                                        state)
+            if a < 0 or f < 0:
                 continue
-            # keep it
-            row[a] = f
-            if kind == 0:
-                row[b] = x
-            else:
-                count[x] -= 1
-                count[f] += 1
-            for r in range(num_windows):
-                if scale[r] <= 0.0:
-                    continue
-                for k in range(num_touched):
-                    g = touched[k]
-                    loads[r, g] += coef_x[g] * share[r, x] + coef_f[g] * share[r, f]
-                _rank_window(loads, r, top)
-                peak[r] = loads[r, top[r, 0]]
-            current = 0.0
-            for r in range(num_windows):
-                current += peak[r]
+            stamp += 1
+            num_touched = _touch_gpus(kind, a, b, f, row, gpu_of_slot, st, stamp)
+            if not _beats(st, row[a], f, num_touched, stamp, window_weights, current * (1.0 - 1e-12), total_weight):
+                continue
+            current = _keep_move(kind, a, b, f, row, st, num_touched)
         after[layer] = current / total_weight
     return out, before, after
 
@@ -348,7 +407,7 @@ def _partner(loads, t, hot, zone_of_gpu, slot_offsets, state, lightest):
                 best = g
         return best, state
     for _attempt in range(16):
-        state = _next_random(state)
+        state = next_random(state)
         g = np.int64(state % np.uint64(num_gpus))
         if g != hot and zone_of_gpu[g] == zone and slot_offsets[g + 1] > slot_offsets[g]:
             return g, state

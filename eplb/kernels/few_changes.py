@@ -39,6 +39,11 @@ each expert's slots (first ``cnt[e]``), ``has [G, E]`` replicas per GPU, ``node_
 per node and group, ``x [G]`` GPU loads, ``share [E]`` ``w / cnt``, ``share_up [E]`` ``w / (cnt + 1)``,
 ``gain_down [E]`` ``w / (cnt - 1) - w / cnt`` (what each other replica gains if one goes)."""
 
+MoveLimits = namedtuple("MoveLimits", ["peak", "limit", "floor", "budget", "per_change"])
+MoveLimits.__doc__ = """What a candidate move is judged against: ``peak`` the heaviest GPU's load,
+``limit`` the load no GPU the move touches may reach, ``floor`` the load below which a gain does
+not count, ``budget`` the most slots it may change, ``per_change`` (bool) score gain per changed slot."""
+
 
 @njit(cache=True, nogil=True, error_model="numpy", inline="always")  # no refcounting per call
 def _shares(st, e):
@@ -265,8 +270,8 @@ def _best_give_away(st, lay, heavy, peak, limit, floor, budget, per_change, held
                 holders = max(holders, x[g] + gain_e * has[g, e])
         base = peak - share[e] + (has[heavy, e] - 1) * gain_e
         if holders >= limit:
-            best = _give_away_relieving(st, lay, heavy, a, e, base, peak, limit, floor, budget, per_change, held,
-                                        best)
+            best = _give_away_relieving(st, lay, heavy, a, e, base, MoveLimits(peak, limit, floor, budget, per_change),
+                                        held, best)
             continue
         for option in range(2):
             if option == 0:
@@ -290,10 +295,12 @@ def _best_give_away(st, lay, heavy, peak, limit, floor, budget, per_change, held
 
 
 @njit(cache=True, nogil=True, error_model="numpy", inline="always")
-def _give_away_relieving(st, lay, heavy, a, e, base, peak, limit, floor, budget, per_change, held, best):
+def _give_away_relieving(st, lay, heavy, a, e, base, limits, held, best):
     """Move (B) when a holder of ``e`` would overload: only a new replica of an expert that holder
     holds can relieve it. Tries those experts ``f`` (in increasing order), each with the exact loads
-    of ``e``'s holders (any other ``f`` leaves that holder at its load, >= limit)."""
+    of ``e``'s holders (any other ``f`` leaves that holder at its load, >= limit). ``limits``: a
+    :class:`MoveLimits`."""
+    peak, limit, floor, budget, per_change = limits
     row, prev, cnt, has, x, expert_slots = st.row, st.prev, st.cnt, st.has, st.x, st.expert_slots
     share, share_up, node_group = st.share, st.share_up, st.node_group
     gpu_of_slot, group_of_expert, keep_groups = lay.gpu_of_slot, lay.group_of_expert, lay.keep_groups

@@ -3,6 +3,8 @@
 import numpy as np
 from numba import njit
 
+RANDOM_SPLIT, FIXED_SPLIT = True, False  # gpu_work's random_split argument, named for callers
+
 
 @njit(cache=True, nogil=True, error_model="numpy")
 def gpu_work(counts, phy2log, shares, gpu_of_slot, num_gpus, random_split):

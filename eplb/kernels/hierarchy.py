@@ -25,11 +25,23 @@ a ``T`` with no assignment is a proven lower bound on the max load of every hier
 placement; the assignment found at the smallest feasible ``T`` is the one used.
 """
 
+from collections import namedtuple
+
 import numpy as np
 from numba import njit
 
-from .load_bounds import _fewest_replicas, _shell_sort
+from .common import fewest_replicas, shell_sort
 from .hot_room import hot_room_fits
+
+GroupTable = namedtuple("GroupTable", ["weights", "size", "load", "need", "heaviest"])
+GroupTable.__doc__ = """One layer's expert groups: ``weights [E]`` float64 the experts' loads (group ``k``
+holds experts ``k * size ... (k + 1) * size - 1``), ``size`` experts per group (int64), ``load [K]``
+float64 each group's load, ``need [K]`` int64 the replicas each needs at the target, ``heaviest [K]``
+float64 each group's heaviest expert."""
+
+NodeTable = namedtuple("NodeTable", ["slots", "active", "kind", "min_slots", "max_slots"])
+NodeTable.__doc__ = """The nodes, ``[N]`` int64 each: ``slots``, ``active`` GPUs, ``kind`` (equal for
+interchangeable nodes), ``min_slots`` / ``max_slots`` (fewest / most slots of an active GPU)."""
 
 # status codes of _search
 FEASIBLE = 1
@@ -54,7 +66,7 @@ def _replicas_needed(weights, group_size, num_groups, target, need):
         for j in range(group_size):
             w = weights[k * group_size + j]
             if target > 0.0 and w > target:
-                total += _fewest_replicas(w, target)  # guarded against rounding
+                total += fewest_replicas(w, target)  # guarded against rounding
             else:
                 total += 1
         need[k] = total
@@ -100,7 +112,7 @@ def _hot_expert_fits(weights, group_size, group_max, order, chosen, depth, group
                 e = q * group_size + j
                 if e == hot:
                     continue
-                total += 1 if weights[e] <= room else _fewest_replicas(weights[e], room)
+                total += 1 if weights[e] <= room else fewest_replicas(weights[e], room)
             if total > slots:
                 break
         if total <= slots:
@@ -109,11 +121,13 @@ def _hot_expert_fits(weights, group_size, group_max, order, chosen, depth, group
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def _nodes_fit(target, order, chosen, held, weights, group_size, node_slots, node_active, node_min, node_max, memo,
-               scratch):
+def _nodes_fit(target, order, chosen, held, groups, nodes, memo, scratch):
     """Whether every node holding groups (``chosen[i]``: node of group ``order[i]``) passes
-    :func:`eplb.kernels.hot_room.hot_room_fits` at ``target``; ``memo [2^K]`` int8 remembers each
-    node's set of groups (``[1]`` when ``K > 16``: no memo); ``scratch [6, E + 1]`` float64 work space."""
+    :func:`eplb.kernels.hot_room.hot_room_fits` at ``target``; ``groups`` a :class:`GroupTable`,
+    ``nodes`` a :class:`NodeTable`; ``memo [2^K]`` int8 remembers each node's set of groups (``[1]``
+    when ``K > 16``: no memo); ``scratch [6, E + 1]`` float64 work space."""
+    weights, group_size = groups.weights, groups.size
+    node_slots, node_active, node_min, node_max = nodes.slots, nodes.active, nodes.min_slots, nodes.max_slots
     num_groups = order.shape[0]
     loads = scratch[0]
     for n in range(node_slots.shape[0]):
@@ -133,7 +147,7 @@ def _nodes_fit(target, order, chosen, held, weights, group_size, node_slots, nod
                 for j in range(group_size):
                     loads[count] = weights[order[i] * group_size + j]
                     count += 1
-        _shell_sort(loads[:count])
+        shell_sort(loads[:count])
         for j in range(count // 2):  # decreasing
             loads[j], loads[count - 1 - j] = loads[count - 1 - j], loads[j]
         fits = hot_room_fits(loads, count, target, node_active[n], node_slots[n], node_min[n], node_max[n], scratch[1],
@@ -158,25 +172,24 @@ def _take_off(t, order, chosen, group_load, need, load, used, held):
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def _search(target, order, group_load, need, node_slots, node_active, node_class, budget, assign, weights,
-            group_size, group_max, strong, node_min, node_max, memo, scratch):
+def _search(target, order, groups, nodes, budget, assign, strong, memo, scratch):
     """Depth-first search for a group -> node assignment meeting both conditions at ``target``.
 
     Args:
         order: ``[K]`` int64 groups in the order they are assigned (heaviest first).
-        group_load: ``[K]`` float64; need: ``[K]`` int64 replicas each group needs.
-        node_slots, node_active: ``[N]`` int64; node_class: ``[N]`` int64, equal for interchangeable nodes.
+        groups: a :class:`GroupTable` (the layer's loads, group loads, replicas each group needs,
+            heaviest expert of each group).
+        nodes: a :class:`NodeTable` (slots, active GPUs, kinds; fewest / most slots of an active GPU).
         budget: most search steps; assign: ``[K]`` int64 output, node of each group when feasible.
-        weights: ``[E]`` float64 loads of the layer; group_size: experts per group; group_max:
-            ``[K]`` float64 heaviest load of each group.
         strong: also require every node of a complete assignment to pass
-            :func:`eplb.kernels.hot_room.hot_room_fits` (node_min / node_max ``[N]`` int64: fewest /
-            most slots of an active GPU of each node); checked on complete assignments only, where a
+            :func:`eplb.kernels.hot_room.hot_room_fits`; checked on complete assignments only, where a
             node's experts are known (the condition need not hold for a part of them). memo:
             ``[2^K]`` int8 scratch (``[1]``: no memo); scratch: ``[6, E + 1]`` float64 work space.
     Returns:
         FEASIBLE, INFEASIBLE (proven: no assignment exists) or UNDECIDED (budget ran out).
     """
+    weights, group_size, group_load, need, group_max = groups
+    node_slots, node_active, node_class = nodes.slots, nodes.active, nodes.kind
     num_groups = order.shape[0]
     num_nodes = node_slots.shape[0]
     load = np.zeros(num_nodes)
@@ -207,8 +220,7 @@ def _search(target, order, group_load, need, node_slots, node_active, node_class
     while True:
         if building:
             if t == num_groups:
-                if strong and not _nodes_fit(target, order, chosen, held, weights, group_size, node_slots,
-                                             node_active, node_min, node_max, memo, scratch):
+                if strong and not _nodes_fit(target, order, chosen, held, groups, nodes, memo, scratch):
                     t -= 1  # a dead end: undo the last group and try its next node
                     empty_nodes += _take_off(t, order, chosen, group_load, need, load, used, held)
                     building = False
@@ -279,12 +291,12 @@ def assign_groups(weights, num_groups, node_slots, node_active, node_class, lowe
 
     Args:
         weights: ``[L, E]`` float64; experts ``k*E/K ... (k+1)*E/K - 1`` form group ``k``.
-        node_slots, node_active, node_class: ``[N]`` int64 (see :func:`_search`).
+        node_slots, node_active, node_class: ``[N]`` int64 (see :class:`NodeTable`).
         lower: ``[L]`` float64 valid lower bounds on the max load to start the search from.
         budget: most search steps per feasibility test; rel_tol: relative precision of ``T``.
         node_of_group: ``[L, K]`` int64 output.
-        strong, node_min, node_max: see :func:`_search` (the bound uses them; the placement's
-            assignment does not).
+        strong, node_min, node_max: see :func:`_search` and :class:`NodeTable` (the bound uses
+            them; the placement's assignment does not).
     Returns:
         ``[L]`` float64: the largest ``T`` proven infeasible for every assignment (a lower bound on
         the max load of every hierarchical placement), or ``lower`` where nothing was proven.
@@ -307,6 +319,7 @@ def assign_groups(weights, num_groups, node_slots, node_active, node_class, lowe
     scratch = np.empty((6, num_experts + 1))  # _nodes_fit's work space, allocated once
     memo = np.zeros(1 << num_groups if strong and num_groups <= 16 else 1, np.int8)
     unchecked = num_nodes < 0  # False as a run-time bool (a literal False would compile _search twice)
+    nodes = NodeTable(node_slots, node_active, node_class, node_min, node_max)
     for layer in range(num_layers):
         w = weights[layer]
         total = 0.0
@@ -320,10 +333,10 @@ def assign_groups(weights, num_groups, node_slots, node_active, node_class, lowe
             group_max[k] = top
             total += s
         order = np.argsort(-group_load, kind="mergesort")
+        groups = GroupTable(w, group_size, group_load, need, group_max)
         # a feasible start: capacity only (T = infinity)
         _replicas_needed(w, group_size, num_groups, 0.0, need)
-        status = _search(np.inf, order, group_load, need, node_slots, node_active, node_class, budget, best, w,
-                         group_size, group_max, unchecked, node_min, node_max, memo, scratch)
+        status = _search(np.inf, order, groups, nodes, budget, best, unchecked, memo, scratch)
         if status != FEASIBLE:
             node_of_group[layer, :] = -1  # no assignment fits the slots (the caller raises)
             continue
@@ -358,15 +371,13 @@ def assign_groups(weights, num_groups, node_slots, node_active, node_class, lowe
                 held[:] = 0
                 for k in range(num_groups):
                     held[best[k]] += 1
-                if not strong or _nodes_fit(hi, order, chosen, held, w, group_size, node_slots, node_active,
-                                            node_min, node_max, no_memo, scratch):
+                if not strong or _nodes_fit(hi, order, chosen, held, groups, nodes, no_memo, scratch):
                     break
                 lo = max(lo, proven[layer])
             # check the upper end holds the conditions; raise it until it does
             for _ in range(64):
                 _replicas_needed(w, group_size, num_groups, hi, need)
-                status = _search(hi, order, group_load, need, node_slots, node_active, node_class, budget, assign, w,
-                                 group_size, group_max, checked, node_min, node_max, memo, scratch)
+                status = _search(hi, order, groups, nodes, budget, assign, checked, memo, scratch)
                 if status == FEASIBLE:
                     if not checked:
                         _copy(assign, best)
@@ -379,8 +390,7 @@ def assign_groups(weights, num_groups, node_slots, node_active, node_class, lowe
                 if not lo < mid < hi:  # adjacent floats (denormal loads): no midpoint left
                     break
                 _replicas_needed(w, group_size, num_groups, mid, need)
-                status = _search(mid, order, group_load, need, node_slots, node_active, node_class, budget, assign, w,
-                                 group_size, group_max, checked, node_min, node_max, memo, scratch)
+                status = _search(mid, order, groups, nodes, budget, assign, checked, memo, scratch)
                 if status == FEASIBLE:
                     hi = mid
                     if not checked:  # the placement's assignment: the conditions without the hot-room one
@@ -455,7 +465,7 @@ def node_load_bound(weights, num_groups, node_slots, node_active):
             for j in range(size):
                 total += weights[layer, k * size + j]
             asc[k] = total
-        _shell_sort(asc)
+        shell_sort(asc)
         if asc[num_groups - 1] <= 0.0:
             continue
         best = 0.0

@@ -10,7 +10,7 @@ sits 1-4% higher: the next experts of the node are too big for the room the hot 
 import numpy as np
 from numba import njit
 
-from .load_bounds import _fewest_replicas, _lightest_items
+from .common import fewest_replicas, lightest_items
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
@@ -25,7 +25,7 @@ def hot_room_fits(desc, num, target, active, slots, min_slots, max_slots, asc, p
     - room: a GPU holding a hot replica keeps ``<= T - p`` for the others; when ``m = 1`` (one hot
       replica per GPU) it also holds ``k_min - 2`` replicas besides the hot one and any other
       replica ``x``, weighing at least the lightest ``k_min - 2`` of the others
-      (:func:`eplb.kernels.load_bounds._lightest_items` with all ``S - r - (n - 1)`` extra replicas
+      (:func:`eplb.kernels.common.lightest_items` with all ``S - r - (n - 1)`` extra replicas
       theirs), so ``x <= room = T - p - lightest``;
     - every other expert either has a replica beside a hot one, so all its replicas (equal loads)
       are ``<= room`` (``fewest(w, room)`` replicas), or sits wholly on the GPUs without one
@@ -49,7 +49,7 @@ def hot_room_fits(desc, num, target, active, slots, min_slots, max_slots, asc, p
         return True
     hot = desc[0]
     others = num - 1
-    for i in range(others):  # the other experts, lightest first, for _lightest_items
+    for i in range(others):  # the other experts, lightest first, for lightest_items
         asc[i] = desc[num - 1 - i]
     prefix[0] = 0.0
     for i in range(others):
@@ -78,7 +78,7 @@ def hot_room_fits(desc, num, target, active, slots, min_slots, max_slots, asc, p
         capacity = free_gpus * target
         room = target - per
         if m == 1 and min_slots >= 2:
-            room -= _lightest_items(asc[:others], prefix[: others + 1], slots - r - others, min_slots - 2, 8)
+            room -= lightest_items(asc[:others], prefix[: others + 1], slots - r - others, min_slots - 2, 8)
         # replicas beyond one each, and the savings of moving an expert to the GPUs without a hot replica
         if room < 0.0:
             continue  # no GPU can hold a hot replica and its k_min - 1 others
@@ -89,8 +89,8 @@ def hot_room_fits(desc, num, target, active, slots, min_slots, max_slots, asc, p
             w = asc[i]
             if w <= 0.0:
                 continue  # one replica, anywhere
-            apart = _fewest_replicas(w, target) - 1
-            beside = _fewest_replicas(w, room) - 1 if room > 0.0 else slots  # slots: cannot sit beside
+            apart = fewest_replicas(w, target) - 1
+            beside = fewest_replicas(w, room) - 1 if room > 0.0 else slots  # slots: cannot sit beside
             base += beside
             if beside > apart:
                 if w <= capacity * (1.0 + 1e-12):

@@ -1,7 +1,16 @@
 """Kernels behind the lower bounds on the maximum GPU load."""
 
+from collections import namedtuple
+
 import numpy as np
 from numba import njit
+
+from .common import fewest_replicas, lightest_items, shell_sort
+
+BisectStack = namedtuple("BisectStack", ["lo", "hi", "a", "b", "it"])
+BisectStack.__doc__ = """The stack of :func:`_smallest_items_lower`'s bisection tree nodes, one entry a
+node: ``lo``, ``hi`` float64 its interval, ``a``, ``b`` int64 its ranks ``ranks[a:b]``, ``it``
+int64 the halvings done."""
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
@@ -113,10 +122,11 @@ def _smallest_item_lower(sorted_desc, extra, rank):
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def _settle_or_push(lo, hi, a, b, it, out, out_hi, tol, st_lo, st_hi, st_a, st_b, st_it, depth):
+def _settle_or_push(lo, hi, a, b, it, out, out_hi, tol, stack, depth):
     """Bisection step for ``ranks[a:b]`` now known to lie in ``[lo, hi]``: answer ``lo`` (and ``hi``
     in ``out_hi``) when the interval is narrow (``tol`` relative, or after 60 halvings), else push
-    it on the stack. Returns the new depth."""
+    it on the :class:`BisectStack`. Returns the new depth."""
+    st_lo, st_hi, st_a, st_b, st_it = stack
     if hi - lo <= tol * hi or it >= 60:
         for i in range(a, b):
             out[i] = lo
@@ -169,6 +179,7 @@ def _smallest_items_lower(sorted_desc, extra, ranks, out, out_hi, tol):
     st_a = np.empty(size, np.int64)
     st_b = np.empty(size, np.int64)
     st_it = np.empty(size, np.int64)
+    stack = BisectStack(st_lo, st_hi, st_a, st_b, st_it)
     st_lo[0] = 0.0
     st_hi[0] = hi0
     st_a[0] = first
@@ -188,9 +199,9 @@ def _smallest_items_lower(sorted_desc, extra, ranks, out, out_hi, tol):
         while split < b and count >= ranks[split]:
             split += 1
         if split > a:  # lo = mid
-            depth = _settle_or_push(mid, hi, a, split, it, out, out_hi, tol, st_lo, st_hi, st_a, st_b, st_it, depth)
+            depth = _settle_or_push(mid, hi, a, split, it, out, out_hi, tol, stack, depth)
         if split < b:  # hi = mid
-            depth = _settle_or_push(lo, mid, split, b, it, out, out_hi, tol, st_lo, st_hi, st_a, st_b, st_it, depth)
+            depth = _settle_or_push(lo, mid, split, b, it, out, out_hi, tol, stack, depth)
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
@@ -286,22 +297,6 @@ def _pigeonhole_value(t, asc, copies, num_experts, active_gpus, min_slots):
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def _shell_sort(values):
-    """Sort ``values [n]`` float64 in place, increasing (Shell sort with Ciura's gaps: a few simple
-    loops, fast on the few hundred values of a layer and cheap to compile)."""
-    n = values.shape[0]
-    gaps = (701, 301, 132, 57, 23, 10, 4, 1)
-    for gap in gaps:
-        for i in range(gap, n):
-            value = values[i]
-            j = i
-            while j >= gap and values[j - gap] > value:
-                values[j] = values[j - gap]
-                j -= gap
-            values[j] = value
-
-
-@njit(cache=True, nogil=True, error_model="numpy")
 def _small(asc, copies, q):
     """The ``q`` smallest entries of the multiset holding ``copies`` copies of each
     ``asc[e] / copies`` (``asc [E]`` increasing): the ``small(q)`` of :func:`pigeonhole_bound`."""
@@ -359,7 +354,7 @@ def replica_and_pigeonhole_upper(desc, num_slots, active_gpus, min_slots):
             for _ in range(counts[e]):
                 heads[n] = row[e] / counts[e]
                 n += 1
-        _shell_sort(heads[:n])
+        shell_sort(heads[:n])
         i = n - 1
         j = prefix
         for rank in range(1, num_experts + 2):
@@ -373,19 +368,6 @@ def replica_and_pigeonhole_upper(desc, num_slots, active_gpus, min_slots):
                 u[rank] = 0.0
         out[layer] = _pigeonhole_value(u, asc, copies, num_experts, active_gpus, min_slots)
     return replica, out
-
-
-@njit(cache=True, nogil=True, error_model="numpy")
-def _fewest_replicas(w, x):
-    """Fewest replicas of an expert of load ``w`` that keep each replica ``<= x`` (``x > 0``)."""
-    if w <= x:
-        return 1
-    r = int(np.ceil(w / x))
-    while w / r > x:
-        r += 1
-    while r > 1 and w / (r - 1) <= x:
-        r -= 1
-    return r
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
@@ -405,7 +387,7 @@ def _threshold_feasible(w, target, num_slots, active_gpus, min_slots, filler, ma
         return False
     need = 0
     for e in range(num_experts):
-        need += _fewest_replicas(w[e], x0) if w[e] > 0.0 else 1
+        need += fewest_replicas(w[e], x0) if w[e] > 0.0 else 1
     if need > num_slots:
         return False
     big = num_slots + 1
@@ -423,9 +405,9 @@ def _threshold_feasible(w, target, num_slots, active_gpus, min_slots, filler, ma
                     if dp[n] < big:
                         dp[n] += 1
                 continue
-            ra = _fewest_replicas(w[e], x0)
+            ra = fewest_replicas(w[e], x0)
             ca = ra if w[e] / ra > xm else 0
-            rb = _fewest_replicas(w[e], xm)
+            rb = fewest_replicas(w[e], xm)
             for n in range(cap, -1, -1):
                 best = big
                 if dp[n] < big:
@@ -490,47 +472,6 @@ def threshold_bound(weights, lower, num_slots, active_gpus, min_slots, max_m):
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def _unused_savings(asc, prefix, n, unused):
-    """Most load that ``unused`` replicas left out of a set can save on the ``n`` lightest experts.
-
-    An expert of load ``w`` split into ``j + u`` replicas of which a set takes ``j`` contributes
-    ``j w / (j + u) >= w - w u / (1 + u)`` to it, and ``w u / (1 + u) <= min(u / 2, 1) w``: so the
-    savings are at most the ``unused`` largest entries of the multiset holding every ``w / 2``
-    twice. Args: ``asc [n0]`` increasing loads, ``prefix [n0 + 1]`` their prefix sums.
-    """
-    if unused <= 0 or n <= 0:
-        return 0.0
-    full = min(unused // 2, n)
-    total = prefix[n] - prefix[n - full]
-    if unused % 2 == 1 and n - full - 1 >= 0:
-        total += 0.5 * asc[n - full - 1]
-    return total
-
-
-@njit(cache=True, nogil=True, error_model="numpy")
-def _lightest_items(asc, prefix, extra, m, exact_extra):
-    """A lower bound on the sum of any ``m`` replicas of the experts ``asc [n0]`` (increasing loads,
-    ``prefix`` their prefix sums) over every replication with ``extra`` replicas beyond one each.
-
-    The ``m`` replicas come from ``n`` distinct experts and take ``m - n`` of the extra replicas
-    (so ``n >= m - extra``); the other extras, left out, save at most :func:`_unused_savings`; the
-    ``n`` lightest experts are the cheapest. Every ``n`` is tried when ``extra <= exact_extra``,
-    else one cruder bound (the fewest experts, the most savings).
-    """
-    if m <= 0:
-        return 0.0
-    num = asc.shape[0]
-    if m > num + extra:
-        m = num + extra
-    if extra <= exact_extra:
-        best = np.inf
-        for n in range(max(1, m - extra), min(m, num) + 1):
-            best = min(best, prefix[n] - _unused_savings(asc, prefix, n, extra - (m - n)))
-        return max(best, 0.0)
-    return max(0.0, prefix[max(0, min(num, m - extra))] - _unused_savings(asc, prefix, min(m, num), extra))
-
-
-@njit(cache=True, nogil=True, error_model="numpy")
 def _tier_value(hot_load, asc, prefix, num_hot, num_slots, num_experts, active_gpus, min_slots, max_slots, floor):
     """:func:`tier_bound` for one heavy tier of ``num_hot`` experts of total load ``hot_load``: the
     minimum over its replica count ``R`` and the number ``q`` of GPUs holding its replicas, or the
@@ -545,7 +486,7 @@ def _tier_value(hot_load, asc, prefix, num_hot, num_slots, num_experts, active_g
             q_low = q_top if sweep == 0 else (hot + max_slots - 1) // max_slots
             q_high = q_top if sweep == 0 else q_top - 1
             for q in range(q_low, q_high + 1):
-                load = (hot_load + _lightest_items(asc, prefix, extra, q * min_slots - hot, 8)) / q
+                load = (hot_load + lightest_items(asc, prefix, extra, q * min_slots - hot, 8)) / q
                 value = min(value, load)
                 if value <= floor:
                     return value
@@ -560,7 +501,7 @@ def tier_bound(sorted_desc, lower, replica, num_slots, active_gpus, min_slots, m
     replicas (``R`` of them, ``t <= R <= S - (E - t)``) lie on some ``q`` GPUs
     (``ceil(R / k_max) <= q <= min(G, R)``), which hold at least ``q k - R`` other replicas, of the
     other experts replicated with ``S - R - (E - t)`` extra slots: the heaviest of those GPUs
-    carries at least ``(W_t + lightest(q k - R)) / q`` (:func:`_lightest_items`). The minimum over
+    carries at least ``(W_t + lightest(q k - R)) / q`` (:func:`lightest_items`). The minimum over
     ``R`` and ``q`` is a bound for each ``t``; tiers tried: the experts above the replica bound
     (those the D'Hondt replication gives several replicas), one fewer and one more, and those up to the largest relative drop
     between consecutive loads. It sees what the average misses when a few very hot experts must

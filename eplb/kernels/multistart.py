@@ -10,14 +10,34 @@ when the domain's heaviest GPU gets lighter (and no more replicas share a GPU wi
 expert). The best packing then gets a pair-swap descent. The random numbers come from a
 fixed-seed generator, so the result is deterministic."""
 
+from collections import namedtuple
+
 import numpy as np
 from numba import njit
 
-from .pack_descend import _shared, descend, domain_slots, pack_domain
+from .common import shared_replicas
+from .pack_descend import descend, domain_slots, pack_domain
 from .local_search import pair_swap_descent
-from .packing import clear_gpus, load_state, new_state, recompute_loads, store_state
+from .packing import PackState, clear_gpus, load_state, new_state, recompute_loads, store_state
 
 _MASK = (1 << 64) - 1
+
+# Named values of best_placement's arguments, for callers (passed positionally: plain ints and
+# bools, so the compiled specializations are the ones literals get)
+NO_STARTS = 0  # num_starts: no seeded replications (the aligned and light-split ones only)
+SEED = 0  # seed: the generator's stream when the caller has no seed of its own
+PAIR_SWAPS, NO_PAIR_SWAPS = True, False  # pair_swaps: finish each domain with pair_swap_descent, or not
+NO_MOVES = 0  # move_experts, move_passes: no rounds of replica moves
+
+Domain = namedtuple("Domain", ["gpus", "slots_per_gpu", "slot_offsets", "first_item", "max_steps"])
+Domain.__doc__ = """One domain being packed: ``gpus [g]`` int64 its GPUs, ``slots_per_gpu [G]`` and
+``slot_offsets [G + 1]`` int64 of every GPU, ``first_item`` the id of the domain's first replica
+(int64), ``max_steps`` the most swaps per descent."""
+
+Kept = namedtuple("Kept", ["counts", "expert", "shared"])
+Kept.__doc__ = """The best packing of a domain so far: ``counts [n]`` int64 its replication (the
+domain's experts heaviest first), ``expert [S]`` int64 the expert of every slot of the domain's GPUs,
+``shared`` the replicas it puts on a GPU with another replica of their expert (int64)."""
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
@@ -242,18 +262,19 @@ def _is_new(row, n, counts, rows, found):
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def _pack_and_keep(w, experts, counts, gpus, slots_per_gpu, first_item, item_expert, item_load, gpu_items, gpu_fill,
-                   gpu_load, holds, max_steps, slot_offsets, best_max, best_shared, best_counts, best_expert):
-    """Pack the replication ``counts`` on ``gpus`` (:func:`eplb.kernels.pack_descend.pack_domain`) and keep
-    it in ``best_counts`` / ``best_expert`` (expert of every slot of ``gpus``) when the domain's
-    heaviest GPU is lighter than ``best_max`` and no more replicas share a GPU with their expert
-    than ``best_shared``. Returns the best max load."""
+def _pack_and_keep(w, experts, counts, domain, pack, kept, best_max):
+    """Pack the replication ``counts`` on the :class:`Domain`'s GPUs (:func:`eplb.kernels.pack_descend.pack_domain`,
+    in the :class:`eplb.kernels.packing.PackState` ``pack``) and keep it in ``kept.counts`` / ``kept.expert`` (a
+    :class:`Kept`) when the domain's heaviest GPU is lighter than ``best_max`` and no more replicas
+    share a GPU with their expert than ``kept.shared``. Returns the best max load."""
+    gpus, slots_per_gpu, slot_offsets, first_item, max_steps = domain
+    item_expert, item_load, gpu_items, gpu_fill, gpu_load, holds = pack
+    best_counts, best_expert, best_shared = kept
     clear_gpus(gpus, item_expert, gpu_items, gpu_fill, gpu_load, holds)
-    pack_domain(w, experts, counts, gpus, slots_per_gpu, first_item, item_expert, item_load, gpu_items, gpu_fill,
-                gpu_load, holds)
-    descend(item_load, item_expert, gpus, gpu_items, gpu_fill, gpu_load, holds, max_steps)
+    pack_domain(w, experts, counts, gpus, slots_per_gpu, first_item, pack)
+    descend(pack, gpus, max_steps)
     top = _domain_max(gpus, gpu_load)
-    if top < best_max * (1.0 - 1e-12) and _shared(gpus, gpu_items, gpu_fill, item_expert, holds) <= best_shared:
+    if top < best_max * (1.0 - 1e-12) and shared_replicas(gpus, gpu_items, gpu_fill, item_expert, holds) <= best_shared:
         for i in range(counts.shape[0]):  # not best_counts[:] = counts: see hierarchy._copy
             best_counts[i] = counts[i]
         for gi in range(gpus.shape[0]):
@@ -265,15 +286,14 @@ def _pack_and_keep(w, experts, counts, gpus, slots_per_gpu, first_item, item_exp
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def _move_descent(w, experts, first_base, gpus, slots_per_gpu, first_item, item_expert, item_load, gpu_items,
-                  gpu_fill, gpu_load, holds, max_steps, slot_offsets, best_max, best_shared, best_counts, best_expert,
-                  cap, move_experts, move_passes):
+def _move_descent(w, experts, first_base, domain, pack, kept, best_max, cap, move_experts, move_passes):
     """Up to ``move_passes`` rounds, while a round helps: every move of one replica to one of the
     ``move_experts`` heaviest experts (``experts`` heaviest first) from another of them or from the
     lightest expert with several replicas, and every move of two replicas of one such donor (with
     three or more) to one or two of them, each from the round's replication (``first_base [n]`` in
     the first round, the best so far after it), packed and kept when lighter
-    (:func:`_pack_and_keep`). Returns the best max load."""
+    (:func:`_pack_and_keep`; ``domain``, ``pack``, ``kept`` as there). Returns the best max load."""
+    best_counts = kept.counts
     n = experts.shape[0]
     top = min(move_experts, n)
     for round_ in range(move_passes):
@@ -293,9 +313,7 @@ def _move_descent(w, experts, first_base, gpus, slots_per_gpu, first_item, item_
                 counts = base.copy()
                 counts[receiver] += 1
                 counts[d] -= 1
-                best_max = _pack_and_keep(w, experts, counts, gpus, slots_per_gpu, first_item, item_expert,
-                                          item_load, gpu_items, gpu_fill, gpu_load, holds, max_steps, slot_offsets,
-                                          best_max, best_shared, best_counts, best_expert)
+                best_max = _pack_and_keep(w, experts, counts, domain, pack, kept, best_max)
         # two replicas of one donor to two of the heaviest experts (or both to one)
         for donor in range(-1, top):
             d = light_donor if donor < 0 else donor
@@ -309,9 +327,7 @@ def _move_descent(w, experts, first_base, gpus, slots_per_gpu, first_item, item_
                     counts[first] += 1
                     counts[second] += 1
                     counts[d] -= 2
-                    best_max = _pack_and_keep(w, experts, counts, gpus, slots_per_gpu, first_item, item_expert,
-                                              item_load, gpu_items, gpu_fill, gpu_load, holds, max_steps,
-                                              slot_offsets, best_max, best_shared, best_counts, best_expert)
+                    best_max = _pack_and_keep(w, experts, counts, domain, pack, kept, best_max)
         if best_max >= before:
             break
     return best_max
@@ -349,6 +365,7 @@ def best_placement(weights, slots_per_gpu, gpu_domain, start, num_starts, max_st
         slot_offsets[g + 1] = slot_offsets[g] + slots_per_gpu[g]
     out = start.copy()
     item_expert, item_load, gpu_items, gpu_fill, gpu_load, holds = new_state(num_slots, num_gpus, width, num_experts)
+    pack = PackState(item_expert, item_load, gpu_items, gpu_fill, gpu_load, holds)
     best_expert = np.empty(num_slots, np.int64)
     aligned = np.empty((27, num_experts), np.int64)  # 13 aligned, then light_split of those and of the start
     split = np.empty(num_experts, np.int64)
@@ -386,7 +403,8 @@ def best_placement(weights, slots_per_gpu, gpu_domain, start, num_starts, max_st
             best_max = _domain_max(gpus, gpu_load)
             if best_max <= threshold[layer]:
                 continue
-            best_shared = _shared(gpus, gpu_items, gpu_fill, item_expert, holds)
+            kept = Kept(best_counts, best_expert, shared_replicas(gpus, gpu_items, gpu_fill, item_expert, holds))
+            domain = Domain(gpus, slots_per_gpu, slot_offsets, first_item if contiguous else np.int64(0), max_steps)
             for gi in range(gpus.shape[0]):
                 g = gpus[gi]
                 for s in range(slot_offsets[g], slot_offsets[g + 1]):
@@ -413,29 +431,20 @@ def best_placement(weights, slots_per_gpu, gpu_domain, start, num_starts, max_st
                         aligned[num_rows, j] = split[j]
                     num_rows += 1
             for trial in range(num_aligned):
-                best_max = _pack_and_keep(w, experts, aligned[trial, :experts.shape[0]].copy(), gpus, slots_per_gpu,
-                                          first_item if contiguous else np.int64(0), item_expert, item_load,
-                                          gpu_items, gpu_fill, gpu_load, holds, max_steps, slot_offsets, best_max,
-                                          best_shared, best_counts, best_expert)
+                best_max = _pack_and_keep(w, experts, aligned[trial, :experts.shape[0]].copy(), domain, pack, kept,
+                                          best_max)
             for step in range(num_starts):
                 counts = best_counts.copy()
                 if step > 0 and not _perturb(w, experts, counts, cap, 1 + step % 3, state):
                     break
-                best_max = _pack_and_keep(w, experts, counts, gpus, slots_per_gpu, first_item if contiguous else
-                                          np.int64(0), item_expert, item_load, gpu_items, gpu_fill, gpu_load, holds,
-                                          max_steps, slot_offsets, best_max, best_shared, best_counts, best_expert)
+                best_max = _pack_and_keep(w, experts, counts, domain, pack, kept, best_max)
             for trial in range(num_aligned, num_rows):
-                best_max = _pack_and_keep(w, experts, aligned[trial, :experts.shape[0]].copy(), gpus, slots_per_gpu,
-                                          first_item if contiguous else np.int64(0), item_expert, item_load,
-                                          gpu_items, gpu_fill, gpu_load, holds, max_steps, slot_offsets, best_max,
-                                          best_shared, best_counts, best_expert)
+                best_max = _pack_and_keep(w, experts, aligned[trial, :experts.shape[0]].copy(), domain, pack, kept,
+                                          best_max)
             if move_passes > 0 and best_max > move_threshold[layer]:
                 for source in range(2):  # the start's replication (the others may lead elsewhere), then the best
-                    best_max = _move_descent(w, experts, start_counts if source == 0 else best_counts, gpus,
-                                             slots_per_gpu, first_item if contiguous else np.int64(0), item_expert,
-                                             item_load, gpu_items, gpu_fill, gpu_load, holds, max_steps, slot_offsets,
-                                             best_max, best_shared, best_counts, best_expert, cap, move_experts,
-                                             move_passes)
+                    best_max = _move_descent(w, experts, start_counts if source == 0 else best_counts, domain, pack,
+                                             kept, best_max, cap, move_experts, move_passes)
             # pair swaps on the best packing found
             if not pair_swaps:
                 for gi in range(gpus.shape[0]):

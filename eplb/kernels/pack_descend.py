@@ -7,27 +7,15 @@ in hierarchical mode); every domain is placed on its own.
 import numpy as np
 from numba import njit
 
+from .common import shared_replicas
 from .local_search import spread_duplicates, swap_descent
-from .packing import (clear_gpus, new_state, pack_spread_by_free_slots, pack_spread_largest_first,
+from .packing import (PackState, clear_gpus, new_state, pack_spread_by_free_slots, pack_spread_largest_first,
                       recompute_loads, store_state)
 from .replication import replicate_capped
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def _shared(gpus, gpu_items, gpu_fill, item_expert, holds):
-    """Replicas on the listed GPUs that share the GPU with another replica of their expert."""
-    total = 0
-    for gi in range(gpus.shape[0]):
-        g = gpus[gi]
-        for j in range(gpu_fill[g]):
-            if holds[g, item_expert[gpu_items[g, j]]] > 1:
-                total += 1
-    return total
-
-
-@njit(cache=True, nogil=True, error_model="numpy")
-def pack_domain(w, experts, counts, gpus, slots_per_gpu, first_item, item_expert, item_load, gpu_items, gpu_fill,
-                gpu_load, holds):
+def pack_domain(w, experts, counts, gpus, slots_per_gpu, first_item, pack):
     """Pack ``counts[i]`` replicas of ``experts[i]`` on the slots of ``gpus``: spread largest-first,
     duplicates swapped apart (or, if some remain, a rebuild that spreads every expert whenever the
     counts allow). The caller then runs a descent (:func:`descend`) on the packing.
@@ -36,11 +24,12 @@ def pack_domain(w, experts, counts, gpus, slots_per_gpu, first_item, item_expert
         w: ``[E]`` float64 loads of the layer; experts: ``[n]`` int64; counts: ``[n]`` int64 replicas
             (summing to the slots of ``gpus``); gpus: ``[m]`` int64 GPU ids (with slots).
         slots_per_gpu: ``[G]`` int64; first_item: first free replica id in the item arrays.
-        State arrays: :mod:`eplb.kernels.packing` (``gpu_fill``/``gpu_load``/``holds`` of ``gpus``
-        must be zero on entry).
+        pack: the :class:`eplb.kernels.packing.PackState` (``gpu_fill``/``gpu_load``/``holds`` of
+            ``gpus`` must be zero on entry).
     Returns:
         the next free replica id.
     """
+    item_expert, item_load, gpu_items, gpu_fill, gpu_load, holds = pack
     item = first_item
     # heaviest expert first, so that ties below do not depend on how the experts are numbered
     for i in np.argsort(-w[experts], kind="mergesort"):
@@ -53,7 +42,7 @@ def pack_domain(w, experts, counts, gpus, slots_per_gpu, first_item, item_expert
     pack_spread_largest_first(item_load, item_expert, items, gpus, slots_per_gpu, gpu_items, gpu_fill, gpu_load,
                               holds)
     spread_duplicates(item_load, item_expert, gpus, gpu_items, gpu_fill, gpu_load, holds)
-    if _shared(gpus, gpu_items, gpu_fill, item_expert, holds) > 0:
+    if shared_replicas(gpus, gpu_items, gpu_fill, item_expert, holds) > 0:
         # rare (uneven slots, few GPUs): rebuild expert by expert, which spreads whenever possible
         clear_gpus(gpus, item_expert, gpu_items, gpu_fill, gpu_load, holds)
         pack_spread_by_free_slots(item_load, item_expert, first_item + np.arange(item - first_item), gpus,
@@ -62,14 +51,16 @@ def pack_domain(w, experts, counts, gpus, slots_per_gpu, first_item, item_expert
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def descend(item_load, item_expert, gpus, gpu_items, gpu_fill, gpu_load, holds, max_steps):
-    """Swap descent on a packing of ``gpus`` (:func:`eplb.kernels.local_search.swap_descent`, at most
-    ``max_steps`` swaps), then the GPU loads summed afresh.
+def descend(pack, gpus, max_steps):
+    """Swap descent on a packing of ``gpus`` in the :class:`eplb.kernels.packing.PackState` ``pack``
+    (:func:`eplb.kernels.local_search.swap_descent`, at most ``max_steps`` swaps), then the GPU
+    loads summed afresh.
 
     Kept apart from :func:`pack_domain`: a kernel compiles every kernel its body calls, and the
     pair-swap descent that :mod:`eplb.kernels.multistart` runs instead is not compiled on the
     default path.
     """
+    item_expert, item_load, gpu_items, gpu_fill, gpu_load, holds = pack
     swap_descent(item_load, item_expert, gpus, gpu_items, gpu_fill, gpu_load, holds, max_steps)
     recompute_loads(item_load, gpus, gpu_items, gpu_fill, gpu_load)
 
@@ -113,6 +104,7 @@ def balanced_placement(weights, slots_per_gpu, gpu_domain, expert_domain, max_st
         slot_offsets[g + 1] = slot_offsets[g] + slots_per_gpu[g]
     phy2log = np.empty((num_layers, num_slots), np.int64)
     item_expert, item_load, gpu_items, gpu_fill, gpu_load, holds = new_state(num_slots, num_gpus, width, num_experts)
+    pack = PackState(item_expert, item_load, gpu_items, gpu_fill, gpu_load, holds)
     domain_gpus = []
     for d in range(num_domains):
         domain_gpus.append(np.where((gpu_domain == d) & (slots_per_gpu > 0))[0].astype(np.int64))
@@ -130,8 +122,7 @@ def balanced_placement(weights, slots_per_gpu, gpu_domain, expert_domain, max_st
             # from here, not through a helper: each kernel level re-optimises its callees when compiled)
             counts = np.empty(experts.shape[0], np.int64)
             replicate_capped(weights[layer], experts, domain_slots(gpus, slots_per_gpu), gpus.shape[0], counts)
-            item = pack_domain(weights[layer], experts, counts, gpus, slots_per_gpu, item, item_expert, item_load,
-                               gpu_items, gpu_fill, gpu_load, holds)
-            descend(item_load, item_expert, gpus, gpu_items, gpu_fill, gpu_load, holds, max_steps)
+            item = pack_domain(weights[layer], experts, counts, gpus, slots_per_gpu, item, pack)
+            descend(pack, gpus, max_steps)
         store_state(item_expert, gpu_items, gpu_fill, slot_offsets, phy2log[layer])
     return phy2log

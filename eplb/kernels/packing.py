@@ -8,10 +8,17 @@ Working state of one layer, shared with :mod:`eplb.kernels.local_search`:
   ``j < gpu_fill[g]`` sits in slot ``slot_offsets[g] + j``;
 - ``gpu_fill [G]`` int64, ``gpu_load [G]`` float64: replicas on and load of each GPU;
 - ``holds [G, E]`` int64: replicas of each expert on each GPU.
+
+Kernels that take the whole state take it as one :class:`PackState`.
 """
+
+from collections import namedtuple
 
 import numpy as np
 from numba import njit
+
+PackState = namedtuple("PackState", ["item_expert", "item_load", "gpu_items", "gpu_fill", "gpu_load", "holds"])
+PackState.__doc__ = """The working state of one layer (module docstring), as :func:`new_state` returns it."""
 
 
 @njit(cache=True, nogil=True, error_model="numpy")

@@ -14,6 +14,8 @@ within its budget, the best value found is the proven optimum.
 import numpy as np
 from numba import njit
 
+SPREAD = True  # tiny_optimum's spread argument, named for callers: no two replicas of an expert on one GPU
+
 
 @njit(cache=True, nogil=True, error_model="numpy")
 def _pack(item_load, item_expert, num_items, caps, spread, best, num_experts, nodes, budget, out_bin):

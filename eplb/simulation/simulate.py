@@ -70,7 +70,7 @@ from ..serving.balancer import Balancer
 from ..model.cost import CostModel
 from ..analysis.dispatch import optimal_dispatch, uniform_shares
 from ..kernels.layout import replica_counts
-from ..kernels.gpu_work import gpu_work
+from ..kernels.gpu_work import FIXED_SPLIT, RANDOM_SPLIT, gpu_work
 from ..planning.methods import DEFAULT_METHOD, get_method
 from ..analysis.placement import Placement
 from ..model.topology import Topology
@@ -379,8 +379,8 @@ class _Pricing:
         counts = np.ascontiguousarray(counts, dtype=np.float64)
         if self.dispatch == "optimal":
             shares, _ = optimal_dispatch(counts, self.phy2log, self.topology)
-            return gpu_work(counts, self.phy2log, shares, self.gpu_of_slot, self.num_gpus, False)
-        return gpu_work(counts, self.phy2log, self.uniform, self.gpu_of_slot, self.num_gpus, True)
+            return gpu_work(counts, self.phy2log, shares, self.gpu_of_slot, self.num_gpus, FIXED_SPLIT)
+        return gpu_work(counts, self.phy2log, self.uniform, self.gpu_of_slot, self.num_gpus, RANDOM_SPLIT)
 
 
 def _copies_of_layers(plan: TransferPlan, layers: np.ndarray) -> TransferPlan:

@@ -38,8 +38,8 @@ import numpy as np
 from ...kernels.pack_descend import balanced_placement
 from ...kernels.deepseek_greedy import greedy_placement
 from ...kernels.packing import max_gpu_loads
-from ...kernels.multistart import best_placement
-from ...kernels.tiny import tiny_optimum
+from ...kernels.multistart import NO_MOVES, NO_PAIR_SWAPS, NO_STARTS, SEED, best_placement
+from ...kernels.tiny import SPREAD, tiny_optimum
 from ...analysis.bounds import TINY_BUDGET, TINY_SLOTS, average_bound
 from ...analysis.searches import group_assignment
 from ...model.topology import Topology
@@ -188,8 +188,8 @@ def retry_replication(weights: np.ndarray, problem: Problem, phy2log: np.ndarray
     for layer in layers:  # one call per layer: the search's seed then depends on that layer alone
         rows = slice(int(layer), int(layer) + 1)
         phy2log[rows] = best_placement(np.ascontiguousarray(weights[rows]), slots_per_gpu, gpu_domain,
-                                       np.ascontiguousarray(phy2log[rows]), starts, int(max_steps), 0, pair_swaps,
-                                       no_threshold, 0, 0, no_threshold)
+                                       np.ascontiguousarray(phy2log[rows]), starts, int(max_steps), SEED, pair_swaps,
+                                       no_threshold, NO_MOVES, NO_MOVES, no_threshold)
     return phy2log, int(layers.size)
 
 
@@ -208,8 +208,9 @@ def align_replication(weights: np.ndarray, problem: Problem, phy2log: np.ndarray
     if rows.any():
         phy2log = phy2log.copy()
         phy2log[rows] = best_placement(np.ascontiguousarray(weights[rows]), writable(topology.slots_per_gpu),
-                                       gpu_domain, np.ascontiguousarray(phy2log[rows]), 0, int(max_steps), 0, False,
-                                       np.ascontiguousarray(threshold[rows]), 0, 0, np.ascontiguousarray(threshold[rows]))
+                                       gpu_domain, np.ascontiguousarray(phy2log[rows]), NO_STARTS, int(max_steps), SEED,
+                                       NO_PAIR_SWAPS, np.ascontiguousarray(threshold[rows]), NO_MOVES, NO_MOVES,
+                                       np.ascontiguousarray(threshold[rows]))
     return phy2log, int(rows.sum())
 
 
@@ -227,7 +228,7 @@ def solve_tiny(weights: np.ndarray, problem: Problem, phy2log: np.ndarray) -> tu
     row = np.empty(topology.num_slots, np.int64)
     replaced = 0
     for layer in range(weights.shape[0]):
-        _, found, _ = tiny_optimum(weights[layer], slots_per_gpu, True, float(peaks[layer]), TINY_BUDGET, row)
+        _, found, _ = tiny_optimum(weights[layer], slots_per_gpu, SPREAD, float(peaks[layer]), TINY_BUDGET, row)
         if found:
             phy2log[layer] = row
             replaced += 1

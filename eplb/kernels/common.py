@@ -1,0 +1,97 @@
+"""Small kernels several kernel files share: a random stream, a sort, replica counts under a cap,
+the lightest replicas of a set, and duplicate replicas on a GPU. Each file imports them from here
+(no kernel file imports another file's private helpers)."""
+
+import numpy as np
+from numba import njit
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def next_random(state):
+    """xorshift64: the next state (also the random number); deterministic on every machine."""
+    state ^= (state << np.uint64(13)) & np.uint64(0xFFFFFFFFFFFFFFFF)
+    state ^= state >> np.uint64(7)
+    state ^= (state << np.uint64(17)) & np.uint64(0xFFFFFFFFFFFFFFFF)
+    return state
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def shell_sort(values):
+    """Sort ``values [n]`` float64 in place, increasing (Shell sort with Ciura's gaps: a few simple
+    loops, fast on the few hundred values of a layer and cheap to compile)."""
+    n = values.shape[0]
+    gaps = (701, 301, 132, 57, 23, 10, 4, 1)
+    for gap in gaps:
+        for i in range(gap, n):
+            value = values[i]
+            j = i
+            while j >= gap and values[j - gap] > value:
+                values[j] = values[j - gap]
+                j -= gap
+            values[j] = value
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def fewest_replicas(w, x):
+    """Fewest replicas of an expert of load ``w`` that keep each replica ``<= x`` (``x > 0``)."""
+    if w <= x:
+        return 1
+    r = int(np.ceil(w / x))
+    while w / r > x:
+        r += 1
+    while r > 1 and w / (r - 1) <= x:
+        r -= 1
+    return r
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def unused_savings(asc, prefix, n, unused):
+    """Most load that ``unused`` replicas left out of a set can save on the ``n`` lightest experts.
+
+    An expert of load ``w`` split into ``j + u`` replicas of which a set takes ``j`` contributes
+    ``j w / (j + u) >= w - w u / (1 + u)`` to it, and ``w u / (1 + u) <= min(u / 2, 1) w``: so the
+    savings are at most the ``unused`` largest entries of the multiset holding every ``w / 2``
+    twice. Args: ``asc [n0]`` increasing loads, ``prefix [n0 + 1]`` their prefix sums.
+    """
+    if unused <= 0 or n <= 0:
+        return 0.0
+    full = min(unused // 2, n)
+    total = prefix[n] - prefix[n - full]
+    if unused % 2 == 1 and n - full - 1 >= 0:
+        total += 0.5 * asc[n - full - 1]
+    return total
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def lightest_items(asc, prefix, extra, m, exact_extra):
+    """A lower bound on the sum of any ``m`` replicas of the experts ``asc [n0]`` (increasing loads,
+    ``prefix`` their prefix sums) over every replication with ``extra`` replicas beyond one each.
+
+    The ``m`` replicas come from ``n`` distinct experts and take ``m - n`` of the extra replicas
+    (so ``n >= m - extra``); the other extras, left out, save at most :func:`unused_savings`; the
+    ``n`` lightest experts are the cheapest. Every ``n`` is tried when ``extra <= exact_extra``,
+    else one cruder bound (the fewest experts, the most savings).
+    """
+    if m <= 0:
+        return 0.0
+    num = asc.shape[0]
+    if m > num + extra:
+        m = num + extra
+    if extra <= exact_extra:
+        best = np.inf
+        for n in range(max(1, m - extra), min(m, num) + 1):
+            best = min(best, prefix[n] - unused_savings(asc, prefix, n, extra - (m - n)))
+        return max(best, 0.0)
+    return max(0.0, prefix[max(0, min(num, m - extra))] - unused_savings(asc, prefix, min(m, num), extra))
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def shared_replicas(gpus, gpu_items, gpu_fill, item_expert, holds):
+    """Replicas on the listed GPUs that share the GPU with another replica of their expert."""
+    total = 0
+    for gi in range(gpus.shape[0]):
+        g = gpus[gi]
+        for j in range(gpu_fill[g]):
+            if holds[g, item_expert[gpu_items[g, j]]] > 1:
+                total += 1
+    return total
