@@ -427,10 +427,9 @@ def plan(counts, slots, gpus, nodes, groups, method, previous, previous_format, 
         previous=None if prev is None else prev.placement, migration=migration, progress=show_progress(quiet),
         **options)
     elapsed = time.perf_counter() - start
-    held = None
-    if data.num_windows > 1 and not no_held_out:
-        held = _held_out_estimates(data.counts, method, options, slots=slots, gpus=gpus, nodes=nodes, groups=groups,
-                                   previous=None if prev is None else prev.placement)
+    held = None if data.num_windows == 1 or no_held_out else _held_out_estimates(
+        data.counts, method, options, slots=slots, gpus=gpus, nodes=nodes, groups=groups,
+        previous=None if prev is None else prev.placement)
 
     before = metrics.balancedness(metrics.static_gpu_loads(weights, gpus))
     after = placement.balancedness(weights, "shares")
