@@ -337,15 +337,13 @@ def plan(counts, slots, gpus, nodes, groups, method, previous, previous_format, 
          allow_shape, quiet):
     """Plan a placement from recorded expert COUNTS and write it for your engine.
 
-    COUNTS is a file or a TensorRT-LLM statistics folder. A series [T, L, E] is planned from its
-    windows, hedged over them as eplb.plan does (--objective sum: from their sum; --window N
-    first cuts a long recording into windows of N passes). Prints balancedness (mean / max GPU
-    load, 1.0 is perfect) in sample, without rebalancing and with the plan (means over the MoE
-    layers: all-zero dense layers are left out), for a series also a held-out estimate (each
-    window served by the plan made from the others) of this plan and of the summed plan, the gap of the
-    max GPU load to the proven lower bound and which bound (hierarchical with the groups, or
-    global), what the hierarchy costs (the balancedness a plan without groups reaches), with
-    --previous the deployed plan's balancedness on these counts and the moves, and the time taken.
+    COUNTS is a file or a TensorRT-LLM statistics folder. A series [T, L, E] is planned hedged over
+    its windows as eplb.plan does (--objective sum: from their sum; --window N first cuts a
+    recording into windows of N passes). Prints balancedness (mean / max GPU load, 1.0 is perfect)
+    in sample, without rebalancing and with the plan (means over the MoE layers), for a series a
+    held-out estimate (each window served by the plan made from the others) of this plan and the
+    summed plan, the gap to the proven lower bound and which bound, what the hierarchy costs, with
+    --previous the deployed plan's balancedness and the moves, and the time taken.
 
     --phase prefill|decode plans a pool that serves one phase from the passes of that phase (and
     prints how many of the file's passes it kept); COUNTS must record each pass's phase.
@@ -429,10 +427,9 @@ def plan(counts, slots, gpus, nodes, groups, method, previous, previous_format, 
         previous=None if prev is None else prev.placement, migration=migration, progress=show_progress(quiet),
         **options)
     elapsed = time.perf_counter() - start
-    held = None
-    if data.num_windows > 1 and not no_held_out:
-        held = _held_out_estimates(data.counts, method, options, slots=slots, gpus=gpus, nodes=nodes, groups=groups,
-                                   previous=None if prev is None else prev.placement)
+    held = None if data.num_windows == 1 or no_held_out else _held_out_estimates(
+        data.counts, method, options, slots=slots, gpus=gpus, nodes=nodes, groups=groups,
+        previous=None if prev is None else prev.placement)
 
     before = metrics.balancedness(metrics.static_gpu_loads(weights, gpus))
     after = placement.balancedness(weights, "shares")
@@ -449,6 +446,47 @@ def plan(counts, slots, gpus, nodes, groups, method, previous, previous_format, 
         global_plan = eplb.plan(weights, num_slots=slots, num_gpus=gpus, num_nodes=nodes, method=global_method)
         global_bal = global_plan.balancedness(weights)
     deployed_bal = None if prev is None else prev.placement.balancedness(weights)
+    configuration, diagnostics = _plan_records(
+        slots=slots, gpus=gpus, nodes=nodes, groups=groups, method=method, options=options, counts=counts, data=data,
+        phase=phase, previous=previous, used_previous=used_previous, migration=migration, before=before, after=after,
+        gap=gap, bound=bound, placement=placement, weights=weights, global_bal=global_bal, deployed_bal=deployed_bal,
+        elapsed=elapsed, held=held, moves=moves)
+    _note_overwrite(output, quiet)
+    write_placement(placement, output, output_format, layer_ids=data.layer_ids, configuration=configuration,
+                    diagnostics=diagnostics, layer_updates_per_iter=layer_updates_per_iter)
+    if quiet:
+        return
+    moe = moe_layers(weights)
+    finite = gap[np.isfinite(gap) & moe] if moe.any() else gap[np.isfinite(gap)]
+    lines = [
+        f"counts   {data.path} ({data.format}): {_shape_text(data)}",
+        *([f"phase    {phase}: {data.metadata['windows_selected']} of {data.metadata['windows_total']} passes "
+           "selected"] if phase is not None else []),
+        f"plan     {method}: {num_layers} layers x {num_experts} experts -> {slots} slots on {gpus} GPUs"
+        f" in {nodes} node{'s' if nodes > 1 else ''}" + _groups_text(groups, nodes),
+        f"balance  {moe_mean(before, weights):.4f} without rebalancing -> {moe_mean(after, weights):.4f} with the plan"
+        f" (mean over {moe_note(weights)}; worst layer {after[moe].min() if moe.any() else after.min():.4f})"
+        + ("; on the summed windows, in sample" if data.num_windows > 1 else "")
+        + (f"; even split, {moe_mean(placement.balancedness(weights, 'optimal'), weights):.4f} with optimal dispatch"
+           if options.get("dispatch") == "optimal" else ""),
+    ]
+    lines += _plan_detail_lines(data=data, placement=placement, weights=weights, options=options, objective=objective,
+                                held=held, global_bal=global_bal, deployed_bal=deployed_bal, max_off_node=max_off_node,
+                                output_format=output_format, engine=engine, bound=bound, finite=finite, moves=moves,
+                                used_previous=used_previous, prev=prev, expert_bytes=expert_bytes,
+                                model_preset=model_preset, hardware=hardware, diagnostics=diagnostics)
+    lines.append(f"time     {elapsed:.2f} s")
+    lines.append(f"wrote    {output} ({output_format})")
+    dense = _dense_layers_note(weights, data.layer_ids, output_format)
+    if dense:
+        lines.append(dense)
+    click.echo("\n".join(lines))
+
+
+def _plan_records(*, slots, gpus, nodes, groups, method, options, counts, data, phase, previous, used_previous,
+                  migration, before, after, gap, bound, placement, weights, global_bal, deployed_bal, elapsed, held,
+                  moves) -> tuple[dict, dict]:
+    """The ``configuration`` and ``diagnostics`` ``eplb plan`` writes beside the placement."""
     configuration = {
         "num_slots": slots, "num_gpus": gpus, "num_nodes": nodes, "num_groups": groups, "method": method,
         "options": options, "counts_file": str(counts), "counts_format": data.format,
@@ -472,25 +510,16 @@ def plan(counts, slots, gpus, nodes, groups, method, previous, previous_format, 
         diagnostics["moves"] = {"slots_changed": moves.slots_changed, "gpu_copies": moves.gpu_copies,
                                 "cross_node_copies": moves.cross_node_copies,
                                 "per_layer_slots_changed": moves.per_layer_slots_changed}
-    _note_overwrite(output, quiet)
-    write_placement(placement, output, output_format, layer_ids=data.layer_ids, configuration=configuration,
-                    diagnostics=diagnostics, layer_updates_per_iter=layer_updates_per_iter)
-    if quiet:
-        return
-    moe = moe_layers(weights)
-    finite = gap[np.isfinite(gap) & moe] if moe.any() else gap[np.isfinite(gap)]
-    lines = [
-        f"counts   {data.path} ({data.format}): {_shape_text(data)}",
-        *([f"phase    {phase}: {data.metadata['windows_selected']} of {data.metadata['windows_total']} passes "
-           "selected"] if phase is not None else []),
-        f"plan     {method}: {num_layers} layers x {num_experts} experts -> {slots} slots on {gpus} GPUs"
-        f" in {nodes} node{'s' if nodes > 1 else ''}" + _groups_text(groups, nodes),
-        f"balance  {moe_mean(before, weights):.4f} without rebalancing -> {moe_mean(after, weights):.4f} with the plan"
-        f" (mean over {moe_note(weights)}; worst layer {after[moe].min() if moe.any() else after.min():.4f})"
-        + ("; on the summed windows, in sample" if data.num_windows > 1 else "")
-        + (f"; even split, {moe_mean(placement.balancedness(weights, 'optimal'), weights):.4f} with optimal dispatch"
-           if options.get("dispatch") == "optimal" else ""),
-    ]
+    return configuration, diagnostics
+
+
+def _plan_detail_lines(*, data, placement, weights, options, objective, held, global_bal, deployed_bal, max_off_node,
+                       output_format, engine, bound, finite, moves, used_previous, prev, expert_bytes, model_preset,
+                       hardware, diagnostics) -> list[str]:
+    """The summary lines of ``eplb plan`` after the balance line: the windows (in sample and held
+    out), what the groups, the deployed plan and the cap cost, the engine's rule, the bound and
+    gap, and the moves."""
+    lines = []
     if data.num_windows > 1:
         window_bal = diagnostics["balancedness_per_window"]
         how = "their sum" if (objective or "") == "sum" else f"the windows ({placement.info.get('objective', 'hedged')})"
@@ -525,12 +554,7 @@ def plan(counts, slots, gpus, nodes, groups, method, previous, previous_format, 
                      f" {moves.gpu_copies} weight copies to GPUs, {moves.cross_node_copies} across nodes ({how})")
         if expert_bytes is not None or model_preset is not None:
             lines.append(_copy_cost_line(prev.placement, placement, expert_bytes, model_preset, hardware))
-    lines.append(f"time     {elapsed:.2f} s")
-    lines.append(f"wrote    {output} ({output_format})")
-    dense = _dense_layers_note(weights, data.layer_ids, output_format)
-    if dense:
-        lines.append(dense)
-    click.echo("\n".join(lines))
+    return lines
 
 
 def _judge(options: dict) -> str:
