@@ -12,7 +12,7 @@ code_shape = importlib.import_module("code_shape")  # bench/ is on sys.path (con
 MAX_LINES = 150
 MAX_POSITIONAL = 12
 
-PENDING_LONG = {"eplb.cli.plan": 188, "eplb.simulation.simulate.simulate": 154}
+PENDING_LONG: dict[str, int] = {}
 """Functions outside ``eplb/kernels/`` still over :data:`MAX_LINES` (their owners split them; the
 kernel-conventions change did not touch them): each may not grow, and an entry must go once its
 function is short enough."""

@@ -95,3 +95,38 @@ def shared_replicas(gpus, gpu_items, gpu_fill, item_expert, holds):
             if holds[g, item_expert[gpu_items[g, j]]] > 1:
                 total += 1
     return total
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def rank_window(loads, t, top):
+    """Fill ``top[t, :]`` with the ``TOP`` most loaded GPUs of window ``t`` (``-1`` pads when
+    there are fewer GPUs), heaviest first, the lower index first on ties."""
+    num_gpus = loads.shape[1]
+    width = top.shape[1]
+    for k in range(width):
+        top[t, k] = -1
+    for g in range(num_gpus):
+        x = loads[t, g]
+        k = width - 1
+        if top[t, k] >= 0 and loads[t, top[t, k]] >= x:
+            continue
+        while k > 0 and (top[t, k - 1] < 0 or loads[t, top[t, k - 1]] < x):
+            top[t, k] = top[t, k - 1]
+            k -= 1
+        top[t, k] = g
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def max_untouched(loads, t, top, mark, stamp):
+    """The largest load of window ``t`` over the GPUs not marked with ``stamp`` (0.0 if none)."""
+    for k in range(top.shape[1]):
+        g = top[t, k]
+        if g < 0:
+            return 0.0
+        if mark[g] != stamp:
+            return loads[t, g]
+    best = 0.0
+    for g in range(loads.shape[1]):
+        if mark[g] != stamp and loads[t, g] > best:
+            best = loads[t, g]
+    return best

@@ -15,7 +15,7 @@ from collections import namedtuple
 import numpy as np
 from numba import njit
 
-from .common import next_random  # the xorshift64 stream of the dispatch search
+from .common import max_untouched, next_random, rank_window
 
 TOP = 4  # most loaded GPUs remembered per window
 
@@ -29,41 +29,6 @@ GPUs; scratch of a move: ``mark [G]`` (stamps of the GPUs it touches), ``touched
 expert arriving), ``new_peak [T]``."""
 
 SWAP, GIVE, TAKE = 0, 1, 2  # the kinds of moves of improve_expected_peak
-
-
-@njit(cache=True, nogil=True, error_model="numpy")
-def _rank_window(loads, t, top):
-    """Fill ``top[t, :]`` with the ``TOP`` most loaded GPUs of window ``t`` (``-1`` pads when
-    there are fewer GPUs), heaviest first, the lower index first on ties."""
-    num_gpus = loads.shape[1]
-    width = top.shape[1]
-    for k in range(width):
-        top[t, k] = -1
-    for g in range(num_gpus):
-        x = loads[t, g]
-        k = width - 1
-        if top[t, k] >= 0 and loads[t, top[t, k]] >= x:
-            continue
-        while k > 0 and (top[t, k - 1] < 0 or loads[t, top[t, k - 1]] < x):
-            top[t, k] = top[t, k - 1]
-            k -= 1
-        top[t, k] = g
-
-
-@njit(cache=True, nogil=True, error_model="numpy")
-def _max_untouched(loads, t, top, mark, stamp):
-    """The largest load of window ``t`` over the GPUs not marked with ``stamp`` (0.0 if none)."""
-    for k in range(top.shape[1]):
-        g = top[t, k]
-        if g < 0:
-            return 0.0
-        if mark[g] != stamp:
-            return loads[t, g]
-    best = 0.0
-    for g in range(loads.shape[1]):
-        if mark[g] != stamp and loads[t, g] > best:
-            best = loads[t, g]
-    return best
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
@@ -108,7 +73,7 @@ def _start_layer(windows, window_weights, layer, row, gpu_of_slot, st):
         for s in range(num_slots):
             e = row[s]
             loads[t, gpu_of_slot[s]] += share[t, e] / count[e]
-        _rank_window(loads, t, top)
+        rank_window(loads, t, top)
         peak[t] = loads[t, top[t, 0]] if scale[t] > 0.0 else 0.0
         current += peak[t]
     return total_weight, current
@@ -235,7 +200,7 @@ def _beats(st, x, f, num_touched, stamp, window_weights, target, total_weight):
     for r in range(scale.shape[0]):
         if scale[r] <= 0.0:
             continue
-        best = _max_untouched(loads, r, top, mark, stamp)
+        best = max_untouched(loads, r, top, mark, stamp)
         for k in range(num_touched):
             g = touched[k]
             load = loads[r, g] + coef_x[g] * share[r, x] + coef_f[g] * share[r, f]
@@ -268,7 +233,7 @@ def _keep_move(kind, a, b, f, row, st, num_touched):
         for k in range(num_touched):
             g = touched[k]
             loads[r, g] += coef_x[g] * share[r, x] + coef_f[g] * share[r, f]
-        _rank_window(loads, r, top)
+        rank_window(loads, r, top)
         peak[r] = loads[r, top[r, 0]]
     current = 0.0
     for r in range(num_windows):
@@ -387,7 +352,7 @@ def _window_loads(row, fraction, share, gpu_of_slot, active, n, loads, top):
         loads[t, :] = 0.0
         for s in range(row.shape[0]):
             loads[t, gpu_of_slot[s]] += share[t, row[s]] * fraction[s]
-        _rank_window(loads, t, top)
+        rank_window(loads, t, top)
         total += loads[t, top[t, 0]]
     return total
 
@@ -535,7 +500,7 @@ def pair_descent(windows, window_weights, phy2log, fractions, gpu_of_slot, slot_
             mark[hot] = stamp
             mark[cold] = stamp
             for r in range(n):
-                excl[r] = _max_untouched(loads, active[r], top, mark, stamp)
+                excl[r] = max_untouched(loads, active[r], top, mark, stamp)
                 hot_load[r] = loads[active[r], hot]
                 cold_load[r] = loads[active[r], cold]
             for r in range(n - 1, -1, -1):
@@ -561,7 +526,7 @@ def pair_descent(windows, window_weights, phy2log, fractions, gpu_of_slot, slot_
                 delta = share[t, f] * fraction_f - share[t, x] * fraction_x
                 loads[t, hot] += delta
                 loads[t, cold] -= delta
-                _rank_window(loads, t, top)
+                rank_window(loads, t, top)
                 current += loads[t, top[t, 0]]
         after[layer] = current / total_weight
     return out, out_fractions, before, after

@@ -9,7 +9,7 @@ per-window loads of a slot travel with it and a swap is scored in ``O(T)``.
 import numpy as np
 from numba import njit
 
-from .expected_peak import _max_untouched, _rank_window
+from .common import max_untouched, rank_window
 
 ANYWHERE = -2  # region of a slot that may go to any node
 FIXED = -1  # region of a slot that must stay where it is
@@ -89,7 +89,7 @@ def balance_fixed_loads(slot_loads, weights, row, region, node_of_slot, slots_pe
             loads[t, s // slots_per_gpu] += slot_loads[t, s]
     top = np.full((num_windows, 4), -1, np.int64)
     for t in range(num_windows):
-        _rank_window(loads, t, top)
+        rank_window(loads, t, top)
     before = _objective(loads, weights)
     mark = np.zeros(num_gpus, np.int64)
     mass = np.zeros(num_gpus)
@@ -123,7 +123,7 @@ def balance_fixed_loads(slot_loads, weights, row, region, node_of_slot, slots_pe
                 # out at their mean), so that a swap is dropped as soon as it cannot beat the best
                 rest[num_windows] = 0.0
                 for t in range(num_windows - 1, -1, -1):
-                    others[t] = _max_untouched(loads, t, top, mark, stamp * num_gpus + b)
+                    others[t] = max_untouched(loads, t, top, mark, stamp * num_gpus + b)
                     level = max(others[t], 0.5 * (loads[t, a] + loads[t, b]))
                     rest[t] = rest[t + 1] + weights[t] * (level - loads[t, top[t, 0]])
                 if rest[0] >= best_delta:
@@ -153,7 +153,7 @@ def balance_fixed_loads(slot_loads, weights, row, region, node_of_slot, slots_pe
             value = slot_loads[t, best_a]
             slot_loads[t, best_a] = slot_loads[t, best_b]
             slot_loads[t, best_b] = value
-            _rank_window(loads, t, top)
+            rank_window(loads, t, top)
         row[best_a], row[best_b] = row[best_b], row[best_a]
         region[best_a], region[best_b] = region[best_b], region[best_a]
     return before, _objective(loads, weights)

@@ -453,6 +453,22 @@ def _series_block(series, start: int, stop: int) -> np.ndarray:
     return np.asarray(series.block(start, stop))
 
 
+def _checked_series(series):
+    """``series`` as given when it is a generator with ``block`` (a :class:`Series`), else as a
+    checked numeric ``[T, L, E]`` array (finite, non-negative, layer totals within float64)."""
+    if not isinstance(series, np.ndarray) and hasattr(series, "block"):
+        return series
+    series = np.asarray(series)
+    if series.ndim != 3 or series.dtype.kind not in "biuf":
+        raise ValueError(f"series must be a numeric [T, L, E] array or a Series, got shape {series.shape}")
+    if series.dtype.kind == "f" and not np.isfinite(series).all():
+        raise ValueError("series must be finite")
+    if (series < 0).any():
+        raise ValueError("series must be non-negative")
+    check_layer_totals(series, "series")
+    return series
+
+
 def simulate(series, *, num_slots=None, num_gpus=None, num_nodes=1, num_groups=None, policy=None,
              cost_model: CostModel | None = None, dispatch: str = "uniform", initial=None,
              topology: Topology | None = None, initial_steps: int = 1,
@@ -479,18 +495,8 @@ def simulate(series, *, num_slots=None, num_gpus=None, num_nodes=1, num_groups=N
         raise ValueError(f"dispatch must be one of {DISPATCH_MODES}, got {dispatch!r}")
     if layers_per_step is not None:
         layers_per_step = as_int(layers_per_step, "layers_per_step", minimum=1)
-    if isinstance(series, np.ndarray) or not hasattr(series, "block"):
-        series = np.asarray(series)
-        if series.ndim != 3 or series.dtype.kind not in "biuf":
-            raise ValueError(f"series must be a numeric [T, L, E] array or a Series, got shape {series.shape}")
-        if series.dtype.kind == "f" and not np.isfinite(series).all():
-            raise ValueError("series must be finite")
-        if (series < 0).any():
-            raise ValueError("series must be non-negative")
-        check_layer_totals(series, "series")
-        num_steps, num_layers, num_experts = series.shape
-    else:
-        num_steps, num_layers, num_experts = series.shape
+    series = _checked_series(series)
+    num_steps, num_layers, num_experts = series.shape
     if num_steps < 1:
         raise ValueError("series must have at least one step")
     cost_model = CostModel.preset() if cost_model is None else cost_model
