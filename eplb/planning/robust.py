@@ -29,11 +29,11 @@ from ..kernels.expected_peak import pair_descent
 from ..analysis.windows import check_window_weights
 
 DEFAULT_SWAPS = 200  # best-swap iterations per layer (pair descent)
-DEFAULT_ITERATIONS = 1000  # random moves per layer after it (swaps and replica moves)
+DEFAULT_ITERATIONS = 800  # random moves per layer after it (swaps and replica moves)
 DEFAULT_ANCHOR = 0.25
 DEFAULT_FOLDS = 4
 DEFAULT_COPY_COST = 0.0005  # per changed slot, in mean peak / mean: see plan(previous=, series)
-CHECK_LAYERS = 8  # the cross-validation check searches at most this many layers (evenly spread)
+CHECK_LAYERS = 6  # the cross-validation check searches at most this many layers (evenly spread)
 
 
 def _zones(problem) -> np.ndarray:
