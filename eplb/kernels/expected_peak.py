@@ -41,16 +41,13 @@ def _holds(row, slot_offsets, gpu, expert, skip):
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def _start_layer(windows, window_weights, layer, row, gpu_of_slot, st):
-    """Fill ``st`` (a :class:`PeakState`) for ``layer`` of ``windows [T, L, E]`` placed as ``row [S]``.
-
-    Returns ``(total_weight, current)``: the weight of the windows that count and the sum of their
-    peaks (``current`` is 0.0 when ``total_weight <= 0``, and the loads are then not filled)."""
-    scale, share, count, loads, peak, top = st.scale, st.share, st.count, st.loads, st.peak, st.top
+def _scaled_layer(windows, window_weights, layer, num_gpus, scale, share, active):
+    """Scale window ``t`` of ``layer`` so its mean GPU load is ``window_weights[t]``: fills
+    ``scale [T]``, ``share [T, E]`` (an expert's scaled tokens) and ``active [T]`` (the windows that
+    count, first ``n`` entries). Returns ``(n, total weight of the active windows)``."""
     num_windows, _, num_experts = windows.shape
-    num_gpus = loads.shape[1]
-    num_slots = row.shape[0]
-    total_weight = 0.0
+    total = 0.0
+    n = 0
     for t in range(num_windows):
         mean = 0.0
         for e in range(num_experts):
@@ -58,9 +55,26 @@ def _start_layer(windows, window_weights, layer, row, gpu_of_slot, st):
         mean /= num_gpus
         scale[t] = window_weights[t] / mean if mean > 0.0 and window_weights[t] > 0.0 else 0.0
         if scale[t] > 0.0:
-            total_weight += window_weights[t]
+            total += window_weights[t]
+            active[n] = t
+            n += 1
         for e in range(num_experts):
             share[t, e] = windows[t, layer, e] * scale[t]
+    return n, total
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _start_layer(windows, window_weights, layer, row, gpu_of_slot, st):
+    """Fill ``st`` (a :class:`PeakState`) for ``layer`` of ``windows [T, L, E]`` placed as ``row [S]``.
+
+    Returns ``(total_weight, current)``: the weight of the windows that count and the sum of their
+    peaks (``current`` is 0.0 when ``total_weight <= 0``, and the loads are then not filled)."""
+    scale, share, count, loads, peak, top = st.scale, st.share, st.count, st.loads, st.peak, st.top
+    num_windows = windows.shape[0]
+    num_gpus = loads.shape[1]
+    num_slots = row.shape[0]
+    _, total_weight = _scaled_layer(windows, window_weights, layer, num_gpus, scale, share,
+                                    np.empty(num_windows, np.int64))
     if total_weight <= 0.0:
         return total_weight, 0.0
     count[:] = 0
@@ -316,29 +330,6 @@ def improve_expected_peak(windows, window_weights, phy2log, gpu_of_slot, slot_of
             current = _keep_move(kind, a, b, f, row, st, num_touched)
         after[layer] = current / total_weight
     return out, before, after
-
-
-@njit(cache=True, nogil=True, error_model="numpy")
-def _scaled_layer(windows, window_weights, layer, num_gpus, scale, share, active):
-    """Scale window ``t`` of ``layer`` so its mean GPU load is ``window_weights[t]``: fills
-    ``scale [T]``, ``share [T, E]`` (an expert's scaled tokens) and ``active [T]`` (the windows that
-    count, first ``n`` entries). Returns ``(n, total weight of the active windows)``."""
-    num_windows, _, num_experts = windows.shape
-    total = 0.0
-    n = 0
-    for t in range(num_windows):
-        mean = 0.0
-        for e in range(num_experts):
-            mean += windows[t, layer, e]
-        mean /= num_gpus
-        scale[t] = window_weights[t] / mean if mean > 0.0 and window_weights[t] > 0.0 else 0.0
-        if scale[t] > 0.0:
-            total += window_weights[t]
-            active[n] = t
-            n += 1
-        for e in range(num_experts):
-            share[t, e] = windows[t, layer, e] * scale[t]
-    return n, total
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
