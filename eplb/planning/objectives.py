@@ -36,7 +36,7 @@ import numpy as np
 from ..model._validation import as_counts, as_int
 from ..kernels.shares import improve_for_dispatch
 from ..kernels.linked import linked_placement
-from .robust import Hedged, hedge
+from .robust import Hedged, gpu_zones, hedge, slot_zones
 from ..analysis.windows import DISPATCH_SCORING, check_window_weights, window_peaks
 
 COMBINERS = ("sum", "quantile", "max_share")
@@ -180,21 +180,13 @@ def made_for_dispatch(series: np.ndarray, phy2log: np.ndarray, problem, window_w
         raise ValueError(f"max_windows must be a positive integer, got {max_windows!r}")
     blocks, block_weights = _blocks(series, weights, int(max_windows))
     topology = problem.topology
-    zone = _zones(problem)
+    zone = slot_zones(problem)
     out, before, after = improve_for_dispatch(
         np.ascontiguousarray(blocks, dtype=np.float64), np.ascontiguousarray(block_weights),
         np.require(phy2log, dtype=np.int64, requirements="C"), topology.gpu_of_slot, topology.slot_offsets,
         zone, int(iterations), int(seed), bool(keep_replicas),
     )
     return out, (before, after)
-
-
-def _zones(problem) -> np.ndarray:
-    """``[S]`` int64 zone of each slot: its node when groups stay on their node, else 0."""
-    topology = problem.topology
-    if problem.hierarchical:
-        return topology.node_of_gpu[topology.gpu_of_slot]
-    return np.zeros(topology.num_slots, np.int64)
 
 
 def link_replicas(weights: np.ndarray, phy2log: np.ndarray, problem) -> tuple[np.ndarray, np.ndarray]:
@@ -212,10 +204,9 @@ def link_replicas(weights: np.ndarray, phy2log: np.ndarray, problem) -> tuple[np
         e.g. more redundant slots than experts).
     """
     topology = problem.topology
-    zone_of_gpu = topology.node_of_gpu if problem.hierarchical else np.zeros(topology.num_gpus, np.int64)
     return linked_placement(np.ascontiguousarray(weights, dtype=np.float64),
                             np.require(phy2log, dtype=np.int64, requirements="C"), topology.gpu_of_slot,
-                            topology.slot_offsets, np.ascontiguousarray(zone_of_gpu, dtype=np.int64))
+                            topology.slot_offsets, gpu_zones(problem))
 
 
 def hedge_windows(series: np.ndarray, phy2log: np.ndarray, problem, window_weights=None, **options) -> Hedged:

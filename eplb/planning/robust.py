@@ -24,8 +24,10 @@ import numpy as np
 
 from ..model._validation import as_counts
 from ..kernels.expected_peak import improve_expected_peak as _improve
-from ..kernels.layout import replica_counts
 from ..kernels.expected_peak import pair_descent
+from ..kernels.layout import replica_counts
+from ..kernels.shares import share_gpu_loads
+from ..analysis.placement import uniform_shares
 from ..analysis.windows import check_window_weights
 
 DEFAULT_SWAPS = 200  # best-swap iterations per layer (pair descent)
@@ -36,12 +38,18 @@ DEFAULT_COPY_COST = 0.0005  # per changed slot, in mean peak / mean: see plan(pr
 CHECK_LAYERS = 6  # the cross-validation check searches at most this many layers (evenly spread)
 
 
-def _zones(problem) -> np.ndarray:
-    """``[S]`` int64 zone of each slot: its node when groups stay on their node, else 0."""
+def gpu_zones(problem) -> np.ndarray:
+    """``[G]`` int64 zone of each GPU, which moves stay inside: its node when groups stay on their
+    node, else 0."""
     topology = problem.topology
     if problem.hierarchical:
-        return np.ascontiguousarray(topology.node_of_gpu[topology.gpu_of_slot], dtype=np.int64)
-    return np.zeros(topology.num_slots, np.int64)
+        return np.ascontiguousarray(topology.node_of_gpu, dtype=np.int64)
+    return np.zeros(topology.num_gpus, np.int64)
+
+
+def slot_zones(problem) -> np.ndarray:
+    """``[S]`` int64 zone of each slot (:func:`gpu_zones` of its GPU)."""
+    return np.ascontiguousarray(gpu_zones(problem)[problem.topology.gpu_of_slot])
 
 
 class Hedged(NamedTuple):
@@ -129,7 +137,7 @@ def hedge(series, phy2log, problem, window_weights=None, *, shares=None, previou
     num_layers, num_experts = windows.shape[1:]
     placement = _checked_placement(phy2log, "phy2log", num_layers, num_experts, problem.topology.num_slots)
     if shares is None:
-        fractions = 1.0 / replica_counts(placement, num_experts)[np.arange(num_layers)[:, None], placement]
+        fractions = uniform_shares(placement, replica_counts(placement, num_experts))
     else:
         fractions = np.ascontiguousarray(shares, dtype=np.float64)
         if fractions.shape != placement.shape or not np.isfinite(fractions).all() or (fractions < 0).any():
@@ -175,15 +183,13 @@ def _search(windows, weights, placement, fractions, problem, *, swaps, iteration
     weights = np.ascontiguousarray(weights, dtype=np.float64)
     gpu_of_slot = np.ascontiguousarray(topology.gpu_of_slot, dtype=np.int64)
     slot_offsets = np.ascontiguousarray(topology.slot_offsets, dtype=np.int64)
-    zone_of_gpu = np.ascontiguousarray(topology.node_of_gpu if problem.hierarchical else np.zeros(topology.num_gpus),
-                                       dtype=np.int64)
     out, fractions, before, after = pair_descent(windows, weights, placement, np.ascontiguousarray(fractions),
-                                                 gpu_of_slot, slot_offsets, zone_of_gpu, swaps, seed,
+                                                 gpu_of_slot, slot_offsets, gpu_zones(problem), swaps, seed,
                                                  np.ascontiguousarray(previous), copy_cost)
     if iterations > 0:  # even split only: the random moves recount replicas
-        out, _, after = _improve(windows, weights, out, gpu_of_slot, slot_offsets, _zones(problem), iterations, seed,
+        out, _, after = _improve(windows, weights, out, gpu_of_slot, slot_offsets, slot_zones(problem), iterations, seed,
                                  replica_moves)
-        fractions = 1.0 / replica_counts(out, windows.shape[2])[np.arange(out.shape[0])[:, None], out]
+        fractions = uniform_shares(out, replica_counts(out, windows.shape[2]))
     return out, fractions, before, after
 
 
@@ -191,11 +197,11 @@ def window_share_peaks(windows: np.ndarray, phy2log: np.ndarray, fractions: np.n
     """``[T, L]`` each window's max GPU load over its mean (1.0 for an all-zero layer), slot ``s``
     taking ``fractions[l, s]`` of its expert's tokens (``windows [T, L, E]``, ``phy2log`` and
     ``fractions`` ``[L, S]``)."""
-    layers = np.arange(phy2log.shape[0])[:, None]
-    slot_loads = windows[:, layers, phy2log] * fractions  # [T, L, S]
-    loads = np.zeros(windows.shape[:2] + (topology.num_gpus,))
-    np.add.at(loads, (slice(None), slice(None), topology.gpu_of_slot), slot_loads)
-    peak = loads.max(axis=-1)
+    num_windows = windows.shape[0]
+    flat = np.ascontiguousarray(windows.reshape((-1, windows.shape[-1])), dtype=np.float64)
+    loads = share_gpu_loads(flat, np.tile(phy2log, (num_windows, 1)), np.tile(fractions, (num_windows, 1)),
+                            topology.gpu_of_slot, topology.num_gpus)
+    peak = loads.max(axis=-1).reshape(windows.shape[:2])
     mean = windows.sum(axis=-1) / topology.num_gpus
     return np.divide(peak, mean, out=np.ones_like(peak), where=mean > 0)
 

@@ -395,7 +395,8 @@ class Balancer:
             return False
         steps, rebalances = self.steps, self.rebalances
         load = self.planning_counts()
-        current = float(balancedness(self.placement.gpu_loads(load)).mean())
+        current_layers = balancedness(self.placement.gpu_loads(load))  # [L]
+        current = float(current_layers.mean())
         active = int((self.topology.slots_per_gpu > 0).sum())
         # the cheap bounds only: this check runs often and must cost far less than planning
         bound = np.maximum(average_bound(load, self.topology), replica_bound(load, self.topology))
@@ -406,12 +407,14 @@ class Balancer:
             self.last_decision = {**decision, "rebalance": False, "reason": "even an optimal plan gains too little"}
             return False
         planned = self._plan(load)
-        candidate = self._layers_that_pay(load, planned)
-        gain = float(balancedness(candidate.gpu_loads(load)).mean()) - current
+        planned_layers = balancedness(planned.gpu_loads(load))  # [L]
+        candidate = self._layers_that_pay(load, planned, planned_layers - current_layers)
+        kept = candidate.info.get("layers_rebalanced", np.ones(self.num_layers, bool))
+        gain = float(np.where(kept, planned_layers, current_layers).mean()) - current
         moved = float(np.sum(candidate.info["slots_changed"])) / candidate.phy2log.size
         self._candidate = (steps, rebalances, candidate)
         if moved == 0:
-            planned_gain = float(balancedness(planned.gpu_loads(load)).mean()) - current
+            planned_gain = float(planned_layers.mean()) - current
             self.last_decision = {**decision, "rebalance": False, "gain": 0.0, "planned_gain": planned_gain,
                                   "moved_fraction": 0.0, "reason": "no layer's move pays for its copies"}
             return False
@@ -436,18 +439,18 @@ class Balancer:
                                             "time saved below copy time"}
         return bool(worth)
 
-    def _layers_that_pay(self, load: np.ndarray, candidate: Placement) -> Placement:
+    def _layers_that_pay(self, load: np.ndarray, candidate: Placement, gain: np.ndarray) -> Placement:
         """``candidate`` with every layer whose move does not pay for itself on ``load [L, E]``
         given back its slots in service: with a cost model, a layer pays when the time it saves
         over the horizon exceeds its share of the copy stall (its copies' share of the plan's);
         otherwise when its balancedness gain is at least ``move_cost`` times the fraction of its
-        slots that change. Copies then go to the layers where they buy balance."""
+        slots that change (``gain [L]``: the candidate's balancedness minus the placement in
+        service's, per layer). Copies then go to the layers where they buy balance."""
         previous = self.placement.phy2log
         changed = np.asarray(candidate.info["slots_changed"], dtype=np.int64)
         if not changed.any():
             return candidate
         if self.cost_model is None:
-            gain = balancedness(candidate.gpu_loads(load)) - balancedness(self.placement.gpu_loads(load))
             pays = gain >= self.move_cost * changed / previous.shape[1]
         else:
             per_pass = load / self._effective_passes()
