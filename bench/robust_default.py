@@ -137,6 +137,13 @@ def held_out(windows: np.ndarray, protocol: str, deployment: dict, options: dict
     return _score(placement, windows[16:], judge)
 
 
+def in_sample(windows: np.ndarray, protocol: str, deployment: dict, options: dict, judge: str = "uniform") -> float:
+    """Mean balancedness of the plan made with ``options`` on the windows it was made from (all of
+    them for leave-one-out, the first 16 for next-window)."""
+    planning = windows if protocol == "leave-one-out" else windows[:16]
+    return float(_score(eplb.plan(planning, **deployment, **options), planning, judge).mean())
+
+
 def quality(quick: bool) -> tuple[list[dict], list[str]]:
     rows = []
     found, missing = families(quick)
@@ -147,10 +154,13 @@ def quality(quick: bool) -> tuple[list[dict], list[str]]:
             for plan_label, options in PLANS.items():
                 scores = held_out(windows, protocol, deployment, options)
                 row[plan_label] = (float(scores.mean()), float(scores.min()))
+                row[f"{plan_label} in sample"] = in_sample(windows, protocol, deployment, options)
             if not quick and (name.startswith("synthetic, same") or name.startswith("synthetic, phases")
                               or not name.startswith("synthetic")) and "hierarchical" not in label:
                 scores = held_out(windows, protocol, deployment, {"dispatch": "optimal"}, judge="optimal")
                 row["made for optimal dispatch"] = (float(scores.mean()), float(scores.min()))
+                row["made for optimal dispatch in sample"] = in_sample(windows, protocol, deployment,
+                                                                       {"dispatch": "optimal"}, "optimal")
             rows.append(row)
             print(f"[robust_default] {name} / {label}: "
                   + ", ".join(f"{k} {v[0]:.4f}" for k, v in row.items() if isinstance(v, tuple)), flush=True)
@@ -196,7 +206,14 @@ def markdown(rows: list[dict], speeds: list[dict], missing: list[str], seconds: 
         gain = r["eplb default"][0] - r["eplb, summed"][0]
         table.append([r["family"], r["protocol"], r["deployment"], f"{r['shift_structure']:.2f}",
                       *(_cell(r[p]) for p in PLANS), f"{gain:+.4f}", _cell(r.get("made for optimal dispatch"))])
-    lines += ["", markdown_table(header, table), "", "### Speed: 16 windows, medians side by side", ""]
+    lines += ["", markdown_table(header, table), "", "### In sample beside held out",
+              "", "Mean balancedness on the windows each plan was made from (in sample) and on the windows it "
+              "did not see (held out, the table above).", ""]
+    in_header = ["family", "deployment"] + [f"{p}: in sample / held out" for p in (*PLANS, "made for optimal dispatch")]
+    in_rows = [[r["family"], r["deployment"]]
+               + [f"{r[f'{p} in sample']:.4f} / {r[p][0]:.4f}" if f"{p} in sample" in r else "–"
+                  for p in (*PLANS, "made for optimal dispatch")] for r in rows]
+    lines += [markdown_table(in_header, in_rows), "", "### Speed: 16 windows, medians side by side", ""]
     speed_header = list(speeds[0]) if speeds else []
     lines.append(markdown_table(speed_header, [[f"{v:.1f}" if isinstance(v, float) else v for v in r.values()]
                                                for r in speeds]))
