@@ -178,9 +178,9 @@ def cases() -> dict[str, str]:
 
     # lower bounds
     topo = placement.topology
-    out["lower_bound.global"] = digest(eplb.lower_bound(counts, topo))
-    out["lower_bound.hier"] = digest(eplb.lower_bound(counts, topo, 8, True))
-    out.update({f"lower_bounds.{k}": digest(v) for k, v in sorted(eplb.lower_bounds(counts, topo).items())})
+    out["lower_bound.global"] = digest(eplb.lower_bound(counts, topology=topo))
+    out["lower_bound.hier"] = digest(eplb.lower_bound(counts, topology=topo, num_groups=8))
+    out.update({f"lower_bounds.{k}": digest(v) for k, v in sorted(eplb.lower_bounds(counts, topology=topo).items())})
 
     # transfer plans
     tp = eplb.transfer_plan(old, eplb.plan(moved, previous=old, **glob))

@@ -55,7 +55,7 @@ def gap_rows(quick: bool) -> list[dict]:
         problem = make_problem(256, slots, 32, 4, 8)
         for load, (family, skew) in FAMILIES.items():
             counts = skewed_counts(layers, 256, family=family, skew=skew, num_groups=8, seed=11).astype(np.float64)
-            bound = lower_bound(counts, problem.topology, 8, hierarchical=True)
+            bound = lower_bound(counts, topology=problem.topology, num_groups=8)
             plans = {"replication alone": replication_alone(counts, problem),
                      "default": get_method("balanced")(counts, problem)[0],
                      "best": get_method("best")(counts, problem)[0]}
@@ -172,7 +172,7 @@ def resolve_rows(quick: bool) -> list[dict]:
         domains = ([np.arange(n * gpus // nodes, (n + 1) * gpus // nodes) for n in range(nodes)]
                    if problem.hierarchical else [np.arange(gpus)])
         start, _ = get_method("best")(counts, problem)
-        bound = lower_bound(counts, topology, problem.num_groups, problem.hierarchical)
+        bound = lower_bound(counts, topology=topology, num_groups=problem.num_groups if problem.hierarchical else None)
         before = balanced_module.max_loads(counts, start, topology) / bound - 1
         for partners in (1, 3):
             out = start.copy()

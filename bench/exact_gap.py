@@ -114,7 +114,7 @@ def measure(instance: dict, time_limit: float, methods: list[str]) -> dict:
     counts = instance["counts"][None, :]
     config = {k: instance[k] for k in ("num_slots", "num_gpus", "num_nodes", "num_groups")}
     problem = make_problem(counts.shape[1], **config)
-    closed = float(lower_bound(counts, problem.topology, problem.num_groups, problem.hierarchical)[0])
+    closed = float(lower_bound(counts, topology=problem.topology, num_groups=problem.num_groups if problem.hierarchical else None)[0])
     reference = result["exact_load"] if result["optimal"] else math.nan
     row["closed_form_bound"] = closed
     row["bound_gap"] = _relative(reference, closed)

@@ -62,7 +62,7 @@ def measure(quick: bool) -> tuple[list[dict], str | None]:
         start = time.perf_counter()
         eplb.plan(weights, topology=topology, method="best")
         best_seconds = (time.perf_counter() - start) / weights.shape[0]
-        bound = lower_bound(weights, topology)
+        bound = lower_bound(weights, topology=topology)
         average = average_bound(weights, topology)
         default_max, best_max = _max_loads(weights, default), _max_loads(weights, best)
         for layer in layers:

@@ -13,7 +13,7 @@ from ..kernels.load_bounds import (min_max_replica_load, pigeonhole_bound, repli
 from ..kernels.budget import budget_tier_bound
 from ..kernels.hierarchy import node_load_bound
 from ..kernels.tiny import tiny_bound
-from ..model.problem import Problem
+from ..model.problem import Problem, make_problem, weights_2d
 from .searches import group_assignment
 from ..model.topology import Topology
 
@@ -165,8 +165,9 @@ def _scaled(weights: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return np.ascontiguousarray(np.ldexp(weights, -exponent[..., None])), exponent
 
 
-def lower_bounds(weights: np.ndarray, topology: Topology) -> dict[str, np.ndarray]:
-    """Every bound by name, each ``[L]`` (computed on each layer scaled near 1, see :func:`_scaled`)."""
+def bounds_by_name(weights: np.ndarray, topology: Topology) -> dict[str, np.ndarray]:
+    """Every bound of :data:`BOUNDS` by name for ``weights [L, E]`` (validated), each ``[L]``
+    (computed on each layer scaled near 1, see :func:`_scaled`)."""
     scaled, exponent = _scaled(weights)
     return {name: np.ldexp(bound(scaled, topology), exponent) for name, bound in BOUNDS.items()}
 
@@ -194,18 +195,44 @@ def hierarchical_bound(weights: np.ndarray, topology: Topology, num_groups: int)
     return np.maximum(np.maximum(base, proven), node_load_bound(weights, int(num_groups), node_slots, node_active))
 
 
-def lower_bound(weights: np.ndarray, topology: Topology, num_groups: int | None = None,
-                hierarchical: bool = False) -> np.ndarray:
-    """The strongest bound for each layer, ``[L]``: the largest of :data:`BOUNDS`, and with
-    ``hierarchical`` (every one of ``num_groups`` groups on one node) the :func:`hierarchical_bound`.
+def strongest_bound(weights: np.ndarray, problem: Problem) -> np.ndarray:
+    """The strongest bound for each layer of ``weights [L, E]`` (validated), ``[L]``: the largest
+    of :data:`BOUNDS`, and for a hierarchical ``problem`` (every group on one node) the
+    :func:`hierarchical_bound`.
 
     Each layer is bounded scaled by a power of two to a largest load near 1 (:func:`_scaled`): the
     same bound for every magnitude of counts, finite for denormal ones and for huge ones (as long
     as the bound itself is below the float64 maximum)."""
     scaled, exponent = _scaled(weights)
-    if hierarchical:
-        return np.ldexp(hierarchical_bound(scaled, topology, num_groups), exponent)
-    return np.ldexp(_strongest(scaled, topology), exponent)
+    if problem.hierarchical:
+        return np.ldexp(hierarchical_bound(scaled, problem.topology, problem.num_groups), exponent)
+    return np.ldexp(_strongest(scaled, problem.topology), exponent)
+
+
+def lower_bound(counts, *, num_slots=None, num_gpus=None, num_nodes=1, num_groups=None,
+                topology: Topology | None = None) -> np.ndarray:
+    """``[L]`` float64: a proven lower bound on the max GPU load any placement of ``counts`` can
+    reach in the deployment, per layer (``eplb.plan``'s ``Placement.lower_bound`` is this bound,
+    tightened by what an exact method proved).
+
+    Args:
+        counts: ``[L, E]`` (``[E]`` for one layer; a series ``[T, L, E]`` is summed), non-negative.
+        num_slots, num_gpus, num_nodes, num_groups, topology: the deployment, as for
+            :func:`eplb.plan` (hierarchical, with a bound for every group on one node, when
+            ``num_groups`` is a multiple of ``num_nodes``).
+    """
+    weights = weights_2d(counts, "counts")
+    return strongest_bound(weights, make_problem(weights.shape[1], num_slots, num_gpus, num_nodes, num_groups,
+                                                 topology))
+
+
+def lower_bounds(counts, *, num_slots=None, num_gpus=None, num_nodes=1, num_groups=None,
+                 topology: Topology | None = None) -> dict[str, np.ndarray]:
+    """Every global bound by name (:data:`BOUNDS`), each ``[L]`` float64, for ``counts`` and the
+    deployment as :func:`lower_bound` takes them (their maximum is :func:`lower_bound`'s global bound)."""
+    weights = weights_2d(counts, "counts")
+    problem = make_problem(weights.shape[1], num_slots, num_gpus, num_nodes, num_groups, topology)
+    return bounds_by_name(weights, problem.topology)
 
 
 def _strongest(weights: np.ndarray, topology: Topology) -> np.ndarray:

@@ -29,9 +29,9 @@ from pathlib import Path
 import numpy as np
 
 from ..analysis import metrics
-from ..analysis.bounds import average_bound, lower_bound
+from ..analysis.bounds import average_bound, strongest_bound
 from ..planning.locality import busiest_nodes, node_cap_bound, off_node_tokens
-from ..model.problem import make_problem
+from ..model.problem import Problem, make_problem
 from ..analysis.metrics import moe_layers, moe_mean
 from ..model.dispatch_rules import DISPATCH_RULES
 from .formats.data import CountsFile, PlacementFile
@@ -94,7 +94,7 @@ def bound_for(weights: np.ndarray, placement) -> Bound:
     groups = placement.num_groups
     if placement.shares is not None:
         return _share_bound(weights, placement)
-    values = lower_bound(weights, topology)
+    values = strongest_bound(weights, Problem(topology))
     if groups is None:
         return Bound(values, "global", "global (no expert groups)")
     if placement.num_experts % groups:
@@ -107,8 +107,8 @@ def bound_for(weights: np.ndarray, placement) -> Bound:
     if kept.any():
         rows = np.flatnonzero(kept)
         values = values.copy()
-        values[rows] = np.maximum(values[rows], lower_bound(np.ascontiguousarray(weights[rows]), topology, groups,
-                                                            hierarchical=True))
+        values[rows] = np.maximum(values[rows], strongest_bound(np.ascontiguousarray(weights[rows]),
+                                                                Problem(topology, groups, hierarchical=True)))
     description = f"hierarchical: {groups} groups on {nodes} node{'s' if nodes > 1 else ''}"
     if not kept.all():
         description += (f"; {int((~kept).sum())} of {len(kept)} layers spread a group over nodes, judged by the "

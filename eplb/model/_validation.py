@@ -62,6 +62,17 @@ def as_counts(counts, name: str = "counts", *, ndims: tuple[int, ...] = (2,)) ->
     return array
 
 
+def validated_counts(counts, name: str = "counts", *, ndims: tuple[int, ...] = (2,)) -> np.ndarray:
+    """``counts`` that a public entry already checked with :func:`as_counts`, as C-contiguous
+    float64 (no copy when they are): only the rank is checked again, not every value, so
+    validated arrays travel down the layers at no cost."""
+    array = np.ascontiguousarray(counts, dtype=np.float64)
+    if array.ndim not in ndims:
+        shapes = " or ".join(_RANK_NAMES.get(d, f"{d}-d") for d in ndims)
+        raise ValueError(f"{name} must have shape {shapes}, got shape {array.shape}")
+    return array
+
+
 def check_layer_totals(array: np.ndarray, name: str = "counts") -> None:
     """Refuse ``array [..., E]`` (finite, non-negative) when the total of a row (a layer, or a
     window's layer) overflows float64: no finite GPU load or balancedness could be reported.

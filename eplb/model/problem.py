@@ -28,8 +28,8 @@ class Problem:
     """
 
     topology: Topology
-    num_groups: int | None
-    hierarchical: bool
+    num_groups: int | None = None
+    hierarchical: bool = False
 
 
 def make_problem(num_experts: int, num_slots=None, num_gpus=None, num_nodes=1, num_groups=None,
@@ -74,7 +74,12 @@ def make_problem(num_experts: int, num_slots=None, num_gpus=None, num_nodes=1, n
 def weights_2d(counts, name: str = "counts") -> np.ndarray:
     """Validated float64 weights: ``[E]`` -> ``[1, E]``, ``[L, E]`` as is, ``[T, L, E]`` summed over
     windows. Refuses a layer whose total overflows float64 (no finite max load could be reported)."""
-    weights = as_counts(counts, name, ndims=(1, 2, 3))
+    return summed_2d(as_counts(counts, name, ndims=(1, 2, 3)), name)
+
+
+def summed_2d(counts: np.ndarray, name: str = "counts") -> np.ndarray:
+    """:func:`weights_2d` of counts already validated (``[E]``, ``[L, E]`` or ``[T, L, E]`` float64)."""
+    weights = counts
     if weights.ndim == 1:
         weights = weights[None, :]
     elif weights.ndim == 3:

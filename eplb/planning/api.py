@@ -5,30 +5,20 @@ from __future__ import annotations
 
 import difflib
 import inspect
-import time
 
 import numpy as np
 
-from ..model._validation import as_counts, as_fraction
-from ..analysis.bounds import lower_bound
-from .methods import DEFAULT_METHOD, OPTIONS as METHOD_OPTIONS, get_method
-from ..kernels.shares import share_gpu_loads
-from ..kernels.layout import replica_counts, slots_of_experts
-from ..model.dispatch_rules import DISPATCH_RULES, dispatch_rule
-from .engine_planning import plan_for_engine
-from .locality import capped_lower_bound, home_nodes, plan_locality
-from .locality import pareto as locality_curve
-from ..analysis.metrics import gpu_loads, moe_mean
-from .migration import as_previous, groups_spread, plan_near
-from .objectives import (DEFAULT_OBJECTIVE, SEARCHES, combine, hedge_info, hedge_windows,
-                         plan_series)
+from ..analysis.metrics import moe_mean
 from ..analysis.placement import Placement
-from .robust import DEFAULT_COPY_COST
-from ..model.problem import Problem, make_problem, power_of_two_scale, weights_2d
+from ..kernels.layout import replica_counts, slots_of_experts
+from ..model._validation import as_counts, as_fraction
+from ..model.dispatch_rules import DISPATCH_RULES, dispatch_rule
+from ..model.problem import Problem, make_problem, summed_2d, weights_2d
 from ..model.topology import Topology
-from ..analysis.windows import check_window_weights
-
-_weights_2d = weights_2d  # eplb.planning.certificate imports this name
+from .locality import pareto as locality_curve
+from .methods import DEFAULT_METHOD, OPTIONS as METHOD_OPTIONS
+from .modes import make_request, run
+from .robust import DEFAULT_COPY_COST
 
 __all__ = ["Problem", "held_out", "make_problem", "pareto", "plan", "rebalance_experts"]
 
@@ -101,71 +91,10 @@ def plan(counts, *, num_slots=None, num_gpus=None, num_nodes=1, num_groups=None,
     """
     _check_option_names(method, options)
     windows = as_counts(counts, "counts", ndims=(1, 2, 3))
-    weights = weights_2d(windows, "counts")
-    windows = windows.reshape((-1,) + weights.shape)
-    problem = make_problem(weights.shape[1], num_slots, num_gpus, num_nodes, num_groups, topology)
-    rule = dispatch_rule(dispatch)
-    if rule.kind == "engine":  # the plan for an even split, made for the engine's shares
-        if previous is not None or max_off_node is not None:
-            raise ValueError(f"dispatch={dispatch!r} plans from scratch: not with previous= or max_off_node=")
-        even = plan(counts, method=method, topology=problem.topology, num_groups=problem.num_groups,
-                    objective=objective, window_weights=window_weights, dispatch="uniform", **options)
-        return plan_for_engine(counts, even, problem, dispatch, window_weights)
-    dispatch = rule.kind
-    # a series of windows is planned as windows (hedged) unless objective="sum"
-    series = windows.shape[0] > 1 or objective is not None or window_weights is not None or dispatch != "uniform"
-    objective = objective or (DEFAULT_OBJECTIVE[dispatch] if series else "sum")
-    if window_weights is not None:  # relative: the largest is 1, so huge or denormal weights plan alike
-        window_weights = check_window_weights(window_weights, windows.shape[0])
-        window_weights = window_weights / window_weights.max()
-    if series:
-        weights = combine(windows, "sum", window_weights)
-    hedged = series and objective in SEARCHES
-    if (previous is not None or max_off_node is not None) and series and not (hedged or objective == "sum"):
-        allowed = " or ".join(repr(name) for name in ("sum",) + SEARCHES)
-        raise ValueError(f"previous= and max_off_node= combine with objective {allowed} under an even split, "
-                         f"not objective={objective!r} with dispatch={dispatch!r}")
-    start = time.perf_counter()
-    shares = home = None
-    if max_off_node is not None:
-        max_off_node = as_fraction(max_off_node, "max_off_node")
-        if not problem.hierarchical:
-            raise ValueError("max_off_node needs a hierarchical configuration: num_groups a multiple of num_nodes")
-        if previous is not None:
-            raise ValueError("max_off_node cannot be combined with previous= (plan the capped layout from scratch)")
-        phy2log, shares, home, info = plan_locality(weights, problem, max_off_node, method, **options)
-        if max_off_node == 0:
-            shares = None  # the hierarchical plan: an even split
-        if hedged:  # swaps inside nodes: shares and off-node traffic unchanged
-            result = hedge_windows(windows, phy2log, problem, window_weights, shares=shares)
-            phy2log, shares = result.phy2log, (None if shares is None else result.shares)
-            info = {**info, **hedge_info(result, objective)}
-    elif previous is not None:
-        old = as_previous(previous, weights.shape[1], problem, weights.shape[0])
-        phy2log, info = plan_near(weights, problem, old, method=method, tolerance=tolerance, max_moves=max_moves,
-                                  options=options)
-        if hedged:
-            phy2log, hedge_entries = hedge_near(windows, window_weights, problem, old, phy2log, copy_cost)
-            info = {**info, **hedge_entries, "objective": objective}
-    elif series:
-        phy2log, info = plan_series(windows, problem, get_method(method), objective, window_weights,
-                                    dispatch=dispatch, options=options)
-    else:
-        phy2log, info = get_method(method)(weights, problem, **options)
-    if problem.hierarchical and home is None:
-        home = home_nodes(phy2log, problem.num_groups, weights.shape[1], problem.topology)
-    elapsed = time.perf_counter() - start
-    if shares is None:
-        peaks = lambda: _peaks(weights, phy2log, problem)  # noqa: E731
-        bound = lambda: _bound(weights, phy2log, problem, info.get("proven_bound"))  # noqa: E731
-    else:
-        peaks = lambda: _peaks(weights, phy2log, problem, shares)  # noqa: E731
-        bound = lambda: _capped_bound(weights, problem, max_off_node)  # noqa: E731
-    return Placement(
-        phy2log=phy2log, num_experts=weights.shape[1], topology=problem.topology,
-        num_groups=problem.num_groups, method=method, info={**info, "time_s": elapsed},
-        max_load=peaks, lower_bound=bound, shares=shares, home_node=home,
-    )
+    problem = make_problem(windows.shape[-1], num_slots, num_gpus, num_nodes, num_groups, topology)
+    return run(make_request(windows, problem, method=method, dispatch=dispatch, objective=objective,
+                            window_weights=window_weights, previous=previous, tolerance=tolerance,
+                            max_moves=max_moves, max_off_node=max_off_node, copy_cost=copy_cost, options=options))
 
 
 def held_out(counts, *, folds: int = HELD_OUT_FOLDS, judge: str | None = None, **plan_options) -> np.ndarray:
@@ -209,31 +138,6 @@ def held_out(counts, *, folds: int = HELD_OUT_FOLDS, judge: str | None = None, *
     return np.asarray(scores)
 
 
-def hedge_near(windows: np.ndarray, window_weights, problem: Problem, previous: np.ndarray, near: np.ndarray,
-                copy_cost: float) -> tuple[np.ndarray, dict]:
-    """Per layer, the better of two hedged searches charged ``copy_cost`` per slot changed from
-    ``previous [L, S]``: one from ``previous`` itself (its replica counts, few copies) and one from
-    ``near [L, S]`` (the plan near it for the summed windows, whose replica counts fit the new
-    traffic); better = lower mean window ``peak / mean`` plus ``copy_cost`` per changed slot (in a
-    hierarchical deployment, a layer whose placement in service spreads a group over nodes takes the
-    second).
-    Returns ``phy2log [L, S]`` and info entries (``slots_changed [L]``, ``uniform_objective_*``)."""
-    candidates = [hedge_windows(windows, start, problem, window_weights, previous=previous, copy_cost=copy_cost)
-                  for start in (previous, near)]
-    changed = np.stack([(c.phy2log != previous).sum(axis=1) for c in candidates])  # [2, L]
-    cost = np.stack([c.after for c in candidates]) + copy_cost * changed
-    # a layer whose placement in service spreads a group over nodes cannot be kept (hierarchical)
-    cost[0, groups_spread(previous, problem, windows.shape[2])] = np.inf
-    pick = np.argmin(cost, axis=0)
-    layers = np.arange(previous.shape[0])
-    phy2log = np.ascontiguousarray(np.stack([c.phy2log for c in candidates])[pick, layers])
-    before = np.stack([c.before for c in candidates])[pick, layers]
-    after = np.stack([c.after for c in candidates])[pick, layers]
-    return phy2log, {"slots_changed": changed[pick, layers].astype(np.int64), "uniform_objective_before": before,
-                     "uniform_objective_after": after, "searched": any(c.searched for c in candidates),
-                     "hedged_from_previous": pick == 0}
-
-
 def _check_option_names(method, options: dict) -> None:
     """A keyword :func:`plan` does not take and ``method`` does not either (a typo such as
     ``tolerence``) raises ``ValueError`` naming it, the closest accepted names, and both lists."""
@@ -252,39 +156,6 @@ def _check_option_names(method, options: dict) -> None:
     raise ValueError(f"method {method!r} got unknown option(s) {', '.join(unknown)}; accepted options: "
                      f"{', '.join(sorted(accepted)) or 'none'}" + (f"; did you mean {', '.join(hints)}?" if hints else "")
                      + f" (plan's own arguments: {', '.join(own)})")
-
-
-def _peaks(weights: np.ndarray, phy2log: np.ndarray, problem: Problem, shares: np.ndarray | None = None
-           ) -> np.ndarray:
-    """``[L]`` max GPU load of ``phy2log [L, S]`` on ``weights [L, E]``, split evenly or by
-    ``shares [L, S]`` (computed on the counts scaled by a power of two per layer, then scaled back:
-    finite, and ordered like the bound)."""
-    scaled, shift = power_of_two_scale(weights)
-    phy2log = np.ascontiguousarray(phy2log, dtype=np.int64)
-    if shares is None:
-        loads = gpu_loads(scaled, phy2log, replica_counts(phy2log, weights.shape[1]), problem.topology)
-    else:
-        loads = share_gpu_loads(scaled, phy2log, np.ascontiguousarray(shares), problem.topology.gpu_of_slot,
-                                problem.topology.num_gpus)
-    return np.ldexp(loads.max(axis=-1), -shift)
-
-
-def _capped_bound(weights: np.ndarray, problem: Problem, max_off_node: float) -> np.ndarray:
-    """``[L]`` :func:`eplb.planning.locality.capped_lower_bound` on scaled counts, scaled back."""
-    scaled, shift = power_of_two_scale(weights)
-    return np.ldexp(capped_lower_bound(scaled, problem, max_off_node), -shift)
-
-
-def _bound(weights: np.ndarray, phy2log: np.ndarray, problem: Problem, proven) -> np.ndarray:
-    """``[L]`` the package's lower bound (computed on scaled counts like :func:`_peaks`),
-    tightened by the bound a method proved (``proven [L]``, e.g. the exact solver's), never above
-    the plan's own max load."""
-    scaled, shift = power_of_two_scale(weights)
-    bound = np.ldexp(lower_bound(scaled, problem.topology, problem.num_groups, problem.hierarchical), -shift)
-    if proven is not None:
-        peak = _peaks(weights, phy2log, problem)
-        bound = np.maximum(bound, np.minimum(np.asarray(proven, dtype=np.float64), peak))
-    return bound
 
 
 def pareto(counts, *, num_slots=None, num_gpus=None, num_nodes=1, num_groups=None, topology: Topology | None = None,
@@ -338,13 +209,11 @@ def rebalance_experts(weight, num_replicas, num_groups, num_nodes, num_gpus, *, 
     is_torch = type(weight).__module__.split(".")[0] == "torch"
     one_layer = np.ndim(weight) == 1 if not is_torch else weight.dim() == 1
     windows = as_counts(weight, "weight", ndims=(1, 2, 3))
-    weights = weights_2d(windows, "weight")
+    weights = summed_2d(windows, "weight")
     problem = make_problem(weights.shape[1], num_replicas, num_gpus, num_nodes, num_groups,
                            ignore_nodes_when_global=True)
-    if windows.ndim == 3 and windows.shape[0] > 1:  # windows: the hedged plan of the default objective
-        phy2log, _ = plan_series(windows, problem, get_method(method), DEFAULT_OBJECTIVE["uniform"], options=options)
-    else:
-        phy2log, _ = get_method(method)(weights, problem, **options)
+    # a series of windows: the hedged plan of the default objective, as plan() makes it
+    phy2log = run(make_request(windows, problem, method=method, options=options)).phy2log
     logcnt = replica_counts(phy2log, weights.shape[1])
     log2phy = slots_of_experts(phy2log, weights.shape[1], int(logcnt.max()))
     result = (phy2log, log2phy, logcnt)

@@ -28,10 +28,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..analysis.bounds import lower_bound
+from ..analysis.bounds import strongest_bound
+from ..analysis.placement import check_placement
 from ..kernels.layout import replica_counts
 from ..analysis.searches import RELATIVE_STEP, improve_layer
+from ..model.problem import Problem, weights_2d
 from ..model.topology import Topology
+from .api import plan
 
 __all__ = ["Certificate", "certify", "improve_layer", "RELATIVE_STEP"]
 
@@ -78,10 +81,7 @@ def certify(counts, topology: Topology, start=None, *, neighbours: bool = True, 
     Returns:
         A :class:`Certificate`.
     """
-    from .api import _weights_2d, plan
-    from ..analysis.placement import check_placement
-
-    weights = _weights_2d(counts, "counts")
+    weights = weights_2d(counts, "counts")
     if not isinstance(topology, Topology):
         raise ValueError(f"topology must be an eplb.Topology, got {type(topology).__name__}")
     if not topology.is_uniform or int(topology.slots_per_gpu.min()) < 1:
@@ -95,7 +95,7 @@ def certify(counts, topology: Topology, start=None, *, neighbours: bool = True, 
     start, _ = check_placement(start, weights.shape[1], topology)
     if start.shape[0] != weights.shape[0]:
         raise ValueError(f"start must have {weights.shape[0]} layers, got {start.shape[0]}")
-    lower = lower_bound(weights, topology)
+    lower = strongest_bound(weights, Problem(topology))
     num_gpus, slots = topology.num_gpus, int(topology.slots_per_gpu[0])
     num_layers = weights.shape[0]
     upper, first = np.empty(num_layers), np.empty(num_layers)

@@ -176,7 +176,8 @@ def plan_for_rule(windows, base: np.ndarray, problem, rule: str, window_weights=
 def plan_for_engine(counts, base: Placement, problem, rule: str, window_weights=None) -> Placement:
     """:func:`plan_for_rule` on ``counts`` (``[L, E]`` or a series ``[T, L, E]``, validated) from
     the even-split plan ``base``, as a :class:`Placement` whose ``max_load`` is under the rule's
-    shares and whose ``info`` adds the diagnostics and ``time_s`` (the even-split plan's included)."""
+    shares and whose ``info`` adds the diagnostics, ``time_s`` (the even-split plan's included) and
+    ``mode`` (``"engine"``, :mod:`eplb.planning.modes`)."""
     start = time.perf_counter()
     windows = np.asarray(counts, dtype=np.float64).reshape((-1,) + base.phy2log.shape[:1] + (base.num_experts,))
     phy2log, info = plan_for_rule(windows, base.phy2log, problem, rule, window_weights)
@@ -192,6 +193,6 @@ def plan_for_engine(counts, base: Placement, problem, rule: str, window_weights=
     elapsed = time.perf_counter() - start
     return Placement(phy2log=phy2log, num_experts=base.num_experts, topology=topology, num_groups=base.num_groups,
                      method=base.method, info={**base.info, **info, "time_s": base.info.get("time_s", 0.0) + elapsed,
-                                               "engine_planning_time_s": elapsed},
+                                               "engine_planning_time_s": elapsed, "mode": "engine"},
                      max_load=peaks, lower_bound=lambda: base.lower_bound, home_node=base.home_node)
 

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..analysis.bounds import average_bound, lower_bound
+from ..analysis.bounds import average_bound, strongest_bound
 from ..analysis.dispatch import optimal_dispatch
 from ..kernels.layout import replica_counts
 from ..kernels.off_node import off_node_pieces
@@ -278,13 +278,13 @@ def capped_lower_bound(weights: np.ndarray, problem: Problem, max_off_node: floa
     """``[L]`` lower bound on the max GPU load of any placement within the off-node cap.
 
     With a cap of 0 every token stays home and splits evenly: the hierarchical bound of
-    :func:`eplb.analysis.bounds.lower_bound`. With a cap above 0 a plan may split an expert's tokens unevenly
+    :func:`eplb.analysis.bounds.strongest_bound`. With a cap above 0 a plan may split an expert's tokens unevenly
     among its replicas (its shares), so the bounds built on even splits (heaviest replica,
     cardinality) do not hold; what holds is :func:`node_cap_bound` (the average load, and what the
     heaviest nodes must keep).
     """
     if max_off_node <= 0 and problem.hierarchical:
-        return lower_bound(weights, problem.topology, problem.num_groups, True)
+        return strongest_bound(weights, problem)
     return node_cap_bound(weights, problem, max_off_node)
 
 

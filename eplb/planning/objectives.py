@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..model._validation import as_counts, as_int
+from ..model._validation import as_int, validated_counts
 from ..kernels.shares import improve_for_dispatch
 from ..kernels.linked import linked_placement
 from .robust import Hedged, gpu_zones, hedge, slot_zones
@@ -97,7 +97,7 @@ def combine(counts, objective: str = "sum", window_weights=None, *, quantile: fl
     Returns:
         ``[L, E]`` float64.
     """
-    series = as_counts(counts, "counts", ndims=(2, 3))
+    series = validated_counts(counts, "counts", ndims=(2, 3))
     if objective not in COMBINERS:
         raise ValueError(f"objective must be one of {COMBINERS} to combine windows, got {objective!r}")
     if not (isinstance(quantile, (int, float)) and 0.0 < quantile <= 1.0):
@@ -243,7 +243,7 @@ def plan_series(counts, problem, method_fn, objective: str = "sum", window_weigh
         ``dispatch_objective_before`` / ``_after [L]``, the mean ``peak / mean`` on the windows).
     """
     options = dict(options or {})
-    series = as_counts(counts, "counts", ndims=(3,))
+    series = validated_counts(counts, "counts", ndims=(3,))
     if objective not in OBJECTIVES:
         raise ValueError(f"objective must be one of {OBJECTIVES}, got {objective!r}")
     if dispatch not in DISPATCH_SCORING:

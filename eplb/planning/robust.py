@@ -22,7 +22,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ..model._validation import as_counts
+from ..model._validation import as_counts, validated_counts
 from ..kernels.expected_peak import improve_expected_peak as _improve
 from ..kernels.expected_peak import pair_descent
 from ..kernels.layout import replica_counts
@@ -74,7 +74,7 @@ def improve_expected_peak(series, phy2log, problem, window_weights=None, *, swap
         ``phy2log [L, S]`` int64 (a new array) and ``(before [L], after [L])`` float64, the
         objective searched (with the anchor window) before and after.
     """
-    result = hedge(series, phy2log, problem, window_weights, swaps=swaps, iterations=iterations,
+    result = hedge(as_counts(series, "series", ndims=(2, 3)), phy2log, problem, window_weights, swaps=swaps, iterations=iterations,
                    replica_moves=replica_moves, seed=seed, anchor=anchor, folds=folds)
     return result.phy2log, (result.before, result.after)
 
@@ -105,7 +105,7 @@ def hedge(series, phy2log, problem, window_weights=None, *, shares=None, previou
     others together (``0``: the windows alone).
 
     Args:
-        series: ``[T, L, E]`` non-negative counts (``[L, E]`` is one window).
+        series: ``[T, L, E]`` float64 non-negative counts, validated by the caller (``[L, E]`` is one window).
         phy2log: ``[L, S]`` integer starting placement for ``problem`` (every expert has a slot).
         problem: an :class:`eplb.model.problem.Problem` (its topology and whether groups stay on nodes).
         window_weights: ``[T]`` non-negative weights of the windows (``None``: equal).
@@ -122,7 +122,7 @@ def hedge(series, phy2log, problem, window_weights=None, *, shares=None, previou
             better than the start; if it does not, return the start unchanged (``after ==
             before``). ``0`` or ``1``: no check.
     """
-    windows = as_counts(series, "series", ndims=(2, 3))
+    windows = validated_counts(series, "series", ndims=(2, 3))
     if windows.ndim == 2:
         windows = windows[None]
     weights = check_window_weights(window_weights, windows.shape[0])

@@ -31,18 +31,20 @@ from __future__ import annotations
 import json
 import threading
 import time
+from dataclasses import replace
 
 import numpy as np
 
 from ..model._validation import as_int
-from ..planning.api import hedge_near, make_problem
+from ..model.problem import make_problem
+from ..planning.modes import make_request, run
 from ..planning.robust import DEFAULT_COPY_COST
 from ..analysis.bounds import average_bound, replica_bound
 from ..model.cost import CostModel
 from ..kernels.gpu_work import gpu_work
 from ..kernels.load_window import first_bad_count, store_logical, store_physical, weighted_window, window_residuals
 from ..planning.methods import DEFAULT_METHOD, get_method
-from ..planning.migration import plan_near, warm_search_kernels
+from ..planning.migration import warm_search_kernels
 from ..analysis.metrics import balancedness
 from ..analysis.placement import Placement, uniform_shares
 from ..model.topology import Topology
@@ -87,7 +89,7 @@ class Balancer:
             DeepSeek-V3-sized series of ``bench/decision_rule.py`` it cut the MoE time lost, stalls
             included, on the held-out series, for a few more copies.
         subwindows: plan hedged over the window cut into this many sub-windows of consecutive
-            passes (:func:`eplb.planning.api.hedge_near`: the plan near the placement in service,
+            passes (:func:`eplb.planning.modes.hedge_near`: the plan near the placement in service,
             then swaps that lower the mean over the sub-windows of each one's peak, each paying
             ``copy_cost`` per slot it changes), so the placement serves the traffic the window
             moved through, not only its average; ``1``: plan for the window's loads alone.
@@ -350,18 +352,13 @@ class Balancer:
 
     # -- deciding and planning -------------------------------------------------------------------
     def _plan(self, load: np.ndarray) -> Placement:
-        """Migration-aware plan for ``load [L, E]`` from the placement in service (no bounds: the
-        balancer needs the placement, not its certificate, and keeps planning fast)."""
-        start = time.perf_counter()
-        previous = self.placement.phy2log
-        phy2log, info = plan_near(load, self._problem, previous, method=self.method,
-                                  tolerance=self.tolerance, max_moves=self.max_moves, options=self.options,
-                                  threads=self.threads)
+        """Migration-aware plan for ``load [L, E]`` from the placement in service, hedged over
+        :meth:`planning_windows` (``plan``'s near mode; its bounds are computed only if read)."""
         windows = self.planning_windows()
-        if windows.shape[0] > 1 and self.max_moves is None:  # a move budget is plan_near's to keep
-            phy2log, hedged = hedge_near(windows, None, self._problem, previous, phy2log, self.copy_cost)
-            info = {**info, **hedged, "time_s": time.perf_counter() - start}
-        return Placement(phy2log, self.num_experts, self.topology, self.num_groups, method=self.method, info=info)
+        request = make_request(windows, self._problem, method=self.method, previous=self.placement.phy2log,
+                               tolerance=self.tolerance, max_moves=self.max_moves, copy_cost=self.copy_cost,
+                               threads=self.threads, options=self.options)
+        return run(replace(request, weights=load))  # planned for the forecast, hedged over the windows
 
     def planning_windows(self) -> np.ndarray:
         """``[K, L, E]`` float64: the window's passes in ``K = min(subwindows, passes recorded)``

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...analysis.bounds import TINY_SLOTS, lower_bound
+from ...analysis.bounds import TINY_SLOTS, strongest_bound
 from ...kernels.multistart import PAIR_SWAPS, best_placement
 from ...analysis.searches import improve_layer
 from . import Option, Problem, register
@@ -78,7 +78,7 @@ def best(weights: np.ndarray, problem: Problem, num_starts: int = 32, max_steps:
     else:
         domain = np.zeros(topology.num_gpus, np.int64)
     # replica moves only where the default is more than MOVE_TOLERANCE above the proven bound
-    bound = lower_bound(weights, topology, problem.num_groups, problem.hierarchical)
+    bound = strongest_bound(weights, problem)
     phy2log = best_placement(weights, writable(topology.slots_per_gpu), domain, start, int(num_starts),
                              int(max_steps), int(seed), PAIR_SWAPS, np.zeros(weights.shape[0]), int(move_experts),
                              int(move_passes), np.ascontiguousarray(bound * (1 + MOVE_TOLERANCE)))

@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from ortools.sat.python import cp_model
 
-from ...analysis.bounds import lower_bound
+from ...analysis.bounds import strongest_bound
 from ...model.problem import Problem, power_of_two_scale
 from ...model.topology import Topology
 
@@ -473,7 +473,7 @@ def solve(weights: np.ndarray, problem: Problem, warm: np.ndarray, *, time_limit
     peak = weights.max(axis=1)
     shift = np.where((peak >= 2.0**-60) & (peak <= 2.0**60), 0, shift)
     scaled = np.ldexp(weights, shift[:, None].astype(np.int32))
-    bounds = lower_bound(scaled, problem.topology, problem.num_groups, problem.hierarchical)
+    bounds = strongest_bound(scaled, problem)
     phy2log = warm.copy()
     optimal = np.zeros(num_layers, bool)
     proven = bounds.astype(np.float64).copy()
