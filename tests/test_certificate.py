@@ -80,7 +80,7 @@ def test_certificate_brackets_the_brute_force_optimum(num_gpus, slots, spare, se
     num_experts = max(1, num_slots - spare)
     w = np.random.default_rng(seed).integers(0, 40, (1, num_experts)).astype(float)
     topology = Topology.uniform(num_slots, num_gpus)
-    cert = certify(w, topology, start=eplb.plan(w, topology=topology, method="greedy"))
+    cert = certify(w, topology=topology, start=eplb.plan(w, topology=topology, method="greedy"))
     opt = float(optimum(w[0], topology.slots_per_gpu))
     assert cert.lower[0] <= opt * (1 + 1e-9) + 1e-12
     assert cert.upper[0] >= opt * (1 - 1e-9)
@@ -93,8 +93,8 @@ def test_certificate_is_valid_deterministic_and_never_worse_than_its_start():
     w = skewed_counts(3, 16, seed=4)
     topology = Topology.uniform(24, 4)
     start = eplb.plan(w, topology=topology, method="best")
-    one = certify(w, topology, start, budget=2_000)
-    two = certify(w, topology, start.phy2log, budget=2_000)
+    one = certify(w, topology=topology, start=start, budget=2_000)
+    two = certify(w, topology=topology, start=start.phy2log, budget=2_000)
     assert np.array_equal(one.phy2log, two.phy2log) and np.array_equal(one.upper, two.upper)
     placement = eplb.Placement(phy2log=one.phy2log, num_experts=16, topology=topology)
     assert np.allclose(placement.gpu_loads(w).max(axis=1), one.upper)
@@ -105,20 +105,20 @@ def test_certificate_is_valid_deterministic_and_never_worse_than_its_start():
 
 def test_certificate_handles_all_zero_layers():
     topology = Topology.uniform(8, 2)
-    cert = certify(np.zeros((2, 6)), topology)
+    cert = certify(np.zeros((2, 6)), topology=topology)
     assert np.all(cert.upper == 0) and np.all(cert.gap == 0) and np.all(cert.optimal)
 
 
 def test_certificate_rejects_what_it_cannot_handle():
     w = np.ones((1, 6))
     with pytest.raises(ValueError, match="topology"):
-        certify(w, Topology(np.array([3, 5]), 1))
+        certify(w, topology=Topology(np.array([3, 5]), 1))
     with pytest.raises(ValueError, match="budget"):
-        certify(w, Topology.uniform(8, 2), budget=0)
+        certify(w, topology=Topology.uniform(8, 2), budget=0)
     with pytest.raises(ValueError, match="max_attempts"):
-        certify(w, Topology.uniform(8, 2), max_attempts=0)
+        certify(w, topology=Topology.uniform(8, 2), max_attempts=0)
     with pytest.raises(ValueError, match="start"):
-        certify(np.ones((2, 6)), Topology.uniform(8, 2), start=np.zeros((1, 8), np.int64) + np.arange(8) % 6)
+        certify(np.ones((2, 6)), topology=Topology.uniform(8, 2), start=np.zeros((1, 8), np.int64) + np.arange(8) % 6)
 
 
 def test_gpt_oss_layers_are_certified_within_the_bar(trace_counts):
@@ -127,7 +127,7 @@ def test_gpt_oss_layers_are_certified_within_the_bar(trace_counts):
     counts = trace_counts("gpt_oss_20b_benchmark_windows.npz")
     w = counts.sum(axis=0)[:3]
     topology = Topology.uniform(40, 8)
-    cert = certify(w, topology, budget=1_000)
+    cert = certify(w, topology=topology, budget=1_000)
     assert np.all(cert.gap < 5e-4)
     assert np.all(cert.upper <= cert.start)
     for layer in range(3):
@@ -143,8 +143,8 @@ def test_attempt_limit_bounds_the_work_and_keeps_a_valid_placement():
     w = counts_of(1, 32, family="zipf", skew=1.0, seed=3).astype(float)
     topology = Topology.uniform(40, 8)
     start = eplb.plan(w, topology=topology, method="greedy")
-    few = certify(w, topology, start, max_attempts=3)
-    many = certify(w, topology, start, max_attempts=2_000)
+    few = certify(w, topology=topology, start=start, max_attempts=3)
+    many = certify(w, topology=topology, start=start, max_attempts=2_000)
     assert many.upper[0] <= few.upper[0] <= few.start[0]
     placement = eplb.Placement(phy2log=few.phy2log, num_experts=32, topology=topology)
     assert placement.gpu_loads(w).max() == pytest.approx(few.upper[0])

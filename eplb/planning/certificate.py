@@ -32,7 +32,7 @@ from ..analysis.bounds import strongest_bound
 from ..analysis.placement import check_placement
 from ..kernels.layout import replica_counts
 from ..analysis.searches import RELATIVE_STEP, improve_layer
-from ..model.problem import Problem, weights_2d
+from ..model.problem import Problem, make_problem, weights_2d
 from ..model.topology import Topology
 from .api import plan
 
@@ -68,13 +68,15 @@ class Certificate:
             return np.where(self.lower > 0, self.upper / np.where(self.lower > 0, self.lower, 1.0) - 1.0, 0.0)
 
 
-def certify(counts, topology: Topology, start=None, *, neighbours: bool = True, spread: bool = True,
-            budget: int = 20_000, max_attempts: int = 20_000) -> Certificate:
+def certify(counts, *, num_slots=None, num_gpus=None, topology: Topology | None = None, start=None,
+            neighbours: bool = True, spread: bool = True, budget: int = 20_000,
+            max_attempts: int = 20_000) -> Certificate:
     """Bracket the optimal max load of every layer (see the module docstring).
 
     Args:
         counts: ``[L, E]`` non-negative loads (``[E]`` for one layer).
-        topology: identical GPUs (every GPU the same number of slots), one placement domain.
+        num_slots, num_gpus: the deployment, as for :func:`eplb.plan` (one placement domain), or
+        topology: identical GPUs (every GPU the same number of slots).
         start: ``[L, S]`` starting placement (``phy2log``) or a :class:`~eplb.Placement`;
             default ``eplb.plan(counts, topology=topology, method="best")``.
         neighbours, spread, budget, max_attempts: see :func:`improve_layer`.
@@ -82,8 +84,7 @@ def certify(counts, topology: Topology, start=None, *, neighbours: bool = True, 
         A :class:`Certificate`.
     """
     weights = weights_2d(counts, "counts")
-    if not isinstance(topology, Topology):
-        raise ValueError(f"topology must be an eplb.Topology, got {type(topology).__name__}")
+    topology = make_problem(weights.shape[1], num_slots, num_gpus, 1, None, topology).topology
     if not topology.is_uniform or int(topology.slots_per_gpu.min()) < 1:
         raise ValueError("topology must give every GPU the same number of slots (>= 1) for certify")
     for name, value in (("budget", budget), ("max_attempts", max_attempts)):
