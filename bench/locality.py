@@ -30,7 +30,7 @@ from _common import markdown_table, pyplot, read_csv, trace_workloads, write_csv
 import eplb
 from eplb.analysis.dispatch import optimal_dispatch
 from eplb.model.problem import make_problem
-from eplb.planning.locality import pareto, plan_locality
+from eplb.planning.locality import off_node_curve, plan_locality
 
 FRACTIONS = (0.0, 0.02, 0.05, 0.1, 0.15, 0.2, 0.3, 1.0)
 QUICK_FRACTIONS = (0.0, 0.1, 0.2, 1.0)
@@ -94,8 +94,8 @@ def sweep(windows: np.ndarray, deployment: dict, fractions, label: str, leave_ou
     plan's shares and with optimal dispatch."""
     problem = make_problem(windows.shape[2], num_groups=8, **deployment)
     total = windows.sum(axis=0)
-    curve = pareto(total, problem, fractions)
-    held = [pareto(windows[np.arange(len(windows)) != w].sum(axis=0), problem, fractions, held_out=windows[w:w + 1])
+    curve = off_node_curve(total, problem, fractions)
+    held = [off_node_curve(windows[np.arange(len(windows)) != w].sum(axis=0), problem, fractions, held_out=windows[w:w + 1])
             for w in range(leave_out)]
     rows = []
     for i, fraction in enumerate(fractions):

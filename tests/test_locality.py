@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from eplb.planning.locality import (capped_lower_bound, gpu_loads_with_shares, home_nodes, off_node_tokens, pareto,
+from eplb.planning.locality import (capped_lower_bound, gpu_loads_with_shares, home_nodes, off_node_tokens, off_node_curve,
                            plan_locality)
 from eplb.planning.methods import get_method
 from eplb.model.problem import make_problem
@@ -123,7 +123,7 @@ def test_capped_bound_counts_the_heaviest_nodes():
 def test_pareto_curve_in_and_out_of_sample():
     windows = np.stack([group_skewed(4, 64, 8, 2, 0.4, seed=s) for s in range(3)])
     problem = make_problem(64, 96, 16, 4, 8)
-    curve = pareto(windows[:2].sum(axis=0), problem, (0.0, 0.1, 1.0), held_out=windows[2:])
+    curve = off_node_curve(windows[:2].sum(axis=0), problem, (0.0, 0.1, 1.0), held_out=windows[2:])
     assert curve["balancedness"].shape == (3,)
     assert curve["off_node_fraction"][0] == 0.0
     assert (curve["off_node_fraction"] <= np.array([0.0, 0.1, 1.0]) + 1e-9).all()

@@ -15,7 +15,7 @@ from ..model._validation import as_counts, as_fraction
 from ..model.dispatch_rules import DISPATCH_RULES, dispatch_rule
 from ..model.problem import Problem, make_problem, summed_2d, weights_2d
 from ..model.topology import Topology
-from .locality import pareto as locality_curve
+from .locality import off_node_curve
 from .methods import DEFAULT_METHOD, OPTIONS as METHOD_OPTIONS
 from .modes import make_request, run
 from .robust import DEFAULT_COPY_COST
@@ -184,7 +184,7 @@ def pareto(counts, *, num_slots=None, num_gpus=None, num_nodes=1, num_groups=Non
         if held_out.shape[-2:] != weights.shape:
             raise ValueError(f"held_out must have shape [T, {weights.shape[0]}, {weights.shape[1]}], got {held_out.shape}")
         held_out = held_out.reshape((-1,) + weights.shape)
-    return locality_curve(weights, problem, caps, held_out, method, **options)
+    return off_node_curve(weights, problem, caps, held_out, method, **options)
 
 
 def rebalance_experts(weight, num_replicas, num_groups, num_nodes, num_gpus, *, method: str = DEFAULT_METHOD,

@@ -40,8 +40,8 @@ from ..analysis.rule_shares import ENGINE_KIND_RULES as RULES
 from ..analysis.rule_shares import RuleShares, check_topology, rule_shares
 from ..analysis.windows import check_window_weights
 
-DEFAULT_ANCHOR = 0.25
-DEFAULT_SWAPS = 128
+RULE_ANCHOR = 0.25
+RULE_SWAPS = 128
 DEFAULT_PARTNERS = 4
 TRIAL_SWAPS = 16  # swaps tried on each layout before the search goes on with the better one
 
@@ -72,7 +72,7 @@ def _scaled_windows(windows: np.ndarray, weights: np.ndarray, anchor: float, num
     return scaled, weights / weights.sum()
 
 
-def mean_balancedness(windows: np.ndarray, weights: np.ndarray, phy2log: np.ndarray, shares: np.ndarray,
+def _window_balancedness(windows: np.ndarray, weights: np.ndarray, phy2log: np.ndarray, shares: np.ndarray,
                       topology) -> float:
     """Weighted mean over windows ``[T, L, E]`` (weights ``[T]``) of the mean over layers of
     balancedness, with ``shares [L, S]`` of ``phy2log [L, S]``."""
@@ -84,7 +84,7 @@ def mean_balancedness(windows: np.ndarray, weights: np.ndarray, phy2log: np.ndar
 
 
 def plan_for_rule(windows, base: np.ndarray, problem, rule: str, window_weights=None, *,
-                  anchor: float = DEFAULT_ANCHOR, max_swaps: int = DEFAULT_SWAPS, partners: int = DEFAULT_PARTNERS):
+                  anchor: float = RULE_ANCHOR, max_swaps: int = RULE_SWAPS, partners: int = DEFAULT_PARTNERS):
     """Make the even-split plan ``base`` into a plan for ``rule`` (see the module notes).
 
     Args:
@@ -162,8 +162,8 @@ def plan_for_rule(windows, base: np.ndarray, problem, rule: str, window_weights=
             base_rule = RuleShares(rule, topology)
         if base_rule is not None:
             base_rule.keep(base_streams)
-    even = mean_balancedness(windows, weights, base, base_shares, topology)
-    made = mean_balancedness(windows, weights, out, out_shares, topology)
+    even = _window_balancedness(windows, weights, base, base_shares, topology)
+    made = _window_balancedness(windows, weights, out, out_shares, topology)
     kept = made <= even
     if kept:
         out, after, spread = base.copy(), before.copy(), np.zeros(num_layers, bool)

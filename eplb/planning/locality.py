@@ -332,7 +332,7 @@ def _mean_balancedness(loads: np.ndarray) -> float:
     return float((loads.mean(axis=-1)[moe] / peak[moe]).mean()) if moe.any() else 1.0
 
 
-def pareto(weights: np.ndarray, problem: Problem, fractions, held_out: np.ndarray | None = None,
+def off_node_curve(weights: np.ndarray, problem: Problem, fractions, held_out: np.ndarray | None = None,
            method: str = "balanced", **options) -> dict:
     """Balancedness against off-node traffic for a sweep of caps (the curve behind ``eplb.pareto``).
 

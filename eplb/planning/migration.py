@@ -22,7 +22,7 @@ layer:
    that what stays, stays put, and give back changed slots the target does not need;
 5. keep the candidate that reaches the target with the fewest changed slots (if none does, the one
    with the lowest max load). A budget of moves (``max_moves``) is never exceeded;
-6. on small layers (at most ``TINY_SLOTS`` slots, global mode), search every set of fewer changed
+6. on small layers (at most ``TINY_MIGRATION_SLOTS`` slots, global mode), search every set of fewer changed
    slots exhaustively, within a fixed amount of work.
 """
 
@@ -69,7 +69,7 @@ def as_previous(previous, num_experts: int, problem: Problem, num_layers: int) -
 
 
 RESTARTS = ("steepest", "recount", "regroup")  # the searches tried where the first one stalls
-TINY_SLOTS = 16  # layers with at most this many slots also get an exhaustive search for fewer changes
+TINY_MIGRATION_SLOTS = 16  # layers with at most this many slots also get an exhaustive search for fewer changes
 BOUND_FIRST_SLOTS = 128
 """Layers with at least this many slots take the bound-first search (:func:`near_bound`). There the
 plan from scratch is most of a rebalance's time (DeepSeek-V3 size: 11 -> 6.6 ms hierarchical, 19
@@ -177,7 +177,7 @@ def migrate(weights: np.ndarray, problem: Problem, previous: np.ndarray, scratch
             RuntimeWarning, stacklevel=5)  # the caller of eplb.plan
     phy2log = np.where(use_fresh[:, None], relabelled, local)
     changes = np.where(use_fresh, fresh_changes, local_changes)
-    if topology.num_slots <= TINY_SLOTS and not problem.hierarchical and tolerance is not None:
+    if topology.num_slots <= TINY_MIGRATION_SLOTS and not problem.hierarchical and tolerance is not None:
         # small layers: an exhaustive search for fewer changes (within a fixed amount of work)
         chosen_peak = np.where(use_fresh, fresh_peak, local_peak)
         for layer in range(num_layers):
@@ -522,7 +522,7 @@ def warm_search_kernels(topology) -> None:
     row = np.arange(topology.num_slots, dtype=np.int64)[None, :]
     relabel_like(np.ascontiguousarray(row), np.ascontiguousarray(row), topology.slot_offsets, topology.gpus_per_node,
                  False, topology.num_slots)
-    if topology.num_slots <= TINY_SLOTS:
+    if topology.num_slots <= TINY_MIGRATION_SLOTS:
         weights = np.ones((1, topology.num_slots))
         previous = np.zeros((1, topology.num_slots), np.int64)
         fewest_changes_search(weights[0], previous[0], topology.slot_offsets, np.ones(1)[0], 1, TINY_WORK)
