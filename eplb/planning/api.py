@@ -259,14 +259,11 @@ def _peaks(weights: np.ndarray, phy2log: np.ndarray, problem: Problem, shares: n
     """``[L]`` max GPU load of ``phy2log [L, S]`` on ``weights [L, E]``, split evenly or by
     ``shares [L, S]`` (computed on the counts scaled by a power of two per layer, then scaled back:
     finite, and ordered like the bound)."""
+    from ..analysis.loads import peak_loads  # TODO(lead): move to the module imports; drop share_gpu_loads, gpu_loads
+
     scaled, shift = power_of_two_scale(weights)
     phy2log = np.ascontiguousarray(phy2log, dtype=np.int64)
-    if shares is None:
-        loads = gpu_loads(scaled, phy2log, replica_counts(phy2log, weights.shape[1]), problem.topology)
-    else:
-        loads = share_gpu_loads(scaled, phy2log, np.ascontiguousarray(shares), problem.topology.gpu_of_slot,
-                                problem.topology.num_gpus)
-    return np.ldexp(loads.max(axis=-1), -shift)
+    return np.ldexp(peak_loads(scaled, phy2log, problem.topology, shares=shares), -shift)
 
 
 def _capped_bound(weights: np.ndarray, problem: Problem, max_off_node: float) -> np.ndarray:

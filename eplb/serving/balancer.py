@@ -39,7 +39,7 @@ from ..planning.api import hedge_near, make_problem
 from ..planning.robust import DEFAULT_COPY_COST
 from ..analysis.bounds import average_bound, replica_bound
 from ..model.cost import CostModel
-from ..kernels.gpu_work import gpu_work
+from ..analysis.loads import RANDOM_SPLIT, gpu_work
 from ..kernels.load_window import first_bad_count, store_logical, store_physical, weighted_window, window_residuals
 from ..planning.methods import DEFAULT_METHOD, get_method
 from ..planning.migration import plan_near, warm_search_kernels
@@ -480,8 +480,7 @@ class Balancer:
         ``placement`` (even split): the layer's slowest GPU."""
         phy2log = np.ascontiguousarray(placement.phy2log)
         shares = uniform_shares(phy2log, placement.logcnt)[None]
-        tokens, active = gpu_work(per_pass[None], phy2log, np.ascontiguousarray(shares), self.topology.gpu_of_slot,
-                                  self.topology.num_gpus, True)
+        tokens, active = gpu_work(per_pass[None], phy2log, self.topology, shares, RANDOM_SPLIT)
         live = self.topology.slots_per_gpu > 0
         return self.cost_model.layer_time(tokens[..., live], active[..., live])[0]
 
