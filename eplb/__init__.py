@@ -7,7 +7,8 @@ from .model.cost import CostModel
 from .analysis.dispatch import dispatch
 from .planning.methods import DEFAULT_METHOD, METHODS
 from .analysis.placement import Placement
-from .simulation.simulate import BalancerPolicy, FixedInterval, NoRebalance, SimulationResult, simulate, sglang_like, vllm_like
+from .serving.policy import BalancerPolicy, FixedInterval, NoRebalance, Policy, sglang_like, vllm_like
+from .simulation.simulate import SimulationResult, simulate
 from .simulation.sweep import sweep
 from .model.topology import Topology
 from .serving.transfer import TransferPlan, transfer_plan
@@ -28,6 +29,7 @@ __all__ = [
     "METHODS",
     "NoRebalance",
     "Placement",
+    "Policy",
     "SimulationResult",
     "Topology",
     "TransferPlan",

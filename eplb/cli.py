@@ -27,7 +27,7 @@ from .model.cost import HARDWARE as COST_HARDWARE, MODELS as COST_MODELS
 from .planning.methods import DEFAULT_METHOD, METHODS
 from .model.dispatch_rules import DISPATCH_RULES, ENGINE_RULES, SCORING
 from .planning.objectives import OBJECTIVES
-from .simulation.simulate import POLICY_NAMES as SIMULATE_POLICIES
+from .serving.policy import POLICY_NAMES as SIMULATE_POLICIES
 from .analysis.metrics import moe_layers, moe_mean
 from .io.report import Bound, bound_for, moe_note
 
@@ -892,16 +892,11 @@ def _load_function(spec: str):
 
 
 def _simulation_policy(name: str, method, check_every: int):
-    from .simulation.simulate import FixedInterval, policy_by_name
+    """``--policy NAME``: a name of the one registry (:func:`eplb.serving.policy.policy_by_name`)."""
+    from .serving.policy import policy_by_name
 
-    if name in SIMULATE_POLICIES:
-        return policy_by_name(name, method, check_every)
-    every, _, window = name.removeprefix("every:").partition("/")
-    if not name.startswith("every:") or not every.isdigit() or not (window.isdigit() or not window):
-        raise click.BadParameter(f"expected one of {', '.join(SIMULATE_POLICIES)} or every:N[/W] with whole "
-                                 f"numbers, got {name!r}", param_hint="--policy")
     try:
-        return FixedInterval(int(every), int(window) if window else None, method)
+        return policy_by_name(name, method, check_every)
     except ValueError as exc:
         raise click.BadParameter(f"{name!r}: {exc}", param_hint="--policy") from None
 
@@ -953,7 +948,8 @@ def simulate(counts, slots, gpus, nodes, groups, policies, method, rebalance_fn,
     """
     from .model.cost import CostModel
     from .io.formats import read_counts
-    from .simulation.simulate import PolicyError, simulate as run_simulation
+    from .serving.policy import PolicyError
+    from .simulation.simulate import simulate as run_simulation
     from .io.simulation_report import write_simulation_report
 
     _check_flag_sizes(slots=slots, gpus=gpus, nodes=nodes, groups=groups)

@@ -11,11 +11,12 @@ from __future__ import annotations
 LAYERS: tuple[tuple[str, str], ...] = (
     ("model", "the deployment: input checks, topology, problem configuration, cost model"),
     ("kernels", "Numba over plain arrays, each file named by what it computes"),
-    ("analysis", "numbers about loads and placements: Placement, metrics, lower bounds and the searches "
+    ("analysis", "numbers about loads and placements: Placement, loads (the one load function), metrics, "
+                 "lower bounds and the searches "
                  "they share with the methods, dispatch (optimal and each engine's), the windows of a series"),
     ("planning", "plan() and rebalance_experts(), methods/ (the registry and one module a method), "
                  "migration, locality, series objectives and the robust search, certificates"),
-    ("serving", "the online Balancer, transfer plans, adapters/ (engines)"),
+    ("serving", "the online Balancer, the policy seam (Policy and its registry), transfer plans, adapters/ (engines)"),
     ("simulation", "simulate, sweep, synthetic counts and series generators"),
     ("io", "formats/ (counts and placements in every engine's files), reports"),
     ("", "the root: public names (__init__), cli, demo, precompile (warmup), this map"),

@@ -32,7 +32,8 @@ from .simulation.synthetic import skewed_counts
 from .serving.transfer import transfer_plan
 from .analysis.dispatch import dispatch
 from .analysis.engine_dispatch import ENGINES, with_engine_shares
-from .simulation.simulate import simulate, vllm_like
+from .serving.policy import vllm_like
+from .simulation.simulate import simulate
 
 def synthetic_loads(num_experts: int, num_groups: int | None = None, seed: int = 0) -> np.ndarray:
     """``[5, E]`` int64 token counts whose layers take every planning path: Zipf 1.5 (heavy hot

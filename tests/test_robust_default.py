@@ -235,8 +235,7 @@ def test_cli_summary_of_a_plan_made_for_optimal_dispatch_says_how_it_is_judged(t
 
 
 def test_hedged_timers_in_the_simulator_and_one_registry_of_policy_names(tmp_path):
-    from eplb.simulation.simulate import POLICY_NAMES, FixedInterval, policy_by_name
-    from eplb.simulation.sweep import named_policy
+    from eplb.serving.policy import POLICY_NAMES, FixedInterval, policy_by_name
 
     series = mixture_windows(synthetic_workloads(4, 3, 32, shift=0.6, seed=1), 80, concentration=0.3,
                              tokens=20000, seed=2).astype(np.float64)
@@ -247,7 +246,7 @@ def test_hedged_timers_in_the_simulator_and_one_registry_of_policy_names(tmp_pat
         lost[subwindows] = result.summary()["lost_share"]
     assert lost[4] < lost[1]  # windows that mix workloads: the hedged timer loses less time
     for name in POLICY_NAMES:
-        assert policy_by_name(name).name and named_policy(name).name
+        assert policy_by_name(name).name and isinstance(policy_by_name(name), eplb.Policy)
     assert "hedged" in policy_by_name("vllm-hedged").name
     with pytest.raises(ValueError, match="subwindows"):
         FixedInterval(20, 30, "balanced", subwindows=4)

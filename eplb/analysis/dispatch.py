@@ -12,7 +12,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..model._validation import as_counts
-from ..kernels.shares import optimal_shares, share_gpu_loads
+from ..kernels.shares import optimal_shares
+from .loads import gpu_loads
 from .placement import Placement, check_placement, check_shares, uniform_shares  # noqa: F401  (re-exported)
 from ..model.topology import Topology
 
@@ -77,7 +78,8 @@ def dispatch(counts, placement: Placement) -> np.ndarray:
 
 
 def gpu_loads_with_shares(counts, phy2log, shares, topology: Topology) -> np.ndarray:
-    """Tokens each GPU processes when slot ``s`` takes ``shares[l, s]`` of its expert's tokens.
+    """Tokens each GPU processes when slot ``s`` takes ``shares[l, s]`` of its expert's tokens: the
+    arguments checked, then :func:`eplb.analysis.loads.gpu_loads`.
 
     Args:
         counts: ``[L, E]`` or ``[T, L, E]`` tokens per expert.
@@ -102,8 +104,4 @@ def gpu_loads_with_shares(counts, phy2log, shares, topology: Topology) -> np.nda
             check_shares(window, phy2log, weights.shape[-1])
     else:
         shares = check_shares(shares, phy2log, weights.shape[-1])
-    flat_weights, flat_phy2log = _flat(weights, phy2log)
-    flat_shares = shares.reshape(-1, shares.shape[-1]) if per_window else _flat(weights, shares)[1]
-    loads = share_gpu_loads(flat_weights, flat_phy2log, np.ascontiguousarray(flat_shares, dtype=np.float64),
-                            topology.gpu_of_slot, topology.num_gpus)
-    return loads.reshape(weights.shape[:-1] + (topology.num_gpus,))
+    return gpu_loads(weights, phy2log, topology, shares=shares)

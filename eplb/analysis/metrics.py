@@ -11,52 +11,17 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..model.topology import Topology
-
-
-def slot_loads(counts: np.ndarray, phy2log: np.ndarray, logcnt: np.ndarray) -> np.ndarray:
-    """Load carried by each physical slot under uniform routing over replicas.
-
-    Args:
-        counts: ``[L, E]`` or ``[T, L, E]`` tokens per logical expert.
-        phy2log: ``[L, S]`` expert held by each slot.
-        logcnt: ``[L, E]`` replica count of each expert.
-    Returns:
-        ``[L, S]`` or ``[T, L, S]`` float64: ``counts[e] / logcnt[e]`` for the expert ``e`` in each slot.
-    """
-    counts = np.asarray(counts, dtype=np.float64)
-    per_replica = counts / logcnt  # broadcasts over a leading T axis
-    index = np.broadcast_to(phy2log, counts.shape[:-1] + phy2log.shape[-1:])
-    return np.take_along_axis(per_replica, index, axis=-1)
-
-
-def _layer_scale(values: np.ndarray) -> np.ndarray:
-    """``[..., 1]`` int exponents ``x`` with ``values * 2**-x`` at most 1 in each row of ``values [..., n]``
-    (0 for all-zero rows): scaling by a power of two is exact, so sums of denormal or huge values can
-    be formed near 1 and scaled back with one rounding."""
-    peak = np.max(values, axis=-1, keepdims=True) if values.shape[-1] else np.zeros(values.shape[:-1] + (1,))
-    _, exponent = np.frexp(np.where(np.isfinite(peak) & (peak > 0), peak, 1.0))
-    return exponent
-
-
-def sum_per_gpu(per_slot: np.ndarray, topology: Topology) -> np.ndarray:
-    """Sum a per-slot quantity ``[..., S]`` over each GPU's slots: ``[..., G]``."""
-    if topology.is_uniform:
-        return per_slot.reshape(per_slot.shape[:-1] + (topology.num_gpus, -1)).sum(axis=-1)
-    cumulative = np.zeros(per_slot.shape[:-1] + (per_slot.shape[-1] + 1,))
-    np.cumsum(per_slot, axis=-1, out=cumulative[..., 1:])
-    offsets = topology.slot_offsets
-    return cumulative[..., offsets[1:]] - cumulative[..., offsets[:-1]]
+from .loads import gpu_loads as _gpu_loads
 
 
 def gpu_loads(counts, phy2log, logcnt, topology: Topology) -> np.ndarray:
-    """Tokens processed by each GPU: ``[L, G]`` (or ``[T, L, G]`` for a series of counts).
-
-    Each layer's sums are formed on the counts scaled by a power of two (exact) so that denormal
-    and huge counts keep full precision; a GPU with no slots carries 0. A load above the float64
-    maximum is ``inf`` (rescale such counts before planning)."""
-    counts = np.asarray(counts, dtype=np.float64)
-    exponent = _layer_scale(counts)
-    return np.ldexp(sum_per_gpu(slot_loads(np.ldexp(counts, -exponent), phy2log, logcnt), topology), exponent)
+    """Tokens processed by each GPU under the even split: ``[L, G]`` (or ``[T, L, G]`` for a series
+    of counts), ``logcnt [L, E]`` the replica counts. The computation is
+    :func:`eplb.analysis.loads.gpu_loads` (the one load function; see there for the summation
+    order): each layer's sums are formed on the counts scaled by a power of two (exact) so that
+    denormal and huge counts keep full precision; a GPU with no slots carries 0. A load above the
+    float64 maximum is ``inf`` (rescale such counts before planning)."""
+    return _gpu_loads(counts, phy2log, topology, logcnt=logcnt)
 
 
 def static_gpu_loads(counts, num_gpus: int) -> np.ndarray:

@@ -8,9 +8,9 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from . import metrics
+from . import loads, metrics
 from ..model._validation import as_counts, as_int
-from ..kernels.shares import optimal_shares, share_gpu_loads
+from ..kernels.shares import optimal_shares
 from ..kernels.layout import replica_counts, slots_of_experts
 from ..model.topology import Topology
 from ..model.dispatch_rules import DISPATCH_RULES, SCORING
@@ -250,15 +250,8 @@ class Placement:
         weights = self._check_counts(counts)
         dispatch = _mode(dispatch)
         if dispatch == "uniform" or (dispatch == "shares" and self.shares is None):
-            return metrics.gpu_loads(weights, self.phy2log, self.logcnt, self.topology)
-        shares = self.slot_shares(weights, dispatch)
-        flat = weights.reshape(-1, self.num_experts)
-        windows = flat.shape[0] // self.num_layers
-        flat_shares = np.ascontiguousarray(np.broadcast_to(shares, weights.shape[:-1] + (self.num_slots,))
-                                           .reshape(-1, self.num_slots))
-        loads = share_gpu_loads(np.ascontiguousarray(flat), np.tile(self.phy2log, (windows, 1)), flat_shares,
-                                self.topology.gpu_of_slot, self.topology.num_gpus)
-        return loads.reshape(weights.shape[:-1] + (self.num_gpus,))
+            return loads.gpu_loads(weights, self.phy2log, self.topology, logcnt=self.logcnt)
+        return loads.gpu_loads(weights, self.phy2log, self.topology, shares=self.slot_shares(weights, dispatch))
 
     def balancedness(self, counts, dispatch: str = "uniform") -> np.ndarray:
         """``mean / max`` GPU load per layer over the GPUs that hold slots: ``[L]`` (``[T, L]`` for
@@ -275,8 +268,7 @@ class Placement:
         size = self.num_experts // self.num_groups
         node_of_slot = self.topology.node_of_gpu[self.topology.gpu_of_slot]
         away = node_of_slot[None, :] != np.take_along_axis(self.home_node, self.phy2log // size, axis=1)
-        served = np.take_along_axis(weights, np.broadcast_to(self.phy2log, weights.shape[:-1] + (self.num_slots,)),
-                                    axis=-1) * shares
+        served = loads.slot_loads(weights, self.phy2log, shares=shares)
         total = weights.sum(axis=-1)
         return (served * away).sum(axis=-1) / np.where(total > 0, total, 1.0)
 

@@ -8,8 +8,7 @@ import numpy as np
 
 from .dispatch import optimal_dispatch
 from ..model.dispatch_rules import SCORING
-from ..kernels.layout import replica_counts
-from .metrics import gpu_loads
+from .loads import peak_loads
 
 DISPATCH_SCORING = SCORING  # the rules windows are scored by (eplb.model.dispatch_rules)
 
@@ -41,8 +40,7 @@ def window_peaks(series: np.ndarray, phy2log: np.ndarray, topology, dispatch: st
     if dispatch == "optimal":
         peak = optimal_dispatch(series, phy2log, topology)[1]
     elif dispatch == "uniform":
-        logcnt = replica_counts(np.require(phy2log, dtype=np.int64, requirements="C"), series.shape[-1])
-        peak = gpu_loads(series, phy2log, logcnt, topology).max(axis=-1)
+        peak = peak_loads(series, phy2log, topology)
     else:
         raise ValueError(f"dispatch must be one of {DISPATCH_SCORING}, got {dispatch!r}")
     mean = series.sum(axis=-1) / topology.num_gpus

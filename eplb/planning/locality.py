@@ -35,6 +35,7 @@ from ..kernels.layout import replica_counts
 from ..kernels.off_node import off_node_pieces
 from .methods import get_method
 from ..analysis.searches import group_assignment
+from ..analysis.loads import slot_loads, sum_per_gpu
 from ..analysis.placement import uniform_shares
 from ..model.problem import Problem
 from ..model.topology import Topology
@@ -53,19 +54,13 @@ MAX_PIECE = 0.75
 """Largest fraction of an expert's tokens moved off its home node (the rest stays home)."""
 
 
-def slot_loads(weights: np.ndarray, phy2log: np.ndarray, shares: np.ndarray) -> np.ndarray:
-    """Tokens each slot serves: ``weights [..., L, E]``, ``phy2log [L, S]``, ``shares [L, S]`` -> ``[..., L, S]``."""
-    return np.take_along_axis(weights, np.broadcast_to(phy2log, weights.shape[:-1] + phy2log.shape[-1:]),
-                              axis=-1) * shares
-
-
 def gpu_loads_with_shares(weights: np.ndarray, phy2log: np.ndarray, shares: np.ndarray,
                           topology: Topology) -> np.ndarray:
-    """``[..., L, E]`` counts -> ``[..., L, G]`` GPU loads when slot ``s`` takes ``shares[l, s]`` of its expert."""
-    per_slot = slot_loads(weights, phy2log, shares)
-    cumulative = np.concatenate([np.zeros(per_slot.shape[:-1] + (1,)), np.cumsum(per_slot, axis=-1)], axis=-1)
-    offsets = topology.slot_offsets
-    return cumulative[..., offsets[1:]] - cumulative[..., offsets[:-1]]
+    """``[..., L, E]`` counts -> ``[..., L, G]`` GPU loads when slot ``s`` takes ``shares[l, s]`` of its
+    expert (``phy2log``, ``shares`` ``[L, S]``), summed as running sums over the slots
+    (:func:`eplb.analysis.loads.sum_per_gpu` with ``running=True``: the order the locality plans and
+    Pareto rows have always been scored in; :func:`eplb.analysis.loads.gpu_loads` rounds differently)."""
+    return sum_per_gpu(slot_loads(weights, phy2log, shares=shares), topology, running=True)
 
 
 def even_shares(phy2log: np.ndarray, num_experts: int) -> np.ndarray:
@@ -91,7 +86,7 @@ def busiest_nodes(weights: np.ndarray, phy2log: np.ndarray, shares: np.ndarray, 
     served = np.zeros((num_layers, num_groups, topology.num_nodes))
     layer = np.repeat(np.arange(num_layers), phy2log.shape[1])
     np.add.at(served, (layer, (phy2log // size).ravel(), np.tile(node_of_slot, num_layers)),
-              slot_loads(weights, phy2log, shares).ravel())
+              slot_loads(weights, phy2log, shares=shares).ravel())
     return served.argmax(axis=2)
 
 
@@ -103,7 +98,7 @@ def off_node_tokens(weights: np.ndarray, phy2log: np.ndarray, shares: np.ndarray
     node_of_slot = topology.node_of_gpu[topology.gpu_of_slot]
     home_of_slot = np.take_along_axis(home_node, phy2log // size, axis=1)
     away = node_of_slot[None, :] != home_of_slot
-    return (slot_loads(weights, phy2log, shares) * away).sum(axis=-1)
+    return (slot_loads(weights, phy2log, shares=shares) * away).sum(axis=-1)
 
 
 def _place_nodes(weights: np.ndarray, home: np.ndarray, pieces: tuple, problem: Problem, method: str,

@@ -35,10 +35,9 @@ import numpy as np
 
 from ..model._validation import as_int
 from ..analysis.bounds import average_bound
-from ..kernels.layout import replica_counts
 from ..kernels.few_changes import (SearchLayout, fewest_changes_search, min_cost_assignment, relabel_like,
                                 search_near_previous)
-from ..analysis.metrics import gpu_loads
+from ..analysis.loads import peak_loads
 from .methods import Problem, get_method
 from ..analysis.placement import Placement, check_placement
 from ..analysis.searches import group_assignment
@@ -532,5 +531,4 @@ def _peaks(weights: np.ndarray, phy2log: np.ndarray, topology) -> np.ndarray:
     """``[L]`` max GPU load of ``phy2log`` on ``weights``."""
     if phy2log.shape[0] == 0:
         return np.zeros(0)
-    logcnt = replica_counts(np.require(phy2log, requirements="CW"), weights.shape[1])  # one specialization
-    return gpu_loads(weights, phy2log, logcnt, topology).max(axis=-1)
+    return peak_loads(weights, phy2log, topology)

@@ -27,11 +27,9 @@ from typing import Callable
 import numpy as np
 
 from ..analysis.bounds import strongest_bound
-from ..analysis.metrics import gpu_loads
+from ..analysis.loads import peak_loads
 from ..analysis.placement import Placement
 from ..analysis.windows import check_window_weights
-from ..kernels.layout import replica_counts
-from ..kernels.shares import share_gpu_loads
 from ..model._validation import as_fraction, validated_counts
 from ..model.dispatch_rules import dispatch_rule
 from ..model.problem import Problem, power_of_two_scale, summed_2d
@@ -296,12 +294,7 @@ def _peaks(weights: np.ndarray, phy2log: np.ndarray, problem: Problem, shares: n
     finite, and ordered like the bound)."""
     scaled, shift = power_of_two_scale(weights)
     phy2log = np.ascontiguousarray(phy2log, dtype=np.int64)
-    if shares is None:
-        loads = gpu_loads(scaled, phy2log, replica_counts(phy2log, weights.shape[1]), problem.topology)
-    else:
-        loads = share_gpu_loads(scaled, phy2log, np.ascontiguousarray(shares), problem.topology.gpu_of_slot,
-                                problem.topology.num_gpus)
-    return np.ldexp(loads.max(axis=-1), -shift)
+    return np.ldexp(peak_loads(scaled, phy2log, problem.topology, shares=shares), -shift)
 
 
 def _capped_bound(weights: np.ndarray, problem: Problem, max_off_node: float) -> np.ndarray:

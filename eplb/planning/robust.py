@@ -26,7 +26,7 @@ from ..model._validation import as_counts, validated_counts
 from ..kernels.expected_peak import improve_expected_peak as _improve
 from ..kernels.expected_peak import pair_descent
 from ..kernels.layout import replica_counts
-from ..kernels.shares import share_gpu_loads
+from ..analysis.loads import peak_loads
 from ..analysis.placement import uniform_shares
 from ..analysis.windows import check_window_weights
 
@@ -197,11 +197,7 @@ def window_share_peaks(windows: np.ndarray, phy2log: np.ndarray, fractions: np.n
     """``[T, L]`` each window's max GPU load over its mean (1.0 for an all-zero layer), slot ``s``
     taking ``fractions[l, s]`` of its expert's tokens (``windows [T, L, E]``, ``phy2log`` and
     ``fractions`` ``[L, S]``)."""
-    num_windows = windows.shape[0]
-    flat = np.ascontiguousarray(windows.reshape((-1, windows.shape[-1])), dtype=np.float64)
-    loads = share_gpu_loads(flat, np.tile(phy2log, (num_windows, 1)), np.tile(fractions, (num_windows, 1)),
-                            topology.gpu_of_slot, topology.num_gpus)
-    peak = loads.max(axis=-1).reshape(windows.shape[:2])
+    peak = peak_loads(windows, phy2log, topology, shares=fractions)
     mean = windows.sum(axis=-1) / topology.num_gpus
     return np.divide(peak, mean, out=np.ones_like(peak), where=mean > 0)
 

@@ -41,7 +41,7 @@ from ..planning.modes import make_request, run
 from ..planning.robust import DEFAULT_COPY_COST
 from ..analysis.bounds import average_bound, replica_bound
 from ..model.cost import CostModel
-from ..kernels.gpu_work import gpu_work
+from ..analysis.loads import RANDOM_SPLIT, gpu_work
 from ..kernels.load_window import first_bad_count, store_logical, store_physical, weighted_window, window_residuals
 from ..planning.methods import DEFAULT_METHOD, get_method
 from ..planning.migration import warm_search_kernels
@@ -477,8 +477,7 @@ class Balancer:
         ``placement`` (even split): the layer's slowest GPU."""
         phy2log = np.ascontiguousarray(placement.phy2log)
         shares = uniform_shares(phy2log, placement.logcnt)[None]
-        tokens, active = gpu_work(per_pass[None], phy2log, np.ascontiguousarray(shares), self.topology.gpu_of_slot,
-                                  self.topology.num_gpus, True)
+        tokens, active = gpu_work(per_pass[None], phy2log, self.topology, shares, RANDOM_SPLIT)
         live = self.topology.slots_per_gpu > 0
         return self.cost_model.layer_time(tokens[..., live], active[..., live])[0]
 

@@ -34,17 +34,13 @@ by the new plan's chunks).
 
 Policies
 --------
-A policy is any object with two methods (write your own, or wrap your own planning function)::
-
-    policy.start(placement, deployment)   # before step 0: the placement in service and a Deployment
-    policy.observe(step, counts)          # after serving step `step` with `counts [L, E]`:
-                                          #   None, or the new placement (Placement or phy2log [L, S])
-
-and optionally a ``name``. Provided: :class:`NoRebalance`; :class:`FixedInterval` (re-plan from
-scratch every ``every`` steps from the last ``window`` steps, as the engines do; presets
-:func:`vllm_like` and :func:`sglang_like`), whose ``method`` is an ``eplb.METHODS`` name or any
-function with the published ``rebalance_experts(weight, num_replicas, num_groups, num_nodes,
-num_gpus)`` signature; and :class:`BalancerPolicy`, which wraps :class:`eplb.Balancer`.
+A policy is a subclass of :class:`eplb.Policy` (:mod:`eplb.serving.policy`: the contract, the
+provided policies :class:`NoRebalance`, :class:`FixedInterval` with its presets :func:`vllm_like`
+and :func:`sglang_like`, and :class:`BalancerPolicy`, and the one registry of names,
+:data:`POLICY_NAMES` / :func:`policy_by_name`). :func:`simulate` calls ``policy.start(placement,
+deployment)`` before step 0 and ``policy.observe(step, counts [L, E])`` after serving each step; a
+returned placement (:class:`Placement` or ``phy2log [L, S]``) is adopted as described above. Objects
+with the same two methods that do not subclass it are accepted too.
 
 Dispatch: ``"uniform"`` (each token goes to a replica of its expert picked at random: a slot is
 activated with probability ``1 - (1 - 1/r)^c``, counted as its expectation) or ``"optimal"`` (every
@@ -57,216 +53,28 @@ from __future__ import annotations
 
 import time
 import warnings
-from collections import deque
 from dataclasses import dataclass, field
-from math import gcd
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
 from ..model._validation import as_int, check_layer_totals
-from ..planning.api import make_problem, plan
-from ..serving.balancer import Balancer
+from ..planning.api import make_problem
 from ..model.cost import CostModel
 from ..analysis.dispatch import optimal_dispatch, uniform_shares
 from ..kernels.layout import replica_counts
-from ..kernels.gpu_work import FIXED_SPLIT, RANDOM_SPLIT, gpu_work
-from ..planning.methods import DEFAULT_METHOD, get_method
+from ..analysis.loads import FIXED_SPLIT, RANDOM_SPLIT, gpu_work
 from ..analysis.placement import Placement
 from ..model.topology import Topology
+from ..serving.policy import (POLICY_NAMES, BalancerPolicy, Deployment, FixedInterval, NoRebalance,  # noqa: F401
+                              Policy, PolicyError, as_placement, check_policy, policy_by_name, policy_label,
+                              sglang_like, vllm_like)
 from ..serving.transfer import KINDS, TransferPlan, transfer_plan
 from ..model.dispatch_rules import SCORING
 
 DISPATCH_MODES = SCORING  # eplb.model.dispatch_rules
 CHUNK = 256  # steps priced at once
 _PLAN_FIELDS = ("layer", "expert", "src_slot", "dst_slot", "src_gpu", "dst_gpu", "kind")
-
-
-@dataclass(frozen=True)
-class Deployment:
-    """What a policy plans for: the model's shape and the deployment (as for :func:`eplb.plan`)."""
-
-    num_layers: int
-    num_experts: int
-    topology: Topology
-    num_groups: int | None
-    cost_model: CostModel
-
-    @property
-    def num_slots(self) -> int:
-        return self.topology.num_slots
-
-    @property
-    def num_gpus(self) -> int:
-        return self.topology.num_gpus
-
-    @property
-    def num_nodes(self) -> int:
-        return self.topology.num_nodes
-
-    def plan(self, weights: np.ndarray, method: str | Callable = DEFAULT_METHOD) -> Placement:
-        """A placement from scratch for ``weights [L, E]`` with an ``eplb.METHODS`` name or a
-        function with the published ``rebalance_experts`` signature (returning ``phy2log`` or a
-        tuple starting with it)."""
-        weights = np.ascontiguousarray(weights, dtype=np.float64)
-        if callable(method):
-            groups = self.num_groups if self.num_groups is not None else 1
-            name = getattr(method, "__name__", "custom")
-            try:
-                result = method(weights, self.num_slots, groups, self.num_nodes, self.num_gpus)
-            except Exception as exc:  # a user's function: say whose error it is
-                raise PolicyError(f"the planning function {name} raised {type(exc).__name__}: {exc}") from exc
-            phy2log = result[0] if isinstance(result, tuple) and result else result
-            if phy2log is None:
-                raise PolicyError(f"the planning function {name} returned {result!r}: it must return phy2log [L, S] "
-                                  "(or a tuple starting with it)")
-            return _as_placement(phy2log, self, f"the placement the planning function {name} returned",
-                                 method=name)
-        problem = make_problem(self.num_experts, topology=self.topology, num_groups=self.num_groups)
-        phy2log, _ = get_method(method)(weights, problem)
-        return Placement(phy2log, self.num_experts, self.topology, self.num_groups, method=method)
-
-
-# ------------------------------------------------------------------------------------ policies
-
-class NoRebalance:
-    """Keep the initial placement."""
-
-    name = "no rebalancing"
-
-    def start(self, placement: Placement, deployment: Deployment) -> None:
-        pass
-
-    def observe(self, step: int, counts: np.ndarray):
-        return None
-
-
-class FixedInterval:
-    """Re-plan from scratch after every ``every`` steps, from the counts of the last ``window`` steps.
-
-    Args:
-        every: steps between rebalances (the first after step ``every - 1``).
-        window: steps of counts the plan is made from (default ``every``).
-        method: an ``eplb.METHODS`` name, or a function with the published ``rebalance_experts``
-            signature (an algorithm from elsewhere, measured side by side).
-        name: a label (default from the settings).
-        subwindows: ``1``: plan from the window's summed counts (what the engines do); more: plan
-            from the window cut into this many sub-windows, hedged over them as :func:`eplb.plan`
-            does with a series (``window`` must divide by it; ``method`` a name).
-
-    Memory: ``window / gcd(every, window)`` partial sums of ``[L, E]`` float64 (one for the
-    engines' presets).
-    """
-
-    def __init__(self, every: int, window: int | None = None, method: str | Callable = "greedy",
-                 name: str | None = None, subwindows: int = 1):
-        self.every = as_int(every, "every", minimum=1)
-        self.window = self.every if window is None else as_int(window, "window", minimum=1)
-        if not callable(method):
-            get_method(method)  # fail early on an unknown name
-        self.method = method
-        self.subwindows = as_int(subwindows, "subwindows", minimum=1)
-        if self.subwindows > 1 and (callable(method) or self.window % self.subwindows):
-            raise ValueError(f"subwindows={self.subwindows} needs a method name and a window that divides by it, "
-                             f"got window={self.window}, method={method!r}")
-        label = method if isinstance(method, str) else getattr(method, "__name__", "custom")
-        hedged = f", hedged over {self.subwindows} sub-windows" if self.subwindows > 1 else ""
-        self.name = name or f"every {self.every} from {self.window}, {label}{hedged}"
-        self._block = gcd(self.every, self.window // self.subwindows)
-
-    def start(self, placement: Placement, deployment: Deployment) -> None:
-        self._deployment = deployment
-        self._sums: deque = deque(maxlen=self.window // self._block)  # sums over blocks of steps
-        self._current = np.zeros((deployment.num_layers, deployment.num_experts))
-        self._steps_in_block = 0
-
-    def observe(self, step: int, counts: np.ndarray):
-        self._current += counts
-        self._steps_in_block += 1
-        if self._steps_in_block == self._block:
-            self._sums.append(self._current)
-            self._current = np.zeros_like(self._current)
-            self._steps_in_block = 0
-        if (step + 1) % self.every:
-            return None
-        if self.subwindows == 1:
-            return self._deployment.plan(np.sum(self._sums, axis=0), self.method)
-        per_window = len(self._sums) // self.subwindows if len(self._sums) >= self.subwindows else 1
-        blocks = np.stack(list(self._sums))
-        windows = np.add.reduceat(blocks, np.arange(0, blocks.shape[0], per_window), axis=0)
-        return plan(windows, topology=self._deployment.topology, num_groups=self._deployment.num_groups,
-                    method=self.method)
-
-
-def vllm_like(method: str | Callable = "greedy", subwindows: int = 1) -> FixedInterval:
-    """vLLM's EPLB defaults: every 3000 steps from the last 1000, greedy from scratch (with
-    ``subwindows > 1``: the window hedged over that many sub-windows, as eplb's vLLM adapter does)."""
-    hedged = f", hedged over {subwindows}" if subwindows > 1 else ""
-    return FixedInterval(3000, 1000, method, name=f"vLLM-like (every 3000 from 1000{hedged})", subwindows=subwindows)
-
-
-def sglang_like(method: str | Callable = "greedy", subwindows: int = 1) -> FixedInterval:
-    """SGLang's defaults: every 1000 iterations from the last 1000, greedy from scratch (with
-    ``subwindows > 1``: the window hedged over that many sub-windows)."""
-    hedged = f", hedged over {subwindows}" if subwindows > 1 else ""
-    return FixedInterval(1000, 1000, method, name=f"SGLang-like (every 1000{hedged})", subwindows=subwindows)
-
-
-HEDGED_SUBWINDOWS = 10
-"""Sub-windows of the named hedged timers (``"vllm-hedged"``, ``"sglang-hedged"``)."""
-
-POLICY_NAMES = ("none", "vllm", "sglang", "vllm-hedged", "sglang-hedged", "balancer")
-"""The policies :func:`policy_by_name` makes: no rebalancing, the engines' timers (planning from
-their summed window, or hedged over it with eplb's default method), and eplb's :class:`Balancer`."""
-
-
-def policy_by_name(name: str, method: str | Callable = "greedy", check_every: int = 100):
-    """A fresh policy for one of :data:`POLICY_NAMES` (``method`` plans the plain timers;
-    the hedged ones use eplb's default method; ``check_every`` is the Balancer's)."""
-    makers = {
-        "none": NoRebalance,
-        "vllm": lambda: vllm_like(method),
-        "sglang": lambda: sglang_like(method),
-        "vllm-hedged": lambda: vllm_like(DEFAULT_METHOD, subwindows=HEDGED_SUBWINDOWS),
-        "sglang-hedged": lambda: sglang_like(DEFAULT_METHOD, subwindows=HEDGED_SUBWINDOWS),
-        "balancer": lambda: BalancerPolicy(check_every=check_every),
-    }
-    if name not in makers:
-        raise ValueError(f"policy must be one of {POLICY_NAMES}, got {name!r}")
-    return makers[name]()
-
-
-class BalancerPolicy:
-    """:class:`eplb.Balancer` in the loop: record every step, ask ``should_rebalance()`` every
-    ``check_every`` steps and apply ``rebalance()`` when it says yes.
-
-    Args:
-        check_every: steps between decisions.
-        **balancer_options: passed to :class:`eplb.Balancer` (window, tolerance, min_gain, ...).
-            The deployment, the initial placement, ``expert_bytes`` and ``cost_model`` (so the
-            Balancer decides in time) come from the simulation; ``cost_model=None`` makes it decide
-            in balancedness.
-    """
-
-    def __init__(self, check_every: int = 100, name: str | None = None, **balancer_options):
-        self.check_every = as_int(check_every, "check_every", minimum=1)
-        self.options = balancer_options
-        self.name = name or "Balancer" + (f" ({balancer_options})" if balancer_options else ", defaults")
-        self.balancer: Balancer | None = None
-
-    def start(self, placement: Placement, deployment: Deployment) -> None:
-        options = dict(self.options)
-        options.setdefault("expert_bytes", int(deployment.cost_model.expert_bytes))
-        options.setdefault("cost_model", deployment.cost_model)
-        self.balancer = Balancer(deployment.num_layers, deployment.num_experts, topology=deployment.topology,
-                                 num_groups=deployment.num_groups, placement=placement, **options)
-
-    def observe(self, step: int, counts: np.ndarray):
-        self.balancer.record(counts, physical=False)
-        if (step + 1) % self.check_every or not self.balancer.should_rebalance():
-            return None
-        placement, _ = self.balancer.rebalance()
-        return placement
 
 
 # ------------------------------------------------------------------------------------ result
@@ -370,8 +178,6 @@ class _Pricing:
         self.dispatch = dispatch
         self.phy2log = np.array(phy2log, dtype=np.int64, order="C")  # a copy: the caller's mix changes
         self.uniform = uniform_shares(self.phy2log, replica_counts(self.phy2log, num_experts))[None]  # [1, L, S]
-        self.gpu_of_slot = topology.gpu_of_slot
-        self.num_gpus = topology.num_gpus
         self.live = topology.slots_per_gpu > 0  # GPUs that serve
 
     def loads(self, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -379,8 +185,8 @@ class _Pricing:
         counts = np.ascontiguousarray(counts, dtype=np.float64)
         if self.dispatch == "optimal":
             shares, _ = optimal_dispatch(counts, self.phy2log, self.topology)
-            return gpu_work(counts, self.phy2log, shares, self.gpu_of_slot, self.num_gpus, FIXED_SPLIT)
-        return gpu_work(counts, self.phy2log, self.uniform, self.gpu_of_slot, self.num_gpus, RANDOM_SPLIT)
+            return gpu_work(counts, self.phy2log, self.topology, shares, FIXED_SPLIT)
+        return gpu_work(counts, self.phy2log, self.topology, self.uniform, RANDOM_SPLIT)
 
 
 def _copies_of_layers(plan: TransferPlan, layers: np.ndarray) -> TransferPlan:
@@ -394,40 +200,13 @@ def _copies_of_layers(plan: TransferPlan, layers: np.ndarray) -> TransferPlan:
                         topology=plan.topology, expert_bytes=plan.expert_bytes)
 
 
-class PolicyError(ValueError):
-    """A policy or a planning function failed or returned something that is not a placement of the
-    deployment (the message says which and at what step)."""
-
-
-def _as_placement(value, deployment: Deployment, what: str, method: str = "given") -> Placement:
-    """``value`` (a :class:`Placement` or ``phy2log [L, S]`` of integer expert ids: float ids are
-    refused, never truncated) as a placement of ``deployment``, else :class:`PolicyError`."""
-    if isinstance(value, Placement):
-        if value.topology != deployment.topology or value.num_experts != deployment.num_experts \
-                or value.num_layers != deployment.num_layers:
-            raise PolicyError(f"{what} must match the series' layers and experts and the deployment's topology")
-        return value
-    if type(value).__module__.split(".")[0] == "torch":
-        value = value.detach().cpu().numpy()
-    try:
-        array = np.asarray(value)
-        if array.dtype == object or array.dtype.kind not in "iub":
-            raise ValueError(f"phy2log must hold integer expert ids, got {array.dtype} values"
-                             + (f" such as {array.flat[0]}" if array.size else ""))
-        if array.ndim == 2 and array.shape[0] != deployment.num_layers:
-            raise ValueError(f"phy2log must have {deployment.num_layers} layers, got shape {array.shape}")
-        return Placement(array, deployment.num_experts, deployment.topology, deployment.num_groups, method=method)
-    except (TypeError, ValueError) as exc:
-        raise PolicyError(f"{what}: {exc}") from None
-
-
 def _warn_if_too_short(policy, num_steps: int) -> None:
     """A ``RuntimeWarning`` when the series ends before the policy's first rebalance or decision
     (its ``every`` or ``check_every`` steps): its run cannot differ from no rebalancing."""
     for attribute, what in (("every", "rebalances every"), ("check_every", "decides every")):
         interval = getattr(policy, attribute, None)
         if isinstance(interval, (int, np.integer)) and not isinstance(interval, bool) and interval > num_steps:
-            label = getattr(policy, "name", type(policy).__name__)
+            label = policy_label(policy)
             warnings.warn(f"the series has {num_steps} steps but policy {label!r} {what} {interval} steps: it never "
                           "acts, so its run is the same as no rebalancing (use a longer series or a shorter interval)",
                           RuntimeWarning, stacklevel=3)
@@ -442,7 +221,7 @@ def _call_policy(policy, name: str, *args):
     except PolicyError:
         raise
     except Exception as exc:
-        label = getattr(policy, "name", type(policy).__name__)
+        label = policy_label(policy)
         where = f" at step {args[0]}" if name == "observe" else ""
         raise PolicyError(f"policy {label!r} raised {type(exc).__name__} in {name}(){where}: {exc}") from exc
 
@@ -504,14 +283,12 @@ def simulate(series, *, num_slots=None, num_gpus=None, num_nodes=1, num_groups=N
         raise ValueError(f"cost_model must be an eplb.CostModel, got {type(cost_model).__name__}")
     problem = make_problem(num_experts, num_slots, num_gpus, num_nodes, num_groups, topology)
     deployment = Deployment(num_layers, num_experts, problem.topology, problem.num_groups, cost_model)
-    policy = NoRebalance() if policy is None else policy
-    if not (callable(getattr(policy, "start", None)) and callable(getattr(policy, "observe", None))):
-        raise ValueError("policy must have start(placement, deployment) and observe(step, counts) methods")
+    policy = NoRebalance() if policy is None else check_policy(policy)
     _warn_if_too_short(policy, num_steps)
     if initial is None:
         steps = as_int(initial_steps, "initial_steps", minimum=1)
         initial = deployment.plan(_series_block(series, 0, min(steps, num_steps)).sum(axis=0), "greedy")
-    target = _as_placement(initial, deployment, "initial")  # the newest plan adopted
+    target = as_placement(initial, deployment, "initial")  # the newest plan adopted
     step_layers = num_layers if layers_per_step is None else layers_per_step
 
     layer_time = np.empty((num_steps, num_layers))
@@ -576,7 +353,7 @@ def simulate(series, *, num_slots=None, num_gpus=None, num_nodes=1, num_groups=N
                     in_flight = None
             new = _call_policy(policy, "observe", t, block[i])
             if new is not None:
-                new = _as_placement(new, deployment, f"the placement policy.observe returned at step {t}")
+                new = as_placement(new, deployment, f"the placement policy.observe returned at step {t}")
                 catch_up(block, i)  # the steps served by the placement up to now
                 plan = transfer_plan(held, new, expert_bytes=int(cost_model.expert_bytes))
                 target = new
@@ -609,11 +386,12 @@ def simulate(series, *, num_slots=None, num_gpus=None, num_nodes=1, num_groups=N
         final = Placement(held, num_experts, deployment.topology, deployment.num_groups, method="mixed")
     return SimulationResult(
         layer_time=layer_time, balanced_time=balanced, stall_time=stall, copies=copies, copy_time=copy_time,
-        rebalance_steps=np.asarray(rebalance_steps, np.int64), policy=getattr(policy, "name", type(policy).__name__),
+        rebalance_steps=np.asarray(rebalance_steps, np.int64), policy=policy_label(policy),
         cost_model=cost_model, final_placement=final, wall_time_s=time.perf_counter() - start_wall,
         extra={} if layers_per_step is None else {"layers_per_step": layers_per_step},
     )
 
 
-__all__ = ["simulate", "SimulationResult", "Deployment", "NoRebalance", "FixedInterval", "BalancerPolicy",
+# The policies live in eplb.serving.policy; these names stay importable from here.
+__all__ = ["simulate", "SimulationResult", "Deployment", "Policy", "NoRebalance", "FixedInterval", "BalancerPolicy",
            "PolicyError", "vllm_like", "sglang_like", "DISPATCH_MODES", "POLICY_NAMES", "policy_by_name"]

@@ -8,9 +8,10 @@ rule (the greedy plan of the first step), run in a pool of processes (every core
 A row of the result gives the deployment, the dispatch mode and the policy, the MoE time lost to
 imbalance (as a share of the perfectly balanced time, and with the weight copies' stalls), the
 copies and bytes moved, and the memory the redundant replicas take on a GPU. Policies are names
-(``"none"``, ``"vllm"``, ``"sglang"``, ``"balancer"``) or zero-argument callables that return a
-fresh policy object (see :mod:`eplb.simulation.simulate`; a callable must be picklable, e.g. a module-level
-function or ``functools.partial``, to cross to the worker processes).
+of the one registry (:data:`eplb.serving.policy.POLICY_NAMES`: ``"none"``, ``"vllm"``, ``"sglang"``,
+``"balancer"``, ...; or ``"every:N/W"``), built by :func:`eplb.serving.policy.policy_by_name` in the
+worker, or zero-argument callables that return a fresh :class:`eplb.Policy` (a callable must be
+picklable, e.g. a module-level function or ``functools.partial``, to cross to the worker processes).
 """
 
 from __future__ import annotations
@@ -26,14 +27,8 @@ import numpy as np
 from ..model._validation import as_int, check_layer_totals
 from ..model.cost import CostModel
 from ..model.dispatch_rules import SCORING
-from .simulate import POLICY_NAMES, policy_by_name, simulate
-
-
-def named_policy(name: str):
-    """A fresh policy object for one of :data:`eplb.simulation.simulate.POLICY_NAMES`."""
-    if name not in POLICY_NAMES:
-        raise ValueError(f"policy must be one of {POLICY_NAMES} or a callable returning a policy, got {name!r}")
-    return policy_by_name(name)
+from ..serving.policy import policy_by_name
+from .simulate import simulate
 
 
 @dataclass(frozen=True)
@@ -56,7 +51,7 @@ def _run_point(args) -> dict:
     series, point, num_groups, cost_model = args
     num_layers, num_experts = series.shape[1], series.shape[2]
     num_slots = slots_for(num_experts, point.num_gpus, point.extra_slots_per_gpu)
-    policy = named_policy(point.policy) if isinstance(point.policy, str) else point.policy()
+    policy = policy_by_name(point.policy) if isinstance(point.policy, str) else point.policy()
     groups = num_groups if num_groups is not None and num_groups % point.num_nodes == 0 else None
     result = simulate(series, num_slots=num_slots, num_gpus=point.num_gpus, num_nodes=point.num_nodes,
                       num_groups=groups, policy=policy, cost_model=cost_model, dispatch=point.dispatch)
@@ -86,7 +81,8 @@ def sweep(series, *, extra_slots_per_gpu=(0, 1, 2), num_gpus=(32,), num_nodes=(1
         num_gpus, num_nodes: GPUs and nodes (a pair where the GPUs do not divide by the nodes is skipped).
         num_groups: expert groups, kept on one node each where they divide by the nodes.
         dispatch: ``"uniform"`` and/or ``"optimal"`` (see :func:`eplb.simulate`).
-        policies: names from :data:`POLICY_NAMES` or zero-argument callables returning a policy.
+        policies: names from :data:`eplb.serving.policy.POLICY_NAMES` (or ``"every:N/W"``) or
+            zero-argument callables returning a fresh :class:`eplb.Policy`.
         cost_model: default ``CostModel.preset()``.
         workers: processes (default: every core; 1 runs in this process).
     Returns:
@@ -109,8 +105,12 @@ def sweep(series, *, extra_slots_per_gpu=(0, 1, 2), num_gpus=(32,), num_nodes=(1
         if mode not in SCORING:
             raise ValueError(f"dispatch entries must be one of {SCORING}, got {mode!r}")
     for policy in policies:
-        if not callable(policy) and policy not in POLICY_NAMES:
-            raise ValueError(f"policies entries must be one of {POLICY_NAMES} or callables, got {policy!r}")
+        if not callable(policy):
+            try:
+                policy_by_name(policy)  # fail here, not in a worker process
+            except ValueError as exc:
+                raise ValueError(f"policies entries must be names or callables returning an eplb.Policy: {exc}") \
+                    from None
     if not (extras and gpus and nodes and dispatch and policies):
         raise ValueError("every axis needs at least one value")
     cost_model = CostModel.preset() if cost_model is None else cost_model
