@@ -39,9 +39,9 @@ def test_loads_just_below_overflow_stay_finite(small_plan):
 
 def test_simulate_and_sweep_refuse_a_series_whose_layer_total_overflows():
     series = np.stack([np.ones((1, 8)), HUGE[0][None, :]])  # [2, 1, 8]
-    with pytest.raises(ValueError, match="series: the total of layer 0 of window 1 overflows"):
+    with pytest.raises(ValueError, match="counts: the total of layer 0 of window 1 overflows"):
         eplb.simulate(series, num_slots=8, num_gpus=4)
-    with pytest.raises(ValueError, match="series: the total of layer 0 of window 1 overflows"):
+    with pytest.raises(ValueError, match="counts: the total of layer 0 of window 1 overflows"):
         eplb.sweep(series, num_gpus=(4,), workers=1)
 
 

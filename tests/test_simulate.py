@@ -204,9 +204,9 @@ def test_bad_arguments_raise(kwargs, match):
 
 
 def test_bad_series_and_policy_output_raise():
-    with pytest.raises(ValueError, match="series must be a numeric"):
+    with pytest.raises(ValueError, match="counts must be a numeric"):
         simulate(np.ones((2, 4)), num_slots=4, num_gpus=2)
-    with pytest.raises(ValueError, match="series must be non-negative"):
+    with pytest.raises(ValueError, match="counts must be non-negative"):
         simulate(-np.ones((2, 1, 4)), num_slots=4, num_gpus=2)
 
     class Bad:

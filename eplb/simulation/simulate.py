@@ -239,23 +239,23 @@ def _checked_series(series):
         return series
     series = np.asarray(series)
     if series.ndim != 3 or series.dtype.kind not in "biuf":
-        raise ValueError(f"series must be a numeric [T, L, E] array or a Series, got shape {series.shape}")
+        raise ValueError(f"counts must be a numeric [T, L, E] array or a Series, got shape {series.shape}")
     if series.dtype.kind == "f" and not np.isfinite(series).all():
-        raise ValueError("series must be finite")
+        raise ValueError("counts must be finite")
     if (series < 0).any():
-        raise ValueError("series must be non-negative")
-    check_layer_totals(series, "series")
+        raise ValueError("counts must be non-negative")
+    check_layer_totals(series, "counts")
     return series
 
 
-def simulate(series, *, num_slots=None, num_gpus=None, num_nodes=1, num_groups=None, policy=None,
+def simulate(counts, *, num_slots=None, num_gpus=None, num_nodes=1, num_groups=None, policy=None,
              cost_model: CostModel | None = None, dispatch: str = "uniform", initial=None,
              topology: Topology | None = None, initial_steps: int = 1,
              layers_per_step: int | None = None) -> SimulationResult:
-    """Replay ``series`` through a deployment and a rebalancing policy.
+    """Replay ``counts`` (a series of steps) through a deployment and a rebalancing policy.
 
     Args:
-        series: ``[T, L, E]`` counts per step (numpy), or an :class:`eplb.simulation.series.Series` (generated
+        counts: ``[T, L, E]`` counts per step (numpy), or an :class:`eplb.simulation.series.Series` (generated
             block by block, never held whole).
         num_slots, num_gpus, num_nodes, num_groups, topology: the deployment, as for :func:`eplb.plan`.
         policy: see the module docstring (default :class:`NoRebalance`).
@@ -274,10 +274,10 @@ def simulate(series, *, num_slots=None, num_gpus=None, num_nodes=1, num_groups=N
         raise ValueError(f"dispatch must be one of {DISPATCH_MODES}, got {dispatch!r}")
     if layers_per_step is not None:
         layers_per_step = as_int(layers_per_step, "layers_per_step", minimum=1)
-    series = _checked_series(series)
+    series = _checked_series(counts)
     num_steps, num_layers, num_experts = series.shape
     if num_steps < 1:
-        raise ValueError("series must have at least one step")
+        raise ValueError("counts must have at least one step")
     cost_model = CostModel.preset() if cost_model is None else cost_model
     if not isinstance(cost_model, CostModel):
         raise ValueError(f"cost_model must be an eplb.CostModel, got {type(cost_model).__name__}")
@@ -317,7 +317,7 @@ def simulate(series, *, num_slots=None, num_gpus=None, num_nodes=1, num_groups=N
             layer_time[rows] = cost_model.layer_time(tokens, active)
             balanced[rows] = balanced_time(block, tokens.shape[-1])
         if not (np.isfinite(layer_time[rows]).all() and np.isfinite(balanced[rows]).all()):
-            raise ValueError(f"series and cost_model: a layer time of steps {offset}..{offset + block.shape[0] - 1} "
+            raise ValueError(f"counts and cost_model: a layer time of steps {offset}..{offset + block.shape[0] - 1} "
                              "overflows float64 (counts or cost constants too large; counts are scale-free: "
                              "divide them by a common factor)")
 

@@ -69,13 +69,13 @@ def _run_point(args) -> dict:
     }
 
 
-def sweep(series, *, extra_slots_per_gpu=(0, 1, 2), num_gpus=(32,), num_nodes=(1,), num_groups=None,
+def sweep(counts, *, extra_slots_per_gpu=(0, 1, 2), num_gpus=(32,), num_nodes=(1,), num_groups=None,
           dispatch=("uniform",), policies=("balancer",), cost_model: CostModel | None = None,
           workers: int | None = None) -> list[dict]:
-    """Simulate every combination of the axes on ``series``; one row per combination.
+    """Simulate every combination of the axes on ``counts``; one row per combination.
 
     Args:
-        series: ``[T, L, E]`` counts per step (numpy).
+        counts: ``[T, L, E]`` counts per step (numpy).
         extra_slots_per_gpu: redundant slots per GPU beyond the fewest that hold every expert (the
             memory axis: each is one more expert replica per GPU and layer).
         num_gpus, num_nodes: GPUs and nodes (a pair where the GPUs do not divide by the nodes is skipped).
@@ -90,14 +90,14 @@ def sweep(series, *, extra_slots_per_gpu=(0, 1, 2), num_gpus=(32,), num_nodes=(1
         ``lost_with_stalls_share``, ``rebalances``, ``copies``, ``copies_cross_node``,
         ``bytes_moved``, ``replica_memory_per_gpu_bytes``, ``wall_time_s``.
     """
-    series = np.asarray(series)
+    series = np.asarray(counts)
     if series.ndim != 3 or series.dtype.kind not in "biuf" or series.shape[0] < 1:
-        raise ValueError(f"series must be a numeric [T, L, E] array, got shape {series.shape}")
+        raise ValueError(f"counts must be a numeric [T, L, E] array, got shape {series.shape}")
     if series.dtype.kind == "f" and not np.isfinite(series).all():
-        raise ValueError("series must be finite")
+        raise ValueError("counts must be finite")
     if (series < 0).any():
-        raise ValueError("series must be non-negative")
-    check_layer_totals(series, "series")
+        raise ValueError("counts must be non-negative")
+    check_layer_totals(series, "counts")
     extras = [as_int(x, "extra_slots_per_gpu entry", minimum=0) for x in extra_slots_per_gpu]
     gpus = [as_int(g, "num_gpus entry", minimum=1) for g in num_gpus]
     nodes = [as_int(n, "num_nodes entry", minimum=1) for n in num_nodes]
