@@ -44,7 +44,8 @@ one line in :data:`FORMATS`. Detection:
 - a placement to write: the first placement format whose output suffixes hold the suffix
   (``.json`` is eplb's);
 - a placement to read: the format claiming its suffix; when several claim it (``.json``: eplb and
-  SGLang), the first whose ``recognise`` accepts the content, the suffix's output format last.
+  SGLang), the first whose ``recognise`` accepts the content, asking the format that suffix is
+  written in (eplb) last: the file is SGLang's if it holds SGLang's key.
 
 Counts that look transposed (over 128 layers and more than twice as many layers as experts) are
 refused unless ``allow_shape``; ``transpose`` reads ``[E, L]`` files. Sizes a file implies are
@@ -78,12 +79,14 @@ FORMATS: tuple[Format, ...] = (
 )
 
 #: the formats that read counts, by name, in registry order
-COUNTS_READERS: dict[str, Format] = {f.name: f for f in FORMATS if f.read_counts is not None}
+_COUNTS_BY_NAME: dict[str, Format] = {f.name: f for f in FORMATS if f.read_counts is not None}
 #: the formats that read or write placements, by name, in registry order
-PLACEMENT_IO: dict[str, Format] = {f.name: f for f in FORMATS
-                                   if f.read_placement is not None or f.write_placement is not None}
-COUNTS_FORMATS = tuple(COUNTS_READERS)
-PLACEMENT_FORMATS = tuple(PLACEMENT_IO)
+_PLACEMENTS_BY_NAME: dict[str, Format] = {f.name: f for f in FORMATS
+                                          if f.read_placement is not None or f.write_placement is not None}
+#: the names ``read_counts`` (and ``--input-format``) accept, in registry order
+COUNTS_FORMATS = tuple(_COUNTS_BY_NAME)
+#: the names ``read_placement`` / ``write_placement`` (and ``--format``) accept, in registry order
+PLACEMENT_FORMATS = tuple(_PLACEMENTS_BY_NAME)
 
 __all__ = [
     "COUNTS_FORMATS", "FORMATS", "OTHER_PHASE", "PHASES", "PLACEMENT_FORMATS", "CountsFile", "Format", "FormatError",
@@ -108,13 +111,13 @@ def detect_counts_format(path) -> str:
     """
     path = _existing(path)
     if path.is_dir():
-        folders = [f for f in COUNTS_READERS.values() if f.folder]
+        folders = [f for f in _COUNTS_BY_NAME.values() if f.folder]
         found = _recognised(path, folders)
         if found is None:
             raise FormatError(path, f"a folder of counts must be {' or '.join(f.recognised_by for f in folders)}")
         return found.name
     suffix = path.suffix.lower()
-    found = next((f for f in COUNTS_READERS.values() if suffix in f.suffixes), None)
+    found = next((f for f in _COUNTS_BY_NAME.values() if suffix in f.suffixes), None)
     if found is None:
         raise FormatError(path, f"cannot tell the counts format from the suffix {suffix!r}: "
                                 f"pass --input-format (one of {', '.join(COUNTS_FORMATS)})")
@@ -143,7 +146,7 @@ def read_counts(path, format: str | None = None, *, transpose: bool = False, all
     """
     path = _existing(path)
     format = format or detect_counts_format(path)
-    fmt = COUNTS_READERS.get(format)
+    fmt = _COUNTS_BY_NAME.get(format)
     if path.is_dir() and not (fmt is not None and fmt.folder):
         raise FormatError(path, f"is a folder, not a {format} file")
     if fmt is None:
@@ -180,7 +183,7 @@ def check_plausible_shape(data: CountsFile) -> None:
 def placement_format_for_output(path) -> str:
     """The placement format implied by an output file name (``.json`` -> eplb, ``.npz``, ``.yaml``)."""
     suffix = Path(path).suffix.lower()
-    found = next((f for f in PLACEMENT_IO.values() if suffix in f.writes_to), None)
+    found = next((f for f in _PLACEMENTS_BY_NAME.values() if suffix in f.writes_to), None)
     if found is None:
         raise FormatError(path, f"cannot tell the output format from the suffix {suffix!r}: "
                                 f"pass --format (one of {', '.join(PLACEMENT_FORMATS)})")
@@ -194,12 +197,12 @@ def detect_placement_format(path) -> str:
     if path.is_dir():
         raise FormatError(path, "is a folder, not a placement file")
     suffix = path.suffix.lower()
-    claiming = [f for f in PLACEMENT_IO.values() if f.read_placement is not None and suffix in f.suffixes]
+    claiming = [f for f in _PLACEMENTS_BY_NAME.values() if f.read_placement is not None and suffix in f.suffixes]
     if not claiming:
         return placement_format_for_output(path)
     if len(claiming) == 1:
         return claiming[0].name
-    default = next((f for f in PLACEMENT_IO.values() if suffix in f.writes_to), None)
+    default = next((f for f in _PLACEMENTS_BY_NAME.values() if suffix in f.writes_to), None)
     claiming.sort(key=lambda f: f is default)  # the format the suffix is written in is the fallback: asked last
     found = _recognised(path, claiming)
     if found is None:
@@ -220,11 +223,11 @@ def read_placement(path, format: str | None = None, *, num_gpus=None, num_nodes=
     """
     path = _existing(path)
     format = format or detect_placement_format(path)
-    fmt = PLACEMENT_IO.get(format)
+    fmt = _PLACEMENTS_BY_NAME.get(format)
     if fmt is None or fmt.read_placement is None:
         raise FormatError(path, f"unknown placement format {format!r}; one of {', '.join(PLACEMENT_FORMATS)}")
     hints = {"num_gpus": num_gpus, "num_nodes": num_nodes, "num_experts": num_experts, "num_groups": num_groups}
-    loaded = fmt.read_placement(path, **fmt.hints(hints))
+    loaded = fmt.read_placement(path, **fmt.taken(hints))
     if "num_groups" in fmt.keywords:
         return loaded
     recorded = loaded.placement.num_groups  # the file records the groups: a given count must agree
@@ -247,11 +250,11 @@ def write_placement(placement: Placement, path, format: str | None = None, *, la
     """
     path = Path(path)
     format = format or placement_format_for_output(path)
-    fmt = PLACEMENT_IO.get(format)
+    fmt = _PLACEMENTS_BY_NAME.get(format)
     if fmt is not None and fmt.write_placement is None:
         fmt = None
     if layer_updates_per_iter and (fmt is None or "layer_updates_per_iter" not in fmt.keywords):
-        takers = " or ".join(f.title for f in PLACEMENT_IO.values() if "layer_updates_per_iter" in f.keywords)
+        takers = " or ".join(f.title for f in _PLACEMENTS_BY_NAME.values() if "layer_updates_per_iter" in f.keywords)
         raise FormatError(path, f"layer_updates_per_iter applies to {takers} only, not to {format} output")
     if path.parent and not path.parent.exists():
         raise FormatError(path, f"the folder {path.parent} does not exist")
@@ -260,7 +263,7 @@ def write_placement(placement: Placement, path, format: str | None = None, *, la
     options = {"layer_ids": layer_ids, "configuration": configuration, "diagnostics": diagnostics,
                "layer_updates_per_iter": layer_updates_per_iter}
     try:
-        fmt.write_placement(placement, path, **fmt.hints(options))
+        fmt.write_placement(placement, path, **fmt.taken(options))
     except OSError as exc:
         raise FormatError(path, f"cannot write: {exc.strerror or exc}") from None
     return format

@@ -73,6 +73,6 @@ class Format:
             return ()
         return self.suffixes if self.output_suffixes is None else self.output_suffixes
 
-    def hints(self, given: dict) -> dict:
+    def taken(self, given: dict) -> dict:
         """The entries of ``given`` (hints or options) this format's functions take."""
         return {key: value for key, value in given.items() if key in self.keywords}
