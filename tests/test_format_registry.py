@@ -5,6 +5,7 @@ tables show them."""
 
 from __future__ import annotations
 
+import importlib
 import inspect
 import json
 import re
@@ -88,6 +89,46 @@ def test_declarations_are_complete():
         Format("x", "X", keywords=("num_slots",))
     with pytest.raises(ValueError, match="lower case"):
         Format("x", "X", suffixes=(".JSON",))
+
+
+def _read_toy_counts(path):
+    return formats.CountsFile(np.loadtxt(path, ndmin=2)[None], np.arange(2), "toy", path)
+
+
+def _write_toy(placement, path):
+    np.savetxt(path, placement.phy2log, fmt="%d")
+
+
+def _read_toy(path, *, num_gpus=None, num_nodes=None, num_experts=None, num_groups=None):
+    phy2log = np.loadtxt(path, dtype=np.int64, ndmin=2)
+    placement = eplb.Placement(phy2log, num_experts or int(phy2log.max()) + 1,
+                               Topology.uniform(phy2log.shape[1], num_gpus or 1, num_nodes or 1), num_groups)
+    return formats.PlacementFile(placement, np.arange(len(phy2log)), "toy", path)
+
+
+def test_a_format_declared_by_a_module_reaches_everything(tmp_path, monkeypatch):
+    """A new format is its module's declaration: once registered (here appended to a module's
+    ``FORMATS`` and the registry rebuilt), it is detected, read, written and listed with no other change."""
+    toy = Format("toy", "toy text", suffixes=(".toy",), read_counts=_read_toy_counts, read_placement=_read_toy,
+                 write_placement=_write_toy, keywords=("num_gpus", "num_nodes", "num_experts", "num_groups"))
+    monkeypatch.setattr(trtllm, "FORMATS", (*trtllm.FORMATS, toy))
+    try:
+        importlib.reload(formats)
+        assert formats.COUNTS_FORMATS[-1] == formats.PLACEMENT_FORMATS[-1] == "toy"
+        path = tmp_path / "p.toy"
+        assert formats.placement_format_for_output(path) == "toy"
+        assert formats.write_placement(PLACEMENT, path) == "toy"
+        assert formats.detect_placement_format(path) == formats.detect_counts_format(path) == "toy"
+        _same(formats.read_placement(path, num_gpus=4, num_nodes=2, num_groups=4).placement, PLACEMENT)
+        assert formats.read_counts(path).counts.shape == (1, 2, 12)
+        with pytest.raises(FormatError, match="one of npy, npz, csv, .*, trtllm-stats, toy$"):
+            formats.read_counts(path, "bogus")
+        with pytest.raises(FormatError, match="applies to TensorRT-LLM YAML only, not to toy output"):
+            formats.write_placement(PLACEMENT, tmp_path / "q.toy", layer_updates_per_iter=1)
+    finally:
+        monkeypatch.undo()
+        importlib.reload(formats)
+    assert "toy" not in formats.COUNTS_FORMATS + formats.PLACEMENT_FORMATS
 
 
 # -- round trips -----------------------------------------------------------------------------------
