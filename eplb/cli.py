@@ -31,8 +31,8 @@ from .serving.policy import POLICY_NAMES as SIMULATE_POLICIES
 from .analysis.metrics import moe_layers, moe_mean
 from .io.report import Bound, bound_for, moe_note
 
-COUNTS_FORMAT_NAMES = ("npy", "npz", "csv", "logical-count-json", "sglang-dump", "sglang-detail", "trtllm-stats")
-PLACEMENT_FORMAT_NAMES = ("eplb", "npz", "sglang", "trtllm")
+# the registry's names (eplb.io.formats.FORMATS), for --format / --input-format / --previous-format
+from .io.formats import COUNTS_FORMATS as COUNTS_FORMAT_NAMES, PLACEMENT_FORMATS as PLACEMENT_FORMAT_NAMES
 
 
 class Failure(click.ClickException):

@@ -18,7 +18,8 @@ LAYERS: tuple[tuple[str, str], ...] = (
                  "migration, locality, series objectives and the robust search, certificates"),
     ("serving", "the online Balancer, the policy seam (Policy and its registry), transfer plans, adapters/ (engines)"),
     ("simulation", "simulate, sweep, synthetic counts and series generators"),
-    ("io", "formats/ (counts and placements in every engine's files), reports"),
+    ("io", "formats/ (the registry and one module a family of formats: counts and placements in every engine's "
+           "files), reports"),
     ("", "the root: public names (__init__), cli, demo, precompile (warmup), this map"),
 )
 """``(folder, what it holds)`` for every layer, lowest first; a layer's rank is its index. The

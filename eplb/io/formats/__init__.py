@@ -30,6 +30,23 @@ Placements out (``write_placement``) and back in (``read_placement``):
 Both SGLang dumps end in ``.pt``: the reader tells them apart by their keys (``records`` is a
 detail dump, ``logical_count`` a stat dump).
 
+The formats are registered once, in :data:`FORMATS`: each format module declares its own
+(:class:`~eplb.io.formats.spec.Format`: name, suffixes, the functions it provides, how its content
+is recognised), and the registry lists the modules in a fixed order: eplb's JSON, the array files,
+SGLang's, TensorRT-LLM's. Everything else comes from it: :data:`COUNTS_FORMATS` and
+:data:`PLACEMENT_FORMATS` (its names, in its order), detection, the readers and writers, the names
+error messages list and the CLI's choices. Adding a format is one module declaring ``FORMATS`` and
+one line in :data:`FORMATS`. Detection:
+
+- counts: a folder is the first counts format whose ``recognise`` accepts it; a file is the first
+  counts format (in registry order) claiming its suffix, without opening it (the ``sglang-dump``
+  reader reads a detail dump too);
+- a placement to write: the first placement format whose output suffixes hold the suffix
+  (``.json`` is eplb's);
+- a placement to read: the format claiming its suffix; when several claim it (``.json``: eplb and
+  SGLang), the first whose ``recognise`` accepts the content, asking the format that suffix is
+  written in (eplb) last: the file is SGLang's if it holds SGLang's key.
+
 Counts that look transposed (over 128 layers and more than twice as many layers as experts) are
 refused unless ``allow_shape``; ``transpose`` reads ``[E, L]`` files. Sizes a file implies are
 checked against :mod:`eplb.io.formats.limits` (overridable with ``EPLB_MAX_*``) before allocating.
@@ -45,18 +62,34 @@ from pathlib import Path
 import numpy as np
 
 from ...analysis.placement import Placement
-from .arrays import read_csv_counts, read_npy_counts, read_npz_counts, read_npz_placement, write_npz_placement
+from . import arrays, eplb_json, sglang, trtllm
 from .data import OTHER_PHASE, PHASES, CountsFile, PlacementFile, check_counts
-from .eplb_json import jsonable, load_json, read_eplb_json, write_eplb_json
+from .eplb_json import jsonable
 from .errors import FormatError, MissingExtraError
-from .sglang import read_sglang_detail_dump, read_sglang_dump, read_sglang_placement, write_sglang_placement
-from .trtllm import read_trtllm_statistics, read_trtllm_yaml, write_trtllm_yaml
+from .spec import Format
 
-COUNTS_FORMATS = ("npy", "npz", "csv", "logical-count-json", "sglang-dump", "sglang-detail", "trtllm-stats")
-PLACEMENT_FORMATS = ("eplb", "npz", "sglang", "trtllm")
+#: every format, in a fixed order: the order names are listed in (:data:`COUNTS_FORMATS`,
+#: :data:`PLACEMENT_FORMATS`, error messages, the CLI's choices) and suffixes are claimed in (the
+#: first format claiming a suffix is its default). One line a format module.
+FORMATS: tuple[Format, ...] = (
+    *eplb_json.FORMATS,  # eplb
+    *arrays.FORMATS,     # npy, npz, csv
+    *sglang.FORMATS,     # logical-count-json, sglang-dump, sglang-detail, sglang
+    *trtllm.FORMATS,     # trtllm-stats, trtllm
+)
+
+#: the formats that read counts, by name, in registry order
+_COUNTS_BY_NAME: dict[str, Format] = {f.name: f for f in FORMATS if f.read_counts is not None}
+#: the formats that read or write placements, by name, in registry order
+_PLACEMENTS_BY_NAME: dict[str, Format] = {f.name: f for f in FORMATS
+                                          if f.read_placement is not None or f.write_placement is not None}
+#: the names ``read_counts`` (and ``--input-format``) accept, in registry order
+COUNTS_FORMATS = tuple(_COUNTS_BY_NAME)
+#: the names ``read_placement`` / ``write_placement`` (and ``--format``) accept, in registry order
+PLACEMENT_FORMATS = tuple(_PLACEMENTS_BY_NAME)
 
 __all__ = [
-    "COUNTS_FORMATS", "OTHER_PHASE", "PHASES", "PLACEMENT_FORMATS", "CountsFile", "FormatError",
+    "COUNTS_FORMATS", "FORMATS", "OTHER_PHASE", "PHASES", "PLACEMENT_FORMATS", "CountsFile", "Format", "FormatError",
     "MissingExtraError", "PlacementFile",
     "check_counts", "detect_counts_format", "detect_placement_format", "jsonable", "read_counts",
     "read_placement", "write_placement", "placement_format_for_output",
@@ -71,23 +104,37 @@ def _existing(path) -> Path:
 
 
 def detect_counts_format(path) -> str:
-    """The counts format of ``path`` from its suffix (or, for ``.json``/folders, its content).
+    """The counts format of ``path`` from its suffix (a folder: from what it holds).
 
     ``.pt`` is ``sglang-dump`` without opening it: reading tells a detail dump (``records``) from a
     stat dump (``logical_count``) by its keys.
     """
     path = _existing(path)
     if path.is_dir():
-        if (path / "meta_info.json").is_file():
-            return "trtllm-stats"
-        raise FormatError(path, "a folder of counts must be a TensorRT-LLM expert-statistics folder (meta_info.json)")
+        folders = [f for f in _COUNTS_BY_NAME.values() if f.folder]
+        found = _recognised(path, folders)
+        if found is None:
+            raise FormatError(path, f"a folder of counts must be {' or '.join(f.recognised_by for f in folders)}")
+        return found.name
     suffix = path.suffix.lower()
-    by_suffix = {".npy": "npy", ".npz": "npz", ".csv": "csv", ".pt": "sglang-dump", ".pth": "sglang-dump",
-                 ".json": "logical-count-json"}
-    if suffix in by_suffix:
-        return by_suffix[suffix]
-    raise FormatError(path, f"cannot tell the counts format from the suffix {suffix!r}: "
-                            f"pass --input-format (one of {', '.join(COUNTS_FORMATS)})")
+    found = next((f for f in _COUNTS_BY_NAME.values() if suffix in f.suffixes), None)
+    if found is None:
+        raise FormatError(path, f"cannot tell the counts format from the suffix {suffix!r}: "
+                                f"pass --input-format (one of {', '.join(COUNTS_FORMATS)})")
+    return found.name
+
+
+def _recognised(path: Path, candidates) -> Format | None:
+    """The first of ``candidates`` whose ``recognise`` accepts ``path``'s content (each parser runs once)."""
+    parsed = {}
+    for fmt in candidates:
+        if fmt.recognise is None:
+            return fmt
+        if fmt.parse not in parsed:
+            parsed[fmt.parse] = path if fmt.parse is None else fmt.parse(path)
+        if fmt.recognise(parsed[fmt.parse]):
+            return fmt
+    return None
 
 
 def read_counts(path, format: str | None = None, *, transpose: bool = False, allow_shape: bool = False) -> CountsFile:
@@ -99,14 +146,12 @@ def read_counts(path, format: str | None = None, *, transpose: bool = False, all
     """
     path = _existing(path)
     format = format or detect_counts_format(path)
-    if format != "trtllm-stats" and path.is_dir():
+    fmt = _COUNTS_BY_NAME.get(format)
+    if path.is_dir() and not (fmt is not None and fmt.folder):
         raise FormatError(path, f"is a folder, not a {format} file")
-    readers = {"npy": read_npy_counts, "npz": read_npz_counts, "csv": read_csv_counts,
-               "logical-count-json": lambda p: read_sglang_dump(p, as_json=True), "sglang-dump": read_sglang_dump,
-               "sglang-detail": read_sglang_detail_dump, "trtllm-stats": read_trtllm_statistics}
-    if format not in readers:
+    if fmt is None:
         raise FormatError(path, f"unknown counts format {format!r}; one of {', '.join(COUNTS_FORMATS)}")
-    data = readers[format](path)
+    data = fmt.read_counts(path)
     if transpose:
         counts = np.ascontiguousarray(np.swapaxes(data.counts, 1, 2))
         data = CountsFile(counts, np.arange(counts.shape[1], dtype=np.int64), data.format, data.path,
@@ -138,29 +183,32 @@ def check_plausible_shape(data: CountsFile) -> None:
 def placement_format_for_output(path) -> str:
     """The placement format implied by an output file name (``.json`` -> eplb, ``.npz``, ``.yaml``)."""
     suffix = Path(path).suffix.lower()
-    by_suffix = {".json": "eplb", ".npz": "npz", ".yaml": "trtllm", ".yml": "trtllm"}
-    if suffix not in by_suffix:
+    found = next((f for f in _PLACEMENTS_BY_NAME.values() if suffix in f.writes_to), None)
+    if found is None:
         raise FormatError(path, f"cannot tell the output format from the suffix {suffix!r}: "
                                 f"pass --format (one of {', '.join(PLACEMENT_FORMATS)})")
-    return by_suffix[suffix]
+    return found.name
 
 
 def detect_placement_format(path) -> str:
-    """The placement format of an existing file (JSON files are told apart by their keys)."""
+    """The placement format of an existing file: the format claiming its suffix; JSON files, which
+    eplb and SGLang both claim, are told apart by their keys."""
     path = _existing(path)
     if path.is_dir():
         raise FormatError(path, "is a folder, not a placement file")
     suffix = path.suffix.lower()
-    if suffix == ".json":
-        document = load_json(path)
-        if isinstance(document, dict) and "physical_to_logical_map" in document:
-            return "sglang"
-        if isinstance(document, dict) and ("placement" in document or "phy2log" in document):
-            return "eplb"
-        raise FormatError(path, "a JSON placement must hold 'physical_to_logical_map' (SGLang) or an eplb 'placement'")
-    if suffix == ".pt":
-        return "sglang"
-    return placement_format_for_output(path)
+    claiming = [f for f in _PLACEMENTS_BY_NAME.values() if f.read_placement is not None and suffix in f.suffixes]
+    if not claiming:
+        return placement_format_for_output(path)
+    if len(claiming) == 1:
+        return claiming[0].name
+    default = next((f for f in _PLACEMENTS_BY_NAME.values() if suffix in f.writes_to), None)
+    claiming.sort(key=lambda f: f is default)  # the format the suffix is written in is the fallback: asked last
+    found = _recognised(path, claiming)
+    if found is None:
+        raise FormatError(path, f"a {suffix[1:].upper()} placement must hold "
+                                f"{' or '.join(f.recognised_by for f in claiming)}")
+    return found.name
 
 
 def read_placement(path, format: str | None = None, *, num_gpus=None, num_nodes=None,
@@ -175,19 +223,14 @@ def read_placement(path, format: str | None = None, *, num_gpus=None, num_nodes=
     """
     path = _existing(path)
     format = format or detect_placement_format(path)
-    if format == "eplb":
-        loaded = read_eplb_json(path)
-    elif format == "npz":
-        loaded = read_npz_placement(path)
-    elif format == "sglang":
-        return read_sglang_placement(path, num_gpus=num_gpus, num_nodes=num_nodes, num_experts=num_experts,
-                                     num_groups=num_groups)
-    elif format == "trtllm":
-        return read_trtllm_yaml(path, num_gpus=num_gpus, num_nodes=num_nodes, num_experts=num_experts,
-                                num_groups=num_groups)
-    else:
+    fmt = _PLACEMENTS_BY_NAME.get(format)
+    if fmt is None or fmt.read_placement is None:
         raise FormatError(path, f"unknown placement format {format!r}; one of {', '.join(PLACEMENT_FORMATS)}")
-    recorded = loaded.placement.num_groups
+    hints = {"num_gpus": num_gpus, "num_nodes": num_nodes, "num_experts": num_experts, "num_groups": num_groups}
+    loaded = fmt.read_placement(path, **fmt.taken(hints))
+    if "num_groups" in fmt.keywords:
+        return loaded
+    recorded = loaded.placement.num_groups  # the file records the groups: a given count must agree
     if num_groups is not None and recorded != num_groups:
         if recorded is not None:
             raise FormatError(path, f"the file records {recorded} expert groups, not --groups {num_groups}")
@@ -207,21 +250,20 @@ def write_placement(placement: Placement, path, format: str | None = None, *, la
     """
     path = Path(path)
     format = format or placement_format_for_output(path)
-    if format != "trtllm" and layer_updates_per_iter:
-        raise FormatError(path, f"layer_updates_per_iter applies to TensorRT-LLM YAML only, not to {format} output")
+    fmt = _PLACEMENTS_BY_NAME.get(format)
+    if fmt is not None and fmt.write_placement is None:
+        fmt = None
+    if layer_updates_per_iter and (fmt is None or "layer_updates_per_iter" not in fmt.keywords):
+        takers = " or ".join(f.title for f in _PLACEMENTS_BY_NAME.values() if "layer_updates_per_iter" in f.keywords)
+        raise FormatError(path, f"layer_updates_per_iter applies to {takers} only, not to {format} output")
     if path.parent and not path.parent.exists():
         raise FormatError(path, f"the folder {path.parent} does not exist")
+    if fmt is None:
+        raise FormatError(path, f"unknown placement format {format!r}; one of {', '.join(PLACEMENT_FORMATS)}")
+    options = {"layer_ids": layer_ids, "configuration": configuration, "diagnostics": diagnostics,
+               "layer_updates_per_iter": layer_updates_per_iter}
     try:
-        if format == "eplb":
-            write_eplb_json(placement, path, layer_ids=layer_ids, configuration=configuration, diagnostics=diagnostics)
-        elif format == "npz":
-            write_npz_placement(placement, path, layer_ids=layer_ids)
-        elif format == "sglang":
-            write_sglang_placement(placement, path)
-        elif format == "trtllm":
-            write_trtllm_yaml(placement, path, layer_ids=layer_ids, layer_updates_per_iter=layer_updates_per_iter)
-        else:
-            raise FormatError(path, f"unknown placement format {format!r}; one of {', '.join(PLACEMENT_FORMATS)}")
+        fmt.write_placement(placement, path, **fmt.taken(options))
     except OSError as exc:
         raise FormatError(path, f"cannot write: {exc.strerror or exc}") from None
     return format

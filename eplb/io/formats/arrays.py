@@ -17,6 +17,7 @@ from ...model.topology import Topology
 from .data import CountsFile, PlacementFile, check_counts, check_layer_ids, check_phy2log, config_int
 from .errors import FormatError
 from .limits import MAX_ID, check_counts_shape, check_size
+from .spec import Format
 
 #: keys of an ``.npz`` that may hold the counts, in the order they are looked for
 NPZ_COUNTS_KEYS = ("counts", "logical_count", "weights")
@@ -256,3 +257,12 @@ def _slots_per_gpu(array, path: Path) -> np.ndarray:
     check_size(int(array.max()), "slots", "slots on one GPU", path)
     check_size(int(array.astype(object).sum()), "slots", "the number of slots", path)
     return array.astype(np.int64)
+
+
+#: the formats of this module (collected by :data:`eplb.io.formats.FORMATS`)
+FORMATS = (
+    Format("npy", "NumPy array", suffixes=(".npy",), read_counts=read_npy_counts),
+    Format("npz", "NumPy archive", suffixes=(".npz",), read_counts=read_npz_counts,
+           read_placement=read_npz_placement, write_placement=write_npz_placement, keywords=("layer_ids",)),
+    Format("csv", "CSV table", suffixes=(".csv",), read_counts=read_csv_counts),
+)

@@ -24,6 +24,7 @@ from ...analysis.placement import Placement
 from .data import PlacementFile, check_layer_ids, check_phy2log, config_int
 from .errors import FormatError
 from .limits import MAX_ID
+from .spec import Format
 
 FORMAT_NAME = "eplb-placement"
 
@@ -124,3 +125,16 @@ def read_eplb_json(path: Path, document=None) -> PlacementFile:
     layer_ids = check_layer_ids(layer_ids, placement.num_layers, path)
     metadata = {k: document[k] for k in ("eplb_version", "configuration", "diagnostics") if k in document}
     return PlacementFile(placement, layer_ids, "eplb", path, metadata)
+
+
+def is_eplb_document(document) -> bool:
+    """Whether a parsed JSON document is eplb's placement (or a bare ``Placement.to_dict()``)."""
+    return isinstance(document, dict) and ("placement" in document or "phy2log" in document)
+
+
+#: the formats of this module (collected by :data:`eplb.io.formats.FORMATS`)
+FORMATS = (
+    Format("eplb", "eplb's JSON", suffixes=(".json",), read_placement=read_eplb_json, write_placement=write_eplb_json,
+           keywords=("layer_ids", "configuration", "diagnostics"), parse=load_json, recognise=is_eplb_document,
+           recognised_by="an eplb 'placement'"),
+)

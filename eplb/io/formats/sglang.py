@@ -39,6 +39,7 @@ Dumps are untrusted: ``.pt`` files are loaded with ``torch.load(..., weights_onl
 from __future__ import annotations
 
 import json
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -49,6 +50,7 @@ from .data import OTHER_PHASE, CountsFile, PlacementFile, check_counts, check_la
 from .eplb_json import load_json
 from .errors import FormatError, require
 from .limits import check_counts_shape, check_size
+from .spec import READ_KEYWORDS, Format
 
 PLACEMENT_KEY = "physical_to_logical_map"
 COUNTS_KEY = "logical_count"
@@ -387,3 +389,22 @@ def read_sglang_placement(path: Path, *, num_gpus=None, num_nodes=None, num_expe
         raise FormatError(path, f"invalid placement: {exc}") from None
     metadata = {"sidecar": str(side["path"])} if side else {}
     return PlacementFile(placement, check_layer_ids(None, phy2log.shape[0], path), "sglang", path, metadata)
+
+
+def is_sglang_placement(document) -> bool:
+    """Whether a parsed JSON document is a SGLang placement (it holds ``physical_to_logical_map``)."""
+    return isinstance(document, dict) and PLACEMENT_KEY in document
+
+
+#: the formats of this module (collected by :data:`eplb.io.formats.FORMATS`). Both dumps end in
+#: ``.pt``: detection names the first, whose reader tells a detail dump by its keys.
+FORMATS = (
+    Format("logical-count-json", "SGLang's logical_count JSON", suffixes=(".json",),
+           read_counts=partial(read_sglang_dump, as_json=True)),
+    Format("sglang-dump", "SGLang expert-distribution dump", suffixes=(".pt", ".pth"), read_counts=read_sglang_dump),
+    Format("sglang-detail", "SGLang per_pass / per_token dump", suffixes=(".pt", ".pth"),
+           read_counts=read_sglang_detail_dump),
+    Format("sglang", "SGLang --init-expert-location", suffixes=(".json", ".pt"), output_suffixes=(".json",),
+           read_placement=read_sglang_placement, write_placement=write_sglang_placement, keywords=READ_KEYWORDS,
+           parse=load_json, recognise=is_sglang_placement, recognised_by=f"'{PLACEMENT_KEY}' (SGLang)"),
+)

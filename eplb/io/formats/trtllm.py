@@ -35,6 +35,7 @@ from ...model.topology import Topology
 from .data import CountsFile, PlacementFile, check_counts, check_layer_ids, check_phy2log, config_int
 from .errors import FormatError, require
 from .limits import MAX_ID, check_size, limit
+from .spec import READ_KEYWORDS, Format
 
 META_INFO = "meta_info.json"
 RANK_FILE = re.compile(r"^rank(\d+)\.safetensors$")
@@ -237,3 +238,18 @@ def read_trtllm_yaml(path: Path, *, num_gpus=None, num_nodes=None, num_experts=N
     if hint:
         metadata["eplb_comment"] = True  # GPUs, nodes and groups recorded by eplb
     return PlacementFile(placement, np.asarray(layer_ids, np.int64), "trtllm", path, metadata)
+
+
+def is_statistics_folder(path: Path) -> bool:
+    """Whether ``path`` is a TensorRT-LLM expert-statistics folder (it holds ``meta_info.json``)."""
+    return (Path(path) / META_INFO).is_file()
+
+
+#: the formats of this module (collected by :data:`eplb.io.formats.FORMATS`)
+FORMATS = (
+    Format("trtllm-stats", "TensorRT-LLM expert statistics", folder=True, read_counts=read_trtllm_statistics,
+           recognise=is_statistics_folder,
+           recognised_by=f"a TensorRT-LLM expert-statistics folder ({META_INFO})"),
+    Format("trtllm", "TensorRT-LLM YAML", suffixes=(".yaml", ".yml"), read_placement=read_trtllm_yaml,
+           write_placement=write_trtllm_yaml, keywords=(*READ_KEYWORDS, "layer_ids", "layer_updates_per_iter")),
+)
