@@ -32,7 +32,7 @@ from .analysis.metrics import moe_layers, moe_mean
 from .io.report import Bound, bound_for, moe_note
 
 # the registry's names (eplb.io.formats.FORMATS), for --format / --input-format / --previous-format
-from .io.formats import COUNTS_FORMATS as COUNTS_FORMAT_NAMES, PLACEMENT_FORMATS as PLACEMENT_FORMAT_NAMES
+from .io.formats import COUNTS_FORMATS, PLACEMENT_FORMATS
 
 
 class Failure(click.ClickException):
@@ -276,7 +276,7 @@ def _check_previous(previous, placement_like, path):
               help="Planning method.")
 @click.option("--previous", type=click.Path(path_type=Path), default=None,
               help="The placement now deployed (any placement format): plan close to it and count the moves.")
-@click.option("--previous-format", type=click.Choice(PLACEMENT_FORMAT_NAMES), default=None,
+@click.option("--previous-format", type=click.Choice(PLACEMENT_FORMATS), default=None,
               help="Format of --previous (default: detected).")
 @click.option("--tolerance", type=click.FloatRange(min=0), default=None,
               help="With --previous: accept a max GPU load up to (1 + tolerance) x planning from scratch, "
@@ -292,7 +292,7 @@ def _check_previous(previous, placement_like, path):
               help="With groups on nodes: let hot experts' replicas sit off their group's home node for at most "
                    "this fraction of each layer's tokens (0 = hierarchical, 1 = the whole cluster); the plan "
                    "then carries shares, which eplb JSON keeps.")
-@click.option("--input-format", type=click.Choice(COUNTS_FORMAT_NAMES), default=None,
+@click.option("--input-format", type=click.Choice(COUNTS_FORMATS), default=None,
               help="Format of COUNTS (default: detected from the name).")
 @click.option("--objective", type=click.Choice(OBJECTIVES), default=None,
               help="How the windows of a series COUNTS [T, L, E] combine (eplb.planning.objectives). Default: the plan is "
@@ -312,7 +312,7 @@ def _check_previous(previous, placement_like, path):
 @click.option("--phase", type=click.Choice(["prefill", "decode"]), default=None,
               help="Plan from the passes of this phase only (a pool serving one phase); needs COUNTS that record "
                    "each pass's phase (SGLang's per_token dump).")
-@click.option("--format", "-f", "output_format", type=click.Choice(PLACEMENT_FORMAT_NAMES), default=None,
+@click.option("--format", "-f", "output_format", type=click.Choice(PLACEMENT_FORMATS), default=None,
               help="Output format (default: from the suffix of -o: .json eplb, .npz, .yaml trtllm; "
                    "SGLang's .json needs --format sglang).")
 @click.option("--output", "-o", type=click.Path(path_type=Path), required=True, help="Where to write the placement.")
@@ -714,9 +714,9 @@ def _shape_text(data) -> str:
 @click.argument("plan_file", metavar="PLAN", type=click.Path(path_type=Path))
 @click.option("--counts", "counts_file", type=click.Path(path_type=Path), default=None,
               help="Expert counts to measure the placement on (balancedness, gap to the lower bound).")
-@click.option("--format", "-f", "plan_format", type=click.Choice(PLACEMENT_FORMAT_NAMES), default=None,
+@click.option("--format", "-f", "plan_format", type=click.Choice(PLACEMENT_FORMATS), default=None,
               help="Format of PLAN (default: detected).")
-@click.option("--input-format", type=click.Choice(COUNTS_FORMAT_NAMES), default=None, help="Format of --counts.")
+@click.option("--input-format", type=click.Choice(COUNTS_FORMATS), default=None, help="Format of --counts.")
 @click.option("--gpus", "-g", type=click.IntRange(min=1), default=None, help=gpus_hint)
 @click.option("--nodes", "-n", type=click.IntRange(min=1), default=None, help="Nodes (default: from the file, else 1).")
 @click.option("--groups", "-k", type=click.IntRange(min=1), default=None, help=groups_hint)
@@ -800,8 +800,8 @@ def validate(plan_file, counts_file, plan_format, input_format, gpus, nodes, gro
 @click.argument("plan_file", metavar="PLAN", type=click.Path(path_type=Path))
 @click.option("--output", "-o", type=click.Path(path_type=Path), required=True, help="Folder for index.html and the PNGs.")
 @click.option("--previous", type=click.Path(path_type=Path), default=None, help="An earlier placement: show what moved.")
-@click.option("--input-format", type=click.Choice(COUNTS_FORMAT_NAMES), default=None, help="Format of COUNTS.")
-@click.option("--format", "-f", "plan_format", type=click.Choice(PLACEMENT_FORMAT_NAMES), default=None,
+@click.option("--input-format", type=click.Choice(COUNTS_FORMATS), default=None, help="Format of COUNTS.")
+@click.option("--format", "-f", "plan_format", type=click.Choice(PLACEMENT_FORMATS), default=None,
               help="Format of PLAN and --previous (default: detected).")
 @click.option("--gpus", "-g", type=click.IntRange(min=1), default=None, help=gpus_hint)
 @click.option("--nodes", "-n", type=click.IntRange(min=1), default=None, help="Nodes (default: from the file, else 1).")
@@ -925,7 +925,7 @@ def _simulation_policy(name: str, method, check_every: int):
 @click.option("--layers-per-step", type=click.IntRange(min=1), default=None,
               help="Apply a rebalance this many layers per step, in layer order (default: all layers at once).")
 @click.option("--dispatch", type=click.Choice(SCORING), default="uniform", show_default=True)
-@click.option("--input-format", type=click.Choice(COUNTS_FORMAT_NAMES), default=None,
+@click.option("--input-format", type=click.Choice(COUNTS_FORMATS), default=None,
               help="Format of COUNTS (default: detected from the name).")
 @click.option("--output", "-o", type=click.Path(path_type=Path), required=True,
               help="Folder for simulate.csv, steps.csv, the PNG figures and index.html.")
@@ -1032,7 +1032,7 @@ def _check_sweep_slots(num_experts: int, gpu_counts, extras) -> None:
 @click.option("--regime", type=click.Choice(["roofline", "compute", "memory"]), default="roofline", show_default=True)
 @click.option("--copy-mode", type=click.Choice(["stall", "overlap", "free"]), default="stall", show_default=True)
 @click.option("--workers", type=click.IntRange(min=1), default=None, help="Processes (default: every core).")
-@click.option("--input-format", type=click.Choice(COUNTS_FORMAT_NAMES), default=None,
+@click.option("--input-format", type=click.Choice(COUNTS_FORMATS), default=None,
               help="Format of COUNTS (default: detected from the name).")
 @click.option("--output", "-o", type=click.Path(path_type=Path), required=True, help="Folder for sweep.csv and sweep.png.")
 @transpose_option
