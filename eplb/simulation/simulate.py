@@ -72,7 +72,6 @@ from ..serving.policy import (POLICY_NAMES, BalancerPolicy, Deployment, FixedInt
 from ..serving.transfer import KINDS, TransferPlan, transfer_plan
 from ..model.dispatch_rules import SCORING
 
-DISPATCH_MODES = SCORING  # eplb.model.dispatch_rules
 CHUNK = 256  # steps priced at once
 _PLAN_FIELDS = ("layer", "expert", "src_slot", "dst_slot", "src_gpu", "dst_gpu", "kind")
 
@@ -270,8 +269,8 @@ def simulate(counts, *, num_slots=None, num_gpus=None, num_nodes=1, num_groups=N
         A :class:`SimulationResult`.
     """
     start_wall = time.perf_counter()
-    if dispatch not in DISPATCH_MODES:
-        raise ValueError(f"dispatch must be one of {DISPATCH_MODES}, got {dispatch!r}")
+    if dispatch not in SCORING:  # the rules a window is scored by (eplb.model.dispatch_rules)
+        raise ValueError(f"dispatch must be one of {SCORING}, got {dispatch!r}")
     if layers_per_step is not None:
         layers_per_step = as_int(layers_per_step, "layers_per_step", minimum=1)
     series = _checked_series(counts)
@@ -394,4 +393,4 @@ def simulate(counts, *, num_slots=None, num_gpus=None, num_nodes=1, num_groups=N
 
 # The policies live in eplb.serving.policy; these names stay importable from here.
 __all__ = ["simulate", "SimulationResult", "Deployment", "Policy", "NoRebalance", "FixedInterval", "BalancerPolicy",
-           "PolicyError", "vllm_like", "sglang_like", "DISPATCH_MODES", "POLICY_NAMES", "policy_by_name"]
+           "PolicyError", "vllm_like", "sglang_like", "POLICY_NAMES", "policy_by_name"]
