@@ -19,8 +19,11 @@ it through shared memory:
   the GIL, so a rebalance hands the GIL back once, while it waits for the child.
 
 Getting the GIL back after that one wait still costs a switch interval beside a busy thread; while
-it waits, the caller lowers the interpreter's switch interval to ``gil_interval`` (restored as soon
-as it holds the GIL again; ``None`` leaves it alone), so it gets the GIL back within that instead.
+it waits and reads the answer, the caller lowers the interpreter's switch interval to
+``gil_interval`` (restored right after; ``None`` leaves it alone), so it gets the GIL back within
+that instead. (Restoring it as soon as the GIL is back is not enough: the busy thread, forced to
+hand the GIL over, waits the short interval for its turn and takes the GIL back before the answer
+is read; the caller would then wait a full interval.)
 
 The child receives the same calls in the same order as an in-process ``Balancer`` fed the same
 :meth:`~BalancerProcess.record` calls would, so placements, decisions, transfer plans and state
@@ -55,7 +58,7 @@ from .transfer import TransferPlan
 CONTEXTS = ("spawn", "forkserver")
 """The ``multiprocessing`` start methods a :class:`BalancerProcess` accepts (not ``fork``)."""
 
-GIL_INTERVAL = 0.0002
+GIL_INTERVAL = 0.0005
 """Seconds: the switch interval the caller's interpreter runs with while it waits for the child
 (see :class:`BalancerProcess`)."""
 
@@ -276,27 +279,37 @@ class _Channel:
             self.requests.release()
             if len(data) > len(area):
                 self._send_pipe(data)
-            self._wait_reply()
-            size = int(header[_REPLY_LEN])
-            reply = pickle.loads(self._recv_pipe() if size == _IN_PIPE else area[:size])
+            lowered = self._wait_reply()
+            try:
+                size = int(header[_REPLY_LEN])
+                reply = pickle.loads(self._recv_pipe() if size == _IN_PIPE else area[:size])
+            finally:
+                if lowered:  # kept while reading the answer: a hand-over meanwhile costs the short interval
+                    _restore_switch_interval()
         kind, status, *rest = reply
         if kind == "error":
             return status, _RaiseLater(*rest)
         return status, rest[0]
 
-    def _wait_reply(self) -> None:
-        """Wait for the child's answer: once with the switch interval lowered (a quick answer gets
-        the GIL back at once), then, for slow ones, checking every :data:`POLL_S` that it lives."""
+    def _wait_reply(self) -> bool:
+        """Wait for the child's answer: first with the switch interval lowered (a quick answer gets
+        the GIL back within ``gil_interval``; returns True, the interval still lowered for reading
+        the answer: the caller restores it), then, for slow ones, with the interval as it was,
+        checking every :data:`POLL_S` that the child lives (returns False)."""
         if self.gil_interval is not None:
             _lower_switch_interval(self.gil_interval)
             try:
-                if self.replies.acquire(timeout=POLL_S):
-                    return
-            finally:
+                answered = self.replies.acquire(timeout=POLL_S)
+            except BaseException:
                 _restore_switch_interval()
+                raise
+            if answered:
+                return True
+            _restore_switch_interval()
         while not self.replies.acquire(timeout=POLL_S):
             if not self.process.is_alive():
                 raise self._dead()
+        return False
 
     def nudge(self) -> None:
         """Tell the child that passes were staged."""
@@ -369,8 +382,8 @@ class BalancerProcess:
             child to take them in (default: 16 MiB worth, 2 to 256 passes); the child takes each in
             as soon as it is recorded, so the ring fills only while the child is busy planning.
         gil_interval: seconds, the interpreter's switch interval while a call waits for the child's
-            answer (restored as soon as the caller holds the GIL again; waits past
-            :data:`POLL_S` run with the interval as it was). Beside a busy thread, getting the GIL
+            answer and reads it (restored right after; waits past :data:`POLL_S` run with the
+            interval as it was). Beside a busy thread, getting the GIL
             back after a wait costs one switch interval (5 ms by default, more than a DeepSeek-V3
             rebalance takes); with this it costs at most ``gil_interval``. ``None`` leaves the
             interval alone. While it is lowered, other threads of the process that compete for the
@@ -453,7 +466,7 @@ class BalancerProcess:
         self._record_lock = threading.Lock()
         self._recorded = 0  # passes staged in all
         self._status = {"steps": attributes["steps"], "rebalances": attributes["rebalances"], "ingested": 0,
-                        "serial": 0, "committed": False, "last_decision": {}, "cpu_s": 0.0}
+                        "serial": 0, "committed": False, "last_decision": {}, "cpu_s": 0.0, "call_s": 0.0}
         self._placement = (0, initial if isinstance(initial, Placement) else placement)  # (serial, placement)
         self._committing: Placement | None = None  # twin of the child balancer's placement last committed
         self._result: Placement | None = None  # twin of the child's last rebalance result
@@ -556,13 +569,19 @@ class BalancerProcess:
 
     @property
     def last_decision(self) -> dict:
-        """The details of the last :meth:`should_rebalance` (as :attr:`eplb.Balancer.last_decision`)."""
+        """The details of the last :meth:`should_rebalance` (as a Balancer's ``last_decision``)."""
         return self._status["last_decision"]
 
     @property
     def worker_cpu_s(self) -> float:
         """CPU seconds the worker process has used so far (all its threads), as of its last answer."""
         return self._status["cpu_s"]
+
+    @property
+    def worker_call_s(self) -> float:
+        """Wall seconds the worker spent on the last call it answered (the rest of the call's time
+        was spent passing the request and the answer, and waiting for the GIL)."""
+        return self._status["call_s"]
 
     @property
     def pid(self) -> int:
@@ -639,6 +658,7 @@ class _Server:
         self.ingested = 0
         self.result: Placement | None = None  # the last rebalance's placement (the parent holds its twin)
         self.serial, self.seen = 0, balancer.placement
+        self.call_s = 0.0  # wall seconds of the last request handled
 
     def ingest(self, rows: int) -> None:
         """Take the staged passes in, up to pass ``rows``."""
@@ -686,7 +706,7 @@ class _Server:
             self.serial, self.seen = self.serial + 1, balancer.placement
         return {"steps": balancer.steps, "rebalances": balancer.rebalances, "ingested": self.ingested,
                 "serial": self.serial, "committed": balancer.placement is balancer._committing,
-                "last_decision": balancer.last_decision, "cpu_s": time.process_time()}
+                "last_decision": balancer.last_decision, "cpu_s": time.process_time(), "call_s": self.call_s}
 
 
 def _build(construct: tuple) -> Balancer:
@@ -742,8 +762,10 @@ def _answer(server: _Server, conn, requests, replies, parent: int) -> None:
             if request[0] == "close":
                 reply = None
             else:
+                start = time.perf_counter()
                 server.ingest(int(header[_REQUEST_ROWS]))
                 reply = ("ok", server.handle(request))
+                server.call_s = time.perf_counter() - start
         except BaseException as exc:  # noqa: BLE001 (handed to the parent)
             reply = _error_message(exc)
         if reply is None:
