@@ -63,10 +63,10 @@ def on_thread(fn) -> tuple[float, float]:
     return spent[0]
 
 
-def timed(fn, repeats: int, busy: bool, interval: float, worker=None) -> tuple[float, float, float]:
+def timed(fn, repeats: int, busy: bool, interval: float, worker=None) -> tuple[float, float, float, float]:
     """Median wall and CPU seconds of ``fn`` on a background thread, with or without a busy Python
-    thread, and the median CPU seconds ``worker`` (an ``eplb.BalancerProcess`` or ``None``: 0) spent
-    on each call. Wall minus CPU is the time the thread waited (for the GIL, or for a core)."""
+    thread, and the median CPU and wall seconds ``worker`` (an ``eplb.BalancerProcess`` or ``None``:
+    0) spent on each call. Wall minus CPU is the time the thread waited (for the GIL, or for a core)."""
     old = sys.getswitchinterval()
     sys.setswitchinterval(interval)
     stop = threading.Event()
@@ -75,13 +75,14 @@ def timed(fn, repeats: int, busy: bool, interval: float, worker=None) -> tuple[f
         if other is not None:
             other.start()
         on_thread(fn)  # warm-up
-        runs, worker_cpu = [], []
+        runs, worker_cpu, worker_wall = [], [], []
         for _ in range(repeats):
             before = worker.worker_cpu_s if worker is not None else 0.0
             runs.append(on_thread(fn))
             worker_cpu.append(worker.worker_cpu_s - before if worker is not None else 0.0)
+            worker_wall.append(worker.worker_call_s if worker is not None else 0.0)
         return (statistics.median(wall for wall, _ in runs), statistics.median(cpu for _, cpu in runs),
-                statistics.median(worker_cpu))
+                statistics.median(worker_cpu), statistics.median(worker_wall))
     finally:
         stop.set()
         if other is not None:
@@ -110,17 +111,27 @@ TARGET = 2.0
 """The issue's bound on the slowdown of the worker's rebalance beside a busy thread."""
 
 
+LONG_INTERVAL = 0.1
+"""Seconds: a switch interval long enough that each GIL hand-back beside the busy thread stands out
+of the noise of a shared machine (the calls' own times vary by tens of ms when its cores are busy)."""
+
+
 def measure(name: str, fn, worker, repeats: int) -> dict:
-    """One row: alone, beside the busy thread, and beside it with a 0.5 ms switch interval (ms)."""
-    alone, alone_cpu, alone_worker = timed(fn, repeats, busy=False, interval=0.005, worker=worker)
-    busy, busy_cpu, busy_worker = timed(fn, repeats, busy=True, interval=0.005, worker=worker)
-    busy_short, _, _ = timed(fn, repeats, busy=True, interval=0.0005, worker=worker)
+    """One row: alone, beside the busy thread, and beside it with a 0.5 ms switch interval (ms); for
+    a worker, its own CPU and wall time per call; and the switch intervals a call loses beside the
+    busy thread when the interval is :data:`LONG_INTERVAL` (about one per GIL hand-back)."""
+    alone, alone_cpu, alone_worker, alone_worker_wall = timed(fn, repeats, busy=False, interval=0.005, worker=worker)
+    busy, busy_cpu, busy_worker, busy_worker_wall = timed(fn, repeats, busy=True, interval=0.005, worker=worker)
+    busy_short = timed(fn, repeats, busy=True, interval=0.0005, worker=worker)[0]
+    busy_long = timed(fn, 3, busy=True, interval=LONG_INTERVAL, worker=worker)[0]
     row = {"call": name, "alone_ms": round(alone * 1e3, 2), "alone_cpu_ms": round(alone_cpu * 1e3, 2),
            "busy_ms": round(busy * 1e3, 2), "busy_cpu_ms": round(busy_cpu * 1e3, 2),
            "busy_short_switch_ms": round(busy_short * 1e3, 2), "worker_cpu_alone_ms": "", "worker_cpu_busy_ms": "",
-           "target": ""}
+           "worker_alone_ms": "", "worker_busy_ms": "",
+           "intervals_lost": round(max(0.0, busy_long - alone) / LONG_INTERVAL, 1), "target": ""}
     if worker is not None:
         row.update(worker_cpu_alone_ms=round(alone_worker * 1e3, 2), worker_cpu_busy_ms=round(busy_worker * 1e3, 2),
+                   worker_alone_ms=round(alone_worker_wall * 1e3, 2), worker_busy_ms=round(busy_worker_wall * 1e3, 2),
                    target=f"<= {TARGET:g}x: {'met' if busy <= TARGET * alone else 'not met'}")
     return row
 
@@ -155,8 +166,8 @@ def ops_table() -> str:
             for _ in range(20):
                 fn()
 
-        alone, _ = timed(twenty, 3, busy=False, interval=0.005)
-        busy, _ = timed(twenty, 3, busy=True, interval=0.005)
+        alone = timed(twenty, 3, busy=False, interval=0.005)[0]
+        busy = timed(twenty, 3, busy=True, interval=0.005)[0]
         rows.append([name, f"{alone * 1e3:.2f}", f"{busy * 1e3:.2f}"])
     return markdown_table(["20 calls of", "alone ms", "busy thread ms"], rows)
 
@@ -177,11 +188,14 @@ def main() -> None:
 def table(rows: list[dict]) -> str:
     """The Markdown table of :func:`measure`'s rows."""
     return markdown_table(
-        ("call", "alone ms (CPU ms)", "busy thread ms (CPU ms)", "slowdown", "busy, 0.5 ms switch interval ms",
+        ("call", "alone ms (CPU ms)", "busy thread ms (CPU ms)", "slowdown", "in the worker ms, alone / busy",
+         "busy, 0.5 ms switch interval ms", f"switch intervals lost, {LONG_INTERVAL * 1e3:g} ms interval",
          "target"),
         [(r["call"], f"{r['alone_ms']} ({cpu_text(r, 'alone')})", f"{r['busy_ms']} ({cpu_text(r, 'busy')})",
           f"{float(r['busy_ms']) / float(r['alone_ms']):.2f}x",
-          f"{r['busy_short_switch_ms']} ({float(r['busy_short_switch_ms']) / float(r['alone_ms']):.2f}x)", r["target"])
+          f"{r['worker_alone_ms']} / {r['worker_busy_ms']}" if r["worker_alone_ms"] != "" else "",
+          f"{r['busy_short_switch_ms']} ({float(r['busy_short_switch_ms']) / float(r['alone_ms']):.2f}x)",
+          r["intervals_lost"], r["target"])
          for r in rows])
 
 

@@ -111,6 +111,36 @@ def test_same_answers_as_the_balancer_in_process(worker):
     assert worker.compiled and sys.getswitchinterval() == pytest.approx(0.005)
 
 
+def test_record_beside_a_rebalancing_thread(worker):
+    """Passes recorded on one thread while another rebalances (as an engine does) all arrive, in order."""
+    import threading
+
+    balancer = eplb.Balancer(LAYERS, EXPERTS, **CONFIG)
+    worker.load_state_dict(balancer.state_dict())
+    series = drifting_counts(40, LAYERS, EXPERTS, num_groups=8, drift=0.3, seed=4)
+    stop = threading.Event()
+    planned = []
+
+    def plan_repeatedly():
+        while not stop.is_set():
+            if worker.steps:
+                planned.append(worker.rebalance(commit=False)[0])
+
+    thread = threading.Thread(target=plan_repeatedly)
+    thread.start()
+    try:
+        for counts in series:
+            worker.record(counts)
+            balancer.record(counts)
+            time.sleep(0.001)
+    finally:
+        stop.set()
+        thread.join()
+    assert planned and worker.steps == balancer.steps == len(series)
+    np.testing.assert_array_equal(worker.window_counts(), balancer.window_counts())
+    assert_same_placement(worker.rebalance(commit=False)[0], balancer.rebalance(commit=False)[0])
+
+
 def test_bad_input_raises_the_same_value_error(worker):
     with pytest.raises(ValueError, match=r"counts must have shape"):
         worker.record(np.ones((LAYERS + 1, EXPERTS)))

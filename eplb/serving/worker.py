@@ -228,6 +228,7 @@ class _Channel:
         return rest[0]
 
     def attach(self, shm: shared_memory.SharedMemory, layout: dict) -> None:
+        """Hand the shared block (laid out as ``layout``) to the child and wait until it mapped it."""
         self.shared = _Shared(shm, layout)
         self._send_pipe(pickle.dumps((shm.name, layout), protocol=PROTOCOL))
         kind, *rest = pickle.loads(self._recv_pipe())
@@ -262,7 +263,8 @@ class _Channel:
     # requests, over shared memory
     def request(self, message: tuple, rows: int):
         """Send ``message`` (the child first takes in staged passes up to ``rows``); return
-        ``(status, value)`` or raise the child's exception."""
+        ``(status, value)``, ``value`` a :class:`_RaiseLater` when the child raised. Status: what the
+        caller mirrors (see :meth:`_Server.status`), with ``seq`` the request's number."""
         data = _dumps(message)
         with self.lock:
             self.check()
@@ -277,16 +279,26 @@ class _Channel:
                 header[_REQUEST_LEN] = _IN_PIPE
             header[_REQUEST_SEQ] = self.seq
             self.requests.release()
-            if len(data) > len(area):
-                self._send_pipe(data)
-            lowered = self._wait_reply()
             try:
+                if len(data) > len(area):
+                    self._send_pipe(data)
+                lowered = self._wait_reply()
+            except BaseException as exc:  # interrupted (Ctrl-C) or dead: the answer would come unasked
+                if self.broken is None:
+                    self.broken = (f"a call to the eplb worker process was interrupted ({type(exc).__name__}) "
+                                   "before it answered; this BalancerProcess cannot be used any more")
+                raise
+            try:
+                if int(header[_REPLY_SEQ]) != self.seq:
+                    self.broken = "the eplb worker process answered out of turn; this BalancerProcess cannot be used"
+                    raise RuntimeError(self.broken)
                 size = int(header[_REPLY_LEN])
                 reply = pickle.loads(self._recv_pipe() if size == _IN_PIPE else area[:size])
             finally:
                 if lowered:  # kept while reading the answer: a hand-over meanwhile costs the short interval
                     _restore_switch_interval()
         kind, status, *rest = reply
+        status["seq"] = self.seq
         if kind == "error":
             return status, _RaiseLater(*rest)
         return status, rest[0]
@@ -465,7 +477,7 @@ class BalancerProcess:
         first_bad_count(np.zeros((1, 1)))  # record()'s check kernel, compiled or loaded here once
         self._record_lock = threading.Lock()
         self._recorded = 0  # passes staged in all
-        self._status = {"steps": attributes["steps"], "rebalances": attributes["rebalances"], "ingested": 0,
+        self._status = {"seq": 0, "steps": attributes["steps"], "rebalances": attributes["rebalances"], "ingested": 0,
                         "serial": 0, "committed": False, "last_decision": {}, "cpu_s": 0.0, "call_s": 0.0}
         self._placement = (0, initial if isinstance(initial, Placement) else placement)  # (serial, placement)
         self._committing: Placement | None = None  # twin of the child balancer's placement last committed
@@ -478,7 +490,8 @@ class BalancerProcess:
         if channel is None:
             raise RuntimeError("this BalancerProcess is closed")
         status, value = channel.request((name, args, kwargs), self._recorded)
-        self._status = status
+        if status["seq"] > self._status["seq"]:  # calls on several threads: the newest answer's
+            self._status = status
         if isinstance(value, _RaiseLater):
             value.throw()
         return value
