@@ -202,11 +202,14 @@ def test_state_round_trip(worker, tmp_path):
         assert_same_state(restored.state_dict(), in_process.state_dict())
 
 
-def test_close_releases_the_process_and_shared_memory():
+def test_close_releases_the_process_and_shared_memory(monkeypatch):
+    monkeypatch.setenv("EPLB_WORKER_TEST", "inherited")
     process = eplb.BalancerProcess(LAYERS, EXPERTS, **CONFIG)
     name = process._channel.shared.shm.name
     child = process._channel.process
     assert os.path.exists(f"/dev/shm/{name}") and child.is_alive()
+    with open(f"/proc/{process.pid}/environ", "rb") as environ:  # this environment (EPLB_CACHE_DIR: one cache)
+        assert b"EPLB_WORKER_TEST=inherited" in environ.read().split(b"\0")
     process.record(np.ones((LAYERS, EXPERTS)))
     process.close()
     process.close()  # idempotent
