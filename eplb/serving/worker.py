@@ -744,12 +744,21 @@ def _serve(conn, requests, replies) -> None:
         shared = _Shared(shared_memory.SharedMemory(name=name), layout)
     except BaseException as exc:  # noqa: BLE001 (handed to the parent)
         conn.send_bytes(_dumps(_error_message(exc)))
-        return
+        _exit()
     conn.send_bytes(_dumps(("ok", None)))
     try:
         _answer(_Server(balancer, shared), conn, requests, replies, parent)
     finally:
         shared.release(unlink=False)
+    _exit()
+
+
+def _exit() -> None:
+    """End the worker process now: the interpreter's own teardown (Numba's, LLVM's) takes half a
+    second, which :meth:`BalancerProcess.close` would wait for."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def _answer(server: _Server, conn, requests, replies, parent: int) -> None:
