@@ -120,9 +120,14 @@ def measure(name: str, fn, worker, repeats: int) -> dict:
     """One row: alone, beside the busy thread, and beside it with a 0.5 ms switch interval (ms); for
     a worker, its own CPU and wall time per call; and the switch intervals a call loses beside the
     busy thread when the interval is :data:`LONG_INTERVAL` (about one per GIL hand-back)."""
-    alone, alone_cpu, alone_worker, alone_worker_wall = timed(fn, repeats, busy=False, interval=0.005, worker=worker)
-    busy, busy_cpu, busy_worker, busy_worker_wall = timed(fn, repeats, busy=True, interval=0.005, worker=worker)
-    busy_short = timed(fn, repeats, busy=True, interval=0.0005, worker=worker)[0]
+    rounds = []  # alone, busy and busy with the short interval in turn, so a change of load hits all three
+    for _ in range(repeats):
+        rounds.append((timed(fn, 1, busy=False, interval=0.005, worker=worker),
+                       timed(fn, 1, busy=True, interval=0.005, worker=worker),
+                       timed(fn, 1, busy=True, interval=0.0005, worker=worker)))
+    alone, alone_cpu, alone_worker, alone_worker_wall = (statistics.median(r[0][k] for r in rounds) for k in range(4))
+    busy, busy_cpu, busy_worker, busy_worker_wall = (statistics.median(r[1][k] for r in rounds) for k in range(4))
+    busy_short = statistics.median(r[2][0] for r in rounds)
     busy_long = timed(fn, 3, busy=True, interval=LONG_INTERVAL, worker=worker)[0]
     row = {"call": name, "alone_ms": round(alone * 1e3, 2), "alone_cpu_ms": round(alone_cpu * 1e3, 2),
            "busy_ms": round(busy * 1e3, 2), "busy_cpu_ms": round(busy_cpu * 1e3, 2),
