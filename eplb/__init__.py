@@ -2,6 +2,7 @@
 
 from .planning.api import held_out, pareto, plan, rebalance_experts
 from .serving.balancer import Balancer
+from .serving.worker import BalancerProcess
 from .analysis.bounds import lower_bound, lower_bounds
 from .model.cost import CostModel
 from .analysis.dispatch import dispatch
@@ -23,6 +24,7 @@ from .planning import certificate as _certificate  # noqa: E402,F401
 __all__ = [
     "Balancer",
     "BalancerPolicy",
+    "BalancerProcess",
     "CostModel",
     "DEFAULT_METHOD",
     "FixedInterval",

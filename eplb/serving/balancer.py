@@ -260,30 +260,10 @@ class Balancer:
                 (mapped back through the placement in service); numpy or torch, any numeric dtype.
             physical: which of the two ``counts`` is; inferred from the shape unless ``E == S``.
         """
-        counts = _counts_array(counts)
-        num_slots = self.topology.num_slots
-        if counts.ndim != 2 or counts.shape[0] != self.num_layers or counts.shape[1] not in (self.num_experts, num_slots):
-            raise ValueError(
-                f"counts must have shape [L, E] = [{self.num_layers}, {self.num_experts}] or per slot "
-                f"[L, S] = [{self.num_layers}, {num_slots}], got {counts.shape}"
-            )
-        if physical is None:
-            if self.num_experts == num_slots:
-                raise ValueError("E == S: pass physical=True (per-slot counts) or physical=False (per expert)")
-            physical = counts.shape[1] == num_slots
-        expected = num_slots if physical else self.num_experts
-        if counts.shape[1] != expected:
-            raise ValueError(f"counts must have {expected} columns with physical={physical}, got {counts.shape[1]}")
+        counts, physical = check_counts(counts, self.num_layers, self.num_experts, self.topology.num_slots, physical)
         with self._lock:
             staged = self._physical if physical else self._logical
-            # any real dtype (float16, longdouble, big-endian, any integer width) to float64 in
-            # place: values beyond float64's range become inf and are refused just below
-            with np.errstate(over="ignore", invalid="ignore"):
-                np.copyto(staged, counts, casting="unsafe")
-            bad = first_bad_count(staged)
-            if bad >= 0:
-                raise ValueError(
-                    f"counts must be finite and non-negative, found {counts.flat[bad]} at flat index {bad}")
+            stage_counts(counts, staged)
             row = self._buffer[self._position]
             if physical:
                 store_physical(staged, self.placement.phy2log, row)
@@ -671,6 +651,38 @@ def _state_int(state, key: str) -> int:
     if value.ndim != 0:
         raise ValueError(f"state {key} must be one integer, got shape {value.shape}")
     return as_int(value.item(), f"state {key}", minimum=0)
+
+
+def check_counts(counts, num_layers: int, num_experts: int, num_slots: int, physical: bool | None):
+    """One forward pass's counts checked for shape (:meth:`Balancer.record`): returns ``(counts,
+    physical)``, ``counts`` a numpy array ``[L, E]`` (``physical=False``) or ``[L, S]`` (``True``);
+    ``physical=None`` is inferred from the shape unless ``E == S``."""
+    counts = _counts_array(counts)
+    if counts.ndim != 2 or counts.shape[0] != num_layers or counts.shape[1] not in (num_experts, num_slots):
+        raise ValueError(
+            f"counts must have shape [L, E] = [{num_layers}, {num_experts}] or per slot "
+            f"[L, S] = [{num_layers}, {num_slots}], got {counts.shape}"
+        )
+    if physical is None:
+        if num_experts == num_slots:
+            raise ValueError("E == S: pass physical=True (per-slot counts) or physical=False (per expert)")
+        physical = counts.shape[1] == num_slots
+    expected = num_slots if physical else num_experts
+    if counts.shape[1] != expected:
+        raise ValueError(f"counts must have {expected} columns with physical={physical}, got {counts.shape[1]}")
+    return counts, bool(physical)
+
+
+def stage_counts(counts: np.ndarray, staged: np.ndarray) -> None:
+    """Copy ``counts`` (any real dtype) into ``staged``, float64 of the same shape, and refuse
+    (``ValueError``) a value that is not finite and non-negative."""
+    # any real dtype (float16, longdouble, big-endian, any integer width) to float64 in
+    # place: values beyond float64's range become inf and are refused just below
+    with np.errstate(over="ignore", invalid="ignore"):
+        np.copyto(staged, counts, casting="unsafe")
+    bad = first_bad_count(staged)
+    if bad >= 0:
+        raise ValueError(f"counts must be finite and non-negative, found {counts.flat[bad]} at flat index {bad}")
 
 
 def _counts_array(counts) -> np.ndarray:

@@ -1,0 +1,808 @@
+"""A :class:`~eplb.serving.balancer.Balancer` that plans in a worker process, so the caller's threads
+never wait for the GIL while it plans.
+
+Beside a busy Python thread (an engine's scheduler), an in-process rebalance waits up to one switch
+interval (5 ms by default) every time a NumPy call or kernel hands the GIL back, and a rebalance
+makes dozens of them (``bench/background_thread.py``). :class:`BalancerProcess` runs a real
+``Balancer`` in a child process started with ``multiprocessing``'s ``"spawn"`` (or
+``"forkserver"``) context, never ``fork`` (unsafe in a process with threads or CUDA), and talks to
+it through shared memory:
+
+- :meth:`BalancerProcess.record` checks a pass and copies it (one NumPy copy to float64, one check
+  kernel) into a ring of staging rows in shared memory, then posts a semaphore; the child takes the
+  rows into its ``Balancer`` in order, on its own core;
+- every other call writes a small pickled request into shared memory (how many rows to take in
+  first, the method, its arguments), posts the semaphore and waits on another for the answer,
+  which the child writes back into shared memory (a :class:`~eplb.Placement` and its
+  :class:`~eplb.TransferPlan` take about a megabyte at DeepSeek-V3 size); answers too large for
+  the shared area (a state dict) go through a pipe. Posting a semaphore and copying bytes keep
+  the GIL, so a rebalance hands the GIL back once, while it waits for the child.
+
+Getting the GIL back after that one wait still costs a switch interval beside a busy thread; while
+it waits and reads the answer, the caller lowers the interpreter's switch interval to
+``gil_interval`` (restored right after; ``None`` leaves it alone), so it gets the GIL back within
+that instead. (Restoring it as soon as the GIL is back is not enough: the busy thread, forced to
+hand the GIL over, waits the short interval for its turn and takes the GIL back before the answer
+is read; the caller would then wait a full interval.)
+
+The child receives the same calls in the same order as an in-process ``Balancer`` fed the same
+:meth:`~BalancerProcess.record` calls would, so placements, decisions, transfer plans and state
+dicts are identical. An exception in the child is raised in the caller with its type and message
+(the child's traceback as its cause); a child that died raises ``RuntimeError``.
+"""
+
+from __future__ import annotations
+
+import copyreg
+import inspect
+import io
+import multiprocessing
+import os
+import pickle
+import signal
+import sys
+import threading
+import time
+import traceback
+import weakref
+from multiprocessing import shared_memory
+from types import MappingProxyType
+
+import numpy as np
+
+from ..analysis.placement import Placement
+from ..kernels.load_window import first_bad_count
+from .balancer import Balancer, check_counts, stage_counts
+from .transfer import TransferPlan
+
+CONTEXTS = ("spawn", "forkserver")
+"""The ``multiprocessing`` start methods a :class:`BalancerProcess` accepts (not ``fork``)."""
+
+GIL_INTERVAL = 0.0005
+"""Seconds: the switch interval the caller's interpreter runs with while it waits for the child
+(see :class:`BalancerProcess`)."""
+
+STAGING_BYTES = 16 << 20
+"""Bytes of shared memory for staged passes unless ``staging_rows`` says otherwise."""
+
+POLL_S = 0.25
+"""Seconds between checks that the other process is still alive while waiting for it."""
+
+PROTOCOL = 5
+
+# the shared block: a header of int64 fields, the staged rows' kinds, the staged rows, the message area
+_REQUEST_SEQ, _REPLY_SEQ, _RECORDED, _INGESTED, _REQUEST_ROWS, _REQUEST_LEN, _REPLY_LEN = range(7)
+_HEADER_FIELDS = 16
+_IN_PIPE = -1  # a message length meaning "too large for the area: read it from the pipe"
+_CONFIG_ATTRIBUTES = ("num_layers", "num_experts", "topology", "num_groups", "window", "decay", "forecast",
+                      "subwindows", "copy_cost", "method", "tolerance", "max_moves", "min_gain", "move_cost",
+                      "expert_bytes", "options", "threads", "cost_model", "horizon", "compile")
+
+
+# -- messages ----------------------------------------------------------------------------------
+def _reduce_placement(placement: Placement):
+    """Pickle a :class:`Placement` by its fields (its ``info`` is a read-only mapping, which pickle
+    refuses; lazily computed diagnostics not yet computed are dropped)."""
+    state = {key: (None if callable(value) else value) for key, value in placement.__dict__.items()}
+    state["info"] = dict(state["info"])
+    return _rebuild_placement, (state,)
+
+
+def _rebuild_placement(state: dict) -> Placement:
+    """The :class:`Placement` of :func:`_reduce_placement`'s ``state`` (arrays read-only, as built)."""
+    placement = Placement.__new__(Placement)
+    for value in state.values():
+        if isinstance(value, np.ndarray):
+            value.setflags(write=False)
+    state["info"] = MappingProxyType(state["info"])
+    placement.__dict__.update(state)
+    return placement
+
+
+def _dumps(obj) -> bytes:
+    """``obj`` pickled (protocol 5), placements included."""
+    out = io.BytesIO()
+    pickler = pickle.Pickler(out, protocol=PROTOCOL)
+    pickler.dispatch_table = {**copyreg.dispatch_table, Placement: _reduce_placement}
+    pickler.dump(obj)
+    return out.getvalue()
+
+
+class _RemoteTraceback(Exception):
+    """The traceback of an exception raised in the worker process (the cause of the one raised here)."""
+
+    def __str__(self) -> str:
+        return self.args[0]
+
+
+def _error_message(exc: BaseException) -> tuple:
+    """``("error", exc, traceback text)`` with ``exc`` replaced by a ``RuntimeError`` naming it when it
+    cannot be pickled."""
+    text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    try:
+        pickle.loads(pickle.dumps(exc, protocol=PROTOCOL))
+    except Exception:
+        exc = RuntimeError(f"{type(exc).__name__}: {exc}")
+    return ("error", exc, text)
+
+
+def _raise_remote(exc: BaseException, text: str):
+    raise exc from _RemoteTraceback(f"\n\nin the eplb worker process:\n{text}")
+
+
+def _layout(num_layers: int, width: int, rows: int, area: int) -> dict:
+    """Byte offsets of the shared block: header ``int64 [16]``, row kinds ``int8 [C]``, staged rows
+    ``float64 [C, L * width]``, message area ``uint8 [area]``; ``width = max(E, S)``."""
+    kinds = _HEADER_FIELDS * 8
+    ring = kinds + -(-rows // 64) * 64
+    message = ring + rows * num_layers * width * 8
+    return {"rows": rows, "row_size": num_layers * width, "kinds": kinds, "ring": ring, "message": message,
+            "area": area, "size": message + area}
+
+
+class _Shared:
+    """Views of the shared block (both processes build them from the same :func:`_layout`)."""
+
+    def __init__(self, shm: shared_memory.SharedMemory, layout: dict):
+        self.shm, self.layout = shm, layout
+        buf = shm.buf
+        self.header = np.ndarray((_HEADER_FIELDS,), np.int64, buf, 0)
+        self.kinds = np.ndarray((layout["rows"],), np.int8, buf, layout["kinds"])
+        self.ring = np.ndarray((layout["rows"], layout["row_size"]), np.float64, buf, layout["ring"])
+        self.area = buf[layout["message"]:layout["message"] + layout["area"]]
+
+    def row(self, index: int, num_layers: int, width: int) -> np.ndarray:
+        """The staging row of pass ``index`` as a C-contiguous ``[L, width]`` view."""
+        return self.ring[index % self.layout["rows"], :num_layers * width].reshape(num_layers, width)
+
+    def release(self, unlink: bool) -> None:
+        """Drop every view, then close (and ``unlink``: remove) the block."""
+        self.header = self.kinds = self.ring = None
+        if self.area is not None:
+            self.area.release()
+            self.area = None
+        try:
+            self.shm.close()
+        except BufferError:  # a view is still referenced somewhere: the mapping goes with it
+            pass
+        if unlink:
+            try:
+                self.shm.unlink()
+            except FileNotFoundError:
+                pass
+
+
+# -- the switch interval while waiting ---------------------------------------------------------
+_INTERVAL_LOCK = threading.Lock()
+_INTERVAL_STATE = {"waiters": 0, "saved": None, "lowered": None}
+
+
+def _lower_switch_interval(interval: float) -> None:
+    """Lower the interpreter's switch interval to ``interval`` while at least one caller waits."""
+    with _INTERVAL_LOCK:
+        state = _INTERVAL_STATE
+        if state["waiters"] == 0:
+            saved = sys.getswitchinterval()
+            state["saved"], state["lowered"] = saved, None
+            if interval < saved:
+                sys.setswitchinterval(interval)
+                state["lowered"] = sys.getswitchinterval()
+        state["waiters"] += 1
+
+
+def _restore_switch_interval() -> None:
+    """Undo :func:`_lower_switch_interval` once the last waiter is back (unless someone else set
+    the interval meanwhile: theirs stays)."""
+    with _INTERVAL_LOCK:
+        state = _INTERVAL_STATE
+        state["waiters"] -= 1
+        if state["waiters"] == 0 and state["lowered"] is not None and sys.getswitchinterval() == state["lowered"]:
+            sys.setswitchinterval(state["saved"])
+
+
+# -- the parent's end --------------------------------------------------------------------------
+class _Channel:
+    """The parent's end of one worker: the process, the semaphores, the pipe and the shared block."""
+
+    def __init__(self, context: str, gil_interval: float | None):
+        ctx = multiprocessing.get_context(context)
+        self.requests, self.replies = ctx.Semaphore(0), ctx.Semaphore(0)
+        self.conn, child_conn = ctx.Pipe()
+        self.process = ctx.Process(target=_serve, args=(child_conn, self.requests, self.replies),
+                                   name="eplb-balancer", daemon=True)
+        self.process.start()
+        child_conn.close()
+        self.gil_interval = gil_interval
+        self.lock = threading.Lock()  # one request at a time
+        self.shared: _Shared | None = None
+        self.seq = 0
+        self.broken: str | None = None
+
+    # construction, over the pipe
+    def handshake(self, construct: bytes) -> dict:
+        """Send the construction request; return the child's answer (its balancer's attributes)."""
+        self._send_pipe(construct)
+        kind, *rest = pickle.loads(self._recv_pipe())
+        if kind == "error":
+            _raise_remote(*rest)
+        return rest[0]
+
+    def attach(self, shm: shared_memory.SharedMemory, layout: dict) -> None:
+        """Hand the shared block (laid out as ``layout``) to the child and wait until it mapped it."""
+        self.shared = _Shared(shm, layout)
+        self._send_pipe(pickle.dumps((shm.name, layout), protocol=PROTOCOL))
+        kind, *rest = pickle.loads(self._recv_pipe())
+        if kind == "error":
+            _raise_remote(*rest)
+
+    def _send_pipe(self, data: bytes) -> None:
+        try:
+            self.conn.send_bytes(data)
+        except (BrokenPipeError, ConnectionError, OSError):
+            raise self._dead() from None
+
+    def _recv_pipe(self) -> bytes:
+        while not self.conn.poll(POLL_S):
+            if not self.process.is_alive():
+                raise self._dead()
+        try:
+            return self.conn.recv_bytes()
+        except (EOFError, ConnectionError, OSError):
+            raise self._dead() from None
+
+    def _dead(self) -> RuntimeError:
+        self.process.join(POLL_S)
+        self.broken = (f"the eplb worker process (pid {self.process.pid}) died (exit code "
+                       f"{self.process.exitcode}); this BalancerProcess cannot be used any more")
+        return RuntimeError(self.broken)
+
+    def check(self) -> None:
+        if self.broken is not None:
+            raise RuntimeError(self.broken)
+
+    # requests, over shared memory
+    def request(self, message: tuple, rows: int):
+        """Send ``message`` (the child first takes in staged passes up to ``rows``); return
+        ``(status, value)``, ``value`` a :class:`_RaiseLater` when the child raised. Status: what the
+        caller mirrors (see :meth:`_Server.status`), with ``seq`` the request's number."""
+        data = _dumps(message)
+        with self.lock:
+            self.check()
+            shared = self.shared
+            header, area = shared.header, shared.area
+            self.seq += 1
+            header[_REQUEST_ROWS] = rows
+            if len(data) <= len(area):
+                area[:len(data)] = data
+                header[_REQUEST_LEN] = len(data)
+            else:
+                header[_REQUEST_LEN] = _IN_PIPE
+            header[_REQUEST_SEQ] = self.seq
+            self.requests.release()
+            try:
+                if len(data) > len(area):
+                    self._send_pipe(data)
+                lowered = self._wait_reply()
+            except BaseException as exc:  # interrupted (Ctrl-C) or dead: the answer would come unasked
+                if self.broken is None:
+                    self.broken = (f"a call to the eplb worker process was interrupted ({type(exc).__name__}) "
+                                   "before it answered; this BalancerProcess cannot be used any more")
+                raise
+            try:
+                if int(header[_REPLY_SEQ]) != self.seq:
+                    self.broken = "the eplb worker process answered out of turn; this BalancerProcess cannot be used"
+                    raise RuntimeError(self.broken)
+                size = int(header[_REPLY_LEN])
+                reply = pickle.loads(self._recv_pipe() if size == _IN_PIPE else area[:size])
+            finally:
+                if lowered:  # kept while reading the answer: a hand-over meanwhile costs the short interval
+                    _restore_switch_interval()
+        kind, status, *rest = reply
+        status["seq"] = self.seq
+        if kind == "error":
+            return status, _RaiseLater(*rest)
+        return status, rest[0]
+
+    def _wait_reply(self) -> bool:
+        """Wait for the child's answer: first with the switch interval lowered (a quick answer gets
+        the GIL back within ``gil_interval``; returns True, the interval still lowered for reading
+        the answer: the caller restores it), then, for slow ones, with the interval as it was,
+        checking every :data:`POLL_S` that the child lives (returns False)."""
+        if self.gil_interval is not None:
+            _lower_switch_interval(self.gil_interval)
+            try:
+                answered = self.replies.acquire(timeout=POLL_S)
+            except BaseException:
+                _restore_switch_interval()
+                raise
+            if answered:
+                return True
+            _restore_switch_interval()
+        while not self.replies.acquire(timeout=POLL_S):
+            if not self.process.is_alive():
+                raise self._dead()
+        return False
+
+    def nudge(self) -> None:
+        """Tell the child that passes were staged."""
+        self.requests.release()
+
+    def shutdown(self) -> None:
+        """Stop the child (asked, then terminated, then killed) and free the shared memory."""
+        process = self.process
+        try:
+            if process.is_alive() and self.broken is None and self.shared is not None \
+                    and self.lock.acquire(timeout=5.0):
+                try:
+                    self.broken = "this BalancerProcess is closed"
+                    header = self.shared.header
+                    self.seq += 1
+                    header[_REQUEST_ROWS] = header[_INGESTED]
+                    data = _dumps(("close",))
+                    self.shared.area[:len(data)] = data
+                    header[_REQUEST_LEN] = len(data)
+                    header[_REQUEST_SEQ] = self.seq
+                    self.requests.release()
+                finally:
+                    self.lock.release()
+            self.broken = "this BalancerProcess is closed"
+            process.join(2.0)
+            if process.is_alive():
+                process.terminate()
+                process.join(2.0)
+            if process.is_alive():
+                process.kill()
+                process.join(2.0)
+        finally:
+            if self.shared is not None:
+                self.shared.release(unlink=True)
+                self.shared = None
+            self.conn.close()
+
+
+class _Named:
+    """A placement the child holds, named in a request instead of sent: ``"committing"`` (its
+    balancer's placement last committed) or ``"result"`` (its last rebalance's)."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+
+class _RaiseLater:
+    """The child's exception, raised by the caller once its lock is released."""
+
+    def __init__(self, exc: BaseException, text: str):
+        self.exc, self.text = exc, text
+
+    def throw(self):
+        _raise_remote(self.exc, self.text)
+
+
+class BalancerProcess:
+    """An :class:`eplb.Balancer` that runs in a worker process: the same constructor arguments, the
+    same methods and the same results, but the caller's threads never wait for the GIL while it
+    plans (for an engine that rebalances on a background thread beside its scheduler).
+
+    Args:
+        num_layers, num_experts, **kwargs: as for :class:`eplb.Balancer` (every keyword it takes).
+        context: ``"spawn"`` (default) or ``"forkserver"``, the ``multiprocessing`` start method
+            (``fork`` is unsafe beside threads and CUDA). As with any ``spawn``, the caller's main
+            module is imported again in the child: guard a script's work with
+            ``if __name__ == "__main__"``. The child inherits the environment (``EPLB_CACHE_DIR``:
+            the same Numba cache) and ``sys.path`` (the same ``eplb``).
+        staging_rows: passes the shared staging ring holds before :meth:`record` must wait for the
+            child to take them in (default: 16 MiB worth, 2 to 256 passes); the child takes each in
+            as soon as it is recorded, so the ring fills only while the child is busy planning.
+        gil_interval: seconds, the interpreter's switch interval while a call waits for the child's
+            answer and reads it (restored right after; waits past :data:`POLL_S` run with the
+            interval as it was). Beside a busy thread, getting the GIL
+            back after a wait costs one switch interval (5 ms by default, more than a DeepSeek-V3
+            rebalance takes); with this it costs at most ``gil_interval``. ``None`` leaves the
+            interval alone. While it is lowered, other threads of the process that compete for the
+            GIL also switch that often.
+
+    Costs: starting the child takes the time of importing eplb and building the balancer there
+    (about 2 s with Numba's cache filled, see ``eplb warmup``), and ``window * L * E * 8`` bytes of
+    memory in the child plus the staging ring and a message area (up to 8 MiB) of shared memory.
+
+    :attr:`placement`, :attr:`steps`, :attr:`rebalances` and :attr:`last_decision` are kept up to
+    date in the caller without asking the child; any other public attribute or method of
+    ``Balancer`` (``history``, ``compiled``, ``wait_compiled``, ``planning_windows``, ...) is
+    forwarded to the child and answered with a copy. Thread safety as for ``Balancer``: record on
+    one thread while another rebalances. Call :meth:`close` (or use it as a context manager) to stop
+    the child and free the shared memory; it also happens when the object is collected and at exit.
+    """
+
+    def __init__(self, num_layers, num_experts, *, context: str = "spawn", staging_rows: int | None = None,
+                 gil_interval: float | None = GIL_INTERVAL, **kwargs):
+        unknown = sorted(set(kwargs) - set(_BALANCER_KEYWORDS))
+        if unknown:
+            raise TypeError(f"BalancerProcess() got unexpected keyword arguments {unknown}; it takes eplb.Balancer's "
+                            f"keywords {sorted(_BALANCER_KEYWORDS)} and context, staging_rows, gil_interval")
+        self._start(("init", (num_layers, num_experts), kwargs), context, staging_rows, gil_interval)
+
+    @classmethod
+    def from_state_dict(cls, state, *, compile: str = "eager", cost_model=None, horizon: int | None = None,
+                        context: str = "spawn", staging_rows: int | None = None,
+                        gil_interval: float | None = GIL_INTERVAL) -> "BalancerProcess":
+        """A new worker whose balancer is :meth:`eplb.Balancer.from_state_dict` of ``state`` (a
+        :meth:`state_dict`, as saved by ``np.savez`` and read back by ``np.load``, or from JSON)."""
+        self = cls.__new__(cls)
+        self._start(("from_state", _plain_state(state), dict(compile=compile, cost_model=cost_model, horizon=horizon)),
+                    context, staging_rows, gil_interval)
+        return self
+
+    def _start(self, construct: tuple, context: str, staging_rows, gil_interval) -> None:
+        if context not in CONTEXTS:
+            raise ValueError(f"context must be one of {CONTEXTS} (fork is unsafe beside threads and CUDA), "
+                             f"got {context!r}")
+        if staging_rows is not None and (isinstance(staging_rows, bool) or not isinstance(staging_rows, (int, np.integer))
+                                         or staging_rows < 2):
+            raise ValueError(f"staging_rows must be an integer >= 2 or None, got {staging_rows!r}")
+        if gil_interval is not None and not (isinstance(gil_interval, (int, float)) and 0 < gil_interval <= 1):
+            raise ValueError(f"gil_interval must be a number of seconds in (0, 1] or None, got {gil_interval!r}")
+        self._channel = None
+        channel = _Channel(context, gil_interval)
+        self._finalizer = weakref.finalize(self, channel.shutdown)
+        try:
+            self._connect(channel, construct, staging_rows)
+        except BaseException:
+            self._finalizer()
+            raise
+        self._channel = channel
+
+    def _connect(self, channel: _Channel, construct: tuple, staging_rows) -> None:
+        """Build the child's balancer, mirror its attributes, share the block with it."""
+        attributes = channel.handshake(_dumps(construct))
+        if attributes.pop("eplb_file") != _eplb_file():
+            raise RuntimeError("the worker process imported another eplb than this process: pass the same sys.path")
+        placement = attributes.pop("placement")
+        initial = construct[2].get("placement") if construct[0] == "init" else None
+        self.__dict__.update(attributes)
+        self._num_slots = self.topology.num_slots
+        width = max(self.num_experts, self._num_slots)
+        row_bytes = self.num_layers * width * 8
+        rows = int(staging_rows) if staging_rows is not None else max(2, min(256, STAGING_BYTES // row_bytes))
+        area = max(1 << 20, min(8 << 20, 8 * self.num_layers * (9 * self._num_slots + self.num_experts
+                                                                * (self._num_slots - self.num_experts + 2))))
+        layout = _layout(self.num_layers, width, rows, area)
+        shm = shared_memory.SharedMemory(create=True, size=layout["size"])
+        try:
+            channel.attach(shm, layout)
+        except BaseException:
+            if channel.shared is None:  # else shutdown frees it
+                shm.close()
+                shm.unlink()
+            raise
+        first_bad_count(np.zeros((1, 1)))  # record()'s check kernel, compiled or loaded here once
+        self._record_lock = threading.Lock()
+        self._recorded = 0  # passes staged in all
+        self._status = {"seq": 0, "steps": attributes["steps"], "rebalances": attributes["rebalances"], "ingested": 0,
+                        "serial": 0, "committed": False, "last_decision": {}, "cpu_s": 0.0, "call_s": 0.0}
+        self._placement = (0, initial if isinstance(initial, Placement) else placement)  # (serial, placement)
+        self._committing: Placement | None = None  # twin of the child balancer's placement last committed
+        self._result: Placement | None = None  # twin of the child's last rebalance result
+
+    # -- plumbing ------------------------------------------------------------------------------
+    def _call(self, name: str, *args, **kwargs):
+        """Run ``name`` in the child (after the passes staged so far); return its value."""
+        channel = self._channel
+        if channel is None:
+            raise RuntimeError("this BalancerProcess is closed")
+        status, value = channel.request((name, args, kwargs), self._recorded)
+        if status["seq"] > self._status["seq"]:  # calls on several threads: the newest answer's
+            self._status = status
+        if isinstance(value, _RaiseLater):
+            value.throw()
+        return value
+
+    def __getattr__(self, name: str):
+        if name.startswith("_") or not (hasattr(Balancer, name) or name in ("history", "compiled")):
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        if callable(getattr(Balancer, name, None)):
+            def forwarded(*args, **kwargs):
+                return self._call("call", name, args, kwargs)
+            forwarded.__name__ = name
+            forwarded.__doc__ = getattr(Balancer, name).__doc__
+            return forwarded
+        return self._call("get", name)
+
+    def __setattr__(self, name: str, value) -> None:
+        if name in _CONFIG_ATTRIBUTES and name in self.__dict__:
+            raise AttributeError(f"{name} is fixed when a BalancerProcess starts (its balancer is in the worker)")
+        object.__setattr__(self, name, value)
+
+    # -- the Balancer's interface ----------------------------------------------------------------
+    def record(self, counts, *, physical: bool | None = None) -> None:
+        """Stage one forward pass's counts for the child (as :meth:`eplb.Balancer.record`: ``[L, E]``
+        per logical expert or ``[L, S]`` per slot, numpy or torch, any real dtype; bad input gets the
+        same ``ValueError``, here). One copy into shared memory; the child takes it in at once."""
+        counts, physical = check_counts(counts, self.num_layers, self.num_experts, self._num_slots, physical)
+        with self._record_lock:
+            channel = self._channel
+            if channel is None:
+                raise RuntimeError("this BalancerProcess is closed")
+            channel.check()
+            index = self._recorded
+            shared = channel.shared
+            if index - int(shared.header[_INGESTED]) >= shared.layout["rows"]:
+                self._call("sync")  # the ring is full: wait until the child took the staged passes in
+            width = self._num_slots if physical else self.num_experts
+            stage_counts(counts, shared.row(index, self.num_layers, width))
+            shared.kinds[index % shared.layout["rows"]] = physical
+            self._recorded = index + 1
+            shared.header[_RECORDED] = index + 1
+            channel.nudge()
+
+    def should_rebalance(self) -> bool:
+        """:meth:`eplb.Balancer.should_rebalance`, decided in the child (details in :attr:`last_decision`)."""
+        return self._call("call", "should_rebalance", (), {})
+
+    def rebalance(self, *, commit: bool = True) -> tuple[Placement, TransferPlan]:
+        """:meth:`eplb.Balancer.rebalance`, planned in the child: the new :class:`~eplb.Placement`
+        and the :class:`~eplb.TransferPlan` of its weight copies."""
+        placement, transfer, same = self._call("rebalance", commit=commit)
+        placement = self._result if same else placement
+        self._result = placement
+        if commit:
+            self._committing = placement
+        return placement, transfer
+
+    def commit(self, placement: Placement, layers: tuple[int, int] | None = None) -> None:
+        """:meth:`eplb.Balancer.commit`: make ``placement`` (or its ``layers = (start, stop)``) the one in
+        service. A placement :meth:`rebalance` returned is not sent back to the child."""
+        if placement is not None and placement is self._committing:
+            self._call("commit", _Named("committing"), layers)
+        elif placement is not None and placement is self._result:
+            self._call("commit", _Named("result"), layers)
+        else:
+            self._call("commit", placement, layers)
+        self._committing = placement
+
+    @property
+    def placement(self) -> Placement:
+        """The placement in service (asked from the child only after it changed)."""
+        serial, cached = self._placement
+        status = self._status
+        if serial != status["serial"]:
+            cached = self._committing if status["committed"] else self._call("get", "placement")
+            self._placement = (status["serial"], cached)
+        return cached
+
+    @property
+    def steps(self) -> int:
+        """Forward passes recorded in all (staged ones included)."""
+        status = self._status
+        return status["steps"] + self._recorded - status["ingested"]
+
+    @property
+    def rebalances(self) -> int:
+        """Rebalances committed in all."""
+        return self._status["rebalances"]
+
+    @property
+    def last_decision(self) -> dict:
+        """The details of the last :meth:`should_rebalance` (as a Balancer's ``last_decision``)."""
+        return self._status["last_decision"]
+
+    @property
+    def worker_cpu_s(self) -> float:
+        """CPU seconds the worker process has used so far (all its threads), as of its last answer."""
+        return self._status["cpu_s"]
+
+    @property
+    def worker_call_s(self) -> float:
+        """Wall seconds the worker spent on the last call it answered (the rest of the call's time
+        was spent passing the request and the answer, and waiting for the GIL)."""
+        return self._status["call_s"]
+
+    @property
+    def pid(self) -> int:
+        """The worker process's id."""
+        return self._channel.process.pid if self._channel is not None else None
+
+    def window_counts(self) -> np.ndarray:
+        """:meth:`eplb.Balancer.window_counts`: ``[L, E]`` float64."""
+        return self._call("call", "window_counts", (), {})
+
+    def planning_counts(self) -> np.ndarray:
+        """:meth:`eplb.Balancer.planning_counts`: ``[L, E]`` float64."""
+        return self._call("call", "planning_counts", (), {})
+
+    def state_dict(self) -> dict:
+        """:meth:`eplb.Balancer.state_dict` of the child's balancer (loadable by either class)."""
+        return self._call("call", "state_dict", (), {})
+
+    def load_state_dict(self, state) -> None:
+        """:meth:`eplb.Balancer.load_state_dict` in the child."""
+        self._call("call", "load_state_dict", (_plain_state(state),), {})
+
+    def close(self) -> None:
+        """Stop the worker process and free the shared memory (idempotent)."""
+        if self.__dict__.get("_channel") is not None:
+            self._channel = None
+            self._finalizer()
+
+    @property
+    def closed(self) -> bool:
+        return self.__dict__.get("_channel") is None
+
+    def __enter__(self) -> "BalancerProcess":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _plain_state(state):
+    """A state dict as sent to the child: a mapping that is not a dict (``np.load``'s file) as a
+    dict of its arrays; anything else as it is (the child's balancer judges it)."""
+    if not isinstance(state, dict) and hasattr(state, "items"):
+        return dict(state.items())
+    return state
+
+
+_BALANCER_KEYWORDS = tuple(name for name, parameter in inspect.signature(Balancer.__init__).parameters.items()
+                           if parameter.kind is inspect.Parameter.KEYWORD_ONLY)
+
+
+def _signature() -> inspect.Signature:
+    """``BalancerProcess.__init__``'s signature as documented: the Balancer's keywords, then its own."""
+    base = inspect.signature(Balancer.__init__)
+    own = inspect.signature(BalancerProcess.__init__).parameters
+    extra = [own[name] for name in ("context", "staging_rows", "gil_interval")]
+    return base.replace(parameters=[*base.parameters.values(), *extra])
+
+
+BalancerProcess.__init__.__signature__ = _signature()
+
+
+def _eplb_file() -> str:
+    """This module's file: the parent and the child must run the same copy of eplb."""
+    return os.path.realpath(__file__)
+
+
+# -- the child's end ---------------------------------------------------------------------------
+class _Server:
+    """The child's end: the balancer, the staged passes it has taken in, and the request handlers."""
+
+    def __init__(self, balancer: Balancer, shared: _Shared):
+        self.balancer, self.shared = balancer, shared
+        self.ingested = 0
+        self.result: Placement | None = None  # the last rebalance's placement (the parent holds its twin)
+        self.serial, self.seen = 0, balancer.placement
+        self.call_s = 0.0  # wall seconds of the last request handled
+
+    def ingest(self, rows: int) -> None:
+        """Take the staged passes in, up to pass ``rows``."""
+        balancer, shared = self.balancer, self.shared
+        while self.ingested < rows:
+            index = self.ingested
+            physical = bool(shared.kinds[index % shared.layout["rows"]])
+            width = balancer.topology.num_slots if physical else balancer.num_experts
+            balancer.record(shared.row(index, balancer.num_layers, width), physical=physical)
+            self.ingested = index + 1
+            shared.header[_INGESTED] = index + 1
+
+    def handle(self, request: tuple):
+        """The value of one request (``(kind, ...)``)."""
+        kind, args, kwargs = request
+        balancer = self.balancer
+        if kind == "sync":
+            return None
+        if kind == "get":
+            if args[0].startswith("_"):
+                raise AttributeError(f"'Balancer' object has no public attribute {args[0]!r}")
+            return getattr(balancer, args[0])
+        if kind == "call":
+            name, call_args, call_kwargs = args
+            if name.startswith("_"):
+                raise AttributeError(f"'Balancer' object has no public method {name!r}")
+            return getattr(balancer, name)(*call_args, **call_kwargs)
+        if kind == "rebalance":
+            placement, transfer = balancer.rebalance(**kwargs)
+            same = placement is self.result
+            self.result = placement
+            return (None if same else placement), transfer, same
+        if kind == "commit":
+            placement, layers = args
+            if isinstance(placement, _Named):
+                placement = balancer._committing if placement.name == "committing" else self.result
+            balancer.commit(placement, layers)
+            return None
+        raise ValueError(f"unknown request {kind!r}")
+
+    def status(self) -> dict:
+        """What the parent mirrors after every answer."""
+        balancer = self.balancer
+        if balancer.placement is not self.seen:
+            self.serial, self.seen = self.serial + 1, balancer.placement
+        return {"steps": balancer.steps, "rebalances": balancer.rebalances, "ingested": self.ingested,
+                "serial": self.serial, "committed": balancer.placement is balancer._committing,
+                "last_decision": balancer.last_decision, "cpu_s": time.process_time(), "call_s": self.call_s}
+
+
+def _build(construct: tuple) -> Balancer:
+    kind, args, kwargs = construct
+    if kind == "init":
+        return Balancer(*args, **kwargs)
+    return Balancer.from_state_dict(args, **kwargs)
+
+
+def _serve(conn, requests, replies) -> None:
+    """The worker process: build the balancer, attach the shared block, answer requests until told
+    to close or the parent is gone."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+    parent = os.getppid()
+    try:
+        balancer = _build(pickle.loads(conn.recv_bytes()))
+        attributes = {name: getattr(balancer, name) for name in _CONFIG_ATTRIBUTES}
+        attributes.update(placement=balancer.placement, steps=balancer.steps, rebalances=balancer.rebalances,
+                          eplb_file=_eplb_file())
+        conn.send_bytes(_dumps(("ok", attributes)))
+        name, layout = pickle.loads(conn.recv_bytes())
+        shared = _Shared(shared_memory.SharedMemory(name=name), layout)
+    except BaseException as exc:  # noqa: BLE001 (handed to the parent)
+        conn.send_bytes(_dumps(_error_message(exc)))
+        _exit()
+    conn.send_bytes(_dumps(("ok", None)))
+    try:
+        _answer(_Server(balancer, shared), conn, requests, replies, parent)
+    finally:
+        shared.release(unlink=False)
+    _exit()
+
+
+def _exit() -> None:
+    """End the worker process now: the interpreter's own teardown (Numba's, LLVM's) takes half a
+    second, which :meth:`BalancerProcess.close` would wait for."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+def _answer(server: _Server, conn, requests, replies, parent: int) -> None:
+    """The request loop: a post on ``requests`` is either staged passes or a request."""
+    header, area = server.shared.header, server.shared.area
+    handled = 0
+    while True:
+        if not requests.acquire(timeout=1.0):
+            if os.getppid() != parent:
+                return
+            continue
+        seq = int(header[_REQUEST_SEQ])
+        if seq == handled:  # passes staged: take them in now, not when the next request comes
+            try:
+                server.ingest(int(header[_RECORDED]))
+            except Exception:  # noqa: BLE001 (the next request meets it again and reports it)
+                pass
+            continue
+        handled = seq
+        size = int(header[_REQUEST_LEN])
+        try:
+            request = pickle.loads(conn.recv_bytes() if size == _IN_PIPE else area[:size])
+            if request[0] == "close":
+                reply = None
+            else:
+                start = time.perf_counter()
+                server.ingest(int(header[_REQUEST_ROWS]))
+                reply = ("ok", server.handle(request))
+                server.call_s = time.perf_counter() - start
+        except BaseException as exc:  # noqa: BLE001 (handed to the parent)
+            reply = _error_message(exc)
+        if reply is None:
+            return
+        kind, *rest = reply
+        try:
+            data = _dumps((kind, server.status(), *rest))
+        except Exception as exc:  # noqa: BLE001 (an answer pickle refuses)
+            data = _dumps(("error", server.status(), *_error_message(exc)[1:]))
+        if len(data) <= len(area):
+            area[:len(data)] = data
+            header[_REPLY_LEN] = len(data)
+        else:
+            header[_REPLY_LEN] = _IN_PIPE
+        header[_REPLY_SEQ] = seq
+        replies.release()
+        if len(data) > len(area):
+            conn.send_bytes(data)
