@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import eplb
-import eplb.planning.api
+import eplb.planning.modes
 from eplb.model.problem import power_of_two_scale
 from eplb.simulation.synthetic import DEEPSEEK_V3, deepseek_v3_counts
 
@@ -26,8 +26,8 @@ def counts(layers=3, experts=16, seed=0):
 
 def test_plan_does_not_compute_the_bound_until_it_is_read(monkeypatch):
     calls = []
-    real = eplb.planning.api.lower_bound
-    monkeypatch.setattr(eplb.planning.api, "lower_bound", lambda *a, **k: calls.append(1) or real(*a, **k))
+    real = eplb.planning.modes.strongest_bound
+    monkeypatch.setattr(eplb.planning.modes, "strongest_bound", lambda *a, **k: calls.append(1) or real(*a, **k))
     placement = eplb.plan(counts(), num_groups=2, **CONFIG)
     assert calls == []
     gap = placement.gap
@@ -39,7 +39,7 @@ def test_plan_does_not_compute_the_bound_until_it_is_read(monkeypatch):
 def test_lazy_bound_equals_the_bound_of_the_planning_counts():
     c = counts(seed=3)
     placement = eplb.plan(c, num_groups=2, **CONFIG)
-    expected = eplb.lower_bound(c, placement.topology, 2, True)
+    expected = eplb.lower_bound(c, topology=placement.topology, num_groups=2)
     np.testing.assert_array_equal(placement.lower_bound, expected)
     np.testing.assert_array_equal(placement.max_load, placement.gpu_loads(c).max(axis=1))
     with pytest.raises(AttributeError):
