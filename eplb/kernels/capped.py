@@ -14,6 +14,8 @@ is tried at a position. The search ends at the first packing found, when the tre
 import numpy as np
 from numba import njit
 
+from .common import stable_argsort
+
 FOUND = 1
 EXHAUSTED = 0
 OUT_OF_BUDGET = -1
@@ -180,7 +182,7 @@ def replicas_of(w, counts):
             loads[n] = w[e] / counts[e]
             experts[n] = e
             n += 1
-    order = np.argsort(-loads, kind="mergesort")  # stable: equal loads keep increasing expert ids
+    order = stable_argsort(-loads)  # stable: equal loads keep increasing expert ids
     return loads[order], experts[order]
 
 
@@ -271,7 +273,7 @@ def descend(w, row, num_gpus, slots, lower, neighbours, spread, budget, max_atte
         return best, out, stats[1]
     # moves in order of the experts' loads, heaviest first (ids only break ties): renaming the
     # experts renames the result
-    by_load = np.argsort(-w, kind="mergesort")
+    by_load = stable_argsort(-w)
     improved = True
     while improved and best > lower * (1.0 + step) and stats[0] > 0:
         improved = False

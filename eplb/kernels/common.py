@@ -17,7 +17,7 @@ def next_random(state):
 
 @njit(cache=True, nogil=True, error_model="numpy")
 def shell_sort(values):
-    """Sort ``values [n]`` float64 in place, increasing (Shell sort with Ciura's gaps: a few simple
+    """Sort ``values [n]`` (float64 without NaN, or int64) in place, increasing (Shell sort with Ciura's gaps: a few simple
     loops, fast on the few hundred values of a layer and cheap to compile)."""
     n = values.shape[0]
     gaps = (701, 301, 132, 57, 23, 10, 4, 1)
@@ -29,6 +29,46 @@ def shell_sort(values):
                 values[j] = values[j - gap]
                 j -= gap
             values[j] = value
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def stable_argsort(keys):
+    """``np.argsort(keys, kind="mergesort")`` for ``keys [n]`` float64: the indices by increasing key,
+    equal keys in increasing index, NaN last (the same order, index for index). A bottom-up merge
+    sort in a few loops: NumPy's merge sort compiles in Numba for a second or two, this in a tenth."""
+    n = keys.shape[0]
+    order = np.empty(n, np.int64)
+    for i in range(n):
+        order[i] = i
+    buf = np.empty(n, np.int64)
+    width = 1
+    while width < n:
+        lo = 0
+        while lo < n:
+            mid = min(lo + width, n)
+            hi = min(lo + 2 * width, n)
+            i, j, k = lo, mid, lo
+            while i < mid and j < hi:
+                a, b = keys[order[j]], keys[order[i]]
+                if a < b or (b != b and a == a):  # the right run's key strictly first: stable
+                    buf[k] = order[j]
+                    j += 1
+                else:
+                    buf[k] = order[i]
+                    i += 1
+                k += 1
+            while i < mid:
+                buf[k] = order[i]
+                i += 1
+                k += 1
+            while j < hi:
+                buf[k] = order[j]
+                j += 1
+                k += 1
+            lo = hi
+        order, buf = buf, order
+        width *= 2
+    return order
 
 
 @njit(cache=True, nogil=True, error_model="numpy")

@@ -22,6 +22,8 @@ from collections import namedtuple
 import numpy as np
 from numba import njit
 
+from .common import shell_sort, stable_argsort
+
 _EPS = 1e-12
 NO_MOVE, SWAP, REASSIGN = -1, 0, 1  # kinds of moves; REASSIGN covers moves (B) and (C) below
 
@@ -316,7 +318,7 @@ def _give_away_relieving(st, lay, heavy, a, e, base, limits, held, best):
     for t in range(lay.slot_offsets[over], lay.slot_offsets[over + 1]):
         held[num_held] = row[t]
         num_held += 1
-    held[:num_held].sort()
+    shell_sort(held[:num_held])  # not ndarray.sort(): NumPy's quicksort is long to compile
     for i_held in range(num_held):
         f = held[i_held]
         if i_held > 0 and f == held[i_held - 1]:
@@ -359,7 +361,7 @@ def _best_new_replica(st, lay, heavy, peak, limit, floor, budget, most, per_chan
     reliefs = np.empty(slot_offsets[heavy + 1] - slot_offsets[heavy])
     for a in range(slot_offsets[heavy], slot_offsets[heavy + 1]):
         reliefs[a - slot_offsets[heavy]] = share[row[a]] - share_up[row[a]]
-    reliefs.sort()
+    shell_sort(reliefs)
     min_relief = reliefs[max(0, reliefs.shape[0] - 3)] if reliefs.shape[0] > 0 else 0.0
     for a in range(slot_offsets[heavy], slot_offsets[heavy + 1]):
         e = row[a]
@@ -420,7 +422,7 @@ def _best_swap(st, lay, heavy, peak, limit, floor, budget, per_change, slot_shar
     for b in range(row.shape[0]):
         slot_share[b] = share[row[b]]
     lo = slot_offsets[heavy]
-    order = np.argsort(-slot_share[lo:slot_offsets[heavy + 1]], kind="mergesort") + lo
+    order = stable_argsort(-slot_share[lo:slot_offsets[heavy + 1]]) + lo
     # pruning, which never skips a pair that could be picked: with slot b, a swap lowers the
     # heaviest GPU at most by the largest share difference, leaves a local max at least midway
     # between the two GPUs, and changes at least `fewest` slots (both unchanged: 2)
@@ -712,7 +714,7 @@ def _match_gpus(overlap, gpus_per_node, by_node):
             total = 0.0
             for i in range(gpus_per_node):
                 total += sub[i, assignment[i]]
-            inner[a, b] = assignment
+                inner[a, b, i] = assignment[i]  # not inner[a, b] = assignment: see hierarchy._copy
             node_cost[a, b] = total
     nodes = min_cost_assignment(node_cost)
     result = np.empty(num_gpus, np.int64)

@@ -15,7 +15,7 @@ from collections import namedtuple
 import numpy as np
 from numba import njit
 
-from .common import shared_replicas
+from .common import shared_replicas, stable_argsort
 from .pack_descend import descend, domain_slots, pack_domain
 from .local_search import pair_swap_descent
 from .packing import PackState, clear_gpus, load_state, new_state, recompute_loads, store_state
@@ -395,7 +395,7 @@ def best_placement(weights, slots_per_gpu, gpu_domain, start, num_starts, max_st
                     seen[start[layer, s]] = True
             experts = np.where(seen)[0].astype(np.int64)
             # heaviest first: the search then does not depend on how the experts are numbered
-            experts = experts[np.argsort(-w[experts], kind="mergesort")]
+            experts = experts[stable_argsort(-w[experts])]
             best_counts = counts_all[experts].copy()
             if not (loaded and contiguous):
                 load_state(out[layer], w, slot_offsets, item_expert, item_load, gpu_items, gpu_fill, gpu_load, holds)

@@ -7,7 +7,7 @@ in hierarchical mode); every domain is placed on its own.
 import numpy as np
 from numba import njit
 
-from .common import shared_replicas
+from .common import shared_replicas, stable_argsort
 from .local_search import spread_duplicates, swap_descent
 from .packing import (PackState, clear_gpus, new_state, pack_spread_by_free_slots, pack_spread_largest_first,
                       recompute_loads, store_state)
@@ -32,13 +32,13 @@ def pack_domain(w, experts, counts, gpus, slots_per_gpu, first_item, pack):
     item_expert, item_load, gpu_items, gpu_fill, gpu_load, holds = pack
     item = first_item
     # heaviest expert first, so that ties below do not depend on how the experts are numbered
-    for i in np.argsort(-w[experts], kind="mergesort"):
+    for i in stable_argsort(-w[experts]):
         e = experts[i]
         for _ in range(counts[i]):
             item_expert[item] = e
             item_load[item] = w[e] / counts[i]
             item += 1
-    items = first_item + np.argsort(-item_load[first_item:item], kind="mergesort")
+    items = first_item + stable_argsort(-item_load[first_item:item])
     pack_spread_largest_first(item_load, item_expert, items, gpus, slots_per_gpu, gpu_items, gpu_fill, gpu_load,
                               holds)
     spread_duplicates(item_load, item_expert, gpus, gpu_items, gpu_fill, gpu_load, holds)

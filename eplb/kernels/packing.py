@@ -17,6 +17,8 @@ from collections import namedtuple
 import numpy as np
 from numba import njit
 
+from .common import stable_argsort
+
 PackState = namedtuple("PackState", ["item_expert", "item_load", "gpu_items", "gpu_fill", "gpu_load", "holds"])
 PackState.__doc__ = """The working state of one layer (module docstring), as :func:`new_state` returns it."""
 
@@ -144,9 +146,9 @@ def pack_spread_by_free_slots(item_load, item_expert, items, gpus, slots_per_gpu
     sizes = np.empty(runs, np.int64)
     for i in range(runs):
         sizes[i] = starts[i + 1] - starts[i]
-    # sorted as float64 (exact for these counts, same stable order): the float64 argsort is compiled
-    # anyway, an int64 one would be a second compiled sort
-    order = np.argsort(-sizes.astype(np.float64), kind="mergesort")
+    # sorted as float64 (exact for these counts, same stable order): the float64 stable sort is
+    # compiled anyway, an int64 one would be a second specialization
+    order = stable_argsort(-sizes.astype(np.float64))
     for oi in range(runs):
         run = order[oi]
         for t in range(starts[run], starts[run + 1]):

@@ -5,7 +5,7 @@ from collections import namedtuple
 import numpy as np
 from numba import njit
 
-from .common import next_random
+from .common import next_random, stable_argsort
 
 SlotTables = namedtuple("SlotTables", ["count", "first_gpu", "free", "fixed", "slot_start", "slot_list", "filled"])
 SlotTables.__doc__ = """One layer's slots as :func:`optimal_shares` sees them: ``count [E]`` replicas per
@@ -383,7 +383,7 @@ def _start_flow(fixed, graph, num_free, num_touched, eps):
     target = max(target, spread / num_touched)
     for g in range(num_touched):
         slack[g] = target - fixed[gpus[g]]
-    order = np.argsort(-free_weight[:num_free], kind="mergesort")
+    order = stable_argsort(-free_weight[:num_free])
     for x in order:
         best = -1
         for k in range(x_start[x], x_start[x + 1]):
