@@ -11,7 +11,7 @@ from numba import njit
 from .packing import load_state, new_state, recompute_loads, store_state
 
 
-@njit(cache=True, nogil=True, error_model="numpy")
+@njit(cache=True, nogil=True, error_model="numpy", inline="always")
 def _swap(h, i, g, j, item_load, item_expert, gpu_items, gpu_load, holds):
     """Exchange replica ``gpu_items[h, i]`` with ``gpu_items[g, j]``."""
     a = gpu_items[h, i]
@@ -69,7 +69,7 @@ def spread_duplicates(item_load, item_expert, gpus, gpu_items, gpu_fill, gpu_loa
     return swaps
 
 
-@njit(cache=True, nogil=True, error_model="numpy")
+@njit(cache=True, nogil=True, error_model="numpy", inline="always")
 def _order_by_load(gpus, gpu_load, gpu_fill, order):
     """Insertion-sort ``gpus [n]`` by load into ``order [n]`` (lightest first); return the heaviest
     GPU that holds a replica, or -1."""
