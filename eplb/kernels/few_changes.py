@@ -207,7 +207,7 @@ def search_near_previous(weights, start, previous, layout, target, max_changes, 
 @njit(cache=True, nogil=True, error_model="numpy", inline="always")  # in the hot loops
 def _heaviest(x):
     """The first GPU with the largest load."""
-    heavy = 0
+    heavy = np.int64(0)  # not a literal 0: _best_move would be compiled for it too
     for g in range(1, x.shape[0]):
         if x[g] > x[heavy]:
             heavy = g
@@ -220,7 +220,11 @@ def _better(score, local, best):
     return score > best[0] or (score == best[0] and local < best[1])
 
 
-@njit(cache=True, nogil=True, error_model="numpy", inline="always")
+# _best_move, its three scans and _undo_needless are compiled on their own, not inlined: Numba's IR
+# inliner copies a callee's whole IR (with its own inlined callees) per call site, so inlining these
+# large functions into search_near_previous cost ~10 s more of first-call compile; each runs once per
+# step or layer, where a call costs nothing measurable.
+@njit(cache=True, nogil=True, error_model="numpy")
 def _best_move(st, lay, heavy, floor, budget, most, per_change, work):
     """The best move off GPU ``heavy`` that changes at most ``budget`` more slots.
 
@@ -241,7 +245,7 @@ def _best_move(st, lay, heavy, floor, budget, most, per_change, work):
     return swap
 
 
-@njit(cache=True, nogil=True, error_model="numpy", inline="always")
+@njit(cache=True, nogil=True, error_model="numpy")
 def _best_give_away(st, lay, heavy, peak, limit, floor, budget, per_change, held, best):
     """Move (B): give slot ``a`` of the heaviest GPU (expert ``e`` with >= 2 replicas) to expert
     ``f``: the best ``f`` is the lightest new replica the GPU may take, or the slot's previous
@@ -342,7 +346,7 @@ def _give_away_relieving(st, lay, heavy, a, e, base, limits, held, best):
     return best
 
 
-@njit(cache=True, nogil=True, error_model="numpy", inline="always")
+@njit(cache=True, nogil=True, error_model="numpy")
 def _best_new_replica(st, lay, heavy, peak, limit, floor, budget, most, per_change, spare, best):
     """Move (C): give slot ``b`` elsewhere (expert ``g2`` with >= 2 replicas) to a new replica of an
     expert ``e`` of the heaviest GPU. Only the experts whose extra replica relieves the heaviest GPU
@@ -407,7 +411,7 @@ def _best_new_replica(st, lay, heavy, peak, limit, floor, budget, most, per_chan
     return best
 
 
-@njit(cache=True, nogil=True, error_model="numpy", inline="always")
+@njit(cache=True, nogil=True, error_model="numpy")
 def _best_swap(st, lay, heavy, peak, limit, floor, budget, per_change, slot_share, undone, bar):
     """Move (A): swap slot ``a`` (heaviest GPU) with slot ``b`` (another GPU). The heaviest GPU's
     slots go in decreasing share, so only pairs with ``0 < share(a) - share(b) < room`` are
@@ -507,7 +511,7 @@ def _apply_move(st, lay, move):
     return delta
 
 
-@njit(cache=True, nogil=True, error_model="numpy", inline="always")
+@njit(cache=True, nogil=True, error_model="numpy")
 def _undo_needless(st, lay, target):
     """Give changed slots back their previous expert (one slot, or two slots that swapped) wherever
     the max GPU load stays at most ``max(target, current max)``. Returns the slots given back."""
