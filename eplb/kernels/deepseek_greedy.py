@@ -8,6 +8,8 @@ per-GPU loads agree exactly.
 import numpy as np
 from numba import njit
 
+from .common import INTERNAL
+
 TOP = np.int64(0)
 """The heap's root position, as a typed int64: a literal ``0`` argument makes Numba compile a
 second specialization of the sift for the constant."""
@@ -41,7 +43,7 @@ def _heapify(heap, size, keys):
         _sift_down(heap, size, keys, i)
 
 
-@njit(cache=True, nogil=True, error_model="numpy")
+@njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
 def replicate_greedy(weights, num_replicas, phy2expert, replica_counts):
     """Give one extra replica at a time to the expert with the largest load per replica (the first
     such expert on ties, as torch.max picks), via a heap: O(R log E) instead of O(R E).
@@ -69,7 +71,7 @@ def replicate_greedy(weights, num_replicas, phy2expert, replica_counts):
         _sift_down(heap, num_experts, minus_load, TOP)
 
 
-@njit(cache=True, nogil=True, error_model="numpy")
+@njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
 def pack_largest_first(weights, num_packs, capacity, pack_of_item, rank_in_pack):
     """Balanced packing: items in decreasing weight, each into the lightest pack with room (the
     first such pack on ties), the packs with room kept in a heap.

@@ -22,7 +22,7 @@ from collections import namedtuple
 import numpy as np
 from numba import njit
 
-from .common import shell_sort, stable_argsort
+from .common import INTERNAL, shell_sort, stable_argsort
 
 _EPS = 1e-12
 NO_MOVE, SWAP, REASSIGN = -1, 0, 1  # kinds of moves; REASSIGN covers moves (B) and (C) below
@@ -66,7 +66,7 @@ def _refresh_loads(st, gpu_of_slot):
         x[gpu_of_slot[s]] += share[row[s]]
 
 
-@njit(cache=True, nogil=True, error_model="numpy")
+@njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
 def _remove_slot(expert_slots, cnt, e, s):
     """Drop slot ``s`` from expert ``e``'s slot list (order of the rest is kept)."""
     n = cnt[e]
@@ -78,7 +78,7 @@ def _remove_slot(expert_slots, cnt, e, s):
     cnt[e] = n - 1
 
 
-@njit(cache=True, nogil=True, error_model="numpy")
+@njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
 def _add_slot(expert_slots, cnt, e, s):
     expert_slots[e, cnt[e]] = s
     cnt[e] += 1
@@ -224,7 +224,7 @@ def _better(score, local, best):
 # inliner copies a callee's whole IR (with its own inlined callees) per call site, so inlining these
 # large functions into search_near_previous cost ~10 s more of first-call compile; each runs once per
 # step or layer, where a call costs nothing measurable.
-@njit(cache=True, nogil=True, error_model="numpy")
+@njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
 def _best_move(st, lay, heavy, floor, budget, most, per_change, work):
     """The best move off GPU ``heavy`` that changes at most ``budget`` more slots.
 
@@ -245,7 +245,7 @@ def _best_move(st, lay, heavy, floor, budget, most, per_change, work):
     return swap
 
 
-@njit(cache=True, nogil=True, error_model="numpy")
+@njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
 def _best_give_away(st, lay, heavy, peak, limit, floor, budget, per_change, held, best):
     """Move (B): give slot ``a`` of the heaviest GPU (expert ``e`` with >= 2 replicas) to expert
     ``f``: the best ``f`` is the lightest new replica the GPU may take, or the slot's previous
@@ -346,7 +346,7 @@ def _give_away_relieving(st, lay, heavy, a, e, base, limits, held, best):
     return best
 
 
-@njit(cache=True, nogil=True, error_model="numpy")
+@njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
 def _best_new_replica(st, lay, heavy, peak, limit, floor, budget, most, per_change, spare, best):
     """Move (C): give slot ``b`` elsewhere (expert ``g2`` with >= 2 replicas) to a new replica of an
     expert ``e`` of the heaviest GPU. Only the experts whose extra replica relieves the heaviest GPU
@@ -411,7 +411,7 @@ def _best_new_replica(st, lay, heavy, peak, limit, floor, budget, most, per_chan
     return best
 
 
-@njit(cache=True, nogil=True, error_model="numpy")
+@njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
 def _best_swap(st, lay, heavy, peak, limit, floor, budget, per_change, slot_share, undone, bar):
     """Move (A): swap slot ``a`` (heaviest GPU) with slot ``b`` (another GPU). The heaviest GPU's
     slots go in decreasing share, so only pairs with ``0 < share(a) - share(b) < room`` are
@@ -511,7 +511,7 @@ def _apply_move(st, lay, move):
     return delta
 
 
-@njit(cache=True, nogil=True, error_model="numpy")
+@njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
 def _undo_needless(st, lay, target):
     """Give changed slots back their previous expert (one slot, or two slots that swapped) wherever
     the max GPU load stays at most ``max(target, current max)``. Returns the slots given back."""
@@ -654,7 +654,7 @@ def min_cost_assignment(cost):
     return result
 
 
-@njit(cache=True, nogil=True, error_model="numpy")
+@njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
 def _overlap(new_row, prev_row, slot_offsets, num_experts):
     """``[G, G]``: experts GPU ``gn`` holds under ``new_row`` that GPU ``go`` holds under ``prev_row``
     (multiset intersection); ``-1`` where the two GPUs hold different numbers of slots."""
@@ -689,7 +689,7 @@ def _overlap(new_row, prev_row, slot_offsets, num_experts):
     return overlap
 
 
-@njit(cache=True, nogil=True, error_model="numpy")
+@njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
 def _match_gpus(overlap, gpus_per_node, by_node):
     """GPU relabelling ``[G]`` (new GPU -> position) maximising the kept experts.
 
@@ -780,7 +780,7 @@ def relabel_like(new, previous, slot_offsets, gpus_per_node, by_node, num_expert
     return out, changes
 
 
-@njit(cache=True, nogil=True, error_model="numpy")
+@njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
 def _fits(w, row, prev, slot_offsets, counts, target):
     """Whether ``row [S]`` holds every expert, gives no GPU more replicas of an expert than
     ``max(1, what it held in prev)``, and keeps every GPU at most ``target``."""

@@ -30,7 +30,7 @@ from collections import namedtuple
 import numpy as np
 from numba import njit
 
-from .common import fewest_replicas, shell_sort, stable_argsort
+from .common import INTERNAL, fewest_replicas, shell_sort, stable_argsort
 from .hot_room import hot_room_fits
 
 GroupTable = namedtuple("GroupTable", ["weights", "size", "load", "need", "heaviest"])
@@ -72,7 +72,7 @@ def _replicas_needed(weights, group_size, num_groups, target, need):
         need[k] = total
 
 
-@njit(cache=True, nogil=True, error_model="numpy")
+@njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
 def _hot_expert_fits(weights, group_size, group_max, order, chosen, depth, group, node, active, slots, target):
     """The hot-expert condition for ``node`` holding the groups ``order[i]`` (``i < depth``,
     ``chosen[i] == node``) and ``group`` (module docstring); ``group_max [K]``: each group's
@@ -120,7 +120,7 @@ def _hot_expert_fits(weights, group_size, group_max, order, chosen, depth, group
     return False
 
 
-@njit(cache=True, nogil=True, error_model="numpy")
+@njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
 def _nodes_fit(target, order, chosen, held, groups, nodes, memo, scratch):
     """Whether every node holding groups (``chosen[i]``: node of group ``order[i]``) passes
     :func:`eplb.kernels.hot_room.hot_room_fits` at ``target``; ``groups`` a :class:`GroupTable`,
@@ -288,7 +288,7 @@ def _searcher(hot_room, name):
                 empty_nodes += _take_off(t, order, chosen, group_load, need, load, used, held)
 
     search.__name__ = search.__qualname__ = name  # its own cache file
-    return njit(cache=True, nogil=True, error_model="numpy")(search)
+    return njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)(search)
 
 
 _search = _searcher(False, "_search")

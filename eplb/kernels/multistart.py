@@ -15,7 +15,7 @@ from collections import namedtuple
 import numpy as np
 from numba import njit
 
-from .common import shared_replicas, stable_argsort
+from .common import INTERNAL, shared_replicas, stable_argsort
 from .pack_descend import descend, domain_slots, pack_domain
 from .local_search import pair_swap_descent
 from .packing import PackState, clear_gpus, load_state, new_state, recompute_loads, store_state
@@ -59,7 +59,7 @@ def _domain_max(gpus, gpu_load):
     return top
 
 
-@njit(cache=True, nogil=True, error_model="numpy")
+@njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
 def _perturb(w, experts, counts, cap, moves, state):
     """Move ``moves`` replicas from donors (``counts >= 2``) to receivers (``counts < cap``, drawn
     with probability proportional to load per replica). Returns False when no move is possible."""
@@ -97,7 +97,7 @@ def _perturb(w, experts, counts, cap, moves, state):
     return True
 
 
-@njit(cache=True, nogil=True, error_model="numpy")
+@njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
 def _apportion(w, experts, first, last, seats, cap, counts):
     """D'Hondt: ``seats`` replicas over ``experts[first:last]`` (one each, then one at a time to the
     largest load per replica, at most ``cap`` each), written to ``counts[first:last]``. Returns False
@@ -182,7 +182,7 @@ def aligned_counts(w, experts, counts, num_slots, num_gpus, cap, wide, candidate
     return found
 
 
-@njit(cache=True, nogil=True, error_model="numpy")
+@njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
 def _add_candidate(w, experts, counts, t, seats, num_slots, cap, row, candidates, found):
     """Append the replication giving ``seats`` replicas to the ``t`` heaviest experts and the rest to
     the others (D'Hondt in each) to ``candidates`` unless it does not fit, equals ``counts`` or is
@@ -261,7 +261,7 @@ def _is_new(row, n, counts, rows, found):
     return True
 
 
-@njit(cache=True, nogil=True, error_model="numpy")
+@njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
 def _pack_and_keep(w, experts, counts, domain, pack, kept, best_max):
     """Pack the replication ``counts`` on the :class:`Domain`'s GPUs (:func:`eplb.kernels.pack_descend.pack_domain`,
     in the :class:`eplb.kernels.packing.PackState` ``pack``) and keep it in ``kept.counts`` / ``kept.expert`` (a
@@ -285,7 +285,7 @@ def _pack_and_keep(w, experts, counts, domain, pack, kept, best_max):
     return best_max
 
 
-@njit(cache=True, nogil=True, error_model="numpy")
+@njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
 def _move_descent(w, experts, first_base, domain, pack, kept, best_max, cap, move_experts, move_passes):
     """Up to ``move_passes`` rounds, while a round helps: every move of one replica to one of the
     ``move_experts`` heaviest experts (``experts`` heaviest first) from another of them or from the
@@ -334,10 +334,11 @@ def _move_descent(w, experts, first_base, domain, pack, kept, best_max, cap, mov
 
 
 def _multistart(full, name):
-    """The kernel ``name`` (:func:`best_placement`); with ``full`` False (a constant of the kernel,
-    its branches pruned before typing) it runs the aligned and light-split replications only, as if
-    ``num_starts``, ``move_passes`` were 0 and ``pair_swaps`` False, and compiles none of the seeded
-    perturbations, replica moves and pair swaps (the default method's aligned pass needs none)."""
+    """The kernel ``name``: :func:`best_placement` (``full``) or :func:`aligned_placement`, which (``full``
+    False, a constant of the kernel, its branches pruned before typing) runs the aligned and
+    light-split replications only, as if ``num_starts`` and ``move_passes`` were 0 and ``pair_swaps``
+    False, and compiles none of the seeded perturbations, replica moves and pair swaps (the default
+    method's aligned pass on a deployment too large for retries needs none)."""
 
     def improve(weights, slots_per_gpu, gpu_domain, start, num_starts, max_steps, seed, pair_swaps, threshold,
                 move_experts, move_passes, move_threshold):
@@ -474,15 +475,5 @@ def _multistart(full, name):
     return njit(cache=True, nogil=True, error_model="numpy")(improve)
 
 
-_best_placement = _multistart(True, "_best_placement")
-_aligned_placement = _multistart(False, "_aligned_placement")
-
-
-def best_placement(weights, slots_per_gpu, gpu_domain, start, num_starts, max_steps, seed, pair_swaps, threshold,
-                   move_experts, move_passes, move_threshold):
-    """Improve ``start`` layer by layer (module docstring; arguments and result: :func:`_multistart`'s
-    kernel), with the kernel that compiles only what the arguments use."""
-    plain = num_starts <= 0 and move_passes <= 0 and not pair_swaps
-    kernel = _aligned_placement if plain else _best_placement
-    return kernel(weights, slots_per_gpu, gpu_domain, start, num_starts, max_steps, seed, pair_swaps, threshold,
-                  move_experts, move_passes, move_threshold)
+best_placement = _multistart(True, "best_placement")
+aligned_placement = _multistart(False, "aligned_placement")

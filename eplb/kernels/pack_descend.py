@@ -7,14 +7,14 @@ in hierarchical mode); every domain is placed on its own.
 import numpy as np
 from numba import njit
 
-from .common import shared_replicas, stable_argsort
+from .common import INTERNAL, shared_replicas, stable_argsort
 from .local_search import spread_duplicates, swap_descent
 from .packing import (PackState, clear_gpus, new_state, pack_spread_by_free_slots, pack_spread_largest_first,
                       recompute_loads, store_state)
 from .replication import replicate_capped
 
 
-@njit(cache=True, nogil=True, error_model="numpy")
+@njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
 def pack_domain(w, experts, counts, gpus, slots_per_gpu, first_item, pack):
     """Pack ``counts[i]`` replicas of ``experts[i]`` on the slots of ``gpus``: spread largest-first,
     duplicates swapped apart (or, if some remain, a rebuild that spreads every expert whenever the

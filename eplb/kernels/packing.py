@@ -17,7 +17,7 @@ from collections import namedtuple
 import numpy as np
 from numba import njit
 
-from .common import stable_argsort
+from .common import INTERNAL, stable_argsort
 
 PackState = namedtuple("PackState", ["item_expert", "item_load", "gpu_items", "gpu_fill", "gpu_load", "holds"])
 PackState.__doc__ = """The working state of one layer (module docstring), as :func:`new_state` returns it."""
@@ -42,7 +42,7 @@ def clear_gpus(gpus, item_expert, gpu_items, gpu_fill, gpu_load, holds):
         gpu_load[g] = 0.0
 
 
-@njit(cache=True, nogil=True, error_model="numpy")
+@njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
 def pack_spread_largest_first(item_load, item_expert, items, gpus, slots_per_gpu, gpu_items, gpu_fill,
                               gpu_load, holds):
     """Place replicas in decreasing load, each on the lightest GPU with a free slot that does not
@@ -75,7 +75,7 @@ def pack_spread_largest_first(item_load, item_expert, items, gpus, slots_per_gpu
         holds[best, e] += 1
 
 
-@njit(cache=True, nogil=True, error_model="numpy")
+@njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
 def load_state(phy2log_row, weights_row, slot_offsets, item_expert, item_load, gpu_items, gpu_fill,
                gpu_load, holds):
     """Build the working state of one layer from a placement.
@@ -123,7 +123,7 @@ def recompute_loads(item_load, gpus, gpu_items, gpu_fill, gpu_load):
         gpu_load[g] = total
 
 
-@njit(cache=True, nogil=True, error_model="numpy")
+@njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
 def pack_spread_by_free_slots(item_load, item_expert, items, gpus, slots_per_gpu, gpu_items, gpu_fill, gpu_load,
                               holds):
     """Place the replicas of one expert after another (most replicas first), each on a different
