@@ -14,10 +14,10 @@ extra replicas to keep every replica ``<= T``, and only the slots left over can 
 import numpy as np
 from numba import njit
 
-from .common import fewest_replicas, lightest_items, shell_sort
+from .common import INTERNAL, fewest_replicas, lightest_items, shell_sort
 
 
-@njit(cache=True, nogil=True, error_model="numpy")
+@njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
 def _virtual_experts(desc, first, last, target, virtual, prefix):
     """Cut every expert ``desc[first:last]`` of load ``w`` into its fewest parts ``w / b`` of load
     ``<= target``; write the parts in increasing order into ``virtual`` and their prefix sums into
@@ -35,7 +35,7 @@ def _virtual_experts(desc, first, last, target, virtual, prefix):
     return n
 
 
-@njit(cache=True, nogil=True, error_model="numpy")
+@njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
 def _budget_feasible(desc, tier, target, num_slots, active_gpus, min_slots, max_slots, virtual, prefix):
     """Necessary conditions for a max load ``<= target`` with the ``tier`` heaviest experts as the tier.
 

@@ -14,6 +14,8 @@ is tried at a position. The search ends at the first packing found, when the tre
 import numpy as np
 from numba import njit
 
+from .common import INTERNAL, stable_argsort
+
 FOUND = 1
 EXHAUSTED = 0
 OUT_OF_BUDGET = -1
@@ -155,7 +157,7 @@ def pack_under_cap(loads, experts, num_gpus, slots, cap, spread, budget):
         resume = _skip_twins(last, experts)
 
 
-@njit(cache=True, nogil=True, error_model="numpy")
+@njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
 def _skip_twins(position, experts):
     """The last position holding a replica of the same expert as ``position`` (replicas of one
     expert are adjacent and interchangeable: after one fails at a slot, the others fail too)."""
@@ -180,11 +182,11 @@ def replicas_of(w, counts):
             loads[n] = w[e] / counts[e]
             experts[n] = e
             n += 1
-    order = np.argsort(-loads, kind="mergesort")  # stable: equal loads keep increasing expert ids
+    order = stable_argsort(-loads)  # stable: equal loads keep increasing expert ids
     return loads[order], experts[order]
 
 
-@njit(cache=True, nogil=True, error_model="numpy")
+@njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
 def _attempt(w, counts, num_gpus, slots, cap, spread, budget, row, stats):
     """One packing attempt of ``counts`` under ``cap``; on success writes the placement into
     ``row [S]`` (GPU by GPU, experts increasing) and returns its max load, else ``-1``.
@@ -210,7 +212,7 @@ def _attempt(w, counts, num_gpus, slots, cap, spread, budget, row, stats):
     return gpu_load.max()
 
 
-@njit(cache=True, nogil=True, error_model="numpy")
+@njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
 def _bisect(w, counts, num_gpus, slots, low, high, spread, budget, row, stats, step):
     """Lower the max load ``high`` of the packing in ``row`` (of ``counts``) by bisecting the cap
     down to ``low``; returns the max load of ``row`` at the end."""
@@ -271,7 +273,7 @@ def descend(w, row, num_gpus, slots, lower, neighbours, spread, budget, max_atte
         return best, out, stats[1]
     # moves in order of the experts' loads, heaviest first (ids only break ties): renaming the
     # experts renames the result
-    by_load = np.argsort(-w, kind="mergesort")
+    by_load = stable_argsort(-w)
     improved = True
     while improved and best > lower * (1.0 + step) and stats[0] > 0:
         improved = False

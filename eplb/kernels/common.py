@@ -5,8 +5,13 @@ the lightest replicas of a set, and duplicate replicas on a GPU. Each file impor
 import numpy as np
 from numba import njit
 
+INTERNAL = {"no_cpython_wrapper": True, "no_cfunc_wrapper": True}
+"""``@njit`` options of a kernel that only other kernels call (never Python): no wrapper from and to
+Python objects is generated, which for arguments such as named tuples of arrays is a good part of a
+small kernel's first-call compile time (such a kernel cannot be called from Python)."""
 
-@njit(cache=True, nogil=True, error_model="numpy")
+
+@njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
 def next_random(state):
     """xorshift64: the next state (also the random number); deterministic on every machine."""
     state ^= (state << np.uint64(13)) & np.uint64(0xFFFFFFFFFFFFFFFF)
@@ -15,9 +20,9 @@ def next_random(state):
     return state
 
 
-@njit(cache=True, nogil=True, error_model="numpy")
+@njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
 def shell_sort(values):
-    """Sort ``values [n]`` float64 in place, increasing (Shell sort with Ciura's gaps: a few simple
+    """Sort ``values [n]`` (float64 without NaN, or int64) in place, increasing (Shell sort with Ciura's gaps: a few simple
     loops, fast on the few hundred values of a layer and cheap to compile)."""
     n = values.shape[0]
     gaps = (701, 301, 132, 57, 23, 10, 4, 1)
@@ -31,7 +36,47 @@ def shell_sort(values):
             values[j] = value
 
 
-@njit(cache=True, nogil=True, error_model="numpy")
+@njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
+def stable_argsort(keys):
+    """``np.argsort(keys, kind="mergesort")`` for ``keys [n]`` float64: the indices by increasing key,
+    equal keys in increasing index, NaN last (the same order, index for index). A bottom-up merge
+    sort in a few loops: NumPy's merge sort compiles in Numba for a second or two, this in a tenth."""
+    n = keys.shape[0]
+    order = np.empty(n, np.int64)
+    for i in range(n):
+        order[i] = i
+    buf = np.empty(n, np.int64)
+    width = 1
+    while width < n:
+        lo = 0
+        while lo < n:
+            mid = min(lo + width, n)
+            hi = min(lo + 2 * width, n)
+            i, j, k = lo, mid, lo
+            while i < mid and j < hi:
+                a, b = keys[order[j]], keys[order[i]]
+                if a < b or (b != b and a == a):  # the right run's key strictly first: stable
+                    buf[k] = order[j]
+                    j += 1
+                else:
+                    buf[k] = order[i]
+                    i += 1
+                k += 1
+            while i < mid:
+                buf[k] = order[i]
+                i += 1
+                k += 1
+            while j < hi:
+                buf[k] = order[j]
+                j += 1
+                k += 1
+            lo = hi
+        order, buf = buf, order
+        width *= 2
+    return order
+
+
+@njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
 def fewest_replicas(w, x):
     """Fewest replicas of an expert of load ``w`` that keep each replica ``<= x`` (``x > 0``)."""
     if w <= x:
@@ -44,7 +89,7 @@ def fewest_replicas(w, x):
     return r
 
 
-@njit(cache=True, nogil=True, error_model="numpy")
+@njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
 def unused_savings(asc, prefix, n, unused):
     """Most load that ``unused`` replicas left out of a set can save on the ``n`` lightest experts.
 
@@ -62,7 +107,7 @@ def unused_savings(asc, prefix, n, unused):
     return total
 
 
-@njit(cache=True, nogil=True, error_model="numpy")
+@njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
 def lightest_items(asc, prefix, extra, m, exact_extra):
     """A lower bound on the sum of any ``m`` replicas of the experts ``asc [n0]`` (increasing loads,
     ``prefix`` their prefix sums) over every replication with ``extra`` replicas beyond one each.
@@ -85,7 +130,7 @@ def lightest_items(asc, prefix, extra, m, exact_extra):
     return max(0.0, prefix[max(0, min(num, m - extra))] - unused_savings(asc, prefix, min(m, num), extra))
 
 
-@njit(cache=True, nogil=True, error_model="numpy")
+@njit(cache=True, nogil=True, error_model="numpy", inline="always")
 def shared_replicas(gpus, gpu_items, gpu_fill, item_expert, holds):
     """Replicas on the listed GPUs that share the GPU with another replica of their expert."""
     total = 0
@@ -97,7 +142,7 @@ def shared_replicas(gpus, gpu_items, gpu_fill, item_expert, holds):
     return total
 
 
-@njit(cache=True, nogil=True, error_model="numpy")
+@njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
 def rank_window(loads, t, top):
     """Fill ``top[t, :]`` with the ``TOP`` most loaded GPUs of window ``t`` (``-1`` pads when
     there are fewer GPUs), heaviest first, the lower index first on ties."""
@@ -116,7 +161,7 @@ def rank_window(loads, t, top):
         top[t, k] = g
 
 
-@njit(cache=True, nogil=True, error_model="numpy")
+@njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
 def max_untouched(loads, t, top, mark, stamp):
     """The largest load of window ``t`` over the GPUs not marked with ``stamp`` (0.0 if none)."""
     for k in range(top.shape[1]):

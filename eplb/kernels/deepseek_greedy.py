@@ -8,19 +8,21 @@ per-GPU loads agree exactly.
 import numpy as np
 from numba import njit
 
+from .common import INTERNAL
+
 TOP = np.int64(0)
 """The heap's root position, as a typed int64: a literal ``0`` argument makes Numba compile a
 second specialization of the sift for the constant."""
 
 
-@njit(cache=True, nogil=True, error_model="numpy")
+@njit(cache=True, nogil=True, error_model="numpy", inline="always")
 def _before(keys, a, b):
     """Heap order: the smaller key first, the smaller id on ties (the published code's argmin/argmax
     picks the first index among equal values)."""
     return keys[a] < keys[b] or (keys[a] == keys[b] and a < b)
 
 
-@njit(cache=True, nogil=True, error_model="numpy")
+@njit(cache=True, nogil=True, error_model="numpy", inline="always")
 def _sift_down(heap, size, keys, i):
     """Restore the min-heap ``heap[:size]`` (ids ordered by ``keys[id]``, then id) below position ``i``."""
     while True:
@@ -35,13 +37,13 @@ def _sift_down(heap, size, keys, i):
         i = child
 
 
-@njit(cache=True, nogil=True, error_model="numpy")
+@njit(cache=True, nogil=True, error_model="numpy", inline="always")
 def _heapify(heap, size, keys):
     for i in range(size // 2 - 1, -1, -1):
         _sift_down(heap, size, keys, i)
 
 
-@njit(cache=True, nogil=True, error_model="numpy")
+@njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
 def replicate_greedy(weights, num_replicas, phy2expert, replica_counts):
     """Give one extra replica at a time to the expert with the largest load per replica (the first
     such expert on ties, as torch.max picks), via a heap: O(R log E) instead of O(R E).
@@ -69,7 +71,7 @@ def replicate_greedy(weights, num_replicas, phy2expert, replica_counts):
         _sift_down(heap, num_experts, minus_load, TOP)
 
 
-@njit(cache=True, nogil=True, error_model="numpy")
+@njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
 def pack_largest_first(weights, num_packs, capacity, pack_of_item, rank_in_pack):
     """Balanced packing: items in decreasing weight, each into the lightest pack with room (the
     first such pack on ties), the packs with room kept in a heap.

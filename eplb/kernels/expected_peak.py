@@ -15,7 +15,7 @@ from collections import namedtuple
 import numpy as np
 from numba import njit
 
-from .common import max_untouched, next_random, rank_window
+from .common import INTERNAL, max_untouched, next_random, rank_window
 
 TOP = 4  # most loaded GPUs remembered per window
 
@@ -31,7 +31,7 @@ expert arriving), ``new_peak [T]``."""
 SWAP, GIVE, TAKE = 0, 1, 2  # the kinds of moves of improve_expected_peak
 
 
-@njit(cache=True, nogil=True, error_model="numpy")
+@njit(cache=True, nogil=True, error_model="numpy", inline="always")
 def _holds(row, slot_offsets, gpu, expert, skip):
     """Whether a slot of ``gpu`` other than ``skip`` holds ``expert``."""
     for s in range(slot_offsets[gpu], slot_offsets[gpu + 1]):
@@ -40,7 +40,7 @@ def _holds(row, slot_offsets, gpu, expert, skip):
     return False
 
 
-@njit(cache=True, nogil=True, error_model="numpy")
+@njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
 def _scaled_layer(windows, window_weights, layer, num_gpus, scale, share, active):
     """Scale window ``t`` of ``layer`` so its mean GPU load is ``window_weights[t]``: fills
     ``scale [T]``, ``share [T, E]`` (an expert's scaled tokens) and ``active [T]`` (the windows that
@@ -63,7 +63,7 @@ def _scaled_layer(windows, window_weights, layer, num_gpus, scale, share, active
     return n, total
 
 
-@njit(cache=True, nogil=True, error_model="numpy")
+@njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
 def _start_layer(windows, window_weights, layer, row, gpu_of_slot, st):
     """Fill ``st`` (a :class:`PeakState`) for ``layer`` of ``windows [T, L, E]`` placed as ``row [S]``.
 
@@ -93,7 +93,7 @@ def _start_layer(windows, window_weights, layer, row, gpu_of_slot, st):
     return total_weight, current
 
 
-@njit(cache=True, nogil=True, error_model="numpy")
+@njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
 def _pick_move(kind, hot, row, count, gpu_of_slot, slot_offsets, zone_of_slot, state):
     """Draw a move of ``kind`` (:data:`SWAP`, :data:`GIVE` or :data:`TAKE`) from GPU ``hot``: slot
     ``a`` changes to expert ``f`` and, for a swap, slot ``b`` to the expert ``a`` held.
@@ -158,7 +158,7 @@ def _pick_move(kind, hot, row, count, gpu_of_slot, slot_offsets, zone_of_slot, s
     return a, b, f, state
 
 
-@njit(cache=True, nogil=True, error_model="numpy")
+@njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
 def _touch_gpus(kind, a, b, f, row, gpu_of_slot, st, stamp):
     """Mark (with ``stamp``) and list in ``st.touched`` the GPUs the move ``(kind, a, b, f)`` of
     :func:`_pick_move` changes, with the change of their load per token of the expert leaving slot
@@ -202,7 +202,7 @@ def _touch_gpus(kind, a, b, f, row, gpu_of_slot, st, stamp):
     return num_touched
 
 
-@njit(cache=True, nogil=True, error_model="numpy")
+@njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
 def _beats(st, x, f, num_touched, stamp, window_weights, target, total_weight):
     """Whether the move touching ``st.touched[:num_touched]`` (marked ``stamp``) brings the sum of
     the windows' peaks below ``target``: scored window by window, stopping once even the best case
@@ -228,7 +228,7 @@ def _beats(st, x, f, num_touched, stamp, window_weights, target, total_weight):
     return True
 
 
-@njit(cache=True, nogil=True, error_model="numpy")
+@njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
 def _keep_move(kind, a, b, f, row, st, num_touched):
     """Apply the move ``(kind, a, b, f)`` to ``row`` and ``st``; returns the new sum of the peaks."""
     scale, share, count, loads, peak, top = st.scale, st.share, st.count, st.loads, st.peak, st.top
@@ -332,7 +332,7 @@ def improve_expected_peak(windows, window_weights, phy2log, gpu_of_slot, slot_of
     return out, before, after
 
 
-@njit(cache=True, nogil=True, error_model="numpy")
+@njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
 def _window_loads(row, fraction, share, gpu_of_slot, active, n, loads, top):
     """Per active window, GPU loads ``loads [T, G]`` of ``row [S]`` with slot ``s`` taking
     ``fraction[s]`` of its expert's tokens, and the ``TOP`` most loaded GPUs; returns the sum over
@@ -348,7 +348,7 @@ def _window_loads(row, fraction, share, gpu_of_slot, active, n, loads, top):
     return total
 
 
-@njit(cache=True, nogil=True, error_model="numpy")
+@njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
 def _partner(loads, t, hot, zone_of_gpu, slot_offsets, state, lightest):
     """A GPU of ``hot``'s zone to swap with: the lightest of window ``t`` when ``lightest``, else a
     random one (``-1`` if none found). Returns ``(gpu, state)``."""
@@ -370,7 +370,7 @@ def _partner(loads, t, hot, zone_of_gpu, slot_offsets, state, lightest):
     return best, state
 
 
-@njit(cache=True, nogil=True, error_model="numpy")
+@njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
 def _best_swap(row, work, hot, cold, slot_offsets, j, limit):
     """The swap of a slot of ``hot`` with a slot of ``cold`` that lowers the sum of window peaks
     most (below ``limit``), scoring each pair in ``O(T)`` with early exit.

@@ -22,6 +22,8 @@ from collections import namedtuple
 import numpy as np
 from numba import njit
 
+from .common import INTERNAL, shell_sort, stable_argsort
+
 _EPS = 1e-12
 NO_MOVE, SWAP, REASSIGN = -1, 0, 1  # kinds of moves; REASSIGN covers moves (B) and (C) below
 
@@ -64,7 +66,7 @@ def _refresh_loads(st, gpu_of_slot):
         x[gpu_of_slot[s]] += share[row[s]]
 
 
-@njit(cache=True, nogil=True, error_model="numpy")
+@njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
 def _remove_slot(expert_slots, cnt, e, s):
     """Drop slot ``s`` from expert ``e``'s slot list (order of the rest is kept)."""
     n = cnt[e]
@@ -76,7 +78,7 @@ def _remove_slot(expert_slots, cnt, e, s):
     cnt[e] = n - 1
 
 
-@njit(cache=True, nogil=True, error_model="numpy")
+@njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
 def _add_slot(expert_slots, cnt, e, s):
     expert_slots[e, cnt[e]] = s
     cnt[e] += 1
@@ -205,7 +207,7 @@ def search_near_previous(weights, start, previous, layout, target, max_changes, 
 @njit(cache=True, nogil=True, error_model="numpy", inline="always")  # in the hot loops
 def _heaviest(x):
     """The first GPU with the largest load."""
-    heavy = 0
+    heavy = np.int64(0)  # not a literal 0: _best_move would be compiled for it too
     for g in range(1, x.shape[0]):
         if x[g] > x[heavy]:
             heavy = g
@@ -218,7 +220,11 @@ def _better(score, local, best):
     return score > best[0] or (score == best[0] and local < best[1])
 
 
-@njit(cache=True, nogil=True, error_model="numpy", inline="always")
+# _best_move, its three scans and _undo_needless are compiled on their own, not inlined: Numba's IR
+# inliner copies a callee's whole IR (with its own inlined callees) per call site, so inlining these
+# large functions into search_near_previous cost ~10 s more of first-call compile; each runs once per
+# step or layer, where a call costs nothing measurable.
+@njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
 def _best_move(st, lay, heavy, floor, budget, most, per_change, work):
     """The best move off GPU ``heavy`` that changes at most ``budget`` more slots.
 
@@ -239,7 +245,7 @@ def _best_move(st, lay, heavy, floor, budget, most, per_change, work):
     return swap
 
 
-@njit(cache=True, nogil=True, error_model="numpy", inline="always")
+@njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
 def _best_give_away(st, lay, heavy, peak, limit, floor, budget, per_change, held, best):
     """Move (B): give slot ``a`` of the heaviest GPU (expert ``e`` with >= 2 replicas) to expert
     ``f``: the best ``f`` is the lightest new replica the GPU may take, or the slot's previous
@@ -316,7 +322,7 @@ def _give_away_relieving(st, lay, heavy, a, e, base, limits, held, best):
     for t in range(lay.slot_offsets[over], lay.slot_offsets[over + 1]):
         held[num_held] = row[t]
         num_held += 1
-    held[:num_held].sort()
+    shell_sort(held[:num_held])  # not ndarray.sort(): NumPy's quicksort is long to compile
     for i_held in range(num_held):
         f = held[i_held]
         if i_held > 0 and f == held[i_held - 1]:
@@ -340,7 +346,7 @@ def _give_away_relieving(st, lay, heavy, a, e, base, limits, held, best):
     return best
 
 
-@njit(cache=True, nogil=True, error_model="numpy", inline="always")
+@njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
 def _best_new_replica(st, lay, heavy, peak, limit, floor, budget, most, per_change, spare, best):
     """Move (C): give slot ``b`` elsewhere (expert ``g2`` with >= 2 replicas) to a new replica of an
     expert ``e`` of the heaviest GPU. Only the experts whose extra replica relieves the heaviest GPU
@@ -359,7 +365,7 @@ def _best_new_replica(st, lay, heavy, peak, limit, floor, budget, most, per_chan
     reliefs = np.empty(slot_offsets[heavy + 1] - slot_offsets[heavy])
     for a in range(slot_offsets[heavy], slot_offsets[heavy + 1]):
         reliefs[a - slot_offsets[heavy]] = share[row[a]] - share_up[row[a]]
-    reliefs.sort()
+    shell_sort(reliefs)
     min_relief = reliefs[max(0, reliefs.shape[0] - 3)] if reliefs.shape[0] > 0 else 0.0
     for a in range(slot_offsets[heavy], slot_offsets[heavy + 1]):
         e = row[a]
@@ -405,7 +411,7 @@ def _best_new_replica(st, lay, heavy, peak, limit, floor, budget, most, per_chan
     return best
 
 
-@njit(cache=True, nogil=True, error_model="numpy", inline="always")
+@njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
 def _best_swap(st, lay, heavy, peak, limit, floor, budget, per_change, slot_share, undone, bar):
     """Move (A): swap slot ``a`` (heaviest GPU) with slot ``b`` (another GPU). The heaviest GPU's
     slots go in decreasing share, so only pairs with ``0 < share(a) - share(b) < room`` are
@@ -420,7 +426,7 @@ def _best_swap(st, lay, heavy, peak, limit, floor, budget, per_change, slot_shar
     for b in range(row.shape[0]):
         slot_share[b] = share[row[b]]
     lo = slot_offsets[heavy]
-    order = np.argsort(-slot_share[lo:slot_offsets[heavy + 1]], kind="mergesort") + lo
+    order = stable_argsort(-slot_share[lo:slot_offsets[heavy + 1]]) + lo
     # pruning, which never skips a pair that could be picked: with slot b, a swap lowers the
     # heaviest GPU at most by the largest share difference, leaves a local max at least midway
     # between the two GPUs, and changes at least `fewest` slots (both unchanged: 2)
@@ -505,7 +511,7 @@ def _apply_move(st, lay, move):
     return delta
 
 
-@njit(cache=True, nogil=True, error_model="numpy", inline="always")
+@njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
 def _undo_needless(st, lay, target):
     """Give changed slots back their previous expert (one slot, or two slots that swapped) wherever
     the max GPU load stays at most ``max(target, current max)``. Returns the slots given back."""
@@ -648,7 +654,7 @@ def min_cost_assignment(cost):
     return result
 
 
-@njit(cache=True, nogil=True, error_model="numpy")
+@njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
 def _overlap(new_row, prev_row, slot_offsets, num_experts):
     """``[G, G]``: experts GPU ``gn`` holds under ``new_row`` that GPU ``go`` holds under ``prev_row``
     (multiset intersection); ``-1`` where the two GPUs hold different numbers of slots."""
@@ -683,7 +689,7 @@ def _overlap(new_row, prev_row, slot_offsets, num_experts):
     return overlap
 
 
-@njit(cache=True, nogil=True, error_model="numpy")
+@njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
 def _match_gpus(overlap, gpus_per_node, by_node):
     """GPU relabelling ``[G]`` (new GPU -> position) maximising the kept experts.
 
@@ -712,7 +718,7 @@ def _match_gpus(overlap, gpus_per_node, by_node):
             total = 0.0
             for i in range(gpus_per_node):
                 total += sub[i, assignment[i]]
-            inner[a, b] = assignment
+                inner[a, b, i] = assignment[i]  # not inner[a, b] = assignment: see hierarchy._copy
             node_cost[a, b] = total
     nodes = min_cost_assignment(node_cost)
     result = np.empty(num_gpus, np.int64)
@@ -774,7 +780,7 @@ def relabel_like(new, previous, slot_offsets, gpus_per_node, by_node, num_expert
     return out, changes
 
 
-@njit(cache=True, nogil=True, error_model="numpy")
+@njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
 def _fits(w, row, prev, slot_offsets, counts, target):
     """Whether ``row [S]`` holds every expert, gives no GPU more replicas of an expert than
     ``max(1, what it held in prev)``, and keeps every GPU at most ``target``."""

@@ -9,7 +9,7 @@ per-window loads of a slot travel with it and a swap is scored in ``O(T)``.
 import numpy as np
 from numba import njit
 
-from .common import max_untouched, rank_window
+from .common import INTERNAL, max_untouched, rank_window, stable_argsort
 
 ANYWHERE = -2  # region of a slot that may go to any node
 FIXED = -1  # region of a slot that must stay where it is
@@ -28,11 +28,11 @@ def _objective(loads, weights):
     return total
 
 
-@njit(cache=True, nogil=True, error_model="numpy")
+@njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
 def _partners(mean_load, a, gpus_per_node, partners, out):
     """Write into ``out`` the ``partners`` least loaded GPUs of ``a``'s node, then the ``partners``
     least loaded GPUs overall not already listed (never ``a``); return how many were written."""
-    order = np.argsort(mean_load, kind="mergesort")
+    order = stable_argsort(mean_load)
     count = 0
     node = a // gpus_per_node
     for pass_ in range(2):
@@ -54,7 +54,7 @@ def _partners(mean_load, a, gpus_per_node, partners, out):
     return count
 
 
-@njit(cache=True, nogil=True, error_model="numpy")
+@njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
 def _allowed(region, node_of_slot, s, destination):
     """Whether slot ``s`` may move to slot ``destination``'s node."""
     return region[s] == ANYWHERE or (region[s] != FIXED and region[s] == node_of_slot[destination])
@@ -179,7 +179,7 @@ def spread_over_nodes(row, weights, logcnt, slots_per_gpu, gpus_per_node):
     num_experts = logcnt.shape[0]
     per_node = slots_per_gpu * gpus_per_node
     num_nodes = num_slots // per_node
-    order = np.argsort(-weights, kind="mergesort")
+    order = stable_argsort(-weights)
     moved_slot = np.zeros(num_slots, np.bool_)
     moves = 0
     for e in order:

@@ -30,7 +30,7 @@ from collections import namedtuple
 import numpy as np
 from numba import njit
 
-from .common import fewest_replicas, shell_sort
+from .common import INTERNAL, fewest_replicas, shell_sort, stable_argsort
 from .hot_room import hot_room_fits
 
 GroupTable = namedtuple("GroupTable", ["weights", "size", "load", "need", "heaviest"])
@@ -49,7 +49,7 @@ INFEASIBLE = 0
 UNDECIDED = -1
 
 
-@njit(cache=True, nogil=True, error_model="numpy")
+@njit(cache=True, nogil=True, error_model="numpy", inline="always")
 def _copy(src, dst):
     """``dst[:] = src`` for two ``[n]`` int64 arrays, element by element: a slice assignment from an
     array compiles Numba's shape-mismatch error message (string formatting), a second or more of
@@ -58,7 +58,7 @@ def _copy(src, dst):
         dst[i] = src[i]
 
 
-@njit(cache=True, nogil=True, error_model="numpy")
+@njit(cache=True, nogil=True, error_model="numpy", inline="always")
 def _replicas_needed(weights, group_size, num_groups, target, need):
     """``need [K]``: replicas each group needs so that every replica carries ``<= target``."""
     for k in range(num_groups):
@@ -72,7 +72,7 @@ def _replicas_needed(weights, group_size, num_groups, target, need):
         need[k] = total
 
 
-@njit(cache=True, nogil=True, error_model="numpy")
+@njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
 def _hot_expert_fits(weights, group_size, group_max, order, chosen, depth, group, node, active, slots, target):
     """The hot-expert condition for ``node`` holding the groups ``order[i]`` (``i < depth``,
     ``chosen[i] == node``) and ``group`` (module docstring); ``group_max [K]``: each group's
@@ -120,7 +120,7 @@ def _hot_expert_fits(weights, group_size, group_max, order, chosen, depth, group
     return False
 
 
-@njit(cache=True, nogil=True, error_model="numpy")
+@njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
 def _nodes_fit(target, order, chosen, held, groups, nodes, memo, scratch):
     """Whether every node holding groups (``chosen[i]``: node of group ``order[i]``) passes
     :func:`eplb.kernels.hot_room.hot_room_fits` at ``target``; ``groups`` a :class:`GroupTable`,
@@ -159,7 +159,7 @@ def _nodes_fit(target, order, chosen, held, groups, nodes, memo, scratch):
     return True
 
 
-@njit(cache=True, nogil=True, error_model="numpy")
+@njit(cache=True, nogil=True, error_model="numpy", inline="always")
 def _take_off(t, order, chosen, group_load, need, load, used, held):
     """Take the group placed at search depth ``t`` off its node (its load, replica needs and count);
     returns 1 if that node holds no group now, else 0."""
@@ -171,239 +171,279 @@ def _take_off(t, order, chosen, group_load, need, load, used, held):
     return 1 if held[n] == 0 else 0
 
 
-@njit(cache=True, nogil=True, error_model="numpy")
-def _search(target, order, groups, nodes, budget, assign, strong, memo, scratch):
-    """Depth-first search for a group -> node assignment meeting both conditions at ``target``.
+def _searcher(hot_room, name):
+    """The kernel ``name`` (:func:`_search`); with ``hot_room`` False (a constant of the kernel, its
+    branch pruned before typing) it never checks :func:`_nodes_fit`, whatever ``strong`` says, and
+    does not compile it and its callees (the placement's assignment, the default path, is weak)."""
 
-    Args:
-        order: ``[K]`` int64 groups in the order they are assigned (heaviest first).
-        groups: a :class:`GroupTable` (the layer's loads, group loads, replicas each group needs,
-            heaviest expert of each group).
-        nodes: a :class:`NodeTable` (slots, active GPUs, kinds; fewest / most slots of an active GPU).
-        budget: most search steps; assign: ``[K]`` int64 output, node of each group when feasible.
-        strong: also require every node of a complete assignment to pass
-            :func:`eplb.kernels.hot_room.hot_room_fits`; checked on complete assignments only, where a
-            node's experts are known (the condition need not hold for a part of them). memo:
-            ``[2^K]`` int8 scratch (``[1]``: no memo); scratch: ``[6, E + 1]`` float64 work space.
-    Returns:
-        FEASIBLE, INFEASIBLE (proven: no assignment exists) or UNDECIDED (budget ran out).
-    """
-    weights, group_size, group_load, need, group_max = groups
-    node_slots, node_active, node_class = nodes.slots, nodes.active, nodes.kind
-    num_groups = order.shape[0]
-    num_nodes = node_slots.shape[0]
-    load = np.zeros(num_nodes)
-    used = np.zeros(num_nodes, np.int64)
-    held = np.zeros(num_nodes, np.int64)
-    cand = np.empty((num_groups, num_nodes), np.int64)
-    key = np.empty(num_nodes)
-    ncand = np.zeros(num_groups, np.int64)
-    pos = np.zeros(num_groups, np.int64)
-    chosen = np.empty(num_groups, np.int64)
-    empty_nodes = 0
-    for n in range(num_nodes):
-        if node_slots[n] > 0:
-            empty_nodes += 1
-    # the hot-expert condition can only bind when some group's heaviest expert exceeds (active - 1) T
-    heaviest = 0.0
-    for k in range(num_groups):
-        heaviest = max(heaviest, group_max[k])
-    hot_possible = False
-    for n in range(num_nodes):
-        if node_active[n] >= 2 and heaviest > (node_active[n] - 1) * target * (1.0 + 1e-12):
-            hot_possible = True
-    if strong:  # the nodes' expert sets checked at this target: 1 fits, -1 does not, 0 unknown
-        memo[:] = 0
-    t = np.int64(0)  # typed, like count above
-    steps = 0
-    building = True
-    while True:
-        if building:
-            if t == num_groups:
-                if strong and not _nodes_fit(target, order, chosen, held, groups, nodes, memo, scratch):
-                    t -= 1  # a dead end: undo the last group and try its next node
-                    empty_nodes += _take_off(t, order, chosen, group_load, need, load, used, held)
-                    building = False
-                    continue
-                for i in range(num_groups):
-                    assign[order[i]] = chosen[i]
-                return FEASIBLE
-            g = order[t]
-            m = 0
-            for n in range(num_nodes):
-                if node_slots[n] == 0 or used[n] + need[g] > node_slots[n]:
-                    continue
-                if load[n] + group_load[g] > target * node_active[n] * (1.0 + 1e-12):
-                    continue
-                if hot_possible and not _hot_expert_fits(weights, group_size, group_max, order, chosen, t, g, n, node_active[n],
-                                        node_slots[n], target):
-                    continue
-                if held[n] == 0:
-                    duplicate = False
-                    for n2 in range(n):
-                        if held[n2] == 0 and node_class[n2] == node_class[n] and node_slots[n2] > 0:
-                            duplicate = True
-                            break
-                    if duplicate:
-                        continue
-                    if empty_nodes - 1 > num_groups - t - 1:
-                        continue
-                elif empty_nodes > num_groups - t - 1:
-                    continue
-                # insertion sort by the node's load per GPU after taking the group
-                value = (load[n] + group_load[g]) / node_active[n]
-                i = m
-                while i > 0 and key[cand[t, i - 1]] > value:
-                    cand[t, i] = cand[t, i - 1]
-                    i -= 1
-                cand[t, i] = n
-                key[n] = value
-                m += 1
-            ncand[t] = m
-            pos[t] = 0
-            building = False
-        if pos[t] < ncand[t]:
-            steps += 1
-            if steps > budget:
-                return UNDECIDED
-            n = cand[t, pos[t]]
-            pos[t] += 1
-            g = order[t]
-            if held[n] == 0:
-                empty_nodes -= 1
-            load[n] += group_load[g]
-            used[n] += need[g]
-            held[n] += 1
-            chosen[t] = n
-            t += 1
-            building = True
-        else:
-            t -= 1
-            if t < 0:
-                return INFEASIBLE
-            empty_nodes += _take_off(t, order, chosen, group_load, need, load, used, held)
+    def search(target, order, groups, nodes, budget, assign, strong, memo, scratch):
+        """Depth-first search for a group -> node assignment meeting both conditions at ``target``.
 
-
-@njit(cache=True, nogil=True, error_model="numpy")
-def assign_groups(weights, num_groups, node_slots, node_active, node_class, lower, budget, rel_tol,
-                  node_of_group, strong, node_min, node_max):
-    """Assign the groups of every layer to nodes, minimising the smallest ``T`` both conditions allow.
-
-    Args:
-        weights: ``[L, E]`` float64; experts ``k*E/K ... (k+1)*E/K - 1`` form group ``k``.
-        node_slots, node_active, node_class: ``[N]`` int64 (see :class:`NodeTable`).
-        lower: ``[L]`` float64 valid lower bounds on the max load to start the search from.
-        budget: most search steps per feasibility test; rel_tol: relative precision of ``T``.
-        node_of_group: ``[L, K]`` int64 output.
-        strong, node_min, node_max: see :func:`_search` and :class:`NodeTable` (the bound uses
-            them; the placement's assignment does not).
-    Returns:
-        ``[L]`` float64: the largest ``T`` proven infeasible for every assignment (a lower bound on
-        the max load of every hierarchical placement), or ``lower`` where nothing was proven.
-    """
-    num_layers, num_experts = weights.shape
-    group_size = num_experts // num_groups
-    num_nodes = node_slots.shape[0]
-    proven = lower.copy()
-    group_load = np.empty(num_groups)
-    group_max = np.empty(num_groups)
-    need = np.empty(num_groups, np.int64)
-    assign = np.empty(num_groups, np.int64)
-    best = np.empty(num_groups, np.int64)
-    total_active = 0
-    for n in range(num_nodes):
-        total_active += node_active[n]
-    chosen = np.empty(num_groups, np.int64)
-    held = np.zeros(num_nodes, np.int64)
-    no_memo = np.zeros(1, np.int8)
-    scratch = np.empty((6, num_experts + 1))  # _nodes_fit's work space, allocated once
-    memo = np.zeros(1 << num_groups if strong and num_groups <= 16 else 1, np.int8)
-    unchecked = num_nodes < 0  # False as a run-time bool (a literal False would compile _search twice)
-    nodes = NodeTable(node_slots, node_active, node_class, node_min, node_max)
-    for layer in range(num_layers):
-        w = weights[layer]
-        total = 0.0
-        for k in range(num_groups):
-            s = 0.0
-            top = 0.0
-            for j in range(group_size):
-                s += w[k * group_size + j]
-                top = max(top, w[k * group_size + j])
-            group_load[k] = s
-            group_max[k] = top
-            total += s
-        order = np.argsort(-group_load, kind="mergesort")
-        groups = GroupTable(w, group_size, group_load, need, group_max)
-        # a feasible start: capacity only (T = infinity)
-        _replicas_needed(w, group_size, num_groups, 0.0, need)
-        status = _search(np.inf, order, groups, nodes, budget, best, unchecked, memo, scratch)
-        if status != FEASIBLE:
-            node_of_group[layer, :] = -1  # no assignment fits the slots (the caller raises)
-            continue
-        if total <= 0.0:
-            _copy(best, node_of_group[layer])
-            continue
-        lo = lower[layer]
-        # an upper end: the loads of the capacity-only assignment
-        hi = 0.0
+        Args:
+            order: ``[K]`` int64 groups in the order they are assigned (heaviest first).
+            groups: a :class:`GroupTable` (the layer's loads, group loads, replicas each group needs,
+                heaviest expert of each group).
+            nodes: a :class:`NodeTable` (slots, active GPUs, kinds; fewest / most slots of an active GPU).
+            budget: most search steps; assign: ``[K]`` int64 output, node of each group when feasible.
+            strong: also require every node of a complete assignment to pass
+                :func:`eplb.kernels.hot_room.hot_room_fits`; checked on complete assignments only, where a
+                node's experts are known (the condition need not hold for a part of them). memo:
+                ``[2^K]`` int8 scratch (``[1]``: no memo); scratch: ``[6, E + 1]`` float64 work space.
+        Returns:
+            FEASIBLE, INFEASIBLE (proven: no assignment exists) or UNDECIDED (budget ran out).
+        """
+        weights, group_size, group_load, need, group_max = groups
+        node_slots, node_active, node_class = nodes.slots, nodes.active, nodes.kind
+        num_groups = order.shape[0]
+        num_nodes = node_slots.shape[0]
+        load = np.zeros(num_nodes)
+        used = np.zeros(num_nodes, np.int64)
+        held = np.zeros(num_nodes, np.int64)
+        cand = np.empty((num_groups, num_nodes), np.int64)
+        key = np.empty(num_nodes)
+        ncand = np.zeros(num_groups, np.int64)
+        pos = np.zeros(num_groups, np.int64)
+        chosen = np.empty(num_groups, np.int64)
+        empty_nodes = 0
         for n in range(num_nodes):
-            s = 0.0
+            if node_slots[n] > 0:
+                empty_nodes += 1
+        # the hot-expert condition can only bind when some group's heaviest expert exceeds (active - 1) T
+        heaviest = 0.0
+        for k in range(num_groups):
+            heaviest = max(heaviest, group_max[k])
+        hot_possible = False
+        for n in range(num_nodes):
+            if node_active[n] >= 2 and heaviest > (node_active[n] - 1) * target * (1.0 + 1e-12):
+                hot_possible = True
+        if hot_room and strong:  # the nodes' expert sets checked at this target: 1 fits, -1 does not, 0 unknown
+            memo[:] = 0
+        t = np.int64(0)  # typed, like count above
+        steps = 0
+        building = True
+        while True:
+            if building:
+                if t == num_groups:
+                    if hot_room and strong and not _nodes_fit(target, order, chosen, held, groups, nodes, memo, scratch):
+                        t -= 1  # a dead end: undo the last group and try its next node
+                        empty_nodes += _take_off(t, order, chosen, group_load, need, load, used, held)
+                        building = False
+                        continue
+                    for i in range(num_groups):
+                        assign[order[i]] = chosen[i]
+                    return FEASIBLE
+                g = order[t]
+                m = 0
+                for n in range(num_nodes):
+                    if node_slots[n] == 0 or used[n] + need[g] > node_slots[n]:
+                        continue
+                    if load[n] + group_load[g] > target * node_active[n] * (1.0 + 1e-12):
+                        continue
+                    if hot_possible and not _hot_expert_fits(weights, group_size, group_max, order, chosen, t, g, n, node_active[n],
+                                            node_slots[n], target):
+                        continue
+                    if held[n] == 0:
+                        duplicate = False
+                        for n2 in range(n):
+                            if held[n2] == 0 and node_class[n2] == node_class[n] and node_slots[n2] > 0:
+                                duplicate = True
+                                break
+                        if duplicate:
+                            continue
+                        if empty_nodes - 1 > num_groups - t - 1:
+                            continue
+                    elif empty_nodes > num_groups - t - 1:
+                        continue
+                    # insertion sort by the node's load per GPU after taking the group
+                    value = (load[n] + group_load[g]) / node_active[n]
+                    i = m
+                    while i > 0 and key[cand[t, i - 1]] > value:
+                        cand[t, i] = cand[t, i - 1]
+                        i -= 1
+                    cand[t, i] = n
+                    key[n] = value
+                    m += 1
+                ncand[t] = m
+                pos[t] = 0
+                building = False
+            if pos[t] < ncand[t]:
+                steps += 1
+                if steps > budget:
+                    return UNDECIDED
+                n = cand[t, pos[t]]
+                pos[t] += 1
+                g = order[t]
+                if held[n] == 0:
+                    empty_nodes -= 1
+                load[n] += group_load[g]
+                used[n] += need[g]
+                held[n] += 1
+                chosen[t] = n
+                t += 1
+                building = True
+            else:
+                t -= 1
+                if t < 0:
+                    return INFEASIBLE
+                empty_nodes += _take_off(t, order, chosen, group_load, need, load, used, held)
+
+    search.__name__ = search.__qualname__ = name  # its own cache file
+    return njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)(search)
+
+
+_search = _searcher(False, "_search")
+_search_strong = _searcher(True, "_search_strong")
+
+
+def _assigner(hot_room, name):
+    """The kernel ``name`` (:func:`assign_groups`); with ``hot_room`` False (a constant of the kernel)
+    it ignores ``strong`` and compiles neither :func:`_nodes_fit` nor :func:`_search_strong`."""
+
+    def assign(weights, num_groups, node_slots, node_active, node_class, lower, budget, rel_tol, node_of_group,
+               strong, node_min, node_max):
+        """Assign the groups of every layer to nodes, minimising the smallest ``T`` both conditions allow.
+
+        Args:
+            weights: ``[L, E]`` float64; experts ``k*E/K ... (k+1)*E/K - 1`` form group ``k``.
+            node_slots, node_active, node_class: ``[N]`` int64 (see :class:`NodeTable`).
+            lower: ``[L]`` float64 valid lower bounds on the max load to start the search from.
+            budget: most search steps per feasibility test; rel_tol: relative precision of ``T``.
+            node_of_group: ``[L, K]`` int64 output.
+            strong, node_min, node_max: see :func:`_search` and :class:`NodeTable` (the bound uses
+                them; the placement's assignment does not).
+        Returns:
+            ``[L]`` float64: the largest ``T`` proven infeasible for every assignment (a lower bound on
+            the max load of every hierarchical placement), or ``lower`` where nothing was proven.
+        """
+        num_layers, num_experts = weights.shape
+        group_size = num_experts // num_groups
+        num_nodes = node_slots.shape[0]
+        proven = lower.copy()
+        group_load = np.empty(num_groups)
+        group_max = np.empty(num_groups)
+        need = np.empty(num_groups, np.int64)
+        assign = np.empty(num_groups, np.int64)
+        best = np.empty(num_groups, np.int64)
+        total_active = 0
+        for n in range(num_nodes):
+            total_active += node_active[n]
+        chosen = np.empty(num_groups, np.int64)
+        held = np.zeros(num_nodes, np.int64)
+        no_memo = np.zeros(1, np.int8)
+        scratch = np.empty((6, num_experts + 1))  # _nodes_fit's work space, allocated once
+        memo = np.zeros(1 << num_groups if strong and num_groups <= 16 else 1, np.int8)
+        unchecked = num_nodes < 0  # False as a run-time bool (a literal False would compile _search twice)
+        nodes = NodeTable(node_slots, node_active, node_class, node_min, node_max)
+        for layer in range(num_layers):
+            w = weights[layer]
+            total = 0.0
             for k in range(num_groups):
-                if best[k] == n:
-                    s += group_load[k]
-            if node_active[n] > 0:
-                hi = max(hi, s / node_active[n])
-        heaviest = w[0]  # w.max() (a NaN wins, as NumPy), as a loop: shorter to compile
-        for e in range(1, num_experts):
-            if heaviest != heaviest:
-                break
-            if w[e] > heaviest or w[e] != w[e]:
-                heaviest = w[e]
-        hi = max(hi, heaviest)
-        if hi < lo:
-            hi = lo
-        # the bisection without, then (strong, where the assignment found fails it) with the hot-room condition
-        for phase in range(2):
-            checked = phase == 1
-            if checked:
-                for i in range(num_groups):
-                    chosen[i] = best[order[i]]
-                held[:] = 0
+                s = 0.0
+                top = 0.0
+                for j in range(group_size):
+                    s += w[k * group_size + j]
+                    top = max(top, w[k * group_size + j])
+                group_load[k] = s
+                group_max[k] = top
+                total += s
+            order = stable_argsort(-group_load)
+            groups = GroupTable(w, group_size, group_load, need, group_max)
+            # a feasible start: capacity only (T = infinity)
+            _replicas_needed(w, group_size, num_groups, 0.0, need)
+            if hot_room:
+                status = _search_strong(np.inf, order, groups, nodes, budget, best, unchecked, memo, scratch)
+            else:
+                status = _search(np.inf, order, groups, nodes, budget, best, unchecked, memo, scratch)
+            if status != FEASIBLE:
+                node_of_group[layer, :] = -1  # no assignment fits the slots (the caller raises)
+                continue
+            if total <= 0.0:
+                _copy(best, node_of_group[layer])
+                continue
+            lo = lower[layer]
+            # an upper end: the loads of the capacity-only assignment
+            hi = 0.0
+            for n in range(num_nodes):
+                s = 0.0
                 for k in range(num_groups):
-                    held[best[k]] += 1
-                if not strong or _nodes_fit(hi, order, chosen, held, groups, nodes, no_memo, scratch):
+                    if best[k] == n:
+                        s += group_load[k]
+                if node_active[n] > 0:
+                    hi = max(hi, s / node_active[n])
+            heaviest = w[0]  # w.max() (a NaN wins, as NumPy), as a loop: shorter to compile
+            for e in range(1, num_experts):
+                if heaviest != heaviest:
                     break
-                lo = max(lo, proven[layer])
-            # check the upper end holds the conditions; raise it until it does
-            for _ in range(64):
-                _replicas_needed(w, group_size, num_groups, hi, need)
-                status = _search(hi, order, groups, nodes, budget, assign, checked, memo, scratch)
-                if status == FEASIBLE:
-                    if not checked:
-                        _copy(assign, best)
-                    break
+                if w[e] > heaviest or w[e] != w[e]:
+                    heaviest = w[e]
+            hi = max(hi, heaviest)
+            if hi < lo:
+                hi = lo
+            # the bisection without, then (strong, where the assignment found fails it) with the hot-room condition
+            for phase in range(2):
+                checked = phase == 1
                 if checked:
-                    lo = max(lo, hi)
-                hi *= 2.0
-            while hi - lo > rel_tol * hi:
-                mid = 0.5 * (lo + hi)
-                if not lo < mid < hi:  # adjacent floats (denormal loads): no midpoint left
-                    break
-                _replicas_needed(w, group_size, num_groups, mid, need)
-                status = _search(mid, order, groups, nodes, budget, assign, checked, memo, scratch)
-                if status == FEASIBLE:
-                    hi = mid
-                    if not checked:  # the placement's assignment: the conditions without the hot-room one
-                        _copy(assign, best)
-                else:
-                    if status == INFEASIBLE and mid > proven[layer]:
-                        proven[layer] = mid
-                    lo = mid
-        _copy(best, node_of_group[layer])
-    return proven
+                    for i in range(num_groups):
+                        chosen[i] = best[order[i]]
+                    held[:] = 0
+                    for k in range(num_groups):
+                        held[best[k]] += 1
+                    if not hot_room or not strong or _nodes_fit(hi, order, chosen, held, groups, nodes, no_memo,
+                                                                 scratch):
+                        break
+                    lo = max(lo, proven[layer])
+                # check the upper end holds the conditions; raise it until it does
+                for _ in range(64):
+                    _replicas_needed(w, group_size, num_groups, hi, need)
+                    if hot_room:
+                        status = _search_strong(hi, order, groups, nodes, budget, assign, checked, memo, scratch)
+                    else:
+                        status = _search(hi, order, groups, nodes, budget, assign, checked, memo, scratch)
+                    if status == FEASIBLE:
+                        if not checked:
+                            _copy(assign, best)
+                        break
+                    if checked:
+                        lo = max(lo, hi)
+                    hi *= 2.0
+                while hi - lo > rel_tol * hi:
+                    mid = 0.5 * (lo + hi)
+                    if not lo < mid < hi:  # adjacent floats (denormal loads): no midpoint left
+                        break
+                    _replicas_needed(w, group_size, num_groups, mid, need)
+                    if hot_room:
+                        status = _search_strong(mid, order, groups, nodes, budget, assign, checked, memo, scratch)
+                    else:
+                        status = _search(mid, order, groups, nodes, budget, assign, checked, memo, scratch)
+                    if status == FEASIBLE:
+                        hi = mid
+                        if not checked:  # the placement's assignment: the conditions without the hot-room one
+                            _copy(assign, best)
+                    else:
+                        if status == INFEASIBLE and mid > proven[layer]:
+                            proven[layer] = mid
+                        lo = mid
+            _copy(best, node_of_group[layer])
+        return proven
+
+    assign.__name__ = assign.__qualname__ = name  # its own cache file
+    return njit(cache=True, nogil=True, error_model="numpy")(assign)
 
 
-@njit(cache=True, nogil=True, error_model="numpy")
+_assign_groups = _assigner(False, "_assign_groups")
+_assign_groups_strong = _assigner(True, "_assign_groups_strong")
+
+
+def assign_groups(weights, num_groups, node_slots, node_active, node_class, lower, budget, rel_tol, node_of_group,
+                  strong, node_min, node_max):
+    """Assign the groups of every layer to nodes (:func:`_assigner`'s kernel, the one ``strong``
+    needs: the placement's assignment compiles no hot-room check)."""
+    kernel = _assign_groups_strong if strong else _assign_groups
+    return kernel(weights, num_groups, node_slots, node_active, node_class, lower, budget, rel_tol, node_of_group,
+                  bool(strong), node_min, node_max)
+
+
+@njit(cache=True, nogil=True, error_model="numpy", inline="always")
 def _lightest_sum(asc, count, skip):
     """Sum of the ``count`` smallest of ``asc [K]`` (increasing) after the first ``skip``: the
     lightest groups that are not among the ``skip`` lightest already counted."""

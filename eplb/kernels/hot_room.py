@@ -10,7 +10,7 @@ sits 1-4% higher: the next experts of the node are too big for the room the hot 
 import numpy as np
 from numba import njit
 
-from .common import fewest_replicas, lightest_items
+from .common import INTERNAL, fewest_replicas, lightest_items
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
@@ -125,7 +125,7 @@ def hot_room_fits(desc, num, target, active, slots, min_slots, max_slots, asc, p
     return False
 
 
-@njit(cache=True, nogil=True, error_model="numpy")
+@njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
 def _sort_together(keys, a, b, n):
     """Sort ``keys[:n]`` decreasing, ``a[:n]`` and ``b[:n]`` with it (insertion sort: few items)."""
     for i in range(1, n):

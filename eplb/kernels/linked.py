@@ -3,6 +3,8 @@
 import numpy as np
 from numba import njit
 
+from .common import stable_argsort
+
 
 @njit(cache=True, nogil=True, error_model="numpy")
 def linked_placement(weights, start, gpu_of_slot, slot_offsets, zone_of_gpu):
@@ -89,7 +91,7 @@ def linked_placement(weights, start, gpu_of_slot, slot_offsets, zone_of_gpu):
                     num_members += 1
             if num_members == 0:
                 continue
-            order = np.argsort(member_weight[:num_members], kind="mergesort")  # heaviest first, ties by index
+            order = stable_argsort(member_weight[:num_members])  # heaviest first, ties by index
             num_linked = room - num_members
             for j in range(num_linked):
                 e = members[order[j]]

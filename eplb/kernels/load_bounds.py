@@ -5,7 +5,7 @@ from collections import namedtuple
 import numpy as np
 from numba import njit
 
-from .common import fewest_replicas, lightest_items, shell_sort
+from .common import INTERNAL, fewest_replicas, lightest_items, shell_sort
 
 BisectStack = namedtuple("BisectStack", ["lo", "hi", "a", "b", "it"])
 BisectStack.__doc__ = """The stack of :func:`_smallest_items_lower`'s bisection tree nodes, one entry a
@@ -13,7 +13,7 @@ node: ``lo``, ``hi`` float64 its interval, ``a``, ``b`` int64 its ranks ``ranks[
 int64 the halvings done."""
 
 
-@njit(cache=True, nogil=True, error_model="numpy")
+@njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
 def _dhondt(w, num_replicas, counts):
     """Greedy (D'Hondt) replication of the loads ``w [E]`` in decreasing order: one replica at a
     time to the expert with the largest load per replica (the first on ties), ``R`` in all.
@@ -64,7 +64,7 @@ def min_max_replica_load(desc, num_replicas):
     return out
 
 
-@njit(cache=True, nogil=True, error_model="numpy")
+@njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
 def _fewest_items_at_least(sorted_desc, extra, x):
     """Fewest replicas carrying ``>= x`` over every replication with ``extra`` replicas beyond one each.
 
@@ -93,14 +93,14 @@ def _fewest_items_at_least(sorted_desc, extra, x):
     return n - pushed
 
 
-@njit(cache=True, nogil=True, error_model="numpy")
+@njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
 def _above(x):
     """A value strictly above ``x >= 0`` by a relative hair (1e-12), or the next float when that
     rounds back to ``x`` (denormal ``x``): the bisections' upper end, above every replica load."""
     return max(x * (1.0 + 1e-12), np.nextafter(x, np.inf))
 
 
-@njit(cache=True, nogil=True, error_model="numpy")
+@njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
 def _smallest_item_lower(sorted_desc, extra, rank):
     """``t_rank``: the smallest possible ``rank``-th largest replica load over every replication
     (``rank`` 1-based), to ~1e-6 relative precision from below."""
@@ -121,7 +121,7 @@ def _smallest_item_lower(sorted_desc, extra, rank):
     return lo
 
 
-@njit(cache=True, nogil=True, error_model="numpy")
+@njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
 def _settle_or_push(lo, hi, a, b, it, out, out_hi, tol, stack, depth):
     """Bisection step for ``ranks[a:b]`` now known to lie in ``[lo, hi]``: answer ``lo`` (and ``hi``
     in ``out_hi``) when the interval is narrow (``tol`` relative, or after 60 halvings), else push
@@ -140,7 +140,7 @@ def _settle_or_push(lo, hi, a, b, it, out, out_hi, tol, stack, depth):
     return depth + 1
 
 
-@njit(cache=True, nogil=True, error_model="numpy")
+@njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
 def _smallest_items_lower(sorted_desc, extra, ranks, out, out_hi, tol):
     """:func:`_smallest_item_lower` for many ranks at once, the same values bit for bit.
 
@@ -273,7 +273,7 @@ def pigeonhole_bound(desc, num_slots, active_gpus, min_slots, floor):
     return out
 
 
-@njit(cache=True, nogil=True, error_model="numpy")
+@njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
 def _pigeonhole_value(t, asc, copies, num_experts, active_gpus, min_slots):
     """The formulas of :func:`pigeonhole_bound` for ``t [E + 2]`` (``t[i]``: the ``i``-th largest
     replica load or a bound on it; every formula grows with each ``t[i]``), ``asc [E]`` the loads
@@ -296,7 +296,7 @@ def _pigeonhole_value(t, asc, copies, num_experts, active_gpus, min_slots):
     return best
 
 
-@njit(cache=True, nogil=True, error_model="numpy")
+@njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
 def _small(asc, copies, q):
     """The ``q`` smallest entries of the multiset holding ``copies`` copies of each
     ``asc[e] / copies`` (``asc [E]`` increasing): the ``small(q)`` of :func:`pigeonhole_bound`."""
@@ -370,7 +370,7 @@ def replica_and_pigeonhole_upper(desc, num_slots, active_gpus, min_slots):
     return replica, out
 
 
-@njit(cache=True, nogil=True, error_model="numpy")
+@njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
 def _threshold_feasible(w, target, num_slots, active_gpus, min_slots, filler, max_m):
     """Necessary conditions for a max load ``<= target``, for one replication chosen for all at once.
 
@@ -471,7 +471,7 @@ def threshold_bound(weights, lower, num_slots, active_gpus, min_slots, max_m):
     return out
 
 
-@njit(cache=True, nogil=True, error_model="numpy")
+@njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
 def _tier_value(hot_load, asc, prefix, num_hot, num_slots, num_experts, active_gpus, min_slots, max_slots, floor):
     """:func:`tier_bound` for one heavy tier of ``num_hot`` experts of total load ``hot_load``: the
     minimum over its replica count ``R`` and the number ``q`` of GPUs holding its replicas, or the

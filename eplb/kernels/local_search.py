@@ -8,10 +8,12 @@ expert on a GPU that did not already hold one.
 import numpy as np
 from numba import njit
 
+from .common import INTERNAL
+
 from .packing import load_state, new_state, recompute_loads, store_state
 
 
-@njit(cache=True, nogil=True, error_model="numpy")
+@njit(cache=True, nogil=True, error_model="numpy", inline="always")
 def _swap(h, i, g, j, item_load, item_expert, gpu_items, gpu_load, holds):
     """Exchange replica ``gpu_items[h, i]`` with ``gpu_items[g, j]``."""
     a = gpu_items[h, i]
@@ -27,7 +29,7 @@ def _swap(h, i, g, j, item_load, item_expert, gpu_items, gpu_load, holds):
     holds[h, item_expert[b]] += 1
 
 
-@njit(cache=True, nogil=True, error_model="numpy")
+@njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
 def spread_duplicates(item_load, item_expert, gpus, gpu_items, gpu_fill, gpu_load, holds):
     """Swap every second replica of an expert on one GPU with a replica on another GPU of ``gpus``
     that does not hold that expert (and whose expert the first GPU lacks), choosing the swap that
@@ -69,7 +71,7 @@ def spread_duplicates(item_load, item_expert, gpus, gpu_items, gpu_fill, gpu_loa
     return swaps
 
 
-@njit(cache=True, nogil=True, error_model="numpy")
+@njit(cache=True, nogil=True, error_model="numpy", inline="always")
 def _order_by_load(gpus, gpu_load, gpu_fill, order):
     """Insertion-sort ``gpus [n]`` by load into ``order [n]`` (lightest first); return the heaviest
     GPU that holds a replica, or -1."""
@@ -86,7 +88,7 @@ def _order_by_load(gpus, gpu_load, gpu_fill, order):
     return h
 
 
-@njit(cache=True, nogil=True, error_model="numpy")
+@njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
 def swap_descent(item_load, item_expert, gpus, gpu_items, gpu_fill, gpu_load, holds, max_steps):
     """Lower the heaviest GPU by swaps until no single swap lowers it.
 
@@ -190,7 +192,7 @@ def improve_placement(weights, phy2log, slot_offsets, gpu_domain, max_swaps):
     return out, swaps
 
 
-@njit(cache=True, nogil=True, error_model="numpy")
+@njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
 def _pairs(g, other, item_load, item_expert, gpu_items, gpu_fill, holds, sums, first, second):
     """Pairs of replicas on ``g`` of two different experts that ``other`` lacks: their load sums
     in increasing order in ``sums[:n]`` with their positions ``first``/``second``. Returns ``n``."""
@@ -217,7 +219,7 @@ def _pairs(g, other, item_load, item_expert, gpu_items, gpu_fill, holds, sums, f
     return n
 
 
-@njit(cache=True, nogil=True, error_model="numpy")
+@njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
 def pair_swap_descent(item_load, item_expert, gpus, gpu_items, gpu_fill, gpu_load, holds, max_steps):
     """Like :func:`swap_descent`, but also exchanges two replicas of the heaviest GPU for two of
     another GPU (the lightest first, as in :func:`swap_descent`) when no single swap helps. The

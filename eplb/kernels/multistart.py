@@ -15,7 +15,7 @@ from collections import namedtuple
 import numpy as np
 from numba import njit
 
-from .common import shared_replicas
+from .common import INTERNAL, shared_replicas, stable_argsort
 from .pack_descend import descend, domain_slots, pack_domain
 from .local_search import pair_swap_descent
 from .packing import PackState, clear_gpus, load_state, new_state, recompute_loads, store_state
@@ -40,7 +40,7 @@ domain's experts heaviest first), ``expert [S]`` int64 the expert of every slot 
 ``shared`` the replicas it puts on a GPU with another replica of their expert (int64)."""
 
 
-@njit(cache=True, nogil=True, error_model="numpy")
+@njit(cache=True, nogil=True, error_model="numpy", inline="always")
 def _next(state):
     """splitmix64 step: returns a float in [0, 1) and advances ``state[0]``."""
     state[0] = (state[0] + np.uint64(0x9E3779B97F4A7C15)) & np.uint64(0xFFFFFFFFFFFFFFFF)
@@ -51,7 +51,7 @@ def _next(state):
     return (z >> np.uint64(11)) * (1.0 / 9007199254740992.0)
 
 
-@njit(cache=True, nogil=True, error_model="numpy")
+@njit(cache=True, nogil=True, error_model="numpy", inline="always")
 def _domain_max(gpus, gpu_load):
     top = 0.0
     for gi in range(gpus.shape[0]):
@@ -59,7 +59,7 @@ def _domain_max(gpus, gpu_load):
     return top
 
 
-@njit(cache=True, nogil=True, error_model="numpy")
+@njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
 def _perturb(w, experts, counts, cap, moves, state):
     """Move ``moves`` replicas from donors (``counts >= 2``) to receivers (``counts < cap``, drawn
     with probability proportional to load per replica). Returns False when no move is possible."""
@@ -97,7 +97,7 @@ def _perturb(w, experts, counts, cap, moves, state):
     return True
 
 
-@njit(cache=True, nogil=True, error_model="numpy")
+@njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
 def _apportion(w, experts, first, last, seats, cap, counts):
     """D'Hondt: ``seats`` replicas over ``experts[first:last]`` (one each, then one at a time to the
     largest load per replica, at most ``cap`` each), written to ``counts[first:last]``. Returns False
@@ -182,7 +182,7 @@ def aligned_counts(w, experts, counts, num_slots, num_gpus, cap, wide, candidate
     return found
 
 
-@njit(cache=True, nogil=True, error_model="numpy")
+@njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
 def _add_candidate(w, experts, counts, t, seats, num_slots, cap, row, candidates, found):
     """Append the replication giving ``seats`` replicas to the ``t`` heaviest experts and the rest to
     the others (D'Hondt in each) to ``candidates`` unless it does not fit, equals ``counts`` or is
@@ -247,7 +247,7 @@ def light_split(w, experts, counts, level, row):
     return False
 
 
-@njit(cache=True, nogil=True, error_model="numpy")
+@njit(cache=True, nogil=True, error_model="numpy", inline="always")
 def _is_new(row, n, counts, rows, found):
     """Whether ``row[:n]`` differs from ``counts[:n]`` and from ``rows[:found, :n]``."""
     for c in range(-1, found):
@@ -261,7 +261,7 @@ def _is_new(row, n, counts, rows, found):
     return True
 
 
-@njit(cache=True, nogil=True, error_model="numpy")
+@njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
 def _pack_and_keep(w, experts, counts, domain, pack, kept, best_max):
     """Pack the replication ``counts`` on the :class:`Domain`'s GPUs (:func:`eplb.kernels.pack_descend.pack_domain`,
     in the :class:`eplb.kernels.packing.PackState` ``pack``) and keep it in ``kept.counts`` / ``kept.expert`` (a
@@ -285,7 +285,7 @@ def _pack_and_keep(w, experts, counts, domain, pack, kept, best_max):
     return best_max
 
 
-@njit(cache=True, nogil=True, error_model="numpy")
+@njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
 def _move_descent(w, experts, first_base, domain, pack, kept, best_max, cap, move_experts, move_passes):
     """Up to ``move_passes`` rounds, while a round helps: every move of one replica to one of the
     ``move_experts`` heaviest experts (``experts`` heaviest first) from another of them or from the
@@ -333,133 +333,147 @@ def _move_descent(w, experts, first_base, domain, pack, kept, best_max, cap, mov
     return best_max
 
 
-@njit(cache=True, nogil=True, error_model="numpy")
-def best_placement(weights, slots_per_gpu, gpu_domain, start, num_starts, max_steps, seed, pair_swaps, threshold,
-                   move_experts, move_passes, move_threshold):
-    """Improve ``start`` layer by layer (module docstring).
+def _multistart(full, name):
+    """The kernel ``name``: :func:`best_placement` (``full``) or :func:`aligned_placement`, which (``full``
+    False, a constant of the kernel, its branches pruned before typing) runs the aligned and
+    light-split replications only, as if ``num_starts`` and ``move_passes`` were 0 and ``pair_swaps``
+    False, and compiles none of the seeded perturbations, replica moves and pair swaps (the default
+    method's aligned pass on a deployment too large for retries needs none)."""
 
-    Args:
-        weights: ``[L, E]`` float64; slots_per_gpu: ``[G]`` int64; gpu_domain: ``[G]`` int64.
-        start: ``[L, S]`` int64 placement to improve; each expert's replicas lie in one domain.
-        num_starts: replications tried per layer and domain; max_steps: most swaps per descent.
-        seed: seed of the generator; pair_swaps: finish with :func:`pair_swap_descent` (slower).
-        threshold: ``[L]`` float64; a domain whose heaviest GPU is not above ``threshold[layer]``
-            is left as it is (pass a proven bound to skip domains that cannot matter, zeros for all).
-        move_experts, move_passes, move_threshold: on the domains whose heaviest GPU is above
-            ``move_threshold[layer]`` (``[L]`` float64), from the start's replication and again after
-            the aligned ones, up to ``move_passes`` rounds of replica moves between the domain's
-            heaviest experts (:func:`_move_descent`); 0 passes: none.
-    Returns:
-        ``phy2log [L, S]`` int64 whose max load per layer and domain is never above ``start``'s.
-    """
-    num_layers, num_experts = weights.shape
-    num_gpus = slots_per_gpu.shape[0]
-    num_slots = start.shape[1]
-    width = np.int64(1)  # not the literal 1: new_state then has one compiled specialization
-    num_domains = 0
-    for g in range(num_gpus):
-        width = max(width, slots_per_gpu[g])
-        num_domains = max(num_domains, gpu_domain[g] + 1)
-    slot_offsets = np.zeros(num_gpus + 1, np.int64)
-    for g in range(num_gpus):
-        slot_offsets[g + 1] = slot_offsets[g] + slots_per_gpu[g]
-    out = start.copy()
-    item_expert, item_load, gpu_items, gpu_fill, gpu_load, holds = new_state(num_slots, num_gpus, width, num_experts)
-    pack = PackState(item_expert, item_load, gpu_items, gpu_fill, gpu_load, holds)
-    best_expert = np.empty(num_slots, np.int64)
-    aligned = np.empty((27, num_experts), np.int64)  # 13 aligned, then light_split of those and of the start
-    split = np.empty(num_experts, np.int64)
-    state = np.zeros(1, np.uint64)
-    counts_all = np.zeros(num_experts, np.int64)
-    for layer in range(num_layers):
-        w = weights[layer]
-        # the same seed for every layer: a layer's row depends on its own loads, not on where it sits
-        state[0] = np.uint64(seed) * np.uint64(1000003)
-        counts_all[:] = 0
-        for s in range(num_slots):
-            counts_all[start[layer, s]] += 1
-        loaded = False  # whether the working state holds out[layer] outside the domains already searched
-        for d in range(num_domains):
-            gpus = np.where((gpu_domain == d) & (slots_per_gpu > 0))[0].astype(np.int64)
-            if gpus.shape[0] == 0:
-                continue
-            # GPUs in one block (nodes): the domain's replicas keep the ids of its slots, so packing it
-            # leaves the other domains' state intact and the layer's state is loaded once
-            first_item = slot_offsets[gpus[0]]
-            contiguous = gpus[gpus.shape[0] - 1] - gpus[0] + 1 == gpus.shape[0]
-            # the domain's experts: those in its slots
-            seen = np.zeros(num_experts, np.bool_)
-            for gi in range(gpus.shape[0]):
-                g = gpus[gi]
-                for s in range(slot_offsets[g], slot_offsets[g + 1]):
-                    seen[start[layer, s]] = True
-            experts = np.where(seen)[0].astype(np.int64)
-            # heaviest first: the search then does not depend on how the experts are numbered
-            experts = experts[np.argsort(-w[experts], kind="mergesort")]
-            best_counts = counts_all[experts].copy()
-            if not (loaded and contiguous):
-                load_state(out[layer], w, slot_offsets, item_expert, item_load, gpu_items, gpu_fill, gpu_load, holds)
-            loaded = contiguous
-            best_max = _domain_max(gpus, gpu_load)
-            if best_max <= threshold[layer]:
-                continue
-            kept = Kept(best_counts, best_expert, shared_replicas(gpus, gpu_items, gpu_fill, item_expert, holds))
-            domain = Domain(gpus, slots_per_gpu, slot_offsets, first_item if contiguous else np.int64(0), max_steps)
-            for gi in range(gpus.shape[0]):
-                g = gpus[gi]
-                for s in range(slot_offsets[g], slot_offsets[g + 1]):
-                    best_expert[s] = out[layer, s]
-            cap = gpus.shape[0]
-            while cap * experts.shape[0] < domain_slots(gpus, slot_offsets[1:] - slot_offsets[:-1]):
-                cap += gpus.shape[0]
-            # the aligned replications (from the start's counts), the seeded perturbations of the best one,
-            # the light-split ones, then replica moves from the start's counts and from the best
-            num_aligned = aligned_counts(w, experts, best_counts, domain_slots(gpus, slots_per_gpu), gpus.shape[0],
-                                         cap, num_starts > 0, aligned)
-            start_counts = best_counts.copy()
-            # each of those and the start with the light experts' extra replicas on the lightest ones
-            level = 0.0
-            for i in range(experts.shape[0]):
-                level += w[experts[i]]
-            level /= gpus.shape[0]
-            num_rows = num_aligned
-            for i in range(-1, num_aligned):
-                source = best_counts if i < 0 else aligned[i, :experts.shape[0]]
-                if light_split(w, experts, source, level, split) and _is_new(split, experts.shape[0], best_counts,
-                                                                             aligned, num_rows):
-                    for j in range(experts.shape[0]):  # a loop, not a slice assignment: see hierarchy._copy
-                        aligned[num_rows, j] = split[j]
-                    num_rows += 1
-            for trial in range(num_aligned):
-                best_max = _pack_and_keep(w, experts, aligned[trial, :experts.shape[0]].copy(), domain, pack, kept,
-                                          best_max)
-            for step in range(num_starts):
-                counts = best_counts.copy()
-                if step > 0 and not _perturb(w, experts, counts, cap, 1 + step % 3, state):
-                    break
-                best_max = _pack_and_keep(w, experts, counts, domain, pack, kept, best_max)
-            for trial in range(num_aligned, num_rows):
-                best_max = _pack_and_keep(w, experts, aligned[trial, :experts.shape[0]].copy(), domain, pack, kept,
-                                          best_max)
-            if move_passes > 0 and best_max > move_threshold[layer]:
-                for source in range(2):  # the start's replication (the others may lead elsewhere), then the best
-                    best_max = _move_descent(w, experts, start_counts if source == 0 else best_counts, domain, pack,
-                                             kept, best_max, cap, move_experts, move_passes)
-            # pair swaps on the best packing found
-            if not pair_swaps:
+    def improve(weights, slots_per_gpu, gpu_domain, start, num_starts, max_steps, seed, pair_swaps, threshold,
+                move_experts, move_passes, move_threshold):
+        """Improve ``start`` layer by layer (module docstring).
+
+        Args:
+            weights: ``[L, E]`` float64; slots_per_gpu: ``[G]`` int64; gpu_domain: ``[G]`` int64.
+            start: ``[L, S]`` int64 placement to improve; each expert's replicas lie in one domain.
+            num_starts: replications tried per layer and domain; max_steps: most swaps per descent.
+            seed: seed of the generator; pair_swaps: finish with :func:`pair_swap_descent` (slower).
+            threshold: ``[L]`` float64; a domain whose heaviest GPU is not above ``threshold[layer]``
+                is left as it is (pass a proven bound to skip domains that cannot matter, zeros for all).
+            move_experts, move_passes, move_threshold: on the domains whose heaviest GPU is above
+                ``move_threshold[layer]`` (``[L]`` float64), from the start's replication and again after
+                the aligned ones, up to ``move_passes`` rounds of replica moves between the domain's
+                heaviest experts (:func:`_move_descent`); 0 passes: none.
+        Returns:
+            ``phy2log [L, S]`` int64 whose max load per layer and domain is never above ``start``'s.
+        """
+        num_layers, num_experts = weights.shape
+        num_gpus = slots_per_gpu.shape[0]
+        num_slots = start.shape[1]
+        width = np.int64(1)  # not the literal 1: new_state then has one compiled specialization
+        num_domains = 0
+        for g in range(num_gpus):
+            width = max(width, slots_per_gpu[g])
+            num_domains = max(num_domains, gpu_domain[g] + 1)
+        slot_offsets = np.zeros(num_gpus + 1, np.int64)
+        for g in range(num_gpus):
+            slot_offsets[g + 1] = slot_offsets[g] + slots_per_gpu[g]
+        out = start.copy()
+        item_expert, item_load, gpu_items, gpu_fill, gpu_load, holds = new_state(num_slots, num_gpus, width, num_experts)
+        pack = PackState(item_expert, item_load, gpu_items, gpu_fill, gpu_load, holds)
+        best_expert = np.empty(num_slots, np.int64)
+        aligned = np.empty((27, num_experts), np.int64)  # 13 aligned, then light_split of those and of the start
+        split = np.empty(num_experts, np.int64)
+        state = np.zeros(1, np.uint64)
+        counts_all = np.zeros(num_experts, np.int64)
+        for layer in range(num_layers):
+            w = weights[layer]
+            # the same seed for every layer: a layer's row depends on its own loads, not on where it sits
+            state[0] = np.uint64(seed) * np.uint64(1000003)
+            counts_all[:] = 0
+            for s in range(num_slots):
+                counts_all[start[layer, s]] += 1
+            loaded = False  # whether the working state holds out[layer] outside the domains already searched
+            for d in range(num_domains):
+                gpus = np.where((gpu_domain == d) & (slots_per_gpu > 0))[0].astype(np.int64)
+                if gpus.shape[0] == 0:
+                    continue
+                # GPUs in one block (nodes): the domain's replicas keep the ids of its slots, so packing it
+                # leaves the other domains' state intact and the layer's state is loaded once
+                first_item = slot_offsets[gpus[0]]
+                contiguous = gpus[gpus.shape[0] - 1] - gpus[0] + 1 == gpus.shape[0]
+                # the domain's experts: those in its slots
+                seen = np.zeros(num_experts, np.bool_)
+                for gi in range(gpus.shape[0]):
+                    g = gpus[gi]
+                    for s in range(slot_offsets[g], slot_offsets[g + 1]):
+                        seen[start[layer, s]] = True
+                experts = np.where(seen)[0].astype(np.int64)
+                # heaviest first: the search then does not depend on how the experts are numbered
+                experts = experts[stable_argsort(-w[experts])]
+                best_counts = counts_all[experts].copy()
+                if not (loaded and contiguous):
+                    load_state(out[layer], w, slot_offsets, item_expert, item_load, gpu_items, gpu_fill, gpu_load, holds)
+                loaded = contiguous
+                best_max = _domain_max(gpus, gpu_load)
+                if best_max <= threshold[layer]:
+                    continue
+                kept = Kept(best_counts, best_expert, shared_replicas(gpus, gpu_items, gpu_fill, item_expert, holds))
+                domain = Domain(gpus, slots_per_gpu, slot_offsets, first_item if contiguous else np.int64(0), max_steps)
+                for gi in range(gpus.shape[0]):
+                    g = gpus[gi]
+                    for s in range(slot_offsets[g], slot_offsets[g + 1]):
+                        best_expert[s] = out[layer, s]
+                cap = gpus.shape[0]
+                while cap * experts.shape[0] < domain_slots(gpus, slot_offsets[1:] - slot_offsets[:-1]):
+                    cap += gpus.shape[0]
+                # the aligned replications (from the start's counts), the seeded perturbations of the best one,
+                # the light-split ones, then replica moves from the start's counts and from the best
+                num_aligned = aligned_counts(w, experts, best_counts, domain_slots(gpus, slots_per_gpu), gpus.shape[0],
+                                             cap, num_starts > 0, aligned)
+                start_counts = best_counts.copy()
+                # each of those and the start with the light experts' extra replicas on the lightest ones
+                level = 0.0
+                for i in range(experts.shape[0]):
+                    level += w[experts[i]]
+                level /= gpus.shape[0]
+                num_rows = num_aligned
+                for i in range(-1, num_aligned):
+                    source = best_counts if i < 0 else aligned[i, :experts.shape[0]]
+                    if light_split(w, experts, source, level, split) and _is_new(split, experts.shape[0], best_counts,
+                                                                                 aligned, num_rows):
+                        for j in range(experts.shape[0]):  # a loop, not a slice assignment: see hierarchy._copy
+                            aligned[num_rows, j] = split[j]
+                        num_rows += 1
+                for trial in range(num_aligned):
+                    best_max = _pack_and_keep(w, experts, aligned[trial, :experts.shape[0]].copy(), domain, pack, kept,
+                                              best_max)
+                if full:
+                    for step in range(num_starts):
+                        counts = best_counts.copy()
+                        if step > 0 and not _perturb(w, experts, counts, cap, 1 + step % 3, state):
+                            break
+                        best_max = _pack_and_keep(w, experts, counts, domain, pack, kept, best_max)
+                for trial in range(num_aligned, num_rows):
+                    best_max = _pack_and_keep(w, experts, aligned[trial, :experts.shape[0]].copy(), domain, pack, kept,
+                                              best_max)
+                if full and move_passes > 0 and best_max > move_threshold[layer]:
+                    for source in range(2):  # the start's replication (the others may lead elsewhere), then the best
+                        best_max = _move_descent(w, experts, start_counts if source == 0 else best_counts, domain, pack,
+                                                 kept, best_max, cap, move_experts, move_passes)
+                # pair swaps on the best packing found
+                if not full or not pair_swaps:
+                    for gi in range(gpus.shape[0]):
+                        g = gpus[gi]
+                        for s in range(slot_offsets[g], slot_offsets[g + 1]):
+                            out[layer, s] = best_expert[s]
+                    continue
                 for gi in range(gpus.shape[0]):
                     g = gpus[gi]
                     for s in range(slot_offsets[g], slot_offsets[g + 1]):
                         out[layer, s] = best_expert[s]
-                continue
-            for gi in range(gpus.shape[0]):
-                g = gpus[gi]
-                for s in range(slot_offsets[g], slot_offsets[g + 1]):
-                    out[layer, s] = best_expert[s]
-            load_state(out[layer], w, slot_offsets, item_expert, item_load, gpu_items, gpu_fill, gpu_load, holds)
-            loaded = True
-            pair_swap_descent(item_load, item_expert, gpus, gpu_items, gpu_fill, gpu_load, holds, max_steps)
-            recompute_loads(item_load, gpus, gpu_items, gpu_fill, gpu_load)
-            if _domain_max(gpus, gpu_load) <= best_max:
-                store_state(item_expert, gpu_items, gpu_fill, slot_offsets, out[layer])
-    return out
+                load_state(out[layer], w, slot_offsets, item_expert, item_load, gpu_items, gpu_fill, gpu_load, holds)
+                loaded = True
+                pair_swap_descent(item_load, item_expert, gpus, gpu_items, gpu_fill, gpu_load, holds, max_steps)
+                recompute_loads(item_load, gpus, gpu_items, gpu_fill, gpu_load)
+                if _domain_max(gpus, gpu_load) <= best_max:
+                    store_state(item_expert, gpu_items, gpu_fill, slot_offsets, out[layer])
+        return out
+
+    improve.__name__ = improve.__qualname__ = name  # its own cache file
+    return njit(cache=True, nogil=True, error_model="numpy")(improve)
+
+
+best_placement = _multistart(True, "best_placement")
+aligned_placement = _multistart(False, "aligned_placement")

@@ -10,6 +10,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from .common import stable_argsort
+
 
 @njit(cache=True, nogil=True, error_model="numpy")
 def node_target(loads, gpus, budget):
@@ -65,7 +67,7 @@ def off_node_pieces(weights, expert_node, gpus, free_slots, budget, max_piece, p
         for n in range(num_nodes):
             if gpus[n] == 0:
                 room[n] = 0.0
-        order = np.argsort(-weights[layer], kind="mergesort")
+        order = stable_argsort(-weights[layer])
         for _ in range(num_nodes):
             donor = np.argmax(excess)
             if excess[donor] <= 0:

@@ -7,14 +7,14 @@ in hierarchical mode); every domain is placed on its own.
 import numpy as np
 from numba import njit
 
-from .common import shared_replicas
+from .common import INTERNAL, shared_replicas, stable_argsort
 from .local_search import spread_duplicates, swap_descent
 from .packing import (PackState, clear_gpus, new_state, pack_spread_by_free_slots, pack_spread_largest_first,
                       recompute_loads, store_state)
 from .replication import replicate_capped
 
 
-@njit(cache=True, nogil=True, error_model="numpy")
+@njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
 def pack_domain(w, experts, counts, gpus, slots_per_gpu, first_item, pack):
     """Pack ``counts[i]`` replicas of ``experts[i]`` on the slots of ``gpus``: spread largest-first,
     duplicates swapped apart (or, if some remain, a rebuild that spreads every expert whenever the
@@ -32,13 +32,13 @@ def pack_domain(w, experts, counts, gpus, slots_per_gpu, first_item, pack):
     item_expert, item_load, gpu_items, gpu_fill, gpu_load, holds = pack
     item = first_item
     # heaviest expert first, so that ties below do not depend on how the experts are numbered
-    for i in np.argsort(-w[experts], kind="mergesort"):
+    for i in stable_argsort(-w[experts]):
         e = experts[i]
         for _ in range(counts[i]):
             item_expert[item] = e
             item_load[item] = w[e] / counts[i]
             item += 1
-    items = first_item + np.argsort(-item_load[first_item:item], kind="mergesort")
+    items = first_item + stable_argsort(-item_load[first_item:item])
     pack_spread_largest_first(item_load, item_expert, items, gpus, slots_per_gpu, gpu_items, gpu_fill, gpu_load,
                               holds)
     spread_duplicates(item_load, item_expert, gpus, gpu_items, gpu_fill, gpu_load, holds)
@@ -50,7 +50,7 @@ def pack_domain(w, experts, counts, gpus, slots_per_gpu, first_item, pack):
     return item
 
 
-@njit(cache=True, nogil=True, error_model="numpy")
+@njit(cache=True, nogil=True, error_model="numpy", inline="always")
 def descend(pack, gpus, max_steps):
     """Swap descent on a packing of ``gpus`` in the :class:`eplb.kernels.packing.PackState` ``pack``
     (:func:`eplb.kernels.local_search.swap_descent`, at most ``max_steps`` swaps), then the GPU
@@ -65,10 +65,10 @@ def descend(pack, gpus, max_steps):
     recompute_loads(item_load, gpus, gpu_items, gpu_fill, gpu_load)
 
 
-@njit(cache=True, nogil=True, error_model="numpy")
+@njit(cache=True, nogil=True, error_model="numpy", inline="always")
 def domain_slots(gpus, slots_per_gpu):
     """Slots of the listed GPUs."""
-    total = 0
+    total = np.int64(0)  # not a literal 0: inlined, it would make the caller type its callees twice
     for gi in range(gpus.shape[0]):
         total += slots_per_gpu[gpus[gi]]
     return total

@@ -17,11 +17,13 @@ from collections import namedtuple
 import numpy as np
 from numba import njit
 
+from .common import INTERNAL, stable_argsort
+
 PackState = namedtuple("PackState", ["item_expert", "item_load", "gpu_items", "gpu_fill", "gpu_load", "holds"])
 PackState.__doc__ = """The working state of one layer (module docstring), as :func:`new_state` returns it."""
 
 
-@njit(cache=True, nogil=True, error_model="numpy")
+@njit(cache=True, nogil=True, error_model="numpy", inline="always")
 def new_state(num_slots, num_gpus, width, num_experts):
     """Empty working state (module docstring) for ``num_slots`` replicas on ``num_gpus`` GPUs of at
     most ``width`` slots: ``(item_expert, item_load, gpu_items, gpu_fill, gpu_load, holds)``."""
@@ -29,7 +31,7 @@ def new_state(num_slots, num_gpus, width, num_experts):
             np.zeros(num_gpus, np.int64), np.zeros(num_gpus), np.zeros((num_gpus, num_experts), np.int64))
 
 
-@njit(cache=True, nogil=True, error_model="numpy")
+@njit(cache=True, nogil=True, error_model="numpy", inline="always")
 def clear_gpus(gpus, item_expert, gpu_items, gpu_fill, gpu_load, holds):
     """Take every replica off the GPUs ``gpus [m]``."""
     for gi in range(gpus.shape[0]):
@@ -40,7 +42,7 @@ def clear_gpus(gpus, item_expert, gpu_items, gpu_fill, gpu_load, holds):
         gpu_load[g] = 0.0
 
 
-@njit(cache=True, nogil=True, error_model="numpy")
+@njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
 def pack_spread_largest_first(item_load, item_expert, items, gpus, slots_per_gpu, gpu_items, gpu_fill,
                               gpu_load, holds):
     """Place replicas in decreasing load, each on the lightest GPU with a free slot that does not
@@ -73,7 +75,7 @@ def pack_spread_largest_first(item_load, item_expert, items, gpus, slots_per_gpu
         holds[best, e] += 1
 
 
-@njit(cache=True, nogil=True, error_model="numpy")
+@njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
 def load_state(phy2log_row, weights_row, slot_offsets, item_expert, item_load, gpu_items, gpu_fill,
                gpu_load, holds):
     """Build the working state of one layer from a placement.
@@ -101,7 +103,7 @@ def load_state(phy2log_row, weights_row, slot_offsets, item_expert, item_load, g
             holds[g, e] += 1
 
 
-@njit(cache=True, nogil=True, error_model="numpy")
+@njit(cache=True, nogil=True, error_model="numpy", inline="always")
 def store_state(item_expert, gpu_items, gpu_fill, slot_offsets, phy2log_row):
     """Write the working state of one layer back as ``phy2log_row [S]``."""
     num_gpus = slot_offsets.shape[0] - 1
@@ -110,7 +112,7 @@ def store_state(item_expert, gpu_items, gpu_fill, slot_offsets, phy2log_row):
             phy2log_row[slot_offsets[g] + j] = item_expert[gpu_items[g, j]]
 
 
-@njit(cache=True, nogil=True, error_model="numpy")
+@njit(cache=True, nogil=True, error_model="numpy", inline="always")
 def recompute_loads(item_load, gpus, gpu_items, gpu_fill, gpu_load):
     """Sum every listed GPU's load afresh (removes rounding drift of incremental updates)."""
     for gi in range(gpus.shape[0]):
@@ -121,7 +123,7 @@ def recompute_loads(item_load, gpus, gpu_items, gpu_fill, gpu_load):
         gpu_load[g] = total
 
 
-@njit(cache=True, nogil=True, error_model="numpy")
+@njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
 def pack_spread_by_free_slots(item_load, item_expert, items, gpus, slots_per_gpu, gpu_items, gpu_fill, gpu_load,
                               holds):
     """Place the replicas of one expert after another (most replicas first), each on a different
@@ -144,9 +146,9 @@ def pack_spread_by_free_slots(item_load, item_expert, items, gpus, slots_per_gpu
     sizes = np.empty(runs, np.int64)
     for i in range(runs):
         sizes[i] = starts[i + 1] - starts[i]
-    # sorted as float64 (exact for these counts, same stable order): the float64 argsort is compiled
-    # anyway, an int64 one would be a second compiled sort
-    order = np.argsort(-sizes.astype(np.float64), kind="mergesort")
+    # sorted as float64 (exact for these counts, same stable order): the float64 stable sort is
+    # compiled anyway, an int64 one would be a second specialization
+    order = stable_argsort(-sizes.astype(np.float64))
     for oi in range(runs):
         run = order[oi]
         for t in range(starts[run], starts[run + 1]):

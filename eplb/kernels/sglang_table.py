@@ -14,6 +14,8 @@ index of the next word; a rank's streams are the rows of ``[G, 625]``.
 import numpy as np
 from numba import njit
 
+from .common import INTERNAL
+
 _N = 624
 _M = 397
 _MASK = 0xFFFFFFFF
@@ -79,7 +81,7 @@ def rand_below(mt, n):
     return r
 
 
-@njit(cache=True, nogil=True, error_model="numpy")
+@njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
 def _sample_into(mt, population, k, out, start, pool):
     """``random.sample(population, k)`` written to ``out[start:start + k]`` (``pool``: scratch of at
     least ``len(population)``)."""

@@ -5,7 +5,7 @@ from collections import namedtuple
 import numpy as np
 from numba import njit
 
-from .common import next_random
+from .common import INTERNAL, next_random, stable_argsort
 
 SlotTables = namedtuple("SlotTables", ["count", "first_gpu", "free", "fixed", "slot_start", "slot_list", "filled"])
 SlotTables.__doc__ = """One layer's slots as :func:`optimal_shares` sees them: ``count [E]`` replicas per
@@ -51,7 +51,7 @@ def share_gpu_loads(weights, phy2log, shares, gpu_of_slot, num_gpus):
     return loads
 
 
-@njit(cache=True, nogil=True, error_model="numpy")
+@njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
 def _find_paths(graph, search, stamp, num_free, eps):
     """Breadth-first search for augmenting paths: from an expert with tokens left, forward along
     a replica edge to a GPU, backward along an edge that carries flow to another expert, ...,
@@ -102,7 +102,7 @@ def _find_paths(graph, search, stamp, num_free, eps):
     return found
 
 
-@njit(cache=True, nogil=True, error_model="numpy")
+@njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
 def _augment(end, parent, num_free, edge_x, edge_g, flow, rem, slack):
     """Push the most the path of :func:`_find_paths` ending at GPU ``end`` can still carry (paths
     of one search share edges: each is re-measured, and may carry nothing)."""
@@ -128,7 +128,7 @@ def _augment(end, parent, num_free, edge_x, edge_g, flow, rem, slack):
     rem[x] -= delta
 
 
-@njit(cache=True, nogil=True, error_model="numpy")
+@njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
 def _cancel_cycles(graph, search, num_nodes, num_free, num_edges, eps):
     """Shift flow around every cycle of the edges that carry flow until they form a forest.
 
@@ -229,7 +229,7 @@ def _cancel_cycles(graph, search, num_nodes, num_free, num_edges, eps):
             flow[k] = 0.0
 
 
-@njit(cache=True, nogil=True, error_model="numpy")
+@njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
 def _share_tables(num_experts, num_slots, num_gpus):
     """Fresh :class:`SlotTables`, :class:`FlowGraph` and :class:`FlowSearch` for layers of
     ``num_experts`` experts on ``num_slots`` slots of ``num_gpus`` GPUs."""
@@ -250,7 +250,7 @@ def _share_tables(num_experts, num_slots, num_gpus):
     return tables, graph, search
 
 
-@njit(cache=True, nogil=True, error_model="numpy")
+@njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
 def _fixed_loads(w, row, gpu_of_slot, tables):
     """Step 1: replicas per expert; experts on one GPU (or without tokens) are fixed load.
 
@@ -297,7 +297,7 @@ def _fixed_loads(w, row, gpu_of_slot, tables):
     return eps
 
 
-@njit(cache=True, nogil=True, error_model="numpy")
+@njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
 def _build_graph(w, gpu_of_slot, tables, graph):
     """Step 2: the bipartite graph: free experts ``x``, the GPUs they touch, one edge per (x, GPU).
 
@@ -358,7 +358,7 @@ def _build_graph(w, gpu_of_slot, tables, graph):
     return num_free, num_touched, num_edges
 
 
-@njit(cache=True, nogil=True, error_model="numpy")
+@njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
 def _start_flow(fixed, graph, num_free, num_touched, eps):
     """Steps 3 and 4: the target peak starts at the lower bound of ``X = all free experts`` (or the
     largest fixed load); whole experts, heaviest first, go to the GPU whose room fits best.
@@ -383,7 +383,7 @@ def _start_flow(fixed, graph, num_free, num_touched, eps):
     target = max(target, spread / num_touched)
     for g in range(num_touched):
         slack[g] = target - fixed[gpus[g]]
-    order = np.argsort(-free_weight[:num_free], kind="mergesort")
+    order = stable_argsort(-free_weight[:num_free])
     for x in order:
         best = -1
         for k in range(x_start[x], x_start[x + 1]):
@@ -409,7 +409,7 @@ def _start_flow(fixed, graph, num_free, num_touched, eps):
     return target
 
 
-@njit(cache=True, nogil=True, error_model="numpy")
+@njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
 def _raise_peak(fixed, graph, search, num_free, num_touched, target, stamp, eps):
     """Step 5: Newton on the peak: max flow, then raise the peak to the ratio of the min cut's experts.
 
@@ -453,7 +453,7 @@ def _raise_peak(fixed, graph, search, num_free, num_touched, target, stamp, eps)
     return stamp
 
 
-@njit(cache=True, nogil=True, error_model="numpy")
+@njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
 def _layer_shares(w, row, gpu_of_slot, tables, graph, num_free, shares, loads):
     """Step 7: shares: flow over an expert's placed tokens, split evenly among its slots on one GPU.
 

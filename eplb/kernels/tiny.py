@@ -14,6 +14,8 @@ within its budget, the best value found is the proven optimum.
 import numpy as np
 from numba import njit
 
+from .common import stable_argsort
+
 SPREAD = True  # tiny_optimum's spread argument, named for callers: no two replicas of an expert on one GPU
 
 
@@ -135,7 +137,7 @@ def tiny_optimum(w, slots_per_gpu, spread, best, budget, out_row):
     offsets = np.zeros(slots_per_gpu.shape[0] + 1, np.int64)
     for g in range(slots_per_gpu.shape[0]):
         offsets[g + 1] = offsets[g] + slots_per_gpu[g]
-    order = np.argsort(-w, kind="mergesort")
+    order = stable_argsort(-w)
     smallest_k = caps[0]
     for g in range(caps.shape[0]):
         smallest_k = min(smallest_k, caps[g])
@@ -184,7 +186,7 @@ def tiny_optimum(w, slots_per_gpu, spread, best, budget, out_row):
         # a full replication: replicas largest first, one expert's next to each other
         for x in range(num_experts):
             keys[x] = -w[order[x]] / counts[x]
-        by_load = np.argsort(keys, kind="mergesort")
+        by_load = stable_argsort(keys)
         n = 0
         for x in by_load:
             for _ in range(counts[x]):

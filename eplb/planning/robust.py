@@ -183,9 +183,12 @@ def _search(windows, weights, placement, fractions, problem, *, swaps, iteration
     weights = np.ascontiguousarray(weights, dtype=np.float64)
     gpu_of_slot = np.ascontiguousarray(topology.gpu_of_slot, dtype=np.int64)
     slot_offsets = np.ascontiguousarray(topology.slot_offsets, dtype=np.int64)
-    out, fractions, before, after = pair_descent(windows, weights, placement, np.ascontiguousarray(fractions),
-                                                 gpu_of_slot, slot_offsets, gpu_zones(problem), swaps, seed,
-                                                 np.ascontiguousarray(previous), copy_cost)
+    # every array writable int64 / float64 and scalars as Python numbers: one compiled specialization
+    # (a read-only placement, as a Placement's, is a type of its own)
+    out, fractions, before, after = pair_descent(windows, weights, np.require(placement, np.int64, "CW"),
+                                                 np.require(fractions, np.float64, "CW"), gpu_of_slot, slot_offsets,
+                                                 np.require(gpu_zones(problem), np.int64, "CW"), int(swaps), int(seed),
+                                                 np.require(previous, np.int64, "CW"), float(copy_cost))
     if iterations > 0:  # even split only: the random moves recount replicas
         out, _, after = _improve(windows, weights, out, gpu_of_slot, slot_offsets, slot_zones(problem), iterations, seed,
                                  replica_moves)

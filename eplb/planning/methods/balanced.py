@@ -38,7 +38,7 @@ import numpy as np
 from ...kernels.pack_descend import balanced_placement
 from ...kernels.deepseek_greedy import greedy_placement
 from ...kernels.packing import max_gpu_loads
-from ...kernels.multistart import NO_MOVES, NO_PAIR_SWAPS, NO_STARTS, SEED, best_placement
+from ...kernels.multistart import NO_MOVES, NO_PAIR_SWAPS, NO_STARTS, SEED, aligned_placement, best_placement
 from ...kernels.tiny import SPREAD, tiny_optimum
 from ...analysis.bounds import TINY_BUDGET, TINY_SLOTS, average_bound
 from ...analysis.searches import group_assignment
@@ -150,6 +150,15 @@ RETRY_WORK = 16_384
 that is below 2: a DeepSeek-V3-sized layer, 288 x 32, gets none)."""
 
 
+def retry_starts(problem: Problem, num_starts: int, work: int = RETRY_WORK) -> int:
+    """Starts :func:`retry_replication` gives a layer of this deployment (0: it retries none)."""
+    if num_starts <= 1:
+        return 0
+    # a hierarchical layer costs as much as a global one: DeepSeek-V3 size (288 x 32) gets no retries either
+    starts = min(64, int(work) // max(1, problem.topology.num_slots * problem.topology.num_gpus))
+    return 0 if starts < 2 else max(starts, int(num_starts))
+
+
 def retry_replication(weights: np.ndarray, problem: Problem, phy2log: np.ndarray, gpu_domain: np.ndarray,
                       bound: np.ndarray, num_starts: int, max_steps: int, tolerance: float = 2e-4,
                       work: int = RETRY_WORK) -> tuple[np.ndarray, int]:
@@ -165,15 +174,11 @@ def retry_replication(weights: np.ndarray, problem: Problem, phy2log: np.ndarray
     Returns the placement and the number of layers retried.
     """
     topology = problem.topology
-    if num_starts <= 1:
+    starts = retry_starts(problem, num_starts, work)
+    if starts == 0:
         return phy2log, 0
     domains_count = topology.num_nodes if problem.hierarchical else 1
     domain_gpus = topology.num_gpus // domains_count
-    # a hierarchical layer costs as much as a global one: DeepSeek-V3 size (288 x 32) gets no retries either
-    starts = min(64, int(work) // max(1, topology.num_slots * topology.num_gpus))
-    if starts < 2:
-        return phy2log, 0
-    starts = max(starts, int(num_starts))
     cheap = np.maximum(average_bound(weights, topology), weights.max(axis=1) / topology.num_gpus)
     cheap = np.maximum(cheap, bound)
     excess = max_loads(weights, phy2log, topology) / np.where(cheap > 0, cheap, 1.0)
@@ -194,10 +199,15 @@ def retry_replication(weights: np.ndarray, problem: Problem, phy2log: np.ndarray
 
 
 def align_replication(weights: np.ndarray, problem: Problem, phy2log: np.ndarray, gpu_domain: np.ndarray,
-                      bound: np.ndarray, max_steps: int, tolerance: float = 2e-3) -> tuple[np.ndarray, int]:
+                      bound: np.ndarray, max_steps: int, tolerance: float = 2e-3,
+                      retries: bool = True) -> tuple[np.ndarray, int]:
     """Try the aligned replications (:func:`eplb.kernels.multistart.aligned_counts`: the heavy experts
     of a domain get a multiple of its GPUs in replicas) on every domain whose heaviest GPU is more
     than ``tolerance`` above the average and heaviest-replica bounds and ``bound [L]``.
+
+    ``retries``: whether :func:`retry_replication` may run on this deployment; if not, the search
+    runs in :func:`eplb.kernels.multistart.aligned_placement` (same result, less to compile), else in
+    the kernel the retries use too (one compile for both, whichever loads call it first).
 
     Returns the placement and the number of layers tried.
     """
@@ -207,10 +217,11 @@ def align_replication(weights: np.ndarray, problem: Problem, phy2log: np.ndarray
     rows = max_loads(weights, phy2log, topology) > threshold
     if rows.any():
         phy2log = phy2log.copy()
-        phy2log[rows] = best_placement(np.ascontiguousarray(weights[rows]), writable(topology.slots_per_gpu),
-                                       gpu_domain, np.ascontiguousarray(phy2log[rows]), NO_STARTS, int(max_steps), SEED,
-                                       NO_PAIR_SWAPS, np.ascontiguousarray(threshold[rows]), NO_MOVES, NO_MOVES,
-                                       np.ascontiguousarray(threshold[rows]))
+        search = best_placement if retries else aligned_placement
+        phy2log[rows] = search(np.ascontiguousarray(weights[rows]), writable(topology.slots_per_gpu), gpu_domain,
+                               np.ascontiguousarray(phy2log[rows]), NO_STARTS, int(max_steps), SEED, NO_PAIR_SWAPS,
+                               np.ascontiguousarray(threshold[rows]), NO_MOVES, NO_MOVES,
+                               np.ascontiguousarray(threshold[rows]))
     return phy2log, int(rows.sum())
 
 
@@ -248,7 +259,8 @@ def balanced(weights: np.ndarray, problem: Problem, max_steps: int = 4096, num_s
     gpu_domain, expert_domain, bound = domains(weights, problem)
     phy2log = balanced_placement(weights, writable(topology.slots_per_gpu), gpu_domain, expert_domain,
                                  int(max_steps))
-    phy2log, aligned = align_replication(weights, problem, phy2log, gpu_domain, bound, max_steps)
+    phy2log, aligned = align_replication(weights, problem, phy2log, gpu_domain, bound, max_steps,
+                                         retries=retry_starts(problem, num_starts) > 0)
     phy2log, retried = retry_replication(weights, problem, phy2log, gpu_domain, bound, num_starts, max_steps)
     phy2log, solved = solve_tiny(weights, problem, phy2log)
     from_greedy = 0
