@@ -130,7 +130,7 @@ def lightest_items(asc, prefix, extra, m, exact_extra):
     return max(0.0, prefix[max(0, min(num, m - extra))] - unused_savings(asc, prefix, min(m, num), extra))
 
 
-@njit(cache=True, nogil=True, error_model="numpy", inline="always")
+@njit(cache=True, nogil=True, error_model="numpy")
 def shared_replicas(gpus, gpu_items, gpu_fill, item_expert, holds):
     """Replicas on the listed GPUs that share the GPU with another replica of their expert."""
     total = 0

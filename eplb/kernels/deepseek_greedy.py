@@ -15,14 +15,14 @@ TOP = np.int64(0)
 second specialization of the sift for the constant."""
 
 
-@njit(cache=True, nogil=True, error_model="numpy", inline="always")
+@njit(cache=True, nogil=True, error_model="numpy")
 def _before(keys, a, b):
     """Heap order: the smaller key first, the smaller id on ties (the published code's argmin/argmax
     picks the first index among equal values)."""
     return keys[a] < keys[b] or (keys[a] == keys[b] and a < b)
 
 
-@njit(cache=True, nogil=True, error_model="numpy", inline="always")
+@njit(cache=True, nogil=True, error_model="numpy")
 def _sift_down(heap, size, keys, i):
     """Restore the min-heap ``heap[:size]`` (ids ordered by ``keys[id]``, then id) below position ``i``."""
     while True:
@@ -37,7 +37,7 @@ def _sift_down(heap, size, keys, i):
         i = child
 
 
-@njit(cache=True, nogil=True, error_model="numpy", inline="always")
+@njit(cache=True, nogil=True, error_model="numpy")
 def _heapify(heap, size, keys):
     for i in range(size // 2 - 1, -1, -1):
         _sift_down(heap, size, keys, i)

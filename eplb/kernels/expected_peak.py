@@ -31,7 +31,7 @@ expert arriving), ``new_peak [T]``."""
 SWAP, GIVE, TAKE = 0, 1, 2  # the kinds of moves of improve_expected_peak
 
 
-@njit(cache=True, nogil=True, error_model="numpy", inline="always")
+@njit(cache=True, nogil=True, error_model="numpy")
 def _holds(row, slot_offsets, gpu, expert, skip):
     """Whether a slot of ``gpu`` other than ``skip`` holds ``expert``."""
     for s in range(slot_offsets[gpu], slot_offsets[gpu + 1]):

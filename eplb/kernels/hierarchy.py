@@ -49,7 +49,7 @@ INFEASIBLE = 0
 UNDECIDED = -1
 
 
-@njit(cache=True, nogil=True, error_model="numpy", inline="always")
+@njit(cache=True, nogil=True, error_model="numpy")
 def _copy(src, dst):
     """``dst[:] = src`` for two ``[n]`` int64 arrays, element by element: a slice assignment from an
     array compiles Numba's shape-mismatch error message (string formatting), a second or more of
@@ -58,7 +58,7 @@ def _copy(src, dst):
         dst[i] = src[i]
 
 
-@njit(cache=True, nogil=True, error_model="numpy", inline="always")
+@njit(cache=True, nogil=True, error_model="numpy")
 def _replicas_needed(weights, group_size, num_groups, target, need):
     """``need [K]``: replicas each group needs so that every replica carries ``<= target``."""
     for k in range(num_groups):
@@ -159,7 +159,7 @@ def _nodes_fit(target, order, chosen, held, groups, nodes, memo, scratch):
     return True
 
 
-@njit(cache=True, nogil=True, error_model="numpy", inline="always")
+@njit(cache=True, nogil=True, error_model="numpy")
 def _take_off(t, order, chosen, group_load, need, load, used, held):
     """Take the group placed at search depth ``t`` off its node (its load, replica needs and count);
     returns 1 if that node holds no group now, else 0."""
@@ -443,7 +443,7 @@ def assign_groups(weights, num_groups, node_slots, node_active, node_class, lowe
                   bool(strong), node_min, node_max)
 
 
-@njit(cache=True, nogil=True, error_model="numpy", inline="always")
+@njit(cache=True, nogil=True, error_model="numpy")
 def _lightest_sum(asc, count, skip):
     """Sum of the ``count`` smallest of ``asc [K]`` (increasing) after the first ``skip``: the
     lightest groups that are not among the ``skip`` lightest already counted."""

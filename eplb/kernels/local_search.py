@@ -13,7 +13,7 @@ from .common import INTERNAL
 from .packing import load_state, new_state, recompute_loads, store_state
 
 
-@njit(cache=True, nogil=True, error_model="numpy", inline="always")
+@njit(cache=True, nogil=True, error_model="numpy")
 def _swap(h, i, g, j, item_load, item_expert, gpu_items, gpu_load, holds):
     """Exchange replica ``gpu_items[h, i]`` with ``gpu_items[g, j]``."""
     a = gpu_items[h, i]
@@ -71,7 +71,7 @@ def spread_duplicates(item_load, item_expert, gpus, gpu_items, gpu_fill, gpu_loa
     return swaps
 
 
-@njit(cache=True, nogil=True, error_model="numpy", inline="always")
+@njit(cache=True, nogil=True, error_model="numpy")
 def _order_by_load(gpus, gpu_load, gpu_fill, order):
     """Insertion-sort ``gpus [n]`` by load into ``order [n]`` (lightest first); return the heaviest
     GPU that holds a replica, or -1."""

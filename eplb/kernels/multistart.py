@@ -40,7 +40,7 @@ domain's experts heaviest first), ``expert [S]`` int64 the expert of every slot 
 ``shared`` the replicas it puts on a GPU with another replica of their expert (int64)."""
 
 
-@njit(cache=True, nogil=True, error_model="numpy", inline="always")
+@njit(cache=True, nogil=True, error_model="numpy")
 def _next(state):
     """splitmix64 step: returns a float in [0, 1) and advances ``state[0]``."""
     state[0] = (state[0] + np.uint64(0x9E3779B97F4A7C15)) & np.uint64(0xFFFFFFFFFFFFFFFF)
@@ -51,7 +51,7 @@ def _next(state):
     return (z >> np.uint64(11)) * (1.0 / 9007199254740992.0)
 
 
-@njit(cache=True, nogil=True, error_model="numpy", inline="always")
+@njit(cache=True, nogil=True, error_model="numpy")
 def _domain_max(gpus, gpu_load):
     top = 0.0
     for gi in range(gpus.shape[0]):
@@ -247,7 +247,7 @@ def light_split(w, experts, counts, level, row):
     return False
 
 
-@njit(cache=True, nogil=True, error_model="numpy", inline="always")
+@njit(cache=True, nogil=True, error_model="numpy")
 def _is_new(row, n, counts, rows, found):
     """Whether ``row[:n]`` differs from ``counts[:n]`` and from ``rows[:found, :n]``."""
     for c in range(-1, found):

@@ -50,7 +50,7 @@ def pack_domain(w, experts, counts, gpus, slots_per_gpu, first_item, pack):
     return item
 
 
-@njit(cache=True, nogil=True, error_model="numpy", inline="always")
+@njit(cache=True, nogil=True, error_model="numpy")
 def descend(pack, gpus, max_steps):
     """Swap descent on a packing of ``gpus`` in the :class:`eplb.kernels.packing.PackState` ``pack``
     (:func:`eplb.kernels.local_search.swap_descent`, at most ``max_steps`` swaps), then the GPU
@@ -65,7 +65,7 @@ def descend(pack, gpus, max_steps):
     recompute_loads(item_load, gpus, gpu_items, gpu_fill, gpu_load)
 
 
-@njit(cache=True, nogil=True, error_model="numpy", inline="always")
+@njit(cache=True, nogil=True, error_model="numpy")
 def domain_slots(gpus, slots_per_gpu):
     """Slots of the listed GPUs."""
     total = np.int64(0)  # not a literal 0: inlined, it would make the caller type its callees twice

@@ -23,7 +23,7 @@ PackState = namedtuple("PackState", ["item_expert", "item_load", "gpu_items", "g
 PackState.__doc__ = """The working state of one layer (module docstring), as :func:`new_state` returns it."""
 
 
-@njit(cache=True, nogil=True, error_model="numpy", inline="always")
+@njit(cache=True, nogil=True, error_model="numpy")
 def new_state(num_slots, num_gpus, width, num_experts):
     """Empty working state (module docstring) for ``num_slots`` replicas on ``num_gpus`` GPUs of at
     most ``width`` slots: ``(item_expert, item_load, gpu_items, gpu_fill, gpu_load, holds)``."""
@@ -31,7 +31,7 @@ def new_state(num_slots, num_gpus, width, num_experts):
             np.zeros(num_gpus, np.int64), np.zeros(num_gpus), np.zeros((num_gpus, num_experts), np.int64))
 
 
-@njit(cache=True, nogil=True, error_model="numpy", inline="always")
+@njit(cache=True, nogil=True, error_model="numpy")
 def clear_gpus(gpus, item_expert, gpu_items, gpu_fill, gpu_load, holds):
     """Take every replica off the GPUs ``gpus [m]``."""
     for gi in range(gpus.shape[0]):
@@ -103,7 +103,7 @@ def load_state(phy2log_row, weights_row, slot_offsets, item_expert, item_load, g
             holds[g, e] += 1
 
 
-@njit(cache=True, nogil=True, error_model="numpy", inline="always")
+@njit(cache=True, nogil=True, error_model="numpy")
 def store_state(item_expert, gpu_items, gpu_fill, slot_offsets, phy2log_row):
     """Write the working state of one layer back as ``phy2log_row [S]``."""
     num_gpus = slot_offsets.shape[0] - 1
@@ -112,7 +112,7 @@ def store_state(item_expert, gpu_items, gpu_fill, slot_offsets, phy2log_row):
             phy2log_row[slot_offsets[g] + j] = item_expert[gpu_items[g, j]]
 
 
-@njit(cache=True, nogil=True, error_model="numpy", inline="always")
+@njit(cache=True, nogil=True, error_model="numpy")
 def recompute_loads(item_load, gpus, gpu_items, gpu_fill, gpu_load):
     """Sum every listed GPU's load afresh (removes rounding drift of incremental updates)."""
     for gi in range(gpus.shape[0]):

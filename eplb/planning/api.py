@@ -17,7 +17,7 @@ from ..model.problem import Problem, make_problem, summed_2d, weights_2d
 from ..model.topology import Topology
 from .locality import off_node_curve
 from .methods import DEFAULT_METHOD, OPTIONS as METHOD_OPTIONS
-from .modes import make_request, run
+from .modes import MODES, make_request, mode_of, run
 from .robust import DEFAULT_COPY_COST
 
 __all__ = ["Problem", "held_out", "make_problem", "pareto", "plan", "rebalance_experts"]
@@ -213,7 +213,8 @@ def rebalance_experts(weight, num_replicas, num_groups, num_nodes, num_gpus, *, 
     problem = make_problem(weights.shape[1], num_replicas, num_gpus, num_nodes, num_groups,
                            ignore_nodes_when_global=True)
     # a series of windows: the hedged plan of the default objective, as plan() makes it
-    phy2log = run(make_request(windows, problem, method=method, options=options)).phy2log
+    request = make_request(windows, problem, method=method, options=options)
+    phy2log = MODES[mode_of(request)].plan(request).phy2log  # arrays out: no Placement, no home nodes
     logcnt = replica_counts(phy2log, weights.shape[1])
     log2phy = slots_of_experts(phy2log, weights.shape[1], int(logcnt.max()))
     result = (phy2log, log2phy, logcnt)
