@@ -100,14 +100,16 @@ class Planned:
 
 def make_request(counts, problem: Problem, *, method: str, dispatch: str = "uniform", objective: str | None = None,
                  window_weights=None, previous=None, tolerance: float | None = 0.005, max_moves=None,
-                 max_off_node=None, copy_cost: float = 0.0, threads: int = 1, options: dict | None = None) -> Request:
+                 max_off_node=None, copy_cost: float = 0.0, threads: int = 1, options: dict | None = None,
+                 weights: np.ndarray | None = None) -> Request:
     """Validate :func:`eplb.plan`'s other arguments once and resolve its choices: whether the windows
     are planned as a series, the objective, relative window weights, the previous placement, the
     cap and the combinations the modes refuse. ``counts``: ``[E]``, ``[L, E]`` or ``[T, L, E]``,
-    already checked by :func:`eplb.model._validation.as_counts` (the public entry's one check)."""
+    already checked by :func:`eplb.model._validation.as_counts` (the public entry's one check).
+    ``weights``: ``[L, E]`` float64 to plan for instead of the windows' sum (the Balancer's forecast)."""
     windows = validated_counts(counts, "counts", ndims=(1, 2, 3))
-    weights = summed_2d(windows, "counts")
-    windows = windows.reshape((-1,) + weights.shape)
+    summed = summed_2d(windows, "counts")
+    windows = windows.reshape((-1,) + summed.shape)
     kind = dispatch_rule(dispatch).kind
     given_window_weights = window_weights
     # a series of windows is planned as windows (hedged) unless objective="sum"
@@ -117,8 +119,12 @@ def make_request(counts, problem: Problem, *, method: str, dispatch: str = "unif
     if window_weights is not None:  # relative: the largest is 1, so huge or denormal weights plan alike
         window_weights = check_window_weights(window_weights, windows.shape[0])
         window_weights = window_weights / window_weights.max()
-    if series:
+    if weights is not None:
+        weights = validated_counts(weights, "weights")
+    elif series:
         weights = combine(windows, "sum", window_weights)
+    else:
+        weights = summed
     if kind == "engine" and (previous is not None or max_off_node is not None):
         raise ValueError(f"dispatch={dispatch!r} plans from scratch: not with previous= or max_off_node=")
     if (previous is not None or max_off_node is not None) and series and not (

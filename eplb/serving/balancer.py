@@ -31,7 +31,6 @@ from __future__ import annotations
 import json
 import threading
 import time
-from dataclasses import replace
 
 import numpy as np
 
@@ -335,10 +334,9 @@ class Balancer:
         """Migration-aware plan for ``load [L, E]`` from the placement in service, hedged over
         :meth:`planning_windows` (``plan``'s near mode; its bounds are computed only if read)."""
         windows = self.planning_windows()
-        request = make_request(windows, self._problem, method=self.method, previous=self.placement.phy2log,
-                               tolerance=self.tolerance, max_moves=self.max_moves, copy_cost=self.copy_cost,
-                               threads=self.threads, options=self.options)
-        return run(replace(request, weights=load))  # planned for the forecast, hedged over the windows
+        return run(make_request(windows, self._problem, method=self.method, previous=self.placement.phy2log,
+                                tolerance=self.tolerance, max_moves=self.max_moves, copy_cost=self.copy_cost,
+                                threads=self.threads, options=self.options, weights=load))
 
     def planning_windows(self) -> np.ndarray:
         """``[K, L, E]`` float64: the window's passes in ``K = min(subwindows, passes recorded)``

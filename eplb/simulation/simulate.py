@@ -231,14 +231,18 @@ def _series_block(series, start: int, stop: int) -> np.ndarray:
     return np.asarray(series.block(start, stop))
 
 
-def _checked_series(series):
-    """``series`` as given when it is a generator with ``block`` (a :class:`Series`), else as a
-    checked numeric ``[T, L, E]`` array (finite, non-negative, layer totals within float64)."""
-    if not isinstance(series, np.ndarray) and hasattr(series, "block"):
+def checked_series(series, *, generators: bool = True):
+    """``series`` as given when it is a generator with ``block`` (a :class:`Series`, with
+    ``generators``), else as a checked numeric ``[T, L, E]`` array (at least one step, finite,
+    non-negative, layer totals within float64)."""
+    if generators and not isinstance(series, np.ndarray) and hasattr(series, "block"):
         return series
     series = np.asarray(series)
     if series.ndim != 3 or series.dtype.kind not in "biuf":
-        raise ValueError(f"counts must be a numeric [T, L, E] array or a Series, got shape {series.shape}")
+        kinds = "a numeric [T, L, E] array" + (" or a Series" if generators else "")
+        raise ValueError(f"counts must be {kinds}, got shape {series.shape}")
+    if series.shape[0] < 1:
+        raise ValueError("counts must have at least one step")
     if series.dtype.kind == "f" and not np.isfinite(series).all():
         raise ValueError("counts must be finite")
     if (series < 0).any():
@@ -273,7 +277,7 @@ def simulate(counts, *, num_slots=None, num_gpus=None, num_nodes=1, num_groups=N
         raise ValueError(f"dispatch must be one of {SCORING}, got {dispatch!r}")
     if layers_per_step is not None:
         layers_per_step = as_int(layers_per_step, "layers_per_step", minimum=1)
-    series = _checked_series(counts)
+    series = checked_series(counts)
     num_steps, num_layers, num_experts = series.shape
     if num_steps < 1:
         raise ValueError("counts must have at least one step")

@@ -22,13 +22,11 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from typing import Callable
 
-import numpy as np
-
-from ..model._validation import as_int, check_layer_totals
+from ..model._validation import as_int
 from ..model.cost import CostModel
 from ..model.dispatch_rules import SCORING
 from ..serving.policy import policy_by_name
-from .simulate import simulate
+from .simulate import checked_series, simulate
 
 
 @dataclass(frozen=True)
@@ -90,14 +88,7 @@ def sweep(counts, *, extra_slots_per_gpu=(0, 1, 2), num_gpus=(32,), num_nodes=(1
         ``lost_with_stalls_share``, ``rebalances``, ``copies``, ``copies_cross_node``,
         ``bytes_moved``, ``replica_memory_per_gpu_bytes``, ``wall_time_s``.
     """
-    series = np.asarray(counts)
-    if series.ndim != 3 or series.dtype.kind not in "biuf" or series.shape[0] < 1:
-        raise ValueError(f"counts must be a numeric [T, L, E] array, got shape {series.shape}")
-    if series.dtype.kind == "f" and not np.isfinite(series).all():
-        raise ValueError("counts must be finite")
-    if (series < 0).any():
-        raise ValueError("counts must be non-negative")
-    check_layer_totals(series, "counts")
+    series = checked_series(counts, generators=False)
     extras = [as_int(x, "extra_slots_per_gpu entry", minimum=0) for x in extra_slots_per_gpu]
     gpus = [as_int(g, "num_gpus entry", minimum=1) for g in num_gpus]
     nodes = [as_int(n, "num_nodes entry", minimum=1) for n in num_nodes]
