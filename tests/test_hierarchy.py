@@ -101,6 +101,20 @@ def node_instances(draw):
     return weights[None, :], eplb.Topology(slots.ravel(), num_nodes), num_groups
 
 
+def test_bound_on_nodes_of_different_shapes_is_not_taken_from_the_other_node():
+    """Two nodes of different slots per GPU: a set of groups that fails the hot-room check on one
+    must not be remembered as failing on the other (it made the bound 0.8259 above this
+    placement's 0.8142, the hot expert alone on the node's one-slot GPU)."""
+    weights = np.array([[0.26161213, 0.29849114, 0.81422574, 0.09191594, 0.60010053, 0.72856053,
+                         0.18790107, 0.05514663, 0.27496937, 0.65743301, 0.56226566, 0.15006226]])
+    topology = eplb.Topology(np.array([4, 1, 2, 2, 2, 2]), 2)
+    placement = eplb.plan(weights, topology=topology, num_groups=6, method="best")
+    assert placement.info["hierarchical"]
+    bound = eplb.lower_bound(weights, topology=topology, num_groups=6)
+    assert bound[0] <= placement.max_load[0] * (1 + 1e-9), (bound, placement.max_load)
+    assert (placement.lower_bound <= placement.max_load * (1 + 1e-9)).all()
+
+
 @settings(max_examples=80, deadline=None)
 @given(node_instances())
 def test_node_load_bound_never_exceeds_the_best_group_assignment(instance):

@@ -124,8 +124,9 @@ def _hot_expert_fits(weights, group_size, group_max, order, chosen, depth, group
 def _nodes_fit(target, order, chosen, held, groups, nodes, memo, scratch):
     """Whether every node holding groups (``chosen[i]``: node of group ``order[i]``) passes
     :func:`eplb.kernels.hot_room.hot_room_fits` at ``target``; ``groups`` a :class:`GroupTable`,
-    ``nodes`` a :class:`NodeTable`; ``memo [2^K]`` int8 remembers each node's set of groups (``[1]``
-    when ``K > 16``: no memo); ``scratch [6, E + 1]`` float64 work space."""
+    ``nodes`` a :class:`NodeTable`; ``memo [kinds, 2^K]`` int8 remembers, for each kind of node,
+    whether a set of groups fits it (``[1, 1]`` when ``K > 16``: no memo); ``scratch [6, E + 1]``
+    float64 work space."""
     weights, group_size = groups.weights, groups.size
     node_slots, node_active, node_min, node_max = nodes.slots, nodes.active, nodes.min_slots, nodes.max_slots
     num_groups = order.shape[0]
@@ -137,8 +138,9 @@ def _nodes_fit(target, order, chosen, held, groups, nodes, memo, scratch):
         for i in range(num_groups):
             if chosen[i] == n:
                 mask |= 1 << order[i]
-        if memo.shape[0] > 1 and memo[mask] != 0:
-            if memo[mask] < 0:
+        kind = nodes.kind[n]
+        if memo.shape[1] > 1 and memo[kind, mask] != 0:
+            if memo[kind, mask] < 0:
                 return False
             continue
         count = np.int64(0)  # typed: a literal 0 would compile the hot-room callee a second time
@@ -152,8 +154,8 @@ def _nodes_fit(target, order, chosen, held, groups, nodes, memo, scratch):
             loads[j], loads[count - 1 - j] = loads[count - 1 - j], loads[j]
         fits = hot_room_fits(loads, count, target, node_active[n], node_slots[n], node_min[n], node_max[n], scratch[1],
                              scratch[2], scratch[3], scratch[4], scratch[5])
-        if memo.shape[0] > 1:
-            memo[mask] = 1 if fits else -1
+        if memo.shape[1] > 1:
+            memo[kind, mask] = 1 if fits else -1
         if not fits:
             return False
     return True
@@ -188,7 +190,7 @@ def _searcher(hot_room, name):
             strong: also require every node of a complete assignment to pass
                 :func:`eplb.kernels.hot_room.hot_room_fits`; checked on complete assignments only, where a
                 node's experts are known (the condition need not hold for a part of them). memo:
-                ``[2^K]`` int8 scratch (``[1]``: no memo); scratch: ``[6, E + 1]`` float64 work space.
+                ``[kinds, 2^K]`` int8 scratch (``[1, 1]``: no memo); scratch: ``[6, E + 1]`` float64 work space.
         Returns:
             FEASIBLE, INFEASIBLE (proven: no assignment exists) or UNDECIDED (budget ran out).
         """
@@ -329,9 +331,13 @@ def _assigner(hot_room, name):
             total_active += node_active[n]
         chosen = np.empty(num_groups, np.int64)
         held = np.zeros(num_nodes, np.int64)
-        no_memo = np.zeros(1, np.int8)
+        no_memo = np.zeros((1, 1), np.int8)
         scratch = np.empty((6, num_experts + 1))  # _nodes_fit's work space, allocated once
-        memo = np.zeros(1 << num_groups if strong and num_groups <= 16 else 1, np.int8)
+        num_kinds = 1
+        for n in range(num_nodes):
+            num_kinds = max(num_kinds, node_class[n] + 1)
+        # a set of groups fits one kind of node or not: nodes of another kind have other slots
+        memo = np.zeros((num_kinds, 1 << num_groups) if strong and num_groups <= 16 else (1, 1), np.int8)
         unchecked = num_nodes < 0  # False as a run-time bool (a literal False would compile _search twice)
         nodes = NodeTable(node_slots, node_active, node_class, node_min, node_max)
         for layer in range(num_layers):
