@@ -30,11 +30,26 @@ def test_decision_rule_bench_tunes_on_one_series_and_reports_the_other(tmp_path)
     text = decision.run(True, tmp_path, blocks=2)
     with open(tmp_path / "decision_rule.csv", newline="") as handle:
         rows = list(csv.DictReader(handle))
-    assert {(r["series"], r["phase"]) for r in rows} == {(s, p) for s in decision.SERIES_SEEDS for p in decision.PHASES}
+    synthetic = {(s, p) for s in decision.SERIES_SEEDS for p in decision.PHASES}
+    real = {(decision.REAL, "prefill")} if decision.real_trace_series(2) else set()
+    assert {(r["series"], r["phase"]) for r in rows} == synthetic | real
     assert {r["key"] for r in rows} == {"none"} | {key for key, _, _ in decision.CANDIDATES}
     assert decision.chosen(rows)[0] in {key for key, _, _ in decision.CANDIDATES}
     assert "Least time lost with stalls on the tuning series" in text
     assert len(decision.headline(tmp_path)) == len(decision.PHASES) * len(decision.DEPLOYMENTS)
+
+
+def test_decision_rule_changes_a_default_only_when_the_winner_also_wins_held_out():
+    decision = importlib.import_module("decision_rule")
+
+    def rows(held_out, real):
+        return [{"series": series, "key": key, "lost_with_stalls_share": str(lost), "copies": "10"}
+                for series, losses in (("held out", held_out), (decision.REAL, real))
+                for key, lost in zip(("defaults", "winner"), losses)]
+
+    assert "so the defaults should become it" in decision.held_out_verdict(rows((0.2, 0.1), (0.2, 0.1)), "winner")
+    assert "so the defaults stay" in decision.held_out_verdict(rows((0.2, 0.1), (0.1, 0.2)), "winner")
+    assert "defaults are that candidate" in decision.held_out_verdict(rows((0.2, 0.1), (0.2, 0.1)), "defaults")
 
 
 def test_decision_rule_falls_back_to_the_fastest_when_no_candidate_plans_in_time():
