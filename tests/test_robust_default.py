@@ -4,6 +4,8 @@ cap on off-node traffic; the held-out estimate; families whose windows differ as
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 from hypothesis import given
@@ -139,6 +141,12 @@ def test_held_out_leaves_each_window_out():
         eplb.held_out(series[:1], **DEPLOYMENT)
     with pytest.raises(ValueError, match="folds"):
         eplb.held_out(series, folds=1, **DEPLOYMENT)
+    idle = series.copy()
+    idle[2] = 0  # a window with no traffic: nothing to judge there, and no NumPy warning about it
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        scores = eplb.held_out(idle, objective="sum", **DEPLOYMENT)
+    assert np.isnan(scores[2]) and np.isfinite(np.delete(scores, 2)).all()
 
 
 def test_structured_windows_are_hedged_and_noise_keeps_the_summed_plan():

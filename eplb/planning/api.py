@@ -114,7 +114,8 @@ def held_out(counts, *, folds: int = HELD_OUT_FOLDS, judge: str | None = None, *
             the even split when a plan has none).
         **plan_options: passed to :func:`plan` (deployment, method, objective, ...).
     Returns:
-        ``[F]`` float64: each held-out block's mean over its windows of the MoE-layer balancedness.
+        ``[F]`` float64: each held-out block's mean over its windows of the MoE-layer balancedness
+        (NaN for a block whose windows carry no load: there is nothing to balance).
     """
     windows = as_counts(counts, "counts", ndims=(3,))
     if windows.shape[0] < 2:
@@ -134,7 +135,8 @@ def held_out(counts, *, folds: int = HELD_OUT_FOLDS, judge: str | None = None, *
         kept = np.concatenate([windows[:lo], windows[hi:]])
         placement = plan(kept, **plan_options)
         per_window = placement.balancedness(windows[lo:hi], judge)  # [w, L]
-        scores.append(float(np.nanmean(moe_mean(per_window, windows[lo:hi]))))
+        means = moe_mean(per_window, windows[lo:hi])  # NaN for a window that carries no load
+        scores.append(float(np.nanmean(means)) if not np.isnan(means).all() else np.nan)
     return np.asarray(scores)
 
 
