@@ -612,3 +612,18 @@ def test_only_the_layers_that_pay_are_rebalanced(cost_model):
         gain = balancedness(unfiltered.gpu_loads(load)) - balancedness(balancer.placement.gpu_loads(load))
         moved = (unfiltered.phy2log != before).sum(axis=1) / before.shape[1]
         np.testing.assert_array_equal(kept, (gain >= balancer.move_cost * moved) & (moved > 0))
+
+
+def test_construction_warns_about_no_placement_of_the_callers():
+    """The compile at construction plans a throw-away balancer from the round-robin layout, whose
+    groups are spread over nodes; the warning that a move budget cannot gather them is not the
+    caller's. The caller's own placement, spread the same way, still gets it on its rebalance."""
+    import warnings
+
+    deployment = dict(num_slots=80, num_gpus=8, num_nodes=2, num_groups=4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        balancer = eplb.Balancer(3, 64, tolerance=0.0, max_moves=2, **deployment)
+    balancer.record(np.random.default_rng(0).integers(0, 50, (3, 64)), physical=False)
+    with pytest.warns(RuntimeWarning, match="spreads expert groups over nodes"):
+        balancer.rebalance()

@@ -68,6 +68,7 @@ def as_previous(previous, num_experts: int, problem: Problem, num_layers: int) -
 
 
 RESTARTS = ("steepest", "recount", "regroup")  # the searches tried where the first one stalls
+SPREAD_WARNING = "previous spreads expert groups over nodes"  # how the warning of a budget too small for that starts
 TINY_MIGRATION_SLOTS = 16  # layers with at most this many slots also get an exhaustive search for fewer changes
 BOUND_FIRST_SLOTS = 128
 """Layers with at least this many slots take the bound-first search (:func:`near_bound`). There the
@@ -171,7 +172,7 @@ def migrate(weights: np.ndarray, problem: Problem, previous: np.ndarray, scratch
     over = np.flatnonzero(spread & (fresh_changes > budget))
     if over.size:
         warnings.warn(
-            f"previous spreads expert groups over nodes in layers {over.tolist()}: keeping every group on one "
+            f"{SPREAD_WARNING} in layers {over.tolist()}: keeping every group on one "
             f"node changes {fresh_changes[over].tolist()} slots there, more than max_moves={budget}",
             RuntimeWarning, stacklevel=5)  # the caller of eplb.plan
     phy2log = np.where(use_fresh[:, None], relabelled, local)
