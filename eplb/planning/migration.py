@@ -68,7 +68,7 @@ def as_previous(previous, num_experts: int, problem: Problem, num_layers: int) -
 
 
 RESTARTS = ("steepest", "recount", "regroup")  # the searches tried where the first one stalls
-SPREAD_WARNING = "previous spreads expert groups over nodes"  # how the warning of a budget too small for that starts
+SPREAD_WARNING = "previous spreads expert groups over nodes"  # opens the warning that max_moves cannot gather them
 TINY_MIGRATION_SLOTS = 16  # layers with at most this many slots also get an exhaustive search for fewer changes
 BOUND_FIRST_SLOTS = 128
 """Layers with at least this many slots take the bound-first search (:func:`near_bound`). There the
