@@ -110,12 +110,11 @@ def held_out_verdict(rows: list[dict], winner: str) -> str:
         return "the Balancer's defaults are that candidate"
     parts, wins = [], []
     for kind in ("held out", REAL):
-        total = {k: sum(float(r["lost_with_stalls_share"]) for r in rows if r["series"] == kind and r["key"] == k)
-                 for k in ("defaults", winner)}
-        copies = {k: sum(int(r["copies"]) for r in rows if r["series"] == kind and r["key"] == k)
-                  for k in ("defaults", winner)}
-        if not any(r["series"] == kind for r in rows):
+        mine = [r for r in rows if r["series"] == kind]
+        if not mine:
             continue
+        total = {k: sum(float(r["lost_with_stalls_share"]) for r in mine if r["key"] == k) for k in ("defaults", winner)}
+        copies = {k: sum(int(r["copies"]) for r in mine if r["key"] == k) for k in ("defaults", winner)}
         wins.append(total[winner] < total["defaults"])
         parts.append(f"{kind}: {100 * total[winner]:.2f} against {100 * total['defaults']:.2f} points lost with stalls "
                      f"(summed), {copies[winner]} against {copies['defaults']} copies")

@@ -45,6 +45,15 @@ def test_modes_are_tried_in_order():
     assert mode_of(make_request(series, problem, method="balanced", dispatch="sglang-dynamic")) == "engine"
 
 
+def test_a_request_plans_for_given_weights_of_the_windows_shape_only():
+    problem = make_problem(32, 40, 8, 2, 4)
+    series = _series()
+    forecast = series[-1] * 2.0
+    np.testing.assert_array_equal(make_request(series, problem, method="balanced", weights=forecast).weights, forecast)
+    with pytest.raises(ValueError, match="weights must have the windows' shape"):
+        make_request(series, problem, method="balanced", weights=forecast[:, :16])
+
+
 @pytest.mark.parametrize("max_moves", [0, 2, 6])
 def test_a_hedged_series_near_a_placement_keeps_the_move_budget(max_moves):
     series = _series(1)

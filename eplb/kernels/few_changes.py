@@ -47,7 +47,7 @@ MoveLimits.__doc__ = """What a candidate move is judged against: ``peak`` the he
 not count, ``budget`` the most slots it may change, ``per_change`` (bool) score gain per changed slot."""
 
 
-@njit(cache=True, nogil=True, error_model="numpy")  # no refcounting per call
+@njit(cache=True, nogil=True, error_model="numpy")
 def _shares(st, e):
     """Refresh expert ``e``'s entries of the per-replica load tables after its count changed."""
     w, share = st.w, st.share
@@ -57,7 +57,7 @@ def _shares(st, e):
     st.gain_down[e] = w[e] / (c - 1) - share[e] if c > 1 else np.inf
 
 
-@njit(cache=True, nogil=True, error_model="numpy")  # no refcounting per call
+@njit(cache=True, nogil=True, error_model="numpy")
 def _refresh_loads(st, gpu_of_slot):
     """Fill ``st.x [G]`` with each GPU's load: the sum of its replicas' shares."""
     x, share, row = st.x, st.share, st.row
@@ -84,7 +84,7 @@ def _add_slot(expert_slots, cnt, e, s):
     cnt[e] += 1
 
 
-@njit(cache=True, nogil=True, error_model="numpy")  # no refcounting per call
+@njit(cache=True, nogil=True, error_model="numpy")
 def _set_slot(st, lay, s, f):
     """Put expert ``f`` into slot ``s`` and update the bookkeeping (not the loads)."""
     row, has, node_group, group_of_expert = st.row, st.has, st.node_group, lay.group_of_expert
@@ -132,7 +132,7 @@ def _clear_layer(st, lay):
         node_group[node_of_gpu[gpu_of_slot[s]], group_of_expert[row[s]]] = 0
 
 
-@njit(cache=True, nogil=True, error_model="numpy")  # in the hot loops
+@njit(cache=True, nogil=True, error_model="numpy")
 def _score(peak, local, floor, cost, per_change):
     """A move's gain (how far the heaviest GPU comes down, not below ``floor``) per changed slot
     (``per_change``; a move that changes no slot counts as a quarter of one), or its gain alone."""
@@ -204,7 +204,7 @@ def search_near_previous(weights, start, previous, layout, target, max_changes, 
     return out, changes, steps
 
 
-@njit(cache=True, nogil=True, error_model="numpy")  # in the hot loops
+@njit(cache=True, nogil=True, error_model="numpy")
 def _heaviest(x):
     """The first GPU with the largest load."""
     heavy = np.int64(0)  # not a literal 0: _best_move would be compiled for it too
@@ -214,7 +214,7 @@ def _heaviest(x):
     return heavy
 
 
-@njit(cache=True, nogil=True, error_model="numpy")  # in the hot loops
+@njit(cache=True, nogil=True, error_model="numpy")
 def _better(score, local, best):
     """Whether a move ``(score, local)`` beats the move ``best``: a higher score, then a lower local max."""
     return score > best[0] or (score == best[0] and local < best[1])
@@ -542,7 +542,7 @@ def _undo_needless(st, lay, target):
     return before - after
 
 
-@njit(cache=True, nogil=True, error_model="numpy")  # no refcounting per call
+@njit(cache=True, nogil=True, error_model="numpy")
 def _undo_one(st, lay, s, changed, cap):
     """Give slot ``s`` (and a slot that swapped with it) back its previous expert if the max GPU
     load stays at most ``cap``; True if done. ``changed``: the slots that may differ from ``prev``."""

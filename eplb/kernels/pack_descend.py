@@ -68,7 +68,7 @@ def descend(pack, gpus, max_steps):
 @njit(cache=True, nogil=True, error_model="numpy")
 def domain_slots(gpus, slots_per_gpu):
     """Slots of the listed GPUs."""
-    total = np.int64(0)  # not a literal 0: inlined, it would make the caller type its callees twice
+    total = np.int64(0)  # int64, as the slot counts it sums
     for gi in range(gpus.shape[0]):
         total += slots_per_gpu[gpus[gi]]
     return total

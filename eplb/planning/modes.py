@@ -121,6 +121,8 @@ def make_request(counts, problem: Problem, *, method: str, dispatch: str = "unif
         window_weights = window_weights / window_weights.max()
     if weights is not None:
         weights = validated_counts(weights, "weights")
+        if weights.shape != summed.shape:
+            raise ValueError(f"weights must have the windows' shape [L, E] = {list(summed.shape)}, got {weights.shape}")
     elif series:
         weights = combine(windows, "sum", window_weights)
     else:
