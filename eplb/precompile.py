@@ -16,11 +16,21 @@ and it computes the lower bound, the migration, the other public calls a server 
 :func:`eplb.simulate`) and, with ``balancer=True``, a Balancer's whole record / decide / rebalance
 cycle (:func:`eplb.serving.balancer.warm_kernels`). ``tests/test_warmup.py`` checks that, after it,
 a fresh process compiles nothing on any of those calls.
+
+:func:`ship` is the warm-up a wheel's build runs (``eplb/_build.py``): it compiles the README's
+deployment and puts Numba's cache files in the package, so a fresh install's first call loads
+compiled code (:mod:`eplb.kernels._cache`).
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
+import shutil
 import time
+import warnings
+from pathlib import Path
 
 import numpy as np
 
@@ -28,7 +38,8 @@ from .planning.api import plan, rebalance_experts
 from .serving.balancer import warm_kernels
 from .planning.methods import DEFAULT_METHOD, METHODS
 from .model.problem import make_problem
-from .simulation.synthetic import skewed_counts
+from .simulation.synthetic import DEEPSEEK_V3, skewed_counts
+from .kernels import _cache
 from .serving.transfer import transfer_plan
 from .analysis.dispatch import dispatch
 from .analysis.engine_dispatch import ENGINES, with_engine_shares
@@ -84,7 +95,9 @@ def warm_public_calls(loads: np.ndarray, later: np.ndarray, hierarchical: bool, 
         if hierarchical:
             shared.off_node_fraction(later)
     simulate(series, **config)
-    simulate(series, policy=vllm_like(), **config)
+    with warnings.catch_warnings():  # a 3-step series is too short for the timer to act: it need not
+        warnings.simplefilter("ignore", RuntimeWarning)
+        simulate(series, policy=vllm_like(), **config)
 
 
 def _timed(steps: dict, name: str, fn) -> None:
@@ -148,3 +161,36 @@ def warmup(num_experts, *, num_slots=None, num_gpus=None, num_nodes=1, num_group
             _timed(steps, f"Balancer {method}", lambda method=method: warm_kernels(num_experts, method=method, **config))
     return {"steps": steps, "time_s": time.perf_counter() - start, "methods": methods, "balancer": balancer}
 
+
+
+def ship(folder) -> dict:
+    """Compile the kernels of the DeepSeek-V3 deployment (:data:`eplb.simulation.synthetic.DEEPSEEK_V3`,
+    hierarchical, which also warms the global calls; a Balancer included) in this process's cache,
+    then copy Numba's cache files to ``folder/<tag>/<kernel folder>/`` with a manifest
+    (``<tag>`` is :func:`eplb.kernels._cache.shipped_tag`): what a wheel's build ships as
+    ``eplb/_precompiled``. Run it in a fresh process with an empty cache folder (``EPLB_CACHE_DIR``),
+    so that only this source's entries are shipped.
+
+    Returns:
+        the manifest: ``{"id", "numba", "python", "deployment", "compile_s", "files"}``.
+    """
+    c = DEEPSEEK_V3
+    warmed = warmup(c["num_experts"], num_slots=c["num_slots"], num_gpus=c["num_gpus"], num_nodes=c["num_nodes"],
+                    num_groups=c["num_groups"], balancer=True)
+    kernels_dir = os.path.dirname(os.path.abspath(_cache.__file__))
+    source = Path(_cache.cache_dir(os.path.join(kernels_dir, "__init__.py")))
+    tag_dir = Path(folder) / _cache.shipped_tag()
+    if tag_dir.exists():
+        shutil.rmtree(tag_dir)  # an earlier build's files
+    target = tag_dir / os.path.basename(kernels_dir)
+    target.mkdir(parents=True)
+    digest = hashlib.sha256()
+    files = sorted(p for p in source.iterdir() if p.suffix in (".nbi", ".nbc"))
+    for path in files:
+        shutil.copyfile(path, target / path.name)
+        digest.update(path.name.encode() + b"\0" + hashlib.sha256(path.read_bytes()).digest())
+    manifest = {"id": digest.hexdigest(), "numba": _cache.numba.__version__, "python": _cache.sys.implementation.cache_tag,
+                "deployment": {k: c[k] for k in ("num_experts", "num_slots", "num_gpus", "num_nodes", "num_groups")},
+                "compile_s": round(warmed["time_s"], 1), "files": len(files)}
+    (tag_dir / _cache.MANIFEST).write_text(json.dumps(manifest, indent=1))
+    return manifest
