@@ -15,7 +15,10 @@ first call of one entry point:
   ``should_rebalance()`` (construction included).
 
 cold: every process gets an empty cache folder (everything it calls compiles); warm: processes on a
-folder an untimed process filled.
+folder an untimed process filled; fresh install: the package built into a wheel from this checkout
+(the build compiles the kernels it ships, :func:`eplb.precompile.ship`) and installed into a
+folder of its own, every process on an empty cache folder (what a user's first call after
+``pip install`` meets: the shipped kernels are copied into the cache and loaded, not compiled).
 
 After ``eplb warmup`` (issue 21): a process runs ``eplb.warmup`` for that deployment on an empty
 folder, then a fresh process times the first and the second call of each public call a server
@@ -32,6 +35,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -208,18 +212,39 @@ def after_warmup_section(results_dir: Path, folder: str | None = None) -> str:
     ])
 
 
-def fresh_process(entry: str, cache_dir: str) -> dict:
-    """Run the child in a new interpreter with ``EPLB_CACHE_DIR=cache_dir``; its timings plus the
-    process's wall time (interpreter start-up included)."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "EPLB_CACHE_DIR": cache_dir}
+def fresh_process(entry: str, cache_dir: str, site: Path = ROOT) -> dict:
+    """Run the child in a new interpreter with ``EPLB_CACHE_DIR=cache_dir`` on the eplb in ``site``
+    (this checkout, or an installed copy); its timings plus the process's wall time (interpreter
+    start-up included)."""
+    env = {**os.environ, "PYTHONPATH": str(site), "EPLB_CACHE_DIR": cache_dir}
     env.pop("NUMBA_CACHE_DIR", None)
     start = time.perf_counter()
-    done = subprocess.run([sys.executable, "-c", CHILD, entry], env=env, cwd=ROOT, capture_output=True, text=True,
+    done = subprocess.run([sys.executable, "-c", CHILD, entry], env=env, cwd=site, capture_output=True, text=True,
                           timeout=1800)
     wall = time.perf_counter() - start
     if done.returncode:
         raise RuntimeError(f"start-up child failed for {entry!r}:\n{done.stderr[-2000:]}")
     return {**json.loads(done.stdout.strip().splitlines()[-1]), "process_wall_s": wall}
+
+
+def install_copy(folder: Path) -> dict:
+    """Build this checkout into a wheel (the build compiles the kernels it ships) and install it into
+    ``folder/site``; the build's wall time and its manifest."""
+    source = folder / "source"
+    source.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, source / name)
+    shutil.copytree(ROOT / "eplb", source / "eplb", ignore=shutil.ignore_patterns("__pycache__", "_precompiled"))
+    env = {k: v for k, v in os.environ.items() if k not in ("NUMBA_CACHE_DIR", "EPLB_CACHE_DIR", "EPLB_PRECOMPILE")}
+    start = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", str(source), "-w",
+                    str(folder / "wheel")], env=env, cwd=source, check=True, capture_output=True, timeout=3600)
+    build_s = time.perf_counter() - start
+    (wheel,) = (folder / "wheel").glob("eplb-*.whl")
+    subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(folder / "site"),
+                    str(wheel)], check=True, capture_output=True, timeout=600)
+    (manifest,) = (folder / "site" / "eplb" / "_precompiled").glob("*/manifest.json")
+    return {"build_s": build_s, **json.loads(manifest.read_text())}
 
 
 def _row(entry: str, kind: str, runs: list[dict]) -> dict:
@@ -236,17 +261,26 @@ def _row(entry: str, kind: str, runs: list[dict]) -> dict:
             "runs": len(runs)}
 
 
-def measure(entry: str, repeats: int, cold: bool = True, warm_folder: str | None = None) -> list[dict]:
+FRESH_INSTALL = "fresh install, empty cache"
+COLD = "cold (empty cache, nothing shipped)"
+
+
+def measure(entry: str, repeats: int, cold: bool = True, warm_folder: str | None = None,
+            site: Path | None = None) -> list[dict]:
     """Start-ups of one entry point: ``repeats`` cold processes (each on its own empty cache
-    folder) with ``cold``, then ``repeats`` warm ones on a folder filled by an untimed process (a
-    fresh one, or ``warm_folder``, kept between runs)."""
+    folder) with ``cold``, on this checkout and, given the ``site`` of an installed copy, on it;
+    then ``repeats`` warm ones on a folder filled by an untimed process (a fresh one, or
+    ``warm_folder``, kept between runs)."""
     rows = []
     if cold:
-        runs = []
-        for _ in range(repeats):
-            with tempfile.TemporaryDirectory(prefix="eplb-cache-cold-") as folder:
-                runs.append(fresh_process(entry, folder))
-        rows.append(_row(entry, "cold (empty cache)", runs))
+        for kind, where in ((COLD, ROOT), (FRESH_INSTALL, site)):
+            if where is None:
+                continue
+            runs = []
+            for _ in range(repeats):
+                with tempfile.TemporaryDirectory(prefix="eplb-cache-cold-") as folder:
+                    runs.append(fresh_process(entry, folder, where))
+            rows.append(_row(entry, kind, runs))
     if warm_folder is not None:
         fresh_process(entry, warm_folder)  # fills the cache (loads it when an earlier run did)
         rows.append(_row(entry, "warm cache", [fresh_process(entry, warm_folder) for _ in range(repeats)]))
@@ -295,8 +329,14 @@ def run(quick: bool, results_dir: Path, entries: tuple[str, ...] = ENTRIES, cold
     note = load_note()
     if warm_folder is None and quick:
         warm_folder = quick_cache_folder()
-    rows = [row for entry in entries for row in measure(entry, repeats, cold=cold, warm_folder=warm_folder)]
+    with tempfile.TemporaryDirectory(prefix="eplb-install-") as folder:
+        built = install_copy(Path(folder)) if cold else None
+        site = Path(folder) / "site" if cold else None
+        rows = [row for entry in entries
+                for row in measure(entry, repeats, cold=cold, warm_folder=warm_folder, site=site)]
     write_csv(results_dir / "startup.csv", rows)
+    if built is not None:
+        (results_dir / "startup_build.json").write_text(json.dumps(built, indent=1))
 
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 0.5 + 0.45 * len(rows)))
@@ -328,7 +368,11 @@ def run(quick: bool, results_dir: Path, entries: tuple[str, ...] = ENTRIES, cold
     return "\n".join([
         "## Start-up", "",
         "Fresh Python processes on the DeepSeek-V3-sized example (58 x 256, 288 slots, 32 GPUs, 4 nodes, 8 "
-        "groups). *cold*: each process on an empty `EPLB_CACHE_DIR` (its first call compiles what it uses); "
+        "groups). *cold*: each process on an empty `EPLB_CACHE_DIR`, on this checkout, which ships no compiled "
+        "kernels (its first call compiles what it uses); *fresh install*: the same on the package built into a wheel "
+        "and installed (`pip install .`), whose build compiled the kernels it ships"
+        + (f" ({built['build_s']:.0f} s to build the wheel, {built['compile_s']:.0f} s of it compiling; "
+           f"{built['files']} cache files shipped)" if built else "") + "; "
         f"*warm cache*: new processes on a filled one. Medians of {repeats} processes. Seconds; `CPU` is the "
         "process's CPU time (less inflated by other processes on a shared machine); `process` includes "
         f"interpreter start-up; `next call` is the second call in that process ({note}).", "",
@@ -347,7 +391,8 @@ def headline(results_dir: Path) -> list[tuple[str, str, str]]:
     for r in read_csv(path):
         total, cpu = float(r["import_plus_first_call_s"]), float(r["import_plus_first_call_cpu_s"])
         target = _target(r)
-        what = "cold start (empty cache)" if r["kind"] != "warm cache" else "fresh process, warm cache"
+        what = {"warm cache": "fresh process, warm cache", FRESH_INSTALL: "fresh install (kernels shipped compiled), "
+                "empty cache"}.get(r["kind"], "cold start (empty cache, no shipped kernels)")
         out.append((f"{what}: import + first `{r['entry']}`", f"{total:.2f} s wall, {cpu:.2f} s CPU",
                     "recorded" if target is None else f"<= {target:g} s: {verdict(total, cpu, target)}"))
     after = results_dir / "startup_after_warmup.csv"
