@@ -66,6 +66,6 @@ def format_demo(rows: list[dict]) -> str:
         f"  each of the {c['num_groups']} expert groups on one of the {c['num_nodes']} nodes, as the plans keep them",
         "shared GPU = replicas per layer placed on a GPU that already holds that expert",
         "method time = a warm call of the method; 1st plan() = the first call in this process, with the",
-        "  bounds (the very first run after installing compiles the kernels; later runs load them from disk)",
+        "  bounds (a source install ships the kernels compiled; otherwise the very first run compiles them)",
     ]
     return "\n".join(lines)

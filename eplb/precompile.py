@@ -28,17 +28,19 @@ import hashlib
 import json
 import os
 import shutil
+import sys
 import time
 import warnings
 from pathlib import Path
 
+import numba
 import numpy as np
 
 from .planning.api import plan, rebalance_experts
 from .serving.balancer import warm_kernels
 from .planning.methods import DEFAULT_METHOD, METHODS
 from .model.problem import make_problem
-from .simulation.synthetic import DEEPSEEK_V3, skewed_counts
+from .simulation.synthetic import skewed_counts
 from .kernels import _cache
 from .serving.transfer import transfer_plan
 from .analysis.dispatch import dispatch
@@ -163,20 +165,29 @@ def warmup(num_experts, *, num_slots=None, num_gpus=None, num_nodes=1, num_group
 
 
 
+SHIPPED_DEPLOYMENTS = (
+    dict(num_experts=256, num_slots=288, num_gpus=32, num_nodes=4, num_groups=8),  # DeepSeek-V3 (and global)
+    dict(num_experts=32, num_slots=40, num_gpus=8),  # small models (gpt-oss-20b): the searches of few experts
+    dict(num_experts=8, num_slots=8, num_gpus=8),  # as many slots as experts (Mixtral)
+)
+"""The deployments :func:`ship` warms: between them, the paths of large and small models and of
+hierarchical and global deployments."""
+
+
 def ship(folder) -> dict:
-    """Compile the kernels of the DeepSeek-V3 deployment (:data:`eplb.simulation.synthetic.DEEPSEEK_V3`,
-    hierarchical, which also warms the global calls; a Balancer included) in this process's cache,
-    then copy Numba's cache files to ``folder/<tag>/<kernel folder>/`` with a manifest
-    (``<tag>`` is :func:`eplb.kernels._cache.shipped_tag`): what a wheel's build ships as
+    """Compile the kernels of :data:`SHIPPED_DEPLOYMENTS` (:func:`warmup`, a Balancer included) in this
+    process's cache, then copy Numba's cache files to ``folder/<tag>/<kernel folder>/`` with a
+    manifest (``<tag>`` is :func:`eplb.kernels._cache.shipped_tag`): what a wheel's build ships as
     ``eplb/_precompiled``. Run it in a fresh process with an empty cache folder (``EPLB_CACHE_DIR``),
     so that only this source's entries are shipped.
 
     Returns:
-        the manifest: ``{"id", "numba", "python", "deployment", "compile_s", "files"}``.
+        the manifest: ``{"id", "numba", "python", "deployments", "compile_s", "files"}``.
     """
-    c = DEEPSEEK_V3
-    warmed = warmup(c["num_experts"], num_slots=c["num_slots"], num_gpus=c["num_gpus"], num_nodes=c["num_nodes"],
-                    num_groups=c["num_groups"], balancer=True)
+    start = time.perf_counter()
+    for deployment in SHIPPED_DEPLOYMENTS:
+        warmup(**deployment, balancer=True)
+    compile_s = time.perf_counter() - start
     kernels_dir = os.path.dirname(os.path.abspath(_cache.__file__))
     source = Path(_cache.cache_dir(os.path.join(kernels_dir, "__init__.py")))
     tag_dir = Path(folder) / _cache.shipped_tag()
@@ -189,8 +200,7 @@ def ship(folder) -> dict:
     for path in files:
         shutil.copyfile(path, target / path.name)
         digest.update(path.name.encode() + b"\0" + hashlib.sha256(path.read_bytes()).digest())
-    manifest = {"id": digest.hexdigest(), "numba": _cache.numba.__version__, "python": _cache.sys.implementation.cache_tag,
-                "deployment": {k: c[k] for k in ("num_experts", "num_slots", "num_gpus", "num_nodes", "num_groups")},
-                "compile_s": round(warmed["time_s"], 1), "files": len(files)}
+    manifest = {"id": digest.hexdigest(), "numba": numba.__version__, "python": sys.implementation.cache_tag,
+                "deployments": list(SHIPPED_DEPLOYMENTS), "compile_s": round(compile_s, 1), "files": len(files)}
     (tag_dir / _cache.MANIFEST).write_text(json.dumps(manifest, indent=1))
     return manifest

@@ -28,7 +28,8 @@ ROOT = Path(__file__).resolve().parents[1]
 DEPLOY = {k: DEEPSEEK_V3[k] for k in ("num_slots", "num_gpus", "num_nodes", "num_groups")}
 
 # A fresh interpreter on the installed copy: the numba functions it compiled (not loaded) while
-# planning the README's example, building a Balancer and answering its first decision.
+# planning the README's example, building a Balancer and answering its first decision, and
+# planning a small model.
 CHILD = """
 import json, numpy as np
 from numba.core import event
@@ -38,13 +39,15 @@ class Compiles(event.Listener):
     def on_end(self, e): pass
 event.register("numba:compile", Compiles())
 import eplb
-from eplb.simulation.synthetic import DEEPSEEK_V3 as c, deepseek_v3_counts
+from eplb.simulation.synthetic import DEEPSEEK_V3 as c, deepseek_v3_counts, skewed_counts
 counts = deepseek_v3_counts(0)
 deploy = {k: c[k] for k in ("num_slots", "num_gpus", "num_nodes", "num_groups")}
 placement = eplb.plan(counts, **deploy)
 balancer = eplb.Balancer(counts.shape[0], counts.shape[1], **deploy)
 balancer.record(counts)
 balancer.should_rebalance()
+small = skewed_counts(4, 32, seed=2)  # a small model's paths (the searches of few experts)
+eplb.plan(small, num_slots=40, num_gpus=4).gap
 print(json.dumps({"file": eplb.__file__, "compiled": compiled, "phy2log": placement.phy2log.tolist()}))
 """
 
