@@ -100,6 +100,23 @@ def test_a_fresh_install_plans_and_decides_without_compiling(installed, tmp_path
     assert manifest["numba"] == _cache.numba.__version__ and manifest["files"] > 0
 
 
+def test_ranks_starting_together_on_one_empty_cache_all_load_and_agree(installed, tmp_path):
+    """Every rank of an engine starts at once on the same empty cache folder: each copies the shipped
+    entries it finds missing while the others do, and none compiles or plans differently."""
+    env = {k: v for k, v in os.environ.items() if k not in ("NUMBA_CACHE_DIR", "PYTHONPATH")}
+    env.update(EPLB_CACHE_DIR=str(tmp_path / "shared-cache"), PYTHONPATH=str(installed))
+    ranks = [subprocess.Popen([sys.executable, "-c", CHILD], env=env, cwd=installed, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for _ in range(4)]
+    outs = []
+    for rank in ranks:
+        stdout, stderr = rank.communicate(timeout=900)
+        assert rank.returncode == 0, stderr[-3000:]
+        outs.append(json.loads(stdout.strip().splitlines()[-1]))
+    assert [out["compiled"] for out in outs] == [[]] * 4
+    assert all(out["phy2log"] == outs[0]["phy2log"] for out in outs)
+    assert not list((tmp_path / "shared-cache").rglob("*.tmp")), "a copy's temporary file was left behind"
+
+
 def test_an_edited_kernel_file_is_compiled_not_loaded_stale(installed, tmp_path):
     site = tmp_path / "site"
     shutil.copytree(installed, site)
