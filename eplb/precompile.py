@@ -17,8 +17,8 @@ and it computes the lower bound, the migration, the other public calls a server 
 cycle (:func:`eplb.serving.balancer.warm_kernels`). ``tests/test_warmup.py`` checks that, after it,
 a fresh process compiles nothing on any of those calls.
 
-:func:`ship` is the warm-up a wheel's build runs (``eplb/_build.py``): it compiles the README's
-deployment and puts Numba's cache files in the package, so a fresh install's first call loads
+:func:`ship` is the warm-up a wheel's build runs (``eplb/_build.py``): it compiles three
+deployments (:data:`SHIPPED_DEPLOYMENTS`) and puts Numba's cache files in the package, so a fresh install's first call loads
 compiled code (:mod:`eplb.kernels._cache`).
 """
 
@@ -41,7 +41,7 @@ from .serving.balancer import warm_kernels
 from .planning.methods import DEFAULT_METHOD, METHODS
 from .model.problem import make_problem
 from .simulation.synthetic import skewed_counts
-from .kernels import _cache
+from .kernels._cache import MANIFEST, cache_dir, shipped_tag
 from .serving.transfer import transfer_plan
 from .analysis.dispatch import dispatch
 from .analysis.engine_dispatch import ENGINES, with_engine_shares
@@ -164,7 +164,6 @@ def warmup(num_experts, *, num_slots=None, num_gpus=None, num_nodes=1, num_group
     return {"steps": steps, "time_s": time.perf_counter() - start, "methods": methods, "balancer": balancer}
 
 
-
 SHIPPED_DEPLOYMENTS = (
     dict(num_experts=256, num_slots=288, num_gpus=32, num_nodes=4, num_groups=8),  # DeepSeek-V3 (and global)
     dict(num_experts=32, num_slots=40, num_gpus=8),  # small models (gpt-oss-20b): the searches of few experts
@@ -188,9 +187,9 @@ def ship(folder) -> dict:
     for deployment in SHIPPED_DEPLOYMENTS:
         warmup(**deployment, balancer=True)
     compile_s = time.perf_counter() - start
-    kernels_dir = os.path.dirname(os.path.abspath(_cache.__file__))
-    source = Path(_cache.cache_dir(os.path.join(kernels_dir, "__init__.py")))
-    tag_dir = Path(folder) / _cache.shipped_tag()
+    kernels_dir = os.path.join(os.path.dirname(os.path.abspath(__file__)), "kernels")
+    source = Path(cache_dir(os.path.join(kernels_dir, "__init__.py")))
+    tag_dir = Path(folder) / shipped_tag()
     if tag_dir.exists():
         shutil.rmtree(tag_dir)  # an earlier build's files
     target = tag_dir / os.path.basename(kernels_dir)
@@ -202,5 +201,5 @@ def ship(folder) -> dict:
         digest.update(path.name.encode() + b"\0" + hashlib.sha256(path.read_bytes()).digest())
     manifest = {"id": digest.hexdigest(), "numba": numba.__version__, "python": sys.implementation.cache_tag,
                 "deployments": list(SHIPPED_DEPLOYMENTS), "compile_s": round(compile_s, 1), "files": len(files)}
-    (tag_dir / _cache.MANIFEST).write_text(json.dumps(manifest, indent=1))
+    (tag_dir / MANIFEST).write_text(json.dumps(manifest, indent=1))
     return manifest

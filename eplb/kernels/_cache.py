@@ -16,8 +16,8 @@ two installs (a wheel and a checkout) never share files. Each entry is stamped w
 source file's content, whatever the Numba version (some stamp the modification time, which an
 install changes), so a stale entry is recompiled, never used.
 
-**Kernels shipped compiled.** Building a wheel (``pip install .``) compiles the kernels a serving
-deployment uses (:func:`eplb.precompile.ship`, run by the build step in ``eplb/_build.py``) and
+**Kernels shipped compiled.** Building a wheel (``pip install .``) compiles the kernels of three
+deployments (:func:`eplb.precompile.ship`, run by the build step in ``eplb/_build.py``) and
 ships Numba's cache files in ``eplb/_precompiled/numba-<version>-<interpreter>/``. On a machine
 whose Numba, Python and CPU match the build's (a source install builds where it installs), a
 fresh process's first call then loads compiled code instead of compiling: the first time a
