@@ -197,8 +197,9 @@ def ship(folder) -> dict:
     digest = hashlib.sha256()
     files = sorted(p for p in source.iterdir() if p.suffix in (".nbi", ".nbc"))
     for path in files:
-        shutil.copyfile(path, target / path.name)
-        digest.update(path.name.encode() + b"\0" + hashlib.sha256(path.read_bytes()).digest())
+        data = path.read_bytes()
+        (target / path.name).write_bytes(data)
+        digest.update(path.name.encode() + b"\0" + hashlib.sha256(data).digest())
     manifest = {"id": digest.hexdigest(), "numba": numba.__version__, "python": sys.implementation.cache_tag,
                 "deployments": list(SHIPPED_DEPLOYMENTS), "compile_s": round(compile_s, 1), "files": len(files)}
     (tag_dir / MANIFEST).write_text(json.dumps(manifest, indent=1))

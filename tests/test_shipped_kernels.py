@@ -52,11 +52,16 @@ print(json.dumps({"file": eplb.__file__, "compiled": compiled, "phy2log": placem
 """
 
 
-def run_installed(site: Path, cache: Path, code: str = CHILD) -> dict:
+def installed_env(site: Path, cache: Path) -> dict[str, str]:
+    """The environment of an interpreter that imports eplb from ``site`` and caches in ``cache``."""
     env = {k: v for k, v in os.environ.items() if k not in ("NUMBA_CACHE_DIR", "PYTHONPATH")}
     env.update(EPLB_CACHE_DIR=str(cache), PYTHONPATH=str(site))
-    done = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=env, cwd=site, capture_output=True,
-                          text=True, timeout=900)
+    return env
+
+
+def run_installed(site: Path, cache: Path, code: str = CHILD) -> dict:
+    done = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=installed_env(site, cache), cwd=site,
+                          capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -103,8 +108,7 @@ def test_a_fresh_install_plans_and_decides_without_compiling(installed, tmp_path
 def test_ranks_starting_together_on_one_empty_cache_all_load_and_agree(installed, tmp_path):
     """Every rank of an engine starts at once on the same empty cache folder: each copies the shipped
     entries it finds missing while the others do, and none compiles or plans differently."""
-    env = {k: v for k, v in os.environ.items() if k not in ("NUMBA_CACHE_DIR", "PYTHONPATH")}
-    env.update(EPLB_CACHE_DIR=str(tmp_path / "shared-cache"), PYTHONPATH=str(installed))
+    env = installed_env(installed, tmp_path / "shared-cache")
     ranks = [subprocess.Popen([sys.executable, "-c", CHILD], env=env, cwd=installed, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True) for _ in range(4)]
     outs = []

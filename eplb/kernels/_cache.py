@@ -101,12 +101,13 @@ def shipped_id(tag_dir: str) -> str | None:
         return None
 
 
-def shipped_dir(py_file: str) -> str | None:
-    """The folder of compiled kernels shipped for source file ``py_file``'s folder; ``None`` if the
-    package ships none for this Numba and interpreter."""
+def shipped_dir(py_file: str) -> tuple[str, str] | None:
+    """``(folder, id)``: the compiled kernels shipped for source file ``py_file``'s folder and the
+    id of the shipped set; ``None`` if the package ships none for this Numba and interpreter."""
     tag_dir = os.path.join(SHIPPED_ROOT, shipped_tag())
     folder = os.path.join(tag_dir, os.path.basename(os.path.dirname(os.path.abspath(py_file))))
-    return folder if shipped_id(tag_dir) and os.path.isdir(folder) else None
+    found = shipped_id(tag_dir)
+    return (folder, found) if found and os.path.isdir(folder) else None
 
 
 def _copy_atomically(source: str, target: str) -> None:
@@ -141,12 +142,12 @@ def cache_dir(py_file: str) -> str | None:
     sub = _CacheLocator.get_suitable_cache_subpath(py_file)
     shipped = shipped_dir(py_file)
     if shipped is not None:
-        sub += "_" + shipped_id(os.path.dirname(shipped))[:16]
+        sub += "_" + shipped[1][:16]
     for root in cache_roots():
         path = os.path.join(root, sub)
         if _writable(path):
             if shipped is not None:
-                seed_from_shipped(shipped, path)
+                seed_from_shipped(shipped[0], path)
             return path
     return None
 
