@@ -48,6 +48,7 @@ SECTIONS = (
     ("locality", "Locality", "balancedness against off-node tokens (max_off_node), in and out of sample"),
     ("simulate", "Simulate", "rebalancing policies in step time and copies on drifting traffic"),
     ("decision_rule", "Decision rule", "Balancer settings chosen on tuning series, judged on held-out ones"),
+    ("loop_frontier", "Loop frontier", "time lost against copies: the Balancer and a clairvoyant planner, held out"),
     ("simulate_chunks", "Rebalance in chunks", "a rebalance applied a few layers per step: stalls and time lost"),
     ("engine_dispatch", "Engine dispatch", "what each engine's replica choice serves: SGLang static, even split, optimal"),
     ("robust_default", "Robust by default", "the default plan of a series, held out, on real traces and structured families"),

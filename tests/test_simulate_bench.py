@@ -77,3 +77,21 @@ def test_chunks_bench_applies_the_same_copies_at_every_chunk_size(tmp_path):
         assert all(0 < int(r["copies"]) <= int(whole["copies"]) for r in mine)
         assert all(float(r["max_stall_ms"]) <= float(whole["max_stall_ms"]) + 1e-9 for r in mine)
     assert "chunks of layers" in text
+
+
+def test_loop_frontier_bench_measures_every_policy_against_the_limit_and_keeps_budgets(tmp_path):
+    frontier = importlib.import_module("loop_frontier")
+    text = frontier.run(True, tmp_path, blocks=3, every=10)
+    with open(tmp_path / "loop_frontier.csv", newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    for deployment in frontier.DEPLOYMENTS:
+        mine = {r["key"]: r for r in rows if r["deployment"] == deployment}
+        assert set(mine) == {key for key, _, _, _ in frontier.policies(None, 10)}
+        assert float(mine["reference"]["x_limit"]) == 1.0
+        for budget in frontier.BUDGETS:  # a clairvoyant near plan changes at most `budget` slots per layer
+            row = mine[f"clairvoyant_budget_{budget}"]
+            assert int(row["rebalances"]) == 2  # after passes 10 and 20: the last has no future to plan for
+            assert int(row["copies"]) <= budget * 58 * int(row["rebalances"])
+        assert f"- {deployment}:" in text
+    assert "## Loop frontier" in text and (tmp_path / "loop_frontier.md").read_text() == text
+    assert all(len(row) == 3 for row in frontier.headline(tmp_path))
