@@ -24,18 +24,20 @@ Run: ``python bench/loop_frontier.py [--quick]`` (results in ``bench/results/loo
 from __future__ import annotations
 
 import argparse
+import inspect
 from pathlib import Path
 
 import numpy as np
 from _common import load_note, markdown_table, read_csv, write_csv
 from simulate import BLOCK, DS, QUICK_BLOCKS, TARGETS, TOKENS, Cached, scenarios
+from simulate import policies as simulate_policies
 
-import eplb
-from eplb import BalancerPolicy, FixedInterval, Policy, plan, sglang_like, simulate, vllm_like
+from eplb import Balancer, BalancerPolicy, Policy, plan, simulate
 
 CHECK = 100  # passes between decisions (the Balancer's check interval in the Simulate section)
 SUBWINDOWS = 10  # the clairvoyant plans hedge over the next CHECK passes in this many sub-windows
 DEPLOYMENTS = {"global 288/32": dict(DS, num_groups=None), "hierarchical 4 nodes": dict(DS, num_groups=8)}
+BALANCER_DEFAULTS = {name: inspect.signature(Balancer).parameters[name].default for name in ("copy_cost", "tolerance")}
 BUDGETS = (2, 4, 8)  # slots per layer a near plan may change (the Balancer rows take 4 and 8)
 
 
@@ -67,12 +69,11 @@ class Clairvoyant(Policy):
 def policies(counts: np.ndarray, every: int) -> list[tuple[str, str, object, bool]]:
     """``(key, family, policy, copies_free)`` in the order of the table."""
     balancer = lambda label, **options: BalancerPolicy(check_every=every, name=label, **options)  # noqa: E731
-    out = [
-        ("reference", "limit", FixedInterval(BLOCK, BLOCK, eplb.DEFAULT_METHOD,
-                                             name="every block from the block before, copies free"), True),
-        ("vllm", "engine timer", vllm_like(), False),
-        ("sglang", "engine timer", sglang_like(), False),
-        ("balancer", "Balancer", balancer("defaults (copy_cost 0.0005, tolerance 0.03)"), False),
+    # the limit and the engines' timers exactly as the Simulate section runs them
+    families = {"reference": "limit", "vllm": "engine timer", "sglang": "engine timer"}
+    out = [(key, families[key], policy, free) for key, policy, free in simulate_policies() if key in families]
+    out += [
+        ("balancer", "Balancer", balancer("defaults (copy_cost {copy_cost}, tolerance {tolerance})".format(**BALANCER_DEFAULTS)), False),
         ("balancer_copy_cost_0.002", "Balancer", balancer("copy_cost 0.002", copy_cost=0.002), False),
         ("balancer_copy_cost_0.0002", "Balancer", balancer("copy_cost 0.0002", copy_cost=0.0002), False),
         *[(f"balancer_budget_{b}", "Balancer", balancer(f"at most {b} slots per layer, tolerance 0", tolerance=0.0,
@@ -83,8 +84,9 @@ def policies(counts: np.ndarray, every: int) -> list[tuple[str, str, object, boo
     out += [(f"clairvoyant_budget_{b}", "clairvoyant", Clairvoyant(counts, every, dict(tolerance=None, max_moves=b),
                                                                    f"near, at most {b} slots per layer"), False)
             for b in BUDGETS]
-    out += [("clairvoyant_tolerance", "clairvoyant", Clairvoyant(counts, every, dict(tolerance=0.03),
-                                                                 "near, tolerance 0.03 (the Balancer's)"), False),
+    out += [("clairvoyant_tolerance", "clairvoyant", Clairvoyant(
+                counts, every, dict(tolerance=BALANCER_DEFAULTS["tolerance"]),
+                f"near, tolerance {BALANCER_DEFAULTS['tolerance']} (the Balancer's)"), False),
             ("clairvoyant_scratch", "clairvoyant", Clairvoyant(counts, every, None, "from scratch"), False)]
     return out
 
@@ -123,35 +125,44 @@ def ratio(value: float) -> str:
     return f"{value:.2f}" if np.isfinite(value) else "n/a"
 
 
+def candidates(rows: list[dict], deployment: str) -> list[dict]:
+    """The rows of ``deployment`` that the targets judge: the Balancer's and the clairvoyant planner's."""
+    return [r for r in rows if r["deployment"] == deployment and r["family"] in ("Balancer", "clairvoyant")]
+
+
+def time_target(deployment: str) -> float:
+    """The issue's bound on time lost, as a multiple of the limit's, for ``deployment``."""
+    return TARGETS["reference_ratio_hierarchical" if "hierarchical" in deployment else "reference_ratio_global"]
+
+
+def least_lost_within_copies(rows: list[dict]) -> dict | None:
+    """The row of ``rows`` with the least time lost among those within the copy target."""
+    cheap = [r for r in rows if r["x_fewest"] <= TARGETS["copies_ratio"]]
+    return min(cheap, key=lambda r: r["x_limit"]) if cheap else None
+
+
 def verdicts(rows: list[dict]) -> list[str]:
     """Per deployment: the fewest copies any measured policy needed to reach the time target, and
     the least time lost within the copy target."""
     lines = []
     for deployment in dict.fromkeys(r["deployment"] for r in rows):
-        mine = [r for r in rows if r["deployment"] == deployment and r["family"] in ("Balancer", "clairvoyant")]
-        target = TARGETS["reference_ratio_hierarchical" if "hierarchical" in deployment else "reference_ratio_global"]
-        reach = [r for r in mine if r["x_limit"] <= target]
-        cheap = [r for r in mine if r["x_fewest"] <= TARGETS["copies_ratio"]]
-        parts = [f"- {deployment}: "]
+        mine, target, copies = candidates(rows, deployment), time_target(deployment), TARGETS["copies_ratio"]
         if not any(np.isfinite(r["x_fewest"]) for r in mine):
             lines.append(f"- {deployment}: the engine timers made no copies (series shorter than their interval)")
             continue
-        if reach:
-            best = min(reach, key=lambda r: r["x_fewest"])
-            parts.append(f"within {target}x the limit, the fewest copies: {best['x_fewest']:.2f}x the timers' fewest "
-                         f"({best['family']}, {best['policy']}); ")
-        else:
-            parts.append(f"no measured policy within {target}x the limit; ")
-        if cheap:
-            best = min(cheap, key=lambda r: r["x_limit"])
-            parts.append(f"within {TARGETS['copies_ratio']}x the copies, the least time lost: {best['x_limit']:.2f}x "
-                         f"the limit ({best['family']}, {best['policy']}); ")
-        else:
-            parts.append(f"no measured policy within {TARGETS['copies_ratio']}x the copies; ")
-        both = [r for r in reach if r["x_fewest"] <= TARGETS["copies_ratio"]]
-        parts.append("both targets at once: " + ("met by " + ", ".join(f"{r['family']} {r['policy']}" for r in both)
-                                                 if both else "no measured policy, clairvoyant ones included"))
-        lines.append("".join(parts))
+        reach = [r for r in mine if r["x_limit"] <= target]
+        fewest = min(reach, key=lambda r: r["x_fewest"]) if reach else None
+        cheap = least_lost_within_copies(mine)
+        both = [r for r in reach if r["x_fewest"] <= copies]
+        lines.append("".join([
+            f"- {deployment}: ",
+            f"within {target}x the limit, the fewest copies: {fewest['x_fewest']:.2f}x the timers' fewest "
+            f"({fewest['family']}, {fewest['policy']}); " if fewest else f"no measured policy within {target}x the limit; ",
+            f"within {copies}x the copies, the least time lost: {cheap['x_limit']:.2f}x the limit "
+            f"({cheap['family']}, {cheap['policy']}); " if cheap else f"no measured policy within {copies}x the copies; ",
+            "both targets at once: " + ("met by " + ", ".join(f"{r['family']} {r['policy']}" for r in both)
+                                        if both else "no measured policy, clairvoyant ones included"),
+        ]))
     return lines
 
 
@@ -161,12 +172,11 @@ def headline(results_dir: Path) -> list[tuple[str, str, str]]:
     if not path.exists():
         return []
     rows = [{**r, "x_limit": float(r["x_limit"]), "x_fewest": float(r["x_fewest"])} for r in read_csv(path)]
-    mine = [r for r in rows if r["deployment"] == "hierarchical 4 nodes" and r["family"] in ("Balancer", "clairvoyant")]
-    cheap = [r for r in mine if r["x_fewest"] <= TARGETS["copies_ratio"]]
-    if not cheap:
+    deployment = "hierarchical 4 nodes"
+    best = least_lost_within_copies(candidates(rows, deployment))
+    if best is None:
         return []
-    best = min(cheap, key=lambda r: r["x_limit"])
-    target = TARGETS["reference_ratio_hierarchical"]
+    target = time_target(deployment)
     return [("Loop frontier, hierarchical 4 nodes: least time lost within 0.25x the timers' copies, any policy "
              "(clairvoyant included)", f"{best['x_limit']:.2f}x the free re-plan limit ({best['family']}, {best['policy']})",
              f"<= {target}x at <= 0.25x copies: {'met' if best['x_limit'] <= target else 'not met'}")]
