@@ -135,11 +135,10 @@ def test_the_checker_sees_imports_inside_functions(tmp_path):
     assert imported_modules("eplb.planning.probe", source) == {"eplb.planning.methods.balanced"}
 
 
-def test_the_readme_shows_the_map():
-    """The README's Design section lists the layers of :data:`eplb.layers.LAYERS`, in order."""
+def test_the_design_page_shows_the_map():
+    """The documentation's Design page lists the layers of :data:`eplb.layers.LAYERS`, in order."""
     import re
 
-    readme = (PACKAGE.parent / "README.md").read_text()
-    design = readme[readme.index("## Design"):]
+    design = (PACKAGE.parent / "docs" / "design.md").read_text()
     rows = re.findall(r"^\| (\d+) \| (?:`(\w+)/`|root) \|", design, re.MULTILINE)
     assert [(int(rank), folder) for rank, folder in rows] == [(rank, folder) for rank, (folder, _) in enumerate(LAYERS)]

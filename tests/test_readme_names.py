@@ -1,4 +1,4 @@
-"""Every name and path the README gives exists as written: ``eplb.x.y`` attribute chains in its
+"""Every name and path the README and the documentation site (``docs/``) give exists as written: ``eplb.x.y`` attribute chains in its
 code blocks resolve after a plain ``import eplb`` (in a fresh process, so no other test's imports
 help), every other dotted name it mentions imports, and every ``eplb/...`` file it cites exists.
 The docstrings of the package, the benchmarks and the notebooks cite existing names too."""
@@ -13,7 +13,8 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-README = (ROOT / "README.md").read_text()
+# the README and every page of the documentation site, read as one text
+README = "\n".join(path.read_text() for path in [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))])
 NAME = re.compile(r"(?<![\w./-])eplb(?:\.[A-Za-z_]\w*)+")
 
 
