@@ -99,6 +99,8 @@ class Timing(NamedTuple):
     wall: float
     cpu: float
     calls: int
+    p99: float = float("nan")  # wall seconds: the 99th percentile and the slowest of the timed calls
+    max: float = float("nan")
 
 
 def median_time(fn: Callable[[], object], *, repeats: int, budget_s: float = 2.0, warmup: int = 1) -> Timing:
@@ -116,7 +118,8 @@ def median_time(fn: Callable[[], object], *, repeats: int, budget_s: float = 2.0
         fn()
         walls.append(time.perf_counter() - start)
         cpus.append(time.process_time() - cpu)
-    return Timing(statistics.median(walls), statistics.median(cpus), len(walls))
+    return Timing(statistics.median(walls), statistics.median(cpus), len(walls),
+                  float(np.percentile(walls, 99)), max(walls))
 
 
 def load_note() -> str:

@@ -17,7 +17,7 @@ import argparse
 from pathlib import Path
 
 import numpy as np
-from _common import fmt_ms, load_note, markdown_table, median_time, pct, trace_workloads, write_csv
+from _common import fmt_ms, load_note, markdown_table, median_time, pct, read_csv, trace_workloads, write_csv
 
 import eplb
 from eplb.planning.api import make_problem
@@ -169,6 +169,33 @@ def run(quick: bool, results_dir: Path) -> str:
         "Mean gap over configurations:\n\n" + summary + "\n\nSpeed (median of repeated warm calls):\n\n"
         + speed_table + "\n\nEvery configuration:\n\n" + table + "\n"
     )
+
+
+def readme_rows(results_dir: Path) -> list[tuple[str, str, str]]:
+    """The README's rows: in-sample balancedness and gap to the proven bound of the default against
+    the published greedy, DeepSeek-V3-sized realistic synthetic loads (hierarchical and global) and
+    the real traces."""
+    path = Path(results_dir) / "quality.csv"
+    if not path.exists():
+        return []
+    rows = read_csv(path)
+
+    def mean(method, select, key):
+        return float(np.mean([float(r[key]) for r in rows if r["method"] == method and select(r)]))
+
+    def cell(method, select):
+        return f"{mean(method, select, 'balancedness'):.4f} (gap {pct(mean(method, select, 'gap_mean'))})"
+
+    cases = [("DeepSeek-V3-sized loads (" + ", ".join(REALISTIC) + "), 288 slots / 32 GPUs, hierarchical 4 nodes "
+              "x 8 groups", lambda r: r["config"] == "DeepSeek-V3 288 hier" and r["load"] in REALISTIC),
+             ("the same loads, global (groups free)",
+              lambda r: r["config"] == "DeepSeek-V3 288 global" and r["load"] in REALISTIC),
+             ("real traces (gpt-oss-20b, OLMoE, Mixtral windows), each planned on itself",
+              lambda r: r["load"].startswith("real"))]
+    return [(f"Balancedness in sample (gap to the proven bound): {what}",
+             f"default `{eplb.DEFAULT_METHOD}` {cell(eplb.DEFAULT_METHOD, select)}",
+             f"the published greedy {cell('greedy', select)}")
+            for what, select in cases if any(select(r) for r in rows)]
 
 
 if __name__ == "__main__":

@@ -2,17 +2,17 @@
 
 Sections (each a ``bench/<name>.py`` with ``run(quick, results_dir) -> markdown``; those whose
 script is absent are listed as such): speed, start-up, quality, generalisation, exact solver gap,
-serving, fewest changes (proven), certificate (gpt-oss-20b). Writes ``<results>/*.csv``, ``*.png`` and ``SUMMARY.md`` (headline table, then every
-section), and copies the headline table into the README between
-``<!-- bench:headline:start -->`` and ``<!-- bench:headline:end -->``.
+serving, fewest changes (proven), certificate (gpt-oss-20b). Writes ``<results>/*.csv``, ``*.png`` and ``SUMMARY.md`` (every section's headline rows, then every
+section), and writes the README's headline (at most 12 rows a user compares, from the sections'
+``readme_rows``) between ``<!-- bench:headline:start -->`` and ``<!-- bench:headline:end -->``.
 
 The full run writes ``bench/results/`` and updates the README; ``--quick`` (a smoke run at small
 sizes: 10 minutes on a 2-core machine shared with other jobs, load average 7, of which 4 were the
 start-up section compiling into its quick-run cache, which later quick runs reuse) writes
 ``bench/results/quick/`` and never touches the README. Every section's
 markdown starts with the commit and time it ran at, so a partial re-run (``--only``) cannot pass an
-old figure off as new; the README's headline is only written by a full run in which every section
-ran, at one commit of a clean checkout (``--allow-dirty`` says in the README that it was not). A
+old figure off as new; the README's headline is only written by a run in which every section that
+feeds it ran (``--only`` may name just those), at one commit of a clean checkout (``--allow-dirty`` says in the README that it was not). A
 failing section is reported in the summary and makes the exit status 1; the other sections still run.
 """
 
@@ -55,6 +55,11 @@ SECTIONS = (
     ("engine_planning", "Engine planning", "plans made for SGLang's dispatch rules, held out"),
 )
 
+README_ROWS = 12
+"""The README's headline holds at most this many rows: figures a user compares, eplb beside what it
+replaces, each in the configuration its row names. A section offers them with ``readme_rows(results_dir)
+-> [(figure, eplb, compared with)]``; the README is written when every such section ran in this run."""
+
 START = "<!-- bench:headline:start -->"
 END = "<!-- bench:headline:end -->"
 
@@ -80,6 +85,8 @@ def run_sections(names: list[str], quick: bool, results_dir: Path, stamp: str = 
             record["markdown"] = f"{head}\n\n_{stamp}_\n{rest}" if stamp else markdown
             if hasattr(module, "headline"):
                 record["headline"] = list(module.headline(results_dir))
+            if hasattr(module, "readme_rows"):
+                record["readme"] = list(module.readme_rows(results_dir))
         except Exception:  # a broken section must not hide the others' results
             record["status"] = "FAILED"
             record["markdown"] = f"## {title}\n\nFAILED:\n\n```\n{traceback.format_exc()[-3000:]}```\n"
@@ -127,6 +134,25 @@ def headline_table(records: list[dict], quick: bool, when: str, results_dir: Pat
     return (f"{table}\n\nMeasured by `python bench/run.py{' --quick' if quick else ''}` at commit {commit or git_commit()} "
             f"on {when} ({load_note()}; the machine is shared, times are medians).{note} "
             f"All results: `{where}/SUMMARY.md`.")
+
+
+def readme_sections() -> list[str]:
+    """The sections whose ``readme_rows`` feed the README's headline."""
+    return [name for name, _, _ in SECTIONS
+            if (BENCH / f"{name}.py").exists() and hasattr(importlib.import_module(name), "readme_rows")]
+
+
+def readme_table(records: list[dict], when: str, commit: str | None = None) -> str:
+    """The README's headline: every section's ``readme_rows`` (at most :data:`README_ROWS`), with how
+    and where they were measured."""
+    rows = [row for record in records for row in record.get("readme", [])]
+    if len(rows) > README_ROWS:
+        raise ValueError(f"the README's headline takes at most {README_ROWS} rows, the sections gave {len(rows)}")
+    table = markdown_table(("figure", "eplb", "compared with"), rows)
+    ran = ", ".join(r["title"] for r in records if r.get("readme"))
+    return (f"{table}\n\nMeasured by `python bench/run.py` at commit {commit or git_commit()} on {when} "
+            f"({load_note()}; the machine is shared; times are medians unless a row says otherwise). "
+            f"Sections: {ran}; each section's own figures and targets: `bench/results/SUMMARY.md`.")
 
 
 def git_commit() -> str:
@@ -206,14 +232,16 @@ def main(argv: list[str] | None = None) -> int:
     if args.only:
         collect_headlines(records, results_dir)
     (results_dir / "SUMMARY.md").write_text(summary(records, args.quick, when, total, results_dir, commit))
-    complete = not args.only and all(r["status"] in ("ok", "absent") for r in records)
+    ran_ok = {r["name"] for r in records if r["status"] == "ok"}
+    complete = set(readme_sections()) <= ran_ok
     clean = "+uncommitted" not in commit or args.allow_dirty
     if not (args.quick or args.no_readme):
         if complete and clean:
-            update_readme(ROOT / "README.md", headline_table(records, args.quick, when, results_dir, commit))
+            update_readme(ROOT / "README.md", readme_table([r for r in records if r["name"] in ran_ok], when, commit))
         else:
-            why = "not every section ran and succeeded" if not complete else "the checkout has uncommitted changes"
-            print(f"[bench] README left alone: {why} (its headline comes from one full run at one commit)",
+            why = ("not every section of the README's headline ran and succeeded (" + ", ".join(readme_sections())
+                   + ")" if not complete else "the checkout has uncommitted changes")
+            print(f"[bench] README left alone: {why} (its headline comes from one run at one commit)",
                   file=sys.stderr)
     print(f"[bench] {total:.0f} s in all; summary: {results_dir / 'SUMMARY.md'}", file=sys.stderr)
     return 1 if any(r["status"] == "FAILED" for r in records) else 0

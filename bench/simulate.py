@@ -251,6 +251,29 @@ def headline(results_dir: Path) -> list[tuple[str, str, str]]:
     return out
 
 
+def readme_rows(results_dir: Path) -> list[tuple[str, str, str]]:
+    """The README's rows: MoE time lost to imbalance and weight copies on the held-out drifting
+    DeepSeek-V3-sized series, the Balancer's defaults against the engines' own timers."""
+    path = Path(results_dir) / "simulate.csv"
+    if not path.exists():
+        return []
+    rows = [r for r in read_csv(path) if r.get("targets", "True") == "True" and r["series"].startswith("DeepSeek-V3")]
+    out = []
+    for deployment in dict.fromkeys(r["deployment"] for r in rows):
+        get = {r["policy_key"]: r for r in rows if r["deployment"] == deployment}
+        if not {"balancer", "vllm", "sglang"} <= set(get):
+            continue
+
+        def cell(key):
+            return f"{float(get[key]['lost_share']):.1%} lost, {int(get[key]['copies'])} copies"
+
+        out.append((f"Simulated MoE time lost to imbalance, drifting DeepSeek-V3-sized traffic (9,000 passes), "
+                    f"{deployment}, H100",
+                    f"`Balancer` defaults: {cell('balancer')}",
+                    f"vLLM-like timer: {cell('vllm')}; SGLang-like: {cell('sglang')}"))
+    return out
+
+
 def run(quick: bool, results_dir: Path, *, blocks: int | None = None, timing_steps: int | None = None) -> str:
     """The section's markdown; ``blocks`` and ``timing_steps`` override the sizes (tests)."""
     blocks = blocks or (QUICK_BLOCKS if quick else 900)

@@ -63,7 +63,8 @@ def time_point(config: dict, methods: list[str], *, repeats: int, port_repeats: 
         rows.append({**{k: config[k] for k in ("layers", "experts", "slots", "gpus", "nodes", "groups",
                                                "slots_per_gpu")},
                      "method": method, "median_ms": round(timing.wall * 1e3, 4),
-                     "cpu_median_ms": round(timing.cpu * 1e3, 4), "calls": timing.calls})
+                     "cpu_median_ms": round(timing.cpu * 1e3, 4), "calls": timing.calls,
+                     "p99_ms": round(timing.p99 * 1e3, 4), "max_ms": round(timing.max * 1e3, 4)})
     port = next(r["median_ms"] for r in rows if r["method"] == NUMPY_PORT)
     for row in rows:
         row["speedup_vs_numpy_port"] = round(port / row["median_ms"], 2)
@@ -145,6 +146,7 @@ def run(quick: bool, results_dir: Path, sweeps=SWEEPS, methods: list[str] | None
                                                "slots_per_gpu")},
                          "method": f"plan({method})", "median_ms": round(timing.wall * 1e3, 4),
                          "cpu_median_ms": round(timing.cpu * 1e3, 4), "calls": timing.calls,
+                         "p99_ms": round(timing.p99 * 1e3, 4), "max_ms": round(timing.max * 1e3, 4),
                          "speedup_vs_numpy_port": ""})
     write_csv(results_dir / "speed_deepseek_v3.csv", headline)
 
@@ -214,6 +216,24 @@ def headline(results_dir: Path) -> list[tuple[str, str, str]]:
         out.append(("NumPy port of the published greedy, same size, same run",
                     f"{float(rows[NUMPY_PORT]['median_ms']):.1f} ms", "baseline"))
     return out
+
+
+def readme_rows(results_dir: Path) -> list[tuple[str, str, str]]:
+    """The README's row: the default method's time per call at DeepSeek-V3 size beside the published
+    greedy's (the NumPy port, same run) and eplb's own greedy."""
+    path = results_dir / "speed_deepseek_v3.csv"
+    if not path.exists():
+        return []
+    rows = {r["method"]: r for r in read_csv(path)}
+    default, port, greedy = rows[eplb.DEFAULT_METHOD], rows[NUMPY_PORT], rows["greedy"]
+
+    def spread(row):
+        return f"median {float(row['median_ms']):.1f} ms, p99 {float(row['p99_ms']):.1f}, max {float(row['max_ms']):.1f}"
+
+    return [("`eplb.rebalance_experts` per call, DeepSeek-V3 size (58 layers x 256 experts, 288 slots, 32 GPUs, "
+             "4 nodes, 8 groups), warm",
+             f"default `{eplb.DEFAULT_METHOD}`: {spread(default)}; `greedy`: {spread(greedy)}",
+             f"the published greedy (NumPy port): {spread(port)}")]
 
 
 if __name__ == "__main__":

@@ -91,9 +91,11 @@ AFTER_WARMUP_TARGET = 0.5
 this many seconds more than its second call."""
 
 
-# After eplb warmup: a fresh process times the first and second call of every public call.
+# After eplb warmup: one fresh process per public call (named by argv[1]) times its first and second call.
+# The placement in service comes from a file the warm-up process wrote, so no other call runs before
+# the one timed (a user's process that starts and calls one thing).
 AFTER_WARMUP_CHILD = r"""
-import importlib, json, pkgutil, sys, time
+import importlib, json, os, pkgutil, sys, time
 import numpy as np
 from numba.core.registry import CPUDispatcher
 import eplb, eplb.kernels
@@ -103,7 +105,8 @@ deploy = dict(num_slots=c["num_slots"], num_gpus=c["num_gpus"], num_nodes=c["num
 flat = dict(num_slots=c["num_slots"], num_gpus=c["num_gpus"], num_nodes=c["num_nodes"])
 series = np.stack([deepseek_v3_counts(seed) for seed in (1, 2, 3, 4)])
 a, b = series[0], series[1]
-state = {"p": eplb.plan(deepseek_v3_counts(0), method="greedy", **deploy)}  # the placement in service
+with open(os.path.join(os.environ["EPLB_CACHE_DIR"], "in_service.json")) as file:
+    state = {"p": eplb.Placement.from_dict(json.load(file))}  # the placement in service (a greedy plan)
 
 
 def compiled():  # (specializations compiled, loaded from the cache) so far by eplb's kernels
@@ -143,8 +146,12 @@ PUBLIC_CALLS = {
     "Balancer built + first decision": decision,
     "Balancer.rebalance()": lambda: decision().rebalance(),
 }
+if sys.argv[1:] == ["--names"]:
+    print(json.dumps(list(PUBLIC_CALLS)))
+    sys.exit(0)
 out = {}
-for name, call in PUBLIC_CALLS.items():
+for name in sys.argv[1:]:
+    call = PUBLIC_CALLS[name]
     before = compiled()
     t, cpu = time.perf_counter(), time.process_time()
     call()
@@ -165,7 +172,14 @@ import eplb
 from eplb.simulation.synthetic import DEEPSEEK_V3 as c
 eplb.warmup(c["num_experts"], num_slots=c["num_slots"], num_gpus=c["num_gpus"], num_nodes=c["num_nodes"],
             num_groups=c["num_groups"])
-print(json.dumps({"warmup_s": time.perf_counter() - t, "warmup_cpu_s": time.process_time() - cpu}))
+took = {"warmup_s": time.perf_counter() - t, "warmup_cpu_s": time.process_time() - cpu}
+import os
+from eplb.simulation.synthetic import deepseek_v3_counts
+in_service = eplb.plan(deepseek_v3_counts(0), method="greedy", num_slots=c["num_slots"], num_gpus=c["num_gpus"],
+                       num_nodes=c["num_nodes"], num_groups=c["num_groups"])
+with open(os.path.join(os.environ["EPLB_CACHE_DIR"], "in_service.json"), "w") as file:
+    json.dump(in_service.to_dict(), file)
+print(json.dumps(took))
 """
 
 
@@ -180,11 +194,15 @@ def _child(code: str, args: list[str], cache_dir: str) -> dict:
 
 
 def after_warmup(folder: str | None = None) -> tuple[dict, dict]:
-    """``eplb.warmup`` for DeepSeek-V3 on an empty folder (its time), then one fresh process timing
-    the first and second call of each public call: ``(warmup, {call: timings})``. ``folder``: the
+    """``eplb.warmup`` for DeepSeek-V3 on an empty folder (its time), then, for each public call, a
+    fresh process timing its first and second call: ``(warmup, {call: timings})``. ``folder``: the
     cache folder to fill and keep (default a temporary one)."""
     if folder is not None:
-        return _child(WARMUP_CHILD, [], folder), _child(AFTER_WARMUP_CHILD, [], folder)
+        warm = _child(WARMUP_CHILD, [], folder)
+        names = json.loads(subprocess.run([sys.executable, "-c", AFTER_WARMUP_CHILD, "--names"], check=True,
+                                          env={**os.environ, "PYTHONPATH": str(ROOT), "EPLB_CACHE_DIR": folder},
+                                          cwd=ROOT, capture_output=True, text=True).stdout)
+        return warm, {name: _child(AFTER_WARMUP_CHILD, [name], folder)[name] for name in names}
     with tempfile.TemporaryDirectory(prefix="eplb-cache-warmup-") as folder:
         return after_warmup(folder)
 
@@ -203,8 +221,9 @@ def after_warmup_section(results_dir: Path, folder: str | None = None) -> str:
         "### After `eplb warmup`", "",
         f"`eplb.warmup(256, num_slots=288, num_gpus=32, num_nodes=4, num_groups=8)` on an empty cache folder took "
         f"{warm['warmup_s']:.1f} s wall, {warm['warmup_cpu_s']:.1f} s CPU (a fresh process, import included). Then "
-        "one fresh process on that folder calls each public call twice (DeepSeek-V3-sized loads other than the "
-        "warm-up's; the placement in service is a greedy plan). Seconds; `extra` = first - second call; "
+        "a fresh process per public call, on that folder, makes that call twice and nothing else before it "
+        "(DeepSeek-V3-sized loads other than the warm-up's; the placement in service is a greedy plan read "
+        "from a file). Seconds; `extra` = first - second call; "
         "`compiled / loaded`: Numba specializations of eplb's kernels the first call compiled (0: the warm-up "
         "left nothing to compile) / loaded from the on-disk cache (a fresh process's first use).", "",
         markdown_table(("public call", "first s", "first CPU s", "second s", "extra s", "extra CPU s",
@@ -407,6 +426,25 @@ def headline(results_dir: Path) -> list[tuple[str, str, str]]:
                     f"{extra:.3f} s wall, {extra_cpu:.3f} s CPU; {compiled} specializations compiled",
                     f"<= {AFTER_WARMUP_TARGET:g} s: {verdict(extra, extra_cpu, AFTER_WARMUP_TARGET)}"))
     return out
+
+
+def readme_rows(results_dir: Path) -> list[tuple[str, str, str]]:
+    """The README's row: import + first call in a fresh process on an empty cache, installed with
+    ``pip install .`` (kernels shipped compiled) against a checkout or editable install (compiles)."""
+    path = results_dir / "startup.csv"
+    if not path.exists():
+        return []
+    rows = {(r["entry"], r["kind"]): float(r["import_plus_first_call_s"]) for r in read_csv(path)}
+    entries = [e for e in ("plan default", "Balancer decision") if (e, FRESH_INSTALL) in rows]
+    if not entries:
+        return []
+    cold = [(e, k) for e in entries for k in {k for _, k in rows} if k.startswith("cold") and (e, k) in rows]
+    names = {"plan default": "`eplb.plan`", "Balancer decision": "a `Balancer`'s first decision"}
+    return [("Fresh process, empty cache: import + first call (" + ", ".join(names[e] for e in entries)
+             + "), DeepSeek-V3 size, median of fresh processes",
+             "after `pip install .`: " + ", ".join(f"{rows[e, FRESH_INSTALL]:.2f} s" for e in entries),
+             "a checkout or editable install (compiles on first use): "
+             + ", ".join(f"{rows[key]:.1f} s" for key in cold))]
 
 
 if __name__ == "__main__":

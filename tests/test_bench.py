@@ -108,6 +108,21 @@ def test_runner_main_writes_the_summary(tmp_path):
     assert (tmp_path / "section_generalisation.md").read_text().startswith("## Generalisation")
 
 
+def test_readme_table_takes_the_sections_readme_rows_and_at_most_twelve(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(runner, "BENCH", tmp_path)
+    (tmp_path / "user_section.py").write_text(
+        "def run(quick, results_dir):\n    return '## User'\n"
+        "def readme_rows(results_dir):\n    return [('plan time', '1 ms', 'the published greedy: 9 ms')]\n")
+    monkeypatch.setattr(runner, "SECTIONS", (("user_section", "User", "rows for the README"),))
+    assert runner.readme_sections() == ["user_section"]
+    records = runner.run_sections(["user_section"], False, tmp_path)
+    table = runner.readme_table(records, "now", "abc1234")
+    assert "| plan time | 1 ms | the published greedy: 9 ms |" in table and "abc1234" in table
+    with pytest.raises(ValueError, match="at most 12"):
+        runner.readme_table([{**records[0], "readme": records[0]["readme"] * 13}], "now", "abc1234")
+
+
 @pytest.mark.parametrize("has_markers", [False, True])
 def test_readme_headline_goes_between_markers_above_design(tmp_path, has_markers):
     readme = tmp_path / "README.md"
