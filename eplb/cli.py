@@ -251,9 +251,32 @@ def _with_timer(work, description: str):
 
 
 def _read_previous(path, fmt, *, num_gpus, num_nodes, num_experts):
+    """The deployed placement as its file records it; the flags only fill in what the file does not
+    record (SGLang's map, a YAML without eplb's comment), and a flag that disagrees with the file's
+    record is an error naming both."""
     from .io.formats import read_placement
 
     return read_placement(path, fmt, num_gpus=num_gpus, num_nodes=num_nodes, num_experts=num_experts)
+
+
+def _previous_on_layers(previous, layer_ids, path):
+    """The previous placement on the counts' layers (``layer_ids [L]``, the model's index of each):
+    its rows of those layers when it covers more of them (SGLang's map has a row per model layer,
+    counts may hold the MoE layers only); refused when it covers other layers."""
+    from .io.formats import FormatError, PlacementFile
+    from .io.formats.data import layer_ranges
+
+    old_ids, new_ids = previous.layer_ids.tolist(), [int(i) for i in layer_ids]
+    if old_ids == new_ids:
+        return previous
+    if len(old_ids) == len(new_ids) or not set(new_ids) <= set(old_ids):
+        raise FormatError(path, f"incompatible configuration: the previous placement covers model layers "
+                                f"{layer_ranges(old_ids)}, the counts layers {layer_ranges(new_ids)}")
+    rows = [old_ids.index(i) for i in new_ids]
+    p = previous.placement
+    placement = eplb.Placement(p.phy2log[rows], p.num_experts, p.topology, p.num_groups, p.method)
+    return PlacementFile(placement, np.asarray(new_ids, dtype=np.int64), previous.format, previous.path,
+                         previous.metadata)
 
 
 def _check_previous(previous, placement_like, path):
@@ -313,12 +336,17 @@ def _check_previous(previous, placement_like, path):
               help="Plan from the passes of this phase only (a pool serving one phase); needs COUNTS that record "
                    "each pass's phase (SGLang's per_token dump).")
 @click.option("--format", "-f", "output_format", type=click.Choice(PLACEMENT_FORMATS), default=None,
-              help="Output format (default: from the suffix of -o: .json eplb, .npz, .yaml trtllm; "
-                   "SGLang's .json needs --format sglang).")
+              help="Output format (default: from the name of -o: .json eplb, .npz, .yaml trtllm, and SGLang's "
+                   "for a .json named like init_expert_location.json; other SGLang names need --format sglang).")
 @click.option("--output", "-o", type=click.Path(path_type=Path), required=True, help="Where to write the placement.")
 @click.option("--layer-updates-per-iter", type=click.IntRange(min=0), default=0, show_default=True,
               help="TensorRT-LLM YAML only (an error with another output format): layers the engine may "
                    "re-balance per iteration (0 = static).")
+@click.option("--num-layers", type=click.IntRange(min=1), default=None,
+              help="SGLang and TensorRT-LLM output: the model's layer count (num_hidden_layers, dense layers "
+                   "included: 61 for DeepSeek-V3). Rows are placed by the counts' layer ids; SGLang's map has a "
+                   "row per model layer (default: the largest layer id + 1), the layers the counts leave out "
+                   "holding SGLang's trivial placement.")
 @click.option("--expert-bytes", type=click.IntRange(min=1), default=None,
               help="With --previous: bytes of one expert's weights in one layer; prints the bytes the moves copy "
                    "and how long the copies take (--hardware).")
@@ -333,8 +361,8 @@ def _check_previous(previous, placement_like, path):
 @friendly_errors
 def plan(counts, slots, gpus, nodes, groups, method, previous, previous_format, tolerance, max_moves, time_limit,
          deterministic_time, max_off_node, input_format, objective, passes_per_window, no_held_out, dispatch, engine,
-         phase, output_format, output, layer_updates_per_iter, expert_bytes, model_preset, hardware, transpose,
-         allow_shape, quiet):
+         phase, output_format, output, layer_updates_per_iter, num_layers, expert_bytes, model_preset, hardware,
+         transpose, allow_shape, quiet):
     """Plan a placement from recorded expert COUNTS and write it for your engine.
 
     COUNTS is a file or a TensorRT-LLM statistics folder. A series [T, L, E] is planned hedged over
@@ -394,10 +422,15 @@ def plan(counts, slots, gpus, nodes, groups, method, previous, previous_format, 
             raise click.BadParameter("needs --groups that divide over --nodes (a hierarchical deployment)",
                                      param_hint="--max-off-node")
         options["max_off_node"] = max_off_node
-    output_format = output_format or _output_format(output, placement_format_for_output)
+    if output_format is None:
+        output_format = _output_format(output, placement_format_for_output)
+        _note_engine_file_name(output, output_format, quiet)
     if layer_updates_per_iter and output_format != "trtllm":
         raise click.BadParameter(f"applies to TensorRT-LLM YAML output only, not to {output_format} output",
                                  param_hint="--layer-updates-per-iter")
+    if num_layers is not None and output_format not in ENGINE_ROWS:
+        raise click.BadParameter(f"applies to engine output ({', '.join(ENGINE_ROWS)}) only, not to {output_format} "
+                                 "output (which keeps the counts' layer ids)", param_hint="--num-layers")
     _check_flag_sizes(slots=slots, gpus=gpus, nodes=nodes, groups=groups)
     _refuse_input_as_output(output, [counts, previous])
     if output_format == "sglang":
@@ -416,10 +449,16 @@ def plan(counts, slots, gpus, nodes, groups, method, previous, previous_format, 
     if passes_per_window is not None:
         data = data.in_windows(passes_per_window)
     weights = data.weights
+    model_layers = num_layers
+    if model_layers is not None and data.layer_ids.max() >= model_layers:
+        raise click.BadParameter(f"{model_layers} layers, but {counts} holds counts of model layer "
+                                 f"{int(data.layer_ids.max())}: the model's layer count must exceed every layer id",
+                                 param_hint="--num-layers")
     num_layers, num_experts = weights.shape
     prev = None
     if previous is not None:
         prev = _read_previous(previous, previous_format, num_gpus=gpus, num_nodes=nodes, num_experts=num_experts)
+        prev = _previous_on_layers(prev, data.layer_ids, previous)
         _check_previous(prev, dict(layers=num_layers, experts=num_experts, slots=slots, gpus=gpus, nodes=nodes), previous)
 
     placement, used_previous = plan_with_progress(
@@ -453,7 +492,7 @@ def plan(counts, slots, gpus, nodes, groups, method, previous, previous_format, 
         elapsed=elapsed, held=held, moves=moves)
     _note_overwrite(output, quiet)
     write_placement(placement, output, output_format, layer_ids=data.layer_ids, configuration=configuration,
-                    diagnostics=diagnostics, layer_updates_per_iter=layer_updates_per_iter)
+                    diagnostics=diagnostics, layer_updates_per_iter=layer_updates_per_iter, num_layers=model_layers)
     if quiet:
         return
     moe = moe_layers(weights)
@@ -477,6 +516,8 @@ def plan(counts, slots, gpus, nodes, groups, method, previous, previous_format, 
                                 model_preset=model_preset, hardware=hardware, diagnostics=diagnostics)
     lines.append(f"time     {elapsed:.2f} s")
     lines.append(f"wrote    {output} ({output_format})")
+    if output_format in ENGINE_ROWS:
+        lines.append(_engine_rows_line(data.layer_ids, output_format, model_layers))
     dense = _dense_layers_note(weights, data.layer_ids, output_format)
     if dense:
         lines.append(dense)
@@ -538,8 +579,7 @@ def _plan_detail_lines(*, data, placement, weights, options, objective, held, gl
                      f"their group's home node (cap {max_off_node:.0%}), with the plan's shares; split evenly "
                      f"among replicas instead: balance {moe_mean(even, weights):.4f}")
         if output_format != "eplb":
-            lines.append(f"note     {output_format} files cannot carry the shares (eplb JSON does): the engine will "
-                         "split evenly unless told otherwise")
+            lines.append(_served_without_shares(placement, weights, output_format))
     if engine is not None:
         lines.append(engine_line(placement, weights, engine))
     lines += [
@@ -612,6 +652,51 @@ def _copy_cost_line(old, new, expert_bytes, model_preset, hardware) -> str:
             f"{moved['cross_node'] / 2**30:.3g} GiB across nodes) and {moved['intra_gpu'] / 2**30:.3g} GiB within GPUs, "
             f"{source}; {1e3 * cost.transfer_time(transfer):.3g} ms all at once on {hardware} "
             f"(the busiest GPU's slowest link)")
+
+
+ENGINE_ROWS = ("sglang", "trtllm")
+"""The output formats an engine loads, whose rows ``eplb plan`` places by model layer (``--num-layers``)."""
+
+
+def _engine_rows_line(layer_ids, output_format: str, num_layers) -> str:
+    """The summary line saying where the rows of an engine's file go: SGLang's map has a row per
+    model layer (``layer_ids [L]`` from the counts, the others SGLang's trivial rows);
+    TensorRT-LLM's YAML is keyed by the layer ids."""
+    from .io.formats.data import layer_ranges
+
+    planned = layer_ranges(layer_ids)
+    if output_format == "trtllm":
+        return (f"layers   {planned}: the YAML's keys, the model's layer ids (TensorRT-LLM looks each MoE layer's "
+                "row up by its layer index)")
+    rows = int(num_layers) if num_layers is not None else int(np.max(layer_ids)) + 1
+    rest = sorted(set(range(rows)) - {int(i) for i in layer_ids})
+    return (f"layers   SGLang's map has {rows} rows, one per model layer (row l is layer l"
+            + (", --num-layers" if num_layers is not None else "; the largest layer id + 1, else pass --num-layers")
+            + f"): {planned} planned from the counts"
+            + (f", {layer_ranges(rest)} (not in the counts) SGLang's trivial placement" if rest else ""))
+
+
+def _served_without_shares(placement, weights, output_format: str) -> str:
+    """The note for a plan with shares written where they cannot go: what the engine's own rule serves."""
+    head = f"note     {output_format} files cannot carry the shares (eplb JSON does): "
+    even = moe_mean(placement.balancedness(weights, "uniform"), weights)
+    if output_format == "sglang":
+        static = moe_mean(placement.balancedness(weights, "sglang-static"), weights)
+        return (head + f"SGLang serves it by its own rule: balance {static:.4f} under {DISPATCH_RULES['sglang-static'].label} "
+                f"(its default with an all-to-all backend such as DeepEP), {even:.4f} under dynamic dispatch with "
+                "--moe-a2a-backend none (an even split)")
+    if output_format == "trtllm":
+        return head + f"TensorRT-LLM splits each expert's tokens evenly among its replicas: balance {even:.4f}"
+    return head + f"an engine loading it splits by its own rule (an even split: balance {even:.4f})"
+
+
+def _note_engine_file_name(output, output_format: str, quiet: bool) -> None:
+    """Say on stderr when the name of ``-o`` chose an engine's format that its suffix alone would not."""
+    from .io.formats import named_output_format
+
+    if named_output_format(output) == output_format and not quiet:
+        click.echo(f"note: {Path(output).name} is the name of a {output_format} file: writing {output_format}'s format "
+                   "(pass --format eplb for eplb's JSON)", err=True)
 
 
 DENSE_LAYERS_IN = {

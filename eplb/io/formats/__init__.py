@@ -21,8 +21,9 @@ Placements out (``write_placement``) and back in (``read_placement``):
 ==========  =========================================================================
 ``eplb``    eplb's JSON: placement, configuration, diagnostics, version (``.json``)
 ``npz``     arrays ``phy2log``, ``log2phy``, ``logcnt``, topology... (``.npz``)
-``sglang``  ``{"physical_to_logical_map": [[...]]}`` for ``--init-expert-location`` (``.json``),
-            plus ``<name>.eplb.json`` beside it with GPUs, nodes, groups and experts
+``sglang``  ``{"physical_to_logical_map": [[...]]}`` for ``--init-expert-location`` (``.json``; a row
+            per model layer, by layer id), plus ``<name>.eplb.json`` beside it with GPUs, nodes,
+            groups, experts and the planned layers
 ``trtllm``  TensorRT-LLM's load-balancer YAML (``.yaml`` / ``.yml``), with a ``# eplb:`` comment
             recording GPUs, nodes, groups and experts
 ==========  =========================================================================
@@ -41,8 +42,9 @@ one line in :data:`FORMATS`. Detection:
 - counts: a folder is the first counts format whose ``recognise`` accepts it; a file is the first
   counts format (in registry order) claiming its suffix, without opening it (the ``sglang-dump``
   reader reads a detail dump too);
-- a placement to write: the first placement format whose output suffixes hold the suffix
-  (``.json`` is eplb's);
+- a placement to write: the format whose files engines name so (``init_expert_location.json``,
+  ``decode-init-expert-location.json``: SGLang's, :attr:`Format.output_names`), else the first
+  placement format whose output suffixes hold the suffix (``.json`` is eplb's);
 - a placement to read: the format claiming its suffix; when several claim it (``.json``: eplb and
   SGLang), the first whose ``recognise`` accepts the content, asking the format that suffix is
   written in (eplb) last: the file is SGLang's if it holds SGLang's key.
@@ -92,7 +94,7 @@ __all__ = [
     "COUNTS_FORMATS", "FORMATS", "OTHER_PHASE", "PHASES", "PLACEMENT_FORMATS", "CountsFile", "Format", "FormatError",
     "MissingExtraError", "PlacementFile",
     "check_counts", "detect_counts_format", "detect_placement_format", "jsonable", "read_counts",
-    "read_placement", "write_placement", "placement_format_for_output",
+    "read_placement", "write_placement", "placement_format_for_output", "named_output_format",
 ]
 
 
@@ -180,8 +182,20 @@ def check_plausible_shape(data: CountsFile) -> None:
                                      "accept it as it is")
 
 
+def named_output_format(path) -> str | None:
+    """The engine format whose files are named like ``path`` (``init_expert_location.json`` is
+    SGLang's ``--init-expert-location``: :attr:`Format.output_names`), else ``None``."""
+    found = next((f for f in _PLACEMENTS_BY_NAME.values() if f.named_by(path)), None)
+    return None if found is None else found.name
+
+
 def placement_format_for_output(path) -> str:
-    """The placement format implied by an output file name (``.json`` -> eplb, ``.npz``, ``.yaml``)."""
+    """The placement format implied by an output file name: an engine's file name picks that
+    engine's format (:func:`named_output_format`), else the suffix does (``.json`` -> eplb,
+    ``.npz``, ``.yaml``)."""
+    named = named_output_format(path)
+    if named is not None:
+        return named
     suffix = Path(path).suffix.lower()
     found = next((f for f in _PLACEMENTS_BY_NAME.values() if suffix in f.writes_to), None)
     if found is None:
@@ -242,11 +256,14 @@ def read_placement(path, format: str | None = None, *, num_gpus=None, num_nodes=
 
 
 def write_placement(placement: Placement, path, format: str | None = None, *, layer_ids=None,
-                    configuration=None, diagnostics=None, layer_updates_per_iter: int = 0) -> str:
+                    configuration=None, diagnostics=None, layer_updates_per_iter: int = 0,
+                    num_layers: int | None = None) -> str:
     """Write ``placement`` to ``path`` in ``format`` (from the suffix when ``None``); returns the format.
 
-    ``layer_ids`` (``[L]``) are the model's layer indices (TensorRT-LLM keys its YAML by them);
-    ``configuration``/``diagnostics`` go into eplb's JSON only.
+    ``layer_ids`` (``[L]``) are the model's layer indices: TensorRT-LLM keys its YAML by them and
+    SGLang's map puts row ``l`` at model layer ``l``, over ``num_layers`` rows (the model's
+    ``num_hidden_layers``; default the largest layer id + 1), the layers left out holding SGLang's
+    trivial placement. ``configuration``/``diagnostics`` go into eplb's JSON only.
     """
     path = Path(path)
     format = format or placement_format_for_output(path)
@@ -256,12 +273,16 @@ def write_placement(placement: Placement, path, format: str | None = None, *, la
     if layer_updates_per_iter and (fmt is None or "layer_updates_per_iter" not in fmt.keywords):
         takers = " or ".join(f.title for f in _PLACEMENTS_BY_NAME.values() if "layer_updates_per_iter" in f.keywords)
         raise FormatError(path, f"layer_updates_per_iter applies to {takers} only, not to {format} output")
+    if num_layers is not None and (fmt is None or "num_layers" not in fmt.keywords):
+        takers = " or ".join(f.title for f in _PLACEMENTS_BY_NAME.values() if "num_layers" in f.keywords)
+        raise FormatError(path, f"num_layers (the model's layer count) applies to {takers} only, not to "
+                                f"{format} output")
     if path.parent and not path.parent.exists():
         raise FormatError(path, f"the folder {path.parent} does not exist")
     if fmt is None:
         raise FormatError(path, f"unknown placement format {format!r}; one of {', '.join(PLACEMENT_FORMATS)}")
     options = {"layer_ids": layer_ids, "configuration": configuration, "diagnostics": diagnostics,
-               "layer_updates_per_iter": layer_updates_per_iter}
+               "layer_updates_per_iter": layer_updates_per_iter, "num_layers": num_layers}
     try:
         fmt.write_placement(placement, path, **fmt.taken(options))
     except OSError as exc:

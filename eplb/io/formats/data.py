@@ -14,7 +14,7 @@ import numpy as np
 
 from ...analysis.placement import Placement
 from .errors import FormatError
-from .limits import check_counts_shape, check_size, limit
+from .limits import MAX_ID, check_counts_shape, check_size, limit
 
 #: the phases windows can be selected by (``CountsFile.select_phase``, ``eplb plan --phase``)
 PHASES = ("prefill", "decode")
@@ -186,6 +186,55 @@ def check_layer_ids(layer_ids, num_layers: int, path) -> np.ndarray:
     if (ids < 0).any() or np.unique(ids).size != ids.size:
         raise FormatError(path, "layer_ids must be distinct non-negative integers")
     return ids.astype(np.int64)
+
+
+def recorded_or_given(recorded, given, path, what: str, flag: str, source: str):
+    """The value a file records for a setting of its deployment (``num_gpus``...), else the one the
+    caller gives; a given value that disagrees with the record is refused (the file describes the
+    deployment it was written for: a flag cannot change it).
+
+    Args:
+        recorded: what the file records (``None`` when it records nothing).
+        given: what the caller passed (``None`` when nothing).
+        what, flag, source: the setting (``"GPUs"``), its command-line flag (``"--gpus"``) and
+            where the file records it (``"its '# eplb:' comment"``), for the message.
+    Raises:
+        FormatError: ``"records 4 GPUs (its '# eplb:' comment), not --gpus 8"``.
+    """
+    if recorded is not None and given is not None and recorded != given:
+        raise FormatError(path, f"records {recorded} {what} ({source}), not {flag} {given}: the file was planned for "
+                                f"another deployment (plan for {flag} {recorded}, or give the placement of this one)")
+    return recorded if recorded is not None else given
+
+
+def layer_ranges(layer_ids) -> str:
+    """Layer ids as compact ranges: ``[0, 1, 2, 5, 7, 8]`` -> ``"0..2,5,7..8"``."""
+    ids = [int(i) for i in layer_ids]
+    parts, start = [], 0
+    for k in range(1, len(ids) + 1):
+        if k == len(ids) or ids[k] != ids[k - 1] + 1:
+            parts.append(str(ids[start]) if k - 1 == start else f"{ids[start]}..{ids[k - 1]}")
+            start = k
+    return ",".join(parts)
+
+
+def parse_layer_ranges(text: str, path, what: str) -> np.ndarray:
+    """The layer ids written by :func:`layer_ranges` (``"0..2,5"`` -> ``[0, 1, 2, 5]``)."""
+    ids = []
+    try:
+        for part in text.split(","):
+            first, _, last = part.partition("..")
+            first, last = int(first), int(last or first)
+            if not 0 <= first <= last <= MAX_ID:
+                raise ValueError(part)
+            check_size(len(ids) + last - first + 1, "layers", what, path)
+            ids.extend(range(first, last + 1))
+    except ValueError as exc:
+        if isinstance(exc, FormatError):
+            raise
+        raise FormatError(path, f"{what} must be layer ids as ranges like 0..2,5 (0 .. {MAX_ID}), got {text!r:.60}") \
+            from None
+    return check_layer_ids(ids, len(ids), path)
 
 
 def check_phy2log(array, path, what: str = "physical_to_logical_map") -> np.ndarray:

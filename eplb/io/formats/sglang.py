@@ -30,7 +30,12 @@ What SGLang writes and reads (sgl-project/sglang, ``python/sglang/srt/eplb/``):
   ``{"logical_count": ...}`` (``[L, E]`` or ``[T, L, E]``, SGLang plans itself). The dict is
   passed as keyword arguments (``init_by_mapping(..., **data_dict)``), so the placement file must
   hold that one key and nothing else. Slot ``s`` lives on GPU ``s // (S / ep_size)`` and ``S``
-  must divide by ``ep_size``.
+  must divide by ``ep_size``. ``init_by_mapping`` takes the map's rows as they are and the model
+  indexes them by layer id (``ExpertLocationMetadata.num_layers`` is the map's row count; the
+  recorder asserts every MoE layer id is below it), over every layer of the model:
+  ``ModelConfigForExpertLocation.num_layers`` is ``num_hidden_layers`` (61 for DeepSeek-V3, whose
+  first 3 layers are dense). Dense layers never read their rows; ``init_trivial`` fills every row
+  with slot ``s`` holding expert ``s % E``.
 
 Dumps are untrusted: ``.pt`` files are loaded with ``torch.load(..., weights_only=True)`` only
 (tensors and plain containers; never arbitrary pickled objects).
@@ -46,10 +51,11 @@ import numpy as np
 
 from ...analysis.placement import Placement
 from ...model.topology import Topology
-from .data import OTHER_PHASE, CountsFile, PlacementFile, check_counts, check_layer_ids, check_phy2log, config_int
+from .data import (OTHER_PHASE, CountsFile, PlacementFile, check_counts, check_layer_ids, check_phy2log, config_int,
+                   recorded_or_given)
 from .eplb_json import load_json
 from .errors import FormatError, require
-from .limits import check_counts_shape, check_size
+from .limits import MAX_ID, check_counts_shape, check_size
 from .spec import READ_KEYWORDS, Format
 
 PLACEMENT_KEY = "physical_to_logical_map"
@@ -86,6 +92,10 @@ FORWARD_MODES = {
 }
 #: forward modes whose passes route no token
 TOKENLESS_MODES = (4, 7)
+#: the name SGLang's placement files go by (its flag ``--init-expert-location``, the attribute
+#: ``init_expert_location``): an output named so (``init_expert_location.json``,
+#: ``decode-init-expert-location.json``) is written in SGLang's format
+OUTPUT_NAME = "init_expert_location"
 #: the side file eplb writes next to a SGLang placement: <stem>.eplb.json
 SIDECAR_SUFFIX = ".eplb.json"
 SIDECAR_FORMAT = "eplb-sglang-configuration"
@@ -309,17 +319,48 @@ def sidecar_path(path: Path) -> Path:
     return path.with_name(path.stem + SIDECAR_SUFFIX)
 
 
-def write_sglang_placement(placement: Placement, path: Path) -> None:
+def model_layer_map(placement: Placement, path: Path, layer_ids=None, num_layers: int | None = None) -> np.ndarray:
+    """The ``physical_to_logical_map`` SGLang reads: one row per layer of the model, ``[N, S]``.
+
+    Row ``layer_ids[i]`` is the placement's layer ``i`` (``layer_ids [L]``, the model's index of
+    each planned layer, ``0 .. L-1`` when ``None``); the other rows (dense layers the counts left
+    out) hold SGLang's own trivial placement, slot ``s`` -> expert ``s % E``, as ``init_trivial``
+    builds them. ``N`` is ``num_layers`` (the model's ``num_hidden_layers``), by default the largest
+    layer id + 1 (a model's last layer is a MoE layer: DeepSeek-V3's 3..60 give 61 rows).
+
+    Raises:
+        FormatError: a layer id at or beyond ``num_layers``.
+    """
+    layer_ids = check_layer_ids(layer_ids, placement.num_layers, path)
+    last = int(layer_ids.max())
+    if num_layers is None:
+        num_layers = last + 1
+    elif num_layers <= last:
+        raise FormatError(path, f"the plan covers model layer {last} but num_layers (--num-layers) is {num_layers}: "
+                                "SGLang's map has one row per layer of the model, so num_layers must exceed every "
+                                "layer id")
+    check_size(num_layers, "layers", "num_layers (--num-layers)", path)
+    table = np.broadcast_to(np.arange(placement.num_slots) % placement.num_experts,
+                            (num_layers, placement.num_slots)).copy()
+    table[layer_ids] = placement.phy2log
+    return table
+
+
+def write_sglang_placement(placement: Placement, path: Path, *, layer_ids=None, num_layers: int | None = None) -> None:
     """Write ``{"physical_to_logical_map": [[...]]}`` for ``--init-expert-location`` (the file must
-    hold that key alone), and the configuration (GPUs, nodes, groups, experts, method) into the side
-    file :func:`sidecar_path`, which :func:`read_sglang_placement` reads back."""
+    hold that key alone), one row per layer of the model (:func:`model_layer_map`: row ``l`` is
+    model layer ``l``), and the configuration (GPUs, nodes, groups, experts, method, the planned
+    layers) into the side file :func:`sidecar_path`, which :func:`read_sglang_placement` reads back."""
     if not placement.topology.is_uniform:
         raise FormatError(path, "SGLang needs the same number of slots on every GPU "
                                 f"(this placement has {placement.topology.slots_per_gpu.tolist()})")
-    Path(path).write_text(json.dumps({PLACEMENT_KEY: placement.phy2log.tolist()}) + "\n")
+    layer_ids = check_layer_ids(layer_ids, placement.num_layers, path)
+    table = model_layer_map(placement, path, layer_ids, num_layers)
+    Path(path).write_text(json.dumps({PLACEMENT_KEY: table.tolist()}) + "\n")
     sidecar = {"format": SIDECAR_FORMAT, "placement_file": Path(path).name, "num_gpus": placement.num_gpus,
                "num_nodes": placement.num_nodes, "num_groups": placement.num_groups,
-               "num_experts": placement.num_experts, "method": placement.method}
+               "num_experts": placement.num_experts, "method": placement.method,
+               "num_layers": int(table.shape[0]), "layer_ids": layer_ids.tolist()}
     sidecar_path(path).write_text(json.dumps(sidecar) + "\n")
 
 
@@ -344,18 +385,37 @@ def read_sidecar(path: Path) -> dict:
         "num_experts": config_int(document.get("num_experts"), side, "num_experts", limit_name="experts",
                                   allow_none=True),
         "method": str(document.get("method", "sglang file")),
+        "num_layers": config_int(document.get("num_layers"), side, "num_layers", limit_name="layers",
+                                 allow_none=True),
+        "layer_ids": _sidecar_layer_ids(document.get("layer_ids"), side),
         "path": side,
     }
+
+
+def _sidecar_layer_ids(value, side: Path) -> np.ndarray | None:
+    """The planned layers a side file records (``None`` when it records none)."""
+    if value is None:
+        return None
+    if not (isinstance(value, list) and value
+            and all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i <= MAX_ID for i in value)):
+        raise FormatError(side, f"layer_ids must be a non-empty list of layer ids (integers 0 .. {MAX_ID})")
+    check_size(len(value), "layers", "the number of layer_ids", side)
+    return check_layer_ids(value, len(value), side)
 
 
 def read_sglang_placement(path: Path, *, num_gpus=None, num_nodes=None, num_experts=None, num_groups=None,
                           document=None) -> PlacementFile:
     """Read a ``--init-expert-location`` file holding ``physical_to_logical_map [L, S]``.
 
-    The file does not say how many GPUs there are: ``num_gpus`` comes from the argument, else from
-    the side file eplb wrote beside it (:func:`sidecar_path`); ``num_nodes``/``num_groups`` likewise
-    (else 1 node, no groups). ``num_experts`` defaults to the side file's, else the largest expert
-    id + 1.
+    The file does not say how many GPUs there are: the side file eplb wrote beside it
+    (:func:`sidecar_path`) does, else ``num_gpus`` must be given; ``num_nodes``/``num_groups``
+    likewise (else 1 node, no groups). ``num_experts`` is the side file's, else the argument, else
+    the largest expert id + 1. What the side file records is the deployment the file was planned
+    for: a given value that disagrees with it is refused (:func:`~eplb.io.formats.data.recorded_or_given`).
+
+    The map has a row per model layer; with a side file that records the planned layers
+    (``layer_ids``) the placement is those rows (the others are SGLang's trivial rows of dense
+    layers), with those layer ids; without one, every row, layers ``0 .. N-1``.
     """
     if document is None:
         if path.suffix == ".pt":
@@ -373,14 +433,24 @@ def read_sglang_placement(path: Path, *, num_gpus=None, num_nodes=None, num_expe
         table = table.cpu().numpy()
     phy2log = check_phy2log(table, path)
     side = read_sidecar(path)
-    num_gpus = side.get("num_gpus") if num_gpus is None else num_gpus
-    num_nodes = (side.get("num_nodes") or 1) if num_nodes is None else num_nodes
-    num_groups = side.get("num_groups") if num_groups is None else num_groups
-    num_experts = side.get("num_experts") if num_experts is None else num_experts
+    source = f"its side file {sidecar_path(path).name}"
+    num_gpus = recorded_or_given(side.get("num_gpus"), num_gpus, path, "GPUs", "--gpus", source)
+    num_nodes = recorded_or_given(side.get("num_nodes"), num_nodes, path, "nodes", "--nodes", source) or 1
+    num_groups = recorded_or_given(side.get("num_groups"), num_groups, path, "expert groups", "--groups", source)
+    num_experts = recorded_or_given(side.get("num_experts"), num_experts, path, "experts", "the counts' experts",
+                                    source)
     if num_gpus is None:
         raise FormatError(path, "a SGLang placement does not record the number of GPUs and there is no side file "
                                 f"{sidecar_path(path).name}: pass --gpus")
     num_experts = int(phy2log.max()) + 1 if num_experts is None else num_experts
+    layer_ids = side.get("layer_ids")
+    if side.get("num_layers") is not None and side["num_layers"] != phy2log.shape[0]:
+        raise FormatError(path, f"holds {phy2log.shape[0]} layers but {source} records {side['num_layers']}")
+    if layer_ids is not None:
+        if layer_ids.max() >= phy2log.shape[0]:
+            raise FormatError(path, f"{source} records model layer {int(layer_ids.max())}, beyond the map's "
+                                    f"{phy2log.shape[0]} rows")
+        phy2log = phy2log[layer_ids]
     try:
         topology = Topology.uniform(phy2log.shape[1], num_gpus, num_nodes)
         placement = Placement(phy2log, num_experts, topology, num_groups=num_groups,
@@ -388,7 +458,7 @@ def read_sglang_placement(path: Path, *, num_gpus=None, num_nodes=None, num_expe
     except ValueError as exc:
         raise FormatError(path, f"invalid placement: {exc}") from None
     metadata = {"sidecar": str(side["path"])} if side else {}
-    return PlacementFile(placement, check_layer_ids(None, phy2log.shape[0], path), "sglang", path, metadata)
+    return PlacementFile(placement, check_layer_ids(layer_ids, phy2log.shape[0], path), "sglang", path, metadata)
 
 
 def is_sglang_placement(document) -> bool:
@@ -405,6 +475,8 @@ FORMATS = (
     Format("sglang-detail", "SGLang per_pass / per_token dump", suffixes=(".pt", ".pth"),
            read_counts=read_sglang_detail_dump),
     Format("sglang", "SGLang --init-expert-location", suffixes=(".json", ".pt"), output_suffixes=(".json",),
-           read_placement=read_sglang_placement, write_placement=write_sglang_placement, keywords=READ_KEYWORDS,
+           output_names=(OUTPUT_NAME,),
+           read_placement=read_sglang_placement, write_placement=write_sglang_placement,
+           keywords=(*READ_KEYWORDS, "layer_ids", "num_layers"),
            parse=load_json, recognise=is_sglang_placement, recognised_by=f"'{PLACEMENT_KEY}' (SGLang)"),
 )

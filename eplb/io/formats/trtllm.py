@@ -32,7 +32,8 @@ import numpy as np
 
 from ...analysis.placement import Placement
 from ...model.topology import Topology
-from .data import CountsFile, PlacementFile, check_counts, check_layer_ids, check_phy2log, config_int
+from .data import (CountsFile, PlacementFile, check_counts, check_layer_ids, check_phy2log, config_int, layer_ranges,
+                   parse_layer_ranges, recorded_or_given)
 from .errors import FormatError, require
 from .limits import MAX_ID, check_size, limit
 from .spec import READ_KEYWORDS, Format
@@ -92,14 +93,22 @@ def read_trtllm_statistics(folder: Path) -> CountsFile:
     return CountsFile(check_counts(counts, folder), np.asarray(layers, np.int64), "trtllm-stats", folder, metadata)
 
 
-def write_trtllm_yaml(placement: Placement, path: Path, *, layer_ids=None, layer_updates_per_iter: int = 0) -> None:
-    """Write the load-balancer YAML (``num_slots``, ``initial_global_assignments`` keyed by layer
-    index, ``layer_updates_per_iter``), expert lists inline as TensorRT-LLM's own script does."""
+def write_trtllm_yaml(placement: Placement, path: Path, *, layer_ids=None, layer_updates_per_iter: int = 0,
+                      num_layers: int | None = None) -> None:
+    """Write the load-balancer YAML (``num_slots``, ``initial_global_assignments`` keyed by the
+    model's layer index ``layer_ids [L]``, ``layer_updates_per_iter``), expert lists inline as
+    TensorRT-LLM's own script does. Each MoE layer looks its row up by its layer index (a missing
+    one is a ``KeyError`` in the engine), so the keys are the model's, whatever layers the counts
+    held; ``num_layers`` (the model's layer count), when given, must exceed every layer id. The
+    ``# eplb:`` comment records the deployment and the layers written (``layers=3..60``)."""
     yaml = require("yaml", "trtllm", "writing TensorRT-LLM's load-balancer YAML")
     if not placement.topology.is_uniform:
         raise FormatError(path, "TensorRT-LLM needs the same number of slots on every rank "
                                 f"(this placement has {placement.topology.slots_per_gpu.tolist()})")
     layer_ids = check_layer_ids(layer_ids, placement.num_layers, path)
+    if num_layers is not None and num_layers <= layer_ids.max():
+        raise FormatError(path, f"the plan covers model layer {int(layer_ids.max())} but num_layers (--num-layers) "
+                                f"is {num_layers}: every layer id must be below the model's layer count")
     config = {
         "num_slots": placement.num_slots,
         "initial_global_assignments": {int(layer): row.tolist() for layer, row in zip(layer_ids, placement.phy2log)},
@@ -114,7 +123,7 @@ def write_trtllm_yaml(placement: Placement, path: Path, *, layer_ids=None, layer
     body = yaml.dump(config, Dumper=InlineLists, sort_keys=False, width=float("inf"))
     hint = (f"# eplb: num_gpus={placement.num_gpus} num_nodes={placement.num_nodes} "
             f"num_experts={placement.num_experts} num_groups={placement.num_groups or 'none'} "
-            f"method={placement.method}\n")
+            f"method={placement.method} layers={layer_ranges(layer_ids)}\n")
     Path(path).write_text("# TensorRT-LLM MoE load balancer config (moe_config.load_balancer), written by eplb\n"
                           + hint + body)
 
@@ -132,7 +141,30 @@ def _budget_loader(yaml, path: Path):
                 _check_expansion(node, path)
             return node
 
+        def construct_mapping(self, node, deep=False):
+            _refuse_duplicate_keys(self, node, path)
+            return super().construct_mapping(node, deep=deep)
+
     return BudgetLoader
+
+
+def _refuse_duplicate_keys(loader, node, path: Path) -> None:
+    """Refuse a mapping that writes one key twice (``yaml.safe_load`` keeps the last and silently
+    loses the other: two ``0:`` layers read as one). Merged keys (``<<``) may be overridden."""
+    seen: dict = {}
+    for key_node, _ in node.value:
+        if key_node.tag == "tag:yaml.org,2002:merge":
+            continue
+        key = loader.construct_object(key_node, deep=True)
+        try:
+            hash(key)
+        except TypeError:
+            continue  # the constructor itself refuses an unhashable key
+        line = key_node.start_mark.line + 1
+        if key in seen:
+            raise FormatError(path, f"the key {key!r:.40} appears twice in one mapping (lines {seen[key]} and {line}): "
+                                    "each layer (and setting) must be written once")
+        seen[key] = line
 
 
 def _check_expansion(root, path: Path) -> None:
@@ -175,8 +207,10 @@ def _children(node) -> list:
 
 def read_trtllm_yaml(path: Path, *, num_gpus=None, num_nodes=None, num_experts=None, num_groups=None) -> PlacementFile:
     """Read a load-balancer YAML back. The GPU count (and nodes, groups, experts) come from the
-    arguments or, for files eplb wrote, from its ``# eplb:`` comment. Read with ``yaml.safe_load``
-    semantics under a budget on alias expansion."""
+    ``# eplb:`` comment of a file eplb wrote, which records the deployment it was planned for (a
+    given value that disagrees is refused), else from the arguments. Read with ``yaml.safe_load``
+    semantics under a budget on alias expansion; a key written twice is refused, and so are layers
+    other than those the comment records (``layers=``)."""
     yaml = require("yaml", "trtllm", f"reading the YAML file {path}")
     try:
         text = Path(path).read_text()
@@ -209,22 +243,32 @@ def read_trtllm_yaml(path: Path, *, num_gpus=None, num_nodes=None, num_experts=N
                                 f"{phy2log.shape[1]} slots")
     updates = config_int(config.get("layer_updates_per_iter", 0), path, "layer_updates_per_iter", minimum=0)
     hint = dict(item.split("=", 1) for m in HINT.findall(text) for item in m.split() if "=" in item)
+    recorded = {}
     try:
-        if num_gpus is None and "num_gpus" in hint:
-            num_gpus = config_int(int(hint["num_gpus"]), path, "num_gpus in the '# eplb:' comment", limit_name="slots")
-        if num_nodes is None:
-            num_nodes = config_int(int(hint.get("num_nodes", 1)), path, "num_nodes in the '# eplb:' comment",
-                                   limit_name="slots")
-        if num_experts is None and "num_experts" in hint:
-            num_experts = config_int(int(hint["num_experts"]), path, "num_experts in the '# eplb:' comment",
-                                     limit_name="experts")
-        if num_groups is None and hint.get("num_groups", "none") != "none":
-            num_groups = config_int(int(hint["num_groups"]), path, "num_groups in the '# eplb:' comment",
-                                    limit_name="experts")
+        for key, limit_name in (("num_gpus", "slots"), ("num_nodes", "slots"), ("num_experts", "experts"),
+                                ("num_groups", "experts")):
+            if hint.get(key, "none") != "none":
+                recorded[key] = config_int(int(hint[key]), path, f"{key} in the '# eplb:' comment",
+                                           limit_name=limit_name)
     except ValueError as exc:
         if isinstance(exc, FormatError):
             raise
         raise FormatError(path, "its '# eplb:' comment is malformed; pass --gpus/--nodes/--groups") from None
+    source = "its '# eplb:' comment"
+    num_gpus = recorded_or_given(recorded.get("num_gpus"), num_gpus, path, "GPUs", "--gpus", source)
+    num_nodes = recorded_or_given(recorded.get("num_nodes"), num_nodes, path, "nodes", "--nodes", source) or 1
+    num_experts = recorded_or_given(recorded.get("num_experts"), num_experts, path, "experts", "the counts' experts",
+                                    source)
+    num_groups = recorded_or_given(recorded.get("num_groups"), num_groups, path, "expert groups", "--groups", source)
+    if "layers" in hint:
+        written = parse_layer_ranges(hint["layers"], path, "layers in the '# eplb:' comment")
+        missing = sorted(set(written.tolist()) - set(layer_ids))
+        extra = sorted(set(layer_ids) - set(written.tolist()))
+        if missing or extra:
+            what = [f"layer{'s' if len(ids) > 1 else ''} {layer_ranges(ids)} {verb}"
+                    for ids, verb in ((missing, "missing"), (extra, "not written by eplb")) if ids]
+            raise FormatError(path, f"'initial_global_assignments' does not list the layers its '# eplb:' comment "
+                                    f"records ({hint['layers']}): {', '.join(what)}")
     if num_gpus is None:
         raise FormatError(path, "this YAML does not record the number of GPUs (ranks): pass --gpus")
     num_experts = int(phy2log.max()) + 1 if num_experts is None else num_experts
@@ -251,5 +295,6 @@ FORMATS = (
            recognise=is_statistics_folder,
            recognised_by=f"a TensorRT-LLM expert-statistics folder ({META_INFO})"),
     Format("trtllm", "TensorRT-LLM YAML", suffixes=(".yaml", ".yml"), read_placement=read_trtllm_yaml,
-           write_placement=write_trtllm_yaml, keywords=(*READ_KEYWORDS, "layer_ids", "layer_updates_per_iter")),
+           write_placement=write_trtllm_yaml,
+           keywords=(*READ_KEYWORDS, "layer_ids", "layer_updates_per_iter", "num_layers")),
 )
