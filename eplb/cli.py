@@ -1178,5 +1178,12 @@ def sweep(counts, extra_slots, gpus, nodes, groups, dispatches, policies, hardwa
     click.echo("\n".join(lines))
 
 
+# -- compare (eplb/compare.py) ---------------------------------------------------------------------
+
+from .compare import build_command as _build_compare_command  # noqa: E402
+
+main.add_command(_build_compare_command(friendly_errors))
+
+
 if __name__ == "__main__":  # pragma: no cover
     main()
