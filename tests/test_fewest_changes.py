@@ -13,7 +13,9 @@ from hypothesis import strategies as st
 
 import eplb
 from eplb.planning.api import make_problem
-from eplb.planning.exact_migration import fewest_changes_layer
+
+pytest.importorskip("ortools", reason="the fewest-changes model is CP-SAT: pip install 'eplb[exact]'")
+from eplb.planning.exact_migration import fewest_changes_layer  # noqa: E402
 from fewest_changes_search import FOUND, OUT_OF_WORK, REFUTED, fewest_changes_exact, follows_rules, \
     prove_fewest_changes, prove_layer
 

@@ -11,7 +11,9 @@ from hypothesis import strategies as st
 
 import eplb
 from eplb.planning.api import make_problem
-from eplb.planning.exact_migration import fewest_changes_layer
+
+pytest.importorskip("ortools", reason="the fewest-changes model is CP-SAT: pip install 'eplb[exact]'")
+from eplb.planning.exact_migration import fewest_changes_layer  # noqa: E402
 
 
 def exact_peak(row, w, slots_per_gpu):
