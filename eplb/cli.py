@@ -259,19 +259,15 @@ def _read_previous(path, fmt, *, num_gpus, num_nodes, num_experts):
     return read_placement(path, fmt, num_gpus=num_gpus, num_nodes=num_nodes, num_experts=num_experts)
 
 
-def _previous_on_layers(previous, layer_ids, path):
+def _previous_on_layers(previous, layer_ids):
     """The previous placement on the counts' layers (``layer_ids [L]``, the model's index of each):
     its rows of those layers when it covers more of them (SGLang's map has a row per model layer,
-    counts may hold the MoE layers only); refused when it covers other layers."""
-    from .io.formats import FormatError, PlacementFile
-    from .io.formats.data import layer_ranges
+    counts may hold the MoE layers only); else as it is."""
+    from .io.formats import PlacementFile
 
     old_ids, new_ids = previous.layer_ids.tolist(), [int(i) for i in layer_ids]
-    if old_ids == new_ids:
+    if old_ids == new_ids or len(old_ids) <= len(new_ids) or not set(new_ids) <= set(old_ids):
         return previous
-    if len(old_ids) == len(new_ids) or not set(new_ids) <= set(old_ids):
-        raise FormatError(path, f"incompatible configuration: the previous placement covers model layers "
-                                f"{layer_ranges(old_ids)}, the counts layers {layer_ranges(new_ids)}")
     rows = [old_ids.index(i) for i in new_ids]
     p = previous.placement
     placement = eplb.Placement(p.phy2log[rows], p.num_experts, p.topology, p.num_groups, p.method)
@@ -291,6 +287,16 @@ def _check_previous(previous, placement_like, path):
         names = ("layers", "experts", "slots", "GPUs", "nodes")
         diffs = ", ".join(f"{n} {t} vs {m}" for n, t, m in zip(names, theirs, mine) if t != m)
         raise FormatError(path, f"incompatible configuration: the previous placement differs from this plan ({diffs})")
+
+
+def _check_previous_layers(previous, layer_ids, path) -> None:
+    """The previous placement's rows must be the counts' layers (same model layer ids)."""
+    from .io.formats import FormatError
+    from .io.formats.data import layer_ranges
+
+    if previous.layer_ids.tolist() != [int(i) for i in layer_ids]:
+        raise FormatError(path, f"incompatible configuration: the previous placement covers model layers "
+                                f"{layer_ranges(previous.layer_ids)}, the counts layers {layer_ranges(layer_ids)}")
 
 
 @main.command()
@@ -458,8 +464,9 @@ def plan(counts, slots, gpus, nodes, groups, method, previous, previous_format, 
     prev = None
     if previous is not None:
         prev = _read_previous(previous, previous_format, num_gpus=gpus, num_nodes=nodes, num_experts=num_experts)
-        prev = _previous_on_layers(prev, data.layer_ids, previous)
+        prev = _previous_on_layers(prev, data.layer_ids)
         _check_previous(prev, dict(layers=num_layers, experts=num_experts, slots=slots, gpus=gpus, nodes=nodes), previous)
+        _check_previous_layers(prev, data.layer_ids, previous)
 
     placement, used_previous = plan_with_progress(
         data.counts, num_slots=slots, num_gpus=gpus, num_nodes=nodes, num_groups=groups, method=method,
