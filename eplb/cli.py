@@ -90,11 +90,16 @@ engine_option = click.option("--engine", type=click.Choice(ENGINE_RULES), defaul
 
 
 def engine_line(placement, weights, engine: str) -> str:
-    """The summary line judging ``placement`` on ``weights [L, E]`` under ``engine``'s dispatch rule."""
+    """The summary line judging ``placement`` on ``weights [L, E]`` under ``engine``'s dispatch rule,
+    saying that every figure of the summary is judged under it, and what an even split would give."""
     bal = placement.balancedness(weights, engine)
     moe = moe_layers(weights)
-    return (f"engine   balancedness under {DISPATCH_RULES[engine].label}: {moe_mean(bal, weights):.4f} "
-            f"(mean over {moe_note(weights)}; worst layer {bal[moe].min() if moe.any() else bal.min():.4f})")
+    line = (f"engine   balancedness under {DISPATCH_RULES[engine].label}: {moe_mean(bal, weights):.4f} "
+            f"(mean over {moe_note(weights)}; worst layer {bal[moe].min() if moe.any() else bal.min():.4f}); "
+            "every figure of this summary is judged under this rule")
+    if DISPATCH_RULES[engine].kind != "uniform":
+        line += f" (split evenly among replicas: {moe_mean(placement.balancedness(weights, 'shares'), weights):.4f})"
+    return line
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -395,6 +400,7 @@ def plan(counts, slots, gpus, nodes, groups, method, previous, previous_format, 
     from .analysis import metrics
     from .io.formats import placement_format_for_output, read_counts, write_placement
 
+    command_start = time.perf_counter()
     if previous is None and (tolerance is not None or max_moves is not None):
         raise click.UsageError("--tolerance and --max-moves apply only with --previous")
     if previous is None and (expert_bytes is not None or model_preset is not None):
@@ -468,30 +474,36 @@ def plan(counts, slots, gpus, nodes, groups, method, previous, previous_format, 
         _check_previous(prev, dict(layers=num_layers, experts=num_experts, slots=slots, gpus=gpus, nodes=nodes), previous)
         _check_previous_layers(prev, data.layer_ids, previous)
 
-    placement, used_previous = plan_with_progress(
-        data.counts, num_slots=slots, num_gpus=gpus, num_nodes=nodes, num_groups=groups, method=method,
-        previous=None if prev is None else prev.placement, migration=migration, progress=show_progress(quiet),
-        **options)
+    with warnings.catch_warnings(record=True) as caught:  # said in one line each below, not raw
+        warnings.simplefilter("always", RuntimeWarning)
+        placement, used_previous = plan_with_progress(
+            data.counts, num_slots=slots, num_gpus=gpus, num_nodes=nodes, num_groups=groups, method=method,
+            previous=None if prev is None else prev.placement, migration=migration, progress=show_progress(quiet),
+            **options)
     elapsed = time.perf_counter() - start
-    held = None if data.num_windows == 1 or no_held_out else _held_out_estimates(
-        data.counts, method, options, slots=slots, gpus=gpus, nodes=nodes, groups=groups,
-        previous=None if prev is None else prev.placement)
+    _note_plan_warnings(caught, quiet)
+    deployment = dict(num_slots=slots, num_gpus=gpus, num_nodes=nodes, num_groups=groups,
+                      previous=None if prev is None else prev.placement)
+    held = None if data.num_windows == 1 or no_held_out else _held_out_estimates(data.counts, method, options,
+                                                                                 deployment)
 
-    before = metrics.balancedness(metrics.static_gpu_loads(weights, gpus))
-    after = placement.balancedness(weights, "shares")
+    judge = engine or "shares"  # every figure splits an expert's tokens as the engine does (else as the plan does)
+    before = metrics.balancedness(metrics.static_gpu_loads(weights, gpus))  # one replica each: the same under any rule
+    after = placement.balancedness(weights, judge)
     moves = None if prev is None else metrics.moves(prev.placement.phy2log, placement.phy2log, placement.topology)
     if placement.shares is None:
-        bound = bound_for(weights, placement)
+        bound = bound_for(weights, placement, engine)
     else:   # the plan splits experts by its shares and may serve tokens off node: the bound of that freedom
         bound = Bound(placement.lower_bound, "capped",
                       f"at most {max_off_node:.0%} of the tokens off their home node, any split among replicas")
-    gap = metrics.gap(placement.gpu_loads(weights, "shares").max(axis=-1), bound.values)
+    gap = metrics.gap(placement.gpu_loads(weights, judge).max(axis=-1), bound.values)
     global_bal = None
-    if bound.kind in ("hierarchical", "capped"):     # what keeping groups on their nodes costs on these counts
+    if groups is not None and groups % nodes == 0:     # what keeping groups on their nodes costs on these counts
         global_method = DEFAULT_METHOD if method == "exact" else method
-        global_plan = eplb.plan(weights, num_slots=slots, num_gpus=gpus, num_nodes=nodes, method=global_method)
-        global_bal = global_plan.balancedness(weights)
-    deployed_bal = None if prev is None else prev.placement.balancedness(weights)
+        global_plan = eplb.plan(weights, num_slots=slots, num_gpus=gpus, num_nodes=nodes, method=global_method,
+                                **({} if engine is None else {"dispatch": engine}))
+        global_bal = global_plan.balancedness(weights, judge)
+    deployed_bal = None if prev is None else prev.placement.balancedness(weights, judge)
     configuration, diagnostics = _plan_records(
         slots=slots, gpus=gpus, nodes=nodes, groups=groups, method=method, options=options, counts=counts, data=data,
         phase=phase, previous=previous, used_previous=used_previous, migration=migration, before=before, after=after,
@@ -514,14 +526,17 @@ def plan(counts, slots, gpus, nodes, groups, method, previous, previous_format, 
         f" (mean over {moe_note(weights)}; worst layer {after[moe].min() if moe.any() else after.min():.4f})"
         + ("; on the summed windows, in sample" if data.num_windows > 1 else "")
         + (f"; even split, {moe_mean(placement.balancedness(weights, 'optimal'), weights):.4f} with optimal dispatch"
-           if options.get("dispatch") == "optimal" else ""),
+           if options.get("dispatch") == "optimal" else "")
+        + ("" if engine is None else f"; under {DISPATCH_RULES[engine].label}"),
     ]
     lines += _plan_detail_lines(data=data, placement=placement, weights=weights, options=options, objective=objective,
                                 held=held, global_bal=global_bal, deployed_bal=deployed_bal, max_off_node=max_off_node,
                                 output_format=output_format, engine=engine, bound=bound, finite=finite, moves=moves,
                                 used_previous=used_previous, prev=prev, expert_bytes=expert_bytes,
-                                model_preset=model_preset, hardware=hardware, diagnostics=diagnostics)
-    lines.append(f"time     {elapsed:.2f} s")
+                                model_preset=model_preset, hardware=hardware, diagnostics=diagnostics,
+                                migration=migration)
+    lines.append(f"time     {elapsed:.2f} s reading and planning; {time.perf_counter() - command_start:.2f} s for the "
+                 "whole command (with the estimates, the bound and writing; Python's start-up not included)")
     lines.append(f"wrote    {output} ({output_format})")
     if output_format in ENGINE_ROWS:
         lines.append(_engine_rows_line(data.layer_ids, output_format, model_layers))
@@ -563,7 +578,7 @@ def _plan_records(*, slots, gpus, nodes, groups, method, options, counts, data, 
 
 def _plan_detail_lines(*, data, placement, weights, options, objective, held, global_bal, deployed_bal, max_off_node,
                        output_format, engine, bound, finite, moves, used_previous, prev, expert_bytes, model_preset,
-                       hardware, diagnostics) -> list[str]:
+                       hardware, diagnostics, migration=None) -> list[str]:
     """The summary lines of ``eplb plan`` after the balance line: the windows (in sample and held
     out), what the groups, the deployed plan and the cap cost, the engine's rule, the bound and
     gap, and the moves."""
@@ -579,7 +594,13 @@ def _plan_detail_lines(*, data, placement, weights, options, objective, held, gl
         lines.append(f"global   {moe_mean(global_bal, weights):.4f} with a plan free of groups on the same counts "
                      f"(what keeping each group on one node costs)")
     if deployed_bal is not None:
-        lines.append(f"deployed {moe_mean(deployed_bal, weights):.4f} with the previous placement on these counts")
+        deployed, new = moe_mean(deployed_bal, weights), moe_mean(diagnostics["balancedness"], weights)
+        lines.append(f"deployed {deployed:.4f} with the previous placement on these counts")
+        if deployed > new + DEPLOYED_BETTER_BY:
+            lines.append(f"WARNING  the deployed placement serves these counts better than the new plan ({deployed:.4f} "
+                         f"against {new:.4f}): keep it unless the new plan's reason holds (it was hedged over windows, "
+                         "bound by --max-moves/--tolerance, or regathers groups on their nodes)")
+        lines += _regrouped_lines(placement, migration or {})
     if placement.shares is not None:
         even = placement.balancedness(weights, "uniform")
         lines.append(f"off node {100 * float(placement.off_node_fraction(weights).mean()):.1f}% of the tokens served off "
@@ -604,6 +625,45 @@ def _plan_detail_lines(*, data, placement, weights, options, objective, held, gl
     return lines
 
 
+DEPLOYED_BETTER_BY = 5e-4
+"""How much higher the deployed placement's balancedness must be than the new plan's on the same
+counts for ``eplb plan --previous`` to warn that the deployed one serves them better (the fourth
+decimal the summary prints)."""
+
+
+def _note_plan_warnings(caught, quiet: bool) -> None:
+    """The ``RuntimeWarning``s of planning, each once on stderr as one ``note:`` line; the warning
+    that the deployed plan spreads groups over nodes is said by :func:`_regrouped_lines` instead."""
+    from .planning.migration import SPREAD_WARNING
+
+    seen = set()
+    for warning in caught:
+        message = str(warning.message)
+        if quiet or message.startswith(SPREAD_WARNING) or message in seen:
+            continue
+        seen.add(message)
+        click.echo(f"note: {message}", err=True)
+
+
+def _regrouped_lines(placement, migration: dict) -> list[str]:
+    """One summary line when the deployed placement spread expert groups over nodes and the plan
+    gathered them again (``placement.info["regrouped"] [L]``), saying where it changed more slots
+    than ``--max-moves`` allows."""
+    regrouped = np.asarray(placement.info.get("regrouped", np.zeros(0, bool)), bool)
+    if not regrouped.any():
+        return []
+    layers = np.flatnonzero(regrouped)
+    changed = np.asarray(placement.info.get("slots_changed", np.zeros(len(regrouped))), np.int64)[layers]
+    shown = ", ".join(str(int(i)) for i in layers[:6]) + (", ..." if layers.size > 6 else "")
+    line = (f"regroup  the deployed placement spreads expert groups over nodes in {layers.size} layer"
+            f"{'s' if layers.size > 1 else ''} ({shown}): the plan keeps every group on one node there, changing "
+            f"{changed.min()}..{changed.max()} slots per layer")
+    budget = migration.get("max_moves")
+    if budget is not None and (changed > budget).any():
+        line += f", more than --max-moves {budget} in {int((changed > budget).sum())} of them"
+    return [line]
+
+
 def _judge(options: dict) -> str:
     """How a plan made with ``options`` is split among replicas when judged: its own rule (an even
     split, or its shares, unless it was made for optimal dispatch or an engine's rule)."""
@@ -612,31 +672,46 @@ def _judge(options: dict) -> str:
 
 
 def _judge_note(options: dict) -> str:
-    judge = _judge(options)
-    return "" if judge == "shares" else f" ({DISPATCH_RULES[judge].label})"
+    """`` (<the rule>)`` when a plan made with ``options`` is judged under a rule other than its
+    own even split or shares (optimal dispatch, an engine's rule), else ``""``."""
+    rule = options.get("dispatch", "uniform")
+    return "" if rule == "uniform" else f" ({DISPATCH_RULES[rule].label})"
 
 
-def _held_out_estimates(counts, method, options, *, slots, gpus, nodes, groups, previous) -> dict | None:
+def _held_out_estimates(counts, method, options, deployment) -> dict | None:
     """Leave one window out (:func:`eplb.held_out`) for this plan's options and for the summed
-    plan: ``{"folds", "plan": [F], "summed": [F]}``; ``None`` for the exact method (one exact
-    plan per fold would take too long: say so instead)."""
+    plan on ``deployment`` (:func:`eplb.plan`'s keywords: slots or a topology, GPUs, nodes,
+    groups, previous), both judged under the plan's rule: ``{"folds", "plan": [F], "summed": [F],
+    "empty": int}``, leaving out the held-out blocks whose windows carry no load (an idle pass has
+    nothing to balance; :func:`eplb.held_out` scores them NaN), ``"empty"`` of them; ``None`` for
+    the exact method (one exact plan per fold would take too long: say so instead)."""
     if method == "exact":
         return None
-    deployment = dict(num_slots=slots, num_gpus=gpus, num_nodes=nodes, num_groups=groups, method=method,
-                      previous=previous)
+    deployment = {**deployment, "method": method}
     mine = eplb.held_out(counts, **deployment, **options)
     summed_options = {k: v for k, v in options.items() if k not in ("objective", "dispatch")}
     summed = mine if options.get("objective") == "sum" and "dispatch" not in options else \
         eplb.held_out(counts, **deployment, **summed_options, objective="sum", judge=_judge(options))
-    return {"folds": int(mine.size), "plan": mine, "summed": summed}
+    loaded = ~np.isnan(mine)  # the same blocks in both: a block's load does not depend on the plan
+    return {"folds": int(loaded.sum()), "plan": mine[loaded], "summed": summed[loaded],
+            "empty": int((~loaded).sum())}
+
+
+def _left_out_note(held: dict) -> str:
+    """``"; 1 block of windows carrying no load left out"`` for :func:`_held_out_estimates`' result (or ``""``)."""
+    empty = held.get("empty", 0)
+    return f"; {empty} block{'s' if empty > 1 else ''} of windows carrying no load left out" if empty else ""
 
 
 def _held_out_lines(held: dict, options: dict) -> list[str]:
     """The summary lines of the held-out estimate, with a recommendation only from held-out figures."""
     mine, summed = held["plan"], held["summed"]
+    skipped = _left_out_note(held)
+    if mine.size == 0:
+        return [f"held out n/a: every held-out block of windows carries no load{_judge_note(options)}"]
     lines = [f"held out {mine.mean():.4f} mean, {mine.min():.4f} worst window with this plan's options{_judge_note(options)}; "
              f"{summed.mean():.4f} / {summed.min():.4f} planned on the summed windows "
-             f"(each of {held['folds']} blocks of windows served by the plan made from the others)"]
+             f"(each of {held['folds']} blocks of windows served by the plan made from the others{skipped})"]
     if mine.mean() < summed.mean() - 0.002:
         lines.append("note     held out, the summed plan serves unseen windows better here: consider --objective sum")
     return lines
@@ -853,18 +928,20 @@ def validate(plan_file, counts_file, plan_format, input_format, gpus, nodes, gro
             raise FormatError(counts_file, f"counts have {data.num_layers} layers x {data.num_experts} experts but the "
                                            f"placement has {p.num_layers} x {p.num_experts}")
         weights = data.weights
-        loads = p.gpu_loads(weights, "shares")  # the plan's split when it carries one
+        judge = engine or "shares"  # the engine's split, else the plan's own (its shares when it carries them)
+        under = "" if engine is None else f"; under {DISPATCH_RULES[engine].label}"
+        loads = p.gpu_loads(weights, judge)
         bal = metrics.balancedness(loads, p.topology)
         before = metrics.balancedness(metrics.static_gpu_loads(weights, p.num_gpus))
-        bound = bound_for(weights, p)
+        bound = bound_for(weights, p, engine)
         gap = metrics.gap(loads.max(axis=-1), bound.values)
         moe = moe_layers(weights)
         finite = gap[np.isfinite(gap) & moe] if moe.any() else gap[np.isfinite(gap)]
         lines += [
             f"balance  {moe_mean(bal, weights):.4f} mean over {moe_note(weights)}, "
             f"{bal[moe].min() if moe.any() else bal.min():.4f} worst layer "
-            f"(no rebalancing: {moe_mean(before, weights):.4f})",
-            f"imbalance {moe_mean(metrics.imbalance(loads), weights):.4f} mean (max - mean) / mean",
+            f"(no rebalancing: {moe_mean(before, weights):.4f}){under}",
+            f"imbalance {moe_mean(metrics.imbalance(loads), weights):.4f} mean (max - mean) / mean{under}",
             f"bound    {bound.description}",
             f"gap      {100 * finite.mean():.2f}% mean, {100 * finite.max():.2f}% max above the proven lower bound"
             f" ({bound.kind})" if finite.size else "gap      n/a",
@@ -875,10 +952,10 @@ def validate(plan_file, counts_file, plan_format, input_format, gpus, nodes, gro
             lines.append(f"note     {plan_file.name} records no nodes or groups (no eplb side file or comment), so it "
                          "is judged against the global bound: pass --nodes and --groups for a hierarchical deployment")
         if data.num_windows > 1:
-            window_loads = p.gpu_loads(data.counts, "shares")                              # [T, L, G]
+            window_loads = p.gpu_loads(data.counts, judge)                              # [T, L, G]
             series = moe_mean(metrics.balancedness(window_loads), window_loads)  # [T]
             lines.append(f"windows  {data.num_windows}: balancedness per window {np.nanmin(series):.4f}.."
-                         f"{np.nanmax(series):.4f} (mean over each window's MoE layers)")
+                         f"{np.nanmax(series):.4f} (mean over each window's MoE layers){under}")
         if engine is not None:
             lines.append(engine_line(p, weights, engine))
     click.echo("\n".join(lines))
@@ -951,17 +1028,24 @@ def report(counts, plan_file, output, previous, input_format, plan_format, gpus,
     if quiet:
         return
     lines = [] if engine is None else [engine_line(p, data.weights, engine)]
+    judge = engine or "shares"
+    under = "" if engine is None else f"; under {DISPATCH_RULES[engine].label}"
     if data.num_windows > 1:
-        per_window = moe_mean(p.balancedness(data.counts, "shares"), data.counts)
-        lines.append(f"in sample {moe_mean(p.balancedness(data.weights, 'shares'), data.weights):.4f} on the summed "
+        per_window = moe_mean(p.balancedness(data.counts, judge), data.counts)
+        lines.append(f"in sample {moe_mean(p.balancedness(data.weights, judge), data.weights):.4f} on the summed "
                      f"windows; each of the {data.num_windows} windows: {np.nanmean(per_window):.4f} mean, "
-                     f"{np.nanmin(per_window):.4f} worst (the plan may have been made from these windows)")
-        deployment = dict(topology=p.topology, num_groups=p.num_groups)
-        hedged = eplb.held_out(data.counts, **deployment)
-        summed = eplb.held_out(data.counts, **deployment, objective="sum")
-        lines.append(f"held out  planning from these windows, each served by the plan made from the others: "
-                     f"{hedged.mean():.4f} mean, {hedged.min():.4f} worst hedged over them (eplb's default); "
-                     f"{summed.mean():.4f} / {summed.min():.4f} from their sum")
+                     f"{np.nanmin(per_window):.4f} worst (the plan may have been made from these windows){under}")
+        # the plan `eplb plan` makes from these windows (for the engine's rule with --engine), judged under it
+        held = _held_out_estimates(data.counts, DEFAULT_METHOD, {} if engine is None else {"dispatch": engine},
+                                   dict(topology=p.topology, num_groups=p.num_groups))
+        skipped = _left_out_note(held)
+        if held["plan"].size == 0:
+            lines.append("held out  n/a: every held-out block of windows carries no load")
+        else:
+            lines.append(f"held out  planning from these windows, each served by the plan made from the others: "
+                         f"{held['plan'].mean():.4f} mean, {held['plan'].min():.4f} worst hedged over them "
+                         f"(eplb's default); {held['summed'].mean():.4f} / {held['summed'].min():.4f} from their sum"
+                         f"{skipped}{under}")
     lines.append(f"wrote    {result.html}")
     lines += [f"         {figure}" for figure in result.figures]
     click.echo("\n".join(lines))
@@ -1084,14 +1168,41 @@ def simulate(counts, slots, gpus, nodes, groups, policies, method, rebalance_fn,
 # -- sweep -----------------------------------------------------------------------------------------
 
 
-def _int_list(text: str, flag: str) -> tuple[int, ...]:
+def _int_list(text: str, flag: str, minimum: int = 0) -> tuple[int, ...]:
+    """``"0,1,2"`` -> ``(0, 1, 2)``: whole numbers ``>= minimum``, each once, or a usage error naming ``flag``."""
     try:
         values = tuple(int(v) for v in text.split(","))
     except ValueError:
         raise click.BadParameter(f"expected whole numbers separated by commas, got {text!r}", param_hint=flag) from None
-    if not values or min(values) < 0:
-        raise click.BadParameter(f"expected non-negative whole numbers, got {text!r}", param_hint=flag)
+    if not values or min(values) < minimum:
+        raise click.BadParameter(f"expected whole numbers >= {minimum} separated by commas, got {text!r}",
+                                 param_hint=flag)
+    if len(set(values)) < len(values):
+        raise click.BadParameter(f"each value once, got {text!r}", param_hint=flag)
     return values
+
+
+def _check_sweep_deployments(gpu_counts, node_counts, groups, num_experts: int) -> list[str]:
+    """Usage errors for sweep axes that leave no deployment or name groups the experts cannot
+    form; the notes (for stderr) on the pairs skipped or planned without groups."""
+    pairs = [(g, n) for g in gpu_counts for n in node_counts]
+    skipped = [(g, n) for g, n in pairs if g % n]
+    if len(skipped) == len(pairs):
+        raise click.BadParameter(f"no GPU count of --gpus divides by a node count of --nodes ({pairs[0][0]} GPUs on "
+                                 f"{pairs[0][1]} nodes ...): every GPU count must divide by some node count",
+                                 param_hint="--nodes")
+    if groups is not None and num_experts % groups:
+        raise click.BadParameter(f"{groups} groups do not divide the {num_experts} experts of the counts",
+                                 param_hint="--groups")
+    notes = []
+    if skipped:
+        notes.append("skipped " + ", ".join(f"{g} GPUs on {n} nodes" for g, n in skipped)
+                     + ": the GPUs must divide by the nodes")
+    global_nodes = sorted({n for g, n in pairs if not g % n and groups is not None and groups % n})
+    if global_nodes:
+        notes.append(f"--groups {groups} does not divide over {', '.join(map(str, global_nodes))} node(s): those "
+                     "deployments are planned globally (no groups)")
+    return notes
 
 
 def _check_sweep_slots(num_experts: int, gpu_counts, extras) -> None:
@@ -1123,6 +1234,8 @@ def _check_sweep_slots(num_experts: int, gpu_counts, extras) -> None:
               default="deepseek-v3", show_default=True, help="Expert size and format for the cost model.")
 @click.option("--regime", type=click.Choice(["roofline", "compute", "memory"]), default="roofline", show_default=True)
 @click.option("--copy-mode", type=click.Choice(["stall", "overlap", "free"]), default="stall", show_default=True)
+@click.option("--check-every", type=click.IntRange(min=1), default=100, show_default=True,
+              help="Steps between the Balancer's decisions (policy balancer), as in eplb simulate.")
 @click.option("--workers", type=click.IntRange(min=1), default=None, help="Processes (default: every core).")
 @click.option("--input-format", type=click.Choice(COUNTS_FORMATS), default=None,
               help="Format of COUNTS (default: detected from the name).")
@@ -1131,8 +1244,8 @@ def _check_sweep_slots(num_experts: int, gpu_counts, extras) -> None:
 @allow_shape_option
 @quiet_option
 @friendly_errors
-def sweep(counts, extra_slots, gpus, nodes, groups, dispatches, policies, hardware, model, regime, copy_mode, workers,
-          input_format, output, transpose, allow_shape, quiet):
+def sweep(counts, extra_slots, gpus, nodes, groups, dispatches, policies, hardware, model, regime, copy_mode,
+          check_every, workers, input_format, output, transpose, allow_shape, quiet):
     """What-if sweep: replay per-step COUNTS [T, L, E] through every combination of redundant slots,
     GPUs, nodes, dispatch modes and policies, and show what redundant slots buy.
 
@@ -1150,17 +1263,28 @@ def sweep(counts, extra_slots, gpus, nodes, groups, dispatches, policies, hardwa
     from .io.simulation_report import write_sweep_report
     from .simulation.sweep import knee, sweep as run_sweep
 
-    extras, gpu_counts, node_counts = (_int_list(extra_slots, "--extra-slots"), _int_list(gpus, "--gpus"),
-                                       _int_list(nodes, "--nodes"))
+    extras, gpu_counts, node_counts = (_int_list(extra_slots, "--extra-slots"), _int_list(gpus, "--gpus", 1),
+                                       _int_list(nodes, "--nodes", 1))
     for value in gpu_counts:
         _check_flag_sizes(gpus=value)
+    for value in node_counts:
+        _check_flag_sizes(nodes=value)
+    _check_flag_sizes(groups=groups)
     _refuse_input_as_output(output, [counts])
     data = read_counts(counts, input_format, transpose=transpose, allow_shape=allow_shape)
+    notes = _check_sweep_deployments(gpu_counts, node_counts, groups, data.counts.shape[-1])
     _check_sweep_slots(data.counts.shape[-1], gpu_counts, extras)
     cost = CostModel.preset(hardware, model, regime=regime, copy_mode=copy_mode)
-    rows = run_sweep(data.counts, extra_slots_per_gpu=extras, num_gpus=gpu_counts, num_nodes=node_counts,
-                     num_groups=groups, dispatch=dispatches or ("uniform",), policies=policies or ("none", "balancer"),
-                     cost_model=cost, workers=workers)
+    with warnings.catch_warnings(record=True) as caught:  # each run's warning once (the sweep gathers them)
+        warnings.simplefilter("always")
+        rows = run_sweep(data.counts, extra_slots_per_gpu=extras, num_gpus=gpu_counts, num_nodes=node_counts,
+                         num_groups=groups, dispatch=dispatches or ("uniform",),
+                         policies=policies or ("none", "balancer"), cost_model=cost, workers=workers,
+                         check_every=check_every)
+    notes += list(dict.fromkeys(str(w.message) for w in caught))
+    if not quiet:
+        for note in notes:
+            click.echo(f"note: {note}", err=True)
     knees = knee(rows)
     written = write_sweep_report(rows, output, knees)
     if written.get("missing"):

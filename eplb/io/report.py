@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from ..analysis import metrics
-from ..analysis.bounds import average_bound, strongest_bound
+from ..analysis.bounds import replica_bound, strongest_bound
 from ..planning.locality import busiest_nodes, node_cap_bound, off_node_tokens
 from ..model.problem import Problem, make_problem
 from ..analysis.metrics import moe_layers, moe_mean
@@ -77,23 +77,33 @@ def groups_on_one_node(placement) -> np.ndarray:
     return (held.sum(axis=2) <= 1).all(axis=1)
 
 
-def bound_for(weights: np.ndarray, placement) -> Bound:
+def bound_for(weights: np.ndarray, placement, dispatch: str | None = None) -> Bound:
     """The bound ``eplb plan`` uses for the placement's configuration, whatever file it came from.
 
     With ``num_groups`` dividing over the nodes the plan is hierarchical and its bound is the
     hierarchical one (as ``eplb.plan`` reports); on a layer where the placement does not keep every
     group on one node that bound does not apply, and the global one is used there (and said).
 
+    The package's strongest bounds hold for an even split of each expert's tokens among its
+    replicas (vLLM, TensorRT-LLM). A rule that may split unevenly (SGLang ``static`` and
+    ``dynamic``, optimal dispatch) can serve a placement below them, so judged under such a rule
+    (``dispatch``) the bound is one that holds for any split (:func:`_split_bound`): a gap on it is
+    never negative.
+
     Args:
         weights: ``[L, E]`` counts.
         placement: an :class:`eplb.Placement` with ``num_groups`` set when the deployment has groups.
+        dispatch: the rule the placement is judged under (a name of
+            :data:`eplb.model.dispatch_rules.DISPATCH_RULES`); ``None``: its own split (its shares, or even).
     Raises:
         ValueError: when ``num_groups`` does not divide the experts.
     """
     topology = placement.topology
     groups = placement.num_groups
-    if placement.shares is not None:
-        return _share_bound(weights, placement)
+    rule = "shares" if dispatch is None else dispatch
+    uneven = placement.shares is not None if rule == "shares" else DISPATCH_RULES[rule].kind != "uniform"
+    if uneven:
+        return _split_bound(weights, placement, rule)
     values = strongest_bound(weights, Problem(topology))
     if groups is None:
         return Bound(values, "global", "global (no expert groups)")
@@ -116,19 +126,33 @@ def bound_for(weights: np.ndarray, placement) -> Bound:
     return Bound(values, "hierarchical", description)
 
 
-def _share_bound(weights: np.ndarray, placement) -> Bound:
-    """The bound for a plan that splits experts by its shares: any split among replicas, and at most
-    the share of tokens off their home node the plan itself serves on these counts (per layer)."""
+def _split_bound(weights: np.ndarray, placement, dispatch: str) -> Bound:
+    """The bound for a placement whose experts' tokens are split unevenly among replicas (its own
+    shares, ``dispatch="shares"``, or a rule's): what holds for any split. Per layer, the largest
+    of the average load, the heaviest replica (one of an expert's ``r`` replicas takes at least
+    ``1 / r`` of its tokens, whatever the split) and, with home nodes, what the heaviest nodes must
+    keep when at most the share of tokens this placement serves off their home node leaves it
+    (:func:`eplb.planning.locality.node_cap_bound`). The placement is among those it ranges over, so
+    its gap is never negative."""
     problem = make_problem(placement.num_experts, topology=placement.topology, num_groups=placement.num_groups)
-    if placement.home_node is None or not problem.hierarchical:
-        return Bound(average_bound(weights, placement.topology), "average",
-                     "average load (the plan splits experts unevenly; no home nodes to cap)")
-    away = placement.off_node_fraction(weights)
-    values = np.array([node_cap_bound(weights[layer:layer + 1], problem, float(away[layer]))[0]
+    values = replica_bound(weights, placement.topology)
+    how = "its own shares" if dispatch == "shares" else DISPATCH_RULES[dispatch].label
+    if not problem.hierarchical:
+        # node_cap_bound with no home nodes is the average load
+        values = np.maximum(values, node_cap_bound(weights, problem, 1.0))
+        return Bound(values, "any split", f"any split among replicas (the placement is judged with {how}, which "
+                                          "may split unevenly): average load and heaviest replica")
+    if placement.home_node is not None:
+        away = placement.off_node_fraction(weights, dispatch)
+    else:  # a layer keeping every group on one node serves nothing off it, whatever the split
+        away = np.where(groups_on_one_node(placement), 0.0, 1.0)
+    capped = np.array([node_cap_bound(weights[layer:layer + 1], problem, float(away[layer]))[0]
                        for layer in range(weights.shape[0])])
-    return Bound(values, "capped", f"{placement.num_groups} groups with home nodes; at most the plan's own off-node "
-                                   f"share of the tokens (up to {100 * float(away.max()):.1f}%) served off node, "
-                                   "any split among replicas")
+    values = np.maximum(values, capped)
+    kind = "capped" if dispatch == "shares" else "any split"
+    return Bound(values, kind, f"{placement.num_groups} groups with home nodes; at most the placement's own off-node "
+                               f"share of the tokens (up to {100 * float(away.max()):.1f}%) served off node, any "
+                               f"split among replicas (judged with {how})")
 
 
 def moe_note(weights: np.ndarray) -> str:
@@ -157,8 +181,10 @@ def make_report(counts: CountsFile, plan: PlacementFile, out_dir, *, previous: P
         previous: an earlier placement on the same topology, to show what moved.
         top: how many of the hottest (layer, expert) pairs to show.
         progress: a tqdm bar over windows on stderr.
-        engine: an engine's dispatch rule (``eplb.model.dispatch_rules.ENGINE_RULES``): the summary also
-            gives the plan's balancedness under it.
+        engine: an engine's dispatch rule (``eplb.model.dispatch_rules.ENGINE_RULES``): every figure
+            (the plan's and greedy's balancedness, the GPU loads, the replicas' loads, the windows, the
+            previous placement, the gap, on a bound that holds under that rule) is judged under it,
+            and the page says so; ``None``: the plan's own split (its shares, else even).
     """
     from ..planning.api import plan as make_plan
 
@@ -168,32 +194,34 @@ def make_report(counts: CountsFile, plan: PlacementFile, out_dir, *, previous: P
     weights = counts.weights
     layer_ids = plan.layer_ids if len(plan.layer_ids) == counts.num_layers else counts.layer_ids
     num_gpus = placement.num_gpus
+    judge = engine or "shares"  # how every figure splits an expert's tokens among its replicas
+    under = "" if engine is None else f" under {DISPATCH_RULES[engine].label}"
 
-    loads = placement.gpu_loads(weights, "shares")                          # [L, G]
+    loads = placement.gpu_loads(weights, judge)                             # [L, G]
     plan_bal = metrics.balancedness(loads, placement.topology)             # [L]
-    none_bal = metrics.balancedness(metrics.static_gpu_loads(weights, num_gpus))
+    none_bal = metrics.balancedness(metrics.static_gpu_loads(weights, num_gpus))  # one replica each: any rule
     try:
         greedy = make_plan(weights, method="greedy", topology=placement.topology, num_groups=placement.num_groups)
-        greedy_bal = greedy.balancedness(weights)
+        greedy_bal = greedy.balancedness(weights, judge)
     except ValueError:
         greedy, greedy_bal = None, None
-    bound = bound_for(weights, placement)
+    bound = bound_for(weights, placement, engine)
     gap = metrics.gap(loads.max(axis=-1), bound.values)
     moe = moe_layers(weights)
 
     figures = []
     figures.append(_balancedness_figure(plt, out_dir, layer_ids, plan_bal, greedy_bal, none_bal, placement.method,
-                                        moe))
-    figures.append(_heatmap_figure(plt, out_dir, layer_ids, loads, placement.topology, moe))
-    figures.append(_hottest_figure(plt, out_dir, layer_ids, weights, placement, top))
+                                        moe, under))
+    figures.append(_heatmap_figure(plt, out_dir, layer_ids, loads, placement.topology, moe, under))
+    figures.append(_hottest_figure(plt, out_dir, layer_ids, weights, placement, top, judge, under))
     window_rows = None
     if counts.num_windows > 1:
-        window_rows = _window_balancedness(counts, placement, greedy, progress)
-        figures.append(_windows_figure(plt, out_dir, window_rows, placement.method))
+        window_rows = _window_balancedness(counts, placement, greedy, progress, judge)
+        figures.append(_windows_figure(plt, out_dir, window_rows, placement.method, under))
     curve = None
     if placement.num_groups and placement.num_groups % placement.num_nodes == 0 and moe.any():
         curve = _locality_curve(weights, placement)
-        figures.append(_locality_figure(plt, out_dir, curve, placement, weights, greedy_bal, moe))
+        figures.append(_locality_figure(plt, out_dir, curve, placement, weights, greedy_bal, moe, judge, under))
     moves = None
     if previous is not None:
         moves = metrics.moves(previous.placement.phy2log, placement.phy2log, placement.topology)
@@ -201,13 +229,15 @@ def make_report(counts: CountsFile, plan: PlacementFile, out_dir, *, previous: P
 
     finite = gap[np.isfinite(gap) & moe] if moe.any() else gap[np.isfinite(gap)]
     worst = int(np.flatnonzero(moe)[plan_bal[moe].argmin()]) if moe.any() else int(plan_bal.argmin())
-    summary = {
+    summary = {} if engine is None else {
+        "dispatch rule": f"every figure is{under} ({DISPATCH_RULES[engine].description}), greedy's too"}
+    summary |= {
         "counts": f"{counts.path} ({counts.format}), {counts.num_windows} window(s) x {counts.num_layers} layers"
                   f" x {counts.num_experts} experts",
         "placement": f"{plan.path} ({plan.format}), method {placement.method}",
         "configuration": f"{placement.num_slots} slots on {num_gpus} GPUs in {placement.num_nodes} node(s)"
                          + (f", {placement.num_groups} groups" if placement.num_groups else ", no expert groups"),
-        "balancedness (mean over layers)":
+        f"balancedness{under} (mean over layers)":
             f"over {moe_note(weights)}: plan {moe_mean(plan_bal, weights):.4f} · greedy on the same configuration "
             + ("n/a" if greedy_bal is None else f"{moe_mean(greedy_bal, weights):.4f}")
             + f" · no rebalancing {moe_mean(none_bal, weights):.4f}",
@@ -226,14 +256,10 @@ def make_report(counts: CountsFile, plan: PlacementFile, out_dir, *, previous: P
     if moves is not None:
         total = placement.num_layers * placement.num_slots
         summary["previous placement on these counts"] = (
-            f"balancedness {moe_mean(previous.placement.balancedness(weights), weights):.4f}")
+            f"balancedness {moe_mean(previous.placement.balancedness(weights, judge), weights):.4f}{under}")
         summary["moves from previous"] = (f"{moves.slots_changed} of {total} slots changed "
                                           f"({100 * moves.slots_changed / total:.1f}%), {moves.gpu_copies} weight "
                                           f"copies to GPUs, {moves.cross_node_copies} across nodes")
-    if engine is not None:
-        under = placement.balancedness(weights, engine)
-        summary[f"balancedness under {DISPATCH_RULES[engine].label}"] = (
-            f"over {moe_note(weights)}: plan {moe_mean(under, weights):.4f}")
     page = out_dir / "index.html"
     page.write_text(_html(summary, figures))
     return Report(page, tuple(figures), summary)
@@ -258,8 +284,9 @@ def _layer_axis(ax, layer_ids, max_ticks: int = 16):
     return positions
 
 
-def _balancedness_figure(plt, out_dir, layer_ids, plan_bal, greedy_bal, none_bal, method, moe) -> Path:
-    """Per-layer balancedness; all-zero (dense) layers are left blank and shaded, not drawn at 1.0."""
+def _balancedness_figure(plt, out_dir, layer_ids, plan_bal, greedy_bal, none_bal, method, moe, under="") -> Path:
+    """Per-layer balancedness; all-zero (dense) layers are left blank and shaded, not drawn at 1.0;
+    ``under``: the dispatch rule the figures are judged under, as words (``" under ..."``) or ``""``."""
     fig, ax = plt.subplots(figsize=(9, 4))
     x = _layer_axis(ax, layer_ids)
     blank = lambda values: np.where(moe, values, np.nan) if moe.any() else values  # noqa: E731
@@ -278,14 +305,14 @@ def _balancedness_figure(plt, out_dir, layer_ids, plan_bal, greedy_bal, none_bal
     ax.set_ylim(min(0.0, low) if low < 0.5 else 0.5, 1.005)
     ax.grid(alpha=0.3)
     ax.legend(loc="best", fontsize=8)
-    title = "Balancedness per layer (1.0 = every GPU equally loaded)"
+    title = f"Balancedness per layer{under} (1.0 = every GPU equally loaded)"
     if not moe.all() and moe.any():
         title += f"\n{int((~moe).sum())} all-zero (dense) layers shaded, left out of the means"
     ax.set_title(title, fontsize=10)
     return _save(plt, fig, out_dir / "balancedness.png")
 
 
-def _heatmap_figure(plt, out_dir, layer_ids, loads, topology, moe) -> Path:
+def _heatmap_figure(plt, out_dir, layer_ids, loads, topology, moe, under="") -> Path:
     """GPU load / layer mean on a scale from 0 (white at 1.0); node boundaries drawn; dense layers grey."""
     from matplotlib.colors import TwoSlopeNorm
 
@@ -308,15 +335,16 @@ def _heatmap_figure(plt, out_dir, layer_ids, loads, topology, moe) -> Path:
     ax.set_yticks(np.arange(num_layers)[::step])
     ax.set_yticklabels([str(i) for i in layer_ids[::step]])
     fig.colorbar(image, ax=ax, label="GPU load / layer mean")
-    title = "GPU load / layer mean under the plan\n(red: above the mean"
+    title = f"GPU load / layer mean under the plan{under}\n(red: above the mean"
     title += "; grey: all-zero layers)" if not moe.all() else ")"
     ax.set_title(title, fontsize=10)
     return _save(plt, fig, out_dir / "gpu_loads.png")
 
 
-def _hottest_figure(plt, out_dir, layer_ids, weights, placement, top) -> Path:
-    """Replicas of the hottest experts (bars) and the load each replica carries, relative to the
-    layer's mean GPU load (points, right axis)."""
+def _hottest_figure(plt, out_dir, layer_ids, weights, placement, top, judge="shares", under="") -> Path:
+    """Replicas of the hottest experts (bars) and the load their busiest replica carries under the
+    split ``judge`` (a ``dispatch`` of :meth:`eplb.Placement.slot_shares`), relative to the layer's
+    mean GPU load (points, right axis)."""
     totals = weights.sum(axis=1, keepdims=True)
     share = np.divide(weights, totals, out=np.zeros_like(weights), where=totals > 0)
     order = np.argsort(-share, axis=None, kind="stable")[:top]
@@ -335,17 +363,19 @@ def _hottest_figure(plt, out_dir, layer_ids, weights, placement, top) -> Path:
     for xi, r, s in zip(x, replicas, share[layers, experts]):
         ax.text(xi, r + 0.05, f"{100 * s:.1f}%", ha="center", va="bottom", fontsize=7)
     mean_gpu = totals[layers, 0] / placement.num_gpus
-    per_replica = np.divide(weights[layers, experts] / replicas, mean_gpu, out=np.zeros(len(order)),
+    shares = placement.slot_shares(weights, judge)                                       # [L, S]
+    busiest = np.array([shares[l][placement.phy2log[l] == e].max() for l, e in zip(layers, experts)])
+    per_replica = np.divide(weights[layers, experts] * busiest, mean_gpu, out=np.zeros(len(order)),
                             where=mean_gpu > 0)
     right = ax.twinx()
-    right.plot(x, per_replica, "D", color="#b2182b", markersize=6, label="load per replica")
+    right.plot(x, per_replica, "D", color="#b2182b", markersize=6, label="load of the busiest replica")
     right.axhline(1.0, color="#b2182b", linewidth=0.8, linestyle="--")
     right.set_ylim(0, max(1.2, float(per_replica.max()) * 1.2))
-    right.set_ylabel("load per replica / mean GPU load (points)", color="#b2182b")
+    right.set_ylabel("busiest replica's load / mean GPU load (points)", color="#b2182b")
     right.tick_params(axis="y", colors="#b2182b")
     ax.set_title(f"The {len(order)} hottest experts: replicas (label: share of the layer's tokens) and the load\n"
-                 "each replica carries (dashed: a GPU's mean load; a replica above it overloads its GPU alone)",
-                 fontsize=9)
+                 f"their busiest replica carries{under} (dashed: a GPU's mean load; a replica above it overloads "
+                 "its GPU alone)", fontsize=9)
     return _save(plt, fig, out_dir / "hottest_experts.png")
 
 
@@ -359,10 +389,10 @@ def _locality_curve(weights: np.ndarray, placement) -> dict:
     return pareto(weights, topology=placement.topology, num_groups=placement.num_groups, fractions=LOCALITY_CAPS)
 
 
-def _off_node_share(weights: np.ndarray, placement, num_groups: int) -> float:
+def _off_node_share(weights: np.ndarray, placement, num_groups: int, judge: str = "shares") -> float:
     """Share of all tokens a placement serves off the home nodes of ``num_groups`` groups (the nodes
-    serving most of each group when it records none)."""
-    shares = placement.slot_shares(weights)
+    serving most of each group when it records none), split among replicas as ``judge`` says."""
+    shares = placement.slot_shares(weights, judge)
     home = placement.home_node
     if home is None:
         home = busiest_nodes(weights, placement.phy2log, shares, num_groups, placement.topology)
@@ -370,9 +400,10 @@ def _off_node_share(weights: np.ndarray, placement, num_groups: int) -> float:
                  / max(float(weights.sum()), 1e-300))
 
 
-def _locality_figure(plt, out_dir, curve, placement, weights, greedy_bal, moe) -> Path:
-    """Balancedness against the share of tokens off their home node: eplb's curve over caps, the
-    published greedy (hierarchical), a global plan, and this plan."""
+def _locality_figure(plt, out_dir, curve, placement, weights, greedy_bal, moe, judge="shares", under="") -> Path:
+    """Balancedness against the share of tokens off their home node: eplb's curve over caps (with
+    their own shares), the published greedy (hierarchical), a global plan, and this plan (these
+    three split as ``judge`` says)."""
     from ..planning.api import plan as make_plan
 
     fig, ax = plt.subplots(figsize=(6.5, 4.2))
@@ -382,20 +413,23 @@ def _locality_figure(plt, out_dir, curve, placement, weights, greedy_bal, moe) -
         ax.plot([0.0], [float(greedy_bal[moe].mean())], "s", color="#e08214", markersize=9,
                 label="published greedy (hierarchical)")
     spread = make_plan(weights, topology=placement.topology)
-    ax.plot([100 * _off_node_share(weights, spread, placement.num_groups)], [float(moe_mean(spread.balancedness(weights), weights))], "D",
+    ax.plot([100 * _off_node_share(weights, spread, placement.num_groups, judge)],
+            [float(moe_mean(spread.balancedness(weights, judge), weights))], "D",
             color="#1b7837", markersize=8, label="global placement (no groups)")
-    ax.plot([100 * _off_node_share(weights, placement, placement.num_groups)],
-            [float(moe_mean(placement.balancedness(weights, "shares"), weights))], "*", color="#b2182b",
+    ax.plot([100 * _off_node_share(weights, placement, placement.num_groups, judge)],
+            [float(moe_mean(placement.balancedness(weights, judge), weights))], "*", color="#b2182b",
             markersize=13, label=f"this plan ({placement.method})")
     ax.set_xlabel("tokens served off their group's home node (%)")
     ax.set_ylabel("balancedness (mean over MoE layers)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc="lower right")
-    ax.set_title("What a little off-node traffic buys (plans with shares; in sample)", fontsize=10)
+    ax.set_title("What a little off-node traffic buys (plans with shares; in sample)"
+                 + (f"\neplb's curve with its own shares; greedy, global and this plan{under}" if under else ""),
+                 fontsize=10)
     return _save(plt, fig, out_dir / "locality.png")
 
 
-def _window_balancedness(counts: CountsFile, placement, greedy, progress: bool) -> dict:
+def _window_balancedness(counts: CountsFile, placement, greedy, progress: bool, judge: str = "shares") -> dict:
     from tqdm import tqdm
 
     series = {"plan": [], "no rebalancing": []}
@@ -405,14 +439,14 @@ def _window_balancedness(counts: CountsFile, placement, greedy, progress: bool) 
     for start in tqdm(starts, desc="windows", unit="chunk", disable=not progress, file=sys.stderr):
         chunk = counts.counts[start:start + WINDOW_CHUNK]                    # [t, L, E]
         per_window = lambda loads: moe_mean(metrics.balancedness(loads), chunk)  # noqa: E731  [t], MoE layers
-        series["plan"].append(per_window(placement.gpu_loads(chunk)))
+        series["plan"].append(per_window(placement.gpu_loads(chunk, judge)))
         series["no rebalancing"].append(per_window(metrics.static_gpu_loads(chunk, placement.num_gpus)))
         if greedy is not None:
-            series["greedy"].append(per_window(greedy.gpu_loads(chunk)))
+            series["greedy"].append(per_window(greedy.gpu_loads(chunk, judge)))
     return {name: np.concatenate(parts) for name, parts in series.items()}
 
 
-def _windows_figure(plt, out_dir, rows, method) -> Path:
+def _windows_figure(plt, out_dir, rows, method, under="") -> Path:
     fig, ax = plt.subplots(figsize=(9, 3.8))
     x = np.arange(len(rows["plan"]))
     styles = {"no rebalancing": ("#bbbbbb", "o-"), "greedy": ("#e08214", "s-"), "plan": ("#2166ac", "o-")}
@@ -429,7 +463,7 @@ def _windows_figure(plt, out_dir, rows, method) -> Path:
     ax.set_ylabel("balancedness (mean over layers)")
     ax.grid(alpha=0.3)
     ax.legend(loc="best", fontsize=8)
-    ax.set_title("One placement for all windows: balancedness in each window")
+    ax.set_title(f"One placement for all windows: balancedness in each window{under}")
     return _save(plt, fig, out_dir / "windows.png")
 
 

@@ -12,12 +12,16 @@ of the one registry (:data:`eplb.serving.policy.POLICY_NAMES`: ``"none"``, ``"vl
 ``"balancer"``, ...; or ``"every:N/W"``), built by :func:`eplb.serving.policy.policy_by_name` in the
 worker, or zero-argument callables that return a fresh :class:`eplb.Policy` (a callable must be
 picklable, e.g. a module-level function or ``functools.partial``, to cross to the worker processes).
+
+A warning a run raises (e.g. that the series ends before a policy's first decision, so it never
+acts) is caught in the worker and raised once in the calling process, however many runs raised it.
 """
 
 from __future__ import annotations
 
 import itertools
 import os
+import warnings
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from typing import Callable
@@ -45,17 +49,22 @@ def slots_for(num_experts: int, num_gpus: int, extra_slots_per_gpu: int) -> int:
     return num_gpus * (-(-num_experts // num_gpus) + extra_slots_per_gpu)
 
 
-def _run_point(args) -> dict:
-    series, point, num_groups, cost_model = args
+def _run_point(args) -> tuple[dict, list]:
+    """One :func:`eplb.simulate` run: ``(row, warnings)``, the run's warnings as
+    ``(category, message)`` pairs (a worker process would print them raw, once per run)."""
+    series, point, num_groups, cost_model, check_every = args
     num_layers, num_experts = series.shape[1], series.shape[2]
     num_slots = slots_for(num_experts, point.num_gpus, point.extra_slots_per_gpu)
-    policy = policy_by_name(point.policy) if isinstance(point.policy, str) else point.policy()
+    policy = (policy_by_name(point.policy, check_every=check_every) if isinstance(point.policy, str)
+              else point.policy())
     groups = num_groups if num_groups is not None and num_groups % point.num_nodes == 0 else None
-    result = simulate(series, num_slots=num_slots, num_gpus=point.num_gpus, num_nodes=point.num_nodes,
-                      num_groups=groups, policy=policy, cost_model=cost_model, dispatch=point.dispatch)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = simulate(series, num_slots=num_slots, num_gpus=point.num_gpus, num_nodes=point.num_nodes,
+                          num_groups=groups, policy=policy, cost_model=cost_model, dispatch=point.dispatch)
     summary = result.summary()
     replicas_per_gpu = (num_slots - num_experts) / point.num_gpus
-    return {
+    row = {
         "policy": summary["policy"], "num_slots": num_slots, "redundant_slots": num_slots - num_experts,
         "extra_slots_per_gpu": point.extra_slots_per_gpu, "num_gpus": point.num_gpus, "num_nodes": point.num_nodes,
         "hierarchical": groups is not None, "dispatch": point.dispatch,
@@ -65,11 +74,12 @@ def _run_point(args) -> dict:
         "replica_memory_per_gpu_bytes": replicas_per_gpu * num_layers * cost_model.expert_bytes,
         "wall_time_s": summary["wall_time_s"],
     }
+    return row, [(w.category, str(w.message)) for w in caught]
 
 
 def sweep(counts, *, extra_slots_per_gpu=(0, 1, 2), num_gpus=(32,), num_nodes=(1,), num_groups=None,
           dispatch=("uniform",), policies=("balancer",), cost_model: CostModel | None = None,
-          workers: int | None = None) -> list[dict]:
+          workers: int | None = None, check_every: int = 100) -> list[dict]:
     """Simulate every combination of the axes on ``counts``; one row per combination.
 
     Args:
@@ -83,6 +93,8 @@ def sweep(counts, *, extra_slots_per_gpu=(0, 1, 2), num_gpus=(32,), num_nodes=(1
             zero-argument callables returning a fresh :class:`eplb.Policy`.
         cost_model: default ``CostModel.preset()``.
         workers: processes (default: every core; 1 runs in this process).
+        check_every: steps between the Balancer's decisions (policy ``"balancer"``; as
+            :func:`eplb.serving.policy.policy_by_name` and ``eplb simulate --check-every``).
     Returns:
         Rows (dicts) in the order of the axes' product: deployment, dispatch, policy, ``lost_share``,
         ``lost_with_stalls_share``, ``rebalances``, ``copies``, ``copies_cross_node``,
@@ -92,6 +104,7 @@ def sweep(counts, *, extra_slots_per_gpu=(0, 1, 2), num_gpus=(32,), num_nodes=(1
     extras = [as_int(x, "extra_slots_per_gpu entry", minimum=0) for x in extra_slots_per_gpu]
     gpus = [as_int(g, "num_gpus entry", minimum=1) for g in num_gpus]
     nodes = [as_int(n, "num_nodes entry", minimum=1) for n in num_nodes]
+    check_every = as_int(check_every, "check_every", minimum=1)
     for mode in dispatch:
         if mode not in SCORING:
             raise ValueError(f"dispatch entries must be one of {SCORING}, got {mode!r}")
@@ -109,12 +122,16 @@ def sweep(counts, *, extra_slots_per_gpu=(0, 1, 2), num_gpus=(32,), num_nodes=(1
               if g % n == 0]
     if not points:
         raise ValueError("no deployment left: the GPUs must divide by the nodes in at least one pair")
-    jobs = [(series, point, num_groups, cost_model) for point in points]
+    jobs = [(series, point, num_groups, cost_model, check_every) for point in points]
     workers = (os.cpu_count() or 1) if workers is None else as_int(workers, "workers", minimum=1)
     if workers == 1 or len(jobs) == 1:
-        return [_run_point(job) for job in jobs]
-    with ProcessPoolExecutor(max_workers=min(workers, len(jobs))) as pool:
-        return list(pool.map(_run_point, jobs))
+        done = [_run_point(job) for job in jobs]
+    else:
+        with ProcessPoolExecutor(max_workers=min(workers, len(jobs))) as pool:
+            done = list(pool.map(_run_point, jobs))
+    for category, message in dict.fromkeys(w for _, caught in done for w in caught):  # each once, in order
+        warnings.warn(message, category, stacklevel=2)
+    return [row for row, _ in done]
 
 
 def knee(rows: list[dict], *, threshold: float = 0.01) -> dict[tuple, int | None]:
