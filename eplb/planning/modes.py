@@ -177,8 +177,11 @@ def _plan_capped(request: Request) -> Planned:
                                                 **request.options)
     if request.max_off_node == 0:
         shares = None  # the hierarchical plan: an even split
-    if request.hedged:
-        result = hedge_windows(request.windows, phy2log, problem, request.window_weights, shares=shares)
+    if request.hedged:  # each cross-validation fold's start is capped alike, without the fold's windows
+        start_of = lambda summed, layers: plan_locality(summed, problem, request.max_off_node,  # noqa: E731
+                                                        request.method, **request.options)[:2]
+        result = hedge_windows(request.windows, phy2log, problem, request.window_weights, shares=shares,
+                               start_of=start_of)
         phy2log, shares = result.phy2log, (None if shares is None else result.shares)
         info = {**info, **hedge_info(result, request.objective)}
     return Planned(phy2log, info, shares, home)
@@ -190,8 +193,12 @@ def _plan_near(request: Request) -> Planned:
                               tolerance=request.tolerance, max_moves=request.max_moves, options=request.options,
                               threads=request.threads)
     if request.hedged and request.max_moves is None:  # a move budget is plan_near's to keep
+        # each cross-validation fold's start is planned near previous alike, without the fold's windows
+        near_of = lambda summed, layers: plan_near(  # noqa: E731
+            summed, request.problem, request.previous[layers], method=request.method, tolerance=request.tolerance,
+            options=request.options)[0]
         phy2log, hedged = hedge_near(request.windows, request.window_weights, request.problem, request.previous,
-                                     phy2log, request.copy_cost)
+                                     phy2log, request.copy_cost, near_of)
         info = {**info, **hedged, "objective": request.objective}
     return Planned(phy2log, info)
 
@@ -270,16 +277,18 @@ def _even_split(request: Request) -> Request:
 
 
 def hedge_near(windows: np.ndarray, window_weights, problem: Problem, previous: np.ndarray, near: np.ndarray,
-               copy_cost: float) -> tuple[np.ndarray, dict]:
+               copy_cost: float, near_of=None) -> tuple[np.ndarray, dict]:
     """Per layer, the better of two hedged searches charged ``copy_cost`` per slot changed from
     ``previous [L, S]``: one from ``previous`` itself (its replica counts, few copies) and one from
     ``near [L, S]`` (the plan near it for the summed windows, whose replica counts fit the new
     traffic); better = lower mean window ``peak / mean`` plus ``copy_cost`` per changed slot (in a
     hierarchical deployment, a layer whose placement in service spreads a group over nodes takes the
-    second). ``windows``: ``[T, L, E]`` float64, validated.
+    second). ``windows``: ``[T, L, E]`` float64, validated. ``near_of(summed [C, E], layers [C])``:
+    how ``near`` was made, for the search's cross-validation folds (:func:`eplb.planning.robust.hedge`'s
+    ``start_of``; ``None``: each fold starts from ``near`` itself).
     Returns ``phy2log [L, S]`` and info entries (``slots_changed [L]``, ``uniform_objective_*``)."""
-    candidates = [hedge_windows(windows, start, problem, window_weights, previous=previous, copy_cost=copy_cost)
-                  for start in (previous, near)]
+    candidates = [hedge_windows(windows, start, problem, window_weights, previous=previous, copy_cost=copy_cost,
+                                start_of=start_of) for start, start_of in ((previous, None), (near, near_of))]
     changed = np.stack([(c.phy2log != previous).sum(axis=1) for c in candidates])  # [2, L]
     cost = np.stack([c.after for c in candidates]) + copy_cost * changed
     # a layer whose placement in service spreads a group over nodes cannot be kept (hierarchical)

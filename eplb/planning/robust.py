@@ -12,12 +12,15 @@ Held out (leave one workload out, next window), the search serves windows whose 
 in structure (workloads of real traces, drifting popularity) much better than the plan of the
 summed counts. When windows differ only by independent noise around one popularity, no fixed
 placement can do much better than the summed counts and the search only fits the noise; ``folds``
-checks by cross-validation over the windows which case a series is, and keeps the start when the
-search does not pay on windows it has not seen.
+checks by cross-validation over the windows which case a series is, per layer (or group of
+layers), on equal terms (the start and the search both made without the windows they are judged
+on), and keeps the start, or only the first steps of the search, where the search does not pay on
+windows it has not seen.
 """
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 import numpy as np
@@ -36,6 +39,13 @@ DEFAULT_ANCHOR = 0.25
 DEFAULT_FOLDS = 4
 DEFAULT_COPY_COST = 0.0005  # per changed slot, in mean peak / mean: see plan(previous=, series)
 CHECK_LAYERS = 6  # the cross-validation check searches at most this many layers (evenly spread)
+# A step of the search is kept for a layer only when it serves so many of the held-out windows of
+# the cross-validation better than the start that a coin would do so with probability at most
+# SIGN_TEST (3 windows: all 3; 12 windows: 9), and its mean gain exceeds DECISION_Z standard
+# errors: windows that differ only by noise rarely agree that much (bench/robust_default.py, the
+# noise and few-window families).
+SIGN_TEST = 0.2
+DECISION_Z = 1.0
 
 
 def gpu_zones(problem) -> np.ndarray:
@@ -55,13 +65,16 @@ def slot_zones(problem) -> np.ndarray:
 class Hedged(NamedTuple):
     """The result of :func:`hedge`: ``phy2log [L, S]`` int64, ``shares [L, S]`` float64 (the
     fraction of its expert's tokens each slot takes), the objective ``before [L]`` / ``after [L]``
-    (with the anchor window) and ``searched`` (False: cross-validation kept the start)."""
+    (with the anchor window), ``searched`` (False: the start unchanged) and ``steps [L]`` int64,
+    how many of the search's steps (:func:`search_steps`) each layer kept (0: cross-validation
+    kept the start)."""
 
     phy2log: np.ndarray
     shares: np.ndarray
     before: np.ndarray
     after: np.ndarray
     searched: bool
+    steps: np.ndarray
 
 
 def improve_expected_peak(series, phy2log, problem, window_weights=None, *, swaps: int = DEFAULT_SWAPS,
@@ -81,7 +94,7 @@ def improve_expected_peak(series, phy2log, problem, window_weights=None, *, swap
 
 def hedge(series, phy2log, problem, window_weights=None, *, shares=None, previous=None, copy_cost: float = 0.0,
           swaps: int = DEFAULT_SWAPS, iterations: int = DEFAULT_ITERATIONS, replica_moves: bool = True,
-          seed: int = 1, anchor: float = DEFAULT_ANCHOR, folds: int = DEFAULT_FOLDS) -> Hedged:
+          seed: int = 1, anchor: float = DEFAULT_ANCHOR, folds: int = DEFAULT_FOLDS, start_of=None) -> Hedged:
     """Search from ``phy2log`` for a placement with a lower expected peak over the windows of ``series``.
 
     Per layer, the objective is the weighted mean over windows of ``max GPU load / mean GPU load``,
@@ -97,8 +110,8 @@ def hedge(series, phy2log, problem, window_weights=None, *, shares=None, previou
     plan keeps its off-node traffic). The result is never worse than ``phy2log`` on the objective
     searched, and the same input always gives the same output (``seed`` fixes the random stream).
     Cost per layer: ``swaps`` times ``k^2`` swaps scored in ``O(T)`` (``k`` slots per GPU) plus
-    ``iterations`` moves of ``O(T)``; the cross-validation check adds ``folds`` searches of at most
-    ``CHECK_LAYERS`` layers.
+    ``iterations`` moves of ``O(T)``; the cross-validation check adds ``folds`` starts and searches
+    of at most ``CHECK_LAYERS`` layers, and only the layers that keep a step are searched.
 
     ``anchor`` guards against fitting the windows at the expense of the average traffic: the
     weighted sum of the windows joins them as one more window, weighing ``anchor`` times all the
@@ -116,11 +129,16 @@ def hedge(series, phy2log, problem, window_weights=None, *, shares=None, previou
         swaps: best-swap iterations per layer (``>= 0``); iterations: random moves after them
             (``>= 0``); replica_moves: also change replica counts there.
         seed: ``>= 1``, the random stream; anchor: ``>= 0``, the weight of the summed window.
-        folds: ``>= 2``: first check by cross-validation over the windows (``folds`` searches
-            from the start, each on the windows outside one fold, judged on that fold, pooled over
-            up to ``CHECK_LAYERS`` evenly spread layers) that the search serves unseen windows
-            better than the start; if it does not, return the start unchanged (``after ==
-            before``). ``0`` or ``1``: no check.
+        folds: ``>= 2``: first decide by cross-validation over the windows how many of the
+            search's steps (:func:`search_steps`) each layer keeps (:func:`_validated_steps`: the
+            start and the search both made without the fold they are judged on, per layer or per
+            group of layers around each of up to ``CHECK_LAYERS`` checked layers); a layer where no
+            step pays on windows it has not seen keeps its start row (``after == before``). ``0``
+            or ``1``: every layer takes every step.
+        start_of: ``(summed [C, E], layers [C]) -> phy2log [C, S]`` (or ``(phy2log, shares)``):
+            how the start was made, from the weighted sum of the windows outside a fold, for the
+            cross-validation's layers ``layers``; ``None``: every fold starts from ``phy2log``
+            (which has seen the fold, so the check then leans towards the start).
     """
     windows = validated_counts(series, "series", ndims=(2, 3))
     if windows.ndim == 2:
@@ -145,12 +163,16 @@ def hedge(series, phy2log, problem, window_weights=None, *, shares=None, previou
     in_service = placement if previous is None else _checked_placement(previous, "previous", num_layers, num_experts,
                                                                        problem.topology.num_slots, complete=False)
     random_moves = int(iterations) if shares is None and previous is None else 0
-    options = dict(swaps=int(swaps), iterations=random_moves, replica_moves=bool(replica_moves), seed=int(seed),
-                   anchor=float(anchor), previous=in_service, copy_cost=float(copy_cost) if previous is not None else 0.0)
-    out, out_fractions, before, after = _search(windows, weights, placement, fractions, problem, **options)
-    if folds >= 2 and _validated_gain(windows, weights, placement, fractions, problem, int(folds), options) <= 0.0:
-        return Hedged(placement.copy(), fractions, before, before.copy(), False)
-    return Hedged(out, out_fractions, before, after, bool((out != placement).any()))
+    search = dict(steps=search_steps(int(swaps), random_moves), seed=int(seed), replica_moves=bool(replica_moves),
+                  previous=in_service, copy_cost=float(copy_cost) if previous is not None else 0.0)
+    upto = np.full(num_layers, len(search["steps"]), np.int64)
+    if folds >= 2 and windows.shape[0] >= 2 and search["steps"]:
+        upto = _validated_steps(windows, weights, placement, fractions, problem, int(folds), float(anchor), search,
+                                start_of)
+    anchored, anchored_weights = _with_anchor(windows, weights, float(anchor))
+    out, out_fractions, before, after = _search(anchored, anchored_weights, placement, fractions, problem, upto=upto,
+                                                **search)
+    return Hedged(out, out_fractions, before, after, bool((out != placement).any()), upto)
 
 
 def _checked_placement(phy2log, name: str, num_layers: int, num_experts: int, num_slots: int, *,
@@ -171,29 +193,59 @@ def _checked_placement(phy2log, name: str, num_layers: int, num_experts: int, nu
     return placement
 
 
-def _search(windows, weights, placement, fractions, problem, *, swaps, iterations, replica_moves, seed, anchor,
-            previous, copy_cost):
-    """The kernels on validated arrays, with the anchor window appended: pair descent, then
-    random moves. Returns ``(phy2log [L, S], fractions [L, S], before [L], after [L])``."""
-    if anchor > 0:  # the weighted sum of the windows as one more window, of weight anchor * sum(weights)
+def _with_anchor(windows, weights, anchor):
+    """``windows [T, L, E]`` and ``weights [T]`` with the anchor window appended (the weighted sum
+    of the windows, weighing ``anchor * sum(weights)``), as C-contiguous float64."""
+    if anchor > 0:
         windows = np.concatenate([windows, np.tensordot(weights, windows, axes=1)[None]])
         weights = np.append(weights, anchor * weights.sum())
+    return np.ascontiguousarray(windows, dtype=np.float64), np.ascontiguousarray(weights, dtype=np.float64)
+
+
+def search_steps(swaps: int, iterations: int) -> tuple[tuple[str, int], ...]:
+    """The steps of the search, smallest first: ``("swaps", n)`` (``n`` best swaps,
+    :func:`eplb.kernels.expected_peak.pair_descent`) or ``("moves", n)`` (``n`` random moves,
+    :func:`eplb.kernels.expected_peak.improve_expected_peak`). A quarter of the best swaps first:
+    where the evidence is weak the decision can keep only the first, largest-gain swaps."""
+    first = (swaps + 3) // 4
+    steps = (("swaps", first), ("swaps", swaps - first), ("moves", iterations))
+    return tuple(step for step in steps if step[1] > 0)
+
+
+def _search(windows, weights, placement, fractions, problem, *, steps, upto, seed, replica_moves, previous,
+            copy_cost, on_step=None):
+    """The search's ``steps`` on validated arrays (the anchor window already appended), each layer
+    ``l`` taken through its first ``upto[l]`` steps (``upto [L]`` int64). ``on_step(k, phy2log,
+    fractions)``, if given, sees every layer's placement after step ``k`` (1-based).
+    Returns ``(phy2log [L, S], fractions [L, S], before [L], after [L])``."""
     topology = problem.topology
-    windows = np.ascontiguousarray(windows, dtype=np.float64)
-    weights = np.ascontiguousarray(weights, dtype=np.float64)
     gpu_of_slot = np.ascontiguousarray(topology.gpu_of_slot, dtype=np.int64)
     slot_offsets = np.ascontiguousarray(topology.slot_offsets, dtype=np.int64)
+    zones = np.require(gpu_zones(problem), np.int64, "CW")
+    previous = np.require(previous, np.int64, "CW")
     # every array writable int64 / float64 and scalars as Python numbers: one compiled specialization
     # (a read-only placement, as a Placement's, is a type of its own)
-    out, fractions, before, after = pair_descent(windows, weights, np.require(placement, np.int64, "CW"),
-                                                 np.require(fractions, np.float64, "CW"), gpu_of_slot, slot_offsets,
-                                                 np.require(gpu_zones(problem), np.int64, "CW"), int(swaps), int(seed),
-                                                 np.require(previous, np.int64, "CW"), float(copy_cost))
-    if iterations > 0:  # even split only: the random moves recount replicas
-        out, _, after = _improve(windows, weights, out, gpu_of_slot, slot_offsets, slot_zones(problem), iterations, seed,
-                                 replica_moves)
-        fractions = uniform_shares(out, replica_counts(out, windows.shape[2]))
-    return out, fractions, before, after
+    out = np.require(placement, np.int64, "CW").copy()
+    out_fractions = np.require(fractions, np.float64, "CW").copy()
+    _, _, before, after = pair_descent(windows, weights, out, out_fractions, gpu_of_slot, slot_offsets, zones, 0,
+                                       int(seed), previous, float(copy_cost))
+    for k, (kind, amount) in enumerate(steps, start=1):
+        rows = np.flatnonzero(upto >= k)
+        if rows.size:
+            part = np.ascontiguousarray(windows[:, rows])
+            if kind == "swaps":  # each step its own stream, so a step's start does not depend on the others'
+                moved, moved_fractions, _, after[rows] = pair_descent(
+                    part, weights, np.ascontiguousarray(out[rows]), np.ascontiguousarray(out_fractions[rows]),
+                    gpu_of_slot, slot_offsets, zones, int(amount), int(seed) + k - 1,
+                    np.ascontiguousarray(previous[rows]), float(copy_cost))
+            else:  # even split only: the random moves recount replicas
+                moved, _, after[rows] = _improve(part, weights, np.ascontiguousarray(out[rows]), gpu_of_slot,
+                                                 slot_offsets, slot_zones(problem), int(amount), int(seed), replica_moves)
+                moved_fractions = uniform_shares(moved, replica_counts(moved, windows.shape[2]))
+            out[rows], out_fractions[rows] = moved, moved_fractions
+        if on_step is not None:
+            on_step(k, out, out_fractions)
+    return out, out_fractions, before, after
 
 
 def window_share_peaks(windows: np.ndarray, phy2log: np.ndarray, fractions: np.ndarray, topology) -> np.ndarray:
@@ -205,27 +257,83 @@ def window_share_peaks(windows: np.ndarray, phy2log: np.ndarray, fractions: np.n
     return np.divide(peak, mean, out=np.ones_like(peak), where=mean > 0)
 
 
-def _validated_gain(windows, weights, placement, fractions, problem, folds, options) -> float:
-    """Cross-validation over windows: window ``t`` is in fold ``t % folds``; each fold is served by
-    the search made from the other windows. Returns the weighted sum over held-out windows and the
-    checked layers of ``peak / mean`` of the start minus that of the search (``> 0``: the search
-    serves windows it has not seen better). The start was made from every window, held-out ones
-    included, so the comparison leans towards the start."""
-    num_windows = windows.shape[0]
+def _validated_steps(windows, weights, placement, fractions, problem, folds, anchor, search, start_of) -> np.ndarray:
+    """How many of the search's steps each layer keeps (``[L]`` int64, 0: the start), decided by
+    cross-validation over the windows on equal terms.
+
+    Window ``t`` is in fold ``t % folds``. For each fold, the start (``start_of`` of the other
+    windows' weighted sum, or the given start without ``start_of``) and the search from it are
+    both made without the fold, and both are judged on its windows: ``gain[s, t]`` = the start's
+    ``peak / mean`` minus that after step ``s``, less the copies step ``s`` adds (``copy_cost``
+    per slot changed from the placement in service). This runs on up to ``CHECK_LAYERS`` evenly
+    spread layers; every layer takes the decision of the nearest checked layer (each layer its own
+    when there are at most ``CHECK_LAYERS``). A layer keeps the step whose held-out gain is
+    largest once ``DECISION_Z`` standard errors (over its held-out windows) are taken off, and
+    the start when no step's gain is positive that way: a step must pay on windows it has not
+    seen, by more than their spread says chance could.
+    """
+    num_windows, num_layers = windows.shape[:2]
     folds = min(folds, num_windows)
     fold_of = np.arange(num_windows) % folds
-    layers = np.unique(np.linspace(0, windows.shape[1] - 1, min(CHECK_LAYERS, windows.shape[1])).round().astype(np.int64))
-    windows, placement, fractions = windows[:, layers], placement[layers], fractions[layers]
-    options = {**options, "previous": options["previous"][layers]}
+    checked = np.unique(np.linspace(0, num_layers - 1, min(CHECK_LAYERS, num_layers)).round().astype(np.int64))
+    nearest = np.abs(np.arange(num_layers)[:, None] - checked[None, :]).argmin(axis=1)  # [L] -> index in checked
+    steps = search["steps"]
     topology = problem.topology
-    gain = 0.0
+    previous = search["previous"][checked]
+    options = {**search, "previous": previous}
+    gain = np.zeros((len(steps) + 1, num_windows, checked.size))  # [step, window, checked layer]
+    counted = np.zeros((num_windows, checked.size), bool)
+    full = np.full(checked.size, len(steps), np.int64)
     for k in range(folds):
-        held, kept = fold_of == k, fold_of != k
+        held, kept = np.flatnonzero(fold_of == k), fold_of != k
         if weights[kept].sum() <= 0 or weights[held].sum() <= 0:
             continue
-        searched, searched_fractions, _, _ = _search(windows[kept], weights[kept], placement, fractions, problem,
-                                                     **options)
-        start_peaks = window_share_peaks(windows[held], placement, fractions, topology)
-        search_peaks = window_share_peaks(windows[held], searched, searched_fractions, topology)
-        gain += float(np.tensordot(weights[held], start_peaks - search_peaks, axes=1).sum())
-    return gain
+        kept_windows = np.ascontiguousarray(windows[kept][:, checked])
+        if start_of is None:
+            start, start_fractions = placement[checked], fractions[checked]
+        else:
+            start, start_fractions = _fold_start(start_of, np.tensordot(weights[kept], kept_windows, axes=1), checked,
+                                                 windows.shape[2])
+        held_windows = windows[held][:, checked]
+        start_peaks = window_share_peaks(held_windows, start, start_fractions, topology)  # [h, C]
+        start_copies = (start != previous).sum(axis=1)
+
+        def judge(step, phy2log, step_fractions):
+            copies = (phy2log != previous).sum(axis=1) - start_copies
+            gain[step, held] = (start_peaks - window_share_peaks(held_windows, phy2log, step_fractions, topology)
+                                - search["copy_cost"] * copies)
+
+        _search(*_with_anchor(kept_windows, weights[kept], anchor), start, start_fractions, problem, upto=full,
+                on_step=judge, **options)
+        counted[held] = (held_windows.sum(axis=-1) > 0) & (weights[held] > 0)[:, None]
+    chosen = np.zeros(checked.size, np.int64)
+    for c in range(checked.size):
+        w = weights[counted[:, c]]
+        if w.size < 2:  # one held-out window says nothing about chance
+            continue
+        d = gain[1:, counted[:, c], c]  # [steps, n]
+        mean = d @ w / w.sum()
+        spread = np.sqrt(((d - mean[:, None]) ** 2) @ w / w.sum())
+        effective = w.sum() ** 2 / (w ** 2).sum()  # equal weights: n windows
+        lower = mean - DECISION_Z * spread / np.sqrt(effective - 1.0)
+        lower[[_sign_test(int(wins), w.size) > SIGN_TEST for wins in (d > 0).sum(axis=1)]] = -np.inf
+        best = int(np.argmax(lower))
+        if lower[best] > 0.0:
+            chosen[c] = best + 1
+    return chosen[nearest]
+
+
+def _sign_test(wins: int, trials: int) -> float:
+    """``P(Binomial(trials, 1/2) >= wins)``: how likely a fair coin wins at least as often."""
+    return sum(math.comb(trials, k) for k in range(wins, trials + 1)) / 2.0 ** trials
+
+
+def _fold_start(start_of, summed, layers, num_experts):
+    """``start_of(summed [C, E], layers [C])`` as ``(phy2log [C, S] int64, fractions [C, S])``
+    (``start_of`` returns a placement, or a placement and its shares; ``None`` shares: an even split)."""
+    made = start_of(np.ascontiguousarray(summed), layers)
+    phy2log, shares = made if isinstance(made, tuple) else (made, None)
+    phy2log = np.ascontiguousarray(phy2log, dtype=np.int64)
+    if shares is None:
+        shares = uniform_shares(phy2log, replica_counts(phy2log, num_experts))
+    return phy2log, np.ascontiguousarray(shares, dtype=np.float64)
