@@ -254,7 +254,9 @@ def plan_series(counts, problem, method_fn, objective: str = "sum", window_weigh
         if optimal:
             raise ValueError(f"objective {objective!r} is for dispatch='uniform' (an even split among replicas)")
         start, info = method_fn(combine(series, "sum", weights), problem, **options)
-        hedged = hedge_windows(series, start, problem, weights)
+        # the start of each cross-validation fold is made like this one, without the fold's windows
+        hedged = hedge_windows(series, start, problem, weights,
+                               start_of=lambda summed, layers: method_fn(summed, problem, **options)[0])
         return hedged.phy2log, {**info, **hedge_info(hedged, objective)}
     if objective in COMBINERS:
         combined = combine(series, objective, weights, quantile=quantile)
