@@ -300,7 +300,8 @@ def hedge_near(windows: np.ndarray, window_weights, problem: Problem, previous: 
     after = np.stack([c.after for c in candidates])[pick, layers]
     return phy2log, {"slots_changed": changed[pick, layers].astype(np.int64), "uniform_objective_before": before,
                      "uniform_objective_after": after, "searched": any(c.searched for c in candidates),
-                     "hedged_from_previous": pick == 0}
+                     "hedged_from_previous": pick == 0,
+                     "hedge_steps": np.stack([c.steps for c in candidates])[pick, layers]}
 
 
 # -- what a placement is judged by on the counts it was made for --------------------------------------

@@ -220,9 +220,10 @@ def hedge_windows(series: np.ndarray, phy2log: np.ndarray, problem, window_weigh
 
 def hedge_info(hedged: Hedged, objective: str = "expected_peak_search") -> dict:
     """The ``info`` entries of a hedged plan: ``objective``, ``uniform_objective_before`` /
-    ``_after [L]`` (the mean window ``peak / mean`` searched) and ``searched``."""
+    ``_after [L]`` (the mean window ``peak / mean`` searched), ``searched`` and ``hedge_steps [L]``
+    (how many of the search's steps each layer kept; 0: the start's row)."""
     return {"objective": objective, "uniform_objective_before": hedged.before,
-            "uniform_objective_after": hedged.after, "searched": hedged.searched}
+            "uniform_objective_after": hedged.after, "searched": hedged.searched, "hedge_steps": hedged.steps}
 
 
 def plan_series(counts, problem, method_fn, objective: str = "sum", window_weights=None, *,
