@@ -12,7 +12,7 @@ written is described in :mod:`eplb.io.comparison_report`.
 from __future__ import annotations
 
 import dataclasses
-import sys
+import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -23,7 +23,7 @@ from .io.workloads import TRACE_DEPLOYMENTS, WorkloadMissing, read_workload, til
 from .model.cost import CostModel
 from .model.problem import make_problem
 from .planning.methods import DEFAULT_METHOD
-from .simulation.comparison import STEP_ROUTINGS, MethodResult, Workload, compare_on
+from .simulation.comparison import STEP_ROUTINGS, MethodResult, Workload, compare_on, deployment_label
 from .simulation.method_runner import NUMPY, TORCH, Deployment, MethodSpec, parse_method
 
 QUICK_FOLDS, QUICK_WARM_CALLS = 4, 1
@@ -168,7 +168,7 @@ def compare(methods=("greedy", DEFAULT_METHOD), workloads=("trace:gpt-oss-20b",)
                 make_problem(workload.counts.shape[2], deployment.num_slots, deployment.num_gpus,
                              deployment.num_nodes, deployment.num_groups)
             except ValueError as exc:
-                notes.append(f"skipped {workload.name} on {dataclasses.asdict(deployment)}: {exc}")
+                notes.append(f"skipped {workload.name} on {deployment_label(deployment)}: {exc}")
                 continue
             announce = None if progress is None else (
                 lambda label, w=workload, d=deployment: progress(f"{label} on {w.name}, {d.num_slots} slots"))
@@ -206,7 +206,24 @@ def _parse_deployment(text: str) -> Deployment:
     if not 2 <= len(values) <= 4 or min(values) < 1:
         raise ValueError(f"--deployment must be SLOTS:GPUS[:NODES[:GROUPS]] with positive whole numbers, "
                          f"got {text!r}")
-    return Deployment(*values[:3], *(values[3:] or [None]))
+    slots, gpus, nodes, groups = values + [1, None][len(values) - 2:]
+    return Deployment(slots, gpus, nodes, groups)
+
+
+def _command_line(context) -> str:
+    """The ``eplb compare`` command line that reruns ``context``'s parameters (defaults left out)."""
+    words = ["eplb", "compare", *context.params["workloads"]]
+    for param in context.command.params:
+        value = context.params.get(param.name)
+        if param.param_type_name != "option" or value is None or value == param.default or value == ():
+            continue
+        flag = max(param.opts, key=len)
+        if param.is_flag:
+            words.append(flag)
+        else:
+            for item in (value if param.multiple else [value]):
+                words += [flag, str(item)]
+    return shlex.join(words)
 
 
 def build_command(wrap):
@@ -241,7 +258,7 @@ def build_command(wrap):
                          cost_model=CostModel.preset(hardware, model, regime=regime), previous=previous_plan,
                          folds=folds, time_limit=time_limit, warm_calls=warm_calls, array_type=array_type,
                          seed=seed, tile_experts=tile_experts, quick=quick, input_format=input_format,
-                         output=output, progress=echo, command=" ".join(["eplb", *sys.argv[1:]]))
+                         output=output, progress=echo, command=_command_line(click.get_current_context()))
         for note in result.notes:
             click.echo(f"note: {note}", err=True)
         if result.written.get("missing"):
@@ -266,8 +283,8 @@ def build_command(wrap):
                      help="Another deployment, SLOTS:GPUS[:NODES[:GROUPS]], repeatable. Without any, a trace "
                           "uses its own."),
         click.option("--tile-experts", type=click.IntRange(min=1), default=None,
-                     help="Widen every workload to this many experts by setting consecutive layers side by side "
-                          "(e.g. 256 from gpt-oss-20b's 32: 8 layers a row)."),
+                     help="Widen every workload to this many experts by interleaving the experts of consecutive "
+                          "layers (e.g. 256 from gpt-oss-20b's 32: 8 layers a row)."),
         click.option("--previous", type=click.Path(path_type=Path), default=None,
                      help="The placement in service: count each plan's weight copies from it."),
         click.option("--previous-format", type=click.Choice(PLACEMENT_FORMATS), default=None),

@@ -10,8 +10,8 @@ A workload spec is one of:
   ``../shared/data/traces`` from the working folder or from the package's checkout); absent ->
   :class:`WorkloadMissing` (callers skip it with a note).
 
-:func:`tile_experts` widens a workload to more experts (e.g. a DeepSeek-V3-sized 256) by setting
-consecutive layers side by side.
+:func:`tile_experts` widens a workload to more experts (e.g. a DeepSeek-V3-sized 256) by
+interleaving the experts of consecutive layers.
 """
 
 from __future__ import annotations
@@ -109,9 +109,15 @@ def read_workload(spec: str, *, seed: int = 0, input_format: str | None = None) 
 
 
 def tile_experts(workload: Workload, num_experts: int) -> Workload:
-    """``workload`` with ``num_experts`` experts: each new layer sets ``num_experts / E`` consecutive
-    layers of ``counts [T, L, E]`` side by side (``[T, L // m, m * E]``, the last ``L % m`` layers
-    dropped). With groups of ``E`` experts, each group is then one recorded layer."""
+    """``workload`` with ``num_experts`` experts: each new layer interleaves ``m = num_experts / E``
+    consecutive layers of ``counts [T, L, E]`` (``[T, L // m, m * E]``, the last ``L % m`` layers
+    dropped): new expert ``e * m + i`` is expert ``e`` of the ``i``-th of them.
+
+    Interleaved, a group of consecutive new experts gathers a few experts of every recorded layer,
+    so groups differ in load as under group-limited routing. (Side by side instead, each group
+    would be one recorded layer, and every group would carry the same tokens x top-k: ties no real
+    router makes, where a float32 implementation and a float64 one order the groups differently.)
+    """
     counts = workload.counts
     num_windows, num_layers, experts = counts.shape
     if num_experts % experts or num_experts < experts:
@@ -121,10 +127,11 @@ def tile_experts(workload: Workload, num_experts: int) -> Workload:
     if num_layers < factor:
         raise ValueError(f"tile_experts {num_experts} needs at least {factor} layers of {workload.name}, "
                          f"which has {num_layers}")
-    kept = (num_layers // factor) * factor
-    tiled = counts[:, :kept].reshape(num_windows, kept // factor, factor * experts)
+    rows = num_layers // factor
+    blocks = counts[:, :rows * factor].reshape(num_windows, rows, factor, experts)  # [T, L/m, i, e]
+    tiled = blocks.transpose(0, 1, 3, 2).reshape(num_windows, rows, num_experts)  # e * m + i
     return Workload(f"{workload.name} tiled to {num_experts}", np.ascontiguousarray(tiled), workload.window_names,
-                    f"{workload.source}; {factor} consecutive layers side by side")
+                    f"{workload.source}; {factor} consecutive layers interleaved")
 
 
 __all__ = ["SYNTHETIC_SIZE", "TRACES", "TRACE_DEPLOYMENTS", "WorkloadMissing", "read_workload", "tile_experts",

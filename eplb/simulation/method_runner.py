@@ -140,7 +140,10 @@ def _unpack(result) -> tuple:
     if not parts or parts[0] is None:
         raise ValueError(f"returned {type(result).__name__} {result!r:.80}: expected phy2log [L, S] or a tuple "
                          "starting with it")
-    arrays = [_as_numpy(p) for p in parts[:3]]
+    arrays = [None if p is None else _as_numpy(p) for p in parts[:3]]
+    for name, array in zip(("phy2log", "log2phy", "logcnt"), arrays):
+        if array is not None and array.dtype.kind not in "biuf":
+            raise ValueError(f"returned {name} of {array.dtype} values, expected a numeric array")
     return tuple(arrays + [None] * (3 - len(arrays)))
 
 
