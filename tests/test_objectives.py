@@ -166,8 +166,9 @@ def test_plan_takes_objectives_window_weights_and_dispatch():
     from eplb.simulation.synthetic import drifting_counts
 
     series = drifting_counts(6, 3, 64, drift=0.2, seed=3)
-    summed = eplb.plan(series, num_slots=80, num_gpus=8)
-    assert summed == eplb.plan(series, num_slots=80, num_gpus=8, objective="sum")
+    summed = eplb.plan(series, num_slots=80, num_gpus=8, objective="sum")
+    np.testing.assert_array_equal(summed.phy2log, eplb.plan(series.sum(axis=0), num_slots=80, num_gpus=8).phy2log)
+    assert eplb.plan(series, num_slots=80, num_gpus=8).info["objective"] == "expected_peak_search"
     weighted = eplb.plan(series, num_slots=80, num_gpus=8, objective="expected_peak",
                          window_weights=eplb.planning.objectives.recency_weights(6, 2.0))
     assert weighted.info["objective"] == "expected_peak"
