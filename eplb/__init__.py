@@ -14,6 +14,7 @@ from .simulation.sweep import sweep
 from .model.topology import Topology
 from .serving.transfer import TransferPlan, transfer_plan
 from .precompile import warmup
+from .method_comparison import compare
 from ._version import __version__
 
 # Modules the README reaches by attribute after `import eplb` (eplb.analysis.engine_dispatch.engine_shares,
@@ -35,6 +36,7 @@ __all__ = [
     "SimulationResult",
     "Topology",
     "TransferPlan",
+    "compare",
     "dispatch",
     "held_out",
     "lower_bound",

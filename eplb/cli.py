@@ -1309,9 +1309,9 @@ def sweep(counts, extra_slots, gpus, nodes, groups, dispatches, policies, hardwa
     click.echo("\n".join(lines))
 
 
-# -- compare (eplb/compare.py) ---------------------------------------------------------------------
+# -- compare (eplb/method_comparison.py) ------------------------------------------------------------
 
-from .compare import build_command as _build_compare_command  # noqa: E402
+from .method_comparison import build_command as _build_compare_command  # noqa: E402
 
 main.add_command(_build_compare_command(friendly_errors))
 

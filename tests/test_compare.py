@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, strategies as st
 
 import eplb
-from eplb.compare import compare
+from eplb.method_comparison import compare
 from eplb.io.workloads import read_workload, tile_experts
 from eplb.simulation.comparison import BROKEN, OK, Workload, check_plan, fold_edges
 from eplb.simulation.method_runner import parse_method

@@ -234,31 +234,31 @@ def build_command(wrap):
     from .model.cost import HARDWARE, MODELS, REGIMES
     from .io.formats import COUNTS_FORMATS, PLACEMENT_FORMATS
 
-    def run(workloads, methods, slots, gpus, nodes, groups, deployment_texts, tile_experts, previous,
-            previous_format, hardware, model, regime, folds, time_limit, warm_calls, array_type, seed, quick,
-            input_format, output, quiet):
-        deployments = [_parse_deployment(text) for text in deployment_texts]
-        if slots is not None or gpus is not None:
-            if slots is None or gpus is None:
+    def run(**given):
+        """The command's callback: ``given`` holds every option by its parameter name."""
+        workloads, seed, quiet = given["workloads"], given["seed"], given["quiet"]
+        deployments = [_parse_deployment(text) for text in given["deployment_texts"]]
+        if given["slots"] is not None or given["gpus"] is not None:
+            if given["slots"] is None or given["gpus"] is None:
                 raise click.UsageError("--slots and --gpus go together (or use --deployment)")
-            deployments.insert(0, Deployment(slots, gpus, nodes, groups))
+            deployments.insert(0, Deployment(given["slots"], given["gpus"], given["nodes"], given["groups"]))
         previous_plan = None
-        if previous is not None:
+        if given["previous"] is not None:
             from .io.formats import read_placement
 
             first = deployments[0] if deployments else None
-            experts = None
-            if workloads:
-                probe = read_workload(workloads[0], seed=seed, input_format=input_format)
-                experts = (tile_experts or probe.counts.shape[2])
-            previous_plan = read_placement(previous, previous_format, num_gpus=first and first.num_gpus,
-                                           num_nodes=first and first.num_nodes, num_experts=experts).phy2log
+            experts = given["tile_experts"] or read_workload(workloads[0], seed=seed,
+                                                             input_format=given["input_format"]).counts.shape[2]
+            previous_plan = read_placement(given["previous"], given["previous_format"],
+                                           num_gpus=first and first.num_gpus, num_nodes=first and first.num_nodes,
+                                           num_experts=experts).phy2log
         echo = None if quiet else (lambda line: click.echo(f"running {line}", err=True))
-        result = compare(methods or ("greedy", DEFAULT_METHOD), workloads, deployments or None,
-                         cost_model=CostModel.preset(hardware, model, regime=regime), previous=previous_plan,
-                         folds=folds, time_limit=time_limit, warm_calls=warm_calls, array_type=array_type,
-                         seed=seed, tile_experts=tile_experts, quick=quick, input_format=input_format,
-                         output=output, progress=echo, command=_command_line(click.get_current_context()))
+        result = compare(given["methods"] or ("greedy", DEFAULT_METHOD), workloads, deployments or None,
+                         cost_model=CostModel.preset(given["hardware"], given["model"], regime=given["regime"]),
+                         previous=previous_plan, folds=given["folds"], time_limit=given["time_limit"],
+                         warm_calls=given["warm_calls"], array_type=given["array_type"], seed=seed,
+                         tile_experts=given["tile_experts"], quick=given["quick"], input_format=given["input_format"],
+                         output=given["output"], progress=echo, command=_command_line(click.get_current_context()))
         for note in result.notes:
             click.echo(f"note: {note}", err=True)
         if result.written.get("missing"):
