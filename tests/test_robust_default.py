@@ -277,3 +277,22 @@ def test_hedging_near_a_round_robin_start_keeps_groups_on_their_node():
     assert groups_spread(start.phy2log, problem, 32).all()
     placement = eplb.plan(series, previous=start, copy_cost=1.0, **DEPLOYMENT)
     assert not groups_spread(placement.phy2log, problem, 32).any()
+
+
+def test_the_bench_noise_families_have_the_promised_ranges():
+    """bench/robust_default.py's hard case: i.i.d. noise at Poisson rates 1-5000 and multinomial
+    batches of 100-5000 tokens, 3-12 windows, 16-256 experts; its table counts series below -0.002."""
+    import robust_default
+
+    families = robust_default.noise_families(3)
+    assert set(families) == {f"{kind} {level}" for kind, level in robust_default.NOISE_LEVELS}
+    for name, cases in families.items():
+        assert len(cases) == 3
+        for windows, deployment in cases:
+            assert 3 <= windows.shape[0] <= 12 and 16 <= windows.shape[2] <= 256
+            assert deployment["num_slots"] > windows.shape[2] and (windows >= 0).all()
+            if name.startswith("multinomial"):
+                np.testing.assert_array_equal(windows.sum(axis=2), int(name.split()[1]))
+    row = {"family": "Poisson 1", "kind": "noise", "series": 3, "mean default - sum": -0.001,
+           "worst default - sum": -0.003, "below -0.002": 1}
+    assert "1 of 3" in robust_default.decision_markdown([row])
