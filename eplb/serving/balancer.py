@@ -511,26 +511,9 @@ class Balancer:
                 placement.
         """
         self._check_placement(placement)
-        num_layers = self.num_layers
-        if layers is None:
-            start, stop = 0, num_layers
-        else:
-            try:
-                start, stop = (as_int(v, "layers entry") for v in layers)
-            except (TypeError, ValueError):
-                raise ValueError(f"layers must be None or a (start, stop) pair of integer layer indices, "
-                                 f"got {layers!r}") from None
-            if not 0 <= start < stop <= num_layers:
-                raise ValueError(f"layers must satisfy 0 <= start < stop <= {num_layers}, got {layers!r}")
+        start, stop = commit_range(layers, self.num_layers)
         with self._lock:
-            if (start, stop) == (0, num_layers):
-                in_service = placement
-            else:
-                mixed = self.placement.phy2log.copy()
-                mixed[start:stop] = placement.phy2log[start:stop]
-                in_service = placement if np.array_equal(mixed, placement.phy2log) else Placement(
-                    mixed, self.num_experts, self.topology, self.num_groups, method="mixed")
-            self.placement = in_service
+            self.placement = merged_placement(self.placement, placement, start, stop, self.num_groups)
             if placement is not self._committing:
                 self.rebalances += 1
                 self._committing = placement
@@ -637,6 +620,33 @@ class Balancer:
                        cost_model=cost_model, horizon=horizon, **config)
         balancer.load_state_dict(state)
         return balancer
+
+
+def commit_range(layers, num_layers: int) -> tuple[int, int]:
+    """The ``(start, stop)`` layers a commit switches: ``layers`` checked (``None``: every layer)."""
+    if layers is None:
+        return 0, num_layers
+    try:
+        start, stop = (as_int(v, "layers entry") for v in layers)
+    except (TypeError, ValueError):
+        raise ValueError(f"layers must be None or a (start, stop) pair of integer layer indices, "
+                         f"got {layers!r}") from None
+    if not 0 <= start < stop <= num_layers:
+        raise ValueError(f"layers must satisfy 0 <= start < stop <= {num_layers}, got {layers!r}")
+    return start, stop
+
+
+def merged_placement(in_service: Placement, placement: Placement, start: int, stop: int, num_groups) -> Placement:
+    """The placement in service once layers ``start <= l < stop`` of ``placement`` are committed:
+    ``placement`` itself when that makes every layer its own, else a ``"mixed"`` one (of the
+    balancer's ``num_groups``)."""
+    if (start, stop) == (0, in_service.num_layers):
+        return placement
+    mixed = in_service.phy2log.copy()
+    mixed[start:stop] = placement.phy2log[start:stop]
+    if np.array_equal(mixed, placement.phy2log):
+        return placement
+    return Placement(mixed, in_service.num_experts, in_service.topology, num_groups, method="mixed")
 
 
 CONFIG_KEYS = ("num_layers", "num_experts", "topology", "num_groups", "window", "decay", "forecast", "method",

@@ -1,0 +1,585 @@
+"""A balancer whose caller never waits for a plan: :class:`BackgroundBalancer`.
+
+With :class:`~eplb.serving.balancer.Balancer` (or :class:`~eplb.serving.worker.BalancerProcess`) a
+decision stalls the engine's thread: ``should_rebalance()`` and ``rebalance()`` return only once the
+plan is made (about 140 ms at DeepSeek-V3 size with ``window=1000``, several times that beside a
+busy Python thread). A ``BackgroundBalancer`` runs a real ``Balancer`` in a worker process and
+talks to it through a one-way stream of events in shared memory:
+
+- :meth:`~BackgroundBalancer.record` checks a pass and copies it into a staging row of shared
+  memory (one copy to float64 and one check kernel, as ``Balancer.record`` does), then posts an
+  event; :meth:`~BackgroundBalancer.check` and :meth:`~BackgroundBalancer.commit` post events too.
+  None of them waits for the worker.
+- The worker takes the events in the order they were posted and does what the synchronous loop
+  would have done at that point: ``record`` a pass, ``should_rebalance()`` and, when it says yes,
+  ``rebalance(commit=False)`` at a check, ``commit`` at a commit. So it makes the same decisions
+  and the same placements as a ``Balancer`` fed the same passes, checks and commits in the same
+  order (``tests/test_host_loop.py`` compares them byte for byte).
+- Its answers come back one message at a time through shared memory;
+  :meth:`~BackgroundBalancer.poll` reads them without waiting and returns a proposal
+  ``(placement, transfer)`` once a check found one worth its copies.
+
+Why a process and not a thread: a thread of the engine's process competes for the GIL with the
+engine's own Python threads (its scheduler), and each of the dozens of GIL hand-backs a plan makes
+costs up to a switch interval (``bench/background_thread.py``); the worker has its own interpreter.
+Why not incremental window statistics: the window's sums and trend take about a quarter of a
+decision's time at ``window=1000`` (the rest is planning), in the worker they cost the caller
+nothing, and running sums would round differently from the ``Balancer`` they must agree with.
+
+The caller waits only when the worker falls so far behind that the staging ring is full (it then
+waits for a free row: back-pressure, not a plan), in :meth:`~BackgroundBalancer.wait`, and in the
+rare calls that need the worker's answer (:meth:`~BackgroundBalancer.state_dict`).
+"""
+
+from __future__ import annotations
+
+import collections
+import multiprocessing
+import multiprocessing.connection
+import os
+import pickle
+import signal
+import threading
+import time
+import weakref
+from multiprocessing import shared_memory
+
+import numpy as np
+
+from ..analysis.placement import Placement
+from ..kernels.load_window import first_bad_count
+from .balancer import Balancer, check_counts, commit_range, merged_placement, stage_counts
+from .transfer import TransferPlan
+from .worker import (CONTEXTS, PROTOCOL, _BALANCER_KEYWORDS, _build, _dumps, _eplb_file, _error_message, _exit,
+                     _plain_state, _raise_remote)
+
+STAGING_BYTES = 32 << 20
+"""Bytes of shared memory for staged passes unless ``staging_rows`` says otherwise."""
+
+KEPT_PROPOSALS = 8
+"""Proposals the worker keeps for a later :meth:`BackgroundBalancer.commit` (the newest ones)."""
+
+WAIT_S = 0.0005
+"""Seconds between looks at the worker's progress while a call waits for it."""
+
+# the shared block: a header of int64 fields, the event ring, the staging rows, the message area
+_EVENTS_POSTED, _EVENTS_DONE, _PASSES_DONE, _MESSAGES_SENT, _MESSAGES_TAKEN, _MESSAGE_LEN = range(6)
+_HEADER_FIELDS = 16
+_PASS_LOGICAL, _PASS_PHYSICAL, _CHECK, _COMMIT, _STATE, _CLOSE = range(6)
+_EVENT_FIELDS = 4  # kind, then up to three integer arguments
+_IN_PIPE = -1  # a message length meaning "too large for the area: read it from the pipe"
+
+
+def _layout(num_layers: int, width: int, rows: int, events: int, area: int) -> dict:
+    """Byte offsets of the shared block: header ``int64 [16]``, events ``int64 [N, 4]``, staged rows
+    ``float64 [R, L * width]`` (``width = max(E, S)``), message area ``uint8 [area]``."""
+    ring = _HEADER_FIELDS * 8 + events * _EVENT_FIELDS * 8
+    message = ring + rows * num_layers * width * 8
+    return {"rows": rows, "events": events, "row_size": num_layers * width, "ring": ring, "message": message,
+            "area": area, "size": message + area}
+
+
+class _Block:
+    """Views of the shared block (both processes build them from the same :func:`_layout`)."""
+
+    def __init__(self, shm: shared_memory.SharedMemory, layout: dict):
+        self.shm, self.layout = shm, layout
+        buf = shm.buf
+        self.header = np.ndarray((_HEADER_FIELDS,), np.int64, buf, 0)
+        self.events = np.ndarray((layout["events"], _EVENT_FIELDS), np.int64, buf, _HEADER_FIELDS * 8)
+        self.ring = np.ndarray((layout["rows"], layout["row_size"]), np.float64, buf, layout["ring"])
+        self.area = buf[layout["message"]:layout["message"] + layout["area"]]
+
+    def row(self, index: int, num_layers: int, width: int) -> np.ndarray:
+        """Staging row ``index`` as a C-contiguous ``[L, width]`` view."""
+        return self.ring[index, :num_layers * width].reshape(num_layers, width)
+
+    def release(self, unlink: bool) -> None:
+        """Drop every view, then close (and ``unlink``: remove) the block."""
+        self.header = self.events = self.ring = None
+        if self.area is not None:
+            self.area.release()
+            self.area = None
+        try:
+            self.shm.close()
+        except BufferError:  # a view is still referenced somewhere: the mapping goes with it
+            pass
+        if unlink:
+            try:
+                self.shm.unlink()
+            except FileNotFoundError:
+                pass
+
+
+# -- the caller's end ----------------------------------------------------------------------------
+class _Link:
+    """The caller's end of one worker: process, semaphores, pipe, shared block, and a watchdog
+    thread that notices the worker's death without the caller asking (it blocks on the process's
+    sentinel, holding no GIL, until the worker ends)."""
+
+    def __init__(self, context: str):
+        ctx = multiprocessing.get_context(context)
+        self.wake, self.outbox = ctx.Semaphore(0), ctx.Semaphore(0)
+        self.conn, child_conn = ctx.Pipe()
+        self.process = ctx.Process(target=_serve, args=(child_conn, self.wake, self.outbox),
+                                   name="eplb-background-balancer", daemon=True)
+        self.process.start()
+        child_conn.close()
+        self.block: _Block | None = None
+        self.broken: str | None = None
+        threading.Thread(target=self._watch, daemon=True, name="eplb-background-watchdog").start()
+
+    def _watch(self) -> None:
+        multiprocessing.connection.wait([self.process.sentinel])
+        if self.broken is None:
+            self.process.join(1.0)
+            self.broken = (f"the eplb worker process (pid {self.process.pid}) died (exit code "
+                           f"{self.process.exitcode}); this BackgroundBalancer cannot be used any more")
+
+    def check(self) -> None:
+        if self.broken is not None:
+            raise RuntimeError(self.broken)
+
+    def send(self, data: bytes) -> None:
+        try:
+            self.conn.send_bytes(data)
+        except (BrokenPipeError, ConnectionError, OSError):
+            self.process.join(1.0)
+            raise RuntimeError(f"the eplb worker process died (exit code {self.process.exitcode})") from None
+
+    def receive(self) -> bytes:
+        while not self.conn.poll(0.25):
+            if not self.process.is_alive():
+                self.process.join(1.0)
+                raise RuntimeError(f"the eplb worker process died (exit code {self.process.exitcode})")
+        try:
+            return self.conn.recv_bytes()
+        except (EOFError, ConnectionError, OSError):
+            self.process.join(1.0)
+            raise RuntimeError(f"the eplb worker process died (exit code {self.process.exitcode})") from None
+
+    def shutdown(self) -> None:
+        """Stop the worker (asked, then terminated, then killed) and free the shared memory."""
+        alive = self.broken is None
+        self.broken = "this BackgroundBalancer is closed"
+        try:
+            block = self.block
+            if alive and block is not None and self.process.is_alive():
+                posted = int(block.header[_EVENTS_POSTED])
+                if posted - int(block.header[_EVENTS_DONE]) < block.layout["events"]:
+                    block.events[posted % block.layout["events"]] = (_CLOSE, 0, 0, 0)
+                    block.header[_EVENTS_POSTED] = posted + 1
+                self.wake.release()
+            self.process.join(2.0)
+            if self.process.is_alive():
+                self.process.terminate()
+                self.process.join(2.0)
+            if self.process.is_alive():
+                self.process.kill()
+                self.process.join(2.0)
+        finally:
+            if self.block is not None:
+                self.block.release(unlink=True)
+                self.block = None
+            self.conn.close()
+
+
+class BackgroundBalancer:
+    """An :class:`eplb.Balancer` in a worker process whose caller never waits for a plan.
+
+    The serving loop records every pass, asks for a decision now and then, and takes a proposal
+    when one is ready (the worker decides on the window as it was when :meth:`check` was called)::
+
+        balancer = eplb.BackgroundBalancer(num_layers=58, num_experts=256, num_slots=288, num_gpus=32,
+                                           num_nodes=4, num_groups=8, window=1000, expert_bytes=44 << 20)
+        for step in serving_loop:
+            balancer.record(tokens_per_expert)       # one copy into shared memory
+            if step % 100 == 0:
+                balancer.check()                     # decided in the worker
+            proposal = balancer.poll()               # None, or a plan worth its copies
+            if proposal is not None:
+                placement, transfer = proposal
+                ...                                  # move the weights (transfer), then
+                balancer.commit(placement)           # or per chunk: commit(placement, chunk.layers)
+
+    Args:
+        num_layers, num_experts, **kwargs: as for :class:`eplb.Balancer` (every keyword it takes).
+        context: ``"spawn"`` (default) or ``"forkserver"`` (not ``fork``, unsafe beside threads and
+            CUDA); guard a script's work with ``if __name__ == "__main__":``, as for any spawn.
+        staging_rows: passes the staging ring holds (default: 32 MiB worth, 8 to 1024 passes); the
+            worker takes each in as soon as it is posted, so the ring fills only when it falls
+            behind by that many passes (it then makes :meth:`record` wait for a free row).
+
+    The same inputs give the same placements as a ``Balancer``: the worker runs one, and feeds it
+    the passes, checks and commits in the order they were posted. A proposal is planned from the
+    placement in service at its check; if the caller commits anything after that check, the
+    proposal's transfer plan no longer starts from what is in service and :meth:`poll` drops it
+    (``last_decision["stale"]``).
+
+    Costs: a process start (importing eplb and building the balancer there, about 2-4 s with
+    Numba's cache filled), the window in the worker's memory, the staging ring and a message area
+    in shared memory. An exception in the worker is raised by the caller's next call (its type and
+    message, the worker's traceback as its cause); a worker that died makes every call raise
+    ``RuntimeError``. Use one thread for the loop's calls (as for a ``Balancer``'s :meth:`record`).
+    """
+
+    def __init__(self, num_layers, num_experts, *, context: str = "spawn", staging_rows: int | None = None,
+                 **kwargs):
+        unknown = sorted(set(kwargs) - set(_BALANCER_KEYWORDS))
+        if unknown:
+            raise TypeError(f"BackgroundBalancer() got unexpected keyword arguments {unknown}; it takes "
+                            f"eplb.Balancer's keywords {sorted(_BALANCER_KEYWORDS)} and context, staging_rows")
+        self._start(("init", (num_layers, num_experts), kwargs), context, staging_rows)
+
+    @classmethod
+    def from_state_dict(cls, state, *, compile: str = "eager", cost_model=None, horizon: int | None = None,
+                        context: str = "spawn", staging_rows: int | None = None) -> "BackgroundBalancer":
+        """A new background balancer whose worker runs :meth:`eplb.Balancer.from_state_dict` of ``state``."""
+        self = cls.__new__(cls)
+        self._start(("from_state", _plain_state(state), dict(compile=compile, cost_model=cost_model, horizon=horizon)),
+                    context, staging_rows)
+        return self
+
+    # -- starting and stopping -----------------------------------------------------------------
+    def _start(self, construct: tuple, context: str, staging_rows) -> None:
+        if context not in CONTEXTS:
+            raise ValueError(f"context must be one of {CONTEXTS} (fork is unsafe beside threads and CUDA), "
+                             f"got {context!r}")
+        if staging_rows is not None and (isinstance(staging_rows, bool) or not isinstance(staging_rows, (int, np.integer))
+                                         or staging_rows < 2):
+            raise ValueError(f"staging_rows must be an integer >= 2 or None, got {staging_rows!r}")
+        self._link = None
+        link = _Link(context)
+        self._finalizer = weakref.finalize(self, link.shutdown)
+        try:
+            self._connect(link, construct, staging_rows)
+        except BaseException:
+            self._finalizer()
+            raise
+        self._link = link
+
+    def _connect(self, link: _Link, construct: tuple, staging_rows) -> None:
+        """Build the worker's balancer, mirror its configuration, share the block with it."""
+        link.send(_dumps(construct))
+        kind, *rest = pickle.loads(link.receive())
+        if kind == "error":
+            _raise_remote(*rest)
+        attributes = rest[0]
+        if attributes.pop("eplb_file") != _eplb_file():
+            raise RuntimeError("the worker process imported another eplb than this process: pass the same sys.path")
+        self.num_layers, self.num_experts = attributes["num_layers"], attributes["num_experts"]
+        self.topology, self.num_groups = attributes["topology"], attributes["num_groups"]
+        self.window = attributes["window"]
+        num_slots = self.topology.num_slots
+        width = max(self.num_experts, num_slots)
+        row_bytes = self.num_layers * width * 8
+        rows = int(staging_rows) if staging_rows is not None else max(8, min(1024, STAGING_BYTES // row_bytes))
+        # a proposal: phy2log and a transfer plan [L, S] each, log2phy [L, E, R], R <= S - E + 1
+        estimate = 8 * self.num_layers * (9 * num_slots + self.num_experts * (num_slots - self.num_experts + 2))
+        area = max(1 << 20, min(16 << 20, 2 * estimate))
+        layout = _layout(self.num_layers, width, rows, 4 * rows + 64, area)
+        shm = shared_memory.SharedMemory(create=True, size=layout["size"])
+        link.block = _Block(shm, layout)
+        link.send(pickle.dumps((shm.name, layout), protocol=PROTOCOL))
+        kind, *rest = pickle.loads(link.receive())
+        if kind == "error":
+            _raise_remote(*rest)
+        first_bad_count(np.zeros((1, 1)))  # record()'s check kernel, compiled or loaded here once
+        block = link.block
+        self._rows = {(index, physical): block.row(index, self.num_layers, num_slots if physical else self.num_experts)
+                      for index in range(rows) for physical in (False, True)}
+        self._num_slots = num_slots
+        self._events = 0  # events posted in all
+        self._passes = 0  # passes recorded in all
+        self._checks = 0  # checks posted in all
+        self._commits = 0  # commits posted in all
+        self._check_commits: dict[int, int] = {}  # check id -> commits posted before it
+        self._inbox: collections.deque = collections.deque()  # messages read, not yet handed out
+        self._proposals: dict[int, Placement] = {}  # check id -> placement proposed (the newest ones)
+        self._in_service = attributes["placement"]  # the placement in service, after the pending commits
+        self._pending_commits: list[tuple[Placement, int, int]] = []
+        self._committing: Placement | None = None
+        self.steps = attributes["steps"]
+        self.rebalances = attributes["rebalances"]
+        self.last_decision: dict = {}
+
+    def close(self) -> None:
+        """Stop the worker process and free the shared memory (idempotent)."""
+        if self.__dict__.get("_link") is not None:
+            self._link = None
+            self._finalizer()
+
+    @property
+    def closed(self) -> bool:
+        return self.__dict__.get("_link") is None
+
+    def __enter__(self) -> "BackgroundBalancer":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    @property
+    def pid(self) -> int | None:
+        """The worker process's id (``None`` once closed)."""
+        return None if self.closed else self._link.process.pid
+
+    # -- the serving loop ------------------------------------------------------------------------
+    def record(self, counts, *, physical: bool | None = None) -> None:
+        """Stage one forward pass's counts for the worker (as :meth:`eplb.Balancer.record`: ``[L, E]``
+        per logical expert or ``[L, S]`` per slot, numpy or torch, any real dtype; bad input gets the
+        same ``ValueError``, here). One copy into shared memory; never waits for a plan."""
+        counts, physical = check_counts(counts, self.num_layers, self.num_experts, self._num_slots, physical)
+        link = self._live()
+        index = self._passes
+        rows = link.block.layout["rows"]
+        if index - int(link.block.header[_PASSES_DONE]) >= rows:
+            self._wait(lambda: index - int(link.block.header[_PASSES_DONE]) < rows)
+        stage_counts(counts, self._rows[index % rows, physical])
+        self._post(_PASS_PHYSICAL if physical else _PASS_LOGICAL, index % rows)
+        self._passes = index + 1
+        self.steps += 1
+
+    def check(self) -> int:
+        """Ask the worker whether a rebalance now is worth its copies (:meth:`eplb.Balancer.should_rebalance`
+        on the window as it is after the passes recorded so far) and, if so, for the plan
+        (``rebalance(commit=False)``). Returns at once with the check's number; :meth:`poll` hands
+        the plan over when it is ready, :attr:`last_decision` tells each check's outcome."""
+        self._live()
+        check_id = self._checks
+        self._post(_CHECK, check_id)
+        self._check_commits[check_id] = self._commits
+        self._checks = check_id + 1
+        return check_id
+
+    def poll(self) -> tuple[Placement, TransferPlan] | None:
+        """The next proposal the worker made, ``(placement, transfer)`` as ``rebalance(commit=False)``
+        returns them, or ``None`` (no check answered yes since the last call). Never waits. A
+        proposal planned before a later :meth:`commit` is dropped (its transfer plan would start
+        from a placement no longer in service)."""
+        link = self._live()
+        while True:
+            if not self._inbox:
+                self._receive(link)
+                if not self._inbox:
+                    return None
+            message = self._inbox.popleft()
+            if message[0] == "decision":
+                proposal = self._take_decision(message)
+                if proposal is not None:
+                    return proposal
+
+    def _take_decision(self, message: tuple):
+        _, check_id, decision, placement, transfer = message
+        commits_before = self._check_commits.pop(check_id, self._commits)
+        stale = placement is not None and commits_before != self._commits
+        self.last_decision = {**decision, "check": check_id, "stale": stale}
+        if placement is None or stale:
+            return None
+        self._proposals[check_id] = placement
+        while len(self._proposals) > KEPT_PROPOSALS:
+            del self._proposals[next(iter(self._proposals))]
+        return placement, transfer
+
+    def commit(self, placement: Placement, layers: tuple[int, int] | None = None) -> None:
+        """Make a proposed ``placement`` (or its ``layers = (start, stop)``) the one in service, once
+        the engine has moved those weights (as :meth:`eplb.Balancer.commit`; per-slot counts
+        recorded afterwards are mapped through it). Takes a placement :meth:`poll` returned (one of
+        the newest :data:`KEPT_PROPOSALS`). Never waits."""
+        self._live()
+        start, stop = commit_range(layers, self.num_layers)
+        check_id = next((key for key, value in self._proposals.items() if value is placement), None)
+        if check_id is None:
+            raise ValueError("placement must be one that this BackgroundBalancer's poll() returned (one of its "
+                             f"newest {KEPT_PROPOSALS} proposals)")
+        self._post(_COMMIT, check_id, start, stop)
+        self._commits += 1
+        self._pending_commits.append((placement, start, stop))
+        if placement is not self._committing:
+            self.rebalances += 1
+            self._committing = placement
+
+    @property
+    def placement(self) -> Placement:
+        """The placement in service, as committed so far (the worker's balancer holds the same)."""
+        for placement, start, stop in self._pending_commits:
+            self._in_service = merged_placement(self._in_service, placement, start, stop, self.num_groups)
+        self._pending_commits.clear()
+        return self._in_service
+
+    @property
+    def pending_checks(self) -> int:
+        """Checks posted whose decision :meth:`poll` has not read yet."""
+        return len(self._check_commits)
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Wait until the worker has handled every pass, check and commit posted so far (their
+        decisions are then ready for :meth:`poll`); returns whether it did within ``timeout``
+        seconds. For tests, shutdown and benchmarks: the serving loop does not need it."""
+        self._live()
+        events = self._events
+        return self._wait(lambda: int(self._link.block.header[_EVENTS_DONE]) >= events, timeout)
+
+    def state_dict(self) -> dict:
+        """:meth:`eplb.Balancer.state_dict` of the worker's balancer after every event posted so far
+        (waits for the worker; loadable by ``Balancer.from_state_dict`` and :meth:`from_state_dict`)."""
+        link = self._live()
+        self._post(_STATE, 0)
+        while True:
+            for index, message in enumerate(self._inbox):
+                if message[0] == "state":
+                    del self._inbox[index]
+                    return message[1]
+            if not self._receive(link):
+                self._wait_once()
+
+    # -- plumbing ------------------------------------------------------------------------------
+    def _live(self) -> _Link:
+        link = self.__dict__.get("_link")
+        if link is None:
+            raise RuntimeError("this BackgroundBalancer is closed")
+        link.check()
+        return link
+
+    def _post(self, kind: int, a: int = 0, b: int = 0, c: int = 0) -> None:
+        """Append one event to the ring (waiting for room only if the worker is that far behind)."""
+        link = self._link
+        block = link.block
+        capacity = block.layout["events"]
+        number = self._events
+        if number - int(block.header[_EVENTS_DONE]) >= capacity:
+            self._wait(lambda: number - int(block.header[_EVENTS_DONE]) < capacity)
+        block.events[number % capacity] = (kind, a, b, c)
+        self._events = number + 1
+        block.header[_EVENTS_POSTED] = number + 1
+        link.wake.release()
+
+    def _receive(self, link: _Link) -> bool:
+        """Read the worker's next message into the inbox if one is there (never waits for one);
+        raise the worker's error if it is one. Returns whether a message was read."""
+        if not link.outbox.acquire(block=False):
+            return False
+        block = link.block
+        size = int(block.header[_MESSAGE_LEN])
+        message = pickle.loads(link.receive() if size == _IN_PIPE else block.area[:size])
+        block.header[_MESSAGES_TAKEN] = block.header[_MESSAGES_TAKEN] + 1
+        link.wake.release()  # the worker may send its next message
+        if message[0] == "error":
+            link.broken = f"the eplb worker process raised {type(message[1]).__name__}: {message[1]}"
+            _raise_remote(message[1], message[2])
+        self._inbox.append(message)
+        return True
+
+    def _wait(self, done, timeout: float | None = None) -> bool:
+        """Wait until ``done()``, reading messages meanwhile (the worker may be waiting to send one)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not done():
+            if deadline is not None and time.monotonic() >= deadline:
+                return False
+            self._wait_once()
+        return True
+
+    def _wait_once(self) -> None:
+        link = self._live()
+        while self._receive(link):
+            pass
+        time.sleep(WAIT_S)
+
+
+# -- the worker's end ----------------------------------------------------------------------------
+class _Worker:
+    """The worker's loop: take the events in order, send each answer as soon as the message area is free."""
+
+    def __init__(self, balancer: Balancer, block: _Block, conn, outbox):
+        self.balancer, self.block, self.conn, self.outbox = balancer, block, conn, outbox
+        self.done = 0
+        self.sent = 0
+        self.queue: collections.deque = collections.deque()  # answers not sent yet
+        self.proposals: dict[int, Placement] = {}  # check id -> placement proposed (the newest ones)
+
+    def handle(self, event: np.ndarray) -> bool:
+        """Do what one event asks; False for the close event."""
+        kind, a, b, c = (int(value) for value in event)
+        balancer, block = self.balancer, self.block
+        if kind in (_PASS_LOGICAL, _PASS_PHYSICAL):
+            physical = kind == _PASS_PHYSICAL
+            width = balancer.topology.num_slots if physical else balancer.num_experts
+            balancer.record(block.row(a, balancer.num_layers, width), physical=physical)
+            block.header[_PASSES_DONE] += 1
+        elif kind == _CHECK:
+            placement = transfer = None
+            if balancer.should_rebalance():
+                placement, transfer = balancer.rebalance(commit=False)
+                self.proposals[a] = placement
+                while len(self.proposals) > KEPT_PROPOSALS:
+                    del self.proposals[next(iter(self.proposals))]
+            self.queue.append(("decision", a, balancer.last_decision, placement, transfer))
+        elif kind == _COMMIT:
+            balancer.commit(self.proposals[a], (b, c))
+        elif kind == _STATE:
+            self.queue.append(("state", balancer.state_dict()))
+        elif kind == _CLOSE:
+            return False
+        return True
+
+    def send(self) -> None:
+        """Write the next answer into the message area if the caller has taken the last one."""
+        header = self.block.header
+        if not self.queue or int(header[_MESSAGES_TAKEN]) < self.sent:
+            return
+        data = _dumps(self.queue.popleft())
+        area = self.block.area
+        if len(data) <= len(area):
+            area[:len(data)] = data
+            header[_MESSAGE_LEN] = len(data)
+        else:
+            header[_MESSAGE_LEN] = _IN_PIPE
+        self.sent += 1
+        header[_MESSAGES_SENT] = self.sent
+        self.outbox.release()
+        if len(data) > len(area):
+            self.conn.send_bytes(data)
+
+    def run(self, wake, parent: int) -> None:
+        block = self.block
+        capacity = block.layout["events"]
+        while True:
+            if not wake.acquire(timeout=1.0):
+                if os.getppid() != parent:
+                    return
+                continue
+            posted = int(block.header[_EVENTS_POSTED])
+            while self.done < posted:
+                try:
+                    if not self.handle(block.events[self.done % capacity]):
+                        return
+                except BaseException as exc:  # noqa: BLE001 (handed to the caller)
+                    self.queue.append(_error_message(exc))
+                self.done += 1
+                block.header[_EVENTS_DONE] = self.done
+                self.send()
+            self.send()
+
+
+def _serve(conn, wake, outbox) -> None:
+    """The worker process: build the balancer, attach the shared block, run the event loop until
+    told to close or the caller is gone."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the caller's to handle
+    parent = os.getppid()
+    try:
+        balancer = _build(pickle.loads(conn.recv_bytes()))
+        attributes = {name: getattr(balancer, name) for name in
+                      ("num_layers", "num_experts", "topology", "num_groups", "window", "placement", "steps",
+                       "rebalances")}
+        conn.send_bytes(_dumps(("ok", {**attributes, "eplb_file": _eplb_file()})))
+        name, layout = pickle.loads(conn.recv_bytes())
+        block = _Block(shared_memory.SharedMemory(name=name), layout)
+    except BaseException as exc:  # noqa: BLE001 (handed to the caller)
+        conn.send_bytes(_dumps(_error_message(exc)))
+        _exit()
+    conn.send_bytes(_dumps(("ok", None)))
+    try:
+        _Worker(balancer, block, conn, outbox).run(wake, parent)
+    finally:
+        block.release(unlink=False)
+    _exit()
