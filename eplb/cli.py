@@ -255,13 +255,15 @@ def _with_timer(work, description: str):
     return outcome["value"]
 
 
-def _read_previous(path, fmt, *, num_gpus, num_nodes, num_experts):
+def _read_previous(path, fmt, num_gpus, num_nodes, num_experts, layer_ids=None):
     """The deployed placement as its file records it; the flags only fill in what the file does not
     record (SGLang's map, a YAML without eplb's comment), and a flag that disagrees with the file's
-    record is an error naming both."""
+    record is an error naming both. With ``layer_ids`` (the counts' model layers), a file of more
+    layers gives its rows of those (:func:`_previous_on_layers`)."""
     from .io.formats import read_placement
 
-    return read_placement(path, fmt, num_gpus=num_gpus, num_nodes=num_nodes, num_experts=num_experts)
+    loaded = read_placement(path, fmt, num_gpus=num_gpus, num_nodes=num_nodes, num_experts=num_experts)
+    return loaded if layer_ids is None else _previous_on_layers(loaded, layer_ids)
 
 
 def _previous_on_layers(previous, layer_ids):
@@ -280,8 +282,9 @@ def _previous_on_layers(previous, layer_ids):
                          previous.metadata)
 
 
-def _check_previous(previous, placement_like, path):
-    """The previous plan must describe the same layers, experts, slots, GPUs and nodes."""
+def _check_previous(previous, placement_like, path, layer_ids=None):
+    """The previous plan must describe the same layers, experts, slots, GPUs and nodes (and, given
+    ``layer_ids``, the same model layers: :func:`_check_previous_layers`)."""
     from .io.formats import FormatError
 
     old = previous.placement
@@ -292,6 +295,8 @@ def _check_previous(previous, placement_like, path):
         names = ("layers", "experts", "slots", "GPUs", "nodes")
         diffs = ", ".join(f"{n} {t} vs {m}" for n, t, m in zip(names, theirs, mine) if t != m)
         raise FormatError(path, f"incompatible configuration: the previous placement differs from this plan ({diffs})")
+    if layer_ids is not None:
+        _check_previous_layers(previous, layer_ids, path)
 
 
 def _check_previous_layers(previous, layer_ids, path) -> None:
@@ -398,7 +403,7 @@ def plan(counts, slots, gpus, nodes, groups, method, previous, previous_format, 
           --format sglang -o init_expert_location.json
     """
     from .analysis import metrics
-    from .io.formats import placement_format_for_output, read_counts, write_placement
+    from .io.formats import read_counts, write_placement
 
     command_start = time.perf_counter()
     if previous is None and (tolerance is not None or max_moves is not None):
@@ -434,15 +439,10 @@ def plan(counts, slots, gpus, nodes, groups, method, previous, previous_format, 
             raise click.BadParameter("needs --groups that divide over --nodes (a hierarchical deployment)",
                                      param_hint="--max-off-node")
         options["max_off_node"] = max_off_node
-    if output_format is None:
-        output_format = _output_format(output, placement_format_for_output)
-        _note_engine_file_name(output, output_format, quiet)
+    output_format = _plan_output_format(output, output_format, num_layers, quiet)
     if layer_updates_per_iter and output_format != "trtllm":
         raise click.BadParameter(f"applies to TensorRT-LLM YAML output only, not to {output_format} output",
                                  param_hint="--layer-updates-per-iter")
-    if num_layers is not None and output_format not in ENGINE_ROWS:
-        raise click.BadParameter(f"applies to engine output ({', '.join(ENGINE_ROWS)}) only, not to {output_format} "
-                                 "output (which keeps the counts' layer ids)", param_hint="--num-layers")
     _check_flag_sizes(slots=slots, gpus=gpus, nodes=nodes, groups=groups)
     _refuse_input_as_output(output, [counts, previous])
     if output_format == "sglang":
@@ -461,18 +461,13 @@ def plan(counts, slots, gpus, nodes, groups, method, previous, previous_format, 
     if passes_per_window is not None:
         data = data.in_windows(passes_per_window)
     weights = data.weights
-    model_layers = num_layers
-    if model_layers is not None and data.layer_ids.max() >= model_layers:
-        raise click.BadParameter(f"{model_layers} layers, but {counts} holds counts of model layer "
-                                 f"{int(data.layer_ids.max())}: the model's layer count must exceed every layer id",
-                                 param_hint="--num-layers")
+    model_layers = _check_model_layers(num_layers, data)
     num_layers, num_experts = weights.shape
     prev = None
     if previous is not None:
-        prev = _read_previous(previous, previous_format, num_gpus=gpus, num_nodes=nodes, num_experts=num_experts)
-        prev = _previous_on_layers(prev, data.layer_ids)
-        _check_previous(prev, dict(layers=num_layers, experts=num_experts, slots=slots, gpus=gpus, nodes=nodes), previous)
-        _check_previous_layers(prev, data.layer_ids, previous)
+        prev = _read_previous(previous, previous_format, gpus, nodes, num_experts, data.layer_ids)
+        _check_previous(prev, dict(layers=num_layers, experts=num_experts, slots=slots, gpus=gpus, nodes=nodes), previous,
+                        data.layer_ids)
 
     with warnings.catch_warnings(record=True) as caught:  # said in one line each below, not raw
         warnings.simplefilter("always", RuntimeWarning)
@@ -509,6 +504,7 @@ def plan(counts, slots, gpus, nodes, groups, method, previous, previous_format, 
         phase=phase, previous=previous, used_previous=used_previous, migration=migration, before=before, after=after,
         gap=gap, bound=bound, placement=placement, weights=weights, global_bal=global_bal, deployed_bal=deployed_bal,
         elapsed=elapsed, held=held, moves=moves)
+    diagnostics["judged_under"] = judge  # the split behind every balancedness and gap: an engine's rule or the plan's
     _note_overwrite(output, quiet)
     write_placement(placement, output, output_format, layer_ids=data.layer_ids, configuration=configuration,
                     diagnostics=diagnostics, layer_updates_per_iter=layer_updates_per_iter, num_layers=model_layers)
@@ -538,11 +534,8 @@ def plan(counts, slots, gpus, nodes, groups, method, previous, previous_format, 
     lines.append(f"time     {elapsed:.2f} s reading and planning; {time.perf_counter() - command_start:.2f} s for the "
                  "whole command (with the estimates, the bound and writing; Python's start-up not included)")
     lines.append(f"wrote    {output} ({output_format})")
-    if output_format in ENGINE_ROWS:
-        lines.append(_engine_rows_line(data.layer_ids, output_format, model_layers))
-    dense = _dense_layers_note(weights, data.layer_ids, output_format)
-    if dense:
-        lines.append(dense)
+    lines += [line for line in (_engine_rows_line(data.layer_ids, output_format, model_layers),
+                                _dense_layers_note(weights, data.layer_ids, output_format)) if line]
     click.echo("\n".join(lines))
 
 
@@ -597,9 +590,16 @@ def _plan_detail_lines(*, data, placement, weights, options, objective, held, gl
         deployed, new = moe_mean(deployed_bal, weights), moe_mean(diagnostics["balancedness"], weights)
         lines.append(f"deployed {deployed:.4f} with the previous placement on these counts")
         if deployed > new + DEPLOYED_BETTER_BY:
+            regrouped = np.asarray(placement.info.get("regrouped", False))
+            why = [reason for reason, applies in (
+                ("it keeps every expert group on one node where the deployed placement spreads them", regrouped.any()),
+                ("it was hedged over the windows, not made for their sum",
+                 data.num_windows > 1 and (objective or "") != "sum"),
+                ("--max-moves/--tolerance kept it near the deployed placement",
+                 bool(migration) and not regrouped.all())) if applies]
             lines.append(f"WARNING  the deployed placement serves these counts better than the new plan ({deployed:.4f} "
-                         f"against {new:.4f}): keep it unless the new plan's reason holds (it was hedged over windows, "
-                         "bound by --max-moves/--tolerance, or regathers groups on their nodes)")
+                         f"against {new:.4f}): keeping it balances them better"
+                         + (f" (the new plan is lower because {'; '.join(why)})" if why else ""))
         lines += _regrouped_lines(placement, migration or {})
     if placement.shares is not None:
         even = placement.balancedness(weights, "uniform")
@@ -740,12 +740,37 @@ ENGINE_ROWS = ("sglang", "trtllm")
 """The output formats an engine loads, whose rows ``eplb plan`` places by model layer (``--num-layers``)."""
 
 
+def _plan_output_format(output, output_format, num_layers, quiet: bool) -> str:
+    """The format ``eplb plan`` writes: ``--format``, else from the name of ``-o`` (an engine's file
+    name picks its format, with a note on stderr); ``--num-layers`` only with an engine's format."""
+    from .io.formats import placement_format_for_output
+
+    if output_format is None:
+        output_format = _output_format(output, placement_format_for_output)
+        _note_engine_file_name(output, output_format, quiet)
+    if num_layers is not None and output_format not in ENGINE_ROWS:
+        raise click.BadParameter(f"applies to engine output ({', '.join(ENGINE_ROWS)}) only, not to {output_format} "
+                                 "output (which keeps the counts' layer ids)", param_hint="--num-layers")
+    return output_format
+
+
+def _check_model_layers(num_layers, data):
+    """``--num-layers`` (or ``None``), checked against the model layer ids of the counts ``data``."""
+    if num_layers is not None and data.layer_ids.max() >= num_layers:
+        raise click.BadParameter(f"{num_layers} layers, but {data.path} holds counts of model layer "
+                                 f"{int(data.layer_ids.max())}: the model's layer count must exceed every layer id",
+                                 param_hint="--num-layers")
+    return num_layers
+
+
 def _engine_rows_line(layer_ids, output_format: str, num_layers) -> str:
     """The summary line saying where the rows of an engine's file go: SGLang's map has a row per
     model layer (``layer_ids [L]`` from the counts, the others SGLang's trivial rows);
-    TensorRT-LLM's YAML is keyed by the layer ids."""
+    TensorRT-LLM's YAML is keyed by the layer ids. ``""`` for other formats."""
     from .io.formats.data import layer_ranges
 
+    if output_format not in ENGINE_ROWS:
+        return ""
     planned = layer_ranges(layer_ids)
     if output_format == "trtllm":
         return (f"layers   {planned}: the YAML's keys, the model's layer ids (TensorRT-LLM looks each MoE layer's "

@@ -371,7 +371,7 @@ def _hottest_figure(plt, out_dir, layer_ids, weights, placement, top, judge="sha
     right.plot(x, per_replica, "D", color="#b2182b", markersize=6, label="load of the busiest replica")
     right.axhline(1.0, color="#b2182b", linewidth=0.8, linestyle="--")
     right.set_ylim(0, max(1.2, float(per_replica.max()) * 1.2))
-    right.set_ylabel("busiest replica's load / mean GPU load (points)", color="#b2182b")
+    right.set_ylabel("load per replica (the busiest) / mean GPU load (points)", color="#b2182b")
     right.tick_params(axis="y", colors="#b2182b")
     ax.set_title(f"The {len(order)} hottest experts: replicas (label: share of the layer's tokens) and the load\n"
                  f"their busiest replica carries{under} (dashed: a GPU's mean load; a replica above it overloads "
