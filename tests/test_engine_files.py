@@ -17,11 +17,15 @@ from __future__ import annotations
 import ast
 import json
 import sys
+import tempfile
 import types
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import eplb
 from eplb.io.formats import FormatError, placement_format_for_output, read_placement, write_placement
@@ -174,6 +178,29 @@ def test_sglang_writer_places_rows_by_layer_id_or_refuses(tmp_path):
         write_placement(placement, tmp_path / "b.json", "sglang", layer_ids=[1, 3, 5, 7], num_layers=7)
     with pytest.raises(FormatError, match="num_layers .* applies to"):
         write_placement(placement, tmp_path / "c.json", "eplb", num_layers=8)
+
+
+@settings(max_examples=40)
+@given(ids=st.lists(st.integers(0, 80), min_size=1, max_size=6, unique=True), extra=st.integers(0, 3),
+       experts=st.integers(1, 6), per_gpu=st.integers(1, 4), gpus=st.integers(1, 3), seed=st.integers(0, 9))
+def test_sglang_map_puts_every_row_at_its_layer(ids, extra, experts, per_gpu, gpus, seed):
+    """For any layer ids (any order, gaps) and model layer count: row ``ids[i]`` is layer ``i``'s plan,
+    every other row is SGLang's trivial placement, and the file reads back as the same plan and ids."""
+    slots = max(experts, per_gpu * gpus)
+    slots += -slots % gpus
+    counts = np.random.default_rng(seed).integers(0, 50, size=(len(ids), experts))
+    placement = eplb.plan(counts, num_slots=slots, num_gpus=gpus, method="greedy")
+    num_layers = max(ids) + 1 + extra
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "init_expert_location.json"
+        write_placement(placement, path, layer_ids=ids, num_layers=num_layers)
+        table = np.array(json.loads(path.read_text())["physical_to_logical_map"])
+        back = read_placement(path)
+    assert table.shape == (num_layers, slots)
+    np.testing.assert_array_equal(table[ids], placement.phy2log)
+    others = np.setdiff1d(np.arange(num_layers), ids)
+    assert (table[others] == np.arange(slots) % experts).all()
+    assert back.placement == placement and back.layer_ids.tolist() == ids
 
 
 # -- TensorRT-LLM keeps the model's layer ids ---------------------------------------------------------------------

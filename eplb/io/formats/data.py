@@ -202,8 +202,8 @@ def recorded_or_given(recorded, given, path, what: str, flag: str, source: str):
         FormatError: ``"records 4 GPUs (its '# eplb:' comment), not --gpus 8"``.
     """
     if recorded is not None and given is not None and recorded != given:
-        raise FormatError(path, f"records {recorded} {what} ({source}), not {flag} {given}: the file was planned for "
-                                f"another deployment (plan for {flag} {recorded}, or give the placement of this one)")
+        raise FormatError(path, f"records {recorded} {what} ({source}), not {flag} {given}: the file describes the "
+                                "deployment it was planned for, which a flag cannot change")
     return recorded if recorded is not None else given
 
 
