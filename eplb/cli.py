@@ -486,18 +486,9 @@ def plan(counts, slots, gpus, nodes, groups, method, previous, previous_format, 
     before = metrics.balancedness(metrics.static_gpu_loads(weights, gpus))  # one replica each: the same under any rule
     after = placement.balancedness(weights, judge)
     moves = None if prev is None else metrics.moves(prev.placement.phy2log, placement.phy2log, placement.topology)
-    if placement.shares is None:
-        bound = bound_for(weights, placement, engine)
-    else:   # the plan splits experts by its shares and may serve tokens off node: the bound of that freedom
-        bound = Bound(placement.lower_bound, "capped",
-                      f"at most {max_off_node:.0%} of the tokens off their home node, any split among replicas")
+    bound = _plan_bound(placement, weights, engine, max_off_node)
     gap = metrics.gap(placement.gpu_loads(weights, judge).max(axis=-1), bound.values)
-    global_bal = None
-    if groups is not None and groups % nodes == 0:     # what keeping groups on their nodes costs on these counts
-        global_method = DEFAULT_METHOD if method == "exact" else method
-        global_plan = eplb.plan(weights, num_slots=slots, num_gpus=gpus, num_nodes=nodes, method=global_method,
-                                **({} if engine is None else {"dispatch": engine}))
-        global_bal = global_plan.balancedness(weights, judge)
+    global_bal = _global_balancedness(weights, method, engine, slots=slots, gpus=gpus, nodes=nodes, groups=groups)
     deployed_bal = None if prev is None else prev.placement.balancedness(weights, judge)
     configuration, diagnostics = _plan_records(
         slots=slots, gpus=gpus, nodes=nodes, groups=groups, method=method, options=options, counts=counts, data=data,
@@ -518,12 +509,7 @@ def plan(counts, slots, gpus, nodes, groups, method, previous, previous_format, 
            "selected"] if phase is not None else []),
         f"plan     {method}: {num_layers} layers x {num_experts} experts -> {slots} slots on {gpus} GPUs"
         f" in {nodes} node{'s' if nodes > 1 else ''}" + _groups_text(groups, nodes),
-        f"balance  {moe_mean(before, weights):.4f} without rebalancing -> {moe_mean(after, weights):.4f} with the plan"
-        f" (mean over {moe_note(weights)}; worst layer {after[moe].min() if moe.any() else after.min():.4f})"
-        + ("; on the summed windows, in sample" if data.num_windows > 1 else "")
-        + (f"; even split, {moe_mean(placement.balancedness(weights, 'optimal'), weights):.4f} with optimal dispatch"
-           if options.get("dispatch") == "optimal" else "")
-        + ("" if engine is None else f"; under {DISPATCH_RULES[engine].label}"),
+        _balance_line(before, after, placement, weights, data.num_windows, options, engine),
     ]
     lines += _plan_detail_lines(data=data, placement=placement, weights=weights, options=options, objective=objective,
                                 held=held, global_bal=global_bal, deployed_bal=deployed_bal, max_off_node=max_off_node,
@@ -537,6 +523,38 @@ def plan(counts, slots, gpus, nodes, groups, method, previous, previous_format, 
     lines += [line for line in (_engine_rows_line(data.layer_ids, output_format, model_layers),
                                 _dense_layers_note(weights, data.layer_ids, output_format)) if line]
     click.echo("\n".join(lines))
+
+
+def _plan_bound(placement, weights, engine, max_off_node) -> Bound:
+    """The bound ``eplb plan`` judges its plan by: :func:`bound_for` under ``engine``'s rule, or for
+    a plan that splits experts by its shares and may serve tokens off node, the bound of that freedom."""
+    if placement.shares is None:
+        return bound_for(weights, placement, engine)
+    return Bound(placement.lower_bound, "capped",
+                 f"at most {max_off_node:.0%} of the tokens off their home node, any split among replicas")
+
+
+def _global_balancedness(weights, method, engine, *, slots, gpus, nodes, groups):
+    """``[L]`` balancedness of a plan free of groups on ``weights`` (made for ``engine``'s rule and
+    judged under it): what keeping each group on one node costs; ``None`` without a hierarchy."""
+    if groups is None or groups % nodes:
+        return None
+    global_plan = eplb.plan(weights, num_slots=slots, num_gpus=gpus, num_nodes=nodes,
+                            method=DEFAULT_METHOD if method == "exact" else method,
+                            **({} if engine is None else {"dispatch": engine}))
+    return global_plan.balancedness(weights, engine or "uniform")
+
+
+def _balance_line(before, after, placement, weights, num_windows: int, options: dict, engine) -> str:
+    """The headline of ``eplb plan``: balancedness without rebalancing and with the plan (``[L]``
+    each), and the rule it is judged under."""
+    moe = moe_layers(weights)
+    return (f"balance  {moe_mean(before, weights):.4f} without rebalancing -> {moe_mean(after, weights):.4f} with the "
+            f"plan (mean over {moe_note(weights)}; worst layer {after[moe].min() if moe.any() else after.min():.4f})"
+            + ("; on the summed windows, in sample" if num_windows > 1 else "")
+            + (f"; even split, {moe_mean(placement.balancedness(weights, 'optimal'), weights):.4f} with optimal "
+               "dispatch" if options.get("dispatch") == "optimal" else "")
+            + ("" if engine is None else f"; under {DISPATCH_RULES[engine].label}"))
 
 
 def _plan_records(*, slots, gpus, nodes, groups, method, options, counts, data, phase, previous, used_previous,
