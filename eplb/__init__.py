@@ -3,6 +3,7 @@
 from .planning.api import held_out, pareto, plan, rebalance_experts
 from .serving.balancer import Balancer
 from .serving.worker import BalancerProcess
+from .serving.background import BackgroundBalancer
 from .analysis.bounds import lower_bound, lower_bounds
 from .model.cost import CostModel
 from .analysis.dispatch import dispatch
@@ -23,6 +24,7 @@ from .analysis import engine_dispatch as _engine_dispatch  # noqa: E402,F401
 from .planning import certificate as _certificate  # noqa: E402,F401
 
 __all__ = [
+    "BackgroundBalancer",
     "Balancer",
     "BalancerPolicy",
     "BalancerProcess",

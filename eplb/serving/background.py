@@ -59,11 +59,14 @@ STAGING_BYTES = 32 << 20
 KEPT_PROPOSALS = 8
 """Proposals the worker keeps for a later :meth:`BackgroundBalancer.commit` (the newest ones)."""
 
+KEPT_DECISIONS = 1000
+"""Decisions kept in :attr:`BackgroundBalancer.decisions` (the newest ones)."""
+
 WAIT_S = 0.0005
 """Seconds between looks at the worker's progress while a call waits for it."""
 
 # the shared block: a header of int64 fields, the event ring, the staging rows, the message area
-_EVENTS_POSTED, _EVENTS_DONE, _PASSES_DONE, _MESSAGES_SENT, _MESSAGES_TAKEN, _MESSAGE_LEN = range(6)
+_EVENTS_POSTED, _EVENTS_DONE, _PASSES_DONE, _MESSAGES_SENT, _MESSAGES_TAKEN, _MESSAGE_LEN, _QUEUED = range(7)
 _HEADER_FIELDS = 16
 _PASS_LOGICAL, _PASS_PHYSICAL, _CHECK, _COMMIT, _STATE, _CLOSE = range(6)
 _EVENT_FIELDS = 4  # kind, then up to three integer arguments
@@ -214,7 +217,10 @@ class BackgroundBalancer:
     the passes, checks and commits in the order they were posted. A proposal is planned from the
     placement in service at its check; if the caller commits anything after that check, the
     proposal's transfer plan no longer starts from what is in service and :meth:`poll` drops it
-    (``last_decision["stale"]``).
+    (``last_decision["stale"]``). :attr:`last_decision` is the newest decision :meth:`poll` read
+    (``should_rebalance``'s details, with the ``"check"`` number and ``"stale"``), :attr:`decisions`
+    the newest :data:`KEPT_DECISIONS` of them; :attr:`steps` and :attr:`rebalances` count the passes
+    recorded and the proposals committed.
 
     Costs: a process start (importing eplb and building the balancer there, about 2-4 s with
     Numba's cache filled), the window in the worker's memory, the staging ring and a message area
@@ -302,6 +308,7 @@ class BackgroundBalancer:
         self.steps = attributes["steps"]
         self.rebalances = attributes["rebalances"]
         self.last_decision: dict = {}
+        self.decisions: collections.deque = collections.deque(maxlen=KEPT_DECISIONS)
 
     def close(self) -> None:
         """Stop the worker process and free the shared memory (idempotent)."""
@@ -374,6 +381,7 @@ class BackgroundBalancer:
         commits_before = self._check_commits.pop(check_id, self._commits)
         stale = placement is not None and commits_before != self._commits
         self.last_decision = {**decision, "check": check_id, "stale": stale}
+        self.decisions.append(self.last_decision)
         if placement is None or stale:
             return None
         self._proposals[check_id] = placement
@@ -415,10 +423,16 @@ class BackgroundBalancer:
     def wait(self, timeout: float | None = None) -> bool:
         """Wait until the worker has handled every pass, check and commit posted so far (their
         decisions are then ready for :meth:`poll`); returns whether it did within ``timeout``
-        seconds. For tests, shutdown and benchmarks: the serving loop does not need it."""
-        self._live()
+        seconds; their answers are then read, so :meth:`poll` hands them out without the worker.
+        For tests, shutdown and benchmarks: the serving loop does not need it."""
+        header = self._live().block.header
         events = self._events
-        return self._wait(lambda: int(self._link.block.header[_EVENTS_DONE]) >= events, timeout)
+
+        def caught_up() -> bool:  # every event handled, every answer read into the inbox
+            return (int(header[_EVENTS_DONE]) >= events and int(header[_QUEUED]) == 0
+                    and int(header[_MESSAGES_SENT]) == int(header[_MESSAGES_TAKEN]))
+
+        return self._wait(caught_up, timeout)
 
     def state_dict(self) -> dict:
         """:meth:`eplb.Balancer.state_dict` of the worker's balancer after every event posted so far
@@ -526,6 +540,7 @@ class _Worker:
         """Write the next answer into the message area if the caller has taken the last one."""
         header = self.block.header
         if not self.queue or int(header[_MESSAGES_TAKEN]) < self.sent:
+            header[_QUEUED] = len(self.queue)
             return
         data = _dumps(self.queue.popleft())
         area = self.block.area
@@ -536,6 +551,7 @@ class _Worker:
             header[_MESSAGE_LEN] = _IN_PIPE
         self.sent += 1
         header[_MESSAGES_SENT] = self.sent
+        header[_QUEUED] = len(self.queue)
         self.outbox.release()
         if len(data) > len(area):
             self.conn.send_bytes(data)
@@ -556,8 +572,8 @@ class _Worker:
                 except BaseException as exc:  # noqa: BLE001 (handed to the caller)
                     self.queue.append(_error_message(exc))
                 self.done += 1
+                self.send()  # before the event counts as done: wait() then finds its answer sent or queued
                 block.header[_EVENTS_DONE] = self.done
-                self.send()
             self.send()
 
 

@@ -1,0 +1,192 @@
+"""The serving loop whose caller never waits for a plan (``eplb.BackgroundBalancer``): the same
+placements, transfer plans, decisions and state as a synchronous ``Balancer`` fed the same passes,
+checks and commits in the same order; stale proposals dropped; bad input refused in the caller; a
+worker that died or a closed balancer refused. Small sizes; each worker costs a process start."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import numpy as np
+import pytest
+
+import eplb
+from eplb.simulation.synthetic import drifting_counts
+from test_worker import assert_same_placement, assert_same_state, assert_same_transfer
+
+CONFIG = dict(num_slots=80, num_gpus=8, num_nodes=2, num_groups=8, window=16, compile="lazy")
+LAYERS, EXPERTS = 6, 64
+
+
+def passes(count: int, seed: int) -> list[np.ndarray]:
+    """``count`` drifting passes ``[L, E]`` (integer counts, some as float32, some as int64)."""
+    windows = drifting_counts(count, LAYERS, EXPERTS, num_groups=8, drift=0.4, tokens=512, seed=seed)
+    return [w.astype(np.float32) if i % 3 == 0 else w.astype(np.int64) for i, w in enumerate(windows)]
+
+
+def run_loop(balancer, counts, *, check_every: int, chunk: int, rng, settle: float = 0.0):
+    """Drive ``balancer`` (a BackgroundBalancer) like an engine; return the calls it received, in
+    order, for a replay: ``("record", counts, physical)``, ``("check", id)``, ``("commit", id,
+    layers)``, and each proposal read, by check id."""
+    log, proposals, pending, placements = [], {}, [], {}
+    for step, load in enumerate(counts):
+        physical = step % 4 == 3
+        if physical:  # per slot: each expert's count split evenly over its slots in service
+            placement = balancer.placement
+            load = np.asarray(load, np.float64)[np.arange(LAYERS)[:, None], placement.phy2log] \
+                / placement.logcnt[np.arange(LAYERS)[:, None], placement.phy2log]
+        balancer.record(load, physical=physical)
+        log.append(("record", load, physical))
+        if step % check_every == 0:
+            log.append(("check", balancer.check()))
+        if settle and rng.random() < settle:
+            assert balancer.wait(60)  # the worker catches up: proposals arrive at other passes
+        proposal = balancer.poll()
+        if proposal is not None:
+            check_id = balancer.last_decision["check"]
+            proposals[check_id] = proposal
+            placements[id(proposal[0])] = check_id
+            pending = [(proposal[0], c.layers) for c in proposal[1].chunks(chunk)]
+        if pending:
+            placement, layers = pending.pop(0)
+            balancer.commit(placement, layers)
+            log.append(("commit", placements[id(placement)], layers))
+    assert balancer.wait(60)
+    return log, proposals
+
+
+def replay(log, **config) -> tuple[eplb.Balancer, dict, dict]:
+    """The same calls on a synchronous Balancer: its proposals and decisions by check id."""
+    balancer = eplb.Balancer(LAYERS, EXPERTS, **config)
+    proposals, decisions = {}, {}
+    for entry in log:
+        if entry[0] == "record":
+            balancer.record(entry[1], physical=entry[2])
+        elif entry[0] == "check":
+            if balancer.should_rebalance():
+                proposals[entry[1]] = balancer.rebalance(commit=False)
+            decisions[entry[1]] = balancer.last_decision
+        else:
+            balancer.commit(proposals[entry[1]][0], entry[2])
+    return balancer, proposals, decisions
+
+
+@pytest.mark.parametrize("settle, staging_rows, extra", [
+    (0.05, None, {}),  # the worker lags as it likes, caught up now and then
+    (0.3, 2, {}),  # a two-row ring: record waits for room; the worker catches up at random passes
+    (0.2, None, {"cost_model": eplb.CostModel.preset("H100", "deepseek-v3"), "num_groups": None}),
+])
+def test_same_placements_as_the_synchronous_balancer(settle, staging_rows, extra):
+    config = {**CONFIG, **extra}
+    rng = np.random.default_rng(1)
+    with eplb.BackgroundBalancer(LAYERS, EXPERTS, staging_rows=staging_rows, **config) as background:
+        log, proposals = run_loop(background, passes(120, seed=3), check_every=10, chunk=2, rng=rng, settle=settle)
+        while background.pending_checks:  # the decisions still unread, and every proposal not yet polled
+            proposal = background.poll()
+            if proposal is not None:
+                proposals[background.last_decision["check"]] = proposal
+        decisions = {decision["check"]: decision for decision in background.decisions}
+        state = background.state_dict()
+        in_service = background.placement
+        steps, rebalances = background.steps, background.rebalances
+    synchronous, expected, expected_decisions = replay(log, **config)
+    assert any(entry[0] == "commit" for entry in log), "the loop must commit something to test commits"
+    assert sorted(decisions) == sorted(expected_decisions)  # every check answered
+    assert sorted(c for c, d in decisions.items() if d["rebalance"]) == sorted(expected)  # the same said yes
+    # every yes is handed over unless a commit came after its check (then it is stale, and dropped)
+    assert sorted(proposals) == sorted(c for c, d in decisions.items() if d["rebalance"] and not d["stale"])
+    for check_id, (placement, transfer) in proposals.items():
+        assert_same_placement(placement, expected[check_id][0])
+        assert_same_transfer(transfer, expected[check_id][1])
+    for check_id, decision in decisions.items():
+        assert {k: v for k, v in decision.items() if k not in ("check", "stale")} == expected_decisions[check_id]
+    assert_same_state(state, synchronous.state_dict())
+    np.testing.assert_array_equal(in_service.phy2log, synchronous.placement.phy2log)
+    assert (steps, rebalances) == (synchronous.steps, synchronous.rebalances)
+
+
+def test_a_proposal_planned_before_a_later_commit_is_dropped():
+    counts = passes(20, seed=5)
+    with eplb.BackgroundBalancer(LAYERS, EXPERTS, **CONFIG) as background:
+        for load in counts:
+            background.record(load)
+        first = background.check()
+        assert background.wait(60)
+        proposal = background.poll()
+        assert proposal is not None and background.last_decision["check"] == first
+        second = background.check()  # the same window and placement: the same yes, planned from it
+        background.commit(proposal[0])  # ... but the placement in service changes after that check
+        assert background.wait(60)
+        assert background.poll() is None
+        assert background.last_decision["check"] == second and background.last_decision["rebalance"]
+        assert background.last_decision["stale"] is True
+        assert background.placement is proposal[0] and background.rebalances == 1
+        with pytest.raises(ValueError, match="layers must satisfy"):
+            background.commit(proposal[0], (3, 3))
+        with pytest.raises(ValueError, match="layers must be None or a"):
+            background.commit(proposal[0], "all")
+
+
+def test_bad_input_is_refused_in_the_caller():
+    with pytest.raises(TypeError, match="unexpected keyword arguments \\['windw'\\]"):
+        eplb.BackgroundBalancer(LAYERS, EXPERTS, windw=3)
+    with pytest.raises(ValueError, match="context must be one of"):
+        eplb.BackgroundBalancer(LAYERS, EXPERTS, context="fork", **CONFIG)
+    with pytest.raises(ValueError, match="staging_rows must be an integer >= 2"):
+        eplb.BackgroundBalancer(LAYERS, EXPERTS, staging_rows=1, **CONFIG)
+    with pytest.raises(ValueError, match="window must be"):  # the worker's Balancer refuses it, raised here
+        eplb.BackgroundBalancer(LAYERS, EXPERTS, **{**CONFIG, "window": 0})
+    with eplb.BackgroundBalancer(LAYERS, EXPERTS, **CONFIG) as background:
+        with pytest.raises(ValueError, match="counts must have shape"):
+            background.record(np.ones((LAYERS, EXPERTS + 1)))
+        bad = np.ones((LAYERS, EXPERTS))
+        bad[2, 5] = -1
+        with pytest.raises(ValueError, match="finite and non-negative, found -1.0 at flat index 133"):
+            background.record(bad)
+        bad[2, 5] = np.nan
+        with pytest.raises(ValueError, match="finite and non-negative"):
+            background.record(bad)
+        foreign = eplb.plan(np.ones((LAYERS, EXPERTS)), num_slots=80, num_gpus=8, num_nodes=2, num_groups=8)
+        with pytest.raises(ValueError, match="placement must be one that this BackgroundBalancer's poll"):
+            background.commit(foreign)
+        background.record(np.ones((LAYERS, EXPERTS)))  # refused passes left no trace
+        assert background.wait(60) and background.steps == 1 and background.state_dict()["steps"] == 1
+
+
+def test_a_dead_worker_or_a_closed_balancer_raises():
+    background = eplb.BackgroundBalancer(LAYERS, EXPERTS, **CONFIG)
+    background.record(np.ones((LAYERS, EXPERTS)))
+    os.kill(background.pid, signal.SIGKILL)
+    deadline = time.monotonic() + 30
+    with pytest.raises(RuntimeError, match="died"):
+        while time.monotonic() < deadline:  # the watchdog notices within moments
+            background.record(np.ones((LAYERS, EXPERTS)))
+            time.sleep(0.01)
+    for call in (background.check, background.poll, background.wait, background.state_dict):
+        with pytest.raises(RuntimeError, match="died"):
+            call()
+    background.close()
+    background.close()  # idempotent
+    assert background.closed and background.pid is None
+    with pytest.raises(RuntimeError, match="closed"):
+        background.record(np.ones((LAYERS, EXPERTS)))
+
+
+def test_state_round_trips_through_a_saved_file(tmp_path):
+    counts = passes(30, seed=7)
+    with eplb.BackgroundBalancer(LAYERS, EXPERTS, **CONFIG) as background:
+        for load in counts[:20]:
+            background.record(load)
+        np.savez(tmp_path / "state.npz", **background.state_dict())
+    with np.load(tmp_path / "state.npz", allow_pickle=False) as saved:
+        restored = eplb.BackgroundBalancer.from_state_dict(saved, compile="lazy")
+    synchronous = eplb.Balancer(LAYERS, EXPERTS, **CONFIG)
+    with restored:
+        assert restored.steps == 20
+        for load in counts:
+            synchronous.record(load)
+        for load in counts[20:]:
+            restored.record(load)
+        assert_same_state(restored.state_dict(), synchronous.state_dict())
