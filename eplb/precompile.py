@@ -188,7 +188,11 @@ def ship(folder) -> dict:
         warmup(**deployment, balancer=True)
     compile_s = time.perf_counter() - start
     kernels_dir = os.path.join(os.path.dirname(os.path.abspath(__file__)), "kernels")
-    source = Path(cache_dir(os.path.join(kernels_dir, "__init__.py")))
+    located = cache_dir(os.path.join(kernels_dir, "__init__.py"))
+    if located is None:  # a warning said why: the kernels were compiled in memory, nothing to ship
+        raise RuntimeError("no private kernel cache folder to ship the compiled kernels from; "
+                           "set EPLB_CACHE_DIR to an empty folder only you can write")
+    source = Path(located)
     tag_dir = Path(folder) / shipped_tag()
     if tag_dir.exists():
         shutil.rmtree(tag_dir)  # an earlier build's files

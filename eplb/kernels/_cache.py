@@ -1,20 +1,46 @@
-"""Where Numba keeps the compiled code of eplb's kernels: a per-user cache folder, never the package.
+"""Where Numba keeps the compiled code of eplb's kernels: a private per-user cache folder, never the package.
 
 Numba's default for ``cache=True`` writes next to the source (``eplb/kernels/__pycache__``). In an
 installed package that folder is not pip's: uninstalling leaves it behind, and the leftover
 ``site-packages/eplb`` (then a namespace package) shadows a later editable install. A read-only
-install cannot cache at all. So eplb's kernels are cached in, by precedence:
+install cannot cache at all. So eplb's kernels are cached in the configured folder:
 
 1. ``$EPLB_CACHE_DIR``;
-2. ``$NUMBA_CACHE_DIR/eplb`` (Numba's own setting, so a user who moved every Numba cache finds
+2. else ``$NUMBA_CACHE_DIR/eplb`` (Numba's own setting, so a user who moved every Numba cache finds
    eplb's there too);
-3. ``$XDG_CACHE_HOME/eplb`` (``~/.cache/eplb`` when unset);
-4. ``<temp dir>/eplb-cache-<user>``, when none of the above can be created or written;
+3. else ``$XDG_CACHE_HOME/eplb`` (``~/.cache/eplb`` when unset);
 
 each followed by ``numba-<Numba version>/<folder name>_<hash of the source folder's path>``, so
-two installs (a wheel and a checkout) never share files. Each entry is stamped with a hash of its
-source file's content, whatever the Numba version (some stamp the modification time, which an
-install changes), so a stale entry is recompiled, never used.
+two installs (a wheel and a checkout) never share files.
+
+**Only private folders are used.** Numba's cache files are pickles: whoever can write them runs
+code in the process that loads them. So a folder is used only if every folder eplb uses, from the
+configured one down, is owned by this user (the effective uid) and not writable by group or
+others (a symbolic link is followed only if this user owns it, and its target is checked the
+same way), and every folder above it is owned by this user or root and, if others can write it,
+sticky (like ``/tmp``: nobody else can rename what is inside). Folders eplb creates get mode
+``0o700``; each cache file is written privately (mode ``0o600``) and loaded only if this user owns
+it and nobody else can write it. When the configured folder cannot be used (it is unsafe, names a
+file, or cannot be created or written, e.g. a read-only ``HOME``), eplb warns once per process
+(:class:`KernelCacheWarning`, naming the folder, the setting and the reason) and falls back to
+``<temp dir>/eplb-cache-<uid>`` under the same checks: a fixed name, so later processes of a
+container with a read-only home still find the compiled code, and safe, since a folder another
+user created first is refused (that user can deny the cache, never run code). If that fails too,
+the kernels are compiled in memory with no disk cache (every process compiles again). On
+platforms without POSIX owners (Windows) the owner and mode checks are not made.
+
+**Stamps.** Each entry is stamped with a hash of the content of every kernel source
+(``eplb/kernels/**/*.py``, by path relative to the package, and of the function's own file): a
+compiled kernel embeds the helpers it calls from other kernel files (kernels import only from
+``eplb.kernels``, which ``tests/test_cache_safety.py`` checks), so a change to any of them
+recompiles every kernel, never runs stale code. The content, not the modification time an install
+sets, so the shipped entries below match the installed files.
+
+**Corrupt entries.** An index or data file that cannot be read (truncated, empty, garbage, a folder
+in its place, a file of another user) is a miss: the kernel is compiled and the entry replaced.
+Every file is written to a uniquely named temporary file in the same folder and renamed into place,
+so processes sharing a folder (also across containers, whose PIDs can repeat) never see half a file.
+A failed write leaves the compiled code running, uncached.
 
 **Kernels shipped compiled.** Building a wheel (``pip install .``) compiles the kernels of three
 deployments (:func:`eplb.precompile.ship`, run by the build step in ``eplb/_build.py``) and
@@ -28,62 +54,174 @@ atomic rename, so processes starting together (every rank of an engine) copy saf
 that does not match (another CPU, a kernel called with new argument types) compiles as before.
 
 The locator applies to functions defined in this package's files only; every other package keeps
-Numba's usual behaviour. :func:`register` runs when ``eplb.kernels`` is imported, before any kernel
-module is (the locator is chosen when ``@njit(cache=True)`` is applied). Nothing is compiled here.
+Numba's usual behaviour (the index-file class :func:`register` installs behaves as Numba's own for
+any folder this module did not choose). :func:`register` runs when ``eplb.kernels`` is imported,
+before any kernel module is (the locator is chosen when ``@njit(cache=True)`` is applied). Nothing
+is compiled here.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
-import getpass
 import glob
 import hashlib
 import json
 import os
 import shutil
+import stat
 import sys
 import tempfile
+import warnings
 
 import numba
-from numba.core import config
-from numba.core.caching import CacheImpl, _CacheLocator, _SourceFileBackedLocatorMixin
+from numba.core import caching, config
+from numba.core.caching import CacheImpl, IndexDataCacheFile, _CacheLocator, _SourceFileBackedLocatorMixin
 
 PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # .../eplb
+KERNELS_DIR = os.path.join(PACKAGE_DIR, "kernels")
 SHIPPED_ROOT = os.path.join(PACKAGE_DIR, "_precompiled")
 MANIFEST = "manifest.json"
 
 
-def _user() -> str:
-    try:
-        return getpass.getuser()
-    except (KeyError, OSError):  # no login name (containers with an arbitrary uid)
-        return str(os.getuid()) if hasattr(os, "getuid") else "user"
+class KernelCacheWarning(RuntimeWarning):
+    """The configured kernel cache folder cannot be used; the message says why and what is used instead."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Which folder
+
+
+def configured_root() -> tuple[str, str]:
+    """``(folder, setting)``: the cache folder the environment configures and the setting that names it."""
+    if os.environ.get("EPLB_CACHE_DIR"):
+        return os.path.abspath(os.environ["EPLB_CACHE_DIR"]), "EPLB_CACHE_DIR"
+    if config.CACHE_DIR:
+        return os.path.abspath(os.path.join(config.CACHE_DIR, "eplb")), "NUMBA_CACHE_DIR"
+    if os.environ.get("XDG_CACHE_HOME"):
+        return os.path.abspath(os.path.join(os.environ["XDG_CACHE_HOME"], "eplb")), "XDG_CACHE_HOME"
+    return os.path.abspath(os.path.join(os.path.expanduser("~"), ".cache", "eplb")), "HOME"
+
+
+def temp_root() -> str:
+    """The fallback folder: ``<temp dir>/eplb-cache-<uid>`` (used only if private, see the module docstring)."""
+    uid = _euid()
+    return os.path.join(tempfile.gettempdir(), f"eplb-cache-{uid if uid is not None else 'user'}")
 
 
 def cache_roots() -> list[str]:
-    """The candidate folders for eplb's kernels, best first (read from the environment each call)."""
-    roots = []
-    if os.environ.get("EPLB_CACHE_DIR"):
-        roots.append(os.environ["EPLB_CACHE_DIR"])
-    elif config.CACHE_DIR:
-        roots.append(os.path.join(config.CACHE_DIR, "eplb"))
-    else:
-        xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-        roots.append(os.path.join(xdg, "eplb"))
-    roots.append(os.path.join(tempfile.gettempdir(), f"eplb-cache-{_user()}"))
-    return [os.path.join(os.path.abspath(root), f"numba-{numba.__version__}") for root in roots]
+    """The candidate ``numba-<version>`` folders for eplb's kernels, best first (read from the
+    environment each call): the configured one, then the temp-dir fallback."""
+    return [os.path.join(root, f"numba-{numba.__version__}") for root in (configured_root()[0], temp_root())]
+
+
+# ---------------------------------------------------------------------------------------------
+# Is a folder private
+
+
+def _euid() -> int | None:
+    return os.geteuid() if hasattr(os, "geteuid") else None
+
+
+def _components(path: str) -> list[str]:
+    """``/a/b/c`` -> ``["/", "/a", "/a/b", "/a/b/c"]``."""
+    out = [path]
+    while os.path.dirname(out[-1]) != out[-1]:
+        out.append(os.path.dirname(out[-1]))
+    return out[::-1]
+
+
+def _unsafe_component(path: str, st: os.stat_result, own: bool) -> str | None:
+    """Why folder ``path`` (``lstat`` result ``st``) may not hold or lead to cache files; ``None`` if
+    it may. ``own``: a folder eplb uses itself (the cache folder and below) rather than one above."""
+    uid = _euid()
+    if uid is None:
+        return None
+    owners = (uid,) if own else (uid, 0)
+    if st.st_uid not in owners:
+        return f"{path} is owned by uid {st.st_uid}, not by you (uid {uid})" + ("" if own else " or root")
+    if stat.S_ISLNK(st.st_mode):
+        return None  # a link this user (or root) owns: its target is checked on the resolved path
+    if not stat.S_ISDIR(st.st_mode):
+        return f"{path} is not a folder"
+    mode = stat.S_IMODE(st.st_mode)
+    if own and mode & 0o022:
+        return f"{path} is writable by group or others (mode {mode:o}; `chmod -R go-w` it to make it private)"
+    if not own and mode & 0o022 and not mode & stat.S_ISVTX:
+        return f"{path} is writable by other users and not sticky (mode {mode:o})"
+    return None
+
+
+def _unsafe_path(folder: str, root: str, create: bool) -> str | None:
+    """Why ``folder`` (``root`` or inside it) may not be used; ``None`` if it may. With ``create``,
+    missing folders are made (mode ``0o700``), each only after the folder above it passed."""
+    for path in _components(folder):
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            if not create:
+                return f"{path} does not exist"
+            try:
+                os.mkdir(path, 0o700)
+                st = os.lstat(path)
+            except FileExistsError:  # made by another process just now: checked like any other
+                st = os.lstat(path)
+            except OSError as error:
+                return f"cannot create {path} ({error.strerror})"
+        except OSError as error:
+            return f"cannot read {path} ({error.strerror})"
+        reason = _unsafe_component(path, st, own=os.path.commonpath([path, root]) == root)
+        if reason is not None:
+            return reason
+    real_folder, real_root = os.path.realpath(folder), os.path.realpath(root)
+    if real_folder != folder and os.path.commonpath([real_folder, real_root]) == real_root:
+        return _unsafe_path(real_folder, real_root, create=False)  # a link's target, checked the same way
+    if real_folder != folder:
+        return f"{folder} is a link to {real_folder}, outside the cache folder {real_root}"
+    return None
 
 
 @functools.lru_cache(maxsize=None)
-def _writable(path: str) -> bool:
-    """Whether ``path`` exists (created if needed) and a file can be written in it (checked once per
-    folder and process, not once per kernel)."""
+def folder_problem(folder: str, root: str) -> str | None:
+    """Why cache folder ``folder`` (``root`` or inside it) cannot be used, made if missing; ``None``
+    if it is private and writable (checked once per folder and process, not once per kernel)."""
+    reason = _unsafe_path(folder, root, create=True)
+    if reason is None:
+        try:
+            tempfile.TemporaryFile(dir=folder).close()
+        except OSError as error:
+            reason = f"cannot write in {folder} ({error.strerror})"
+    return reason
+
+
+def _private_file(path: str) -> bool:
+    """Whether ``path`` is a regular file this user owns and nobody else can write (a cache file to load)."""
+    st = os.lstat(path)
+    uid = _euid()
+    return stat.S_ISREG(st.st_mode) and (uid is None or (st.st_uid == uid and not st.st_mode & 0o022))
+
+
+@contextlib.contextmanager
+def _atomic_writer(path: str):
+    """A binary file object whose content replaces ``path`` when the block ends (a rename); nothing
+    changes if the block raises. The temporary file is private and uniquely named in the same folder;
+    a folder in ``path``'s place (a corrupt entry) is removed first."""
+    if os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path, ignore_errors=True)  # another process may be removing it too
+    folder, name = os.path.split(path)
+    fd, temp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=folder)  # mode 0o600
     try:
-        os.makedirs(path, exist_ok=True)
-        tempfile.TemporaryFile(dir=path).close()
-    except OSError:
-        return False
-    return True
+        with os.fdopen(fd, "wb") as file:
+            yield file
+        os.replace(temp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temp)
+        raise
+
+
+# ---------------------------------------------------------------------------------------------
+# Kernels shipped compiled
 
 
 def shipped_tag() -> str:
@@ -111,9 +249,8 @@ def shipped_dir(py_file: str) -> tuple[str, str] | None:
 
 
 def _copy_atomically(source: str, target: str) -> None:
-    temp = f"{target}.{os.getpid()}.tmp"
-    shutil.copyfile(source, temp)
-    os.replace(temp, target)
+    with open(source, "rb") as data, _atomic_writer(target) as out:
+        shutil.copyfileobj(data, out)
 
 
 @functools.lru_cache(maxsize=None)
@@ -136,42 +273,174 @@ def seed_from_shipped(shipped: str, path: str) -> int:
     return copied
 
 
+# ---------------------------------------------------------------------------------------------
+# The folder of a source file
+
+_CHOSEN: set[str] = set()  # the folders cache_dir handed out: GuardedIndexDataCacheFile guards these
+_WARNED: set[tuple[str, str]] = set()
+
+
+def _warn_once(root: str, setting: str, reason: str, used: str | None, fallback_reason: str | None) -> None:
+    if (root, reason) in _WARNED:
+        return
+    _WARNED.add((root, reason))
+    instead = (f"caching compiled kernels in {used} instead" if used is not None else
+               f"the fallback cannot be used either ({fallback_reason}); compiling kernels in memory, "
+               "without a disk cache (every new process compiles again)")
+    warnings.warn(f"eplb: cannot use the kernel cache folder {root} (from {setting}): {reason}; {instead}",
+                  KernelCacheWarning, stacklevel=_outside_stacklevel())
+
+
+def _outside_stacklevel() -> int:
+    """The ``stacklevel`` of the first caller outside eplb, Numba and the import machinery (the
+    user's line that imported or called eplb), counted from the function calling ``warnings.warn``."""
+    skip = (PACKAGE_DIR + os.sep, os.path.dirname(os.path.abspath(numba.__file__)) + os.sep, "<frozen ")
+    frame, level = sys._getframe(1), 1  # the frame that calls warnings.warn (stacklevel 1)
+    while frame is not None and frame.f_code.co_filename.startswith(skip):
+        frame = frame.f_back
+        name = frame.f_code.co_filename if frame is not None else ""
+        if not ("importlib" in name and "_bootstrap" in name):  # frames warnings does not count
+            level += 1
+    return level if frame is not None else 1
+
+
 def cache_dir(py_file: str) -> str | None:
     """The folder holding the compiled kernels of source file ``py_file`` (seeded from the shipped
-    kernels, if any); ``None`` if no candidate folder is writable."""
+    kernels, if any); ``None`` if no private, writable folder can be used (then a warning says why)."""
     sub = _CacheLocator.get_suitable_cache_subpath(py_file)
     shipped = shipped_dir(py_file)
     if shipped is not None:
         sub += "_" + shipped[1][:16]
-    for root in cache_roots():
-        path = os.path.join(root, sub)
-        if _writable(path):
-            if shipped is not None:
-                seed_from_shipped(shipped[0], path)
-            return path
-    return None
+    configured, setting = configured_root()
+    problems = []
+    chosen = None
+    for root in (configured, temp_root()):
+        path = os.path.join(root, f"numba-{numba.__version__}", sub)
+        problem = folder_problem(path, root)
+        if problem is None:
+            chosen = path
+            break
+        problems.append(problem)
+    if problems:
+        _warn_once(configured, setting, problems[0], chosen, problems[-1])
+    if chosen is not None:
+        _CHOSEN.add(chosen)
+        if shipped is not None:
+            seed_from_shipped(shipped[0], chosen)
+    return chosen
 
 
-def source_hash(py_file: str) -> str:
-    """SHA-256 of a source file's content: the stamp of its cache entries."""
+# ---------------------------------------------------------------------------------------------
+# Stamps
+
+
+def kernel_sources() -> list[str]:
+    """The files every kernel's compiled code may depend on: each ``.py`` under :data:`KERNELS_DIR`
+    (sorted absolute paths)."""
+    files = []
+    for folder, dirs, names in os.walk(KERNELS_DIR):
+        dirs[:] = [d for d in dirs if d != "__pycache__"]
+        files.extend(os.path.join(folder, name) for name in names if name.endswith(".py"))
+    return sorted(files)
+
+
+def source_stamp(py_file: str) -> str:
+    """The stamp of the cache entries of the functions in ``py_file``: SHA-256 over the path (relative
+    to the package, so independent of where it is installed) and content of each of
+    :func:`kernel_sources` and of ``py_file``. The kernel sources are read once per process (all are
+    imported together); ``py_file`` again whenever it changes, as Numba's own stamp does."""
     st = os.stat(py_file)
-    return _content_hash(py_file, st.st_mtime_ns, st.st_size)
+    return _stamp(_kernel_sources_hash(), os.path.abspath(py_file), st.st_mtime_ns, st.st_size)
+
+
+def _file_digest(path: str) -> bytes:
+    with open(path, "rb") as f:
+        data = f.read()
+    name = os.path.relpath(path, PACKAGE_DIR).replace(os.sep, "/")
+    return hashlib.sha256(name.encode() + b"\0" + hashlib.sha256(data).digest()).digest()
 
 
 @functools.lru_cache(maxsize=None)
-def _content_hash(py_file: str, mtime_ns: int, size: int) -> str:
+def _kernel_sources_hash() -> str:
+    digest = hashlib.sha256()
+    for path in kernel_sources():
+        digest.update(_file_digest(path))
+    return digest.hexdigest()
+
+
+@functools.lru_cache(maxsize=None)
+def _stamp(kernels_hash: str, py_file: str, mtime_ns: int, size: int) -> str:
     # keyed by time and size too, so a file edited while the process runs is hashed again
-    with open(py_file, "rb") as f:
-        return hashlib.sha256(f.read()).hexdigest()
+    return hashlib.sha256(kernels_hash.encode() + _file_digest(py_file)).hexdigest()
 
 
-def _in_package(py_file: str) -> bool:
-    path = os.path.abspath(py_file)
-    return os.path.commonpath([path, PACKAGE_DIR]) == PACKAGE_DIR
+# ---------------------------------------------------------------------------------------------
+# Numba's hooks
+
+
+class GuardedIndexDataCacheFile(IndexDataCacheFile):
+    """Numba's index and data files, for the folders :func:`cache_dir` chose: a file that cannot be
+    read, or is not this user's own private file, is a miss; every write goes through a private,
+    uniquely named temporary file; a write that fails leaves the kernel uncached. ``cache_path``
+    ``None`` (no usable folder): nothing is read or written. Any other folder: Numba's behaviour."""
+
+    def __init__(self, cache_path, filename_base, source_stamp):
+        self._guarded = cache_path is None or cache_path in _CHOSEN
+        self._on_disk = cache_path is not None
+        # os.devnull: a folder nothing can be created in, should a path of "no folder" ever be used
+        super().__init__(cache_path if cache_path is not None else os.devnull, filename_base, source_stamp)
+
+    def _load_index(self):
+        if not self._guarded:
+            return super()._load_index()
+        if not self._on_disk:
+            return {}
+        try:
+            if not _private_file(self._index_path):
+                return {}
+            overloads = super()._load_index()
+        except Exception:  # missing, truncated, empty, garbage, a folder: a miss, replaced by the next save
+            return {}
+        return overloads if isinstance(overloads, dict) else {}
+
+    def load(self, key):
+        if not self._guarded:
+            return super().load(key)
+        data_name = self._load_index().get(key)
+        if not isinstance(data_name, str):
+            return None
+        try:
+            if not _private_file(self._data_path(data_name)):
+                return None
+            data = self._load_data(data_name)
+        except Exception:  # as for the index: a miss
+            return None
+        return data if isinstance(data, tuple) else None
+
+    def save(self, key, data):
+        if not self._guarded:
+            return super().save(key, data)
+        if not self._on_disk:
+            return None
+        try:
+            super().save(key, data)
+        except OSError:  # disk full, folder removed: the compiled code runs, uncached
+            pass
+        return None
+
+    def flush(self):
+        if self._on_disk:
+            super().flush()
+
+    def _open_for_write(self, filepath):
+        if not self._guarded:
+            return super()._open_for_write(filepath)
+        return _atomic_writer(filepath)
 
 
 class EplbCacheLocator(_SourceFileBackedLocatorMixin, _CacheLocator):
-    """Numba cache locator for functions defined in eplb's own source files (see module docstring)."""
+    """Numba cache locator for functions defined in eplb's own source files (see module docstring).
+    ``path`` ``None``: no private folder could be used, the function is compiled in memory."""
 
     def __init__(self, py_func, py_file, path):
         self._py_file = py_file
@@ -182,25 +451,29 @@ class EplbCacheLocator(_SourceFileBackedLocatorMixin, _CacheLocator):
         return self._cache_path
 
     def get_source_stamp(self):
-        # the content, whatever the Numba version: shipped entries must match the installed
-        # files, whose modification times the install sets
-        return source_hash(self._py_file)
+        # the content of every kernel source, whatever the Numba version: a kernel embeds the helpers
+        # it calls, and shipped entries must match the installed files, whose modification times the
+        # install sets
+        return source_stamp(self._py_file)
 
     def ensure_cache_path(self):
-        if not _writable(self._cache_path):
-            raise OSError(f"cannot write Numba's cache for eplb in {self._cache_path}")
+        pass  # checked when chosen (cache_dir); a write that fails later leaves the kernel uncached, never raises
 
     @classmethod
     def from_function(cls, py_func, py_file):
         if not (os.path.exists(py_file) and _in_package(py_file)):
             return None  # not eplb's: the next locator (Numba's usual ones) decides
-        path = cache_dir(py_file)
-        if path is None:
-            return None
-        return cls(py_func, py_file, path)
+        return cls(py_func, py_file, cache_dir(py_file))
+
+
+def _in_package(py_file: str) -> bool:
+    path = os.path.abspath(py_file)
+    return os.path.commonpath([path, PACKAGE_DIR]) == PACKAGE_DIR
 
 
 def register() -> None:
-    """Put :class:`EplbCacheLocator` first in Numba's locator list (once)."""
+    """Put :class:`EplbCacheLocator` first in Numba's locator list and have Numba's caches use
+    :class:`GuardedIndexDataCacheFile` (once)."""
     if EplbCacheLocator not in CacheImpl._locator_classes:
         CacheImpl._locator_classes.insert(0, EplbCacheLocator)
+    caching.IndexDataCacheFile = GuardedIndexDataCacheFile
