@@ -320,6 +320,23 @@ class Placement:
         except KeyError as exc:
             raise ValueError(f"placement dict is missing the key {exc}") from None
 
+    def __getstate__(self) -> dict:
+        """What pickle and :func:`copy.deepcopy` carry: every field, with a lazy ``lower_bound`` or
+        ``max_load`` evaluated (it is a closure over the planning counts, which pickle cannot
+        carry; both cost milliseconds once compiled) and ``info`` as a plain dict."""
+        state = dict(self.__dict__)
+        for name in ("lower_bound", "max_load"):
+            state["_" + name] = getattr(self, name)
+        state["info"] = dict(self.info)
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        """Restore :meth:`__getstate__`'s fields: arrays read-only and ``info`` read-only again, as
+        the constructor leaves them (the state comes from a placement that was validated)."""
+        state = {key: _frozen(value) if isinstance(value, np.ndarray) else value for key, value in state.items()}
+        state["info"] = MappingProxyType(dict(state["info"]))
+        self.__dict__.update(state)
+
     def __eq__(self, other):
         return (
             isinstance(other, Placement)
