@@ -109,12 +109,6 @@ def temp_root() -> str:
     return os.path.join(tempfile.gettempdir(), f"eplb-cache-{uid if uid is not None else 'user'}")
 
 
-def cache_roots() -> list[str]:
-    """The candidate ``numba-<version>`` folders for eplb's kernels, best first (read from the
-    environment each call): the configured one, then the temp-dir fallback."""
-    return [os.path.join(root, f"numba-{numba.__version__}") for root in (configured_root()[0], temp_root())]
-
-
 # ---------------------------------------------------------------------------------------------
 # Is a folder private
 
