@@ -514,3 +514,62 @@ def test_cli_plan_with_previous_prices_the_copies(tmp_path):
     assert "(olmoe-1b-7b)" in out and "on B200" in out
     _, err = invoke("plan", "new.npy", *deployment, "--expert-bytes", "10", "-o", "x.json", cwd=tmp_path, expect=2)
     assert "apply only with --previous" in err
+
+
+# -- issue 29, 13: scale-free gaps, empty series, integer options beyond int64 --------------------
+
+@pytest.mark.parametrize("dispatch", ["uniform", "sglang-static", "sglang-dynamic"])
+@pytest.mark.parametrize("weights", [[1.0, 1.0, 1.0, 1.0], [1.0, 2.0, 3.0, 4.0]])
+def test_the_gap_is_the_same_for_window_weights_w_and_c_times_w(dispatch, weights):
+    series = np.floor(np.random.default_rng(0).pareto(0.8, (4, 3, 16)) * 100)
+    plans = [eplb.plan(series, num_slots=24, num_gpus=4, dispatch=dispatch,
+                       window_weights=[scale * w for w in weights]) for scale in (1.0, 2.0, 1e-300)]
+    for plan in plans[1:]:
+        np.testing.assert_array_equal(plan.phy2log, plans[0].phy2log)
+        np.testing.assert_allclose(plan.gap, plans[0].gap, rtol=1e-9, atol=1e-12)
+        np.testing.assert_allclose(plan.max_load, plans[0].max_load, rtol=1e-9)
+    assert (plans[0].gap >= 0).all() and (plans[0].gap < 1).all()
+
+
+EMPTY_SERIES = np.zeros((0, 3, 16))
+
+
+@pytest.mark.parametrize("call", [
+    lambda: eplb.plan(EMPTY_SERIES, num_slots=24, num_gpus=4),
+    lambda: eplb.rebalance_experts(EMPTY_SERIES, 24, 1, 1, 4),
+    lambda: eplb.plan(np.ones((3, 16)), num_slots=24, num_gpus=4).balancedness(EMPTY_SERIES),
+    lambda: eplb.plan(np.ones((3, 16)), num_slots=24, num_gpus=4).gpu_loads(EMPTY_SERIES),
+])
+def test_a_series_of_no_windows_is_refused_by_name(call):
+    with pytest.raises(ValueError, match=r"(counts|weight) must have at least one window"):
+        call()
+
+
+TOO_LARGE = [2**63, 10**30]
+
+
+@pytest.mark.parametrize("value", TOO_LARGE)
+@pytest.mark.parametrize("method, option", [("best", "seed"), ("best", "num_starts"), ("best", "max_steps"),
+                                            ("best", "capped_budget"), ("balanced", "num_starts"),
+                                            ("balanced", "max_steps"), ("exact", "workers")])
+def test_an_integer_option_beyond_its_range_is_a_value_error_naming_it(method, option, value):
+    with pytest.raises(ValueError, match=f"option {option} must be an integer .*<= "):
+        eplb.plan(np.ones((1, 16)), num_slots=24, num_gpus=4, method=method, **{option: value})
+
+
+@pytest.mark.parametrize("value", TOO_LARGE)
+def test_max_moves_beyond_int64_is_a_value_error_naming_it(value):
+    counts = np.random.default_rng(2).integers(0, 100, (2, 16)).astype(float)
+    previous = eplb.plan(counts, num_slots=24, num_gpus=4)
+    with pytest.raises(ValueError, match="max_moves must be <= 9223372036854775807"):
+        eplb.plan(counts, num_slots=24, num_gpus=4, previous=previous, max_moves=value)
+    with pytest.raises(ValueError, match="max_moves must be <= 9223372036854775807"):
+        eplb.Balancer(2, 16, num_slots=24, num_gpus=4, max_moves=value, compile="lazy")
+
+
+def test_the_largest_int64_option_still_plans():
+    counts = np.random.default_rng(2).integers(0, 100, (2, 16)).astype(float)
+    previous = eplb.plan(counts, num_slots=24, num_gpus=4)
+    largest = 2**63 - 1
+    eplb.plan(counts, num_slots=24, num_gpus=4, previous=previous, max_moves=largest)
+    eplb.plan(counts, num_slots=24, num_gpus=4, method="best", seed=largest, max_steps=largest)

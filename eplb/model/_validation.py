@@ -11,8 +11,14 @@ import operator
 import numpy as np
 
 
-def as_int(value, name: str, *, minimum: int | None = None) -> int:
-    """``value`` as a Python int; rejects floats, bools and anything else that is not an integer."""
+INT64_MAX = int(np.iinfo(np.int64).max)
+"""The largest integer the kernels take (they compute in int64): a larger argument or option is
+refused by name instead of overflowing on its way in."""
+
+
+def as_int(value, name: str, *, minimum: int | None = None, maximum: int = INT64_MAX) -> int:
+    """``value`` as a Python int in ``[minimum, maximum]`` (``maximum`` defaults to the int64 limit);
+    rejects floats, bools and anything else that is not an integer."""
     if isinstance(value, (bool, np.bool_)):
         raise ValueError(f"{name} must be an integer, got a bool ({value!r})")
     try:
@@ -21,6 +27,8 @@ def as_int(value, name: str, *, minimum: int | None = None) -> int:
         raise ValueError(f"{name} must be an integer, got {value!r} ({type(value).__name__})") from None
     if minimum is not None and result < minimum:
         raise ValueError(f"{name} must be >= {minimum}, got {result}")
+    if result > maximum:
+        raise ValueError(f"{name} must be <= {maximum}, got {result}")
     return result
 
 
@@ -52,6 +60,8 @@ def as_counts(counts, name: str = "counts", *, ndims: tuple[int, ...] = (2,)) ->
         raise ValueError(f"{name} must have at least one expert (last axis), got shape {array.shape}")
     if array.ndim >= 2 and array.shape[-2] < 1:
         raise ValueError(f"{name} must have at least one layer, got shape {array.shape}")
+    if array.ndim == 3 and array.shape[0] < 1:
+        raise ValueError(f"{name} must have at least one window (first axis of [T, L, E]), got shape {array.shape}")
     if np.isnan(array).any():
         raise ValueError(f"{name} must not contain NaN")
     if np.isinf(array).any():
@@ -99,14 +109,17 @@ class Option:
         kind: ``"int"`` (an integer, not a bool), ``"number"`` (a finite int or float, not a bool)
             or ``"bool"``.
         minimum: smallest accepted value (ints and numbers); ``above``: the value must be strictly
-            greater than this (numbers).
+            greater than this (numbers); ``maximum``: largest accepted value (ints: at most
+            :data:`INT64_MAX`, the default, since the kernels compute in int64).
         allow_none: ``None`` is accepted too (it then means the option's documented default).
     """
 
-    def __init__(self, kind: str, *, minimum=None, above=None, allow_none: bool = False):
+    def __init__(self, kind: str, *, minimum=None, above=None, maximum=None, allow_none: bool = False):
         if kind not in ("int", "number", "bool"):
             raise ValueError(f"unknown option kind {kind!r}")
-        self.kind, self.minimum, self.above, self.allow_none = kind, minimum, above, allow_none
+        if kind == "int":
+            maximum = INT64_MAX if maximum is None else min(maximum, INT64_MAX)
+        self.kind, self.minimum, self.above, self.maximum, self.allow_none = kind, minimum, above, maximum, allow_none
 
     def rule(self) -> str:
         """The rule in words, for error messages."""
@@ -115,6 +128,9 @@ class Option:
             text += f" >= {self.minimum}"
         if self.above is not None:
             text += f" > {self.above}"
+        if self.maximum is not None:
+            text += f" and <= {self.maximum}" if self.minimum is not None or self.above is not None \
+                else f" <= {self.maximum}"
         return text + (" or None" if self.allow_none else "")
 
     def check(self, name: str, value):
@@ -142,6 +158,8 @@ class Option:
         if self.minimum is not None and value < self.minimum:
             raise bad
         if self.above is not None and not value > self.above:
+            raise bad
+        if self.maximum is not None and value > self.maximum:
             raise bad
         return value
 

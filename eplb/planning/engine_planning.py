@@ -182,6 +182,7 @@ def plan_for_engine(counts, base: Placement, problem, rule: str, window_weights=
     windows = np.asarray(counts, dtype=np.float64).reshape((-1,) + base.phy2log.shape[:1] + (base.num_experts,))
     phy2log, info = plan_for_rule(windows, base.phy2log, problem, rule, window_weights)
     weights = check_window_weights(window_weights, windows.shape[0])
+    weights = weights / weights.max()  # relative, as the even-split plan's lower bound: the gap is scale-free
     summed = np.tensordot(weights, windows, axes=1)
     topology = base.topology
 

@@ -26,6 +26,7 @@ import numpy as np
 from ...analysis.bounds import TINY_SLOTS, strongest_bound
 from ...kernels.multistart import PAIR_SWAPS, best_placement
 from ...analysis.searches import improve_layer
+from ...model._validation import INT64_MAX
 from . import Option, Problem, register
 from .balanced import balanced, max_loads, writable
 
@@ -42,6 +43,10 @@ most this many slots, on identical GPUs, finish with the capped search. On gpt-o
 (``bench/gpt_oss_certificate.py``; 20,000 nodes per attempt reach 0.008%, so the bound is within
 0.008% of the optimum there); with more slots per GPU it found nothing lighter."""
 
+CAPPED_ATTEMPTS = 20
+"""Packing attempts of the capped search per unit of ``capped_budget`` (the attempts are counted in int64)."""
+
+
 def finish_capped(weights: np.ndarray, problem: Problem, phy2log: np.ndarray, bound: np.ndarray,
                   budget: int) -> np.ndarray:
     """On small global layers (see :data:`CAPPED_SLOTS`), the lightest placement the capped search
@@ -55,13 +60,14 @@ def finish_capped(weights: np.ndarray, problem: Problem, phy2log: np.ndarray, bo
     phy2log = phy2log.copy()
     for layer in range(weights.shape[0]):
         _, phy2log[layer], _ = improve_layer(weights[layer], phy2log[layer], num_gpus, slots, float(bound[layer]),
-                                             budget=int(budget), max_attempts=20 * int(budget))
+                                             budget=int(budget), max_attempts=CAPPED_ATTEMPTS * int(budget))
     return phy2log
 
 
 @register("best", options={"num_starts": Option("int", minimum=1), "max_steps": Option("int", minimum=0),
                            "seed": Option("int", minimum=0), "move_experts": Option("int", minimum=0),
-                           "move_passes": Option("int", minimum=0), "capped_budget": Option("int", minimum=0)})
+                           "move_passes": Option("int", minimum=0),
+                           "capped_budget": Option("int", minimum=0, maximum=INT64_MAX // CAPPED_ATTEMPTS)})
 def best(weights: np.ndarray, problem: Problem, num_starts: int = 32, max_steps: int = 4096,
          seed: int = 0, move_experts: int = 8, move_passes: int = 4, capped_budget: int = 1000
          ) -> tuple[np.ndarray, dict]:

@@ -18,6 +18,10 @@ DEFAULT_TIME_LIMIT = 10.0
 """Wall-clock seconds per layer when neither ``time_limit`` nor ``deterministic_time`` is given."""
 
 
+CP_SAT_INT_MAX = 2**31 - 1
+"""The largest ``workers`` CP-SAT's parameters take (an int32 field)."""
+
+
 def load_solver():
     """The :mod:`eplb.planning.methods.exact_model` module (imports OR-Tools), or :class:`MissingExtraError` naming the
     extra to install."""
@@ -30,7 +34,7 @@ def load_solver():
 
 @register("exact", options={"time_limit": Option("number", above=0, allow_none=True),
                             "deterministic_time": Option("number", above=0, allow_none=True),
-                            "workers": Option("int", minimum=1), "progress": Option("bool", allow_none=True)},
+                            "workers": Option("int", minimum=1, maximum=CP_SAT_INT_MAX), "progress": Option("bool", allow_none=True)},
           rescale=False)
 def exact_method(weights: np.ndarray, problem: Problem, *, time_limit: float | None = None,
                  deterministic_time: float | None = None, workers: int = 1, progress: bool | None = None
@@ -42,7 +46,8 @@ def exact_method(weights: np.ndarray, problem: Problem, *, time_limit: float | N
         deterministic_time: per layer, in CP-SAT deterministic time units (a count of work, about
             one second of one core), > 0: the same input then gives the same plan on every run and
             machine. With both options the search stops at whichever comes first.
-        workers: CP-SAT search workers, >= 1 (several workers run interleaved, still deterministic).
+        workers: CP-SAT search workers, >= 1 and <= :data:`CP_SAT_INT_MAX` (several workers run
+            interleaved, still deterministic).
         progress: per-layer progress bar on stderr; None (default) shows it when stderr is a terminal.
     """
     exact = load_solver()
