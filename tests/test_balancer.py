@@ -434,6 +434,53 @@ def test_restored_state_with_an_unknown_config_key_is_refused():
         eplb.Balancer.from_state_dict({**state, "config": json.dumps(config)}, compile="lazy")
 
 
+def _malformed_states(state):
+    """``(name, state, message)``: a saved state broken one key at a time, with the words the
+    ``ValueError`` must say (the key and its rule)."""
+    config = json.loads(state["config"])
+    yield "not a mapping", [state], "state must be a mapping"
+    for key in state:
+        yield f"no {key}", {k: v for k, v in state.items() if k != key}, rf"missing the keys \['{key}'\]"
+    for text in ("[]", "3", "null", '"x"'):
+        yield f"config {text}", {**state, "config": text}, "state config must be a JSON object"
+    yield "config not JSON", {**state, "config": "{"}, "state config must be a JSON object, could not parse"
+    yield "config not a string", {**state, "config": 3}, "state config must be a JSON string"
+    for key in ("num_layers", "num_experts", "topology"):
+        broken = json.dumps({k: v for k, v in config.items() if k != key})
+        yield f"config without {key}", {**state, "config": broken}, rf"config is missing the keys \['{key}'\]"
+    yield "config num_layers text", {**state, "config": json.dumps({**config, "num_layers": "6"})}, \
+        "state config num_layers must be an integer"
+    for key in ("format_version", "position", "filled", "steps", "rebalances"):
+        for value, rule in (("abc", "must be an integer"), ([1, 2], "must be one integer"), (None, "must be an integer"),
+                            (-1, "must be >= 0"), (2**70, "must be <= ")):
+            yield f"{key}={value!r}", {**state, key: value}, f"state {key} {rule}"
+    for key, rule in (("window_buffer", "must be a numeric array"), ("phy2log", "must be an integer array")):
+        yield f"{key} ragged", {**state, key: [[1, 2], [3]]}, f"state {key} {rule}"
+        yield f"{key} dict", {**state, key: {"a": 1}}, f"state {key} must be"
+    yield "phy2log text", {**state, "phy2log": [["a"]]}, "state phy2log must hold integer expert ids"
+
+
+def test_every_malformed_state_is_a_value_error_naming_the_key_and_the_rule():
+    state = make(window=2, compile="lazy").state_dict()
+    for name, broken, message in _malformed_states(state):
+        with pytest.raises(ValueError, match=message):
+            make(window=2, compile="lazy").load_state_dict(broken)
+        with pytest.raises(ValueError, match=message):
+            eplb.Balancer.from_state_dict(broken, compile="lazy")
+
+
+def test_a_saved_config_without_window_means_the_default_window():
+    balancer = make(compile="lazy")  # window=100, the default
+    state = balancer.state_dict()
+    config = json.loads(state["config"])
+    del config["window"]
+    trimmed = {**state, "config": json.dumps(config)}
+    make(compile="lazy").load_state_dict(trimmed)
+    assert eplb.Balancer.from_state_dict(trimmed, compile="lazy").window == 100
+    with pytest.raises(ValueError, match="state has window=100, this balancer has 2"):
+        make(window=2, compile="lazy").load_state_dict(trimmed)
+
+
 def test_decisions_in_time_weigh_the_pass_time_saved_against_the_copy_stall():
     """With a cost model the balancer rebalances when the time a plan saves over its horizon beats
     the stall of its weight copies: over many passes every layer that gains pays, over one pass

@@ -29,10 +29,13 @@ container builds: the compiled kernels land in Numba's cache, and later processe
 from __future__ import annotations
 
 import contextlib
+import inspect
 import json
 import threading
 import time
 import warnings
+from collections.abc import Mapping
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -554,24 +557,16 @@ class Balancer:
             }
 
     def load_state_dict(self, state) -> None:
-        """Restore a :meth:`state_dict` (also as read back by ``np.load`` or from JSON lists)."""
-        try:
-            version = int(np.asarray(state["format_version"]))
-            config = json.loads(str(np.asarray(state["config"])))
-            buffer = np.asarray(state["window_buffer"], dtype=np.float64)
-            position, filled, steps, rebalances = (_state_int(state, key) for key in
-                                                   ("position", "filled", "steps", "rebalances"))
-            phy2log = np.asarray(state["phy2log"])
-        except KeyError as exc:
-            raise ValueError(f"state is missing the key {exc}") from None
-        if phy2log.dtype == object or phy2log.dtype.kind not in "iu":
-            raise ValueError(f"state phy2log must hold integer expert ids, got dtype {phy2log.dtype}")
-        if version != STATE_VERSION:
-            raise ValueError(f"unsupported balancer state format_version {version}")
+        """Restore a :meth:`state_dict` (also as read back by ``np.load`` or from JSON lists). A
+        malformed state is a ``ValueError`` naming the key and the rule (:func:`read_state`)."""
+        saved = read_state(state)
+        config, buffer, phy2log = saved.config, saved.window_buffer, saved.phy2log
+        position, filled, steps, rebalances = saved.position, saved.filled, saved.steps, saved.rebalances
         mine = self._config()
         for key in ("num_layers", "num_experts", "topology", "window"):
-            if config[key] != mine[key]:
-                raise ValueError(f"state has {key}={config[key]!r}, this balancer has {mine[key]!r}")
+            if config.get(key, CONFIG_DEFAULTS.get(key)) != mine[key]:
+                raise ValueError(f"state has {key}={config.get(key, CONFIG_DEFAULTS.get(key))!r}, "
+                                 f"this balancer has {mine[key]!r}")
         if buffer.shape != self._buffer.shape:
             raise ValueError(f"state window_buffer has shape {buffer.shape}, expected {self._buffer.shape}")
         bad = first_bad_count(np.ascontiguousarray(buffer).reshape(-1, self.num_experts))
@@ -593,26 +588,16 @@ class Balancer:
                         horizon: int | None = None) -> "Balancer":
         """A new balancer with the configuration and state saved by :meth:`state_dict` (``compile``,
         ``cost_model`` and ``horizon`` as for the constructor: not part of the state)."""
-        try:
-            config = json.loads(str(np.asarray(state["config"])))
-        except KeyError as exc:
-            raise ValueError(f"state is missing the key {exc}") from None
-        if not isinstance(config, dict):
-            raise ValueError(f"state config must be a JSON object, got {type(config).__name__}")
+        saved = read_state(state)
+        config = dict(saved.config)
         accepted = set(CONFIG_KEYS)
         unknown = sorted(set(config) - accepted)
         if unknown:
             raise ValueError(f"state config has unknown keys {unknown}; accepted keys: {sorted(accepted)}")
-        missing = sorted({"num_layers", "num_experts", "topology"} - set(config))
-        if missing:
-            raise ValueError(f"state config is missing the keys {missing}")
         topology = Topology.from_dict(config.pop("topology"))
         # the window buffer is part of the state: check its size before allocating one
-        try:
-            shape = np.shape(state["window_buffer"])
-        except KeyError as exc:
-            raise ValueError(f"state is missing the key {exc}") from None
-        expected = (config.get("window", 100), config["num_layers"], config["num_experts"])
+        shape = saved.window_buffer.shape
+        expected = (config.get("window", CONFIG_DEFAULTS["window"]), config["num_layers"], config["num_experts"])
         if tuple(shape) != expected:
             raise ValueError(f"state window_buffer has shape {tuple(shape)}, the config says [window, num_layers, "
                              f"num_experts] = {list(expected)}")
@@ -655,9 +640,89 @@ CONFIG_KEYS = ("num_layers", "num_experts", "topology", "num_groups", "window", 
 """The keys of a saved configuration (``state_dict()["config"]``)."""
 
 
+CONFIG_DEFAULTS = {"window": inspect.signature(Balancer).parameters["window"].default}
+"""What a saved configuration means by a key it leaves out (the constructor's default)."""
+
+STATE_KEYS = ("format_version", "config", "window_buffer", "position", "filled", "steps", "rebalances", "phy2log")
+"""The keys of :meth:`Balancer.state_dict`."""
+
+
+@dataclass(frozen=True)
+class SavedState:
+    """A :meth:`Balancer.state_dict` read back and checked for types (:func:`read_state`).
+
+    Attributes:
+        config: the saved configuration (a dict of :data:`CONFIG_KEYS`, ``topology`` a dict).
+        window_buffer: ``[window, L, E]`` float64; phy2log: ``[L, S]`` integer array.
+        position, filled, steps, rebalances: non-negative ints.
+    """
+
+    config: dict
+    window_buffer: np.ndarray
+    phy2log: np.ndarray
+    position: int
+    filled: int
+    steps: int
+    rebalances: int
+
+
+def read_state(state) -> SavedState:
+    """Read a saved state (a dict, an ``np.load`` result or JSON lists) or raise ``ValueError``
+    naming the key and the rule it breaks: every key of :data:`STATE_KEYS` present, a supported
+    ``format_version``, ``config`` a JSON object with ``num_layers``, ``num_experts`` and
+    ``topology``, ``window_buffer`` a numeric array, ``phy2log`` an integer array, the counters
+    non-negative integers. Shapes and values against a configuration are the caller's to check."""
+    if not isinstance(state, Mapping):  # a dict, or what np.load returns for an .npz
+        raise ValueError(f"state must be a mapping of {list(STATE_KEYS)} (Balancer.state_dict()), "
+                         f"got {type(state).__name__}")
+    missing = [key for key in STATE_KEYS if key not in state]
+    if missing:
+        raise ValueError(f"state is missing the keys {missing}")
+    version = _state_int(state, "format_version")
+    if version != STATE_VERSION:
+        raise ValueError(f"unsupported balancer state format_version {version} (this eplb reads {STATE_VERSION})")
+    text = np.asarray(state["config"])
+    if text.ndim != 0 or text.dtype.kind not in "US":
+        raise ValueError(f"state config must be a JSON string (an object of {list(CONFIG_KEYS)}), got {text!r}")
+    try:
+        config = json.loads(str(text))
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"state config must be a JSON object, could not parse it: {exc}") from None
+    if not isinstance(config, dict):
+        raise ValueError(f"state config must be a JSON object of {list(CONFIG_KEYS)}, got {type(config).__name__} "
+                         f"{config!r}"[:300])
+    needed = sorted({"num_layers", "num_experts", "topology"} - set(config))
+    if needed:
+        raise ValueError(f"state config is missing the keys {needed}")
+    for key in ("num_layers", "num_experts", "window"):
+        if key in config:
+            as_int(config[key], f"state config {key}", minimum=1)
+    buffer = _state_array(state, "window_buffer", np.float64, "a numeric array [window, num_layers, num_experts]")
+    phy2log = _state_array(state, "phy2log", None, "an integer array [num_layers, num_slots] of expert ids")
+    if phy2log.dtype.kind not in "iu":
+        raise ValueError(f"state phy2log must hold integer expert ids, got dtype {phy2log.dtype}")
+    position, filled, steps, rebalances = (_state_int(state, key) for key in ("position", "filled", "steps",
+                                                                              "rebalances"))
+    return SavedState(config, buffer, phy2log, position, filled, steps, rebalances)
+
+
+def _state_array(state, key: str, dtype, rule: str) -> np.ndarray:
+    """``state[key]`` as a numpy array (of ``dtype`` when given), else ``ValueError`` saying ``rule``."""
+    try:
+        array = np.asarray(state[key], dtype=dtype)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"state {key} must be {rule}: {exc}") from None
+    if array.dtype == object:
+        raise ValueError(f"state {key} must be {rule}, got objects")
+    return array
+
+
 def _state_int(state, key: str) -> int:
     """``state[key]`` as a non-negative int (a 0-d array, a number): floats and bools are refused."""
-    value = np.asarray(state[key])
+    try:
+        value = np.asarray(state[key])
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"state {key} must be one integer: {exc}") from None
     if value.ndim != 0:
         raise ValueError(f"state {key} must be one integer, got shape {value.shape}")
     return as_int(value.item(), f"state {key}", minimum=0)
