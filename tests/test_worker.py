@@ -234,3 +234,40 @@ def test_a_dead_worker_raises_runtime_error():
         process.should_rebalance()
     process.close()
     assert not os.path.exists(f"/dev/shm/{name}")
+
+
+def test_record_into_a_killed_worker_raises_at_once_naming_it_and_its_exit_code():
+    process = eplb.BalancerProcess(LAYERS, EXPERTS, **CONFIG)
+    child = process._channel.process
+    process.record(np.ones((LAYERS, EXPERTS)))
+    pid = process.pid
+    os.kill(pid, signal.SIGKILL)
+    child.join(10.0)  # the death is now detectable
+    with pytest.raises(RuntimeError, match=rf"worker process \(pid {pid}\) died \(exit code -9\)"):
+        process.record(np.ones((LAYERS, EXPERTS)))  # the first call after the death, not the 256th
+    with pytest.raises(RuntimeError, match="died"):
+        process.record(np.ones((LAYERS, EXPERTS)))
+    process.close()
+
+
+def test_a_script_without_the_main_guard_is_told_what_to_add(tmp_path):
+    import subprocess
+
+    script = tmp_path / "serve.py"
+    script.write_text("import numpy as np\nimport eplb\n"
+                      f"worker = eplb.BalancerProcess({LAYERS}, {EXPERTS}, **{CONFIG!r})\n"
+                      f"worker.record(np.ones(({LAYERS}, {EXPERTS})))\nworker.close()\n")
+    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300,
+                            cwd=tmp_path)
+    assert result.returncode != 0
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("RuntimeError: a BalancerProcess was created while its worker process imported the main")
+    assert 'if __name__ == "__main__":' in last
+    assert "bootstrapping phase" not in result.stderr  # not multiprocessing's own traceback
+    guarded = tmp_path / "guarded.py"
+    body = script.read_text().splitlines()[2:]
+    guarded.write_text("import numpy as np\nimport eplb\nif __name__ == '__main__':\n"
+                       + "".join(f"    {line}\n" for line in body) + "    print('served')\n")
+    result = subprocess.run([sys.executable, str(guarded)], capture_output=True, text=True, timeout=300,
+                            cwd=tmp_path)
+    assert result.returncode == 0 and result.stdout.strip() == "served", result.stderr

@@ -28,7 +28,10 @@ is read; the caller would then wait a full interval.)
 The child receives the same calls in the same order as an in-process ``Balancer`` fed the same
 :meth:`~BalancerProcess.record` calls would, so placements, decisions, transfer plans and state
 dicts are identical. An exception in the child is raised in the caller with its type and message
-(the child's traceback as its cause); a child that died raises ``RuntimeError``.
+(the child's traceback as its cause); a child that died raises ``RuntimeError`` naming its pid and
+exit code at the next call (:meth:`~BalancerProcess.record` included: one ``waitpid`` that does not
+wait, under a microsecond). A script that creates a ``BalancerProcess`` outside an ``if __name__ ==
+"__main__":`` guard gets a ``RuntimeError`` saying to add it.
 """
 
 from __future__ import annotations
@@ -46,7 +49,6 @@ import time
 import traceback
 import weakref
 from multiprocessing import shared_memory
-from types import MappingProxyType
 
 import numpy as np
 
@@ -70,6 +72,15 @@ POLL_S = 0.25
 
 PROTOCOL = 5
 
+UNGUARDED_MAIN_EXIT = 87
+"""Exit code of a worker whose import of the caller's main module would start another worker."""
+
+UNGUARDED_MAIN = ("a BalancerProcess was created while its worker process imported the main module: with the "
+                  "'spawn' and 'forkserver' start methods the worker imports the caller's main script again, and "
+                  "creating a BalancerProcess there would start workers without end. Put the script's code that "
+                  "creates it under  if __name__ == \"__main__\":  (see 'Safe importing of main module' in "
+                  "Python's multiprocessing documentation)")
+
 # the shared block: a header of int64 fields, the staged rows' kinds, the staged rows, the message area
 _REQUEST_SEQ, _REPLY_SEQ, _RECORDED, _INGESTED, _REQUEST_ROWS, _REQUEST_LEN, _REPLY_LEN = range(7)
 _HEADER_FIELDS = 16
@@ -91,11 +102,7 @@ def _reduce_placement(placement: Placement):
 def _rebuild_placement(state: dict) -> Placement:
     """The :class:`Placement` of :func:`_reduce_placement`'s ``state`` (arrays read-only, as built)."""
     placement = Placement.__new__(Placement)
-    for value in state.values():
-        if isinstance(value, np.ndarray):
-            value.setflags(write=False)
-    state["info"] = MappingProxyType(state["info"])
-    placement.__dict__.update(state)
+    placement.__setstate__(state)
     return placement
 
 
@@ -252,13 +259,20 @@ class _Channel:
 
     def _dead(self) -> RuntimeError:
         self.process.join(POLL_S)
-        self.broken = (f"the eplb worker process (pid {self.process.pid}) died (exit code "
-                       f"{self.process.exitcode}); this BalancerProcess cannot be used any more")
+        if self.process.exitcode == UNGUARDED_MAIN_EXIT:
+            self.broken = UNGUARDED_MAIN
+        else:
+            self.broken = (f"the eplb worker process (pid {self.process.pid}) died (exit code "
+                           f"{self.process.exitcode}); this BalancerProcess cannot be used any more")
         return RuntimeError(self.broken)
 
     def check(self) -> None:
+        """Raise the channel's error if it is broken, or if the child died since the last call (a
+        ``waitpid`` without waiting: :meth:`BalancerProcess.record` notices a dead worker at once)."""
         if self.broken is not None:
             raise RuntimeError(self.broken)
+        if not self.process.is_alive():
+            raise self._dead()
 
     # requests, over shared memory
     def request(self, message: tuple, rows: int):
@@ -433,6 +447,13 @@ class BalancerProcess:
         return self
 
     def _start(self, construct: tuple, context: str, staging_rows, gil_interval) -> None:
+        if getattr(multiprocessing.current_process(), "_inheriting", False):
+            # in a worker importing the caller's unguarded main module: stop that worker with a
+            # code its parent turns into UNGUARDED_MAIN (no multiprocessing traceback); a
+            # forkserver's server (it has no channel to the caller) says it on stderr
+            if "multiprocessing.forkserver" in sys.modules:
+                print(f"eplb: {UNGUARDED_MAIN}", file=sys.stderr)
+            raise SystemExit(UNGUARDED_MAIN_EXIT)
         if context not in CONTEXTS:
             raise ValueError(f"context must be one of {CONTEXTS} (fork is unsafe beside threads and CUDA), "
                              f"got {context!r}")
