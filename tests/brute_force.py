@@ -70,3 +70,32 @@ def optimum(w, slots_per_gpu, num_nodes: int = 1, num_groups: int | None = None)
     if best[0] is None:
         raise ValueError("no placement satisfies the constraints")
     return best[0]
+
+
+def fewest_doubled(w, slots_per_gpu, peak) -> int:
+    """The fewest slots holding a second (third, ...) replica of an expert on one GPU among the
+    plans (global, no groups) whose max GPU load is at most ``peak`` (a float: to a relative 1e-9)."""
+    w = [Fraction(float(v)) for v in np.asarray(w, dtype=np.float64)]
+    slots = [int(k) for k in slots_per_gpu]
+    limit = Fraction(float(peak)) * (1 + Fraction(1, 10**9))
+    num_experts, num_gpus = len(w), len(slots)
+    best = [None]
+
+    def place(e: int, free: list[int], load: list[Fraction], r: tuple[int, ...], doubled: int):
+        if best[0] is not None and doubled >= best[0]:
+            return
+        if e == num_experts:
+            best[0] = doubled
+            return
+        piece = w[e] / r[e]
+        for x in _compositions(r[e], num_gpus, free):
+            new_load = [lo + xi * piece for lo, xi in zip(load, x)]
+            if max(new_load) <= limit:
+                place(e + 1, [f - xi for f, xi in zip(free, x)], new_load, r,
+                      doubled + sum(xi - 1 for xi in x if xi > 1))
+
+    for r in _replica_counts(num_experts, sum(slots)):
+        place(0, list(slots), [Fraction(0)] * num_gpus, r, 0)
+    if best[0] is None:
+        raise ValueError(f"no placement has a max load of at most {peak}")
+    return best[0]

@@ -70,10 +70,10 @@ def test_every_method_gives_a_valid_placement_within_its_bound(problem):
         assert (placement.lower_bound <= placement.max_load * (1 + 1e-9) + 1e-9).all()
 
 
-def test_series_counts_are_summed_over_windows():
+def test_series_counts_are_summed_over_windows_with_the_sum_objective():
     rng = np.random.default_rng(0)
     series = rng.integers(0, 100, (4, 3, 16))
-    a = eplb.plan(series, num_slots=20, num_gpus=4, method="greedy")
+    a = eplb.plan(series, num_slots=20, num_gpus=4, method="greedy", objective="sum")
     b = eplb.plan(series.sum(axis=0), num_slots=20, num_gpus=4, method="greedy")
     assert a == b
     assert a.gpu_loads(series).shape == (4, 3, 4)

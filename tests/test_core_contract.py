@@ -56,7 +56,7 @@ def test_lazy_bound_equals_the_bound_of_the_planning_counts():
     ("balanced", {"num_start": 3}, r"unknown option\(s\) num_start; accepted options: greedy_fallback, max_steps, num_starts"),
     ("greedy", {"seed": 1}, r"unknown option\(s\) seed; accepted options: none"),
     ("best", {"nums_starts": 1}, "unknown option.*nums_starts.*capped_budget"),
-    ("balanced", {"num_starts": -5}, "option num_starts must be an integer >= 1, got -5"),
+    ("balanced", {"num_starts": -5}, r"option num_starts must be an integer >= 1 and <= 9223372036854775807, got -5"),
     ("best", {"capped_budget": -1}, "option capped_budget must be an integer >= 0"),
     ("best", {"seed": 1.5}, "option seed must be an integer"),
     ("balanced", {"greedy_fallback": 1}, "option greedy_fallback must be True or False"),

@@ -11,7 +11,7 @@ import io
 
 import numpy as np
 import pytest
-from brute_force import optimum
+from brute_force import fewest_doubled, optimum
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -104,6 +104,28 @@ def test_exact_matches_brute_force_and_certifies_every_method(instance):
 @given(tiny_instances(hierarchical=True))
 def test_exact_matches_brute_force_hierarchical(instance):
     check_against_brute_force(*instance)
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.lists(st.integers(1, 60), min_size=6, max_size=6))
+def test_exact_spreads_replicas_over_gpus_wherever_its_max_load_allows(weights):
+    """A second replica of an expert on the GPU that holds the first serves nothing the first does
+    not: among plans of the optimum max load, exact keeps the fewest (brute force says how few)."""
+    counts = np.array([weights], dtype=np.float64)
+    placement = eplb.plan(counts, num_slots=8, num_gpus=4, method="exact", time_limit=10)
+    assert placement.info["status"] == ["OPTIMAL"]
+    per_gpu = placement.phy2log.reshape(4, 2)
+    doubled = sum(2 - len(set(row)) for row in per_gpu)
+    assert doubled == fewest_doubled(weights, [2] * 4, placement.max_load[0])
+
+
+def test_exact_spreads_the_replicas_it_doubled_before():
+    # 8 experts on 12 slots / 4 GPUs: the first stage's optimum put two replicas of an expert on one GPU
+    counts = np.array([[49.0, 20.0, 27.0, 47.0, 8.0, 18.0, 8.0, 27.0]])
+    placement = eplb.plan(counts, num_slots=12, num_gpus=4, method="exact", time_limit=10)
+    doubled = sum(3 - len(set(row)) for row in placement.phy2log.reshape(4, 3))
+    assert doubled == fewest_doubled(counts[0], [3] * 4, placement.max_load[0]) == 1
+    assert placement.max_load[0] == pytest.approx(optimum(counts[0], [3] * 4))
 
 
 def test_fractional_counts_use_rounded_loads_and_stay_exact_within_precision():

@@ -228,6 +228,30 @@ class LayerModel:
         for n in range(num_nodes):
             model.add(sum(group_size * a[q, n] for q in range(num_groups)) <= int(topology.slots_per_node[n]))
 
+    def spread_replicas(self, slots_row: np.ndarray) -> None:
+        """Make the model the second stage: every GPU's load at most that of the plan ``[S]`` (the
+        first stage's, in the model's integer units), maximise the (expert, GPU) pairs that hold a
+        replica, i.e. the fewest slots spent on a second replica of an expert on one GPU; the plan
+        is the hint, so the stage never returns a worse one."""
+        model = self.model
+        model.clear_objective()
+        model.clear_hints()
+        canonical = self.canonical(slots_row)
+        counts = np.bincount(canonical, minlength=len(self.w))
+        loads = self.per_gpu_counts(canonical) * self.table[np.arange(len(self.w)), counts - 1][:, None]
+        model.add(self.peak <= int(loads.sum(axis=0).max()))
+        held = []
+        for (e, g), replicas in self.x.items():
+            holds = model.new_bool_var(f"holds[{e},{g}]")
+            model.add(replicas >= 1).only_enforce_if(holds)
+            model.add(replicas == 0).only_enforce_if(holds.Not())
+            held.append(holds)
+        self.add_hint(slots_row)
+        on_gpu = self.per_gpu_counts(self.canonical(slots_row))
+        for ((e, g), _), holds in zip(self.x.items(), held):
+            model.add_hint(holds, bool(on_gpu[e, g] > 0))
+        model.maximize(sum(held))
+
     # -- plans <-> variable values ----------------------------------------------------------------
 
     def per_gpu_counts(self, slots_row: np.ndarray) -> np.ndarray:
@@ -352,26 +376,14 @@ def _configure_search(solver: cp_model.CpSolver, levers: Levers) -> None:
         solver.parameters.search_branching = cp_model.PARTIAL_FIXED_SEARCH
 
 
-def solve_layer(w: np.ndarray, problem: Problem, warm: np.ndarray, closed_form_bound: float, *,
-                time_limit: float | None, workers: int, levers: Levers = Levers(),
-                deterministic_time: float | None = None) -> tuple[LayerResult, bool]:
-    """Solve one layer. Returns ``(result, interrupted)``.
+SPREAD_SHARE = 0.25
+"""The second stage (spreading replicas among plans of the first stage's max load) may take this
+share of the layer's ``time_limit`` and ``deterministic_time`` on top of the first."""
 
-    Args:
-        w: ``[E]`` loads; warm: ``[S]`` the warm-start plan (also the fallback).
-        closed_form_bound: ``lower_bound`` of the layer.
-        time_limit: wall-clock seconds for the layer, model building included (``None``: none).
-        deterministic_time: CP-SAT deterministic time for the search (``None``: none).
-    """
-    start = time.perf_counter()
-    if not w.any():  # a dense layer: every plan is optimal
-        return LayerResult(warm.copy(), True, 0.0, 0.0, "TRIVIAL", 0.0), False
-    layer_model = LayerModel(w, problem, levers, closed_form_bound)
-    if levers.warm_start:
-        layer_model.add_hint(warm)
-    wall = None if time_limit is None else max(1e-3, time_limit - (time.perf_counter() - start))
-    solver = solver_parameters(deterministic_time, workers, wall_seconds=wall)
-    _configure_search(solver, levers)
+
+def _search(layer_model: LayerModel, solver: cp_model.CpSolver) -> tuple[int, np.ndarray | None, bool, bool]:
+    """Run ``solver`` on the model in a thread (Ctrl-C reaches the main thread). Returns ``(status,
+    plan [S] or None, ran, interrupted)``: the solver's status and best plan, whether it answered."""
     keep = _KeepBest(layer_model)
     outcome = {}
 
@@ -394,11 +406,45 @@ def solve_layer(w: np.ndarray, problem: Problem, warm: np.ndarray, closed_form_b
     if "error" in outcome and not interrupted:
         raise outcome["error"]
     status = outcome.get("status", cp_model.UNKNOWN)
-    elapsed = time.perf_counter() - start
     has_solution = status in (cp_model.OPTIMAL, cp_model.FEASIBLE)
     row = layer_model.plan_from(solver.value) if has_solution else keep.best
+    return status, row, "status" in outcome, interrupted
+
+
+def _doubled(row: np.ndarray, topology: Topology) -> int:
+    """Slots of the plan ``[S]`` holding a second (third, ...) replica of an expert on one GPU."""
+    pairs = np.unique(np.stack([topology.gpu_of_slot, row]), axis=1).shape[1]
+    return len(row) - pairs
+
+
+def solve_layer(w: np.ndarray, problem: Problem, warm: np.ndarray, closed_form_bound: float, *,
+                time_limit: float | None, workers: int, levers: Levers = Levers(),
+                deterministic_time: float | None = None) -> tuple[LayerResult, bool]:
+    """Solve one layer in two stages: the lowest max load, then, keeping it, the fewest replicas
+    of an expert sharing a GPU (a GPU holding two replicas of an expert serves both halves, where
+    spreading them splits the expert's tokens over two GPUs; the other methods never double
+    replicas where they can spread them). Returns ``(result, interrupted)``.
+
+    Args:
+        w: ``[E]`` loads; warm: ``[S]`` the warm-start plan (also the fallback).
+        closed_form_bound: ``lower_bound`` of the layer.
+        time_limit: wall-clock seconds for the first stage, model building included (``None``: none);
+            the second takes at most :data:`SPREAD_SHARE` of it more.
+        deterministic_time: CP-SAT deterministic time for the first stage (``None``: none); the
+            second, at most :data:`SPREAD_SHARE` of it.
+    """
+    start = time.perf_counter()
+    if not w.any():  # a dense layer: every plan is optimal
+        return LayerResult(warm.copy(), True, 0.0, 0.0, "TRIVIAL", 0.0), False
+    layer_model = LayerModel(w, problem, levers, closed_form_bound)
+    if levers.warm_start:
+        layer_model.add_hint(warm)
+    wall = None if time_limit is None else max(1e-3, time_limit - (time.perf_counter() - start))
+    solver = solver_parameters(deterministic_time, workers, wall_seconds=wall)
+    _configure_search(solver, levers)
+    status, row, ran, interrupted = _search(layer_model, solver)
     bound = 0.0
-    if "status" in outcome and status in (cp_model.OPTIMAL, cp_model.FEASIBLE, cp_model.UNKNOWN):
+    if ran and status in (cp_model.OPTIMAL, cp_model.FEASIBLE, cp_model.UNKNOWN):
         bound = solver.best_objective_bound / layer_model.scale
     bound = max(bound, 0.0)
     if row is None or _peak(row, w, problem.topology) > _peak(warm, w, problem.topology):
@@ -415,8 +461,27 @@ def solve_layer(w: np.ndarray, problem: Problem, warm: np.ndarray, closed_form_b
     else:
         optimal = peak <= bound * (1.0 + OPTIMALITY_TOLERANCE)
     name = "INTERRUPTED" if interrupted else solver.status_name(status)
-    return LayerResult(row, bool(optimal), float(min(bound, peak)), elapsed, name, peak,
-                       {"exact_arithmetic": layer_model.exact}), interrupted
+    doubled = _doubled(row, problem.topology)
+    info = {"exact_arithmetic": layer_model.exact, "doubled_before_spreading": doubled}
+    if doubled and not interrupted and consistent:
+        row, interrupted = _spread(layer_model, row, w, problem, peak, time_limit, deterministic_time, workers)
+    info["doubled"] = _doubled(row, problem.topology)
+    elapsed = time.perf_counter() - start
+    return LayerResult(row, bool(optimal), float(min(bound, peak)), elapsed, name, peak, info), interrupted
+
+
+def _spread(layer_model: LayerModel, row: np.ndarray, w: np.ndarray, problem: Problem, peak: float,
+            time_limit: float | None, deterministic_time: float | None, workers: int) -> tuple[np.ndarray, bool]:
+    """The second stage of :func:`solve_layer` from the first stage's plan ``row [S]`` (max load
+    ``peak``): a plan as light with fewer doubled replicas, else ``row``; and whether Ctrl-C came."""
+    layer_model.spread_replicas(row)
+    solver = solver_parameters(None if deterministic_time is None else SPREAD_SHARE * deterministic_time, workers,
+                               wall_seconds=None if time_limit is None else max(1e-3, SPREAD_SHARE * time_limit))
+    _, spread, _, interrupted = _search(layer_model, solver)
+    if spread is None or _peak(spread, w, problem.topology) > peak \
+            or _doubled(spread, problem.topology) >= _doubled(row, problem.topology):
+        return row, interrupted  # with rounded loads the stage may not keep the true max load: keep row
+    return spread, interrupted
 
 
 def largest_first_plan(w: np.ndarray, topology: Topology) -> np.ndarray:
