@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 import eplb
 from eplb.planning.api import make_problem
 from eplb.planning.methods import get_method
-from eplb.planning.robust import hedge, search_steps
+from eplb.planning.robust import hedge, sampling_noise_layers, search_steps
 from eplb.simulation.series import mixture_windows, synthetic_workloads
 
 
@@ -67,9 +67,44 @@ def test_on_noise_a_layer_leaves_the_summed_plan_only_for_a_step_that_pays_and_s
     info = default.info
     assert (info["uniform_objective_after"] <= info["uniform_objective_before"] * (1 + 1e-12)).all()
     np.testing.assert_array_equal(info["uniform_objective_after"][kept], info["uniform_objective_before"][kept])
-    scaled = eplb.plan(series * 2.0 ** power, **deployment)
-    np.testing.assert_array_equal(scaled.phy2log, default.phy2log)
-    np.testing.assert_array_equal(scaled.info["hedge_steps"], steps)
+    # fractional counts (x + 1/3 is never an integer at any power of two): the decision is scale-free
+    fractional = series + 1.0 / 3.0
+    reference = eplb.plan(fractional, **deployment)
+    scaled = eplb.plan(fractional * 2.0 ** power, **deployment)
+    np.testing.assert_array_equal(scaled.phy2log, reference.phy2log)
+    np.testing.assert_array_equal(scaled.info["hedge_steps"], reference.info["hedge_steps"])
+    # token counts: more tokens are more evidence, so a layer hedged at one scale stays hedged, alike, above it
+    more = eplb.plan(series * 2.0 ** abs(power), **deployment).info["hedge_steps"]
+    np.testing.assert_array_equal(more[steps > 0], steps[steps > 0])
+
+
+@settings(max_examples=40, deadline=None)
+@given(noise_series())
+def test_a_layer_of_sampling_noise_keeps_the_summed_plan(case):
+    """Where the homogeneity test finds the windows' token counts no more different than sampling
+    makes them, the default plan's row is the summed plan's: nothing is fitted to noise."""
+    series, deployment = case
+    noise = sampling_noise_layers(series, np.ones(series.shape[0]))
+    default = eplb.plan(series, **deployment)
+    summed = eplb.plan(series, objective="sum", **deployment)
+    assert (default.info["hedge_steps"][noise] == 0).all()
+    np.testing.assert_array_equal(default.phy2log[noise], summed.phy2log[noise])
+
+
+def test_the_homogeneity_test_tells_shifts_from_sampling_noise():
+    rng = np.random.default_rng(5)
+    popularity = rng.dirichlet(np.full(64, 0.3))
+    noise = rng.multinomial(2000, popularity, size=(12, 1)).astype(np.float64)  # [T, 1, E]
+    shifted = noise.copy()
+    shifted[::2, 0] = rng.multinomial(2000, np.roll(popularity, 7), size=6)  # every other window: other experts hot
+    flagged = [sampling_noise_layers(s, np.ones(12))[0] for s in (noise, shifted)]
+    assert flagged == [True, False]
+    # fractional statistics cannot be judged by sampling: cross-validation alone decides
+    assert not sampling_noise_layers(noise / 7.0, np.ones(12)).any()
+    # windows of weight 0 are left out: two live windows of one popularity are noise
+    weights = np.zeros(12)
+    weights[[1, 3]] = 1.0
+    assert sampling_noise_layers(shifted, weights)[0]
 
 
 def test_on_a_fixed_sample_of_noise_the_default_stays_within_0_002_of_the_summed_plan_held_out():
@@ -125,6 +160,7 @@ def test_every_fold_starts_without_its_windows():
     """The folds' starts are made from the windows outside the fold: ``start_of`` sees each fold's
     weighted sum of the other windows, on the checked layers only."""
     series = np.random.default_rng(1).poisson(50.0, (3, 2, 16)).astype(np.float64)
+    series[np.arange(3), :, np.arange(3)] += 400.0  # a hot expert per window: not sampling noise
     problem = make_problem(16, 20, 4)
     method = get_method("balanced")
     seen = []

@@ -46,6 +46,10 @@ CHECK_LAYERS = 6  # the cross-validation check searches at most this many layers
 # noise and few-window families).
 SIGN_TEST = 0.2
 DECISION_Z = 1.0
+# Before any search, a layer whose windows of token counts look like draws from one popularity
+# (a chi-square test of homogeneity does not reach NOISE_Z, see sampling_noise_layers) keeps the
+# start: no placement serves pure sampling noise better than the plan of the sum.
+NOISE_Z = 2.33  # one-sided, about the 1% level
 
 
 def gpu_zones(problem) -> np.ndarray:
@@ -167,8 +171,11 @@ def hedge(series, phy2log, problem, window_weights=None, *, shares=None, previou
                   previous=in_service, copy_cost=float(copy_cost) if previous is not None else 0.0)
     upto = np.full(num_layers, len(search["steps"]), np.int64)
     if folds >= 2 and windows.shape[0] >= 2 and search["steps"]:
-        upto = _validated_steps(windows, weights, placement, fractions, problem, int(folds), float(anchor), search,
-                                start_of)
+        noise = sampling_noise_layers(windows, weights)
+        if not noise.all():
+            upto = _validated_steps(windows, weights, placement, fractions, problem, int(folds), float(anchor),
+                                    search, start_of)
+        upto[noise] = 0
     anchored, anchored_weights = _with_anchor(windows, weights, float(anchor))
     out, out_fractions, before, after = _search(anchored, anchored_weights, placement, fractions, problem, upto=upto,
                                                 **search)
@@ -255,6 +262,38 @@ def window_share_peaks(windows: np.ndarray, phy2log: np.ndarray, fractions: np.n
     peak = peak_loads(windows, phy2log, topology, shares=fractions)
     mean = windows.sum(axis=-1) / topology.num_gpus
     return np.divide(peak, mean, out=np.ones_like(peak), where=mean > 0)
+
+
+def sampling_noise_layers(windows: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    """``[L]`` bool: the layers whose windows look like independent samples of one popularity.
+
+    Per layer, Pearson's chi-square statistic of homogeneity of the windows' token counts
+    (``windows [T, L, E]``, windows of weight 0 or no tokens and experts with no tokens left out)
+    against its degrees of freedom ``(T' - 1)(E' - 1)``, standardised by its variance under
+    Poisson sampling (``2 df + sum of 1 / expected count``, which keeps sparse windows from looking
+    like structure): below :data:`NOISE_Z` the windows differ no more than sampling says they
+    would, and no placement can serve one better than the plan of their sum. Only integer counts
+    (tokens, as engines record them) can be judged this way: with fractional counts (normalised
+    or weighted statistics) every layer is ``False`` and cross-validation alone decides.
+    """
+    num_layers = windows.shape[1]
+    noise = np.zeros(num_layers, bool)
+    live = weights > 0
+    if live.sum() < 2 or not np.array_equal(windows, np.round(windows)):
+        return noise
+    for layer in range(num_layers):
+        table = windows[live, layer]
+        table = table[table.sum(axis=1) > 0]
+        table = table[:, table.sum(axis=0) > 0]
+        if table.shape[0] < 2 or table.shape[1] < 2:
+            noise[layer] = True  # one window or one expert with tokens: nothing to hedge between
+            continue
+        expected = np.outer(table.sum(axis=1), table.sum(axis=0)) / table.sum()
+        statistic = ((table - expected) ** 2 / expected).sum()
+        dof = (table.shape[0] - 1) * (table.shape[1] - 1)
+        z = (statistic - dof) / math.sqrt(2.0 * dof + (1.0 / expected).sum())
+        noise[layer] = z < NOISE_Z
+    return noise
 
 
 def _validated_steps(windows, weights, placement, fractions, problem, folds, anchor, search, start_of) -> np.ndarray:
