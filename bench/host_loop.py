@@ -136,7 +136,7 @@ def measure(name: str, counts: np.ndarray, window: int, busy: bool) -> dict:
         stop.set()
         if other is not None:
             other.join()
-    return {"loop": name, "busy_thread": busy, "passes": len(spent), "mean_us": round(float(spent.mean()) * 1e6, 1),
+    return {"loop": name, "busy_thread": busy, "passes": len(spent), "window": window, "mean_us": round(float(spent.mean()) * 1e6, 1),
             "p50_ms": round(float(np.percentile(spent, 50)) * 1e3, 3),
             "p99_ms": round(float(np.percentile(spent, 99)) * 1e3, 3),
             "max_ms": round(float(spent.max()) * 1e3, 2), "plans": extra.get("plans", ""),
@@ -201,6 +201,26 @@ def headline(results_dir):
     return [("BackgroundBalancer: caller's time in eplb per pass, README loop (DeepSeek-V3 size)", text,
              "alone mean <= 50 us, p99 <= 2 ms, max <= 10 ms; beside a busy thread p99 / max within 2 / 10 ms of "
              f"copying the pass: {'met' if met else 'not met'}")]
+
+
+def readme_rows(results_dir) -> list[tuple[str, str, str]]:
+    """The README's row: the caller's time in eplb per pass in the README's loop beside a busy
+    Python thread, ``BackgroundBalancer`` (the loop the README shows) against ``Balancer``."""
+    path = Path(results_dir) / "host_loop.csv"
+    if not path.exists():
+        return []
+    found = {(r["loop"], str(r["busy_thread"]) == "True"): r for r in read_csv(path)}
+    mine, synchronous, floor = (found.get((name, True)) for name in ("BackgroundBalancer", "Balancer", LOOPS[0]))
+    if mine is None or synchronous is None or floor is None:
+        return []
+
+    def spread(row):
+        return f"mean {float(row['mean_us']):.0f} us, p99 {float(row['p99_ms']):.2f} ms, max {float(row['max_ms']):.1f} ms"
+
+    return [(f"Caller's time in eplb per pass, the README's loop (DeepSeek-V3 size, `window={mine['window']}`, "
+             f"a decision every {CHECK_EVERY} passes) beside a busy Python thread",
+             f"`BackgroundBalancer`: {spread(mine)} (copying the pass's counts alone: {spread(floor)})",
+             f"`Balancer` on the caller's thread: {spread(synchronous)}")]
 
 
 def main() -> None:

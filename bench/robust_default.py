@@ -41,6 +41,7 @@ held out, the mean and worst of default minus summed and how many series fall be
 from __future__ import annotations
 
 import argparse
+import csv
 import time
 from pathlib import Path
 
@@ -353,6 +354,31 @@ def headline(results_dir: Path):
         for r in csv.DictReader(handle):
             yield (f"Default plan of 16 windows, {r['deployment']} (CPU ms; summed)",
                    f"{float(r['default (hedged) cpu ms']):.0f} ms; {float(r['summed cpu ms']):.0f} ms")
+
+
+def readme_rows(results_dir: Path) -> list[tuple[str, str, str]]:
+    """The README's rows: traffic a plan has not seen (leave one workload out, even split), eplb's
+    default plan of the other workloads as a series beside the published greedy's plan of their sum,
+    on the real traces and the DeepSeek-V3-sized mixed phases."""
+    path = Path(results_dir) / "robust_default.csv"
+    if not path.exists():
+        return []
+    with open(path, newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    wanted = {"gpt-oss-20b (11 workloads)": "gpt-oss-20b, 11 benchmarks", "olmoe-1b-7b (6 workloads)": "OLMoE, 6 domains",
+              "synthetic, phases mixed (12 workloads)": "DeepSeek-V3-sized, 12 prefill and decode workloads, 288/32"}
+    cells = [(label, r) for r in rows for family, label in wanted.items()
+             if r["family"] == family and (r["deployment"] == "global 288/32" or not family.startswith("synthetic"))]
+    if not cells:
+        return []
+
+    def mean_of(cell: str) -> str:
+        return cell.split("/")[0]
+
+    return [("Balancedness on a workload the plan has not seen (leave one out, even split; mean held-out window)",
+             "default `eplb.plan(series)`: " + "; ".join(f"{label} {mean_of(r['eplb default'])}" for label, r in cells),
+             "the published greedy on the summed windows: "
+             + "; ".join(f"{label} {mean_of(r['published greedy, summed'])}" for label, r in cells))]
 
 
 if __name__ == "__main__":

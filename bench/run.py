@@ -53,6 +53,8 @@ SECTIONS = (
     ("engine_dispatch", "Engine dispatch", "what each engine's replica choice serves: SGLang static, even split, optimal"),
     ("robust_default", "Robust by default", "the default plan of a series, held out, on real traces and structured families"),
     ("engine_planning", "Engine planning", "plans made for SGLang's dispatch rules, held out"),
+    ("host_loop", "Host loop", "the README's serving loop: the caller's time in eplb per pass, p99 and max"),
+    ("compare_quick", "eplb compare", "eplb compare --quick timed; the published algorithm from a file beside greedy"),
 )
 
 README_ROWS = 12

@@ -12,6 +12,7 @@ from .analysis.placement import Placement
 from .serving.policy import BalancerPolicy, FixedInterval, NoRebalance, Policy, sglang_like, vllm_like
 from .simulation.simulate import SimulationResult, simulate
 from .simulation.sweep import sweep
+from .simulation.pools import recommend
 from .model.topology import Topology
 from .serving.transfer import TransferPlan, transfer_plan
 from .precompile import warmup
@@ -46,6 +47,7 @@ __all__ = [
     "pareto",
     "plan",
     "rebalance_experts",
+    "recommend",
     "sglang_like",
     "simulate",
     "sweep",

@@ -298,6 +298,7 @@ assert not grown, f"compiled after construction: {grown}"
 """
 
 
+@pytest.mark.slow  # a fresh process compiling every kernel of the deployment
 @pytest.mark.parametrize("config", [
     dict(num_experts=64, num_slots=144, num_gpus=16, num_nodes=2, num_groups=8),  # bound-first, regrouping
     dict(num_experts=16, num_slots=16, num_gpus=4),  # small global layers: the exhaustive search too

@@ -11,6 +11,8 @@ import pytest
 
 import eplb
 
+pytestmark = pytest.mark.slow  # runs the benchmark sections at small sizes
+
 speed = importlib.import_module("speed")
 startup = importlib.import_module("startup")
 generalisation = importlib.import_module("generalisation")

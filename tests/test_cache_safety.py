@@ -23,6 +23,8 @@ import pytest
 
 from eplb.kernels import _cache
 
+pytestmark = pytest.mark.slow  # each test compiles kernels in fresh processes and cache folders
+
 ROOT = Path(__file__).resolve().parents[1]
 OTHER_UID = 65534  # "nobody": a user other than this one
 IS_ROOT = hasattr(os, "geteuid") and os.geteuid() == 0

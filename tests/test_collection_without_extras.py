@@ -7,6 +7,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.slow  # collects the whole suite in a fresh process
+
 ROOT = Path(__file__).resolve().parent.parent
 EXTRAS = ("ortools", "torch", "matplotlib", "yaml", "safetensors", "mkdocs", "mkdocstrings")
 

@@ -18,6 +18,8 @@ from eplb.simulation.method_runner import parse_method
 from eplb.model.problem import make_problem
 from cli_runner import invoke
 
+pytestmark = pytest.mark.slow  # each comparison runs its methods in fresh worker processes
+
 HERE = Path(__file__).resolve().parent
 PUBLISHED = str(HERE / "published_eplb.py")
 BROKEN_METHODS = str(HERE / "compare_methods.py")
@@ -183,6 +185,21 @@ def test_cli_writes_every_output_and_exits_0_with_a_broken_row(tmp_path):
     assert [row["status"] for row in record["rows"]] == [OK, BROKEN]
     assert "BROKEN" not in (report / "compare.csv").read_text()  # status column says broken
     assert "broken" in (report / "compare.csv").read_text()
+
+
+def test_a_file_named_eplb_py_in_the_working_folder_shadows_nothing(tmp_path):
+    """DeepSeek's file is eplb.py: compared from its own folder, it must not stand in for the
+    package in the workers (every row broke with "'eplb' is not a package")."""
+    (tmp_path / "eplb.py").write_text(
+        "import numpy as np\n\n"
+        "def rebalance_experts(weight, num_replicas, num_groups, num_nodes, num_gpus):\n"
+        "    layers, experts = np.asarray(weight).shape\n"
+        "    return np.tile(np.arange(num_replicas) % experts, (layers, 1))\n")
+    np.save(tmp_path / "counts.npy", read_workload(WORKLOAD).counts)
+    out, _ = invoke("compare", "counts.npy", "-m", "eplb.py", "-m", "greedy", "--deployment", "40:8", "--folds", "2",
+                    "--warm-calls", "1", "--array", "numpy", cwd=tmp_path)
+    rows = [line for line in out.splitlines() if "40 slots" in line]
+    assert len(rows) == 2 and not any("BROKEN" in row for row in rows), out
 
 
 def test_cli_refuses_a_bad_deployment_spec_in_one_line(tmp_path):

@@ -13,6 +13,8 @@ import pytest
 
 import eplb
 
+pytestmark = pytest.mark.slow  # builds the documentation site
+
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text()
 

@@ -565,6 +565,17 @@ def test_max_moves_beyond_int64_is_a_value_error_naming_it(value):
         eplb.plan(counts, num_slots=24, num_gpus=4, previous=previous, max_moves=value)
     with pytest.raises(ValueError, match="max_moves must be <= 9223372036854775807"):
         eplb.Balancer(2, 16, num_slots=24, num_gpus=4, max_moves=value, compile="lazy")
+    # checked also where it is not used (no placement in service to stay near)
+    with pytest.raises(ValueError, match="max_moves must be <= 9223372036854775807"):
+        eplb.plan(counts, num_slots=24, num_gpus=4, max_moves=value)
+
+
+@pytest.mark.parametrize("trade_off, message", [(dict(max_moves=-1), "max_moves must be >= 0"),
+                                                (dict(tolerance=float("nan")), "tolerance must be a non-negative"),
+                                                (dict(tolerance=-0.1), "tolerance must be a non-negative")])
+def test_a_bad_trade_off_without_previous_is_refused_by_name(trade_off, message):
+    with pytest.raises(ValueError, match=message):
+        eplb.plan(np.ones((2, 16)), num_slots=24, num_gpus=4, **trade_off)
 
 
 def test_the_largest_int64_option_still_plans():

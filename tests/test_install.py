@@ -17,6 +17,8 @@ import pytest
 
 import eplb
 
+pytestmark = pytest.mark.slow  # installs and compiles in fresh processes
+
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = Path(eplb.__file__).resolve().parent
 

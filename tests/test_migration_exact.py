@@ -12,6 +12,8 @@ from hypothesis import strategies as st
 import eplb
 from eplb.planning.api import make_problem
 
+pytestmark = pytest.mark.slow  # CP-SAT models and brute force
+
 pytest.importorskip("ortools", reason="the fewest-changes model is CP-SAT: pip install 'eplb[exact]'")
 from eplb.planning.exact_migration import fewest_changes_layer  # noqa: E402
 

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # executes the notebooks top to bottom
+
 nbformat = pytest.importorskip("nbformat", reason="the test extra installs nbformat")
 nbclient = pytest.importorskip("nbclient", reason="the test extra installs nbclient")
 

@@ -3,6 +3,9 @@
 import importlib
 
 import numpy as np
+import pytest
+
+pytestmark = pytest.mark.slow  # runs the serving benchmark section at small sizes
 
 serving = importlib.import_module("serving")
 

@@ -24,6 +24,8 @@ import eplb
 from eplb.kernels import _cache
 from eplb.simulation.synthetic import DEEPSEEK_V3, deepseek_v3_counts
 
+pytestmark = pytest.mark.slow  # builds a wheel and compiles the shipped kernels
+
 ROOT = Path(__file__).resolve().parents[1]
 DEPLOY = {k: DEEPSEEK_V3[k] for k in ("num_slots", "num_gpus", "num_nodes", "num_groups")}
 

@@ -3,6 +3,9 @@ not asserted: they belong to bench/results)."""
 
 import csv
 import importlib
+import pytest
+
+pytestmark = pytest.mark.slow  # runs the simulation benchmark sections at small sizes
 
 bench = importlib.import_module("simulate")
 

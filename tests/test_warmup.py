@@ -18,6 +18,8 @@ import pytest
 
 from eplb.precompile import synthetic_loads, warmup
 
+pytestmark = pytest.mark.slow  # each test compiles every kernel of a deployment in fresh processes
+
 ROOT = Path(__file__).resolve().parents[1]
 
 CHILD = """

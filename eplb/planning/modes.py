@@ -36,7 +36,7 @@ from ..model.problem import Problem, power_of_two_scale, summed_2d
 from .engine_planning import plan_for_engine
 from .locality import capped_lower_bound, home_nodes, plan_locality
 from .methods import get_method
-from .migration import as_previous, groups_spread, plan_near
+from .migration import as_previous, check_trade_off, groups_spread, plan_near
 from .objectives import DEFAULT_OBJECTIVE, SEARCHES, combine, hedge_info, hedge_windows, plan_series
 
 __all__ = ["MODES", "Mode", "Planned", "Request", "hedge_near", "make_request", "mode_of", "run"]
@@ -142,6 +142,8 @@ def make_request(counts, problem: Problem, *, method: str, dispatch: str = "unif
             raise ValueError("max_off_node cannot be combined with previous= (plan the capped layout from scratch)")
     if previous is not None:
         previous = as_previous(previous, weights.shape[1], problem, weights.shape[0])
+    if tolerance is not None or max_moves is not None:  # checked even where unused (no previous=)
+        tolerance, _ = check_trade_off(tolerance, max_moves, problem.topology.num_slots)
     return Request(windows=windows, weights=weights, problem=problem, method=method, dispatch=dispatch,
                    objective=objective, series=series, window_weights=window_weights, previous=previous,
                    tolerance=tolerance, max_moves=max_moves, max_off_node=max_off_node, copy_cost=copy_cost,

@@ -272,7 +272,11 @@ def run_method(spec: MethodSpec, deployment: Deployment, weights: list, *, time_
                "array_type": array_type, "num_weights": len(weights)}
         np.savez(job_path, job=np.array(json.dumps(job)),
                  **{f"weights_{i}": np.ascontiguousarray(w, dtype=np.float64) for i, w in enumerate(weights)})
-        command = [sys.executable, "-c", f"from {__name__} import serve; serve({job_path!r}, {result_path!r})"]
+        # `python -c` puts the current folder first on the import path: a file there named like a
+        # package (DeepSeek's file of that name) would shadow eplb itself, so the folder joins the path only
+        # once eplb is imported (for the methods given as module:function)
+        command = [sys.executable, "-c", f"import sys; here = sys.path.pop(0); from {__name__} import serve; "
+                   f"sys.path.append(here); serve({job_path!r}, {result_path!r})"]
         with subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                               stderr=subprocess.PIPE, cwd=os.getcwd()) as process:
             try:

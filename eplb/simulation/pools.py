@@ -1,0 +1,394 @@
+"""An answer per pool: how many redundant experts, and which plan, from a pool's own statistics.
+
+A serving pool (one phase, one batch size, one kind of GPU) records a series ``counts [T, L, E]``
+of ``T >= 2`` windows. :func:`recommend` prices every slot count the engine allows (by default
+0, 1 and 2 redundant slots per GPU: ``S = E, E + G, E + 2G``) with two planners each, judged
+*held out* (leave one window out, as :func:`eplb.held_out`: a plan made from the other windows
+with :func:`eplb.plan` serves the window left out), beside the engine's default layout (the
+published greedy from the summed counts at ``E + G`` slots), and returns the option with the
+shortest predicted MoE step time and its placement planned from all windows.
+
+Step time of a placement on a window
+------------------------------------
+A pass serves ``batch`` tokens per GPU (decode: one token per sequence, so ``batch`` sequences per
+GPU; prefill: ``batch`` prompt tokens per GPU) on ``G`` GPUs, so each MoE layer routes
+``n = batch * G * top_k`` tokens. :func:`sample_passes` draws ``passes`` such passes from the
+window's per-layer expert distribution (a multinomial per layer, seeded by ``(seed, window)``: the
+same passes for every placement judged on that window). :func:`eplb.analysis.loads.gpu_work`
+turns them into tokens and activated slots per GPU under the even split engines use (a slot of an
+expert with ``r`` replicas is activated with probability ``1 - (1 - 1/r)^c``), and
+:class:`eplb.CostModel` prices them: a layer waits for its slowest GPU, a step is the sum over the
+layers of the counts (pass counts of all the model's MoE layers for the model's full step).
+
+In decode a GPU's time is mostly the weight reads of its activated slots; a replica adds reads
+when both copies receive tokens, so at small batches fewer slots can be faster.
+
+Two planners at each slot count
+-------------------------------
+``"tokens"``: :func:`eplb.plan` on the windows (balances tokens per GPU). ``"step-time"``
+(:func:`plan_for_step_time`): candidates are the token plan, the plan of the windows' *expected
+activations* ``1 - (1 - p_e)^n`` (``p_e`` the expert's share of the layer's tokens) and the plan
+of each expert's *expected memory time* (activations times the expert's bytes plus its tokens'
+bytes); per layer it keeps the candidate with the shortest simulated layer time on the windows it
+plans from (ties: the token plan), so in sample it is never slower than the token plan. Held out
+it may be; :attr:`PoolOption.beats_tokens` says whether it was.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import numpy as np
+
+from ..analysis.dispatch import uniform_shares
+from ..analysis.loads import RANDOM_SPLIT, gpu_work
+from ..analysis.placement import Placement
+from ..model._validation import as_counts, as_int
+from ..model.cost import MODELS, CostModel, MoEModel
+from ..planning.api import HELD_OUT_FOLDS, plan
+from .sweep import slots_for
+
+__all__ = ["PHASES", "PLANNERS", "PoolOption", "Recommendation", "layer_times", "plan_for_step_time",
+           "recommend", "sample_passes"]
+
+PHASES = ("decode", "prefill")
+PLANNERS = ("tokens", "step-time")
+GIB = 2.0 ** 30
+
+
+@dataclass(frozen=True)
+class PoolOption:
+    """One row of the options table: a slot count and a planner, judged held out.
+
+    Attributes:
+        num_slots: ``S``; redundant_experts: ``S - E``.
+        planner: ``"tokens"`` or ``"step-time"`` (module docstring).
+        step_ms: held-out predicted MoE step time (ms): the mean over the held-out folds of the
+            mean over each fold's windows and sampled passes.
+        step_ms_folds: ``[F]`` that figure per fold.
+        replica_gib_per_gpu: HBM the redundant replicas take per GPU (GiB), over the model's MoE layers.
+        vs_default_pct: ``100 * (step_ms / default step_ms - 1)``: negative is faster than the
+            engine's default layout.
+        beats_tokens: for ``"step-time"`` rows, whether its held-out step time is below the
+            ``"tokens"`` row at the same slots; ``None`` for ``"tokens"`` rows.
+    """
+
+    num_slots: int
+    redundant_experts: int
+    planner: str
+    step_ms: float
+    step_ms_folds: tuple[float, ...]
+    replica_gib_per_gpu: float
+    vs_default_pct: float
+    beats_tokens: bool | None
+
+
+@dataclass(frozen=True, eq=False)
+class Recommendation:
+    """What :func:`recommend` found for a pool.
+
+    Attributes:
+        options: the table, ordered by slots then planner (``"tokens"`` first).
+        recommended: the option with the shortest held-out step time (ties: fewer slots, then
+            ``"tokens"``).
+        placement: the recommended option's :class:`Placement`, planned from all windows.
+        in_sample_step_ms: the placement's predicted step time on all windows (ms);
+            tokens_in_sample_step_ms: the token plan's at the same slots, from all windows.
+        default_slots, default_step_ms: the engine's default layout (published greedy on the
+            summed windows at ``E + G`` slots) and its held-out step time (ms).
+        phase, batch: the pool's; routed_per_pass: ``n = batch * G * top_k`` routed tokens per
+            layer and pass; passes: passes sampled per window; folds: held-out folds.
+        cost_model: the :class:`CostModel` that priced the passes.
+    """
+
+    options: tuple[PoolOption, ...]
+    recommended: PoolOption
+    placement: Placement
+    in_sample_step_ms: float
+    tokens_in_sample_step_ms: float
+    default_slots: int
+    default_step_ms: float
+    phase: str
+    batch: int
+    routed_per_pass: int
+    passes: int
+    folds: int
+    cost_model: CostModel
+
+    def rows(self) -> list[dict]:
+        """The options table as dicts (``recommended`` marks the chosen row), for printing or CSV."""
+        return [{"num_slots": o.num_slots, "redundant_experts": o.redundant_experts, "planner": o.planner,
+                 "step_ms": o.step_ms, "replica_gib_per_gpu": o.replica_gib_per_gpu,
+                 "vs_default_pct": o.vs_default_pct, "beats_tokens": o.beats_tokens,
+                 "recommended": o == self.recommended} for o in self.options]
+
+
+class _Pool(NamedTuple):
+    """The checked inputs of :func:`recommend`."""
+
+    windows: np.ndarray  # [T, L, E] float64
+    slots: tuple[int, ...]  # slot counts to price, increasing
+    default_slots: int
+    deployment: dict  # num_gpus, num_nodes, num_groups for eplb.plan
+    cost: CostModel
+    model: MoEModel
+    routed: int  # routed tokens per layer and pass
+    sampler: "_Sampler"
+    folds: int
+
+
+# ------------------------------------------------------------------------------------ step time
+
+def sample_passes(window: np.ndarray, routed: int, passes: int, rng: np.random.Generator) -> np.ndarray:
+    """``passes`` passes drawn from a window's per-layer expert distribution.
+
+    Args:
+        window: ``[L, E]`` non-negative counts; a layer's distribution is its row over its total
+            (an all-zero row, a dense layer, routes nothing).
+        routed: tokens routed per layer and pass (``batch * G * top_k``).
+        passes: ``P``; rng: the generator to draw from.
+    Returns:
+        ``[P, L, E]`` float64 routed tokens per expert.
+    """
+    window = np.asarray(window, dtype=np.float64)
+    totals = window.sum(axis=1, keepdims=True)
+    live = totals[:, 0] > 0
+    probs = np.where(live[:, None], window / np.where(totals > 0, totals, 1.0), 1.0 / window.shape[1])
+    draws = rng.multinomial(routed, probs, size=(passes, window.shape[0])).astype(np.float64)
+    draws[:, ~live] = 0.0
+    return draws
+
+
+class _Sampler:
+    """The sampled passes of each window, drawn once (seeded by ``(seed, window)``) and kept."""
+
+    def __init__(self, windows: np.ndarray, routed: int, passes: int, seed: int):
+        self.windows, self.routed, self.passes, self.seed = windows, routed, passes, seed
+        self._drawn: dict[int, np.ndarray] = {}
+
+    def __call__(self, t: int) -> np.ndarray:
+        """``[P, L, E]`` passes of window ``t``."""
+        if t not in self._drawn:
+            rng = np.random.default_rng([self.seed, t])
+            self._drawn[t] = sample_passes(self.windows[t], self.routed, self.passes, rng)
+        return self._drawn[t]
+
+
+def layer_times(passes: np.ndarray, placement: Placement, cost: CostModel) -> np.ndarray:
+    """Mean over sampled passes of each layer's time (its slowest GPU) under the even split.
+
+    Args:
+        passes: ``[P, L, E]`` routed tokens per expert of ``P`` passes.
+        placement: the layout (``phy2log [L, S]``) on its topology.
+        cost: prices each GPU's tokens and activated slots.
+    Returns:
+        ``[L]`` seconds; their sum is the predicted MoE step time.
+    """
+    shares = uniform_shares(placement.phy2log, placement.logcnt)[None]  # [1, L, S]
+    tokens, active = gpu_work(passes, placement.phy2log, placement.topology, shares, RANDOM_SPLIT)  # [P, L, G]
+    return cost.layer_time(tokens, active).mean(axis=0)
+
+
+# ------------------------------------------------------------------------------------ planners
+
+def _activation_weights(windows: np.ndarray, routed: int, cost: CostModel) -> tuple[np.ndarray, np.ndarray]:
+    """``[T, L, E]`` windows -> (expected activations ``1 - (1 - p)^n``, expected memory bytes
+    ``activations * expert_bytes + n * p * token_bytes``), both ``[T, L, E]``."""
+    totals = windows.sum(axis=2, keepdims=True)
+    share = np.divide(windows, totals, out=np.zeros_like(windows), where=totals > 0)
+    with np.errstate(divide="ignore"):
+        active = -np.expm1(routed * np.log1p(-share))
+    memory = active * cost.expert_bytes + routed * share * cost.token_bytes
+    return active, memory
+
+
+def _candidates(kept: np.ndarray, num_slots: int, pool: _Pool) -> list[Placement]:
+    """The step-time planner's candidates from windows ``kept [T', L, E]``: the token plan first,
+    then the plans of the expected activations and of the expected memory time."""
+    deployment = dict(pool.deployment, num_slots=num_slots)
+    token_plan = plan(kept, **deployment)
+    return [token_plan] + [plan(weights, **deployment) for weights in _activation_weights(kept, pool.routed, pool.cost)]
+
+
+def _times(placements: list[Placement], window_ids, pool: _Pool) -> np.ndarray:
+    """``[C, W, L]`` predicted layer times of each placement on each window of ``window_ids``."""
+    return np.stack([np.stack([layer_times(pool.sampler(t), p, pool.cost) for t in window_ids])
+                     for p in placements])
+
+
+def _mixed(placements: list[Placement], choice: np.ndarray) -> Placement:
+    """Layer ``l`` of candidate ``choice[l]`` (``[L]`` int): one placement on the first one's topology."""
+    first = placements[0]
+    rows = np.arange(first.num_layers)
+    phy2log = np.stack([p.phy2log for p in placements])[choice, rows]
+    homes = [p.home_node for p in placements]
+    home = None if any(h is None for h in homes) else np.stack(homes)[choice, rows]
+    return Placement(phy2log=phy2log, num_experts=first.num_experts, topology=first.topology,
+                     num_groups=first.num_groups if home is not None else None, method="step-time",
+                     info={"candidate_per_layer": choice.copy(),
+                           "candidates": ("tokens", "expected activations", "expected memory time")},
+                     home_node=home)
+
+
+def _choose(times: np.ndarray) -> np.ndarray:
+    """``[C, W, L]`` in-sample layer times -> ``[L]`` the candidate with the lowest total per layer
+    (the first, the token plan, on ties)."""
+    return np.argmin(times.sum(axis=1), axis=0)
+
+
+def plan_for_step_time(counts, *, num_slots: int, num_gpus: int, batch: int, num_nodes: int = 1,
+                       num_groups=None, hardware="H100", model="deepseek-v3", passes: int = 16,
+                       seed: int = 0) -> tuple[Placement, Placement]:
+    """The step-time planner (module docstring) at one slot count, from all windows of ``counts``.
+
+    Args:
+        counts: ``[T, L, E]`` windows (``T >= 1``); other arguments as :func:`recommend`.
+    Returns:
+        ``(step_time_plan, token_plan)``: in sample (the same sampled passes of every window), the
+        first's predicted step time is never above the second's.
+    """
+    pool = _checked(counts, num_gpus=num_gpus, phase="decode", batch=batch, hardware=hardware, model=model,
+                    extra_slots_per_gpu=(), num_slots=(num_slots,), num_nodes=num_nodes, num_groups=num_groups,
+                    passes=passes, seed=seed, folds=HELD_OUT_FOLDS, min_windows=1)
+    placements = _candidates(pool.windows, pool.slots[0], pool)
+    return _mixed(placements, _choose(_times(placements, range(len(pool.windows)), pool))), placements[0]
+
+
+# ------------------------------------------------------------------------------------ held out
+
+def _fold_scores(lo: int, hi: int, pool: _Pool) -> tuple[np.ndarray, float]:
+    """One fold: windows ``[lo, hi)`` served by plans made from the others.
+
+    Returns:
+        ``[len(slots), 2]`` mean held-out step time (s) of the token and the step-time plan at each
+        slot count, and the engine default's.
+    """
+    kept = np.concatenate([pool.windows[:lo], pool.windows[hi:]])
+    kept_ids = [t for t in range(len(pool.windows)) if not lo <= t < hi]
+    out_ids = list(range(lo, hi))
+    scores = np.empty((len(pool.slots), 2))
+    for i, num_slots in enumerate(pool.slots):
+        placements = _candidates(kept, num_slots, pool)
+        choice = _choose(_times(placements, kept_ids, pool))
+        held = _times(placements, out_ids, pool)  # [C, w, L]
+        scores[i, 0] = held[0].sum(axis=1).mean()
+        scores[i, 1] = held[choice, :, np.arange(held.shape[2])].sum(axis=0).mean()
+    default = plan(kept, **pool.deployment, num_slots=pool.default_slots, method="greedy", objective="sum")
+    default_time = float(_times([default], out_ids, pool)[0].sum(axis=1).mean())
+    return scores, default_time
+
+
+def _options(scores: np.ndarray, default_ms: float, pool: _Pool) -> tuple[PoolOption, ...]:
+    """``scores [F, len(slots), 2]`` held-out step times (s) -> the table's rows."""
+    num_experts = pool.windows.shape[2]
+    gpus = pool.deployment["num_gpus"]
+    rows = []
+    for i, num_slots in enumerate(pool.slots):
+        memory = pool.cost.replica_bytes(num_slots, num_experts, pool.model.num_moe_layers) / gpus / GIB
+        means = 1e3 * scores[:, i, :].mean(axis=0)
+        for j, planner in enumerate(PLANNERS):
+            rows.append(PoolOption(
+                num_slots=num_slots, redundant_experts=num_slots - num_experts, planner=planner,
+                step_ms=float(means[j]), step_ms_folds=tuple(float(x) for x in 1e3 * scores[:, i, j]),
+                replica_gib_per_gpu=float(memory), vs_default_pct=float(100.0 * (means[j] / default_ms - 1.0)),
+                beats_tokens=None if j == 0 else bool(means[1] < means[0])))
+    return tuple(rows)
+
+
+def recommend(counts, *, num_gpus: int, batch: int, phase: str = "decode", hardware="H100",
+              model="deepseek-v3", extra_slots_per_gpu=(0, 1, 2), num_slots=None, num_nodes: int = 1,
+              num_groups=None, passes: int = 16, seed: int = 0, folds: int = HELD_OUT_FOLDS) -> Recommendation:
+    """Recommend the number of redundant experts (and the plan) for a serving pool, judged held out.
+
+    Args:
+        counts: ``[T, L, E]`` the pool's recorded windows, ``T >= 2``; ``E`` must be the model's
+            number of routed experts.
+        num_gpus: ``G``; num_nodes, num_groups: as :func:`eplb.plan`.
+        batch: decode: sequences per GPU; prefill: tokens per GPU (``>= 1``).
+        phase: ``"decode"`` or ``"prefill"`` (both route ``batch * G * top_k`` tokens per layer
+            and pass; the cost model's roofline decides what bounds them).
+        hardware, model: :meth:`eplb.CostModel.preset` names (or :class:`~eplb.model.cost.Hardware` /
+            :class:`~eplb.model.cost.MoEModel` values).
+        extra_slots_per_gpu: redundant slots per GPU beyond the fewest that hold every expert
+            (each ``>= 0``): ``S = G * (ceil(E / G) + x)``. Ignored when ``num_slots`` is given.
+        num_slots: an explicit list of slot counts the engine allows (each ``>= E``, a multiple of ``G``).
+        passes: passes sampled per window; seed: their seed (same inputs, same answer).
+        folds: at most this many held-out blocks of windows (``>= 2``; leave one window out when
+            ``T <= folds``).
+    Returns:
+        A :class:`Recommendation`.
+    """
+    pool = _checked(counts, num_gpus=num_gpus, phase=phase, batch=batch, hardware=hardware, model=model,
+                    extra_slots_per_gpu=extra_slots_per_gpu, num_slots=num_slots, num_nodes=num_nodes,
+                    num_groups=num_groups, passes=passes, seed=seed, folds=folds, min_windows=2)
+    num_windows = len(pool.windows)
+    edges = np.linspace(0, num_windows, min(pool.folds, num_windows) + 1).round().astype(np.int64)
+    done = [_fold_scores(int(lo), int(hi), pool) for lo, hi in zip(edges[:-1], edges[1:])]
+    scores = np.stack([s for s, _ in done])  # [F, len(slots), 2]
+    default_ms = 1e3 * float(np.mean([d for _, d in done]))
+    options = _options(scores, default_ms, pool)
+    best = options[int(np.argmin([o.step_ms for o in options]))]
+    placements = _candidates(pool.windows, best.num_slots, pool)
+    everything = range(num_windows)
+    times = _times(placements, everything, pool)  # [C, T, L]
+    choice = _choose(times) if best.planner == "step-time" else np.zeros(times.shape[2], np.int64)
+    placement = _mixed(placements, choice) if best.planner == "step-time" else placements[0]
+    in_sample = times[choice, :, np.arange(times.shape[2])].sum(axis=0).mean()
+    return Recommendation(
+        options=options, recommended=best, placement=placement, in_sample_step_ms=1e3 * float(in_sample),
+        tokens_in_sample_step_ms=1e3 * float(times[0].sum(axis=1).mean()), default_slots=pool.default_slots,
+        default_step_ms=default_ms, phase=phase, batch=int(batch), routed_per_pass=pool.routed, passes=int(passes),
+        folds=len(done), cost_model=pool.cost)
+
+
+# ------------------------------------------------------------------------------------ inputs
+
+def _slot_list(num_experts: int, num_gpus: int, extra_slots_per_gpu, num_slots) -> tuple[int, ...]:
+    """The slot counts to price, increasing, each once; ``ValueError`` naming the argument."""
+    if num_slots is not None:
+        values = np.atleast_1d(np.asarray(num_slots, dtype=object)).tolist()
+        slots = [as_int(s, "num_slots entry", minimum=num_experts) for s in values]
+        for s in slots:
+            if s % num_gpus:
+                raise ValueError(f"num_slots entries must be multiples of num_gpus ({num_gpus}), got {s}")
+        name = "num_slots"
+    else:
+        values = np.atleast_1d(np.asarray(extra_slots_per_gpu, dtype=object)).tolist()
+        slots = [slots_for(num_experts, num_gpus, as_int(x, "extra_slots_per_gpu entry", minimum=0)) for x in values]
+        name = "extra_slots_per_gpu"
+    if not slots:
+        raise ValueError(f"{name} must hold at least one value")
+    return tuple(sorted(set(slots)))
+
+
+def _checked(counts, *, num_gpus, phase, batch, hardware, model, extra_slots_per_gpu, num_slots, num_nodes,
+             num_groups, passes, seed, folds, min_windows: int) -> _Pool:
+    """Every input checked, each error a ``ValueError`` naming its argument."""
+    windows = as_counts(counts, "counts", ndims=(3,))
+    if windows.shape[0] < min_windows:
+        raise ValueError(f"counts must hold at least {min_windows} windows [T, L, E] to hold one out, "
+                         f"got shape {windows.shape}")
+    if phase not in PHASES:
+        raise ValueError(f"phase must be one of {PHASES}, got {phase!r}")
+    gpus = as_int(num_gpus, "num_gpus", minimum=1)
+    nodes = as_int(num_nodes, "num_nodes", minimum=1)
+    if gpus % nodes:
+        raise ValueError(f"num_gpus ({gpus}) must be divisible by num_nodes ({nodes})")
+    batch = as_int(batch, "batch", minimum=1, maximum=2 ** 40)
+    passes = as_int(passes, "passes", minimum=1, maximum=4096)
+    seed = as_int(seed, "seed", minimum=0)
+    folds = as_int(folds, "folds", minimum=2)
+    cost = CostModel.preset(hardware, model)  # names the bad preset
+    moe = model if isinstance(model, MoEModel) else next(v for k, v in MODELS.items() if k.lower() == model.lower())
+    num_experts = windows.shape[2]
+    if num_experts != moe.num_experts:
+        raise ValueError(f"model {moe.name!r} has {moe.num_experts} routed experts but counts have {num_experts} "
+                         "(last axis): give the model preset of the pool")
+    slots = _slot_list(num_experts, gpus, extra_slots_per_gpu, num_slots)
+    groups = None if num_groups is None else as_int(num_groups, "num_groups", minimum=1)
+    deployment = dict(num_gpus=gpus, num_nodes=nodes, num_groups=groups)
+    routed = batch * gpus * moe.top_k
+    plan(windows[:1].sum(axis=0), num_slots=slots[0], **deployment, method="greedy")  # the deployment fits
+    return _Pool(windows=windows, slots=slots, default_slots=slots_for(num_experts, gpus, 1), deployment=deployment,
+                 cost=cost, model=moe, routed=routed, sampler=_Sampler(windows, routed, passes, seed), folds=folds)

@@ -1,0 +1,183 @@
+"""eplb.recommend: an answer per pool (how many redundant experts, which plan), judged held out."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from cli_runner import invoke
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import eplb
+from eplb.io.formats import read_placement
+from eplb.model.cost import CostModel, MoEModel
+from eplb.simulation.pools import plan_for_step_time
+from eplb.simulation.synthetic import drifting_counts
+
+GPUS, BATCH, PASSES, SEED = 8, 4, 6, 3
+
+
+@pytest.fixture(scope="module")
+def series() -> np.ndarray:
+    """``[4, 3, 64]`` drifting OLMoE-sized windows (64 experts, as the olmoe-1b-7b preset)."""
+    return drifting_counts(4, 3, 64, tokens=2048, drift=0.3, seed=5)
+
+
+@pytest.fixture(scope="module")
+def result(series):
+    return eplb.recommend(series, num_gpus=GPUS, batch=BATCH, model="olmoe-1b-7b", passes=PASSES, seed=SEED)
+
+
+def predicted_step_time(window, phy2log, cost, routed, seed, t) -> float:
+    """The step time of ``phy2log [L, S]`` on ``window [L, E]``, computed here from the definition:
+    ``PASSES`` multinomial passes seeded by ``(seed, t)``, each slot taking ``c / r`` of its expert's
+    ``c`` tokens and activated with probability ``1 - (1 - 1/r)^c``, a layer its slowest GPU."""
+    num_layers, num_experts = window.shape
+    rng = np.random.default_rng([seed, t])
+    totals = window.sum(axis=1, keepdims=True)
+    probs = np.where(totals > 0, window / np.where(totals > 0, totals, 1), 1.0 / num_experts)
+    passes = rng.multinomial(routed, probs, size=(PASSES, num_layers)).astype(float)
+    passes[:, totals[:, 0] == 0] = 0
+    replicas = np.stack([np.bincount(row, minlength=num_experts) for row in phy2log])  # [L, E]
+    num_slots = phy2log.shape[1]
+    step = np.zeros(PASSES)
+    for layer in range(num_layers):
+        c = passes[:, layer, phy2log[layer]]  # [P, S]
+        r = replicas[layer, phy2log[layer]]
+        tokens = (c / r).reshape(PASSES, GPUS, num_slots // GPUS).sum(axis=2)
+        active = np.where(c > 0, 1 - (1 - 1 / r) ** c, 0.0).reshape(PASSES, GPUS, -1).sum(axis=2)
+        step += cost.gpu_time(tokens, active).max(axis=1)
+    return float(step.mean())
+
+
+def held_out_ms(series, num_slots, **plan_options) -> float:
+    """Leave one window out, computed here: plan from the others, judge on the one left out."""
+    cost = CostModel.preset("H100", "olmoe-1b-7b")
+    routed = BATCH * GPUS * eplb.model.cost.MODELS["olmoe-1b-7b"].top_k
+    times = []
+    for t in range(len(series)):
+        others = np.delete(series, t, axis=0)
+        placement = eplb.plan(others, num_slots=num_slots, num_gpus=GPUS, **plan_options)
+        times.append(predicted_step_time(series[t], placement.phy2log, cost, routed, SEED, t))
+    return 1e3 * float(np.mean(times))
+
+
+def test_recommends_the_option_with_the_lowest_held_out_step_time(series, result):
+    steps = [o.step_ms for o in result.options]
+    assert result.recommended.step_ms == min(steps)
+    assert result.recommended == result.options[int(np.argmin(steps))]
+    tokens = {o.num_slots: o.step_ms for o in result.options if o.planner == "tokens"}
+    for num_slots, step_ms in tokens.items():
+        assert step_ms == pytest.approx(held_out_ms(series, num_slots), rel=1e-9)
+    default = held_out_ms(series, 72, method="greedy", objective="sum")
+    assert result.default_slots == 72 and result.default_step_ms == pytest.approx(default, rel=1e-9)
+    for o in result.options:
+        assert o.vs_default_pct == pytest.approx(100 * (o.step_ms / default - 1), rel=1e-6, abs=1e-9)
+
+
+def test_options_cover_the_allowed_slot_counts(series, result):
+    assert sorted({o.num_slots for o in result.options}) == [64, 72, 80]
+    assert [(o.num_slots, o.planner) for o in result.options] == [(s, p) for s in (64, 72, 80)
+                                                                  for p in ("tokens", "step-time")]
+    for o in result.options:
+        assert o.redundant_experts == o.num_slots - 64
+        assert o.replica_gib_per_gpu == pytest.approx(o.redundant_experts / GPUS * 16 * 3 * 2048 * 1024 * 2 / 2**30)
+        assert len(o.step_ms_folds) == 4
+        assert (o.beats_tokens is None) == (o.planner == "tokens")
+    explicit = eplb.recommend(series, num_gpus=GPUS, batch=BATCH, model="olmoe-1b-7b", passes=2, num_slots=[96, 64])
+    assert sorted({o.num_slots for o in explicit.options}) == [64, 96]
+    assert result.placement.num_slots == result.recommended.num_slots
+
+
+def test_the_plan_comes_from_all_windows(series, result):
+    best = result.recommended
+    if best.planner == "tokens":
+        expected = eplb.plan(series, num_slots=best.num_slots, num_gpus=GPUS).phy2log
+    else:
+        expected = plan_for_step_time(series, num_slots=best.num_slots, num_gpus=GPUS, batch=BATCH,
+                                      model="olmoe-1b-7b", passes=PASSES, seed=SEED)[0].phy2log
+    np.testing.assert_array_equal(result.placement.phy2log, expected)
+    assert result.in_sample_step_ms <= result.tokens_in_sample_step_ms * (1 + 1e-12)
+
+
+def test_deterministic(series, result):
+    again = eplb.recommend(series, num_gpus=GPUS, batch=BATCH, model="olmoe-1b-7b", passes=PASSES, seed=SEED)
+    assert again.options == result.options and again.recommended == result.recommended
+    np.testing.assert_array_equal(again.placement.phy2log, result.placement.phy2log)
+
+
+@st.composite
+def pools(draw):
+    num_experts = draw(st.sampled_from([4, 6, 8]))
+    gpus = draw(st.sampled_from([1, 2]))
+    windows = draw(st.integers(1, 3))
+    layers = draw(st.integers(1, 3))
+    counts = np.array(draw(st.lists(st.integers(0, 50), min_size=windows * layers * num_experts,
+                                    max_size=windows * layers * num_experts))).reshape(windows, layers, num_experts)
+    extra = draw(st.integers(0, 2))
+    return counts, gpus, gpus * (-(-num_experts // gpus) + extra), draw(st.integers(1, 6)), draw(st.integers(0, 3))
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(pools())
+def test_step_time_plan_is_never_slower_in_sample_than_the_token_plan(pool):
+    counts, gpus, num_slots, batch, seed = pool
+    model = MoEModel("tiny", 64, 32, counts.shape[2], 2, counts.shape[1], 2.0, "bf16")
+    mixed, tokens = plan_for_step_time(counts, num_slots=num_slots, num_gpus=gpus, batch=batch, model=model,
+                                       passes=4, seed=seed)
+    cost = CostModel.preset("H100", model)
+    from eplb.simulation.pools import _Sampler, layer_times
+
+    sampler = _Sampler(counts.astype(float), batch * gpus * 2, 4, seed)
+    in_sample = [sum(layer_times(sampler(t), p, cost).sum() for t in range(len(counts))) for p in (mixed, tokens)]
+    assert in_sample[0] <= in_sample[1] * (1 + 1e-12)
+    assert mixed.num_slots == num_slots and (mixed.logcnt >= 1).all()
+
+
+@pytest.mark.parametrize("change, name", [
+    (dict(counts=np.ones((1, 2, 64))), "counts"),
+    (dict(counts=np.full((2, 2, 64), np.nan)), "counts"),
+    (dict(counts=np.ones((2, 2, 32))), "model"),
+    (dict(batch=0), "batch"),
+    (dict(phase="train"), "phase"),
+    (dict(num_gpus=0), "num_gpus"),
+    (dict(num_nodes=3), "num_nodes"),
+    (dict(extra_slots_per_gpu=(-1,)), "extra_slots_per_gpu"),
+    (dict(extra_slots_per_gpu=()), "extra_slots_per_gpu"),
+    (dict(num_slots=[65]), "num_slots"),
+    (dict(num_slots=[32]), "num_slots"),
+    (dict(hardware="A100"), "hardware"),
+    (dict(model="gpt-5"), "model"),
+    (dict(passes=0), "passes"),
+])
+def test_bad_input_is_refused_by_name(change, name):
+    arguments = dict(counts=np.ones((2, 2, 64)), num_gpus=GPUS, batch=2, model="olmoe-1b-7b", passes=2)
+    arguments.update(change)
+    with pytest.raises(ValueError, match=name):
+        eplb.recommend(**arguments)
+
+
+def test_cli_writes_a_plan_eplb_reads_back(tmp_path, series):
+    np.save(tmp_path / "pool.npy", series)
+    out, _ = invoke("recommend", "pool.npy", "--gpus", str(GPUS), "--phase", "decode", "--batch", str(BATCH),
+                    "--hardware", "h100", "--model", "olmoe-1b-7b", "--extra-slots", "0,1", "--passes", str(PASSES),
+                    "--seed", str(SEED), "-o", "plan.json", cwd=tmp_path)
+    assert "recommended" in out and "published greedy at 72 slots" in out
+    expected = eplb.recommend(series, num_gpus=GPUS, batch=BATCH, model="olmoe-1b-7b", extra_slots_per_gpu=(0, 1),
+                              passes=PASSES, seed=SEED)
+    written = read_placement(tmp_path / "plan.json")
+    np.testing.assert_array_equal(written.placement.phy2log, expected.placement.phy2log)
+    assert written.placement.num_gpus == GPUS
+
+
+@pytest.mark.parametrize("flags, hint", [
+    (["--batch", "0"], "--batch"),
+    (["--batch", "2", "--extra-slots", "0,x"], "--extra-slots"),
+    (["--batch", "2", "--slots", "65"], "--slots"),
+    (["--batch", "2", "--model", "deepseek-v3"], "--model"),
+])
+def test_cli_refuses_bad_flags_with_exit_2(tmp_path, series, flags, hint):
+    np.save(tmp_path / "pool.npy", series)
+    _, err = invoke("recommend", "pool.npy", "--gpus", str(GPUS), "--model", "olmoe-1b-7b", *flags, cwd=tmp_path,
+                    expect=2)
+    assert hint in err and "Traceback" not in err
