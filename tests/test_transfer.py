@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from test_migration import random_previous
 
 import eplb
-from eplb.serving.transfer import CROSS_NODE, INTRA_GPU, INTRA_NODE
+from eplb.serving.transfer import CROSS_NODE, INTRA_GPU, INTRA_NODE, TransferPlan
 
 
 @st.composite
@@ -117,3 +117,25 @@ def test_bad_input_is_refused():
         eplb.transfer_plan(a, a).bytes()
     with pytest.raises(ValueError, match="layers_per_chunk"):
         eplb.transfer_plan(a, a).chunks(0)
+
+
+@given(st.lists(st.integers(0, 5), min_size=0, max_size=40), st.integers(1, 7))
+def test_chunks_partition_the_copies_in_layer_order_whatever_order_they_were_given_in(layers, size):
+    """A plan built from copies in any order keeps them in layer order (stably), and its chunks
+    are exactly the copies of their layers, as a mask would select them."""
+    topology = eplb.Topology.from_layout(8, 2, 1)
+    layer = np.array(layers, dtype=np.int64)
+    ids = np.arange(layer.size, dtype=np.int64)
+    plan = TransferPlan(layer, ids, ids % 8, ids % 8, ids % 2, ids % 2, np.zeros_like(ids), num_layers=6,
+                        topology=topology)
+    order = np.argsort(layer, kind="stable")
+    np.testing.assert_array_equal(plan.layer, layer[order])
+    np.testing.assert_array_equal(plan.expert, ids[order])
+    chunks = plan.chunks(size)
+    assert [c.layers for c in chunks] == [(s, min(s + size, 6)) for s in range(0, 6, size)]
+    for chunk in chunks:
+        start, stop = chunk.layers
+        keep = (layer >= start) & (layer < stop)
+        np.testing.assert_array_equal(chunk.expert, ids[keep])  # stable: given order within a layer
+        np.testing.assert_array_equal(plan.for_layers(start, stop).expert, chunk.expert)
+    assert sum(len(c) for c in chunks) == len(plan)

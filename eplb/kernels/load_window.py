@@ -4,9 +4,12 @@ import numpy as np
 from numba import njit
 
 
-@njit(cache=True, nogil=True, error_model="numpy")
+@njit(cache=True, error_model="numpy")
 def first_bad_count(counts):
-    """Index (flattened) of the first negative, NaN or infinite entry of ``counts [L, X]``, or -1."""
+    """Index (flattened) of the first negative, NaN or infinite entry of ``counts [L, X]``, or -1.
+
+    Keeps the GIL (microseconds of work, on the engine's thread every pass): releasing it would
+    hand a busy scheduler thread the interpreter for up to a switch interval (5 ms) per pass."""
     rows, cols = counts.shape
     for i in range(rows):
         for j in range(cols):

@@ -21,9 +21,12 @@ from ..model.topology import Topology
 KINDS = ("intra_gpu", "intra_node", "cross_node")
 
 
+_FIELDS = ("layer", "expert", "src_slot", "dst_slot", "src_gpu", "dst_gpu", "kind")
+
+
 @dataclass(frozen=True, eq=False)
 class TransferPlan:
-    """The weight copies from an old to a new placement, ``C`` copies in all.
+    """The weight copies from an old to a new placement, ``C`` copies in all, in layer order.
 
     Attributes:
         layer, expert: ``[C]`` int64, the MoE layer and the logical expert copied.
@@ -51,6 +54,11 @@ class TransferPlan:
     def __post_init__(self):
         if self.layers is None:
             object.__setattr__(self, "layers", (0, self.num_layers))
+        layer = np.asarray(self.layer)
+        if layer.ndim == 1 and layer.size and not bool(np.all(layer[1:] >= layer[:-1])):
+            order = np.argsort(layer, kind="stable")  # copies in layer order: chunks are slices
+            for name in _FIELDS:
+                object.__setattr__(self, name, np.asarray(getattr(self, name))[order])
 
     def __len__(self) -> int:
         return int(self.layer.size)
@@ -94,24 +102,36 @@ class TransferPlan:
 
     # -- views -----------------------------------------------------------------------------------
     def for_layers(self, start: int, stop: int) -> "TransferPlan":
-        """The copies of layers ``start <= layer < stop``."""
-        keep = (self.layer >= start) & (self.layer < stop)
-        return TransferPlan(
-            *(getattr(self, n)[keep] for n in ("layer", "expert", "src_slot", "dst_slot", "src_gpu", "dst_gpu", "kind")),
-            num_layers=self.num_layers, topology=self.topology, expert_bytes=self.expert_bytes,
-            layers=(int(start), int(stop)),
-        )
+        """The copies of layers ``start <= layer < stop`` (views of this plan's arrays)."""
+        lo, hi = np.searchsorted(self.layer, (start, stop)).tolist()
+        return self._slice(lo, hi, (int(start), int(stop)))
+
+    def _slice(self, lo: int, hi: int, layers: tuple[int, int]) -> "TransferPlan":
+        """Copies ``lo:hi`` as a plan of ``layers``: views, built without :meth:`__post_init__`
+        (a slice of copies in layer order is in layer order; no NumPy call, so no GIL hand-over)."""
+        part = object.__new__(TransferPlan)
+        for name in _FIELDS:
+            object.__setattr__(part, name, getattr(self, name)[lo:hi])
+        for name, value in (("num_layers", self.num_layers), ("topology", self.topology),
+                            ("expert_bytes", self.expert_bytes), ("layers", layers)):
+            object.__setattr__(part, name, value)
+        return part
 
     def chunks(self, layers_per_chunk: int) -> list["TransferPlan"]:
         """Split into consecutive chunks of ``layers_per_chunk`` layers, so an engine can apply a
-        rebalance over several steps (one chunk per step)."""
+        rebalance over several steps (one chunk per step). The copies are kept in layer order, so
+        the chunks' arrays are views of this plan's, found by one search: microseconds on the
+        engine's thread, where masking every field of every chunk took milliseconds beside a busy
+        Python thread (each large NumPy call may hand it the GIL for a switch interval)."""
         size = as_int(layers_per_chunk, "layers_per_chunk", minimum=1)
-        return [self.for_layers(start, min(start + size, self.num_layers)) for start in range(0, self.num_layers, size)]
+        starts = list(range(0, self.num_layers, size))
+        stops = [min(start + size, self.num_layers) for start in starts]
+        edges = np.searchsorted(self.layer, starts + stops[-1:]).tolist()
+        return [self._slice(lo, hi, (start, stop)) for start, stop, lo, hi in zip(starts, stops, edges[:-1], edges[1:])]
 
     def to_dict(self) -> dict:
         """JSON-ready: one list per field, plus the totals."""
-        fields = ("layer", "expert", "src_slot", "dst_slot", "src_gpu", "dst_gpu", "kind")
-        data = {name: getattr(self, name).tolist() for name in fields}
+        data = {name: getattr(self, name).tolist() for name in _FIELDS}
         data.update(num_layers=self.num_layers, layers=list(self.layers), expert_bytes=self.expert_bytes,
                     topology=self.topology.to_dict(), totals=self.summary())
         return data
