@@ -135,7 +135,7 @@ def test_chunks_partition_the_copies_in_layer_order_whatever_order_they_were_giv
     assert [c.layers for c in chunks] == [(s, min(s + size, 6)) for s in range(0, 6, size)]
     for chunk in chunks:
         start, stop = chunk.layers
-        keep = (layer >= start) & (layer < stop)
-        np.testing.assert_array_equal(chunk.expert, ids[keep])  # stable: given order within a layer
+        keep = (layer[order] >= start) & (layer[order] < stop)
+        np.testing.assert_array_equal(chunk.expert, ids[order][keep])  # stable: given order within a layer
         np.testing.assert_array_equal(plan.for_layers(start, stop).expert, chunk.expert)
     assert sum(len(c) for c in chunks) == len(plan)
