@@ -250,18 +250,19 @@ def test_record_into_a_killed_worker_raises_at_once_naming_it_and_its_exit_code(
     process.close()
 
 
-def test_a_script_without_the_main_guard_is_told_what_to_add(tmp_path):
+@pytest.mark.parametrize("kind", ["BalancerProcess", "BackgroundBalancer"])
+def test_a_script_without_the_main_guard_is_told_what_to_add(tmp_path, kind):
     import subprocess
 
     script = tmp_path / "serve.py"
     script.write_text("import numpy as np\nimport eplb\n"
-                      f"worker = eplb.BalancerProcess({LAYERS}, {EXPERTS}, **{CONFIG!r})\n"
+                      f"worker = eplb.{kind}({LAYERS}, {EXPERTS}, **{CONFIG!r})\n"
                       f"worker.record(np.ones(({LAYERS}, {EXPERTS})))\nworker.close()\n")
     result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300,
                             cwd=tmp_path)
     assert result.returncode != 0
     last = result.stderr.strip().splitlines()[-1]
-    assert last.startswith("RuntimeError: a BalancerProcess was created while its worker process imported the main")
+    assert last.startswith(f"RuntimeError: a {kind} was created while its worker process imported the main")
     assert 'if __name__ == "__main__":' in last
     assert "bootstrapping phase" not in result.stderr  # not multiprocessing's own traceback
     guarded = tmp_path / "guarded.py"

@@ -50,8 +50,8 @@ from ..analysis.placement import Placement
 from ..kernels.load_window import first_bad_count
 from .balancer import Balancer, check_counts, commit_range, merged_placement, stage_counts
 from .transfer import TransferPlan
-from .worker import (CONTEXTS, PROTOCOL, _BALANCER_KEYWORDS, _build, _dumps, _eplb_file, _error_message, _exit,
-                     _plain_state, _raise_remote)
+from .worker import (CONTEXTS, PROTOCOL, UNGUARDED_MAIN, UNGUARDED_MAIN_EXIT, _BALANCER_KEYWORDS, _build, _dumps,
+                     _eplb_file, _error_message, _exit, _plain_state, _raise_remote, stop_unguarded_worker)
 
 STAGING_BYTES = 32 << 20
 """Bytes of shared memory for staged passes unless ``staging_rows`` says otherwise."""
@@ -153,13 +153,18 @@ class _Link:
     def receive(self) -> bytes:
         while not self.conn.poll(0.25):
             if not self.process.is_alive():
-                self.process.join(1.0)
-                raise RuntimeError(f"the eplb worker process died (exit code {self.process.exitcode})")
+                raise self._died()
         try:
             return self.conn.recv_bytes()
         except (EOFError, ConnectionError, OSError):
-            self.process.join(1.0)
-            raise RuntimeError(f"the eplb worker process died (exit code {self.process.exitcode})") from None
+            raise self._died() from None
+
+    def _died(self) -> RuntimeError:
+        """The error for a worker that ended: what to add to an unguarded script, else its exit code."""
+        self.process.join(1.0)
+        if self.process.exitcode == UNGUARDED_MAIN_EXIT:
+            return RuntimeError(UNGUARDED_MAIN.format(kind="BackgroundBalancer"))
+        return RuntimeError(f"the eplb worker process died (exit code {self.process.exitcode})")
 
     def shutdown(self) -> None:
         """Stop the worker (asked, then terminated, then killed) and free the shared memory."""
@@ -255,6 +260,7 @@ class BackgroundBalancer:
                                          or staging_rows < 2):
             raise ValueError(f"staging_rows must be an integer >= 2 or None, got {staging_rows!r}")
         self._link = None
+        stop_unguarded_worker("BackgroundBalancer")
         link = _Link(context)
         self._finalizer = weakref.finalize(self, link.shutdown)
         try:

@@ -75,11 +75,21 @@ PROTOCOL = 5
 UNGUARDED_MAIN_EXIT = 87
 """Exit code of a worker whose import of the caller's main module would start another worker."""
 
-UNGUARDED_MAIN = ("a BalancerProcess was created while its worker process imported the main module: with the "
+UNGUARDED_MAIN = ("a {kind} was created while its worker process imported the main module: with the "
                   "'spawn' and 'forkserver' start methods the worker imports the caller's main script again, and "
-                  "creating a BalancerProcess there would start workers without end. Put the script's code that "
+                  "creating a {kind} there would start workers without end. Put the script's code that "
                   "creates it under  if __name__ == \"__main__\":  (see 'Safe importing of main module' in "
                   "Python's multiprocessing documentation)")
+
+def stop_unguarded_worker(kind: str) -> None:
+    """In a worker importing the caller's unguarded main module (spawn, forkserver), stop that
+    worker with a code its parent turns into :data:`UNGUARDED_MAIN` (no multiprocessing
+    traceback); a forkserver's server (it has no channel to the caller) says it on stderr."""
+    if getattr(multiprocessing.current_process(), "_inheriting", False):
+        if "multiprocessing.forkserver" in sys.modules:
+            print(f"eplb: {UNGUARDED_MAIN.format(kind=kind)}", file=sys.stderr)
+        raise SystemExit(UNGUARDED_MAIN_EXIT)
+
 
 # the shared block: a header of int64 fields, the staged rows' kinds, the staged rows, the message area
 _REQUEST_SEQ, _REPLY_SEQ, _RECORDED, _INGESTED, _REQUEST_ROWS, _REQUEST_LEN, _REPLY_LEN = range(7)
@@ -260,7 +270,7 @@ class _Channel:
     def _dead(self) -> RuntimeError:
         self.process.join(POLL_S)
         if self.process.exitcode == UNGUARDED_MAIN_EXIT:
-            self.broken = UNGUARDED_MAIN
+            self.broken = UNGUARDED_MAIN.format(kind="BalancerProcess")
         else:
             self.broken = (f"the eplb worker process (pid {self.process.pid}) died (exit code "
                            f"{self.process.exitcode}); this BalancerProcess cannot be used any more")
@@ -447,13 +457,7 @@ class BalancerProcess:
         return self
 
     def _start(self, construct: tuple, context: str, staging_rows, gil_interval) -> None:
-        if getattr(multiprocessing.current_process(), "_inheriting", False):
-            # in a worker importing the caller's unguarded main module: stop that worker with a
-            # code its parent turns into UNGUARDED_MAIN (no multiprocessing traceback); a
-            # forkserver's server (it has no channel to the caller) says it on stderr
-            if "multiprocessing.forkserver" in sys.modules:
-                print(f"eplb: {UNGUARDED_MAIN}", file=sys.stderr)
-            raise SystemExit(UNGUARDED_MAIN_EXIT)
+        stop_unguarded_worker("BalancerProcess")
         if context not in CONTEXTS:
             raise ValueError(f"context must be one of {CONTEXTS} (fork is unsafe beside threads and CUDA), "
                              f"got {context!r}")
