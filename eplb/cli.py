@@ -1203,7 +1203,8 @@ def simulate(counts, slots, gpus, nodes, groups, policies, method, rebalance_fn,
         s = r.summary()
         lines.append(f"{s['policy']:<40} lost {100 * s['lost_share']:6.2f}%  with stalls "
                      f"{100 * s['lost_with_stalls_share']:6.2f}%  max stall {s['max_stall_s']:.3g} s  "
-                     f"rebalances {s['rebalances']:4d}  copies {s['copies']}")
+                     f"rebalances {s['rebalances']:4d}  copies {s['copies']}  host per step "
+                     f"{s['host_ms_mean']:.3f} ms mean, {s['host_ms_p99']:.3f} p99, {s['host_ms_max']:.1f} max")
     lines.append(f"wrote    {written['html']}")
     click.echo("\n".join(lines))
 
@@ -1337,11 +1338,12 @@ def sweep(counts, extra_slots, gpus, nodes, groups, dispatches, policies, hardwa
     lines = [f"counts   {data.path} ({data.format}): {data.counts.shape[0]} steps; cost model {cost.name}, {regime}, "
              f"copies {copy_mode}",
              f"{'GPUs':>5} {'nodes':>5} {'dispatch':<8} {'policy':<38} {'extra/GPU':>9} {'lost':>8} {'w/ stalls':>9} "
-             f"{'copies':>8} {'replicas GiB/GPU':>16}"]
+             f"{'copies':>8} {'replicas GiB/GPU':>16} {'host ms p99/max':>16}"]
     for r in rows:
         lines.append(f"{r['num_gpus']:>5} {r['num_nodes']:>5} {r['dispatch']:<8} {r['policy'][:38]:<38} "
                      f"{r['extra_slots_per_gpu']:>9} {100 * r['lost_share']:>7.2f}% {100 * r['lost_with_stalls_share']:>8.2f}% "
-                     f"{r['copies']:>8} {r['replica_memory_per_gpu_bytes'] / 2**30:>16.2f}")
+                     f"{r['copies']:>8} {r['replica_memory_per_gpu_bytes'] / 2**30:>16.2f} "
+                     f"{r['host_ms_p99']:>8.2f}/{r['host_ms_max']:<7.1f}")
     for (g, n, d, p), extra in knees.items():
         if extra is None:
             lines.append(f"knee     {g} GPUs / {n} nodes, {d}, {p}: none within the values tried (each extra slot "

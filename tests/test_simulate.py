@@ -2,6 +2,7 @@
 plug in), dispatch modes, determinism and input checks."""
 
 import functools
+import time
 
 import numpy as np
 import pytest
@@ -114,6 +115,34 @@ def test_fixed_interval_rebalances_on_its_timer_from_its_window():
     np.testing.assert_allclose(seen[2], series[10:12].sum(axis=0))
     # the copies recorded are those of the transfer plan between consecutive placements
     assert result.copies[[0, 1, 2, 4, 5, 6, 8, 9, 10]].sum() == 0
+
+
+def test_the_policys_time_on_the_engines_thread_is_kept_per_step(tmp_path):
+    """Each step's ``observe`` is timed where it ran (a plan lands on the step that made it), and
+    the summary, sweep's rows and the command report its mean, p99 and max."""
+    rng = np.random.default_rng(0)
+    series = rng.integers(0, 50, (12, 3, 8))
+    slow_steps = []
+
+    def slow_planner(weight, num_replicas, num_groups, num_nodes, num_gpus):
+        slow_steps.append(len(slow_steps))
+        busy_until = time.process_time() + 0.02  # CPU time: a plan that costs the caller's thread
+        while time.process_time() < busy_until:
+            pass
+        return eplb.rebalance_experts(weight, num_replicas, num_groups, num_nodes, num_gpus, method="greedy")
+
+    result = simulate(series, num_slots=12, num_gpus=4, cost_model=COMPUTE,
+                      policy=FixedInterval(4, window=2, method=slow_planner))
+    host = result.host_time
+    assert host.shape == (12,) and np.isfinite(host).all() and (host >= 0).all()
+    assert (host[result.rebalance_steps] >= 0.02).all()  # the planner's own CPU time, at least
+    summary = result.summary()
+    assert summary["host_ms_max"] == pytest.approx(1e3 * host.max())
+    assert summary["host_ms_p99"] == pytest.approx(1e3 * np.percentile(host, 99))
+    assert summary["host_ms_mean"] == pytest.approx(1e3 * host.mean())
+    rows = eplb.sweep(series, extra_slots_per_gpu=(1,), num_gpus=(4,), policies=("balancer",), workers=1)
+    assert {"host_ms_mean", "host_ms_p99", "host_ms_max"} <= set(rows[0])
+    assert 0 <= rows[0]["host_ms_mean"] <= rows[0]["host_ms_max"] and rows[0]["host_ms_p99"] <= rows[0]["host_ms_max"]
 
 
 def test_a_published_signature_function_plugs_in_like_the_method_name():

@@ -145,11 +145,12 @@ def _html(title: str, results, figures: list[Path]) -> str:
     shown = [("steps", "{}"), ("lost_share", "{:.2%}"), ("lost_with_stalls_share", "{:.2%}"),
              ("moe_time_s", "{:.4g} s"), ("balanced_time_s", "{:.4g} s"), ("stall_time_s", "{:.4g} s"),
              ("max_stall_s", "{:.4g} s"), ("rebalances", "{}"), ("copies", "{}"), ("copies_intra_node", "{}"),
-             ("copies_cross_node", "{}"), ("bytes_moved", "{:.3g} B")]
+             ("copies_cross_node", "{}"), ("bytes_moved", "{:.3g} B"), ("host_ms_mean", "{:.3f} ms"),
+             ("host_ms_p99", "{:.3f} ms"), ("host_ms_max", "{:.2f} ms")]
     head = "".join(f"<th>{html.escape(s['policy'])}</th>" for s in summaries)
     body = "\n".join(
         f"<tr><th>{html.escape(key)}</th>" + "".join(f"<td>{html.escape(fmt.format(s[key]))}</td>" for s in summaries)
-        + "</tr>" for key, fmt in shown)
+        + "</tr>" for key, fmt in shown if all(key in s for s in summaries))
     blocks = []
     for path in figures:
         data = base64.b64encode(path.read_bytes()).decode("ascii")
@@ -183,7 +184,8 @@ __all__ = ["write_simulation_report", "write_tables"]
 
 SWEEP_COLUMNS = ("policy", "num_slots", "redundant_slots", "extra_slots_per_gpu", "num_gpus", "num_nodes",
                  "hierarchical", "dispatch", "lost_share", "lost_with_stalls_share", "rebalances", "copies",
-                 "copies_cross_node", "bytes_moved", "replica_memory_per_gpu_bytes", "wall_time_s")
+                 "copies_cross_node", "bytes_moved", "replica_memory_per_gpu_bytes", "wall_time_s", "host_ms_mean",
+                 "host_ms_p99", "host_ms_max")
 
 
 def write_sweep_report(rows: Sequence[dict], out_dir, knees: dict) -> dict:

@@ -103,6 +103,8 @@ class SimulationResult:
             and the new placements (``method="mixed"``).
         wall_time_s: seconds the simulation took.
         extra: ``{"layers_per_step": k}`` when the simulation applied rebalances in chunks, else empty.
+        host_time: ``[T]`` seconds the policy took on the simulator's thread at step ``t`` (its
+            ``observe``: what an engine's own thread would spend in it; ``None`` when not measured).
     """
 
     layer_time: np.ndarray
@@ -116,6 +118,7 @@ class SimulationResult:
     final_placement: Placement
     wall_time_s: float
     extra: dict = field(default_factory=dict)
+    host_time: np.ndarray | None = None
 
     @property
     def step_time(self) -> np.ndarray:
@@ -159,7 +162,17 @@ class SimulationResult:
             "copies_cross_node": int(copies[2]), "local_moves": int(copies[0]),
             "bytes_moved": float((copies[1] + copies[2]) * self.cost_model.expert_bytes),
             "wall_time_s": self.wall_time_s,
+            **self.host_summary(),
         }
+
+    def host_summary(self) -> dict[str, float]:
+        """The policy's time on the engine's thread per step, in ms: ``host_ms_mean``,
+        ``host_ms_p99``, ``host_ms_max`` (empty when not measured)."""
+        if self.host_time is None or not self.host_time.size:
+            return {}
+        ms = 1e3 * self.host_time
+        return {"host_ms_mean": float(ms.mean()), "host_ms_p99": float(np.percentile(ms, 99)),
+                "host_ms_max": float(ms.max())}
 
 
 # ------------------------------------------------------------------------------------ simulation
@@ -299,6 +312,7 @@ def simulate(counts, *, num_slots=None, num_gpus=None, num_nodes=1, num_groups=N
     stall = np.zeros(num_steps)
     copies = np.zeros((num_steps, 3), np.int64)
     copy_time = np.zeros(num_steps)
+    host_time = np.zeros(num_steps)
     rebalance_steps = []
     # The placement in service is a per-layer mix while a plan is being applied:
     serving = np.array(target.phy2log)  # [L, S] what serves each layer
@@ -354,7 +368,9 @@ def simulate(counts, *, num_slots=None, num_gpus=None, num_nodes=1, num_groups=N
                 if clock >= in_flight[1]:
                     switch(in_flight[0])
                     in_flight = None
+            called = time.perf_counter()
             new = _call_policy(policy, "observe", t, block[i])
+            host_time[t] = time.perf_counter() - called
             if new is not None:
                 new = as_placement(new, deployment, f"the placement policy.observe returned at step {t}")
                 catch_up(block, i)  # the steps served by the placement up to now
@@ -391,7 +407,7 @@ def simulate(counts, *, num_slots=None, num_gpus=None, num_nodes=1, num_groups=N
         layer_time=layer_time, balanced_time=balanced, stall_time=stall, copies=copies, copy_time=copy_time,
         rebalance_steps=np.asarray(rebalance_steps, np.int64), policy=policy_label(policy),
         cost_model=cost_model, final_placement=final, wall_time_s=time.perf_counter() - start_wall,
-        extra={} if layers_per_step is None else {"layers_per_step": layers_per_step},
+        extra={} if layers_per_step is None else {"layers_per_step": layers_per_step}, host_time=host_time,
     )
 
 

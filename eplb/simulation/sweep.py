@@ -73,6 +73,7 @@ def _run_point(args) -> tuple[dict, list]:
         "copies_cross_node": summary["copies_cross_node"], "bytes_moved": summary["bytes_moved"],
         "replica_memory_per_gpu_bytes": replicas_per_gpu * num_layers * cost_model.expert_bytes,
         "wall_time_s": summary["wall_time_s"],
+        **{key: summary[key] for key in ("host_ms_mean", "host_ms_p99", "host_ms_max")},
     }
     return row, [(w.category, str(w.message)) for w in caught]
 
@@ -98,7 +99,8 @@ def sweep(counts, *, extra_slots_per_gpu=(0, 1, 2), num_gpus=(32,), num_nodes=(1
     Returns:
         Rows (dicts) in the order of the axes' product: deployment, dispatch, policy, ``lost_share``,
         ``lost_with_stalls_share``, ``rebalances``, ``copies``, ``copies_cross_node``,
-        ``bytes_moved``, ``replica_memory_per_gpu_bytes``, ``wall_time_s``.
+        ``bytes_moved``, ``replica_memory_per_gpu_bytes``, ``wall_time_s`` and the policy's time on
+        the engine's thread per step (``host_ms_mean``, ``host_ms_p99``, ``host_ms_max``).
     """
     series = checked_series(counts, generators=False)
     extras = [as_int(x, "extra_slots_per_gpu entry", minimum=0) for x in extra_slots_per_gpu]
