@@ -165,7 +165,8 @@ def test_the_check_keeps_a_search_that_serves_unseen_windows():
     cross-validation sees both, so the search that replicates both serves the held-out windows
     better than the start, which balances only the summed counts."""
     problem = make_problem(4, 6, 2)
-    hot = np.array([[6.0, 0.0, 3.0, 3.0], [0.0, 6.0, 3.0, 3.0]])
+    # 120 tokens a window: 12 would be too few to tell the turns from sampling noise
+    hot = 10.0 * np.array([[6.0, 0.0, 3.0, 3.0], [0.0, 6.0, 3.0, 3.0]])
     series = hot[np.arange(8) % 2][:, None, :]
     start = np.array([[0, 2, 3, 1, 2, 3]])
     phy2log, (before, after) = improve_expected_peak(series, start, problem, iterations=200, folds=4)
