@@ -55,6 +55,7 @@ SECTIONS = (
     ("engine_planning", "Engine planning", "plans made for SGLang's dispatch rules, held out"),
     ("host_loop", "Host loop", "the README's serving loop: the caller's time in eplb per pass, p99 and max"),
     ("compare_quick", "eplb compare", "eplb compare --quick timed; the published algorithm from a file beside greedy"),
+    ("pools", "Pools", "eplb.recommend: redundant experts and plans per pool, in predicted step time, held out"),
 )
 
 README_ROWS = 12
