@@ -219,7 +219,7 @@ def readme_rows(results_dir) -> list[tuple[str, str, str]]:
 
     return [(f"Caller's time in eplb per pass, the README's loop (DeepSeek-V3 size, `window={mine['window']}`, "
              f"a decision every {CHECK_EVERY} passes) beside a busy Python thread",
-             f"`BackgroundBalancer`: {spread(mine)} (copying the pass's counts alone: {spread(floor)})",
+             f"`BackgroundBalancer`: {spread(mine)} (the floor, copying the pass's counts: {spread(floor)})",
              f"`Balancer` on the caller's thread: {spread(synchronous)}")]
 
 
