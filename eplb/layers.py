@@ -1,5 +1,5 @@
 """The package's layers, lowest first: each is a folder of ``eplb/``, and a module imports only
-from its own layer or the layers below it (``tests/test_layering.py`` checks every import, inside
+from its own layer or the layers below it (``tests/project/test_layering.py`` checks every import, inside
 functions too, and that no modules import each other in a circle). The modules at the root of
 ``eplb/`` are the top layer: the public names (``eplb/__init__.py``) and the entry points.
 

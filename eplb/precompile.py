@@ -14,7 +14,7 @@ and it computes the lower bound, the migration, the other public calls a server 
 (:func:`warm_public_calls`: the global plan, ``max_off_node``, a series planned hedged,
 ``dispatch="optimal"``, :func:`eplb.dispatch`, every engine's shares, transfer plans,
 :func:`eplb.simulate`) and, with ``balancer=True``, a Balancer's whole record / decide / rebalance
-cycle (:func:`eplb.serving.balancer.warm_kernels`). ``tests/test_warmup.py`` checks that, after it,
+cycle (:func:`eplb.serving.balancer.warm_kernels`). ``tests/project/test_warmup.py`` checks that, after it,
 a fresh process compiles nothing on any of those calls.
 
 :func:`ship` is the warm-up a wheel's build runs (``eplb/_build.py``): it compiles three

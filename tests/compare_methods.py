@@ -1,5 +1,5 @@
 """Planning functions with the published ``rebalance_experts`` signature that go wrong in each way
-``eplb compare`` must survive (and two valid ones it must flag), for ``tests/test_compare.py``."""
+``eplb compare`` must survive (and two valid ones it must flag), for ``tests/simulation/test_compare.py``."""
 
 from __future__ import annotations
 

@@ -7,6 +7,12 @@ from hypothesis import HealthCheck, settings
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))  # the published-greedy reference lives in bench/
+# The tests mirror the package's layers, one folder each (and project/ for the repository's own
+# checks); the helper modules (brute force, strategies, the CLI runner, engine sources) sit in
+# tests/ itself, and a test module may borrow a fixture-like helper from another folder's module.
+TESTS = Path(__file__).resolve().parent
+for folder in [TESTS, *sorted(p for p in TESTS.iterdir() if p.is_dir() and any(p.glob("test_*.py")))]:
+    sys.path.insert(1, str(folder))
 
 settings.register_profile(
     "default", deadline=None, max_examples=60, suppress_health_check=[HealthCheck.too_slow]

@@ -32,7 +32,7 @@ platforms without POSIX owners (Windows) the owner and mode checks are not made.
 **Stamps.** Each entry is stamped with a hash of the content of every kernel source
 (``eplb/kernels/**/*.py``, by path relative to the package, and of the function's own file): a
 compiled kernel embeds the helpers it calls from other kernel files (kernels import only from
-``eplb.kernels``, which ``tests/test_cache_safety.py`` checks), so a change to any of them
+``eplb.kernels``, which ``tests/kernels/test_cache_safety.py`` checks), so a change to any of them
 recompiles every kernel, never runs stale code. The content, not the modification time an install
 sets, so the shipped entries below match the installed files.
 

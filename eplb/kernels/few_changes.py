@@ -580,7 +580,7 @@ def _undo_one(st, lay, s, changed, cap):
         _set_slot(st, lay, partner, e)
     _shares(st, e)
     _shares(st, f)
-    # every GPU's load (refreshing only the holders of e and f gave wrong peaks: tests/test_topologies)
+    # every GPU's load (refreshing only the holders of e and f gave wrong peaks: tests/model/test_topologies)
     _refresh_loads(st, gpu_of_slot)
     peak = 0.0
     for g in range(st.x.shape[0]):

@@ -14,7 +14,7 @@ talks to it through a one-way stream of events in shared memory:
   would have done at that point: ``record`` a pass, ``should_rebalance()`` and, when it says yes,
   ``rebalance(commit=False)`` at a check, ``commit`` at a commit. So it makes the same decisions
   and the same placements as a ``Balancer`` fed the same passes, checks and commits in the same
-  order (``tests/test_host_loop.py`` compares them byte for byte).
+  order (``tests/serving/test_host_loop.py`` compares them byte for byte).
 - Its answers come back one message at a time through shared memory;
   :meth:`~BackgroundBalancer.poll` reads them without waiting and returns a proposal
   ``(placement, transfer)`` once a check found one worth its copies.
@@ -161,7 +161,7 @@ class _Link:
 
     def _died(self) -> RuntimeError:
         """The error for a worker that ended: what to add to an unguarded script, else its exit code."""
-        self.process.join(1.0)
+        self.process.join(30.0)  # it closed its end: it is exiting (slowly on a busy machine)
         if self.process.exitcode == UNGUARDED_MAIN_EXIT:
             return RuntimeError(UNGUARDED_MAIN.format(kind="BackgroundBalancer"))
         return RuntimeError(f"the eplb worker process died (exit code {self.process.exitcode})")

@@ -7,6 +7,7 @@ unpickled.
 from __future__ import annotations
 
 import csv
+import tokenize
 import zipfile
 from pathlib import Path
 
@@ -28,14 +29,15 @@ def _load_npy(path: Path) -> np.ndarray:
         return np.load(path, allow_pickle=False)
     except ValueError as exc:
         raise FormatError(path, f"not a readable .npy array without pickles ({exc})") from None
-    except (OSError, EOFError) as exc:
-        raise FormatError(path, f"not a readable .npy file ({exc})") from None
+    # a damaged header: NumPy parses it as a Python literal (tokenize, ast)
+    except (OSError, EOFError, SyntaxError, tokenize.TokenError) as exc:
+        raise FormatError(path, f"not a readable .npy file ({type(exc).__name__}: {exc})") from None
 
 
 def _open_npz(path: Path):
     try:
         return np.load(path, allow_pickle=False)
-    except (ValueError, OSError, EOFError, zipfile.BadZipFile) as exc:
+    except (ValueError, OSError, EOFError, zipfile.BadZipFile, SyntaxError, tokenize.TokenError) as exc:
         raise FormatError(path, f"not a readable .npz archive ({exc})") from None
 
 

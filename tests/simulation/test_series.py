@@ -8,7 +8,7 @@ import pytest
 
 from eplb.simulation.series import BLOCK, Series, mixture_path, prefill_share_from_lengths, synthetic_workloads, trace_workloads
 
-TRACES = Path(os.environ.get("EPLB_TRACES", Path(__file__).resolve().parents[2] / "shared" / "data" / "traces"))
+TRACES = Path(os.environ.get("EPLB_TRACES", Path(__file__).resolve().parents[3] / "shared" / "data" / "traces"))
 
 
 def small(**kwargs):

@@ -31,7 +31,7 @@ from eplb.analysis.rule_shares import ENGINE_KIND_RULES, rule_shares
 from eplb.simulation.synthetic import drifting_counts
 from eplb.model.topology import Topology
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SGLANG = ("sglang-static", "sglang-dynamic")
 
 

@@ -12,7 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 # the README and every page of the documentation site, read as one text
 README = "\n".join(path.read_text() for path in [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))])
 NAME = re.compile(r"(?<![\w./-])eplb(?:\.[A-Za-z_]\w*)+")
@@ -74,6 +74,9 @@ def test_every_cited_file_exists():
     paths = set(re.findall(r"(?<![\w./-])eplb/[\w/]+\.py", README))
     assert paths  # the README cites kernel and solver files
     assert sorted(p for p in paths if not (ROOT / p).is_file()) == []
+    tests = set(re.findall(r"(?<![\w./-])tests/[\w/]+\.py", README))
+    assert tests  # and the tests that check what it says
+    assert sorted(p for p in tests if not (ROOT / p).is_file()) == []
 
 
 def test_the_package_bench_and_notebooks_cite_existing_names():

@@ -26,7 +26,7 @@ from eplb.simulation.synthetic import DEEPSEEK_V3, deepseek_v3_counts
 
 pytestmark = pytest.mark.slow  # builds a wheel and compiles the shipped kernels
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = {k: DEEPSEEK_V3[k] for k in ("num_slots", "num_gpus", "num_nodes", "num_groups")}
 
 # A fresh interpreter on the installed copy: the numba functions it compiled (not loaded) while

@@ -13,7 +13,7 @@ pytestmark = pytest.mark.slow  # executes the notebooks top to bottom
 nbformat = pytest.importorskip("nbformat", reason="the test extra installs nbformat")
 nbclient = pytest.importorskip("nbclient", reason="the test extra installs nbclient")
 
-NOTEBOOKS = sorted((Path(__file__).resolve().parent.parent / "notebooks").glob("*.ipynb"))
+NOTEBOOKS = sorted((Path(__file__).resolve().parents[2] / "notebooks").glob("*.ipynb"))
 EXPECTED = {"quickstart.ipynb", "algorithms.ipynb", "serving.ipynb", "simulate.ipynb"}
 
 

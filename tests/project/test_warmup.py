@@ -20,7 +20,7 @@ from eplb.precompile import synthetic_loads, warmup
 
 pytestmark = pytest.mark.slow  # each test compiles every kernel of a deployment in fresh processes
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 CHILD = """
 import importlib, json, pkgutil, sys

@@ -281,3 +281,16 @@ def test_every_placement_format_round_trips(data):
             if fmt in ("eplb", "npz"):
                 assert back.placement.num_groups == placement.num_groups
                 np.testing.assert_allclose(back.placement.lower_bound, placement.lower_bound)
+
+
+def test_a_npy_whose_header_is_not_a_closed_literal_is_a_format_error(tmp_path):
+    """NumPy reads a .npy header as a Python literal: a damaged one raised tokenize's TokenError
+    through every command (found by tests/cli/test_cli_fuzz.py)."""
+    from eplb.io.formats import FormatError, read_counts
+
+    path = tmp_path / "c.npy"
+    np.save(path, np.ones((3, 4)))
+    data = path.read_bytes().replace(b"'descr'", b"('descr'", 1)
+    path.write_bytes(data)
+    with pytest.raises(FormatError, match="not a readable .npy file"):
+        read_counts(path)

@@ -17,7 +17,7 @@ import pytest
 
 from eplb.layers import FOLDERS, LAYERS, layer_of
 
-PACKAGE = Path(__file__).resolve().parent.parent / "eplb"
+PACKAGE = Path(__file__).resolve().parents[2] / "eplb"
 
 
 def module_name(path: Path) -> str:

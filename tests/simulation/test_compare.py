@@ -20,7 +20,7 @@ from cli_runner import invoke
 
 pytestmark = pytest.mark.slow  # each comparison runs its methods in fresh worker processes
 
-HERE = Path(__file__).resolve().parent
+HERE = Path(__file__).resolve().parents[1]  # tests/, where the helper modules are
 PUBLISHED = str(HERE / "published_eplb.py")
 BROKEN_METHODS = str(HERE / "compare_methods.py")
 SMALL = dict(num_slots=40, num_gpus=8, num_nodes=2, num_groups=4)  # hierarchical: 4 groups on 2 nodes

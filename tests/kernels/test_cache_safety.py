@@ -25,7 +25,7 @@ from eplb.kernels import _cache
 
 pytestmark = pytest.mark.slow  # each test compiles kernels in fresh processes and cache folders
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 OTHER_UID = 65534  # "nobody": a user other than this one
 IS_ROOT = hasattr(os, "geteuid") and os.geteuid() == 0
 needs_posix_owners = pytest.mark.skipif(not hasattr(os, "geteuid"), reason="no POSIX file owners on this platform")

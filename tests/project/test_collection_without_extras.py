@@ -11,7 +11,7 @@ import pytest
 
 pytestmark = pytest.mark.slow  # collects the whole suite in a fresh process
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 EXTRAS = ("ortools", "torch", "matplotlib", "yaml", "safetensors", "mkdocs", "mkdocstrings")
 
 

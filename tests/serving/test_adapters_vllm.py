@@ -33,7 +33,7 @@ import eplb  # noqa: E402
 from eplb.serving.adapters import vllm as adapter  # noqa: E402
 from eplb.simulation.synthetic import drifting_counts  # noqa: E402
 
-FACTS = json.loads((Path(__file__).parent / "engine_interfaces" / "vllm.json").read_text())
+FACTS = json.loads((Path(__file__).parent.parent / "engine_interfaces" / "vllm.json").read_text())
 INTERFACES = FACTS["interfaces"]
 POLICY_INTERFACES = [name for name, facts in INTERFACES.items() if facts["policy_package"]]
 # 64 experts in 8 groups, 80 slots on 8 GPUs in 2 nodes

@@ -15,7 +15,7 @@ from eplb.simulation import simulate as simulate_module
 from eplb.simulation import sweep as sweep_module
 from eplb.simulation.synthetic import drifting_counts
 
-README = (Path(__file__).resolve().parent.parent / "docs" / "serving.md").read_text()  # the policy example
+README = (Path(__file__).resolve().parents[2] / "docs" / "serving.md").read_text()  # the policy example
 COST = eplb.CostModel.preset("H100", "gpt-oss-20b", regime="compute")
 
 

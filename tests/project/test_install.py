@@ -19,7 +19,7 @@ import eplb
 
 pytestmark = pytest.mark.slow  # installs and compiles in fresh processes
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = Path(eplb.__file__).resolve().parent
 
 

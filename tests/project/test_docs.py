@@ -15,7 +15,7 @@ import eplb
 
 pytestmark = pytest.mark.slow  # builds the documentation site
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 README = (ROOT / "README.md").read_text()
 
 

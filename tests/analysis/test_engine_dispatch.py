@@ -3,7 +3,7 @@ the rules of SGLang's near-replica choice, and the strong check: SGLang 0.5.23's
 from its files, builds the same per-rank static table from the file eplb writes.
 
 SGLang's ``expert_location.py`` is executed on its own with its runtime context replaced by plain
-values, as in ``tests/test_adapters_sglang.py`` (files from ``EPLB_SGLANG_SOURCES``, a sglang wheel
+values, as in ``tests/serving/test_adapters_sglang.py`` (files from ``EPLB_SGLANG_SOURCES``, a sglang wheel
 or an unpacked tree, or an installed sglang; without them those tests skip with the reason).
 """
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import eplb
 
-BENCH = Path(__file__).resolve().parent.parent / "bench"
+BENCH = Path(__file__).resolve().parents[2] / "bench"
 ROW = re.compile(r"^\| `(eplb\.[\w.]+)` \| ([^|]+) \|", re.MULTILINE)
 
 
