@@ -147,8 +147,7 @@ class _Link:
         try:
             self.conn.send_bytes(data)
         except (BrokenPipeError, ConnectionError, OSError):
-            self.process.join(1.0)
-            raise RuntimeError(f"the eplb worker process died (exit code {self.process.exitcode})") from None
+            raise self._died() from None
 
     def receive(self) -> bytes:
         while not self.conn.poll(0.25):
