@@ -138,13 +138,13 @@ def families(quick: bool):
     return out, missing
 
 
-def _poisson(rng, num_windows, num_layers, num_experts, rate):
+def poisson_windows(rng, num_windows, num_layers, num_experts, rate):
     """``[T, L, E]`` i.i.d. Poisson windows around one popularity (mean ``rate`` tokens per expert)."""
     popularity = rng.dirichlet(np.full(num_experts, 0.5), size=num_layers) * num_experts
     return rng.poisson(rate * popularity[None], size=(num_windows, num_layers, num_experts)).astype(np.float64)
 
 
-def _multinomial(rng, num_windows, num_layers, num_experts, tokens):
+def multinomial_windows(rng, num_windows, num_layers, num_experts, tokens):
     """``[T, L, E]`` i.i.d. batches of ``tokens`` routings from one popularity."""
     popularity = rng.dirichlet(np.full(num_experts, 0.5), size=num_layers)
     return np.stack([[rng.multinomial(tokens, p) for p in popularity] for _ in range(num_windows)]).astype(np.float64)
@@ -165,7 +165,7 @@ def noise_families(samples: int):
             num_experts = int(rng.choice([16, 32, 64, 128, 256]))
             num_gpus = int(rng.choice([2, 4, 8]))
             shape = (int(rng.integers(3, 13)), int(rng.integers(1, 4)), num_experts)
-            make = _poisson if kind == "Poisson" else _multinomial
+            make = poisson_windows if kind == "Poisson" else multinomial_windows
             rows.append((make(rng, *shape, level), dict(num_slots=num_experts + num_gpus * int(rng.integers(1, 3)),
                                                          num_gpus=num_gpus)))
         out[f"{kind} {level}"] = rows

@@ -24,18 +24,7 @@ from eplb.planning.api import make_problem
 from eplb.planning.methods import get_method
 from eplb.planning.robust import hedge, sampling_noise_layers, search_steps
 from eplb.simulation.series import mixture_windows, synthetic_workloads
-
-
-def poisson_windows(rng, num_windows, num_layers, num_experts, rate):
-    """``[T, L, E]`` i.i.d. Poisson windows around one popularity (mean ``rate`` per expert)."""
-    popularity = rng.dirichlet(np.full(num_experts, 0.5), size=num_layers) * num_experts
-    return rng.poisson(rate * popularity[None], size=(num_windows, num_layers, num_experts)).astype(np.float64)
-
-
-def multinomial_windows(rng, num_windows, num_layers, num_experts, tokens):
-    """``[T, L, E]`` i.i.d. batches of ``tokens`` routings drawn from one popularity."""
-    popularity = rng.dirichlet(np.full(num_experts, 0.5), size=num_layers)
-    return np.stack([[rng.multinomial(tokens, p) for p in popularity] for _ in range(num_windows)]).astype(np.float64)
+from robust_default import multinomial_windows, poisson_windows  # bench/: the noise families it measures
 
 
 @st.composite

@@ -238,18 +238,17 @@ class LayerModel:
         model.clear_hints()
         canonical = self.canonical(slots_row)
         counts = np.bincount(canonical, minlength=len(self.w))
-        loads = self.per_gpu_counts(canonical) * self.table[np.arange(len(self.w)), counts - 1][:, None]
+        on_gpu = self.per_gpu_counts(canonical)  # [E, G] replicas of each expert on each GPU
+        loads = on_gpu * self.table[np.arange(len(self.w)), counts - 1][:, None]
         model.add(self.peak <= int(loads.sum(axis=0).max()))
+        self.add_hint(slots_row)
         held = []
         for (e, g), replicas in self.x.items():
             holds = model.new_bool_var(f"holds[{e},{g}]")
             model.add(replicas >= 1).only_enforce_if(holds)
             model.add(replicas == 0).only_enforce_if(holds.Not())
-            held.append(holds)
-        self.add_hint(slots_row)
-        on_gpu = self.per_gpu_counts(self.canonical(slots_row))
-        for ((e, g), _), holds in zip(self.x.items(), held):
             model.add_hint(holds, bool(on_gpu[e, g] > 0))
+            held.append(holds)
         model.maximize(sum(held))
 
     # -- plans <-> variable values ----------------------------------------------------------------
@@ -464,22 +463,24 @@ def solve_layer(w: np.ndarray, problem: Problem, warm: np.ndarray, closed_form_b
     doubled = _doubled(row, problem.topology)
     info = {"exact_arithmetic": layer_model.exact, "doubled_before_spreading": doubled}
     if doubled and not interrupted and consistent:
-        row, interrupted = _spread(layer_model, row, w, problem, peak, time_limit, deterministic_time, workers)
+        row, interrupted = _spread(layer_model, row, doubled, w, problem, peak, time_limit, deterministic_time,
+                                   workers)
     info["doubled"] = _doubled(row, problem.topology)
     elapsed = time.perf_counter() - start
     return LayerResult(row, bool(optimal), float(min(bound, peak)), elapsed, name, peak, info), interrupted
 
 
-def _spread(layer_model: LayerModel, row: np.ndarray, w: np.ndarray, problem: Problem, peak: float,
+def _spread(layer_model: LayerModel, row: np.ndarray, doubled: int, w: np.ndarray, problem: Problem, peak: float,
             time_limit: float | None, deterministic_time: float | None, workers: int) -> tuple[np.ndarray, bool]:
     """The second stage of :func:`solve_layer` from the first stage's plan ``row [S]`` (max load
-    ``peak``): a plan as light with fewer doubled replicas, else ``row``; and whether Ctrl-C came."""
+    ``peak``, ``doubled`` slots doubling a replica): a plan as light with fewer doubled replicas,
+    else ``row``; and whether Ctrl-C came."""
     layer_model.spread_replicas(row)
     solver = solver_parameters(None if deterministic_time is None else SPREAD_SHARE * deterministic_time, workers,
                                wall_seconds=None if time_limit is None else max(1e-3, SPREAD_SHARE * time_limit))
     _, spread, _, interrupted = _search(layer_model, solver)
     if spread is None or _peak(spread, w, problem.topology) > peak \
-            or _doubled(spread, problem.topology) >= _doubled(row, problem.topology):
+            or _doubled(spread, problem.topology) >= doubled:
         return row, interrupted  # with rounded loads the stage may not keep the true max load: keep row
     return spread, interrupted
 
