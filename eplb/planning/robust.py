@@ -292,11 +292,12 @@ def sampling_noise_layers(windows: np.ndarray, weights: np.ndarray) -> np.ndarra
         if table.shape[0] < 2 or table.shape[1] < 2:
             noise[layer] = True  # one window or one expert with tokens: nothing to hedge between
             continue
-        expected = np.outer(table.sum(axis=1), table.sum(axis=0)) / table.sum()
-        statistic = ((table - expected) ** 2 / expected).sum()
         dof = (table.shape[0] - 1) * (table.shape[1] - 1)
-        z = (statistic - dof) / math.sqrt(2.0 * dof + (1.0 / expected).sum())
-        noise[layer] = z < NOISE_Z
+        with np.errstate(over="ignore", invalid="ignore"):  # counts near the float range: not noise
+            expected = np.outer(table.sum(axis=1) / table.sum(), table.sum(axis=0))
+            statistic = ((table - expected) ** 2 / expected).sum()
+            z = (statistic - dof) / math.sqrt(2.0 * dof + (1.0 / expected).sum())
+        noise[layer] = bool(z < NOISE_Z)  # False for a NaN z
     return noise
 
 

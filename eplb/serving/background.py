@@ -51,7 +51,7 @@ from ..kernels.load_window import first_bad_count
 from .balancer import Balancer, check_counts, commit_range, merged_placement, stage_counts
 from .transfer import TransferPlan
 from .worker import (CONTEXTS, PROTOCOL, UNGUARDED_MAIN, UNGUARDED_MAIN_EXIT, _BALANCER_KEYWORDS, _build, _dumps,
-                     _eplb_file, _error_message, _exit, _plain_state, _raise_remote, stop_unguarded_worker)
+                     _eplb_file, _error_message, _exit, _plain_state, _raise_remote, exit_code, stop_unguarded_worker)
 
 STAGING_BYTES = 32 << 20
 """Bytes of shared memory for staged passes unless ``staging_rows`` says otherwise."""
@@ -135,9 +135,7 @@ class _Link:
     def _watch(self) -> None:
         multiprocessing.connection.wait([self.process.sentinel])
         if self.broken is None:
-            self.process.join(1.0)
-            self.broken = (f"the eplb worker process (pid {self.process.pid}) died (exit code "
-                           f"{self.process.exitcode}); this BackgroundBalancer cannot be used any more")
+            self.broken = str(self._died())
 
     def check(self) -> None:
         if self.broken is not None:
@@ -160,10 +158,11 @@ class _Link:
 
     def _died(self) -> RuntimeError:
         """The error for a worker that ended: what to add to an unguarded script, else its exit code."""
-        self.process.join(30.0)  # it closed its end: it is exiting (slowly on a busy machine)
-        if self.process.exitcode == UNGUARDED_MAIN_EXIT:
+        code = exit_code(self.process, 30.0)  # it closed its end: it is exiting (slowly on a busy machine)
+        if code == UNGUARDED_MAIN_EXIT:
             return RuntimeError(UNGUARDED_MAIN.format(kind="BackgroundBalancer"))
-        return RuntimeError(f"the eplb worker process died (exit code {self.process.exitcode})")
+        return RuntimeError(f"the eplb worker process (pid {self.process.pid}) died (exit code {code}); this "
+                            "BackgroundBalancer cannot be used any more")
 
     def shutdown(self) -> None:
         """Stop the worker (asked, then terminated, then killed) and free the shared memory."""

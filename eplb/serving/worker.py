@@ -81,6 +81,20 @@ UNGUARDED_MAIN = ("a {kind} was created while its worker process imported the ma
                   "creates it under  if __name__ == \"__main__\":  (see 'Safe importing of main module' in "
                   "Python's multiprocessing documentation)")
 
+def exit_code(process, timeout: float) -> int | None:
+    """``process``'s exit code once it is known, waiting up to ``timeout`` seconds (``None`` after).
+
+    Read once into a local: a closed pipe or sentinel can come before the exit status is ready, and
+    a watchdog thread's ``join`` may reap the process first, in which case this thread's own
+    ``waitpid`` fails and ``exitcode`` reads ``None`` until the other thread has stored it."""
+    deadline = time.monotonic() + timeout
+    code = process.exitcode
+    while code is None and time.monotonic() < deadline:
+        process.join(0.05)
+        code = process.exitcode
+    return code
+
+
 def stop_unguarded_worker(kind: str) -> None:
     """In a worker importing the caller's unguarded main module (spawn, forkserver), stop that
     worker with a code its parent turns into :data:`UNGUARDED_MAIN` (no multiprocessing
@@ -268,12 +282,12 @@ class _Channel:
             raise self._dead() from None
 
     def _dead(self) -> RuntimeError:
-        self.process.join(POLL_S)
-        if self.process.exitcode == UNGUARDED_MAIN_EXIT:
+        code = exit_code(self.process, 30.0)  # it closed its end: it is exiting (slowly on a busy machine)
+        if code == UNGUARDED_MAIN_EXIT:
             self.broken = UNGUARDED_MAIN.format(kind="BalancerProcess")
         else:
             self.broken = (f"the eplb worker process (pid {self.process.pid}) died (exit code "
-                           f"{self.process.exitcode}); this BalancerProcess cannot be used any more")
+                           f"{code}); this BalancerProcess cannot be used any more")
         return RuntimeError(self.broken)
 
     def check(self) -> None:
