@@ -47,7 +47,7 @@ from multiprocessing import shared_memory
 import numpy as np
 
 from ..analysis.placement import Placement
-from ..kernels.load_window import first_bad_count
+from ..kernels.load_window import warm_copy_counts
 from .balancer import Balancer, check_counts, commit_range, merged_placement, stage_counts
 from .transfer import TransferPlan
 from .worker import (CONTEXTS, PROTOCOL, UNGUARDED_MAIN, UNGUARDED_MAIN_EXIT, _BALANCER_KEYWORDS, _build, _dumps,
@@ -61,6 +61,10 @@ KEPT_PROPOSALS = 8
 
 KEPT_DECISIONS = 1000
 """Decisions kept in :attr:`BackgroundBalancer.decisions` (the newest ones)."""
+
+WAKE_EVERY = 16
+"""Passes staged between wake-ups of the worker (a check, commit or wait wakes it at once): each
+wake-up is a system call on the caller's thread, and the passes only matter at the next check."""
 
 WAIT_S = 0.0005
 """Seconds between looks at the worker's progress while a call waits for it."""
@@ -290,16 +294,20 @@ class BackgroundBalancer:
         layout = _layout(self.num_layers, width, rows, 4 * rows + 64, area)
         shm = shared_memory.SharedMemory(create=True, size=layout["size"])
         link.block = _Block(shm, layout)
+        link.block.ring[...] = 0  # touch every page now, not on record()'s first pass through the ring
         link.send(pickle.dumps((shm.name, layout), protocol=PROTOCOL))
         kind, *rest = pickle.loads(link.receive())
         if kind == "error":
             _raise_remote(*rest)
-        first_bad_count(np.zeros((1, 1)))  # record()'s check kernel, compiled or loaded here once
+        warm_copy_counts()  # record()'s kernels, compiled or loaded here once
         block = link.block
-        self._rows = {(index, physical): block.row(index, self.num_layers, num_slots if physical else self.num_experts)
-                      for index in range(rows) for physical in (False, True)}
+        self._rows = [[block.row(index, self.num_layers, num_slots if physical else self.num_experts)
+                       for index in range(rows)] for physical in (False, True)]  # [physical][row]
+        self._ring_rows, self._event_slots = rows, block.layout["events"]
+        self._room = {_PASSES_DONE: 0, _EVENTS_DONE: 0}  # the worker's progress as last read
         self._num_slots = num_slots
         self._events = 0  # events posted in all
+        self._woken = 0  # events posted when the worker was last woken
         self._passes = 0  # passes recorded in all
         self._checks = 0  # checks posted in all
         self._commits = 0  # commits posted in all
@@ -343,10 +351,10 @@ class BackgroundBalancer:
         counts, physical = check_counts(counts, self.num_layers, self.num_experts, self._num_slots, physical)
         link = self._live()
         index = self._passes
-        rows = link.block.layout["rows"]
-        if index - int(link.block.header[_PASSES_DONE]) >= rows:
-            self._wait(lambda: index - int(link.block.header[_PASSES_DONE]) < rows)
-        stage_counts(counts, self._rows[index % rows, physical])
+        rows = self._ring_rows
+        if index - self._room[_PASSES_DONE] >= rows:  # the ring may be full: look at the worker's progress
+            self._wait_for_room(_PASSES_DONE, index, rows)
+        stage_counts(counts, self._rows[physical][index % rows])
         self._post(_PASS_PHYSICAL if physical else _PASS_LOGICAL, index % rows)
         self._passes = index + 1
         self.steps += 1
@@ -463,13 +471,30 @@ class BackgroundBalancer:
         """Append one event to the ring (waiting for room only if the worker is that far behind)."""
         link = self._link
         block = link.block
-        capacity = block.layout["events"]
+        capacity = self._event_slots
         number = self._events
-        if number - int(block.header[_EVENTS_DONE]) >= capacity:
-            self._wait(lambda: number - int(block.header[_EVENTS_DONE]) < capacity)
+        if number - self._room[_EVENTS_DONE] >= capacity:
+            self._wait_for_room(_EVENTS_DONE, number, capacity)
         block.events[number % capacity] = (kind, a, b, c)
         self._events = number + 1
         block.header[_EVENTS_POSTED] = number + 1
+        if kind not in (_PASS_LOGICAL, _PASS_PHYSICAL) or number + 1 - self._woken >= WAKE_EVERY:
+            self._wake(link)
+
+    def _wait_for_room(self, field: int, number: int, capacity: int) -> None:
+        """Wait until the worker has handled enough of the ring (``header[field]``, passes or events
+        done) for item ``number`` to fit in its ``capacity``. What was last read of the worker's
+        progress is kept in ``_room``, so a call with room to spare reads no shared header."""
+        header = self._link.block.header
+
+        def room() -> bool:
+            self._room[field] = int(header[field])
+            return number - self._room[field] < capacity
+
+        self._wait(room)
+
+    def _wake(self, link: _Link) -> None:
+        self._woken = self._events
         link.wake.release()
 
     def _receive(self, link: _Link) -> bool:
@@ -491,6 +516,8 @@ class BackgroundBalancer:
     def _wait(self, done, timeout: float | None = None) -> bool:
         """Wait until ``done()``, reading messages meanwhile (the worker may be waiting to send one)."""
         deadline = None if timeout is None else time.monotonic() + timeout
+        if self._woken < self._events:  # passes staged since the last wake-up: the worker's next work
+            self._wake(self._link)
         while not done():
             if deadline is not None and time.monotonic() >= deadline:
                 return False

@@ -46,7 +46,8 @@ from ..planning.robust import DEFAULT_COPY_COST
 from ..analysis.bounds import average_bound, replica_bound
 from ..model.cost import CostModel
 from ..analysis.loads import RANDOM_SPLIT, gpu_work
-from ..kernels.load_window import first_bad_count, store_logical, store_physical, weighted_window, window_residuals
+from ..kernels.load_window import (STAGED_DTYPES, copy_counts, first_bad_count, store_logical, store_physical,
+                                   warm_copy_counts, weighted_window, window_residuals)
 from ..planning.methods import DEFAULT_METHOD, get_method
 from ..planning.migration import SPREAD_WARNING, warm_search_kernels
 from ..analysis.metrics import balancedness
@@ -732,6 +733,10 @@ def check_counts(counts, num_layers: int, num_experts: int, num_slots: int, phys
     """One forward pass's counts checked for shape (:meth:`Balancer.record`): returns ``(counts,
     physical)``, ``counts`` a numpy array ``[L, E]`` (``physical=False``) or ``[L, S]`` (``True``);
     ``physical=None`` is inferred from the shape unless ``E == S``."""
+    if type(counts) is np.ndarray and counts.dtype in STAGED_DTYPES and counts.ndim == 2 and num_experts != num_slots:
+        width = counts.shape[1]  # the engine's case, every pass: as few steps as the checks below
+        if counts.shape[0] == num_layers and physical is None and (width == num_experts or width == num_slots):
+            return counts, width == num_slots
     counts = _counts_array(counts)
     if counts.ndim != 2 or counts.shape[0] != num_layers or counts.shape[1] not in (num_experts, num_slots):
         raise ValueError(
@@ -751,10 +756,14 @@ def check_counts(counts, num_layers: int, num_experts: int, num_slots: int, phys
 def stage_counts(counts: np.ndarray, staged: np.ndarray) -> None:
     """Copy ``counts`` (any real dtype) into ``staged``, float64 of the same shape, and refuse
     (``ValueError``) a value that is not finite and non-negative."""
-    # any real dtype (float16, longdouble, big-endian, any integer width) to float64 in
-    # place: values beyond float64's range become inf and are refused just below
-    with np.errstate(over="ignore", invalid="ignore"):
-        np.copyto(staged, counts, casting="unsafe")
+    if counts.dtype in STAGED_DTYPES and counts.flags.c_contiguous and counts.flags.writeable:
+        if not copy_counts(counts, staged):  # the engine's case: one compiled pass
+            return
+    else:
+        # any other real dtype (float16, longdouble, big-endian, any integer width) or layout to
+        # float64 in place: values beyond float64's range become inf and are refused just below
+        with np.errstate(over="ignore", invalid="ignore"):
+            np.copyto(staged, counts, casting="unsafe")
     bad = first_bad_count(staged)
     if bad >= 0:
         raise ValueError(f"counts must be finite and non-negative, found {counts.flat[bad]} at flat index {bad}")
@@ -790,7 +799,7 @@ def _warm_window_kernels(num_layers: int, num_experts: int, num_slots: int) -> N
     """Compile (or load from the cache) the kernels :meth:`Balancer.record` and
     :meth:`Balancer.window_counts` call, with the array types they pass."""
     logical = np.zeros((num_layers, num_experts))
-    first_bad_count(logical)
+    warm_copy_counts()
     store_logical(logical, np.zeros((num_layers, num_experts)))
     phy2log = np.zeros((num_layers, num_slots), np.int64) % num_experts
     phy2log.setflags(write=False)  # record(physical=True) passes a placement's read-only phy2log

@@ -53,7 +53,7 @@ from multiprocessing import shared_memory
 import numpy as np
 
 from ..analysis.placement import Placement
-from ..kernels.load_window import first_bad_count
+from ..kernels.load_window import warm_copy_counts
 from .balancer import Balancer, check_counts, stage_counts
 from .transfer import TransferPlan
 
@@ -513,7 +513,7 @@ class BalancerProcess:
                 shm.close()
                 shm.unlink()
             raise
-        first_bad_count(np.zeros((1, 1)))  # record()'s check kernel, compiled or loaded here once
+        warm_copy_counts()  # record()'s kernels, compiled or loaded here once
         self._record_lock = threading.Lock()
         self._recorded = 0  # passes staged in all
         self._status = {"seq": 0, "steps": attributes["steps"], "rebalances": attributes["rebalances"], "ingested": 0,
