@@ -15,7 +15,9 @@ Targets (the issue's):
 2. Same pools: the step-time plan at 288 slots is never slower than the token-balanced plan, held
    out (leave one window out; mean, and the folds where it is slower).
 3. DeepSeek-V3 on 8 H200 GPUs, 1-16 sequences per GPU: the step-time plan >= 5% shorter than the
-   token-balanced plan held out (at the best slot count for each), or say it is not.
+   token-balanced plan held out (at the best slot count for each), or a measured argument that no
+   placement can be: ``Recommendation.bound_step_ms``, a lower bound on the step time of any layout
+   on the same held-out passes (``eplb.simulation.pools.layer_time_bound``).
 4. Prefill pool (4096 and 16384 tokens per GPU, 32 H100): the recommendation's held-out step time is
    at most the token-balanced plan's (at the engine's usual 288 slots and at the best slot count).
 
@@ -117,7 +119,8 @@ def h200_rows(cfg: dict, windows: np.ndarray) -> list[dict]:
             rows.append(dict(section="decode 8xH200", batch=batch, num_slots=num_slots, tokens_ms=tokens.step_ms,
                              step_time_ms=step.step_ms, step_vs_tokens_pct=100 * (step.step_ms / tokens.step_ms - 1),
                              recommended=f"{result.recommended.num_slots} {result.recommended.planner}",
-                             recommended_ms=result.recommended.step_ms, default_ms=result.default_step_ms))
+                             recommended_ms=result.recommended.step_ms, default_ms=result.default_step_ms,
+                             bound_ms=result.bound_step_ms))
     return rows
 
 
@@ -158,6 +161,9 @@ def markdown(decode, h200, prefill, traces, missing, cfg, seconds: float, quick:
     worst_within = max(r["within_pct"] for r in decode)
     worst_step = max(r["step_vs_tokens_pct"] for r in decode)
     best_h200 = {b: min(r["step_vs_tokens_pct"] for r in h200 if r["batch"] == b) for b in cfg["h200"]}
+    # how much shorter than the best token plan any layout could be (the step-time lower bound)
+    room_h200 = {b: 100 * (1 - next(r["bound_ms"] for r in h200 if r["batch"] == b)
+                           / min(r["tokens_ms"] for r in h200 if r["batch"] == b)) for b in cfg["h200"]}
     prefill_ok = all(r["recommended_ms"] <= min(r["tokens_288_ms"], r["best_tokens_ms"]) for r in prefill)
     lines = [
         "## An answer per pool: `eplb.recommend`", "",
@@ -176,6 +182,9 @@ def markdown(decode, h200, prefill, traces, missing, cfg, seconds: float, quick:
         f"| decode 8xH200, 1-16 seq/GPU: step-time plan >= 5% shorter than the token plan (held out) | "
         + ", ".join(f"{b}: {v:+.2f}%" for b, v in best_h200.items())
         + f" | {'yes' if max(best_h200.values()) <= -5 else 'no'} |",
+        f"| or: no placement can be 5% shorter (the best token plan within 5% of the step-time lower bound, "
+        f"`layer_time_bound`, held out) | at most " + ", ".join(f"{b}: {v:.2f}%" for b, v in room_h200.items())
+        + f" shorter | {'yes' if max(room_h200.values()) < 5 else 'no'} |",
         f"| prefill: recommendation at most the token plan's held-out step time | "
         + ", ".join(f"{r['batch']} tok/GPU: {r['recommended_ms']:.3f} vs {r['tokens_288_ms']:.3f} ms (288)"
                     for r in prefill) + f" | {'yes' if prefill_ok else 'no'} |", "",
@@ -188,9 +197,10 @@ def markdown(decode, h200, prefill, traces, missing, cfg, seconds: float, quick:
                          f"{r['tokens_288_ms']:.4f} / {r['step_time_288_ms']:.4f}",
                          f"{r['folds_slower']} ({r['worst_fold_pct']:+.3f}%)"] for r in decode]),
         "", "### Decode, DeepSeek-V3 on 8 H200 (held out)", "",
-        markdown_table(["seq/GPU", "slots", "tokens ms", "step-time ms", "step-time vs tokens", "recommended"],
+        markdown_table(["seq/GPU", "slots", "tokens ms", "step-time ms", "step-time vs tokens", "recommended",
+                        "lower bound ms (any layout)"],
                        [[r["batch"], r["num_slots"], f"{r['tokens_ms']:.4f}", f"{r['step_time_ms']:.4f}",
-                         f"{r['step_vs_tokens_pct']:+.2f}%", r["recommended"]] for r in h200]),
+                         f"{r['step_vs_tokens_pct']:+.2f}%", r["recommended"], f"{r['bound_ms']:.4f}"] for r in h200]),
         "", "### Prefill, DeepSeek-V3 on 32 H100 (held out)", "",
         markdown_table(["tokens/GPU", "recommended", "ms", "tokens plan at 288 ms", "best tokens plan", "default ms"],
                        [[r["batch"], r["recommended"], f"{r['recommended_ms']:.4f}", f"{r['tokens_288_ms']:.4f}",

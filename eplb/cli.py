@@ -1446,6 +1446,8 @@ def _recommend_lines(result, data, output, output_format) -> list[str]:
     lines.append(f"choice   {best.redundant_experts} redundant experts ({best.num_slots} slots), {best.planner} plan: "
                  f"{best.step_ms:.4f} ms held out ({best.vs_default_pct:+.2f}% vs the default); in sample "
                  f"{result.in_sample_step_ms:.4f} ms (token plan {result.tokens_in_sample_step_ms:.4f} ms)")
+    lines.append(f"bound    no layout at any slot count is below {result.bound_step_ms:.4f} ms held out on these "
+                 f"passes: the choice is at most {100 * (1 - result.bound_step_ms / best.step_ms):.2f}% from the best")
     if output is not None:
         lines.append(f"wrote    {output} ({output_format})")
     return lines

@@ -49,8 +49,8 @@ from ..model.cost import MODELS, CostModel, MoEModel
 from ..planning.api import HELD_OUT_FOLDS, plan
 from .sweep import slots_for
 
-__all__ = ["PHASES", "PLANNERS", "PoolOption", "Recommendation", "layer_times", "plan_for_step_time",
-           "recommend", "sample_passes"]
+__all__ = ["PHASES", "PLANNERS", "PoolOption", "Recommendation", "layer_times", "layer_time_bound",
+           "plan_for_step_time", "recommend", "sample_passes"]
 
 PHASES = ("decode", "prefill")
 PLANNERS = ("tokens", "step-time")
@@ -97,6 +97,10 @@ class Recommendation:
             tokens_in_sample_step_ms: the token plan's at the same slots, from all windows.
         default_slots, default_step_ms: the engine's default layout (published greedy on the
             summed windows at ``E + G`` slots) and its held-out step time (ms).
+        bound_step_ms: a lower bound (ms) on the held-out step time of *any* placement, at any
+            slot count, on the same sampled passes (:func:`layer_time_bound`, folds weighted as
+            the options'): no layout can be more than ``1 - bound_step_ms / step_ms`` faster
+            than an option.
         phase, batch: the pool's; routed_per_pass: ``n = batch * G * top_k`` routed tokens per
             layer and pass; passes: passes sampled per window; folds: held-out folds.
         cost_model: the :class:`CostModel` that priced the passes.
@@ -109,6 +113,7 @@ class Recommendation:
     tokens_in_sample_step_ms: float
     default_slots: int
     default_step_ms: float
+    bound_step_ms: float
     phase: str
     batch: int
     routed_per_pass: int
@@ -188,6 +193,35 @@ def layer_times(passes: np.ndarray, placement: Placement, cost: CostModel) -> np
     shares = uniform_shares(placement.phy2log, placement.logcnt)[None]  # [1, L, S]
     tokens, active = gpu_work(passes, placement.phy2log, placement.topology, shares, RANDOM_SPLIT)  # [P, L, G]
     return cost.layer_time(tokens, active).mean(axis=0)
+
+
+def layer_time_bound(passes: np.ndarray, num_gpus: int, cost: CostModel) -> np.ndarray:
+    """A lower bound on :func:`layer_times` of *every* placement on ``G = num_gpus`` GPUs, even one
+    remade for each pass.
+
+    In a pass a layer routes ``T`` tokens to ``A`` distinct experts; whatever the placement and the
+    split, its slowest GPU carries at least ``T / G`` tokens (compute), and its memory time is at
+    least the mean over the GPUs of ``active * expert_bytes + tokens * token_bytes``, as every
+    activated expert is read at least once (``A / G`` reads: with the even split's expected
+    activations a GPU's count is fractional, so not ``ceil(A / G)``). A GPU's time is the larger
+    of its compute and memory (under the roofline), so the layer's is at least the larger of the
+    two bounds, plus the overhead.
+
+    Args:
+        passes: ``[P, L, E]`` routed tokens per expert of ``P`` passes.
+        num_gpus: ``G``; cost: prices tokens and weight reads (its ``regime`` respected).
+    Returns:
+        ``[L]`` seconds: the mean over the passes of each pass's bound. Their sum bounds the MoE
+        step time any placement can reach on these passes: how much shorter than a given plan's
+        any plan could be.
+    """
+    passes = np.asarray(passes, dtype=np.float64)
+    tokens = passes.sum(axis=-1) / num_gpus  # [P, L]
+    experts = (passes > 0).sum(axis=-1)  # [P, L]
+    compute = tokens * (cost.flops_per_token / cost.flops)
+    memory = (experts * cost.expert_bytes / num_gpus + tokens * cost.token_bytes) / cost.hbm_bandwidth
+    bound = {"compute": compute, "memory": memory}.get(cost.regime, np.maximum(compute, memory))
+    return (bound + cost.layer_overhead_s).mean(axis=0)
 
 
 # ------------------------------------------------------------------------------------ planners
@@ -327,6 +361,9 @@ def recommend(counts, *, num_gpus: int, batch: int, phase: str = "decode", hardw
     done = [_fold_scores(int(lo), int(hi), pool) for lo, hi in zip(edges[:-1], edges[1:])]
     scores = np.stack([s for s, _ in done])  # [F, len(slots), 2]
     default_ms = 1e3 * float(np.mean([d for _, d in done]))
+    gpus = pool.deployment["num_gpus"]
+    bound_ms = 1e3 * float(np.mean([np.mean([layer_time_bound(pool.sampler(t), gpus, pool.cost).sum()
+                                             for t in range(lo, hi)]) for lo, hi in zip(edges[:-1], edges[1:])]))
     options = _options(scores, default_ms, pool)
     best = options[int(np.argmin([o.step_ms for o in options]))]
     placements = _candidates(pool.windows, best.num_slots, pool)
@@ -338,7 +375,7 @@ def recommend(counts, *, num_gpus: int, batch: int, phase: str = "decode", hardw
     return Recommendation(
         options=options, recommended=best, placement=placement, in_sample_step_ms=1e3 * float(in_sample),
         tokens_in_sample_step_ms=1e3 * float(times[0].sum(axis=1).mean()), default_slots=pool.default_slots,
-        default_step_ms=default_ms, phase=phase, batch=int(batch), routed_per_pass=pool.routed, passes=int(passes),
+        default_step_ms=default_ms, bound_step_ms=bound_ms, phase=phase, batch=int(batch), routed_per_pass=pool.routed, passes=int(passes),
         folds=len(done), cost_model=pool.cost)
 
 

@@ -73,6 +73,7 @@ def test_recommends_the_option_with_the_lowest_held_out_step_time(series, result
     assert result.default_slots == 72 and result.default_step_ms == pytest.approx(default, rel=1e-9)
     for o in result.options:
         assert o.vs_default_pct == pytest.approx(100 * (o.step_ms / default - 1), rel=1e-6, abs=1e-9)
+    assert 0 < result.bound_step_ms <= min(steps + [default]) * (1 + 1e-12)  # no option beats the bound
 
 
 def test_options_cover_the_allowed_slot_counts(series, result):
@@ -132,6 +133,29 @@ def test_step_time_plan_is_never_slower_in_sample_than_the_token_plan(pool):
     in_sample = [sum(layer_times(sampler(t), p, cost).sum() for t in range(len(counts))) for p in (mixed, tokens)]
     assert in_sample[0] <= in_sample[1] * (1 + 1e-12)
     assert mixed.num_slots == num_slots and (mixed.logcnt >= 1).all()
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(pools(), st.sampled_from(["roofline", "compute", "memory"]), st.sampled_from([0.0, 1e-5]))
+def test_layer_time_bound_is_below_every_placement(pool, regime, overhead):
+    """No placement, token plan, step-time plan or a random layout, is faster than the bound, on
+    any regime; and with one GPU (nothing to balance) the bound is the time itself."""
+    from eplb.simulation.pools import _Sampler, layer_time_bound, layer_times
+
+    counts, gpus, num_slots, batch, seed = pool
+    model = MoEModel("tiny", 64, 32, counts.shape[2], 2, counts.shape[1], 2.0, "bf16")
+    cost = CostModel.preset("H100", model).with_(regime=regime, layer_overhead_s=overhead)
+    passes = _Sampler(counts.astype(float), batch * gpus * 2, 4, seed)(0)
+    bound = layer_time_bound(passes, gpus, cost)
+    rng = np.random.default_rng(seed)
+    layouts = list(plan_for_step_time(counts, num_slots=num_slots, num_gpus=gpus, batch=batch, model=model, passes=4,
+                                      seed=seed))
+    layouts.append(eplb.Placement(np.stack([rng.permutation(np.arange(num_slots) % counts.shape[2])
+                                            for _ in range(counts.shape[1])]), counts.shape[2], layouts[0].topology))
+    for placement in layouts:
+        assert (bound <= layer_times(passes, placement, cost) * (1 + 1e-12)).all()
+    if gpus == 1 and num_slots == counts.shape[2]:
+        np.testing.assert_allclose(bound, layer_times(passes, layouts[-1], cost), rtol=1e-12)
 
 
 @pytest.mark.parametrize("change, name", [
