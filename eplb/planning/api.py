@@ -8,6 +8,7 @@ import inspect
 
 import numpy as np
 
+from ..model.defaults import PLAN_TOLERANCE
 from ..analysis.metrics import moe_mean
 from ..analysis.placement import Placement
 from ..kernels.layout import replica_counts, slots_of_experts
@@ -27,7 +28,7 @@ HELD_OUT_FOLDS = 16  # leave-one-out over at most this many blocks of windows
 
 def plan(counts, *, num_slots=None, num_gpus=None, num_nodes=1, num_groups=None,
          method: str = DEFAULT_METHOD, topology: Topology | None = None, previous=None,
-         tolerance: float | None = 0.005, max_moves=None, max_off_node: float | None = None,
+         tolerance: float | None = PLAN_TOLERANCE, max_moves=None, max_off_node: float | None = None,
          objective: str | None = None, window_weights=None, dispatch: str = "uniform",
          copy_cost: float = DEFAULT_COPY_COST, **options) -> Placement:
     """Plan a replicated expert placement for every layer.

@@ -33,6 +33,7 @@ import warnings
 
 import numpy as np
 
+from ..model.defaults import PLAN_TOLERANCE
 from ..model._validation import as_int
 from ..analysis.bounds import average_bound
 from ..kernels.few_changes import (SearchLayout, fewest_changes_search, min_cost_assignment, relabel_like,
@@ -81,7 +82,7 @@ TINY_WORK = 1_300_000  # placements that search checks per layer at most (~40 ms
 
 
 def migrate(weights: np.ndarray, problem: Problem, previous: np.ndarray, scratch: np.ndarray, *,
-            tolerance: float | None = 0.005, max_moves=None, exact: dict | None = None) -> tuple[np.ndarray, dict]:
+            tolerance: float | None = PLAN_TOLERANCE, max_moves=None, exact: dict | None = None) -> tuple[np.ndarray, dict]:
     """Choose, per layer, a placement close to ``previous`` and about as balanced as ``scratch``.
 
     Args:
@@ -212,7 +213,7 @@ def migrate(weights: np.ndarray, problem: Problem, previous: np.ndarray, scratch
 
 
 def plan_near(weights: np.ndarray, problem: Problem, previous: np.ndarray | None, *, method: str,
-              tolerance: float | None = 0.005, max_moves=None, options: dict | None = None,
+              tolerance: float | None = PLAN_TOLERANCE, max_moves=None, options: dict | None = None,
               threads: int = 1) -> tuple[np.ndarray, dict]:
     """``phy2log [L, S]`` and info for ``weights [L, E]``: from scratch with ``method``, then (with
     ``previous [L, S]``) close to ``previous`` via :func:`migrate`. No bounds are computed: this is

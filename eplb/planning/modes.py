@@ -26,6 +26,7 @@ from typing import Callable
 
 import numpy as np
 
+from ..model.defaults import PLAN_TOLERANCE
 from ..analysis.bounds import strongest_bound
 from ..analysis.loads import peak_loads
 from ..analysis.placement import Placement
@@ -73,7 +74,7 @@ class Request:
     series: bool
     window_weights: np.ndarray | None = None
     previous: np.ndarray | None = None
-    tolerance: float | None = 0.005
+    tolerance: float | None = PLAN_TOLERANCE
     max_moves: int | None = None
     max_off_node: float | None = None
     copy_cost: float = 0.0
@@ -99,7 +100,7 @@ class Planned:
 
 
 def make_request(counts, problem: Problem, *, method: str, dispatch: str = "uniform", objective: str | None = None,
-                 window_weights=None, previous=None, tolerance: float | None = 0.005, max_moves=None,
+                 window_weights=None, previous=None, tolerance: float | None = PLAN_TOLERANCE, max_moves=None,
                  max_off_node=None, copy_cost: float = 0.0, threads: int = 1, options: dict | None = None,
                  weights: np.ndarray | None = None) -> Request:
     """Validate :func:`eplb.plan`'s other arguments once and resolve its choices: whether the windows

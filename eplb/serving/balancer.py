@@ -39,6 +39,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..model.defaults import BALANCER_TOLERANCE
 from ..model._validation import as_int
 from ..model.problem import make_problem
 from ..planning.modes import make_request, run
@@ -65,7 +66,7 @@ def round_robin_placement(num_layers: int, num_experts: int, topology: Topology,
     return Placement(np.tile(row, (num_layers, 1)), num_experts, topology, num_groups, method="round_robin")
 
 
-DEFAULT_TOLERANCE = 0.03
+DEFAULT_TOLERANCE = BALANCER_TOLERANCE
 """The Balancer's default migration tolerance (see :class:`Balancer`)."""
 
 HORIZON_WINDOWS = 3
@@ -101,10 +102,8 @@ class Balancer:
         copy_cost: with ``subwindows > 1``, what one changed slot costs the hedged search, in mean
             ``peak / mean`` load (see :func:`eplb.plan`).
         method: the planning method (``eplb.METHODS``); tolerance, max_moves: the trade-off of
-            migration-aware planning (see :func:`eplb.plan`). The default tolerance, 0.03, is the one
-            that lost the least MoE time, weight-copy stalls included, on the drifting DeepSeek-V3-sized
-            series of ``bench/simulate.py`` (global and hierarchical; 0.005 moved twice the weights for
-            a lower balance time but more stalls).
+            migration-aware planning (see :func:`eplb.plan`). The default tolerance is
+            :data:`eplb.model.defaults.BALANCER_TOLERANCE` (0.03: why there).
         min_gain: rebalance only if the mean balancedness over layers rises by at least this much
             (on the window's loads) ...
         move_cost: ... plus ``move_cost`` times the fraction of slots that change (the migration cost

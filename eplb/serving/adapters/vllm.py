@@ -46,6 +46,7 @@ import sys
 
 import numpy as np
 
+from ...model.defaults import PLAN_TOLERANCE
 from ...model._validation import as_counts
 from ...planning.api import plan
 from ...planning.methods import DEFAULT_METHOD, get_method
@@ -116,12 +117,12 @@ class _Settings:
     """
 
     method: str = DEFAULT_METHOD
-    tolerance: float | None = 0.005
+    tolerance: float | None = PLAN_TOLERANCE
     max_moves: int | None = None
     options: dict = {}
 
     @classmethod
-    def configured(cls, *, method: str = DEFAULT_METHOD, tolerance: float | None = 0.005, max_moves=None,
+    def configured(cls, *, method: str = DEFAULT_METHOD, tolerance: float | None = PLAN_TOLERANCE, max_moves=None,
                    **options):
         """A subclass with these settings (vLLM instantiates policies itself, without arguments)."""
         get_method(method)
