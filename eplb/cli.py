@@ -682,6 +682,16 @@ def _regrouped_lines(placement, migration: dict) -> list[str]:
     return [line]
 
 
+def _recorded_engine(engine, placement, plan_file) -> tuple[str | None, list[str]]:
+    """``--engine``, else the engine rule the placement file records the plan was made for (eplb
+    JSON), with the line that says so: a plan made for SGLang's static table is judged under it."""
+    recorded = placement.dispatch
+    if engine is not None or DISPATCH_RULES[recorded].kind != "engine":
+        return engine, []
+    return recorded, [f"rule     judged under {DISPATCH_RULES[recorded].label}, the rule {plan_file} records the plan "
+                      "was made for (--engine NAME judges under another; --engine vllm: an even split)"]
+
+
 def _judge(options: dict) -> str:
     """How a plan made with ``options`` is split among replicas when judged: its own rule (an even
     split, or its shares, unless it was made for optimal dispatch or an engine's rule)."""
@@ -970,6 +980,8 @@ def validate(plan_file, counts_file, plan_format, input_format, gpus, nodes, gro
         if (data.num_layers, data.num_experts) != (p.num_layers, p.num_experts):
             raise FormatError(counts_file, f"counts have {data.num_layers} layers x {data.num_experts} experts but the "
                                            f"placement has {p.num_layers} x {p.num_experts}")
+        engine, recorded_line = _recorded_engine(engine, p, plan_file)
+        lines += recorded_line
         weights = data.weights
         judge = engine or "shares"  # the engine's split, else the plan's own (its shares when it carries them)
         under = "" if engine is None else f"; under {DISPATCH_RULES[engine].label}"
@@ -1058,6 +1070,7 @@ def report(counts, plan_file, output, previous, input_format, plan_format, gpus,
             raise FormatError(previous, "incompatible configuration: slots per GPU differ from the plan's")
     if output.exists() and not output.is_dir():
         raise FormatError(output, "exists and is not a folder")
+    engine, recorded_line = _recorded_engine(engine, p, plan_file)
     require("matplotlib", "report", "eplb report")  # before the folder is made: a failed report leaves none
     created = not output.exists()
     output.mkdir(parents=True, exist_ok=True)
@@ -1070,7 +1083,7 @@ def report(counts, plan_file, output, previous, input_format, plan_format, gpus,
         raise
     if quiet:
         return
-    lines = [] if engine is None else [engine_line(p, data.weights, engine)]
+    lines = recorded_line + ([] if engine is None else [engine_line(p, data.weights, engine)])
     judge = engine or "shares"
     under = "" if engine is None else f"; under {DISPATCH_RULES[engine].label}"
     if data.num_windows > 1:

@@ -144,6 +144,9 @@ class Placement:
             to 1 over an expert's replicas), or ``None`` for the even split ``1 / logcnt`` that
             engines use by default. Plans with ``max_off_node`` set them.
         home_node: ``[L, K]`` int64, the home node of each expert group (hierarchical plans), or ``None``.
+        dispatch: the dispatch rule it was planned for (:data:`DISPATCH_MODES` but ``"shares"``:
+            ``"uniform"``, ``"optimal"`` or an engine's rule; :func:`eplb.plan` records its
+            ``dispatch=``). The metrics judge under it unless given ``dispatch=``.
     """
 
     phy2log: np.ndarray
@@ -156,6 +159,7 @@ class Placement:
     info: Mapping[str, Any] = field(default_factory=dict)
     shares: np.ndarray | None = field(default=None, repr=False)
     home_node: np.ndarray | None = field(default=None, repr=False)
+    dispatch: str = "uniform"
     logcnt: np.ndarray = field(init=False, repr=False)
     log2phy: np.ndarray = field(init=False, repr=False)
 
@@ -165,6 +169,9 @@ class Placement:
         object.__setattr__(self, "logcnt", _frozen(logcnt))
         object.__setattr__(self, "log2phy", _frozen(build_log2phy(phy2log, self.num_experts)))
         object.__setattr__(self, "info", MappingProxyType(dict(self.info)))
+        if self.dispatch not in DISPATCH_MODES or self.dispatch == "shares":
+            raise ValueError(f"dispatch must be the rule the placement was planned for, one of "
+                             f"{tuple(m for m in DISPATCH_MODES if m != 'shares')}, got {self.dispatch!r}")
         if self.shares is not None:
             object.__setattr__(self, "shares", _frozen(check_shares(self.shares, phy2log, self.num_experts)))
         if self.num_groups is not None:
@@ -217,7 +224,14 @@ class Placement:
             )
         return counts
 
-    def slot_shares(self, counts=None, dispatch: str = "shares") -> np.ndarray:
+    def _judge(self, dispatch: str | None, otherwise: str) -> str:
+        """The rule a metric judges under: ``dispatch`` when given, else the rule the placement was
+        planned for (:attr:`dispatch`), else ``otherwise`` (the metric's own default)."""
+        if dispatch is not None:
+            return dispatch
+        return self.dispatch if _mode(self.dispatch) != "uniform" else otherwise
+
+    def slot_shares(self, counts=None, dispatch: str | None = None) -> np.ndarray:
         """The fraction of its expert's tokens each slot takes: ``[L, S]`` (``[T, L, S]`` for
         optimal dispatch of a series).
 
@@ -226,8 +240,9 @@ class Placement:
         each layer's max GPU load for ``counts``, exact: :func:`eplb.analysis.dispatch.dispatch`) or an
         engine's rule: ``"vllm"``, ``"tensorrt-llm"`` (even split), ``"sglang-static"``,
         ``"sglang-dynamic"`` (:func:`eplb.analysis.engine_dispatch.engine_shares`; the same slots on every GPU).
+        ``None``: the rule the placement was planned for (:attr:`dispatch`), else ``"shares"``.
         """
-        dispatch = _mode(dispatch)
+        dispatch = _mode(self._judge(dispatch, "shares"))
         if dispatch in DISPATCH_RULES and DISPATCH_RULES[dispatch].kind == "engine":
             return rule_shares(self.phy2log, self.num_experts, self.topology, dispatch)
         if dispatch == "optimal":
@@ -243,28 +258,29 @@ class Placement:
             return self.shares
         return uniform_shares(self.phy2log, self.logcnt)
 
-    def gpu_loads(self, counts, dispatch: str = "uniform") -> np.ndarray:
+    def gpu_loads(self, counts, dispatch: str | None = None) -> np.ndarray:
         """Tokens each GPU processes: ``counts [L, E] -> [L, G]`` (``[T, L, E] -> [T, L, G]``), with
         each expert's tokens split among its replicas as ``dispatch`` says (:meth:`slot_shares`:
-        e.g. ``"sglang-static"`` judges the placement under SGLang's static table)."""
+        e.g. ``"sglang-static"`` judges the placement under SGLang's static table). ``None``: the
+        rule the placement was planned for (:attr:`dispatch`; the even split for most plans)."""
         weights = self._check_counts(counts)
-        dispatch = _mode(dispatch)
+        dispatch = _mode(self._judge(dispatch, "uniform"))
         if dispatch == "uniform" or (dispatch == "shares" and self.shares is None):
             return loads.gpu_loads(weights, self.phy2log, self.topology, logcnt=self.logcnt)
         return loads.gpu_loads(weights, self.phy2log, self.topology, shares=self.slot_shares(weights, dispatch))
 
-    def balancedness(self, counts, dispatch: str = "uniform") -> np.ndarray:
+    def balancedness(self, counts, dispatch: str | None = None) -> np.ndarray:
         """``mean / max`` GPU load per layer over the GPUs that hold slots: ``[L]`` (``[T, L]`` for
         a series); ``dispatch`` as in :meth:`gpu_loads`."""
         return metrics.balancedness(self.gpu_loads(counts, dispatch), self.topology)
 
-    def off_node_fraction(self, counts, dispatch: str = "shares") -> np.ndarray:
+    def off_node_fraction(self, counts, dispatch: str | None = None) -> np.ndarray:
         """``[L]`` (``[T, L]``): the fraction of each layer's tokens served by a replica outside its
         group's home node, with ``dispatch`` as in :meth:`gpu_loads`. Needs :attr:`home_node`."""
         if self.home_node is None:
             raise ValueError("off_node_fraction needs a placement with home nodes (a hierarchical plan)")
         weights = self._check_counts(counts)
-        shares = self.slot_shares(weights, dispatch)
+        shares = self.slot_shares(weights, self._judge(dispatch, "shares"))
         size = self.num_experts // self.num_groups
         node_of_slot = self.topology.node_of_gpu[self.topology.gpu_of_slot]
         away = node_of_slot[None, :] != np.take_along_axis(self.home_node, self.phy2log // size, axis=1)
@@ -296,6 +312,7 @@ class Placement:
             "info": _jsonable(dict(self.info)),
             "shares": optional(self.shares),
             "home_node": optional(self.home_node),
+            "dispatch": self.dispatch,
         }
 
     @classmethod
@@ -316,6 +333,7 @@ class Placement:
                 info=data.get("info") or {},
                 shares=data.get("shares"),
                 home_node=data.get("home_node"),
+                dispatch=data.get("dispatch", "uniform"),
             )
         except KeyError as exc:
             raise ValueError(f"placement dict is missing the key {exc}") from None

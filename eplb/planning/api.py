@@ -93,9 +93,15 @@ def plan(counts, *, num_slots=None, num_gpus=None, num_nodes=1, num_groups=None,
     _check_option_names(method, options)
     windows = as_counts(counts, "counts", ndims=(1, 2, 3))
     problem = make_problem(windows.shape[-1], num_slots, num_gpus, num_nodes, num_groups, topology)
-    return run(make_request(windows, problem, method=method, dispatch=dispatch, objective=objective,
-                            window_weights=window_weights, previous=previous, tolerance=tolerance,
-                            max_moves=max_moves, max_off_node=max_off_node, copy_cost=copy_cost, options=options))
+    placement = run(make_request(windows, problem, method=method, dispatch=dispatch, objective=objective,
+                                 window_weights=window_weights, previous=previous, tolerance=tolerance,
+                                 max_moves=max_moves, max_off_node=max_off_node, copy_cost=copy_cost,
+                                 options=options))
+    if dispatch != "uniform":
+        # the rule it was planned for, which its metrics then judge under (set on the fresh result:
+        # dataclasses.replace would evaluate its lazy lower bound)
+        object.__setattr__(placement, "dispatch", dispatch)
+    return placement
 
 
 def held_out(counts, *, folds: int = HELD_OUT_FOLDS, judge: str | None = None, **plan_options) -> np.ndarray:

@@ -76,3 +76,29 @@ def test_topology_checks_and_views():
                          ((np.array([1, 1, 1]), 2), "divisible by num_nodes"), ((np.array([1.5]), 1), "integers")]:
         with pytest.raises(ValueError, match=message):
             Topology(*bad)
+
+
+@pytest.mark.parametrize("rule", ["uniform", "optimal", "sglang-static", "sglang-dynamic", "vllm"])
+def test_a_plan_remembers_its_dispatch_rule_and_is_judged_under_it(rule):
+    """``plan(dispatch=rule)`` records the rule; the metrics judge under it unless told otherwise,
+    and it survives eplb JSON and pickle."""
+    import pickle
+
+    counts = np.random.default_rng(3).zipf(1.4, (3, 32)).astype(float)
+    placement = eplb.plan(counts, num_slots=40, num_gpus=4, num_nodes=2, dispatch=rule)
+    assert placement.dispatch == rule
+    np.testing.assert_array_equal(placement.balancedness(counts), placement.balancedness(counts, rule))
+    np.testing.assert_array_equal(placement.gpu_loads(counts), placement.gpu_loads(counts, rule))
+    for copy in (Placement.from_dict(json.loads(json.dumps(placement.to_dict()))), pickle.loads(pickle.dumps(placement))):
+        assert copy.dispatch == rule
+        np.testing.assert_array_equal(copy.balancedness(counts), placement.balancedness(counts))
+
+
+def test_a_placement_without_a_recorded_rule_is_judged_under_the_even_split():
+    placement = eplb.plan(np.arange(64.0).reshape(2, 32), num_slots=40, num_gpus=4)
+    data = placement.to_dict()
+    del data["dispatch"]  # a file written before the rule was recorded
+    restored = Placement.from_dict(data)
+    assert restored.dispatch == "uniform"
+    with pytest.raises(ValueError, match="dispatch must be the rule the placement was planned for"):
+        Placement(placement.phy2log, 32, placement.topology, dispatch="shares")

@@ -56,7 +56,7 @@ def test_plan_with_engine_judges_headline_held_out_and_gap_under_the_rule(static
     weights = counts.sum(axis=0)
     placement = read_placement(folder / "p.json").placement
     static = moe_mean(placement.balancedness(weights, "sglang-static"), weights)
-    even = moe_mean(placement.balancedness(weights), weights)
+    even = moe_mean(placement.balancedness(weights, "uniform"), weights)
     assert abs(static - even) > 1e-4  # the rule makes a difference here, so the test tells them apart
     balance = next(x for x in out.splitlines() if x.startswith("balance"))
     assert f"{static:.4f} with the plan" in balance and "under SGLang static dispatch" in balance
@@ -69,6 +69,23 @@ def test_plan_with_engine_judges_headline_held_out_and_gap_under_the_rule(static
     gap = placement.gpu_loads(weights, "sglang-static").max(axis=-1) / bound.values - 1
     assert (gap >= -1e-12).all()
     assert f"{100 * gap.mean():.2f}% mean" in out and "(any split)" in out
+
+
+def test_a_plan_file_made_for_an_engine_is_judged_under_its_rule_without_engine(static_plan):
+    folder, _ = static_plan
+    weights = np.load(folder / "series.npy").astype(float).sum(axis=0)
+    placement = read_placement(folder / "p.json").placement
+    assert placement.dispatch == "sglang-static"  # eplb JSON records the rule the plan was made for
+    static = moe_mean(placement.balancedness(weights, "sglang-static"), weights)
+    even = moe_mean(placement.balancedness(weights, "vllm"), weights)
+    assert abs(static - even) > 1e-4
+    checked, _ = invoke("validate", "p.json", "--counts", "series.npy", cwd=folder)
+    assert "the rule p.json records the plan was made for" in checked
+    assert figure(checked, "balance") == pytest.approx(static, abs=5e-5)
+    evenly, _ = invoke("validate", "p.json", "--counts", "series.npy", "--engine", "vllm", cwd=folder)
+    assert "records the plan" not in evenly and figure(evenly, "balance") == pytest.approx(even, abs=5e-5)
+    reported, _ = invoke("report", "series.npy", "p.json", "-o", "recorded", cwd=folder)
+    assert "the rule p.json records the plan was made for" in reported and f"in sample {static:.4f}" in reported
 
 
 def test_validate_and_report_with_engine_judge_every_figure_under_the_rule(static_plan):
