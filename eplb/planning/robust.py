@@ -281,25 +281,26 @@ def sampling_noise_layers(windows: np.ndarray, weights: np.ndarray) -> np.ndarra
     (tokens, as engines record them) can be judged this way: with fractional counts (normalised
     or weighted statistics) every layer is ``False`` and cross-validation alone decides.
     """
-    num_layers = windows.shape[1]
-    noise = np.zeros(num_layers, bool)
+    noise = np.zeros(windows.shape[1], bool)
     live = weights > 0
     if live.sum() < 2 or not np.array_equal(windows, np.round(windows)):
         return noise
-    for layer in range(num_layers):
-        table = windows[live, layer]
-        table = table[table.sum(axis=1) > 0]
-        table = table[:, table.sum(axis=0) > 0]
-        if table.shape[0] < 2 or table.shape[1] < 2:
-            noise[layer] = True  # one window or one expert with tokens: nothing to hedge between
-            continue
-        dof = (table.shape[0] - 1) * (table.shape[1] - 1)
-        with np.errstate(over="ignore", invalid="ignore"):  # counts near the float range: not noise
-            expected = np.outer(table.sum(axis=1) / table.sum(), table.sum(axis=0))
-            statistic = ((table - expected) ** 2 / expected).sum()
-            z = (statistic - dof) / math.sqrt(2.0 * dof + (1.0 / expected).sum())
-        noise[layer] = bool(z < NOISE_Z)  # False for a NaN z
-    return noise
+    # every layer at once. A window or expert without tokens in a layer has expected count 0 there
+    # and is left out of that layer's table (its cells add nothing, its row or column no freedom).
+    # With E = R C / N: sum (O - E)^2 / E = N sum O^2 / (R C) - N and sum 1 / E = N sum 1/R sum 1/C.
+    table = windows[live]  # [T', L, E]
+    rows, columns = table.sum(axis=2), table.sum(axis=0)  # [T', L], [L, E]
+    total = rows.sum(axis=0)  # [L]
+    num_rows, num_columns = (rows > 0).sum(axis=0), (columns > 0).sum(axis=1)  # [L]
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):  # counts near the float range: not noise
+        inverse_rows = np.where(rows > 0, 1.0 / np.where(rows > 0, rows, 1.0), 0.0)
+        inverse_columns = np.where(columns > 0, 1.0 / np.where(columns > 0, columns, 1.0), 0.0)
+        statistic = total * np.einsum("tle,tl,le->l", table * table, inverse_rows, inverse_columns) - total
+        inverse_expected = total * inverse_rows.sum(axis=0) * inverse_columns.sum(axis=1)
+        dof = (num_rows - 1) * (num_columns - 1)
+        z = (statistic - dof) / np.sqrt(2.0 * dof + inverse_expected)
+    # one window or one expert with tokens: nothing to hedge between; a NaN z is not noise
+    return (num_rows < 2) | (num_columns < 2) | (z < NOISE_Z)
 
 
 def _validated_steps(windows, weights, placement, fractions, problem, folds, anchor, search, start_of) -> np.ndarray:
