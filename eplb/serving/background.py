@@ -50,8 +50,8 @@ from ..analysis.placement import Placement
 from ..kernels.load_window import warm_copy_counts
 from .balancer import Balancer, check_counts, commit_range, merged_placement, stage_counts
 from .transfer import TransferPlan
-from .worker import (CONTEXTS, PROTOCOL, UNGUARDED_MAIN, UNGUARDED_MAIN_EXIT, _BALANCER_KEYWORDS, _build, _dumps,
-                     _eplb_file, _error_message, _exit, _plain_state, _raise_remote, exit_code, stop_unguarded_worker)
+from .worker import (BALANCER_KEYWORDS, CONTEXTS, PROTOCOL, UNGUARDED_MAIN, UNGUARDED_MAIN_EXIT, build_balancer, dumps,
+                     eplb_file, error_message, exit_code, exit_now, plain_state, raise_remote, stop_unguarded_worker)
 
 STAGING_BYTES = 32 << 20
 """Bytes of shared memory for staged passes unless ``staging_rows`` says otherwise."""
@@ -238,10 +238,10 @@ class BackgroundBalancer:
 
     def __init__(self, num_layers, num_experts, *, context: str = "spawn", staging_rows: int | None = None,
                  **kwargs):
-        unknown = sorted(set(kwargs) - set(_BALANCER_KEYWORDS))
+        unknown = sorted(set(kwargs) - set(BALANCER_KEYWORDS))
         if unknown:
             raise TypeError(f"BackgroundBalancer() got unexpected keyword arguments {unknown}; it takes "
-                            f"eplb.Balancer's keywords {sorted(_BALANCER_KEYWORDS)} and context, staging_rows")
+                            f"eplb.Balancer's keywords {sorted(BALANCER_KEYWORDS)} and context, staging_rows")
         self._start(("init", (num_layers, num_experts), kwargs), context, staging_rows)
 
     @classmethod
@@ -249,7 +249,7 @@ class BackgroundBalancer:
                         context: str = "spawn", staging_rows: int | None = None) -> "BackgroundBalancer":
         """A new background balancer whose worker runs :meth:`eplb.Balancer.from_state_dict` of ``state``."""
         self = cls.__new__(cls)
-        self._start(("from_state", _plain_state(state), dict(compile=compile, cost_model=cost_model, horizon=horizon)),
+        self._start(("from_state", plain_state(state), dict(compile=compile, cost_model=cost_model, horizon=horizon)),
                     context, staging_rows)
         return self
 
@@ -274,12 +274,12 @@ class BackgroundBalancer:
 
     def _connect(self, link: _Link, construct: tuple, staging_rows) -> None:
         """Build the worker's balancer, mirror its configuration, share the block with it."""
-        link.send(_dumps(construct))
+        link.send(dumps(construct))
         kind, *rest = pickle.loads(link.receive())
         if kind == "error":
-            _raise_remote(*rest)
+            raise_remote(*rest)
         attributes = rest[0]
-        if attributes.pop("eplb_file") != _eplb_file():
+        if attributes.pop("eplb_file") != eplb_file():
             raise RuntimeError("the worker process imported another eplb than this process: pass the same sys.path")
         self.num_layers, self.num_experts = attributes["num_layers"], attributes["num_experts"]
         self.topology, self.num_groups = attributes["topology"], attributes["num_groups"]
@@ -298,7 +298,7 @@ class BackgroundBalancer:
         link.send(pickle.dumps((shm.name, layout), protocol=PROTOCOL))
         kind, *rest = pickle.loads(link.receive())
         if kind == "error":
-            _raise_remote(*rest)
+            raise_remote(*rest)
         warm_copy_counts()  # record()'s kernels, compiled or loaded here once
         block = link.block
         self._rows = [[block.row(index, self.num_layers, num_slots if physical else self.num_experts)
@@ -509,7 +509,7 @@ class BackgroundBalancer:
         link.wake.release()  # the worker may send its next message
         if message[0] == "error":
             link.broken = f"the eplb worker process raised {type(message[1]).__name__}: {message[1]}"
-            _raise_remote(message[1], message[2])
+            raise_remote(message[1], message[2])
         self._inbox.append(message)
         return True
 
@@ -573,7 +573,7 @@ class _Worker:
         if not self.queue or int(header[_MESSAGES_TAKEN]) < self.sent:
             header[_QUEUED] = len(self.queue)
             return
-        data = _dumps(self.queue.popleft())
+        data = dumps(self.queue.popleft())
         area = self.block.area
         if len(data) <= len(area):
             area[:len(data)] = data
@@ -601,7 +601,7 @@ class _Worker:
                     if not self.handle(block.events[self.done % capacity]):
                         return
                 except BaseException as exc:  # noqa: BLE001 (handed to the caller)
-                    self.queue.append(_error_message(exc))
+                    self.queue.append(error_message(exc))
                 self.done += 1
                 self.send()  # before the event counts as done: wait() then finds its answer sent or queued
                 block.header[_EVENTS_DONE] = self.done
@@ -614,19 +614,19 @@ def _serve(conn, wake, outbox) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the caller's to handle
     parent = os.getppid()
     try:
-        balancer = _build(pickle.loads(conn.recv_bytes()))
+        balancer = build_balancer(pickle.loads(conn.recv_bytes()))
         attributes = {name: getattr(balancer, name) for name in
                       ("num_layers", "num_experts", "topology", "num_groups", "window", "placement", "steps",
                        "rebalances")}
-        conn.send_bytes(_dumps(("ok", {**attributes, "eplb_file": _eplb_file()})))
+        conn.send_bytes(dumps(("ok", {**attributes, "eplb_file": eplb_file()})))
         name, layout = pickle.loads(conn.recv_bytes())
         block = _Block(shared_memory.SharedMemory(name=name), layout)
     except BaseException as exc:  # noqa: BLE001 (handed to the caller)
-        conn.send_bytes(_dumps(_error_message(exc)))
-        _exit()
-    conn.send_bytes(_dumps(("ok", None)))
+        conn.send_bytes(dumps(error_message(exc)))
+        exit_now()
+    conn.send_bytes(dumps(("ok", None)))
     try:
         _Worker(balancer, block, conn, outbox).run(wake, parent)
     finally:
         block.release(unlink=False)
-    _exit()
+    exit_now()

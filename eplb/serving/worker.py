@@ -130,7 +130,7 @@ def _rebuild_placement(state: dict) -> Placement:
     return placement
 
 
-def _dumps(obj) -> bytes:
+def dumps(obj) -> bytes:
     """``obj`` pickled (protocol 5), placements included."""
     out = io.BytesIO()
     pickler = pickle.Pickler(out, protocol=PROTOCOL)
@@ -146,7 +146,7 @@ class _RemoteTraceback(Exception):
         return self.args[0]
 
 
-def _error_message(exc: BaseException) -> tuple:
+def error_message(exc: BaseException) -> tuple:
     """``("error", exc, traceback text)`` with ``exc`` replaced by a ``RuntimeError`` naming it when it
     cannot be pickled."""
     text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
@@ -157,7 +157,7 @@ def _error_message(exc: BaseException) -> tuple:
     return ("error", exc, text)
 
 
-def _raise_remote(exc: BaseException, text: str):
+def raise_remote(exc: BaseException, text: str):
     raise exc from _RemoteTraceback(f"\n\nin the eplb worker process:\n{text}")
 
 
@@ -255,7 +255,7 @@ class _Channel:
         self._send_pipe(construct)
         kind, *rest = pickle.loads(self._recv_pipe())
         if kind == "error":
-            _raise_remote(*rest)
+            raise_remote(*rest)
         return rest[0]
 
     def attach(self, shm: shared_memory.SharedMemory, layout: dict) -> None:
@@ -264,7 +264,7 @@ class _Channel:
         self._send_pipe(pickle.dumps((shm.name, layout), protocol=PROTOCOL))
         kind, *rest = pickle.loads(self._recv_pipe())
         if kind == "error":
-            _raise_remote(*rest)
+            raise_remote(*rest)
 
     def _send_pipe(self, data: bytes) -> None:
         try:
@@ -303,7 +303,7 @@ class _Channel:
         """Send ``message`` (the child first takes in staged passes up to ``rows``); return
         ``(status, value)``, ``value`` a :class:`_RaiseLater` when the child raised. Status: what the
         caller mirrors (see :meth:`_Server.status`), with ``seq`` the request's number."""
-        data = _dumps(message)
+        data = dumps(message)
         with self.lock:
             self.check()
             shared = self.shared
@@ -376,7 +376,7 @@ class _Channel:
                     header = self.shared.header
                     self.seq += 1
                     header[_REQUEST_ROWS] = header[_INGESTED]
-                    data = _dumps(("close",))
+                    data = dumps(("close",))
                     self.shared.area[:len(data)] = data
                     header[_REQUEST_LEN] = len(data)
                     header[_REQUEST_SEQ] = self.seq
@@ -413,7 +413,7 @@ class _RaiseLater:
         self.exc, self.text = exc, text
 
     def throw(self):
-        _raise_remote(self.exc, self.text)
+        raise_remote(self.exc, self.text)
 
 
 class BalancerProcess:
@@ -453,10 +453,10 @@ class BalancerProcess:
 
     def __init__(self, num_layers, num_experts, *, context: str = "spawn", staging_rows: int | None = None,
                  gil_interval: float | None = GIL_INTERVAL, **kwargs):
-        unknown = sorted(set(kwargs) - set(_BALANCER_KEYWORDS))
+        unknown = sorted(set(kwargs) - set(BALANCER_KEYWORDS))
         if unknown:
             raise TypeError(f"BalancerProcess() got unexpected keyword arguments {unknown}; it takes eplb.Balancer's "
-                            f"keywords {sorted(_BALANCER_KEYWORDS)} and context, staging_rows, gil_interval")
+                            f"keywords {sorted(BALANCER_KEYWORDS)} and context, staging_rows, gil_interval")
         self._start(("init", (num_layers, num_experts), kwargs), context, staging_rows, gil_interval)
 
     @classmethod
@@ -466,7 +466,7 @@ class BalancerProcess:
         """A new worker whose balancer is :meth:`eplb.Balancer.from_state_dict` of ``state`` (a
         :meth:`state_dict`, as saved by ``np.savez`` and read back by ``np.load``, or from JSON)."""
         self = cls.__new__(cls)
-        self._start(("from_state", _plain_state(state), dict(compile=compile, cost_model=cost_model, horizon=horizon)),
+        self._start(("from_state", plain_state(state), dict(compile=compile, cost_model=cost_model, horizon=horizon)),
                     context, staging_rows, gil_interval)
         return self
 
@@ -492,8 +492,8 @@ class BalancerProcess:
 
     def _connect(self, channel: _Channel, construct: tuple, staging_rows) -> None:
         """Build the child's balancer, mirror its attributes, share the block with it."""
-        attributes = channel.handshake(_dumps(construct))
-        if attributes.pop("eplb_file") != _eplb_file():
+        attributes = channel.handshake(dumps(construct))
+        if attributes.pop("eplb_file") != eplb_file():
             raise RuntimeError("the worker process imported another eplb than this process: pass the same sys.path")
         placement = attributes.pop("placement")
         initial = construct[2].get("placement") if construct[0] == "init" else None
@@ -654,7 +654,7 @@ class BalancerProcess:
 
     def load_state_dict(self, state) -> None:
         """:meth:`eplb.Balancer.load_state_dict` in the child."""
-        self._call("call", "load_state_dict", (_plain_state(state),), {})
+        self._call("call", "load_state_dict", (plain_state(state),), {})
 
     def close(self) -> None:
         """Stop the worker process and free the shared memory (idempotent)."""
@@ -673,7 +673,7 @@ class BalancerProcess:
         self.close()
 
 
-def _plain_state(state):
+def plain_state(state):
     """A state dict as sent to the child: a mapping that is not a dict (``np.load``'s file) as a
     dict of its arrays; anything else as it is (the child's balancer judges it)."""
     if not isinstance(state, dict) and hasattr(state, "items"):
@@ -681,7 +681,7 @@ def _plain_state(state):
     return state
 
 
-_BALANCER_KEYWORDS = tuple(name for name, parameter in inspect.signature(Balancer.__init__).parameters.items()
+BALANCER_KEYWORDS = tuple(name for name, parameter in inspect.signature(Balancer.__init__).parameters.items()
                            if parameter.kind is inspect.Parameter.KEYWORD_ONLY)
 
 
@@ -696,7 +696,7 @@ def _signature() -> inspect.Signature:
 BalancerProcess.__init__.__signature__ = _signature()
 
 
-def _eplb_file() -> str:
+def eplb_file() -> str:
     """This module's file: the parent and the child must run the same copy of eplb."""
     return os.path.realpath(__file__)
 
@@ -761,7 +761,7 @@ class _Server:
                 "last_decision": balancer.last_decision, "cpu_s": time.process_time(), "call_s": self.call_s}
 
 
-def _build(construct: tuple) -> Balancer:
+def build_balancer(construct: tuple) -> Balancer:
     kind, args, kwargs = construct
     if kind == "init":
         return Balancer(*args, **kwargs)
@@ -774,25 +774,25 @@ def _serve(conn, requests, replies) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     parent = os.getppid()
     try:
-        balancer = _build(pickle.loads(conn.recv_bytes()))
+        balancer = build_balancer(pickle.loads(conn.recv_bytes()))
         attributes = {name: getattr(balancer, name) for name in _CONFIG_ATTRIBUTES}
         attributes.update(placement=balancer.placement, steps=balancer.steps, rebalances=balancer.rebalances,
-                          eplb_file=_eplb_file())
-        conn.send_bytes(_dumps(("ok", attributes)))
+                          eplb_file=eplb_file())
+        conn.send_bytes(dumps(("ok", attributes)))
         name, layout = pickle.loads(conn.recv_bytes())
         shared = _Shared(shared_memory.SharedMemory(name=name), layout)
     except BaseException as exc:  # noqa: BLE001 (handed to the parent)
-        conn.send_bytes(_dumps(_error_message(exc)))
-        _exit()
-    conn.send_bytes(_dumps(("ok", None)))
+        conn.send_bytes(dumps(error_message(exc)))
+        exit_now()
+    conn.send_bytes(dumps(("ok", None)))
     try:
         _answer(_Server(balancer, shared), conn, requests, replies, parent)
     finally:
         shared.release(unlink=False)
-    _exit()
+    exit_now()
 
 
-def _exit() -> None:
+def exit_now() -> None:
     """End the worker process now: the interpreter's own teardown (Numba's, LLVM's) takes half a
     second, which :meth:`BalancerProcess.close` would wait for."""
     sys.stdout.flush()
@@ -828,14 +828,14 @@ def _answer(server: _Server, conn, requests, replies, parent: int) -> None:
                 reply = ("ok", server.handle(request))
                 server.call_s = time.perf_counter() - start
         except BaseException as exc:  # noqa: BLE001 (handed to the parent)
-            reply = _error_message(exc)
+            reply = error_message(exc)
         if reply is None:
             return
         kind, *rest = reply
         try:
-            data = _dumps((kind, server.status(), *rest))
+            data = dumps((kind, server.status(), *rest))
         except Exception as exc:  # noqa: BLE001 (an answer pickle refuses)
-            data = _dumps(("error", server.status(), *_error_message(exc)[1:]))
+            data = dumps(("error", server.status(), *error_message(exc)[1:]))
         if len(data) <= len(area):
             area[:len(data)] = data
             header[_REPLY_LEN] = len(data)
