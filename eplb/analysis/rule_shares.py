@@ -2,8 +2,8 @@
 :mod:`eplb.kernels.sglang_table`), layer by layer: what :class:`eplb.Placement` metrics use for
 ``dispatch="sglang-static"`` / ``"sglang-dynamic"`` and what :mod:`eplb.planning.engine_planning` plans with.
 
-Equal to :func:`eplb.analysis.engine_dispatch.engine_shares` (the reference, in Python, checked against
-SGLang's own code): SGLang ``static`` draws its per-rank "fair" picks from ``random.Random(42)``
+Equal (to 1e-15: the same choices, summed in another order) to the plain-Python reference the tests keep (``tests/sglang_reference.py``,
+checked against SGLang's own code): SGLang ``static`` draws its per-rank "fair" picks from ``random.Random(42)``
 streams that run on from one layer to the next, so a layer's shares depend on the layers before it;
 :class:`RuleShares` keeps the streams between layers.
 """
@@ -73,8 +73,8 @@ class RuleShares:
 
 
 def rule_shares(phy2log, num_experts: int, topology, rule: str) -> np.ndarray:
-    """``[L, S]`` float64: the shares ``rule`` gives ``phy2log [L, S]`` of ``num_experts`` experts (equal to
-    :func:`eplb.analysis.engine_dispatch.engine_shares`, computed by the Numba kernels in milliseconds)."""
+    """``[L, S]`` float64: the shares ``rule`` gives ``phy2log [L, S]`` of ``num_experts`` experts
+    (what :func:`eplb.analysis.engine_dispatch.engine_shares` returns; Numba kernels, milliseconds)."""
     dispatch_rule(rule, "rule", ENGINE_KIND_RULES)
     check_topology(topology, rule)
     phy2log = np.require(phy2log, dtype=np.int64, requirements="C")

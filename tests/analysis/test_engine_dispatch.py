@@ -1,6 +1,7 @@
 """The shares engines realise (:mod:`eplb.analysis.engine_dispatch`): properties over random placements,
-the rules of SGLang's near-replica choice, and the strong check: SGLang 0.5.23's own code, run
-from its files, builds the same per-rank static table from the file eplb writes.
+the rules of SGLang's near-replica choice, eplb's shares equal to the plain-Python reference
+(``tests/sglang_reference.py``), and the strong check: SGLang 0.5.23's own code, run from its files,
+builds the same per-rank static table as the reference from the file eplb writes.
 
 SGLang's ``expert_location.py`` is executed on its own with its runtime context replaced by plain
 values, as in ``tests/serving/test_adapters_sglang.py`` (files from ``EPLB_SGLANG_SOURCES``, a sglang wheel
@@ -19,12 +20,13 @@ from hypothesis import strategies as st
 
 import eplb
 from eplb.analysis.dispatch import gpu_loads_with_shares
-from eplb.analysis.engine_dispatch import ENGINES, engine_shares, sglang_static_table, with_engine_shares
+from eplb.analysis.engine_dispatch import ENGINES, engine_shares, with_engine_shares
 from eplb.io.formats.sglang import write_sglang_placement
 from eplb.analysis.metrics import balancedness
 from eplb.analysis.placement import Placement, uniform_shares
 from eplb.simulation.synthetic import deepseek_v3_counts, drifting_counts
 from eplb.model.topology import Topology
+from sglang_reference import reference_shares, sglang_static_table
 from sglang_sources import LOADER, SKIP_REASON, load_expert_location, sglang_file
 from strategies import configs
 
@@ -56,6 +58,13 @@ def expert_sums(placement: Placement, shares: np.ndarray) -> np.ndarray:
 
 
 # -------------------------------------------------------------------------------- properties
+
+@given(placements, st.sampled_from(["sglang-static", "sglang-dynamic"]))
+def test_shares_equal_the_reference(placement, engine):
+    """The same ranks per slot and the same draws (summed in another order: to 1e-15)."""
+    np.testing.assert_allclose(engine_shares(placement, engine), reference_shares(placement, engine), rtol=0,
+                               atol=1e-15)
+
 
 @given(placements, st.sampled_from(sorted(ENGINES)))
 def test_shares_are_a_split_of_every_expert(placement, engine):
@@ -200,8 +209,6 @@ def test_bad_input_names_the_argument_and_the_rule():
     for engine in ("sglang-static", "sglang-dynamic"):
         with pytest.raises(ValueError, match="same number of slots on every GPU"):
             engine_shares(uneven, engine)
-        with pytest.raises(ValueError, match="same number of slots on every GPU"):
-            sglang_static_table(uneven)
     assert engine_shares(uneven, "vllm").shape == (1, 9)  # an even split needs no layout
 
 
@@ -268,7 +275,8 @@ def test_static_table_and_shares_match_sglang(monkeypatch, tmp_path, case):
     for table in theirs:
         for layer, row in enumerate(table):
             fraction[layer, row] += 1  # a rank sends each expert to one slot: no slot twice in a row
-    np.testing.assert_array_equal(engine_shares(placement, "sglang-static"), fraction / placement.num_gpus)
+    np.testing.assert_allclose(engine_shares(placement, "sglang-static"), fraction / placement.num_gpus, rtol=0,
+                               atol=1e-15)
 
 
 @needs_sglang
