@@ -1438,7 +1438,8 @@ def recommend(counts, gpus, phase, batch, hardware, model, extra_slots, slots, n
         write_placement(result.placement, output, output_format, layer_ids=data.layer_ids,
                         configuration=dict(num_slots=best.num_slots, num_gpus=gpus, num_nodes=nodes, num_groups=groups,
                                            method=result.placement.method, counts=str(counts), phase=phase, batch=batch),
-                        diagnostics=dict(recommended=result.rows(), default_step_ms=result.default_step_ms))
+                        diagnostics=dict(recommended=result.rows(), default_step_ms=result.default_step_ms,
+                                         bound_step_ms=result.bound_step_ms))
     if not quiet:
         click.echo("\n".join(_recommend_lines(result, data, output, output_format)))
 

@@ -189,6 +189,8 @@ def test_cli_writes_a_plan_eplb_reads_back(tmp_path, series):
     assert "recommended" in out and "published greedy at 72 slots" in out
     expected = eplb.recommend(series, num_gpus=GPUS, batch=BATCH, model="olmoe-1b-7b", extra_slots_per_gpu=(0, 1),
                               passes=PASSES, seed=SEED)
+    room = 100 * (1 - expected.bound_step_ms / expected.recommended.step_ms)
+    assert f"below {expected.bound_step_ms:.4f} ms held out" in out and f"at most {room:.2f}% from the best" in out
     written = read_placement(tmp_path / "plan.json")
     np.testing.assert_array_equal(written.placement.phy2log, expected.placement.phy2log)
     assert written.placement.num_gpus == GPUS
