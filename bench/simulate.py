@@ -117,7 +117,7 @@ def policies() -> list[tuple[str, object, bool]]:
     ]
 
 
-TOLERANCES = (0.005, 0.01, 0.02, 0.05)  # around the default (eplb.serving.balancer.DEFAULT_TOLERANCE, 0.03)
+TOLERANCES = (0.005, 0.01, 0.02, 0.05)  # around the default (eplb.model.defaults.BALANCER_TOLERANCE, 0.03)
 
 
 def trade_off_policies() -> list[tuple[str, object, bool]]:

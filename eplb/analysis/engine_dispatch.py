@@ -77,9 +77,6 @@ def _check(placement, engine) -> Placement:
                          "use placement.balancedness(counts, dispatch='optimal') for it")
     if not isinstance(engine, str) or engine not in ENGINES:
         raise ValueError(f"engine must be one of {tuple(ENGINES)}, got {engine!r}")
-    if engine.startswith("sglang") and engine not in _EVEN and not placement.topology.is_uniform:
-        raise ValueError("SGLang needs the same number of slots on every GPU (num_slots divisible by num_gpus): "
-                         f"placement.topology has slots_per_gpu {placement.topology.slots_per_gpu.tolist()}")
     return placement
 
 

@@ -8,7 +8,7 @@ import inspect
 
 import numpy as np
 
-from ..model.defaults import PLAN_TOLERANCE
+from ..model.defaults import COPY_COST, PLAN_TOLERANCE
 from ..analysis.metrics import moe_mean
 from ..analysis.placement import Placement
 from ..kernels.layout import replica_counts, slots_of_experts
@@ -19,7 +19,6 @@ from ..model.topology import Topology
 from .locality import off_node_curve
 from .methods import DEFAULT_METHOD, OPTIONS as METHOD_OPTIONS
 from .modes import MODES, make_request, mode_of, run
-from .robust import DEFAULT_COPY_COST
 
 __all__ = ["Problem", "held_out", "make_problem", "pareto", "plan", "rebalance_experts"]
 
@@ -30,7 +29,7 @@ def plan(counts, *, num_slots=None, num_gpus=None, num_nodes=1, num_groups=None,
          method: str = DEFAULT_METHOD, topology: Topology | None = None, previous=None,
          tolerance: float | None = PLAN_TOLERANCE, max_moves=None, max_off_node: float | None = None,
          objective: str | None = None, window_weights=None, dispatch: str = "uniform",
-         copy_cost: float = DEFAULT_COPY_COST, **options) -> Placement:
+         copy_cost: float = COPY_COST, **options) -> Placement:
     """Plan a replicated expert placement for every layer.
 
     Args:

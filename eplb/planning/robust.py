@@ -25,7 +25,6 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ..model.defaults import COPY_COST
 from ..model._validation import as_counts, validated_counts
 from ..kernels.expected_peak import improve_expected_peak as _improve
 from ..kernels.expected_peak import pair_descent
@@ -38,7 +37,6 @@ DEFAULT_SWAPS = 200  # best-swap iterations per layer (pair descent)
 DEFAULT_ITERATIONS = 800  # random moves per layer after it (swaps and replica moves)
 DEFAULT_ANCHOR = 0.25
 DEFAULT_FOLDS = 4
-DEFAULT_COPY_COST = COPY_COST  # per changed slot, in mean peak / mean: see plan(previous=, series)
 CHECK_LAYERS = 6  # the cross-validation check searches at most this many layers (evenly spread)
 # Before any search, a layer whose windows of token counts look like draws from one popularity
 # (a chi-square test of homogeneity, standardised, below NOISE_Z: see sampling_noise_layers) keeps

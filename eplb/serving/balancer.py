@@ -39,11 +39,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..model.defaults import BALANCER_TOLERANCE
+from ..model.defaults import BALANCER_TOLERANCE, COPY_COST
 from ..model._validation import as_int
 from ..model.problem import make_problem
 from ..planning.modes import make_request, run
-from ..planning.robust import DEFAULT_COPY_COST
 from ..analysis.bounds import average_bound, replica_bound
 from ..model.cost import CostModel
 from ..analysis.loads import RANDOM_SPLIT, gpu_work
@@ -65,9 +64,6 @@ def round_robin_placement(num_layers: int, num_experts: int, topology: Topology,
     row = np.arange(topology.num_slots, dtype=np.int64) % num_experts
     return Placement(np.tile(row, (num_layers, 1)), num_experts, topology, num_groups, method="round_robin")
 
-
-DEFAULT_TOLERANCE = BALANCER_TOLERANCE
-"""The Balancer's default migration tolerance (see :class:`Balancer`)."""
 
 HORIZON_WINDOWS = 3
 """With a cost model, a new placement's savings are counted over this many windows of passes
@@ -144,11 +140,11 @@ class Balancer:
 
     def __init__(self, num_layers, num_experts, *, num_slots=None, num_gpus=None, num_nodes=1, num_groups=None,
                  topology: Topology | None = None, window: int = 100, decay: float | None = None,
-                 forecast: int | None = None, method: str = DEFAULT_METHOD, tolerance: float | None = DEFAULT_TOLERANCE, max_moves=None,
+                 forecast: int | None = None, method: str = DEFAULT_METHOD, tolerance: float | None = BALANCER_TOLERANCE, max_moves=None,
                  min_gain: float = 0.01, move_cost: float = 0.05, expert_bytes: int | None = None,
                  placement: Placement | None = None, options: dict | None = None, threads: int = 1,
                  compile: str = "eager", cost_model: CostModel | None = None, horizon: int | None = None,
-                 subwindows: int = SUBWINDOWS, copy_cost: float = DEFAULT_COPY_COST):
+                 subwindows: int = SUBWINDOWS, copy_cost: float = COPY_COST):
         self.num_layers = as_int(num_layers, "num_layers", minimum=1)
         self.num_experts = as_int(num_experts, "num_experts", minimum=1)
         if cost_model is not None and not isinstance(cost_model, CostModel):
@@ -732,11 +728,8 @@ def check_counts(counts, num_layers: int, num_experts: int, num_slots: int, phys
     """One forward pass's counts checked for shape (:meth:`Balancer.record`): returns ``(counts,
     physical)``, ``counts`` a numpy array ``[L, E]`` (``physical=False``) or ``[L, S]`` (``True``);
     ``physical=None`` is inferred from the shape unless ``E == S``."""
-    if type(counts) is np.ndarray and counts.dtype in STAGED_DTYPES and counts.ndim == 2 and num_experts != num_slots:
-        width = counts.shape[1]  # the engine's case, every pass: as few steps as the checks below
-        if counts.shape[0] == num_layers and physical is None and (width == num_experts or width == num_slots):
-            return counts, width == num_slots
-    counts = _counts_array(counts)
+    if type(counts) is not np.ndarray or counts.dtype not in STAGED_DTYPES:  # else already a real numpy array
+        counts = _counts_array(counts)
     if counts.ndim != 2 or counts.shape[0] != num_layers or counts.shape[1] not in (num_experts, num_slots):
         raise ValueError(
             f"counts must have shape [L, E] = [{num_layers}, {num_experts}] or per slot "
@@ -745,7 +738,7 @@ def check_counts(counts, num_layers: int, num_experts: int, num_slots: int, phys
     if physical is None:
         if num_experts == num_slots:
             raise ValueError("E == S: pass physical=True (per-slot counts) or physical=False (per expert)")
-        physical = counts.shape[1] == num_slots
+        return counts, counts.shape[1] == num_slots
     expected = num_slots if physical else num_experts
     if counts.shape[1] != expected:
         raise ValueError(f"counts must have {expected} columns with physical={physical}, got {counts.shape[1]}")
@@ -839,7 +832,7 @@ def _throwaway_warnings_hidden():
 
 
 def warm_kernels(num_experts: int, *, num_slots=None, num_gpus=None, num_nodes=1, num_groups=None,
-                 topology: Topology | None = None, method: str = DEFAULT_METHOD, tolerance: float | None = DEFAULT_TOLERANCE,
+                 topology: Topology | None = None, method: str = DEFAULT_METHOD, tolerance: float | None = BALANCER_TOLERANCE,
                  max_moves=None, options: dict | None = None) -> float:
     """Compile (or load from Numba's cache) every kernel a :class:`Balancer` of this configuration
     calls when it records, decides and rebalances. Returns the seconds it took.

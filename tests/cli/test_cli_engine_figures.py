@@ -50,12 +50,17 @@ def static_plan(tmp_path_factory):
     return folder, out
 
 
-def test_plan_with_engine_judges_headline_held_out_and_gap_under_the_rule(static_plan):
-    folder, out = static_plan
+def static_figures(folder):
+    """The static plan's series ``[T, L, E]``, summed weights, placement and balancedness under SGLang's static table."""
     counts = np.load(folder / "series.npy").astype(float)
     weights = counts.sum(axis=0)
     placement = read_placement(folder / "p.json").placement
-    static = moe_mean(placement.balancedness(weights, "sglang-static"), weights)
+    return counts, weights, placement, moe_mean(placement.balancedness(weights, "sglang-static"), weights)
+
+
+def test_plan_with_engine_judges_headline_held_out_and_gap_under_the_rule(static_plan):
+    folder, out = static_plan
+    counts, weights, placement, static = static_figures(folder)
     even = moe_mean(placement.balancedness(weights, "uniform"), weights)
     assert abs(static - even) > 1e-4  # the rule makes a difference here, so the test tells them apart
     balance = next(x for x in out.splitlines() if x.startswith("balance"))
@@ -73,10 +78,8 @@ def test_plan_with_engine_judges_headline_held_out_and_gap_under_the_rule(static
 
 def test_a_plan_file_made_for_an_engine_is_judged_under_its_rule_without_engine(static_plan):
     folder, _ = static_plan
-    weights = np.load(folder / "series.npy").astype(float).sum(axis=0)
-    placement = read_placement(folder / "p.json").placement
+    _, weights, placement, static = static_figures(folder)
     assert placement.dispatch == "sglang-static"  # eplb JSON records the rule the plan was made for
-    static = moe_mean(placement.balancedness(weights, "sglang-static"), weights)
     even = moe_mean(placement.balancedness(weights, "vllm"), weights)
     assert abs(static - even) > 1e-4
     checked, _ = invoke("validate", "p.json", "--counts", "series.npy", cwd=folder)
@@ -90,10 +93,7 @@ def test_a_plan_file_made_for_an_engine_is_judged_under_its_rule_without_engine(
 
 def test_validate_and_report_with_engine_judge_every_figure_under_the_rule(static_plan):
     folder, _ = static_plan
-    counts = np.load(folder / "series.npy").astype(float)
-    weights = counts.sum(axis=0)
-    placement = read_placement(folder / "p.json").placement
-    static = moe_mean(placement.balancedness(weights, "sglang-static"), weights)
+    counts, weights, placement, static = static_figures(folder)
     checked, _ = invoke("validate", "p.json", "--counts", "series.npy", "--engine", "sglang-static", cwd=folder)
     assert figure(checked, "balance") == pytest.approx(static, abs=5e-5)
     assert "under SGLang static dispatch" in next(x for x in checked.splitlines() if x.startswith("balance"))

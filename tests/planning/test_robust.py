@@ -69,13 +69,20 @@ def _objective(series, phy2log, problem, weights=None):
     return np.divide((live * peaks).sum(axis=0), total, out=np.ones(series.shape[1]), where=total > 0)
 
 
-@given(st.data())
-def test_search_is_valid_never_worse_and_deterministic(data):
+def draw_case(data):
+    """A drawn deployment, a series ``[T, L, E]`` for it and the default method's plan of its sum:
+    ``(problem, series, start [L, S])``."""
     config = data.draw(configs(max_experts=16, max_gpus=8, max_slots_per_gpu=4))
     num_experts = config.pop("num_experts")
     problem = make_problem(num_experts, **config)
     series = data.draw(series_for(num_experts))
-    start = get_method("balanced")(series.sum(axis=0), problem)[0]
+    return problem, series, get_method("balanced")(series.sum(axis=0), problem)[0]
+
+
+@given(st.data())
+def test_search_is_valid_never_worse_and_deterministic(data):
+    problem, series, start = draw_case(data)
+    num_experts = series.shape[-1]
     iterations = data.draw(st.sampled_from([0, 50, 400]))
     swaps = data.draw(st.sampled_from([0, 3, 40]))
     replica_moves = data.draw(st.booleans())

@@ -13,13 +13,11 @@ from hypothesis import strategies as st
 
 import eplb
 from eplb.planning.api import make_problem
-from eplb.planning.methods import get_method
 from eplb.planning.robust import hedge
 from eplb.simulation.series import mixture_windows, shift_structure, synthetic_workloads
 
 from cli_runner import invoke
-from strategies import configs
-from test_robust import _check_valid, series_for
+from test_robust import _check_valid, draw_case
 
 
 def structured_series(num_windows=12, num_layers=3, num_experts=32, seed=0):
@@ -101,11 +99,8 @@ def test_hedging_a_capped_plan_keeps_its_off_node_traffic_and_shares():
 
 @given(st.data())
 def test_hedge_with_shares_and_previous_is_valid_and_never_worse(data):
-    config = data.draw(configs(max_experts=16, max_gpus=8, max_slots_per_gpu=4))
-    num_experts = config.pop("num_experts")
-    problem = make_problem(num_experts, **config)
-    series = data.draw(series_for(num_experts))
-    start = get_method("balanced")(series.sum(axis=0), problem)[0]
+    problem, series, start = draw_case(data)
+    num_experts = series.shape[-1]
     rng = np.random.default_rng(data.draw(st.integers(0, 1000)))
     counts = np.stack([np.bincount(row, minlength=num_experts) for row in start])
     raw = rng.random(start.shape) + 0.1
