@@ -29,22 +29,22 @@ from _common import load_note, markdown_table, pct, trace_workloads, write_csv
 from quality import FAMILIES, speed_rows
 
 import eplb.planning.methods.balanced as balanced_module
-from eplb.planning.api import make_problem
+from eplb.planning.api import make_deployment
 from eplb import lower_bound
 from eplb.planning.methods import get_method
 from eplb.simulation.synthetic import deepseek_v3_counts, skewed_counts
 
 
-def replication_alone(weights: np.ndarray, problem) -> np.ndarray:
+def replication_alone(weights: np.ndarray, deployment) -> np.ndarray:
     """The default without its aligned replications (capped D'Hondt, packing, seeded retries, greedy
     fallback): the hierarchical default before the aligned lever. ``weights [L, E]`` -> ``[L, S]``."""
     b = balanced_module
     weights = np.ascontiguousarray(weights, dtype=np.float64)
-    topology = problem.topology
-    gpu_domain, expert_domain, bound = b.domains(weights, problem)
+    topology = deployment.topology
+    gpu_domain, expert_domain, bound = b.domains(weights, deployment)
     phy2log = b.balanced_placement(weights, b.writable(topology.slots_per_gpu), gpu_domain, expert_domain, 4096)
-    phy2log, _ = b.retry_replication(weights, problem, phy2log, gpu_domain, bound, 4, 4096)
-    phy2log, _ = b.keep_better_than_greedy(weights, problem, phy2log)
+    phy2log, _ = b.retry_replication(weights, deployment, phy2log, gpu_domain, bound, 4, 4096)
+    phy2log, _ = b.keep_better_than_greedy(weights, deployment, phy2log)
     return phy2log
 
 
@@ -52,16 +52,16 @@ def gap_rows(quick: bool) -> list[dict]:
     layers = 8 if quick else 58
     rows = []
     for slots in (288,) if quick else (288, 320):
-        problem = make_problem(256, slots, 32, 4, 8)
+        deployment = make_deployment(256, slots, 32, 4, 8)
         for load, (family, skew) in FAMILIES.items():
             counts = skewed_counts(layers, 256, family=family, skew=skew, num_groups=8, seed=11).astype(np.float64)
-            bound = lower_bound(counts, topology=problem.topology, num_groups=8)
-            plans = {"replication alone": replication_alone(counts, problem),
-                     "default": get_method("balanced")(counts, problem)[0],
-                     "best": get_method("best")(counts, problem)[0]}
+            bound = lower_bound(counts, topology=deployment.topology, num_groups=8)
+            plans = {"replication alone": replication_alone(counts, deployment),
+                     "default": get_method("balanced")(counts, deployment)[0],
+                     "best": get_method("best")(counts, deployment)[0]}
             row = {"slots": slots, "load": load}
             for name, phy2log in plans.items():
-                peak = balanced_module.max_loads(counts, phy2log, problem.topology)
+                peak = balanced_module.max_loads(counts, phy2log, deployment.topology)
                 row[name] = float((peak / bound - 1).mean())
             rows.append(row)
     return rows
@@ -149,30 +149,30 @@ def resolve_layer(row: np.ndarray, w: np.ndarray, k: int, domain: np.ndarray, pa
 def resolve_cases(quick: bool) -> list[tuple[str, np.ndarray, object]]:
     layers = 2 if quick else 6
     cases = [
-        ("Kimi-K2 432 uniform", skewed_counts(layers, 384, family="uniform", seed=11), make_problem(384, 432, 72, 9, None)),
+        ("Kimi-K2 432 uniform", skewed_counts(layers, 384, family="uniform", seed=11), make_deployment(384, 432, 72, 9, None)),
         ("Kimi-K2 432 hot", skewed_counts(layers, 384, family="hot", skew=1.0, seed=11),
-         make_problem(384, 432, 72, 9, None)),
+         make_deployment(384, 432, 72, 9, None)),
         ("DeepSeek-V3 288 hier zipf 1.5", skewed_counts(layers, 256, family="zipf", skew=1.5, num_groups=8, seed=11),
-         make_problem(256, 288, 32, 4, 8)),
-        ("DeepSeek-V3 288 global lognormal", deepseek_v3_counts(seed=0)[:layers], make_problem(256, 288, 32, 4, None)),
+         make_deployment(256, 288, 32, 4, 8)),
+        ("DeepSeek-V3 288 global lognormal", deepseek_v3_counts(seed=0)[:layers], make_deployment(256, 288, 32, 4, None)),
     ]
     workloads, _ = trace_workloads()
     for key, _, counts, kwargs in workloads:
         if key in ("gpt-oss-20b", "mixtral-8x7b"):
-            problem = make_problem(counts.shape[-1], kwargs["num_slots"], kwargs["num_gpus"], 1, None)
-            cases.append((f"{key} (real, window 0)", counts[0][:layers], problem))
+            deployment = make_deployment(counts.shape[-1], kwargs["num_slots"], kwargs["num_gpus"], 1, None)
+            cases.append((f"{key} (real, window 0)", counts[0][:layers], deployment))
     return [(name, np.asarray(c, dtype=np.float64), p) for name, c, p in cases]
 
 
 def resolve_rows(quick: bool) -> list[dict]:
     rows = []
-    for name, counts, problem in resolve_cases(quick):
-        topology = problem.topology
+    for name, counts, deployment in resolve_cases(quick):
+        topology = deployment.topology
         k, gpus, nodes = int(topology.slots_per_gpu[0]), topology.num_gpus, topology.num_nodes
         domains = ([np.arange(n * gpus // nodes, (n + 1) * gpus // nodes) for n in range(nodes)]
-                   if problem.hierarchical else [np.arange(gpus)])
-        start, _ = get_method("best")(counts, problem)
-        bound = lower_bound(counts, topology=topology, num_groups=problem.num_groups if problem.hierarchical else None)
+                   if deployment.hierarchical else [np.arange(gpus)])
+        start, _ = get_method("best")(counts, deployment)
+        bound = lower_bound(counts, topology=topology, num_groups=deployment.num_groups if deployment.hierarchical else None)
         before = balanced_module.max_loads(counts, start, topology) / bound - 1
         for partners in (1, 3):
             out = start.copy()

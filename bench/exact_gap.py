@@ -29,7 +29,7 @@ from _common import load_note, markdown_table, planning_methods, pyplot, read_cs
 
 import eplb  # noqa: E402
 from eplb.planning.methods import exact_model as exact  # noqa: E402
-from eplb.planning.api import make_problem  # noqa: E402
+from eplb.planning.api import make_deployment  # noqa: E402
 from eplb import lower_bound  # noqa: E402
 from eplb.planning.methods import DEFAULT_METHOD, get_method  # noqa: E402
 from eplb.simulation.synthetic import skewed_counts  # noqa: E402
@@ -81,16 +81,16 @@ def instances(num_small: int, num_medium: int, seed: int = 0) -> list[dict]:
 def solve_one(instance: dict, time_limit: float, levers: exact.Levers = exact.Levers()) -> dict:
     """Run the exact solver on one instance (one layer): optimality, plan load, bound, times."""
     counts = instance["counts"][None, :]
-    problem = make_problem(counts.shape[1], instance["num_slots"], instance["num_gpus"], instance["num_nodes"],
+    deployment = make_deployment(counts.shape[1], instance["num_slots"], instance["num_gpus"], instance["num_nodes"],
                            instance["num_groups"])
-    warm, _ = get_method(DEFAULT_METHOD)(counts, problem)
+    warm, _ = get_method(DEFAULT_METHOD)(counts, deployment)
     wall, cpu = time.perf_counter(), time.process_time()
-    phy2log, info = exact.solve(counts, problem, warm, time_limit=None, deterministic_time=time_limit, workers=1,
+    phy2log, info = exact.solve(counts, deployment, warm, time_limit=None, deterministic_time=time_limit, workers=1,
                                 progress=False,
                                 levers=levers)
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
-    placement = eplb.Placement(phy2log=phy2log, num_experts=counts.shape[1], topology=problem.topology,
-                               num_groups=problem.num_groups, method="exact")
+    placement = eplb.Placement(phy2log=phy2log, num_experts=counts.shape[1], topology=deployment.topology,
+                               num_groups=deployment.num_groups, method="exact")
     peak = float(placement.gpu_loads(counts).max())
     bound = float(max(info["proven_bound"][0], 0.0))
     return dict(optimal=bool(info["optimal"][0]), status=info["status"][0], exact_load=peak, proven_bound=bound,
@@ -113,8 +113,8 @@ def measure(instance: dict, time_limit: float, methods: list[str]) -> dict:
     row.update(result)
     counts = instance["counts"][None, :]
     config = {k: instance[k] for k in ("num_slots", "num_gpus", "num_nodes", "num_groups")}
-    problem = make_problem(counts.shape[1], **config)
-    closed = float(lower_bound(counts, topology=problem.topology, num_groups=problem.num_groups if problem.hierarchical else None)[0])
+    deployment = make_deployment(counts.shape[1], **config)
+    closed = float(lower_bound(counts, topology=deployment.topology, num_groups=deployment.num_groups if deployment.hierarchical else None)[0])
     reference = result["exact_load"] if result["optimal"] else math.nan
     row["closed_form_bound"] = closed
     row["bound_gap"] = _relative(reference, closed)

@@ -27,7 +27,7 @@ import numpy as np
 from _common import load_note, load_trace, markdown_table, read_csv, write_csv
 
 import eplb
-from eplb.planning.api import make_problem
+from eplb.planning.api import make_deployment
 from fewest_changes_search import prove_fewest_changes
 
 TOLERANCE = 0.005
@@ -47,7 +47,7 @@ def sequence(windows: int) -> np.ndarray | None:
 
 def layer_rows(series: np.ndarray, work: int, layers: int | None = None) -> list[dict]:
     """One row per (rebalance, layer): eplb's changes, the fewest found, the proven bound, time."""
-    problem = make_problem(series.shape[2], **DEPLOYMENT)
+    deployment = make_deployment(series.shape[2], **DEPLOYMENT)
     current = eplb.plan(series[0], **DEPLOYMENT)
     rows = []
     for t in range(1, len(series)):
@@ -56,7 +56,7 @@ def layer_rows(series: np.ndarray, work: int, layers: int | None = None) -> list
         near = eplb.plan(w, previous=current, tolerance=TOLERANCE, **DEPLOYMENT)
         chosen = slice(None) if layers is None else slice(0, layers)
         previous = np.ascontiguousarray(current.phy2log[chosen], dtype=np.int64)
-        _, info = prove_fewest_changes(w[chosen], problem, previous, np.ascontiguousarray(near.phy2log[chosen]),
+        _, info = prove_fewest_changes(w[chosen], deployment, previous, np.ascontiguousarray(near.phy2log[chosen]),
                                        cap=scratch.max_load[chosen] * (1 + TOLERANCE),
                                        hints=(np.asarray(scratch.phy2log[chosen]),), work=work)
         for i in range(previous.shape[0]):

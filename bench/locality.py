@@ -29,7 +29,7 @@ from _common import markdown_table, pyplot, read_csv, trace_workloads, write_csv
 
 import eplb
 from eplb.analysis.dispatch import optimal_dispatch
-from eplb.model.problem import make_problem
+from eplb.model.deployment import make_deployment
 from eplb.planning.locality import off_node_curve, plan_locality
 
 FRACTIONS = (0.0, 0.02, 0.05, 0.1, 0.15, 0.2, 0.3, 1.0)
@@ -92,7 +92,7 @@ def sweep(windows: np.ndarray, deployment: dict, fractions, label: str, leave_ou
     """Rows of the curve: in sample on the sum of ``windows [W, L, E]``; out of sample by leaving
     out each of the first ``leave_out`` windows in turn (means over them, and the worst), with the
     plan's shares and with optimal dispatch."""
-    problem = make_problem(windows.shape[2], num_groups=8, **deployment)
+    problem = make_deployment(windows.shape[2], num_groups=8, **deployment)
     total = windows.sum(axis=0)
     curve = off_node_curve(total, problem, fractions)
     held = [off_node_curve(windows[np.arange(len(windows)) != w].sum(axis=0), problem, fractions, held_out=windows[w:w + 1])
@@ -124,7 +124,7 @@ def sweep(windows: np.ndarray, deployment: dict, fractions, label: str, leave_ou
 
 def plan_time(windows: np.ndarray, deployment: dict, fraction: float, repeats: int) -> float:
     """Median seconds of one whole-model plan with the cap (after a warm-up call)."""
-    problem = make_problem(windows.shape[2], num_groups=8, **deployment)
+    problem = make_deployment(windows.shape[2], num_groups=8, **deployment)
     total = windows.sum(axis=0)
     plan_locality(total, problem, fraction)
     times = []

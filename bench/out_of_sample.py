@@ -41,7 +41,7 @@ from pathlib import Path
 import numpy as np
 from _common import load_note, trace_workloads, write_csv
 
-from eplb.planning.api import make_problem
+from eplb.planning.api import make_deployment
 from eplb.planning.methods import DEFAULT_METHOD, get_method
 from eplb.planning.objectives import (CANDIDATES, combine, link_replicas, made_for_dispatch, recency_weights, select_per_layer,
                              window_peaks)
@@ -62,7 +62,7 @@ SWAPS_ONLY = "expected_peak/o, swaps only (no linked replicas)"
 
 
 def _problem(num_experts: int, config: dict):
-    return make_problem(num_experts, config["num_slots"], config["num_gpus"], config["num_nodes"],
+    return make_deployment(num_experts, config["num_slots"], config["num_gpus"], config["num_nodes"],
                         config["num_groups"])
 
 

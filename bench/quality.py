@@ -31,7 +31,7 @@ from _common import BENCH, fmt_ms, load_note, markdown_table, median_time, pct, 
     write_csv
 
 import eplb
-from eplb.planning.api import make_problem
+from eplb.planning.api import make_deployment
 from eplb.planning.methods import get_method
 from eplb.simulation.synthetic import deepseek_v3_counts, skewed_counts
 
@@ -167,10 +167,10 @@ def speed_rows(quick: bool, methods=EPLB_METHODS) -> list[dict]:
     counts = deepseek_v3_counts(seed=0).astype(np.float64)
     rows = []
     for mode, groups in (("hierarchical", 8), ("global", None)):
-        problem = make_problem(256, 288, 32, 4, groups)
+        deployment = make_deployment(256, 288, 32, 4, groups)
         for method in methods:
             fn = get_method(method)
-            t = median_time(lambda: fn(counts, problem), repeats=5 if quick else 21, budget_s=3 if quick else 15)
+            t = median_time(lambda: fn(counts, deployment), repeats=5 if quick else 21, budget_s=3 if quick else 15)
             rows.append({"mode": mode, "method": method, "wall_ms": t.wall * 1e3, "cpu_ms": t.cpu * 1e3,
                          "calls": t.calls})
     return rows

@@ -153,12 +153,12 @@ def serving_loop(quick: bool, method: str) -> tuple[list[dict], list[dict]]:
 def plan_time_split(method: str, repeats: int) -> dict:
     """Median time of the method from scratch alone and of the whole migration-aware plan, on two
     consecutive windows of a drifting DeepSeek-V3-sized load."""
-    from eplb.planning.api import make_problem
+    from eplb.planning.api import make_deployment
     from eplb.planning.methods import get_method
     from eplb.planning.migration import plan_near
 
     series = drifting_counts(2, 58, 256, num_groups=8, drift=0.02, tokens=4096 * 100, seed=3).astype(float)
-    problem = make_problem(256, **DS, num_groups=8)
+    problem = make_deployment(256, **DS, num_groups=8)
     previous, _ = plan_near(series[0], problem, None, method=method)
     scratch = median_time(lambda: get_method(method)(series[1], problem), repeats=repeats, budget_s=5.0)
     total = median_time(lambda: plan_near(series[1], problem, previous, method=method), repeats=repeats, budget_s=5.0)
@@ -177,7 +177,7 @@ def fewest_changes_rows(seqs: list, quick: bool) -> list[dict]:
     placement), against two references: the default method from scratch (eplb's) and the optimum
     (``method="exact"``). gpt-oss-20b's 40 slots: ``bench/fewest_changes.py`` (an exact search
     proves there what CP-SAT does not)."""
-    from eplb.planning.api import make_problem
+    from eplb.planning.api import make_deployment
     from eplb.planning.exact_migration import fewest_changes
 
     rows = []
@@ -185,7 +185,7 @@ def fewest_changes_rows(seqs: list, quick: bool) -> list[dict]:
         if deployment["num_slots"] != EXACT_SLOTS:
             continue
         limit = 5.0  # CP-SAT deterministic seconds per layer
-        problem = make_problem(series.shape[2], deployment["num_slots"], deployment["num_gpus"],
+        problem = make_deployment(series.shape[2], deployment["num_slots"], deployment["num_gpus"],
                                deployment["num_nodes"], deployment.get("num_groups"))
         current = eplb.plan(series[0], **deployment)
         for t in range(1, min(len(series), 3 if quick else len(series))):

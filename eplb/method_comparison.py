@@ -21,10 +21,10 @@ import numpy as np
 from .io.comparison_report import format_table, write_comparison_report
 from .io.workloads import TRACE_DEPLOYMENTS, WorkloadMissing, read_workload, tile_experts as tiled
 from .model.cost import CostModel
-from .model.problem import make_problem
+from .model.deployment import make_deployment
 from .planning.methods import DEFAULT_METHOD
 from .simulation.comparison import STEP_ROUTINGS, MethodResult, Workload, compare_on, deployment_label
-from .simulation.method_runner import NUMPY, TORCH, Deployment, MethodSpec, parse_method
+from .simulation.method_runner import NUMPY, TORCH, DeploymentSpec, MethodSpec, parse_method
 
 QUICK_FOLDS, QUICK_WARM_CALLS = 4, 1
 """``quick=True``: at most this many held-out blocks and warm repeats."""
@@ -70,15 +70,15 @@ def _method_spec(method) -> MethodSpec:
                      f"functions, got {method!r}")
 
 
-def _deployment(value) -> Deployment:
-    if isinstance(value, Deployment):
+def _deployment(value) -> DeploymentSpec:
+    if isinstance(value, DeploymentSpec):
         return value
     if isinstance(value, dict):
         unknown = set(value) - {"num_slots", "num_gpus", "num_nodes", "num_groups"}
         if unknown:
             raise ValueError(f"deployments: unknown keys {sorted(unknown)}; a deployment has num_slots, num_gpus, "
                              "num_nodes, num_groups")
-        return Deployment(**value)
+        return DeploymentSpec(**value)
     raise ValueError(f"deployments must hold dicts of num_slots, num_gpus, num_nodes, num_groups, got {value!r}")
 
 
@@ -162,10 +162,10 @@ def compare(methods=("greedy", DEFAULT_METHOD), workloads=("trace:gpt-oss-20b",)
         key = workload.name.partition(":")[2].split(" ")[0] if workload.name.startswith("trace:") else None
         if given is None and key not in TRACE_DEPLOYMENTS:
             raise ValueError(f"deployments are needed for workload {workload.name} (only traces have their own)")
-        chosen = given if given is not None else [Deployment(**TRACE_DEPLOYMENTS[key])]
+        chosen = given if given is not None else [DeploymentSpec(**TRACE_DEPLOYMENTS[key])]
         for deployment in chosen:
             try:
-                make_problem(workload.counts.shape[2], deployment.num_slots, deployment.num_gpus,
+                make_deployment(workload.counts.shape[2], deployment.num_slots, deployment.num_gpus,
                              deployment.num_nodes, deployment.num_groups)
             except ValueError as exc:
                 notes.append(f"skipped {workload.name} on {deployment_label(deployment)}: {exc}")
@@ -197,7 +197,7 @@ def compare(methods=("greedy", DEFAULT_METHOD), workloads=("trace:gpt-oss-20b",)
 # -- the command ---------------------------------------------------------------------------------
 
 
-def _parse_deployment(text: str) -> Deployment:
+def _parse_deployment(text: str) -> DeploymentSpec:
     parts = text.split(":")
     try:
         values = [int(p) for p in parts]
@@ -207,7 +207,7 @@ def _parse_deployment(text: str) -> Deployment:
         raise ValueError(f"--deployment must be SLOTS:GPUS[:NODES[:GROUPS]] with positive whole numbers, "
                          f"got {text!r}")
     slots, gpus, nodes, groups = values + [1, None][len(values) - 2:]
-    return Deployment(slots, gpus, nodes, groups)
+    return DeploymentSpec(slots, gpus, nodes, groups)
 
 
 def _command_line(context) -> str:
@@ -241,7 +241,7 @@ def build_command(wrap):
         if given["slots"] is not None or given["gpus"] is not None:
             if given["slots"] is None or given["gpus"] is None:
                 raise click.UsageError("--slots and --gpus go together (or use --deployment)")
-            deployments.insert(0, Deployment(given["slots"], given["gpus"], given["nodes"], given["groups"]))
+            deployments.insert(0, DeploymentSpec(given["slots"], given["gpus"], given["nodes"], given["groups"]))
         previous_plan = None
         if given["previous"] is not None:
             from .io.formats import read_placement

@@ -39,7 +39,7 @@ import numpy as np
 from .planning.api import plan, rebalance_experts
 from .serving.balancer import warm_kernels
 from .planning.methods import DEFAULT_METHOD, METHODS
-from .model.problem import make_problem
+from .model.deployment import make_deployment
 from .simulation.synthetic import skewed_counts
 from .kernels._cache import MANIFEST, cache_dir, shipped_tag
 from .serving.transfer import transfer_plan
@@ -126,7 +126,7 @@ def warmup(num_experts, *, num_slots=None, num_gpus=None, num_nodes=1, num_group
     Raises:
         ValueError: a bad configuration or an unknown method (as :func:`eplb.plan` would).
     """
-    problem = make_problem(int(num_experts), num_slots, num_gpus, num_nodes, num_groups)  # validates
+    deployment = make_deployment(int(num_experts), num_slots, num_gpus, num_nodes, num_groups)  # validates
     if methods is None:
         methods = list(dict.fromkeys([DEFAULT_METHOD, "greedy"]))
     elif isinstance(methods, str):
@@ -138,10 +138,10 @@ def warmup(num_experts, *, num_slots=None, num_gpus=None, num_nodes=1, num_group
     if not isinstance(balancer, bool):
         raise ValueError(f"balancer must be True or False, got {balancer!r}")
     num_experts = int(num_experts)
-    config = dict(num_slots=problem.topology.num_slots, num_gpus=problem.topology.num_gpus,
-                  num_nodes=problem.topology.num_nodes, num_groups=problem.num_groups)
-    loads = synthetic_loads(num_experts, problem.num_groups)
-    later = synthetic_loads(num_experts, problem.num_groups, seed=10)  # the loads drift
+    config = dict(num_slots=deployment.topology.num_slots, num_gpus=deployment.topology.num_gpus,
+                  num_nodes=deployment.topology.num_nodes, num_groups=deployment.num_groups)
+    loads = synthetic_loads(num_experts, deployment.num_groups)
+    later = synthetic_loads(num_experts, deployment.num_groups, seed=10)  # the loads drift
     steps: dict[str, float] = {}
     start = time.perf_counter()
     for method in methods:
@@ -153,11 +153,11 @@ def warmup(num_experts, *, num_slots=None, num_gpus=None, num_nodes=1, num_group
             transfer_plan(placement, near)
 
         _timed(steps, f"plan {method}", from_scratch)
-        if problem.topology.is_uniform:
+        if deployment.topology.is_uniform:
             _timed(steps, f"rebalance_experts {method}",
                    lambda method=method: rebalance_experts(loads, config["num_slots"], config["num_groups"] or 1,
                                                            config["num_nodes"], config["num_gpus"], method=method))
-    _timed(steps, "public calls", lambda: warm_public_calls(loads, later, problem.hierarchical, config))
+    _timed(steps, "public calls", lambda: warm_public_calls(loads, later, deployment.hierarchical, config))
     if balancer:
         for method in methods:
             _timed(steps, f"Balancer {method}", lambda method=method: warm_kernels(num_experts, method=method, **config))

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from eplb.model._validation import as_int
-from eplb.planning.methods import Problem
+from eplb.planning.methods import Deployment
 from eplb import Topology
 
 from .kernels import FOUND, REFUTED, fewest_changes_exact
@@ -152,13 +152,13 @@ def prove_layer(w: np.ndarray, topology: Topology, previous: np.ndarray, *, cap:
     return LayerProof(best_row, best, lower, best == lower, nodes, time.perf_counter() - start)
 
 
-def prove_fewest_changes(weights: np.ndarray, problem: Problem, previous: np.ndarray,
+def prove_fewest_changes(weights: np.ndarray, deployment: Deployment, previous: np.ndarray,
                          incumbent: np.ndarray | None = None, *, cap: np.ndarray, hints: tuple = (),
                          shared: bool = False, work: int = DEFAULT_WORK) -> tuple[np.ndarray, dict]:
     """:func:`prove_layer` on every layer.
 
     Args:
-        weights: ``[L, E]`` loads; problem: topology (global mode only: no groups kept on nodes);
+        weights: ``[L, E]`` loads; deployment: topology (global mode only: no groups kept on nodes);
         previous: ``[L, S]`` int64 the placement in service; incumbent: ``[L, S]`` or None;
         cap: ``[L]`` max GPU load per layer; hints: ``[L, S]`` placements (see :func:`prove_layer`);
         shared, work: as in :func:`prove_layer`.
@@ -167,8 +167,8 @@ def prove_fewest_changes(weights: np.ndarray, problem: Problem, previous: np.nda
         changes), ``proven [L]`` bool, ``nodes [L]``, ``time_s [L]``.
     """
     weights = np.asarray(weights, dtype=np.float64)
-    topology = problem.topology
-    if problem.hierarchical:
+    topology = deployment.topology
+    if deployment.hierarchical:
         raise ValueError("problem: the exact search covers global mode only (num_groups=None or one node)")
     if weights.ndim != 2:
         raise ValueError(f"weights must be [L, E], got shape {weights.shape}")

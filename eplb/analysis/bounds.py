@@ -13,7 +13,8 @@ from ..kernels.load_bounds import (min_max_replica_load, pigeonhole_bound, repli
 from ..kernels.budget import budget_tier_bound
 from ..kernels.hierarchy import node_load_bound
 from ..kernels.tiny import tiny_bound
-from ..model.problem import Problem, make_problem, weights_2d
+from ..model.deployment import Deployment, make_deployment
+from ..model.counts import weights_2d
 from .searches import group_assignment
 from ..model.topology import Topology
 
@@ -189,24 +190,24 @@ def hierarchical_bound(weights: np.ndarray, topology: Topology, num_groups: int)
     node_active = (per_node > 0).sum(axis=1).astype(np.int64)
     weights = np.ascontiguousarray(weights, dtype=np.float64)
     base = _strongest(weights, topology)
-    problem = Problem(topology=topology, num_groups=num_groups, hierarchical=True)
+    deployment = Deployment(weights.shape[1], topology, num_groups, hierarchical=True)
     budget = {} if num_groups <= MEMO_GROUPS else {"budget": MANY_GROUPS_BUDGET}
-    _, proven = group_assignment(weights, problem, lower=base, strong=True, **budget)
+    _, proven = group_assignment(weights, deployment, lower=base, strong=True, **budget)
     return np.maximum(np.maximum(base, proven), node_load_bound(weights, int(num_groups), node_slots, node_active))
 
 
-def strongest_bound(weights: np.ndarray, problem: Problem) -> np.ndarray:
+def strongest_bound(weights: np.ndarray, deployment: Deployment) -> np.ndarray:
     """The strongest bound for each layer of ``weights [L, E]`` (validated), ``[L]``: the largest
-    of :data:`BOUNDS`, and for a hierarchical ``problem`` (every group on one node) the
+    of :data:`BOUNDS`, and for a hierarchical ``deployment`` (every group on one node) the
     :func:`hierarchical_bound`.
 
     Each layer is bounded scaled by a power of two to a largest load near 1 (:func:`_scaled`): the
     same bound for every magnitude of counts, finite for denormal ones and for huge ones (as long
     as the bound itself is below the float64 maximum)."""
     scaled, exponent = _scaled(weights)
-    if problem.hierarchical:
-        return np.ldexp(hierarchical_bound(scaled, problem.topology, problem.num_groups), exponent)
-    return np.ldexp(_strongest(scaled, problem.topology), exponent)
+    if deployment.hierarchical:
+        return np.ldexp(hierarchical_bound(scaled, deployment.topology, deployment.num_groups), exponent)
+    return np.ldexp(_strongest(scaled, deployment.topology), exponent)
 
 
 def lower_bound(counts, *, num_slots=None, num_gpus=None, num_nodes=1, num_groups=None,
@@ -222,7 +223,7 @@ def lower_bound(counts, *, num_slots=None, num_gpus=None, num_nodes=1, num_group
             ``num_groups`` is a multiple of ``num_nodes``).
     """
     weights = weights_2d(counts, "counts")
-    return strongest_bound(weights, make_problem(weights.shape[1], num_slots, num_gpus, num_nodes, num_groups,
+    return strongest_bound(weights, make_deployment(weights.shape[1], num_slots, num_gpus, num_nodes, num_groups,
                                                  topology))
 
 
@@ -231,8 +232,8 @@ def lower_bounds(counts, *, num_slots=None, num_gpus=None, num_nodes=1, num_grou
     """Every global bound by name (:data:`BOUNDS`), each ``[L]`` float64, for ``counts`` and the
     deployment as :func:`lower_bound` takes them (their maximum is :func:`lower_bound`'s global bound)."""
     weights = weights_2d(counts, "counts")
-    problem = make_problem(weights.shape[1], num_slots, num_gpus, num_nodes, num_groups, topology)
-    return bounds_by_name(weights, problem.topology)
+    deployment = make_deployment(weights.shape[1], num_slots, num_gpus, num_nodes, num_groups, topology)
+    return bounds_by_name(weights, deployment.topology)
 
 
 def _strongest(weights: np.ndarray, topology: Topology) -> np.ndarray:

@@ -1,7 +1,7 @@
 """Searches shared by the bounds, the methods and the certificates (the layer just above the
 kernels): the group -> node assignment of hierarchical placement and the capped packing descent.
 
-Both are Python around Numba kernels; they take a :class:`~eplb.model.problem.Problem` or plain arrays
+Both are Python around Numba kernels; they take a :class:`~eplb.model.deployment.Deployment` or plain arrays
 and return plain arrays.
 """
 
@@ -11,7 +11,7 @@ import numpy as np
 
 from ..kernels.capped import descend
 from ..kernels.hierarchy import assign_groups
-from ..model.problem import Problem
+from ..model.deployment import Deployment
 from ..model.topology import Topology
 
 SEARCH_BUDGET = 20000
@@ -30,10 +30,10 @@ def node_arrays(topology: Topology) -> tuple[np.ndarray, np.ndarray, np.ndarray]
     return slots, active, np.asarray(node_class, dtype=np.int64).ravel()
 
 
-def check_hierarchical(num_experts: int, problem: Problem) -> None:
+def check_hierarchical(num_experts: int, deployment: Deployment) -> None:
     """Raise ``ValueError`` when no group -> node assignment fits the slots of the nodes."""
-    topology = problem.topology
-    groups = problem.num_groups
+    topology = deployment.topology
+    groups = deployment.num_groups
     size = num_experts // groups
     slots, _, _ = node_arrays(topology)
     used = slots[slots > 0]
@@ -55,7 +55,7 @@ def check_hierarchical(num_experts: int, problem: Problem) -> None:
         )
 
 
-def group_assignment(weights: np.ndarray, problem: Problem, lower: np.ndarray | None = None,
+def group_assignment(weights: np.ndarray, deployment: Deployment, lower: np.ndarray | None = None,
                      budget: int = SEARCH_BUDGET, strong: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """Node of every group in every layer, and the proven hierarchical bound.
 
@@ -67,16 +67,16 @@ def group_assignment(weights: np.ndarray, problem: Problem, lower: np.ndarray | 
         ``node_of_group [L, K]`` int64 and ``[L]`` float64 lower bound on the max load of any
         placement that keeps every group on one node.
     """
-    check_hierarchical(weights.shape[1], problem)
-    slots, active, node_class = node_arrays(problem.topology)
+    check_hierarchical(weights.shape[1], deployment)
+    slots, active, node_class = node_arrays(deployment.topology)
     if lower is None:
-        lower = weights.sum(axis=1) / max(1, int((problem.topology.slots_per_gpu > 0).sum()))
-    node_of_group = np.empty((weights.shape[0], problem.num_groups), np.int64)
-    per_node = problem.topology.slots_per_gpu.reshape(problem.topology.num_nodes, -1)
+        lower = weights.sum(axis=1) / max(1, int((deployment.topology.slots_per_gpu > 0).sum()))
+    node_of_group = np.empty((weights.shape[0], deployment.num_groups), np.int64)
+    per_node = deployment.topology.slots_per_gpu.reshape(deployment.topology.num_nodes, -1)
     used = np.where(per_node > 0, per_node, np.iinfo(np.int64).max)
     node_min = np.where(active > 0, used.min(axis=1), 0).astype(np.int64)
     node_max = per_node.max(axis=1).astype(np.int64)
-    proven = assign_groups(np.ascontiguousarray(weights), problem.num_groups, slots, active, node_class,
+    proven = assign_groups(np.ascontiguousarray(weights), deployment.num_groups, slots, active, node_class,
                            np.ascontiguousarray(lower, dtype=np.float64), budget, SEARCH_TOL, node_of_group,
                            bool(strong), node_min, node_max)
     if (node_of_group < 0).any():  # cannot happen after check_hierarchical; kept as a clear error

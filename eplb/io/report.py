@@ -31,7 +31,7 @@ import numpy as np
 from ..analysis import metrics
 from ..analysis.bounds import replica_bound, strongest_bound
 from ..planning.locality import busiest_nodes, node_cap_bound, off_node_tokens
-from ..model.problem import Problem, make_problem
+from ..model.deployment import Deployment, make_deployment
 from ..analysis.metrics import moe_layers, moe_mean
 from ..model.dispatch_rules import DISPATCH_RULES
 from .formats.data import CountsFile, PlacementFile
@@ -104,7 +104,7 @@ def bound_for(weights: np.ndarray, placement, dispatch: str | None = None) -> Bo
     uneven = placement.shares is not None if rule == "shares" else DISPATCH_RULES[rule].kind != "uniform"
     if uneven:
         return _split_bound(weights, placement, rule)
-    values = strongest_bound(weights, Problem(topology))
+    values = strongest_bound(weights, Deployment(placement.num_experts, topology))
     if groups is None:
         return Bound(values, "global", "global (no expert groups)")
     if placement.num_experts % groups:
@@ -118,7 +118,7 @@ def bound_for(weights: np.ndarray, placement, dispatch: str | None = None) -> Bo
         rows = np.flatnonzero(kept)
         values = values.copy()
         values[rows] = np.maximum(values[rows], strongest_bound(np.ascontiguousarray(weights[rows]),
-                                                                Problem(topology, groups, hierarchical=True)))
+                                                                Deployment(placement.num_experts, topology, groups, hierarchical=True)))
     description = f"hierarchical: {groups} groups on {nodes} node{'s' if nodes > 1 else ''}"
     if not kept.all():
         description += (f"; {int((~kept).sum())} of {len(kept)} layers spread a group over nodes, judged by the "
@@ -134,19 +134,19 @@ def _split_bound(weights: np.ndarray, placement, dispatch: str) -> Bound:
     keep when at most the share of tokens this placement serves off their home node leaves it
     (:func:`eplb.planning.locality.node_cap_bound`). The placement is among those it ranges over, so
     its gap is never negative."""
-    problem = make_problem(placement.num_experts, topology=placement.topology, num_groups=placement.num_groups)
+    deployment = make_deployment(placement.num_experts, topology=placement.topology, num_groups=placement.num_groups)
     values = replica_bound(weights, placement.topology)
     how = "its own shares" if dispatch == "shares" else DISPATCH_RULES[dispatch].label
-    if not problem.hierarchical:
+    if not deployment.hierarchical:
         # node_cap_bound with no home nodes is the average load
-        values = np.maximum(values, node_cap_bound(weights, problem, 1.0))
+        values = np.maximum(values, node_cap_bound(weights, deployment, 1.0))
         return Bound(values, "any split", f"any split among replicas (the placement is judged with {how}, which "
                                           "may split unevenly): average load and heaviest replica")
     if placement.home_node is not None:
         away = placement.off_node_fraction(weights, dispatch)
     else:  # a layer keeping every group on one node serves nothing off it, whatever the split
         away = np.where(groups_on_one_node(placement), 0.0, 1.0)
-    capped = np.array([node_cap_bound(weights[layer:layer + 1], problem, float(away[layer]))[0]
+    capped = np.array([node_cap_bound(weights[layer:layer + 1], deployment, float(away[layer]))[0]
                        for layer in range(weights.shape[0])])
     values = np.maximum(values, capped)
     kind = "capped" if dispatch == "shares" else "any split"

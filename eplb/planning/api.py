@@ -14,13 +14,14 @@ from ..analysis.placement import Placement
 from ..kernels.layout import replica_counts, slots_of_experts
 from ..model._validation import as_counts, as_fraction
 from ..model.dispatch_rules import DISPATCH_RULES, dispatch_rule
-from ..model.problem import Problem, make_problem, summed_2d, weights_2d
+from ..model.deployment import Deployment, make_deployment
+from ..model.counts import summed_2d, weights_2d
 from ..model.topology import Topology
 from .locality import off_node_curve
 from .methods import DEFAULT_METHOD, OPTIONS as METHOD_OPTIONS
 from .modes import MODES, make_request, mode_of, run
 
-__all__ = ["Problem", "held_out", "make_problem", "pareto", "plan", "rebalance_experts"]
+__all__ = ["Deployment", "held_out", "make_problem", "pareto", "plan", "rebalance_experts"]
 
 HELD_OUT_FOLDS = 16  # leave-one-out over at most this many blocks of windows
 
@@ -91,7 +92,7 @@ def plan(counts, *, num_slots=None, num_gpus=None, num_nodes=1, num_groups=None,
     """
     _check_option_names(method, options)
     windows = as_counts(counts, "counts", ndims=(1, 2, 3))
-    problem = make_problem(windows.shape[-1], num_slots, num_gpus, num_nodes, num_groups, topology)
+    problem = make_deployment(windows.shape[-1], num_slots, num_gpus, num_nodes, num_groups, topology)
     placement = run(make_request(windows, problem, method=method, dispatch=dispatch, objective=objective,
                                  window_weights=window_weights, previous=previous, tolerance=tolerance,
                                  max_moves=max_moves, max_off_node=max_off_node, copy_cost=copy_cost,
@@ -183,7 +184,7 @@ def pareto(counts, *, num_slots=None, num_gpus=None, num_nodes=1, num_groups=Non
         balancedness is the mean over MoE layers (and windows) of mean / max GPU load.
     """
     weights = weights_2d(counts, "counts")
-    problem = make_problem(weights.shape[1], num_slots, num_gpus, num_nodes, num_groups, topology)
+    problem = make_deployment(weights.shape[1], num_slots, num_gpus, num_nodes, num_groups, topology)
     if not problem.hierarchical:
         raise ValueError("pareto needs a hierarchical configuration: num_groups a multiple of num_nodes")
     caps = [as_fraction(f, "fractions entry") for f in np.atleast_1d(np.asarray(fractions, dtype=object))]
@@ -218,7 +219,7 @@ def rebalance_experts(weight, num_replicas, num_groups, num_nodes, num_gpus, *, 
     one_layer = np.ndim(weight) == 1 if not is_torch else weight.dim() == 1
     windows = as_counts(weight, "weight", ndims=(1, 2, 3))
     weights = summed_2d(windows, "weight")
-    problem = make_problem(weights.shape[1], num_replicas, num_gpus, num_nodes, num_groups,
+    problem = make_deployment(weights.shape[1], num_replicas, num_gpus, num_nodes, num_groups,
                            ignore_nodes_when_global=True)
     # a series of windows: the hedged plan of the default objective, as plan() makes it
     request = make_request(windows, problem, method=method, options=options)

@@ -32,7 +32,8 @@ from ..analysis.bounds import strongest_bound
 from ..analysis.placement import check_placement
 from ..kernels.layout import replica_counts
 from ..analysis.searches import RELATIVE_STEP, improve_layer
-from ..model.problem import Problem, make_problem, weights_2d
+from ..model.deployment import Deployment, make_deployment
+from ..model.counts import weights_2d
 from ..model.topology import Topology
 from .api import plan
 
@@ -84,7 +85,7 @@ def certify(counts, *, num_slots=None, num_gpus=None, topology: Topology | None 
         A :class:`Certificate`.
     """
     weights = weights_2d(counts, "counts")
-    topology = make_problem(weights.shape[1], num_slots, num_gpus, 1, None, topology).topology
+    topology = make_deployment(weights.shape[1], num_slots, num_gpus, 1, None, topology).topology
     if not topology.is_uniform or int(topology.slots_per_gpu.min()) < 1:
         raise ValueError("topology must give every GPU the same number of slots (>= 1) for certify")
     for name, value in (("budget", budget), ("max_attempts", max_attempts)):
@@ -96,7 +97,7 @@ def certify(counts, *, num_slots=None, num_gpus=None, topology: Topology | None 
     start, _ = check_placement(start, weights.shape[1], topology)
     if start.shape[0] != weights.shape[0]:
         raise ValueError(f"start must have {weights.shape[0]} layers, got {start.shape[0]}")
-    lower = strongest_bound(weights, Problem(topology))
+    lower = strongest_bound(weights, Deployment(weights.shape[1], topology))
     num_gpus, slots = topology.num_gpus, int(topology.slots_per_gpu[0])
     num_layers = weights.shape[0]
     upper, first = np.empty(num_layers), np.empty(num_layers)

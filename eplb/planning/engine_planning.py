@@ -83,14 +83,14 @@ def _window_balancedness(windows: np.ndarray, weights: np.ndarray, phy2log: np.n
     return float(np.dot(weights, per_window) / weights.sum())
 
 
-def plan_for_rule(windows, base: np.ndarray, problem, rule: str, window_weights=None, *,
+def plan_for_rule(windows, base: np.ndarray, deployment, rule: str, window_weights=None, *,
                   anchor: float = RULE_ANCHOR, max_swaps: int = RULE_SWAPS, partners: int = DEFAULT_PARTNERS):
     """Make the even-split plan ``base`` into a plan for ``rule`` (see the module notes).
 
     Args:
         windows: ``[T, L, E]`` float64 planning counts (validated; ``[L, E]`` is one window).
         base: ``[L, S]`` int64, the plan for an even split.
-        problem: an :class:`eplb.model.problem.Problem` with the same slots on every GPU.
+        deployment: an :class:`eplb.model.deployment.Deployment` with the same slots on every GPU.
         rule: one of :data:`RULES`.
         window_weights: ``[T]`` or ``None`` (equal); anchor: weight of the windows' sum, ``>= 0``.
         max_swaps: swaps per layer and layout; partners: the least loaded GPUs a peak GPU swaps with.
@@ -103,7 +103,7 @@ def plan_for_rule(windows, base: np.ndarray, problem, rule: str, window_weights=
         ``_after`` (mean balancedness under the rule on the windows) and ``kept_even_split_plan``.
     """
     dispatch_rule(rule, "dispatch", RULES)
-    topology = problem.topology
+    topology = deployment.topology
     check_topology(topology, rule)
     windows = np.asarray(windows, dtype=np.float64)
     if windows.ndim == 2:
@@ -117,7 +117,7 @@ def plan_for_rule(windows, base: np.ndarray, problem, rule: str, window_weights=
     swaps, partners = int(max_swaps), min(int(partners), num_gpus)
     scaled, scaled_weights = _scaled_windows(windows, weights, anchor, num_gpus)
     planning = np.tensordot(weights, windows, axes=1)  # [L, E]
-    spread_possible = not problem.hierarchical and num_nodes > 1
+    spread_possible = not deployment.hierarchical and num_nodes > 1
     shares = RuleShares(rule, topology)
     out = np.empty_like(base)
     before = np.zeros(num_layers)
@@ -143,7 +143,7 @@ def plan_for_rule(windows, base: np.ndarray, problem, rule: str, window_weights=
                     base_rule.layer(base[layer], num_experts)[:2]
             # the shares ride along as a window of weight 0, so they follow the swaps
             loads = np.concatenate([scaled[:, layer, row] * layer_shares, layer_shares[None]])
-            region = _regions(row, logcnt, node_of_slot, num_nodes, problem.hierarchical)
+            region = _regions(row, logcnt, node_of_slot, num_nodes, deployment.hierarchical)
             start, end = balance_fixed_loads(loads, search_weights, row, region, node_of_slot, per_gpu,
                                              num_gpus // num_nodes, min(swaps, TRIAL_SWAPS), partners)
             if index == 0:
@@ -173,14 +173,14 @@ def plan_for_rule(windows, base: np.ndarray, problem, rule: str, window_weights=
     return out, info
 
 
-def plan_for_engine(counts, base: Placement, problem, rule: str, window_weights=None) -> Placement:
+def plan_for_engine(counts, base: Placement, deployment, rule: str, window_weights=None) -> Placement:
     """:func:`plan_for_rule` on ``counts`` (``[L, E]`` or a series ``[T, L, E]``, validated) from
     the even-split plan ``base``, as a :class:`Placement` whose ``max_load`` is under the rule's
     shares and whose ``info`` adds the diagnostics, ``time_s`` (the even-split plan's included) and
     ``mode`` (``"engine"``, :mod:`eplb.planning.modes`)."""
     start = time.perf_counter()
     windows = np.asarray(counts, dtype=np.float64).reshape((-1,) + base.phy2log.shape[:1] + (base.num_experts,))
-    phy2log, info = plan_for_rule(windows, base.phy2log, problem, rule, window_weights)
+    phy2log, info = plan_for_rule(windows, base.phy2log, deployment, rule, window_weights)
     weights = check_window_weights(window_weights, windows.shape[0])
     weights = weights / weights.max()  # relative, as the even-split plan's lower bound: the gap is scale-free
     summed = np.tensordot(weights, windows, axes=1)

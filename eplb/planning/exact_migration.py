@@ -36,7 +36,7 @@ from ortools.sat.python import cp_model
 
 from .methods.exact_model import load_table, solver_parameters
 from ..kernels.few_changes import align_slots
-from .methods import Problem
+from .methods import Deployment
 
 @dataclass
 class MoveResult:
@@ -81,17 +81,17 @@ class MoveModel:
     what lets CP-SAT prove the fewest changes in well under a second on real traces.
 
     Args:
-        w: ``[E]`` loads; problem: topology and groups; previous: ``[S]`` the placement in service.
+        w: ``[E]`` loads; deployment: topology and groups; previous: ``[S]`` the placement in service.
         cap: max GPU load (count units) or None; max_moves: budget of changed slots or None.
         cap_units: the cap in the model's integer units (default: from ``cap``).
         shared: allow a GPU to hold several replicas of one expert (default: at most as many as
             the previous placement has there, and at least one, as eplb's own search does).
     """
 
-    def __init__(self, w: np.ndarray, problem: Problem, previous: np.ndarray, cap: float | None,
+    def __init__(self, w: np.ndarray, deployment: Deployment, previous: np.ndarray, cap: float | None,
                  max_moves: int | None, cap_units: int | None = None, shared: bool = False):
-        topology = problem.topology
-        self.w, self.problem, self.previous = w, problem, previous
+        topology = deployment.topology
+        self.w, self.deployment, self.previous = w, deployment, previous
         num_experts, slots = len(w), topology.slots_per_gpu
         num_slots = topology.num_slots
         self.max_count = max_count = num_slots - num_experts + 1
@@ -132,7 +132,7 @@ class MoveModel:
         for g in gpus:
             model.add(sum(int(table[e, r - 1]) * n[e, g, r] for e in range(num_experts) for r in counts[e])
                       <= self.peak)
-        if problem.hierarchical:
+        if deployment.hierarchical:
             self._add_groups_on_nodes()
         self.kept = kept = {}
         for (e, g), expr in x.items():
@@ -150,21 +150,21 @@ class MoveModel:
 
     def _add_groups_on_nodes(self):
         """Each group on exactly one node ``a[q, m]``; its experts' replicas only on that node."""
-        model, problem, topology = self.model, self.problem, self.problem.topology
-        group_size = len(self.w) // problem.num_groups
-        a = {(q, m): model.new_bool_var(f"a[{q},{m}]") for q in range(problem.num_groups)
+        model, deployment, topology = self.model, self.deployment, self.deployment.topology
+        group_size = len(self.w) // deployment.num_groups
+        a = {(q, m): model.new_bool_var(f"a[{q},{m}]") for q in range(deployment.num_groups)
              for m in range(topology.num_nodes)}
-        for q in range(problem.num_groups):
+        for q in range(deployment.num_groups):
             model.add_exactly_one(a[q, m] for m in range(topology.num_nodes))
             for e in range(q * group_size, (q + 1) * group_size):
                 for g in self.gpus:
                     model.add(self.x[e, g] <= int(topology.slots_per_gpu[g]) * a[q, int(topology.node_of_gpu[g])])
         for m in range(topology.num_nodes):
-            model.add(sum(group_size * a[q, m] for q in range(problem.num_groups)) <= int(topology.slots_per_node[m]))
+            model.add(sum(group_size * a[q, m] for q in range(deployment.num_groups)) <= int(topology.slots_per_node[m]))
 
     def add_hint(self, row: np.ndarray) -> None:
         """Warm start from the placement ``row [S]`` (skipped where it uses a count left out)."""
-        on_gpu = _on_gpu(row, len(self.w), self.problem.topology)
+        on_gpu = _on_gpu(row, len(self.w), self.deployment.topology)
         have = on_gpu.sum(axis=1)
         if any(int(have[e]) not in self.counts[e] for e in range(len(self.w))):
             return
@@ -181,7 +181,7 @@ class MoveModel:
 
     def plan_from(self, value) -> np.ndarray:
         """The solution as a ``phy2log`` row ``[S]``, every kept expert in its previous slot."""
-        topology = self.problem.topology
+        topology = self.deployment.topology
         row = []
         for g in range(topology.num_gpus):
             if topology.slots_per_gpu[g] == 0:
@@ -194,7 +194,7 @@ class MoveModel:
         return out
 
 
-def fewest_changes_layer(w: np.ndarray, problem: Problem, previous: np.ndarray, hint: np.ndarray, *,
+def fewest_changes_layer(w: np.ndarray, deployment: Deployment, previous: np.ndarray, hint: np.ndarray, *,
                          cap: float | None, max_moves: int | None, time_limit: float = 10.0,
                          workers: int = 1, shared: bool = False) -> MoveResult:
     """Solve one layer.
@@ -209,7 +209,7 @@ def fewest_changes_layer(w: np.ndarray, problem: Problem, previous: np.ndarray, 
         time_limit: CP-SAT deterministic seconds; workers: CP-SAT workers.
         shared: allow several replicas of one expert on a GPU (see :class:`MoveModel`).
     """
-    topology = problem.topology
+    topology = deployment.topology
     hint_changes = int((hint != previous).sum())
     hint_peak = row_peak(hint, w, topology)
     if cap is None and max_moves is None:
@@ -217,19 +217,19 @@ def fewest_changes_layer(w: np.ndarray, problem: Problem, previous: np.ndarray, 
     if not w.any():  # a dense layer: every placement is as good; the previous one changes nothing
         return MoveResult(previous.copy(), 0, 0.0, True, 0.0, "TRIVIAL")
     if cap is not None and max_moves is not None:
-        result = fewest_changes_layer(w, problem, previous, hint, cap=cap, max_moves=None,
+        result = fewest_changes_layer(w, deployment, previous, hint, cap=cap, max_moves=None,
                                       time_limit=time_limit, workers=workers, shared=shared)
         if result.changes <= max_moves and result.max_load <= cap:
             return result
         # the cap needs more changes than the budget: the lowest max load within the budget
-        return fewest_changes_layer(w, problem, previous, hint, cap=None, max_moves=max_moves,
+        return fewest_changes_layer(w, deployment, previous, hint, cap=None, max_moves=max_moves,
                                     time_limit=time_limit, workers=workers, shared=shared)
     hint_ok = (cap is None or hint_peak <= cap) and (max_moves is None or hint_changes <= max_moves)
     relaxation = True  # the model admits every plan within the cap (its bound is a proven bound)
     cap_units = None
     name = "UNKNOWN"
     for _attempt in range(3):
-        move_model = MoveModel(w, problem, previous, cap, max_moves, cap_units, shared)
+        move_model = MoveModel(w, deployment, previous, cap, max_moves, cap_units, shared)
         if hint_ok:
             move_model.add_hint(hint)
         solver = solver_parameters(time_limit, workers)
@@ -262,7 +262,7 @@ def fewest_changes_layer(w: np.ndarray, problem: Problem, previous: np.ndarray, 
                       float(topology.num_slots + 1) if infeasible else 0.0, name)
 
 
-def fewest_changes(weights: np.ndarray, problem: Problem, previous: np.ndarray, hint: np.ndarray, *,
+def fewest_changes(weights: np.ndarray, deployment: Deployment, previous: np.ndarray, hint: np.ndarray, *,
                    cap: np.ndarray | None, max_moves: int | None, time_limit: float = 10.0,
                    workers: int = 1, shared: bool = False) -> tuple[np.ndarray, dict]:
     """Every layer with :func:`fewest_changes_layer`.
@@ -280,7 +280,7 @@ def fewest_changes(weights: np.ndarray, problem: Problem, previous: np.ndarray, 
     bound = np.zeros(num_layers)
     status = []
     for layer in range(num_layers):
-        result = fewest_changes_layer(weights[layer], problem, previous[layer], hint[layer],
+        result = fewest_changes_layer(weights[layer], deployment, previous[layer], hint[layer],
                                       cap=None if cap is None else float(cap[layer]), max_moves=max_moves,
                                       time_limit=time_limit, workers=workers, shared=shared)
         out[layer], changes[layer], proven[layer], bound[layer] = (result.slots, result.changes, result.proven,

@@ -37,7 +37,7 @@ from .methods import get_method
 from ..analysis.searches import group_assignment
 from ..analysis.loads import slot_loads, sum_per_gpu
 from ..analysis.placement import uniform_shares
-from ..model.problem import Problem
+from ..model.deployment import Deployment
 from ..model.topology import Topology
 
 TIE = 1e-3
@@ -101,7 +101,7 @@ def off_node_tokens(weights: np.ndarray, phy2log: np.ndarray, shares: np.ndarray
     return (slot_loads(weights, phy2log, shares=shares) * away).sum(axis=-1)
 
 
-def _place_nodes(weights: np.ndarray, home: np.ndarray, pieces: tuple, problem: Problem, method: str,
+def _place_nodes(weights: np.ndarray, home: np.ndarray, pieces: tuple, deployment: Deployment, method: str,
                  options: dict) -> tuple[np.ndarray, np.ndarray]:
     """Plan every node's items as a global placement on its GPUs (step 3); ``[L, S]`` phy2log and shares.
 
@@ -111,9 +111,9 @@ def _place_nodes(weights: np.ndarray, home: np.ndarray, pieces: tuple, problem: 
     most splits its heaviest items in two (an item split in two halves needs two replicas, which
     a heavy item gets anyway).
     """
-    topology = problem.topology
+    topology = deployment.topology
     num_layers, num_experts = weights.shape
-    size = num_experts // problem.num_groups
+    size = num_experts // deployment.num_groups
     piece_expert, piece_node, piece_tokens, piece_count = pieces
     expert_node = np.repeat(home, size, axis=1)
     kept = weights.copy()
@@ -131,7 +131,7 @@ def _place_nodes(weights: np.ndarray, home: np.ndarray, pieces: tuple, problem: 
         first, last = topology.slot_offsets[node * gpus_per_node], topology.slot_offsets[(node + 1) * gpus_per_node]
         if last == first:
             continue
-        sub = Problem(topology=Topology(node_slots.copy(), 1), num_groups=None, hierarchical=False)
+        node_topology = Topology(node_slots.copy(), 1)
         incoming = valid & (piece_node == node)
         own_count = (expert_node == node).sum(axis=1)
         for count in np.unique(own_count):
@@ -149,7 +149,7 @@ def _place_nodes(weights: np.ndarray, home: np.ndarray, pieces: tuple, problem: 
                     heaviest = int(np.argmax(tokens[row, :extra]))
                     tokens[row, heaviest] *= 0.5
                     ids[row, extra], tokens[row, extra] = ids[row, heaviest], tokens[row, heaviest]
-            local, _ = solve(tokens, sub, **node_options)
+            local, _ = solve(tokens, Deployment(width, node_topology), **node_options)
             replicas = np.stack([np.bincount(r, minlength=width) for r in local])
             experts = np.take_along_axis(ids, local, axis=1)
             total = np.take_along_axis(weights[layers], experts, axis=1)
@@ -206,12 +206,12 @@ def _merge_duplicates(weights: np.ndarray, phy2log: np.ndarray, shares: np.ndarr
         share[source] -= fraction
 
 
-def plan_locality(weights: np.ndarray, problem: Problem, max_off_node: float, method: str = "balanced",
+def plan_locality(weights: np.ndarray, deployment: Deployment, max_off_node: float, method: str = "balanced",
                   **options) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict]:
     """Hierarchical placement with a capped share of off-node tokens (module docstring).
 
     Args:
-        weights: ``[L, E]`` float64 counts (validated). problem: a hierarchical :class:`Problem`.
+        weights: ``[L, E]`` float64 counts (validated). deployment: a hierarchical :class:`Deployment`.
         max_off_node: ``f`` in ``[0, 1]``, most tokens per layer served off their home node, as a fraction.
         method: the method that plans the hierarchical start and every node's items.
     Returns:
@@ -219,19 +219,19 @@ def plan_locality(weights: np.ndarray, problem: Problem, max_off_node: float, me
         (``off_node_fraction [L]``, ``source [L]``: 0 hierarchical plan, 1 node plan with pieces,
         2 global plan).
     """
-    if not problem.hierarchical:
+    if not deployment.hierarchical:
         raise ValueError("max_off_node needs a hierarchical configuration (num_groups a multiple of num_nodes)")
-    topology = problem.topology
+    topology = deployment.topology
     num_layers, num_experts = weights.shape
-    size = num_experts // problem.num_groups
+    size = num_experts // deployment.num_groups
     solve = get_method(method)
     total = weights.sum(axis=1)
     if max_off_node <= 0:
-        base, _ = solve(weights, problem, **options)
-        home = home_nodes(base, problem.num_groups, num_experts, topology)
+        base, _ = solve(weights, deployment, **options)
+        home = home_nodes(base, deployment.num_groups, num_experts, topology)
         return base, even_shares(base, num_experts), home, {
             "off_node_fraction": np.zeros(num_layers), "source": np.zeros(num_layers, np.int64)}
-    home, _ = group_assignment(weights, problem)
+    home, _ = group_assignment(weights, deployment)
     per_node = topology.slots_per_gpu.reshape(topology.num_nodes, -1)
     gpus = (per_node > 0).sum(axis=1).astype(np.float64)
     free = per_node.sum(axis=1)[None, :] - np.stack([np.bincount(h, minlength=topology.num_nodes) for h in home]) * size
@@ -240,21 +240,21 @@ def plan_locality(weights: np.ndarray, problem: Problem, max_off_node: float, me
               np.zeros((num_layers, width)))
     count = off_node_pieces(weights, np.ascontiguousarray(np.repeat(home, size, axis=1)), gpus,
                             np.ascontiguousarray(free), np.ascontiguousarray(max_off_node * total), MAX_PIECE, *pieces)
-    local = _place_nodes(weights, home, (*pieces, count), problem, method, options)
+    local = _place_nodes(weights, home, (*pieces, count), deployment, method, options)
     candidates = [(*local, home)]
     # the hierarchical plan, and with a loose cap the global plan, only where the node plan is not at the bound
-    bound = node_cap_bound(weights, problem, max_off_node)
+    bound = node_cap_bound(weights, deployment, max_off_node)
     peak = gpu_loads_with_shares(weights, *local, topology).max(axis=1)
-    plans = [(problem, np.flatnonzero(peak > bound * (1 + REPLAN)))]
+    plans = [(deployment, np.flatnonzero(peak > bound * (1 + REPLAN)))]
     if max_off_node >= GLOBAL_FROM:
-        flat = Problem(topology=topology, num_groups=None, hierarchical=False)
+        flat = Deployment(num_experts, topology)
         plans.append((flat, np.flatnonzero(peak > average_bound(weights, topology) * (1 + TIE))))
     for other, rows in plans:
         phy2log, shares, other_home = local[0].copy(), local[1].copy(), home.copy()
         if rows.size:
             phy2log[rows], _ = solve(np.ascontiguousarray(weights[rows]), other, **options)
             shares[rows] = even_shares(phy2log[rows], num_experts)
-            other_home[rows] = busiest_nodes(weights[rows], phy2log[rows], shares[rows], problem.num_groups, topology)
+            other_home[rows] = busiest_nodes(weights[rows], phy2log[rows], shares[rows], deployment.num_groups, topology)
         candidates.append((phy2log, shares, other_home))
     peaks = np.stack([gpu_loads_with_shares(weights, p, s, topology).max(axis=1) for p, s, _ in candidates])
     away = np.stack([off_node_tokens(weights, p, s, h, topology) for p, s, h in candidates])
@@ -269,7 +269,7 @@ def plan_locality(weights: np.ndarray, problem: Problem, max_off_node: float, me
     return phy2log, shares, home, {"off_node_fraction": fraction, "source": np.array([1, 0, 2])[source]}
 
 
-def capped_lower_bound(weights: np.ndarray, problem: Problem, max_off_node: float) -> np.ndarray:
+def capped_lower_bound(weights: np.ndarray, deployment: Deployment, max_off_node: float) -> np.ndarray:
     """``[L]`` lower bound on the max GPU load of any placement within the off-node cap.
 
     With a cap of 0 every token stays home and splits evenly: the hierarchical bound of
@@ -278,12 +278,12 @@ def capped_lower_bound(weights: np.ndarray, problem: Problem, max_off_node: floa
     cardinality) do not hold; what holds is :func:`node_cap_bound` (the average load, and what the
     heaviest nodes must keep).
     """
-    if max_off_node <= 0 and problem.hierarchical:
-        return strongest_bound(weights, problem)
-    return node_cap_bound(weights, problem, max_off_node)
+    if max_off_node <= 0 and deployment.hierarchical:
+        return strongest_bound(weights, deployment)
+    return node_cap_bound(weights, deployment, max_off_node)
 
 
-def node_cap_bound(weights: np.ndarray, problem: Problem, max_off_node: float) -> np.ndarray:
+def node_cap_bound(weights: np.ndarray, deployment: Deployment, max_off_node: float) -> np.ndarray:
     """``[L]``: what the heaviest nodes must keep when at most ``f * total`` tokens leave home.
 
     A group's home node holds a replica of each of its ``s = E / K`` experts, so node ``n`` is home
@@ -296,11 +296,11 @@ def node_cap_bound(weights: np.ndarray, problem: Problem, max_off_node: float) -
     the average load; only the average elsewhere). With ``K / N`` groups on every node (``c_n =
     K / N``) the ``m`` nodes hold exactly ``m K / N`` groups.
     """
-    topology = problem.topology
+    topology = deployment.topology
     bound = average_bound(weights, topology)
-    if max_off_node >= 1 or not problem.hierarchical:
+    if max_off_node >= 1 or not deployment.hierarchical:
         return bound
-    num_groups, num_nodes = problem.num_groups, topology.num_nodes
+    num_groups, num_nodes = deployment.num_groups, topology.num_nodes
     size = weights.shape[1] // num_groups
     per_node = topology.slots_per_gpu.reshape(num_nodes, -1)
     capacity = np.minimum(per_node.sum(axis=1) // size, num_groups)  # [N] groups a node can be home to
@@ -327,12 +327,12 @@ def _mean_balancedness(loads: np.ndarray) -> float:
     return float((loads.mean(axis=-1)[moe] / peak[moe]).mean()) if moe.any() else 1.0
 
 
-def off_node_curve(weights: np.ndarray, problem: Problem, fractions, held_out: np.ndarray | None = None,
+def off_node_curve(weights: np.ndarray, deployment: Deployment, fractions, held_out: np.ndarray | None = None,
            method: str = "balanced", **options) -> dict:
     """Balancedness against off-node traffic for a sweep of caps (the curve behind ``eplb.pareto``).
 
     Args:
-        weights: ``[L, E]`` planning counts. problem: hierarchical. fractions: caps ``f`` in ``[0, 1]``.
+        weights: ``[L, E]`` planning counts. deployment: hierarchical. fractions: caps ``f`` in ``[0, 1]``.
         held_out: ``[T, L, E]`` windows the plans did not see (or ``None``).
     Returns:
         A dict of ``[F]`` arrays: ``max_off_node``, ``balancedness`` and ``off_node_fraction`` in
@@ -342,7 +342,7 @@ def off_node_curve(weights: np.ndarray, problem: Problem, fractions, held_out: n
         by optimal dispatch, :func:`eplb.analysis.dispatch.optimal_dispatch`, which minimises the max GPU load
         and does not keep to the cap); means over windows and MoE layers.
     """
-    topology = problem.topology
+    topology = deployment.topology
     rows = {"max_off_node": [], "balancedness": [], "off_node_fraction": []}
     if held_out is not None:
         held_out = np.asarray(held_out, dtype=np.float64)
@@ -350,7 +350,7 @@ def off_node_curve(weights: np.ndarray, problem: Problem, fractions, held_out: n
                     off_node_fraction_held_out_optimal=[])
     total = weights.sum()
     for fraction in fractions:
-        phy2log, shares, home, _ = plan_locality(weights, problem, float(fraction), method, **options)
+        phy2log, shares, home, _ = plan_locality(weights, deployment, float(fraction), method, **options)
         rows["max_off_node"].append(float(fraction))
         rows["balancedness"].append(_mean_balancedness(gpu_loads_with_shares(weights, phy2log, shares, topology)))
         away = off_node_tokens(weights, phy2log, shares, home, topology).sum()

@@ -39,15 +39,15 @@ from ..analysis.bounds import average_bound
 from ..kernels.few_changes import (SearchLayout, fewest_changes_search, min_cost_assignment, relabel_like,
                                 search_near_previous)
 from ..analysis.loads import peak_loads
-from .methods import Problem, get_method
+from .methods import Deployment, get_method
 from ..analysis.placement import Placement, check_placement
 from ..analysis.searches import group_assignment
 
 
-def as_previous(previous, num_experts: int, problem: Problem, num_layers: int) -> np.ndarray:
+def as_previous(previous, num_experts: int, deployment: Deployment, num_layers: int) -> np.ndarray:
     """The previous placement as ``phy2log [L, S]`` int64, checked against the new problem."""
     if isinstance(previous, Placement):
-        if previous.topology != problem.topology:
+        if previous.topology != deployment.topology:
             raise ValueError(
                 "previous must be planned on the same topology (slots per GPU, nodes) as the new plan; "
                 f"got {previous.topology.slots_per_gpu.tolist()} vs {problem.topology.slots_per_gpu.tolist()}"
@@ -59,7 +59,7 @@ def as_previous(previous, num_experts: int, problem: Problem, num_layers: int) -
         if type(previous).__module__.split(".")[0] == "torch":
             previous = previous.detach().cpu().numpy()
         try:
-            phy2log, _ = check_placement(np.asarray(previous), num_experts, problem.topology)
+            phy2log, _ = check_placement(np.asarray(previous), num_experts, deployment.topology)
         except ValueError as exc:
             raise ValueError(f"previous: {exc}") from None
     if phy2log.shape[0] != num_layers:
@@ -81,13 +81,13 @@ from scratch takes a few milliseconds anyway."""
 TINY_WORK = 1_300_000  # placements that search checks per layer at most (~40 ms if it finds none)
 
 
-def migrate(weights: np.ndarray, problem: Problem, previous: np.ndarray, scratch: np.ndarray, *,
+def migrate(weights: np.ndarray, deployment: Deployment, previous: np.ndarray, scratch: np.ndarray, *,
             tolerance: float | None = PLAN_TOLERANCE, max_moves=None, exact: dict | None = None) -> tuple[np.ndarray, dict]:
     """Choose, per layer, a placement close to ``previous`` and about as balanced as ``scratch``.
 
     Args:
         weights: ``[L, E]`` float64 loads to plan for.
-        problem: topology and groups (with ``problem.hierarchical`` no move puts an expert on a
+        deployment: topology and groups (with ``deployment.hierarchical`` no move puts an expert on a
             node holding no expert of its group, and nodes are relabelled as a whole).
         previous: ``[L, S]`` int64, the placement in service.
         scratch: ``[L, S]`` int64, a plan from scratch for ``weights`` (the balance reference).
@@ -104,19 +104,19 @@ def migrate(weights: np.ndarray, problem: Problem, previous: np.ndarray, scratch
         ``fewest_changes_proven [L]`` bool and ``fewest_changes_bound [L]`` (proven fewest changes
         within the tolerance; 0 where unknown).
     """
-    topology = problem.topology
+    topology = deployment.topology
     num_layers, num_experts = weights.shape
     num_slots = topology.num_slots
     tolerance, budget = check_trade_off(tolerance, max_moves, num_slots)
 
     scratch_peak = _peaks(weights, scratch, topology)
     target = np.full(num_layers, -1.0) if tolerance is None else scratch_peak * (1.0 + tolerance)
-    layout = search_layout(problem, num_experts)
+    layout = search_layout(deployment, num_experts)
     group_of_expert = layout.group_of_expert
     budgets = np.full(num_layers, budget, np.int64)
     # a layer whose previous placement spreads a group over nodes cannot be searched from: the
     # search keeps groups where they are. It takes the relabelled fresh plan (hierarchical) below.
-    spread = groups_spread(previous, problem, num_experts)
+    spread = groups_spread(previous, deployment, num_experts)
     kept = np.flatnonzero(~spread)
     local, local_changes = previous.copy(), np.zeros(num_layers, np.int64)
     local_peak = np.full(num_layers, np.inf)
@@ -130,17 +130,17 @@ def migrate(weights: np.ndarray, problem: Problem, previous: np.ndarray, scratch
     # steepest descent, (b) from the previous placement with the fresh plan's replica counts, and
     # in hierarchical mode (c) with whole groups moved to the nodes the fresh plan gives them.
     for restart in RESTARTS:
-        if restart == "regroup" and not (problem.hierarchical and topology.num_nodes > 1):
+        if restart == "regroup" and not (deployment.hierarchical and topology.num_nodes > 1):
             continue
         missed = np.flatnonzero((local_peak > target) & ~spread)
         if restart == "steepest":
             starts = [(layer, previous[layer]) for layer in missed]
         elif restart == "recount":
             starts = [(layer, _recounted(weights[layer], previous[layer], scratch[layer], topology, group_of_expert,
-                                         problem.hierarchical)) for layer in missed]
+                                         deployment.hierarchical)) for layer in missed]
         else:
             starts = [(layer, _regrouped(weights[layer], previous[layer], scratch[layer], topology,
-                                         problem.num_groups)) for layer in missed]
+                                         deployment.num_groups)) for layer in missed]
         starts = [(layer, row) for layer, row in starts if row is not None]
         if starts:
             rows = np.array([layer for layer, _ in starts])
@@ -160,7 +160,7 @@ def migrate(weights: np.ndarray, problem: Problem, previous: np.ndarray, scratch
     if missed.size:
         before = np.ascontiguousarray(previous[missed])
         matched, _ = relabel_like(np.ascontiguousarray(scratch[missed], dtype=np.int64), before,
-                                  topology.slot_offsets, topology.gpus_per_node, problem.hierarchical, num_experts)
+                                  topology.slot_offsets, topology.gpus_per_node, deployment.hierarchical, num_experts)
         # then give slots back their previous expert wherever the target allows (no search steps)
         relabelled[missed], fresh_changes[missed], _ = search_near_previous(
             weights[missed], matched, before, layout, target[missed], budgets[missed], 0, True)
@@ -178,7 +178,7 @@ def migrate(weights: np.ndarray, problem: Problem, previous: np.ndarray, scratch
             RuntimeWarning, stacklevel=5)  # the caller of eplb.plan
     phy2log = np.where(use_fresh[:, None], relabelled, local)
     changes = np.where(use_fresh, fresh_changes, local_changes)
-    if topology.num_slots <= TINY_MIGRATION_SLOTS and not problem.hierarchical and tolerance is not None:
+    if topology.num_slots <= TINY_MIGRATION_SLOTS and not deployment.hierarchical and tolerance is not None:
         # small layers: an exhaustive search for fewer changes (within a fixed amount of work)
         chosen_peak = np.where(use_fresh, fresh_peak, local_peak)
         for layer in range(num_layers):
@@ -195,7 +195,7 @@ def migrate(weights: np.ndarray, problem: Problem, previous: np.ndarray, scratch
         from .exact_migration import fewest_changes
 
         options = {k: v for k, v in exact.items() if k in ("time_limit", "workers")}
-        phy2log, solved = fewest_changes(weights, problem, previous, np.ascontiguousarray(phy2log),
+        phy2log, solved = fewest_changes(weights, deployment, previous, np.ascontiguousarray(phy2log),
                                          cap=None if tolerance is None else target,
                                          max_moves=max_moves if max_moves is None else budget, **options)
         changes = solved["slots_changed"]
@@ -212,7 +212,7 @@ def migrate(weights: np.ndarray, problem: Problem, previous: np.ndarray, scratch
     return phy2log, info
 
 
-def plan_near(weights: np.ndarray, problem: Problem, previous: np.ndarray | None, *, method: str,
+def plan_near(weights: np.ndarray, deployment: Deployment, previous: np.ndarray | None, *, method: str,
               tolerance: float | None = PLAN_TOLERANCE, max_moves=None, options: dict | None = None,
               threads: int = 1) -> tuple[np.ndarray, dict]:
     """``phy2log [L, S]`` and info for ``weights [L, E]``: from scratch with ``method``, then (with
@@ -227,33 +227,33 @@ def plan_near(weights: np.ndarray, problem: Problem, previous: np.ndarray | None
     threads = as_int(threads, "threads", minimum=1)
     chunks = np.array_split(np.arange(weights.shape[0]), min(threads, weights.shape[0]))
     if len(chunks) == 1:
-        phy2log, info = _plan_layers(weights, problem, previous, method, tolerance, max_moves, options)
+        phy2log, info = _plan_layers(weights, deployment, previous, method, tolerance, max_moves, options)
     else:
         from concurrent.futures import ThreadPoolExecutor
 
         with ThreadPoolExecutor(len(chunks)) as pool:
             parts = list(pool.map(lambda rows: _plan_layers(
-                weights[rows], problem, None if previous is None else previous[rows], method, tolerance, max_moves,
+                weights[rows], deployment, None if previous is None else previous[rows], method, tolerance, max_moves,
                 options), chunks))
         phy2log = np.concatenate([part for part, _ in parts])
         info = _merge_infos([part_info for _, part_info in parts])
     return phy2log, {**info, "time_s": time.perf_counter() - start}
 
 
-def _plan_layers(weights, problem, previous, method, tolerance, max_moves, options):
+def _plan_layers(weights, deployment, previous, method, tolerance, max_moves, options):
     """:func:`plan_near` on one chunk of layers (no timing)."""
     options = options or {}
     if previous is None:
-        return get_method(method)(weights, problem, **options)
+        return get_method(method)(weights, deployment, **options)
     num_layers = weights.shape[0]
     within = np.zeros(num_layers, bool)
-    if _bound_first(problem, tolerance, method):
-        tolerance, budget = check_trade_off(tolerance, max_moves, problem.topology.num_slots)
-        near, near_changes, within = near_bound(weights, problem, previous, tolerance=tolerance, budget=budget)
+    if _bound_first(deployment, tolerance, method):
+        tolerance, budget = check_trade_off(tolerance, max_moves, deployment.topology.num_slots)
+        near, near_changes, within = near_bound(weights, deployment, previous, tolerance=tolerance, budget=budget)
     rows = np.flatnonzero(~within)
     # the other layers: plan from scratch (the reference), then migrate towards it
-    scratch, info = get_method(method)(np.ascontiguousarray(weights[rows]), problem, **options)
-    phy2log, moved = migrate(np.ascontiguousarray(weights[rows]), problem, np.ascontiguousarray(previous[rows]),
+    scratch, info = get_method(method)(np.ascontiguousarray(weights[rows]), deployment, **options)
+    phy2log, moved = migrate(np.ascontiguousarray(weights[rows]), deployment, np.ascontiguousarray(previous[rows]),
                              scratch, tolerance=tolerance, max_moves=max_moves,
                              exact=options if method == "exact" else None)
     if rows.size == num_layers:
@@ -265,11 +265,11 @@ def _plan_layers(weights, problem, previous, method, tolerance, max_moves, optio
                   "from_scratch": from_scratch, "within_bound": within}
 
 
-def _bound_first(problem: Problem, tolerance: float | None, method: str) -> bool:
+def _bound_first(deployment: Deployment, tolerance: float | None, method: str) -> bool:
     """Whether :func:`plan_near` tries :func:`near_bound` before planning from scratch: with a
     tolerance, on layers of at least :data:`BOUND_FIRST_SLOTS` slots, except for the exact method
     (its reference is its own plan)."""
-    return tolerance is not None and method != "exact" and problem.topology.num_slots >= BOUND_FIRST_SLOTS
+    return tolerance is not None and method != "exact" and deployment.topology.num_slots >= BOUND_FIRST_SLOTS
 
 
 def _merge_infos(infos: list[dict]) -> dict:
@@ -302,32 +302,32 @@ def check_trade_off(tolerance, max_moves, num_slots: int) -> tuple[float | None,
     return tolerance, num_slots if max_moves is None else as_int(max_moves, "max_moves", minimum=0)
 
 
-def search_layout(problem: Problem, num_experts: int) -> SearchLayout:
+def search_layout(deployment: Deployment, num_experts: int) -> SearchLayout:
     """The deployment as :func:`eplb.kernels.few_changes.search_near_previous` takes it."""
-    topology = problem.topology
-    if problem.hierarchical:
-        group_of_expert = np.arange(num_experts, dtype=np.int64) // (num_experts // problem.num_groups)
-        num_groups = problem.num_groups
+    topology = deployment.topology
+    if deployment.hierarchical:
+        group_of_expert = np.arange(num_experts, dtype=np.int64) // (num_experts // deployment.num_groups)
+        num_groups = deployment.num_groups
     else:
         group_of_expert = np.zeros(num_experts, np.int64)
         num_groups = 1
     return SearchLayout(topology.gpu_of_slot, topology.slot_offsets, topology.node_of_gpu, group_of_expert,
-                        bool(problem.hierarchical), int(num_groups))
+                        bool(deployment.hierarchical), int(num_groups))
 
 
-def reference_bound(weights: np.ndarray, problem: Problem) -> np.ndarray:
+def reference_bound(weights: np.ndarray, deployment: Deployment) -> np.ndarray:
     """``[L]`` a lower bound on the max load of any plan from scratch, cheap enough for every
     rebalance: the average bound, and in hierarchical mode the bound that the group -> node search
     proves (about 2 ms at DeepSeek-V3 size; the full :func:`eplb.analysis.bounds.lower_bound` costs ~5 ms)."""
-    bound = average_bound(weights, problem.topology)
-    if problem.hierarchical:
+    bound = average_bound(weights, deployment.topology)
+    if deployment.hierarchical:
 
-        _, proven = group_assignment(weights, problem, lower=bound)
+        _, proven = group_assignment(weights, deployment, lower=bound)
         bound = np.maximum(bound, proven)
     return bound
 
 
-def near_bound(weights: np.ndarray, problem: Problem, previous: np.ndarray, *, tolerance: float,
+def near_bound(weights: np.ndarray, deployment: Deployment, previous: np.ndarray, *, tolerance: float,
                budget: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The first search of :func:`migrate` with a lower bound as the reference: improve ``previous``
     until its max load is within ``(1 + tolerance)`` of :func:`reference_bound`, at most ``budget``
@@ -339,31 +339,31 @@ def near_bound(weights: np.ndarray, problem: Problem, previous: np.ndarray, *, t
     """
     num_layers, num_experts = weights.shape
     near, changes, within = previous.copy(), np.zeros(num_layers, np.int64), np.zeros(num_layers, bool)
-    rows = np.flatnonzero(~groups_spread(previous, problem, num_experts))  # the others must move groups: see migrate
+    rows = np.flatnonzero(~groups_spread(previous, deployment, num_experts))  # the others must move groups: see migrate
     if rows.size == 0:
         return near, changes, within
     if rows.size < num_layers:
         weights, previous = np.ascontiguousarray(weights[rows]), np.ascontiguousarray(previous[rows])
     # writable, as in migrate's calls (a placement's arrays are read-only): one compiled specialization
     previous = np.require(previous, np.int64, "CW")
-    target = reference_bound(weights, problem) * (1.0 + tolerance)
+    target = reference_bound(weights, deployment) * (1.0 + tolerance)
     near[rows], changes[rows], _ = search_near_previous(
-        weights, previous, previous, search_layout(problem, num_experts), target,
-        np.full(rows.size, budget, np.int64), 2 * problem.topology.num_slots, True)
-    within[rows] = _peaks(weights, near[rows], problem.topology) <= target
+        weights, previous, previous, search_layout(deployment, num_experts), target,
+        np.full(rows.size, budget, np.int64), 2 * deployment.topology.num_slots, True)
+    within[rows] = _peaks(weights, near[rows], deployment.topology) <= target
     return near, changes, within
 
 
-def groups_spread(phy2log: np.ndarray, problem: Problem, num_experts: int) -> np.ndarray:
+def groups_spread(phy2log: np.ndarray, deployment: Deployment, num_experts: int) -> np.ndarray:
     """``[L]`` bool: the layers of ``phy2log [L, S]`` where some expert group has replicas on more
-    than one node (always False unless ``problem.hierarchical``)."""
+    than one node (always False unless ``deployment.hierarchical``)."""
     num_layers = phy2log.shape[0]
-    if not problem.hierarchical or problem.topology.num_nodes == 1:
+    if not deployment.hierarchical or deployment.topology.num_nodes == 1:
         return np.zeros(num_layers, bool)
-    topology = problem.topology
-    group = phy2log // (num_experts // problem.num_groups)  # [L, S]
+    topology = deployment.topology
+    group = phy2log // (num_experts // deployment.num_groups)  # [L, S]
     node = topology.node_of_gpu[topology.gpu_of_slot]  # [S]
-    present = np.zeros((num_layers, problem.num_groups, topology.num_nodes), bool)
+    present = np.zeros((num_layers, deployment.num_groups, topology.num_nodes), bool)
     present[np.arange(num_layers)[:, None], group, node[None, :]] = True
     return (present.sum(axis=2) > 1).any(axis=1)
 

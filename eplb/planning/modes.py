@@ -33,7 +33,8 @@ from ..analysis.placement import Placement
 from ..analysis.windows import check_window_weights
 from ..model._validation import as_fraction, validated_counts
 from ..model.dispatch_rules import dispatch_rule
-from ..model.problem import Problem, power_of_two_scale, summed_2d
+from ..model.deployment import Deployment
+from ..model.counts import power_of_two_scale, summed_2d
 from .engine_planning import plan_for_engine
 from .locality import capped_lower_bound, home_nodes, plan_locality
 from .methods import get_method
@@ -67,7 +68,7 @@ class Request:
 
     windows: np.ndarray
     weights: np.ndarray
-    problem: Problem
+    problem: Deployment
     method: str
     dispatch: str
     objective: str
@@ -99,7 +100,7 @@ class Planned:
     home: np.ndarray | None = None
 
 
-def make_request(counts, problem: Problem, *, method: str, dispatch: str = "uniform", objective: str | None = None,
+def make_request(counts, problem: Deployment, *, method: str, dispatch: str = "uniform", objective: str | None = None,
                  window_weights=None, previous=None, tolerance: float | None = PLAN_TOLERANCE, max_moves=None,
                  max_off_node=None, copy_cost: float = 0.0, threads: int = 1, options: dict | None = None,
                  weights: np.ndarray | None = None) -> Request:
@@ -279,7 +280,7 @@ def _even_split(request: Request) -> Request:
     return replace(request, dispatch="uniform")
 
 
-def hedge_near(windows: np.ndarray, window_weights, problem: Problem, previous: np.ndarray, near: np.ndarray,
+def hedge_near(windows: np.ndarray, window_weights, problem: Deployment, previous: np.ndarray, near: np.ndarray,
                copy_cost: float, near_of=None) -> tuple[np.ndarray, dict]:
     """Per layer, the better of two hedged searches charged ``copy_cost`` per slot changed from
     ``previous [L, S]``: one from ``previous`` itself (its replica counts, few copies) and one from
@@ -308,7 +309,7 @@ def hedge_near(windows: np.ndarray, window_weights, problem: Problem, previous: 
 
 
 # -- what a placement is judged by on the counts it was made for --------------------------------------
-def _peaks(weights: np.ndarray, phy2log: np.ndarray, problem: Problem, shares: np.ndarray | None = None
+def _peaks(weights: np.ndarray, phy2log: np.ndarray, problem: Deployment, shares: np.ndarray | None = None
            ) -> np.ndarray:
     """``[L]`` max GPU load of ``phy2log [L, S]`` on ``weights [L, E]``, split evenly or by
     ``shares [L, S]`` (computed on the counts scaled by a power of two per layer, then scaled back:
@@ -318,13 +319,13 @@ def _peaks(weights: np.ndarray, phy2log: np.ndarray, problem: Problem, shares: n
     return np.ldexp(peak_loads(scaled, phy2log, problem.topology, shares=shares), -shift)
 
 
-def _capped_bound(weights: np.ndarray, problem: Problem, max_off_node: float) -> np.ndarray:
+def _capped_bound(weights: np.ndarray, problem: Deployment, max_off_node: float) -> np.ndarray:
     """``[L]`` :func:`eplb.planning.locality.capped_lower_bound` on scaled counts, scaled back."""
     scaled, shift = power_of_two_scale(weights)
     return np.ldexp(capped_lower_bound(scaled, problem, max_off_node), -shift)
 
 
-def _bound(weights: np.ndarray, phy2log: np.ndarray, problem: Problem, proven) -> np.ndarray:
+def _bound(weights: np.ndarray, phy2log: np.ndarray, problem: Deployment, proven) -> np.ndarray:
     """``[L]`` the package's lower bound (computed on scaled counts like :func:`_peaks`),
     tightened by the bound a method proved (``proven [L]``, e.g. the exact solver's), never above
     the plan's own max load."""

@@ -158,7 +158,7 @@ def _blocks(series: np.ndarray, weights: np.ndarray, limit: int) -> tuple[np.nda
     return blocks, np.array([weights[a:b].mean() for a, b in zip(edges[:-1], edges[1:])])
 
 
-def made_for_dispatch(series: np.ndarray, phy2log: np.ndarray, problem, window_weights=None, *,
+def made_for_dispatch(series: np.ndarray, phy2log: np.ndarray, deployment, window_weights=None, *,
                       iterations: int = 300, max_windows: int = 16, seed: int = 1, keep_replicas: bool = False):
     """Swap slots of ``phy2log`` so that, with optimal dispatch, the weighted mean over windows of
     ``peak / mean load`` drops (:func:`eplb.kernels.shares.improve_for_dispatch`).
@@ -169,7 +169,7 @@ def made_for_dispatch(series: np.ndarray, phy2log: np.ndarray, problem, window_w
     most ``max_windows``: longer series are summed in contiguous blocks).
 
     Args:
-        series: ``[T, L, E]`` float64; phy2log: ``[L, S]`` int64; problem: a ``Problem``.
+        series: ``[T, L, E]`` float64; phy2log: ``[L, S]`` int64; deployment: a ``Deployment``.
     Returns:
         ``phy2log [L, S]`` int64 and ``(before [L], after [L])``, the objective on the windows.
     """
@@ -179,8 +179,8 @@ def made_for_dispatch(series: np.ndarray, phy2log: np.ndarray, problem, window_w
     if not (isinstance(max_windows, (int, np.integer)) and max_windows >= 1):
         raise ValueError(f"max_windows must be a positive integer, got {max_windows!r}")
     blocks, block_weights = _blocks(series, weights, int(max_windows))
-    topology = problem.topology
-    zone = slot_zones(problem)
+    topology = deployment.topology
+    zone = slot_zones(deployment)
     out, before, after = improve_for_dispatch(
         np.ascontiguousarray(blocks, dtype=np.float64), np.ascontiguousarray(block_weights),
         np.require(phy2log, dtype=np.int64, requirements="C"), topology.gpu_of_slot, topology.slot_offsets,
@@ -189,7 +189,7 @@ def made_for_dispatch(series: np.ndarray, phy2log: np.ndarray, problem, window_w
     return out, (before, after)
 
 
-def link_replicas(weights: np.ndarray, phy2log: np.ndarray, problem) -> tuple[np.ndarray, np.ndarray]:
+def link_replicas(weights: np.ndarray, phy2log: np.ndarray, deployment) -> tuple[np.ndarray, np.ndarray]:
     """Lay out the redundant replicas of ``phy2log`` as rings linking the GPUs
     (:func:`eplb.kernels.linked.linked_placement`): per zone (node when groups stay on their
     node), the heaviest experts get two replicas each on neighbouring GPUs of a ring through every
@@ -198,24 +198,24 @@ def link_replicas(weights: np.ndarray, phy2log: np.ndarray, problem) -> tuple[np
 
     Args:
         weights: ``[L, E]`` float64 planning weights; phy2log: ``[L, S]`` int64 (gives each zone
-            its experts); problem: a ``Problem``.
+            its experts); deployment: a ``Deployment``.
     Returns:
         ``phy2log [L, S]`` int64 and ``linked [L]`` bool (``False``: the layer kept ``phy2log``,
         e.g. more redundant slots than experts).
     """
-    topology = problem.topology
+    topology = deployment.topology
     return linked_placement(np.ascontiguousarray(weights, dtype=np.float64),
                             np.require(phy2log, dtype=np.int64, requirements="C"), topology.gpu_of_slot,
-                            topology.slot_offsets, gpu_zones(problem))
+                            topology.slot_offsets, gpu_zones(deployment))
 
 
-def hedge_windows(series: np.ndarray, phy2log: np.ndarray, problem, window_weights=None, **options) -> Hedged:
+def hedge_windows(series: np.ndarray, phy2log: np.ndarray, deployment, window_weights=None, **options) -> Hedged:
     """The search of ``"expected_peak_search"`` (:func:`eplb.planning.robust.hedge`) from ``phy2log [L, S]``
     over the windows of ``series [T, L, E]`` (longer series as ``SEARCH_WINDOWS`` contiguous
     blocks); ``options`` go to the search (``shares``, ``previous``, ``copy_cost``, ...)."""
     weights = check_window_weights(window_weights, series.shape[0])
     blocks, block_weights = _blocks(series, weights, SEARCH_WINDOWS)
-    return hedge(blocks, phy2log, problem, block_weights, **options)
+    return hedge(blocks, phy2log, deployment, block_weights, **options)
 
 
 def hedge_info(hedged: Hedged, objective: str = "expected_peak_search") -> dict:
@@ -226,12 +226,12 @@ def hedge_info(hedged: Hedged, objective: str = "expected_peak_search") -> dict:
             "uniform_objective_after": hedged.after, "searched": hedged.searched, "hedge_steps": hedged.steps}
 
 
-def plan_series(counts, problem, method_fn, objective: str = "sum", window_weights=None, *,
+def plan_series(counts, deployment, method_fn, objective: str = "sum", window_weights=None, *,
                 dispatch: str = "uniform", quantile: float = 0.9, options=None, iterations: int = 300):
     """Plan a series ``counts [T, L, E]`` under ``objective``.
 
     Args:
-        problem: an :class:`eplb.planning.methods.Problem`; method_fn: a method ``(weights, problem,
+        deployment: an :class:`eplb.planning.methods.Deployment`; method_fn: a method ``(weights, problem,
             **options) -> (phy2log, info)``.
         objective: one of ``OBJECTIVES``; window_weights: ``[T]`` or ``None``.
         dispatch: how the engine splits tokens among replicas: ``"uniform"``, or ``"optimal"``
@@ -254,30 +254,30 @@ def plan_series(counts, problem, method_fn, objective: str = "sum", window_weigh
     if objective in SEARCHES:
         if optimal:
             raise ValueError(f"objective {objective!r} is for dispatch='uniform' (an even split among replicas)")
-        start, info = method_fn(combine(series, "sum", weights), problem, **options)
+        start, info = method_fn(combine(series, "sum", weights), deployment, **options)
         # the start of each cross-validation fold is made like this one, without the fold's windows
-        hedged = hedge_windows(series, start, problem, weights,
-                               start_of=lambda summed, layers: method_fn(summed, problem, **options)[0])
+        hedged = hedge_windows(series, start, deployment, weights,
+                               start_of=lambda summed, layers: method_fn(summed, deployment, **options)[0])
         return hedged.phy2log, {**info, **hedge_info(hedged, objective)}
     if objective in COMBINERS:
         combined = combine(series, objective, weights, quantile=quantile)
-        phy2log, info = method_fn(combined, problem, **options)
+        phy2log, info = method_fn(combined, deployment, **options)
         info = {**info, "objective": objective}
         if optimal:  # per layer, the linked plan unless the method's serves the windows better
-            plans = [phy2log, link_replicas(combined, phy2log, problem)[0]]
-            phy2log, chosen, _ = select_per_layer(series, plans, problem.topology, "expected_peak", weights, dispatch)
+            plans = [phy2log, link_replicas(combined, phy2log, deployment)[0]]
+            phy2log, chosen, _ = select_per_layer(series, plans, deployment.topology, "expected_peak", weights, dispatch)
             info["linked"] = chosen == 1
     else:
         estimates = [combine(series, name, weights, quantile=q or 0.9) for name, q in CANDIDATES]
-        plans = [method_fn(w, problem, **options)[0] for w in estimates]
+        plans = [method_fn(w, deployment, **options)[0] for w in estimates]
         if optimal:  # candidates C + c: candidate c with its replicas linked
-            plans += [link_replicas(w, p, problem)[0] for w, p in zip(estimates, plans)]
-        phy2log, chosen, _ = select_per_layer(series, plans, problem.topology, objective, weights, dispatch)
+            plans += [link_replicas(w, p, deployment)[0] for w, p in zip(estimates, plans)]
+        phy2log, chosen, _ = select_per_layer(series, plans, deployment.topology, objective, weights, dispatch)
         info = {"objective": objective, "candidate_of_layer": chosen % len(CANDIDATES)}
         if optimal:
             info["linked"] = chosen >= len(CANDIDATES)
     if optimal:
-        phy2log, (before, after) = made_for_dispatch(series, phy2log, problem, weights, iterations=iterations,
+        phy2log, (before, after) = made_for_dispatch(series, phy2log, deployment, weights, iterations=iterations,
                                                      keep_replicas=True)
         info.update(dispatch_objective_before=before, dispatch_objective_after=after)
     return phy2log, info

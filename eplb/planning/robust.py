@@ -55,18 +55,18 @@ SIGN_TEST = 0.2
 DECISION_Z = 1.0
 
 
-def gpu_zones(problem) -> np.ndarray:
+def gpu_zones(deployment) -> np.ndarray:
     """``[G]`` int64 zone of each GPU, which moves stay inside: its node when groups stay on their
     node, else 0."""
-    topology = problem.topology
-    if problem.hierarchical:
+    topology = deployment.topology
+    if deployment.hierarchical:
         return np.ascontiguousarray(topology.node_of_gpu, dtype=np.int64)
     return np.zeros(topology.num_gpus, np.int64)
 
 
-def slot_zones(problem) -> np.ndarray:
+def slot_zones(deployment) -> np.ndarray:
     """``[S]`` int64 zone of each slot (:func:`gpu_zones` of its GPU)."""
-    return np.ascontiguousarray(gpu_zones(problem)[problem.topology.gpu_of_slot])
+    return np.ascontiguousarray(gpu_zones(deployment)[deployment.topology.gpu_of_slot])
 
 
 class Hedged(NamedTuple):
@@ -84,7 +84,7 @@ class Hedged(NamedTuple):
     steps: np.ndarray
 
 
-def improve_expected_peak(series, phy2log, problem, window_weights=None, *, swaps: int = DEFAULT_SWAPS,
+def improve_expected_peak(series, phy2log, deployment, window_weights=None, *, swaps: int = DEFAULT_SWAPS,
                           iterations: int = DEFAULT_ITERATIONS, replica_moves: bool = True, seed: int = 1,
                           anchor: float = DEFAULT_ANCHOR, folds: int = DEFAULT_FOLDS):
     """Search from ``phy2log`` for a placement with a lower expected uniform-split peak on ``series``
@@ -94,12 +94,12 @@ def improve_expected_peak(series, phy2log, problem, window_weights=None, *, swap
         ``phy2log [L, S]`` int64 (a new array) and ``(before [L], after [L])`` float64, the
         objective searched (with the anchor window) before and after.
     """
-    result = hedge(as_counts(series, "series", ndims=(2, 3)), phy2log, problem, window_weights, swaps=swaps, iterations=iterations,
+    result = hedge(as_counts(series, "series", ndims=(2, 3)), phy2log, deployment, window_weights, swaps=swaps, iterations=iterations,
                    replica_moves=replica_moves, seed=seed, anchor=anchor, folds=folds)
     return result.phy2log, (result.before, result.after)
 
 
-def hedge(series, phy2log, problem, window_weights=None, *, shares=None, previous=None, copy_cost: float = 0.0,
+def hedge(series, phy2log, deployment, window_weights=None, *, shares=None, previous=None, copy_cost: float = 0.0,
           swaps: int = DEFAULT_SWAPS, iterations: int = DEFAULT_ITERATIONS, replica_moves: bool = True,
           seed: int = 1, anchor: float = DEFAULT_ANCHOR, folds: int = DEFAULT_FOLDS, start_of=None) -> Hedged:
     """Search from ``phy2log`` for a placement with a lower expected peak over the windows of ``series``.
@@ -113,7 +113,7 @@ def hedge(series, phy2log, problem, window_weights=None, *, shares=None, previou
     ``replica_moves``, a redundant replica given from one expert to another
     (:func:`eplb.kernels.expected_peak.improve_expected_peak`). Every expert keeps at least one replica,
     every GPU its slot count, no GPU gets a second replica of an expert it already holds, and with
-    a hierarchical ``problem`` every slot stays on its node (so no token changes node: a capped
+    a hierarchical ``deployment`` every slot stays on its node (so no token changes node: a capped
     plan keeps its off-node traffic). The result is never worse than ``phy2log`` on the objective
     searched, and the same input always gives the same output (``seed`` fixes the random stream).
     Cost per layer: ``swaps`` times ``k^2`` swaps scored in ``O(T)`` (``k`` slots per GPU) plus
@@ -126,8 +126,8 @@ def hedge(series, phy2log, problem, window_weights=None, *, shares=None, previou
 
     Args:
         series: ``[T, L, E]`` float64 non-negative counts, validated by the caller (``[L, E]`` is one window).
-        phy2log: ``[L, S]`` integer starting placement for ``problem`` (every expert has a slot).
-        problem: an :class:`eplb.model.problem.Problem` (its topology and whether groups stay on nodes).
+        phy2log: ``[L, S]`` integer starting placement for ``deployment`` (every expert has a slot).
+        deployment: an :class:`eplb.model.deployment.Deployment` (its topology and whether groups stay on nodes).
         window_weights: ``[T]`` non-negative weights of the windows (``None``: equal).
         shares: ``[L, S]`` fraction of its expert's tokens each slot takes (``None``: ``1 / logcnt``).
         previous: ``[L, S]`` int64, the placement in service; with ``copy_cost > 0`` a swap must
@@ -160,7 +160,7 @@ def hedge(series, phy2log, problem, window_weights=None, *, shares=None, previou
         if not (isinstance(value, (int, float, np.integer, np.floating)) and np.isfinite(value) and value >= 0):
             raise ValueError(f"{name} must be a non-negative number, got {value!r}")
     num_layers, num_experts = windows.shape[1:]
-    placement = _checked_placement(phy2log, "phy2log", num_layers, num_experts, problem.topology.num_slots)
+    placement = _checked_placement(phy2log, "phy2log", num_layers, num_experts, deployment.topology.num_slots)
     if shares is None:
         fractions = uniform_shares(placement, replica_counts(placement, num_experts))
     else:
@@ -168,7 +168,7 @@ def hedge(series, phy2log, problem, window_weights=None, *, shares=None, previou
         if fractions.shape != placement.shape or not np.isfinite(fractions).all() or (fractions < 0).any():
             raise ValueError(f"shares must be finite, non-negative, of shape [L, S] = {list(placement.shape)}")
     in_service = placement if previous is None else _checked_placement(previous, "previous", num_layers, num_experts,
-                                                                       problem.topology.num_slots, complete=False)
+                                                                       deployment.topology.num_slots, complete=False)
     random_moves = int(iterations) if shares is None and previous is None else 0
     search = dict(steps=search_steps(int(swaps), random_moves), seed=int(seed), replica_moves=bool(replica_moves),
                   previous=in_service, copy_cost=float(copy_cost) if previous is not None else 0.0)
@@ -176,11 +176,11 @@ def hedge(series, phy2log, problem, window_weights=None, *, shares=None, previou
     if folds >= 2 and windows.shape[0] >= 2 and search["steps"]:
         noise = sampling_noise_layers(windows, weights)
         if not noise.all():
-            upto = _validated_steps(windows, weights, placement, fractions, problem, int(folds), float(anchor),
+            upto = _validated_steps(windows, weights, placement, fractions, deployment, int(folds), float(anchor),
                                     search, start_of)
         upto[noise] = 0
     anchored, anchored_weights = _with_anchor(windows, weights, float(anchor))
-    out, out_fractions, before, after = _search(anchored, anchored_weights, placement, fractions, problem, upto=upto,
+    out, out_fractions, before, after = _search(anchored, anchored_weights, placement, fractions, deployment, upto=upto,
                                                 **search)
     return Hedged(out, out_fractions, before, after, bool((out != placement).any()), upto)
 
@@ -222,16 +222,16 @@ def search_steps(swaps: int, iterations: int) -> tuple[tuple[str, int], ...]:
     return tuple(step for step in steps if step[1] > 0)
 
 
-def _search(windows, weights, placement, fractions, problem, *, steps, upto, seed, replica_moves, previous,
+def _search(windows, weights, placement, fractions, deployment, *, steps, upto, seed, replica_moves, previous,
             copy_cost, on_step=None):
     """The search's ``steps`` on validated arrays (the anchor window already appended), each layer
     ``l`` taken through its first ``upto[l]`` steps (``upto [L]`` int64). ``on_step(k, phy2log,
     fractions)``, if given, sees every layer's placement after step ``k`` (1-based).
     Returns ``(phy2log [L, S], fractions [L, S], before [L], after [L])``."""
-    topology = problem.topology
+    topology = deployment.topology
     gpu_of_slot = np.ascontiguousarray(topology.gpu_of_slot, dtype=np.int64)
     slot_offsets = np.ascontiguousarray(topology.slot_offsets, dtype=np.int64)
-    zones = np.require(gpu_zones(problem), np.int64, "CW")
+    zones = np.require(gpu_zones(deployment), np.int64, "CW")
     previous = np.require(previous, np.int64, "CW")
     # every array writable int64 / float64 and scalars as Python numbers: one compiled specialization
     # (a read-only placement, as a Placement's, is a type of its own)
@@ -250,7 +250,7 @@ def _search(windows, weights, placement, fractions, problem, *, steps, upto, see
                     np.ascontiguousarray(previous[rows]), float(copy_cost))
             else:  # even split only: the random moves recount replicas
                 moved, _, after[rows] = _improve(part, weights, np.ascontiguousarray(out[rows]), gpu_of_slot,
-                                                 slot_offsets, slot_zones(problem), int(amount), int(seed), replica_moves)
+                                                 slot_offsets, slot_zones(deployment), int(amount), int(seed), replica_moves)
                 moved_fractions = uniform_shares(moved, replica_counts(moved, windows.shape[2]))
             out[rows], out_fractions[rows] = moved, moved_fractions
         if on_step is not None:
@@ -301,7 +301,7 @@ def sampling_noise_layers(windows: np.ndarray, weights: np.ndarray) -> np.ndarra
     return (num_rows < 2) | (num_columns < 2) | (z < NOISE_Z)
 
 
-def _validated_steps(windows, weights, placement, fractions, problem, folds, anchor, search, start_of) -> np.ndarray:
+def _validated_steps(windows, weights, placement, fractions, deployment, folds, anchor, search, start_of) -> np.ndarray:
     """How many of the search's steps each layer keeps (``[L]`` int64, 0: the start), decided by
     cross-validation over the windows on equal terms.
 
@@ -322,7 +322,7 @@ def _validated_steps(windows, weights, placement, fractions, problem, folds, anc
     checked = np.unique(np.linspace(0, num_layers - 1, min(CHECK_LAYERS, num_layers)).round().astype(np.int64))
     nearest = np.abs(np.arange(num_layers)[:, None] - checked[None, :]).argmin(axis=1)  # [L] -> index in checked
     steps = search["steps"]
-    topology = problem.topology
+    topology = deployment.topology
     previous = search["previous"][checked]
     options = {**search, "previous": previous}
     gain = np.zeros((len(steps) + 1, num_windows, checked.size))  # [step, window, checked layer]
@@ -347,7 +347,7 @@ def _validated_steps(windows, weights, placement, fractions, problem, folds, anc
             gain[step, held] = (start_peaks - window_share_peaks(held_windows, phy2log, step_fractions, topology)
                                 - search["copy_cost"] * copies)
 
-        _search(*_with_anchor(kept_windows, weights[kept], anchor), start, start_fractions, problem, upto=full,
+        _search(*_with_anchor(kept_windows, weights[kept], anchor), start, start_fractions, deployment, upto=full,
                 on_step=judge, **options)
         counted[held] = (held_windows.sum(axis=-1) > 0) & (weights[held] > 0)[:, None]
     chosen = np.zeros(checked.size, np.int64)

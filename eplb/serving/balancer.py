@@ -41,7 +41,7 @@ import numpy as np
 
 from ..model.defaults import BALANCER_TOLERANCE, COPY_COST
 from ..model._validation import as_int
-from ..model.problem import make_problem
+from ..model.deployment import make_deployment
 from ..planning.modes import make_request, run
 from ..analysis.bounds import average_bound, replica_bound
 from ..model.cost import CostModel
@@ -151,10 +151,10 @@ class Balancer:
             raise ValueError(f"cost_model must be an eplb.CostModel or None, got {type(cost_model).__name__}")
         self.cost_model = cost_model
         self.horizon = None if horizon is None else as_int(horizon, "horizon", minimum=1)
-        problem = make_problem(self.num_experts, num_slots, num_gpus, num_nodes, num_groups, topology)
-        self._problem = problem
-        self.topology = problem.topology
-        self.num_groups = problem.num_groups
+        deployment = make_deployment(self.num_experts, num_slots, num_gpus, num_nodes, num_groups, topology)
+        self._deployment = deployment
+        self.topology = deployment.topology
+        self.num_groups = deployment.num_groups
         get_method(method)  # fail early on an unknown method
         self.window = as_int(window, "window", minimum=1)
         if decay is not None:
@@ -335,7 +335,7 @@ class Balancer:
         """Migration-aware plan for ``load [L, E]`` from the placement in service, hedged over
         :meth:`planning_windows` (``plan``'s near mode; its bounds are computed only if read)."""
         windows = self.planning_windows()
-        return run(make_request(windows, self._problem, method=self.method, previous=self.placement.phy2log,
+        return run(make_request(windows, self._deployment, method=self.method, previous=self.placement.phy2log,
                                 tolerance=self.tolerance, max_moves=self.max_moves, copy_cost=self.copy_cost,
                                 threads=self.threads, options=self.options, weights=load))
 

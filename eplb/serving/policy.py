@@ -46,7 +46,8 @@ from ..analysis.placement import Placement
 from ..model._validation import as_int
 from ..model.cost import CostModel
 from ..model.topology import Topology
-from ..planning.api import make_problem, plan
+from ..model.deployment import Deployment
+from ..planning.api import plan
 from ..planning.methods import DEFAULT_METHOD, get_method
 from .balancer import Balancer
 
@@ -57,33 +58,44 @@ class PolicyError(ValueError):
 
 
 @dataclass(frozen=True)
-class Deployment:
-    """What a policy plans for: the model's shape and the deployment (as for :func:`eplb.plan`).
+class PolicyContext:
+    """What a policy plans for: the deployment, the model's layers and the cost model of the run.
 
     Attributes:
-        num_layers: ``L`` MoE layers; num_experts: ``E`` logical experts.
-        topology: the :class:`eplb.Topology` (slots ``S``, GPUs ``G``, nodes ``N``).
-        num_groups: expert groups kept on one node each, or ``None`` (global).
+        deployment: the :class:`eplb.Deployment` (experts ``E``, topology, groups, dispatch rule);
+            its ``num_experts``, ``topology``, ``num_groups``, ``num_slots``, ``num_gpus`` and
+            ``num_nodes`` are read through this object too.
+        num_layers: ``L`` MoE layers.
         cost_model: the :class:`eplb.CostModel` the run is priced with.
     """
 
+    deployment: Deployment
     num_layers: int
-    num_experts: int
-    topology: Topology
-    num_groups: int | None
     cost_model: CostModel
 
     @property
+    def num_experts(self) -> int:
+        return self.deployment.num_experts
+
+    @property
+    def topology(self) -> Topology:
+        return self.deployment.topology
+
+    @property
+    def num_groups(self) -> int | None:
+        return self.deployment.num_groups
+
+    @property
     def num_slots(self) -> int:
-        return self.topology.num_slots
+        return self.deployment.num_slots
 
     @property
     def num_gpus(self) -> int:
-        return self.topology.num_gpus
+        return self.deployment.num_gpus
 
     @property
     def num_nodes(self) -> int:
-        return self.topology.num_nodes
+        return self.deployment.num_nodes
 
     def plan(self, weights: np.ndarray, method: str | Callable = DEFAULT_METHOD) -> Placement:
         """A placement from scratch for ``weights [L, E]`` with an ``eplb.METHODS`` name or a
@@ -103,12 +115,11 @@ class Deployment:
                                   "(or a tuple starting with it)")
             return as_placement(phy2log, self, f"the placement the planning function {name} returned",
                                 method=name)
-        problem = make_problem(self.num_experts, topology=self.topology, num_groups=self.num_groups)
-        phy2log, _ = get_method(method)(weights, problem)
+        phy2log, _ = get_method(method)(weights, self.deployment)
         return Placement(phy2log, self.num_experts, self.topology, self.num_groups, method=method)
 
 
-def as_placement(value, deployment: Deployment, what: str, method: str = "given") -> Placement:
+def as_placement(value, deployment: PolicyContext, what: str, method: str = "given") -> Placement:
     """``value`` (a :class:`Placement` or ``phy2log [L, S]`` of integer expert ids: float ids are
     refused, never truncated) as a placement of ``deployment``, else :class:`PolicyError`."""
     if isinstance(value, Placement):
@@ -149,14 +160,14 @@ class Policy(abc.ABC):
     """A label for results (the ``policy`` field of :class:`eplb.SimulationResult`); the class name when empty."""
 
     @abc.abstractmethod
-    def start(self, placement: Placement, deployment: Deployment) -> None:
+    def start(self, placement: Placement, deployment: PolicyContext) -> None:
         """Called once, before step 0.
 
         Parameters:
             placement: the :class:`eplb.Placement` in service at step 0 (``phy2log [L, S]``).
-            deployment: a :class:`Deployment`: ``num_layers`` ``L``, ``num_experts`` ``E``, the
+            deployment: a :class:`PolicyContext`: ``num_layers`` ``L``, ``num_experts`` ``E``, the
                 topology (``S`` slots on ``G`` GPUs and ``N`` nodes), ``num_groups`` and the
-                cost model; :meth:`Deployment.plan` plans from scratch for it.
+                cost model; :meth:`PolicyContext.plan` plans from scratch for it.
         """
 
     @abc.abstractmethod
@@ -198,7 +209,7 @@ class NoRebalance(Policy):
 
     name = "no rebalancing"
 
-    def start(self, placement: Placement, deployment: Deployment) -> None:
+    def start(self, placement: Placement, deployment: PolicyContext) -> None:
         pass
 
     def observe(self, step: int, counts: np.ndarray):
@@ -238,7 +249,7 @@ class FixedInterval(Policy):
         self.name = name or f"every {self.every} from {self.window}, {label}{hedged}"
         self._block = gcd(self.every, self.window // self.subwindows)
 
-    def start(self, placement: Placement, deployment: Deployment) -> None:
+    def start(self, placement: Placement, deployment: PolicyContext) -> None:
         self._deployment = deployment
         self._sums: deque = deque(maxlen=self.window // self._block)  # sums over blocks of steps
         self._current = np.zeros((deployment.num_layers, deployment.num_experts))
@@ -294,7 +305,7 @@ class BalancerPolicy(Policy):
         self.name = name or "Balancer" + (f" ({balancer_options})" if balancer_options else ", defaults")
         self.balancer: Balancer | None = None
 
-    def start(self, placement: Placement, deployment: Deployment) -> None:
+    def start(self, placement: Placement, deployment: PolicyContext) -> None:
         options = dict(self.options)
         options.setdefault("expert_bytes", int(deployment.cost_model.expert_bytes))
         options.setdefault("cost_model", deployment.cost_model)
@@ -360,6 +371,6 @@ def policy_by_name(name: str, method: str | Callable = "greedy", check_every: in
     return _every(name, method)
 
 
-__all__ = ["Policy", "Deployment", "PolicyError", "NoRebalance", "FixedInterval", "BalancerPolicy", "vllm_like",
+__all__ = ["Policy", "PolicyContext", "PolicyError", "NoRebalance", "FixedInterval", "BalancerPolicy", "vllm_like",
            "sglang_like", "POLICIES", "POLICY_NAMES", "HEDGED_SUBWINDOWS", "policy_by_name", "check_policy",
            "policy_label", "as_placement"]

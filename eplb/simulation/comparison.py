@@ -40,10 +40,10 @@ from ..analysis.metrics import balancedness as layer_balancedness, gap as layer_
 from ..analysis.placement import Placement, build_log2phy
 from ..kernels.layout import replica_counts
 from ..model.cost import CostModel
-from ..model.problem import Problem, make_problem
+from ..model.deployment import Deployment, make_deployment
 from ..planning.migration import groups_spread
 from ..serving.policy import NoRebalance
-from .method_runner import ARRAY_TYPES, TORCH, Deployment, MethodSpec, run_method
+from .method_runner import ARRAY_TYPES, TORCH, DeploymentSpec, MethodSpec, run_method
 from .simulate import simulate
 
 STEP_ROUTINGS = 65536
@@ -68,7 +68,7 @@ class Workload:
     source: str = ""
 
 
-def deployment_label(deployment: Deployment) -> str:
+def deployment_label(deployment: DeploymentSpec) -> str:
     groups = f" / {deployment.num_groups} groups" if deployment.num_groups else ""
     return (f"{deployment.num_slots} slots / {deployment.num_gpus} GPUs / {deployment.num_nodes} "
             f"node{'s' if deployment.num_nodes > 1 else ''}{groups}")
@@ -108,7 +108,7 @@ class PlanError(ValueError):
     """A method's return value is not a placement of the deployment (the message says why)."""
 
 
-def check_plan(returned, num_layers: int, num_experts: int, problem: Problem) -> np.ndarray:
+def check_plan(returned, num_layers: int, num_experts: int, problem: Deployment) -> np.ndarray:
     """``(phy2log, log2phy or None, logcnt or None)`` numpy arrays -> ``phy2log [L, S]`` int64,
     or :class:`PlanError` naming the first thing wrong."""
     phy2log, log2phy, logcnt = returned
@@ -144,7 +144,7 @@ def fold_edges(num_windows: int, folds: int) -> np.ndarray:
     return np.linspace(0, num_windows, min(int(folds), num_windows) + 1).round().astype(np.int64)
 
 
-def held_out_score(phy2log: np.ndarray, windows: np.ndarray, num_experts: int, problem: Problem) -> float:
+def held_out_score(phy2log: np.ndarray, windows: np.ndarray, num_experts: int, problem: Deployment) -> float:
     """One block's score: the mean over its ``windows [w, L, E]`` of the MoE-layer balancedness of
     ``phy2log`` (NaN when no window carries load)."""
     placement = Placement(phy2log, num_experts, problem.topology, problem.num_groups)
@@ -163,7 +163,7 @@ def step_windows(counts: np.ndarray, step_routings: float) -> np.ndarray:
     return counts * scale[:, None, None]
 
 
-def _figures(placement: Placement, weights: np.ndarray, bounds: dict, problem: Problem, workload: Workload,
+def _figures(placement: Placement, weights: np.ndarray, bounds: dict, problem: Deployment, workload: Workload,
              edges: np.ndarray, held: list, cost_model: CostModel, step_routings: float,
              previous: np.ndarray | None) -> tuple[dict, dict]:
     """The row's figures and the per-layer arrays of an in-sample ``placement`` (see the module docstring)."""
@@ -204,7 +204,7 @@ def _figures(placement: Placement, weights: np.ndarray, bounds: dict, problem: P
     return figures, {"balancedness": per_layer_bal, "gap": per_layer_gap}
 
 
-def compare_on(workload: Workload, deployment: Deployment, methods: list[MethodSpec], *,
+def compare_on(workload: Workload, deployment: DeploymentSpec, methods: list[MethodSpec], *,
                cost_model: CostModel, previous: np.ndarray | None = None, folds: int = 16,
                time_limit: float = 120.0, warm_calls: int = 3, array_type: str = TORCH,
                step_routings: float = STEP_ROUTINGS, progress=None) -> list[MethodResult]:
@@ -221,14 +221,14 @@ def compare_on(workload: Workload, deployment: Deployment, methods: list[MethodS
         raise ValueError(f"array_type must be one of {ARRAY_TYPES}, got {array_type!r}")
     counts = workload.counts
     num_windows, num_layers, num_experts = counts.shape
-    problem = make_problem(num_experts, deployment.num_slots, deployment.num_gpus, deployment.num_nodes,
+    problem = make_deployment(num_experts, deployment.num_slots, deployment.num_gpus, deployment.num_nodes,
                            deployment.num_groups)
     if previous is not None:
         previous = Placement(previous, num_experts, problem.topology, problem.num_groups).phy2log
         if previous.shape[0] != num_layers:
             raise ValueError(f"previous must have {num_layers} layers, got {previous.shape[0]}")
     weights = counts.sum(axis=0)
-    bounds = {"global": strongest_bound(weights, make_problem(num_experts, topology=problem.topology))}
+    bounds = {"global": strongest_bound(weights, make_deployment(num_experts, topology=problem.topology))}
     bounds["hierarchical"] = strongest_bound(weights, problem) if problem.hierarchical else bounds["global"]
     edges = fold_edges(num_windows, folds) if num_windows >= 2 else np.zeros(1, np.int64)
     plan_inputs = [weights] + [np.concatenate([counts[:lo], counts[hi:]]).sum(axis=0)

@@ -96,7 +96,7 @@ def load_function(spec: MethodSpec):
 
 
 @dataclass(frozen=True)
-class Deployment:
+class DeploymentSpec:
     """The published entry point's arguments beside the weights (``num_groups`` ``None``: global)."""
 
     num_slots: int
@@ -147,7 +147,7 @@ def _unpack(result) -> tuple:
     return tuple(arrays + [None] * (3 - len(arrays)))
 
 
-def _caller(spec: MethodSpec, deployment: Deployment, array_type: str):
+def _caller(spec: MethodSpec, deployment: DeploymentSpec, array_type: str):
     """A function ``weights [L, E] float64 -> returned value`` for ``spec``."""
     if not spec.foreign:
         from ..planning.api import plan
@@ -171,7 +171,7 @@ def _caller(spec: MethodSpec, deployment: Deployment, array_type: str):
                                     deployment.num_gpus)
 
 
-def _work(spec: MethodSpec, deployment: Deployment, weights: list, warm_calls: int, array_type: str) -> MethodRun:
+def _work(spec: MethodSpec, deployment: DeploymentSpec, weights: list, warm_calls: int, array_type: str) -> MethodRun:
     """In the worker: call the method on every ``weights [L, E]``; the first twice or more (warm)."""
     run = MethodRun()
     try:
@@ -240,7 +240,7 @@ def serve(job_path: str, result_path: str) -> None:
     with np.load(job_path, allow_pickle=False) as data:
         job = json.loads(str(data["job"]))
         weights = [data[f"weights_{i}"] for i in range(job["num_weights"])]
-    spec, deployment = MethodSpec(**job["spec"]), Deployment(**job["deployment"])
+    spec, deployment = MethodSpec(**job["spec"]), DeploymentSpec(**job["deployment"])
     try:
         run = _work(spec, deployment, weights, job["warm_calls"], job["array_type"])
         _write_run(run, result_path)
@@ -248,7 +248,7 @@ def serve(job_path: str, result_path: str) -> None:
         _write_run(MethodRun(error=f"the worker failed: {_one_line(exc)}"), result_path)
 
 
-def run_method(spec: MethodSpec, deployment: Deployment, weights: list, *, time_limit: float = 120.0,
+def run_method(spec: MethodSpec, deployment: DeploymentSpec, weights: list, *, time_limit: float = 120.0,
                warm_calls: int = 3, array_type: str = TORCH) -> MethodRun:
     """Call ``spec`` on each of ``weights`` (``[L, E]`` float64 arrays) in a fresh worker process.
 

@@ -59,14 +59,14 @@ from typing import Any
 import numpy as np
 
 from ..model._validation import as_int, check_layer_totals
-from ..planning.api import make_problem
+from ..planning.api import make_deployment
 from ..model.cost import CostModel
 from ..analysis.dispatch import optimal_dispatch, uniform_shares
 from ..kernels.layout import replica_counts
 from ..analysis.loads import FIXED_SPLIT, RANDOM_SPLIT, gpu_work
 from ..analysis.placement import Placement
 from ..model.topology import Topology
-from ..serving.policy import (POLICY_NAMES, BalancerPolicy, Deployment, FixedInterval, NoRebalance,  # noqa: F401
+from ..serving.policy import (POLICY_NAMES, BalancerPolicy, PolicyContext, FixedInterval, NoRebalance,  # noqa: F401
                               Policy, PolicyError, as_placement, check_policy, policy_by_name, policy_label,
                               sglang_like, vllm_like)
 from ..serving.transfer import KINDS, TransferPlan, transfer_plan
@@ -297,8 +297,8 @@ def simulate(counts, *, num_slots=None, num_gpus=None, num_nodes=1, num_groups=N
     cost_model = CostModel.preset() if cost_model is None else cost_model
     if not isinstance(cost_model, CostModel):
         raise ValueError(f"cost_model must be an eplb.CostModel, got {type(cost_model).__name__}")
-    problem = make_problem(num_experts, num_slots, num_gpus, num_nodes, num_groups, topology)
-    deployment = Deployment(num_layers, num_experts, problem.topology, problem.num_groups, cost_model)
+    deployment = PolicyContext(make_deployment(num_experts, num_slots, num_gpus, num_nodes, num_groups, topology),
+                               num_layers, cost_model)
     policy = NoRebalance() if policy is None else check_policy(policy)
     _warn_if_too_short(policy, num_steps)
     if initial is None:
@@ -412,5 +412,5 @@ def simulate(counts, *, num_slots=None, num_gpus=None, num_nodes=1, num_groups=N
 
 
 # The policies live in eplb.serving.policy; these names stay importable from here.
-__all__ = ["simulate", "SimulationResult", "Deployment", "Policy", "NoRebalance", "FixedInterval", "BalancerPolicy",
+__all__ = ["simulate", "SimulationResult", "PolicyContext", "Policy", "NoRebalance", "FixedInterval", "BalancerPolicy",
            "PolicyError", "vllm_like", "sglang_like", "POLICY_NAMES", "policy_by_name"]

@@ -103,8 +103,8 @@ def test_the_hierarchical_bound_is_at_most_the_brute_force_optimum(case, seed):
 
 
 @given(problems())
-def test_the_reported_bound_is_below_every_methods_max_load(problem):
-    config, counts = problem
+def test_the_reported_bound_is_below_every_methods_max_load(deployment):
+    config, counts = deployment
     kwargs = {k: v for k, v in config.items() if k != "num_experts"}
     for method in METHODS:
         placement = eplb.plan(counts, method=method, **kwargs)

@@ -61,8 +61,8 @@ def test_moves_count_slots_copies_and_cross_node_copies():
 
 
 @given(problems())
-def test_loads_conserve_tokens_and_balancedness_is_a_fraction(problem):
-    config, counts = problem
+def test_loads_conserve_tokens_and_balancedness_is_a_fraction(deployment):
+    config, counts = deployment
     placement = eplb.plan(counts, method="greedy", **{k: v for k, v in config.items() if k != "num_experts"})
     loads = placement.gpu_loads(counts)
     np.testing.assert_allclose(loads.sum(axis=1), counts.sum(axis=1), rtol=1e-9)

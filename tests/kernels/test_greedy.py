@@ -18,8 +18,8 @@ def published_loads(counts, config):
 
 
 @given(problems())
-def test_same_gpu_loads_as_the_published_algorithm(problem):
-    config, counts = problem
+def test_same_gpu_loads_as_the_published_algorithm(deployment):
+    config, counts = deployment
     counts = np.round(counts) % 2**24  # the published code rounds weights to float32
     groups = config["num_groups"] or 1
     placement = eplb.plan(counts, num_slots=config["num_slots"], num_gpus=config["num_gpus"],

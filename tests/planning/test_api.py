@@ -60,8 +60,8 @@ def test_plan_reports_bound_and_gap():
 
 
 @given(problems())
-def test_every_method_gives_a_valid_placement_within_its_bound(problem):
-    config, counts = problem
+def test_every_method_gives_a_valid_placement_within_its_bound(deployment):
+    config, counts = deployment
     for method in eplb.METHODS:
         if method == "exact":
             continue  # covered by the exact solver's own tests

@@ -84,10 +84,10 @@ def test_default_is_within_half_a_percent_of_the_bound_on_heavy_expert_loads(fam
 
 @settings(max_examples=25, deadline=None)
 @given(problems(hierarchical=False, max_gpus=8, max_slots_per_gpu=6))
-def test_capped_finish_is_never_heavier_and_keeps_replicas_apart(problem):
+def test_capped_finish_is_never_heavier_and_keeps_replicas_apart(deployment):
     """``best``'s capped search on small global layers: never a heavier layer than without it, and
     no GPU gets two replicas of an expert that did not have them before."""
-    config, counts = problem
+    config, counts = deployment
     kwargs = {k: v for k, v in config.items() if k != "num_experts"}
     without = eplb.plan(counts, method="best", capped_budget=0, **kwargs)
     capped = eplb.plan(counts, method="best", **kwargs)

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 import eplb
 import eplb.planning.modes
-from eplb.model.problem import power_of_two_scale
+from eplb.model.counts import power_of_two_scale
 from eplb.simulation.synthetic import DEEPSEEK_V3, deepseek_v3_counts
 
 CONFIG = dict(num_slots=24, num_gpus=4, num_nodes=2)

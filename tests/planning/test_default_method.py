@@ -57,8 +57,8 @@ def test_the_default_method_is_balanced():
 
 
 @given(problems(), st.sampled_from(QUALITY_METHODS))
-def test_never_worse_than_greedy_on_any_layer(problem, method):
-    config, counts = problem
+def test_never_worse_than_greedy_on_any_layer(deployment, method):
+    config, counts = deployment
     greedy = eplb.plan(counts, method="greedy", **kwargs(config))
     ours = eplb.plan(counts, method=method, **kwargs(config))
     assert_valid(ours, config["num_experts"])
@@ -70,26 +70,26 @@ def test_never_worse_than_greedy_on_any_layer(problem, method):
 
 
 @given(problems())
-def test_best_is_never_worse_than_the_default(problem):
-    config, counts = problem
+def test_best_is_never_worse_than_the_default(deployment):
+    config, counts = deployment
     default = eplb.plan(counts, method="balanced", **kwargs(config))
     best = eplb.plan(counts, method="best", **kwargs(config))
     assert (best.max_load <= default.max_load * (1 + 1e-12)).all()
 
 
 @given(problems())
-def test_no_two_replicas_of_an_expert_share_a_gpu_when_avoidable(problem):
+def test_no_two_replicas_of_an_expert_share_a_gpu_when_avoidable(deployment):
     """The method's own placements (without the greedy net, which may keep a sharing layer)."""
-    config, counts = problem
+    config, counts = deployment
     placement = eplb.plan(counts, greedy_fallback=False, **kwargs(config))
     assume(sharing_is_avoidable(config, placement))
     assert (placement.replicas_sharing_a_gpu() == 0).all()
 
 
 @given(problems(), st.sampled_from(QUALITY_METHODS))
-def test_no_two_replicas_of_an_expert_share_a_gpu_when_avoidable_even_from_greedy(problem, method):
+def test_no_two_replicas_of_an_expert_share_a_gpu_when_avoidable_even_from_greedy(deployment, method):
     """With the greedy net on (layers taken from greedy are spread first), for both methods."""
-    config, counts = problem
+    config, counts = deployment
     placement = eplb.plan(counts, method=method, **kwargs(config))
     assume(sharing_is_avoidable(config, placement))
     assert (placement.replicas_sharing_a_gpu() == 0).all()
@@ -120,9 +120,9 @@ def test_a_greedy_layer_with_more_replicas_than_gpus_is_not_kept():
 
 
 @given(problems(), st.sampled_from(QUALITY_METHODS), st.data())
-def test_a_layers_row_depends_only_on_that_layers_loads(problem, method, data):
+def test_a_layers_row_depends_only_on_that_layers_loads(deployment, method, data):
     """Planning a layer alone or with any other layers gives it the same placement row."""
-    config, counts = problem
+    config, counts = deployment
     extra = data.draw(counts_for(config["num_experts"], num_layers=3))
     stacked = np.concatenate([counts, extra])
     together = eplb.plan(stacked, method=method, **kwargs(config))
@@ -133,8 +133,8 @@ def test_a_layers_row_depends_only_on_that_layers_loads(problem, method, data):
 
 
 @given(problems(hierarchical=True), st.sampled_from(QUALITY_METHODS))
-def test_hierarchical_placement_keeps_every_group_on_one_node(problem, method):
-    config, counts = problem
+def test_hierarchical_placement_keeps_every_group_on_one_node(deployment, method):
+    config, counts = deployment
     placement = eplb.plan(counts, method=method, **kwargs(config))
     assert groups_stay_on_one_node(placement, config["num_groups"])
 

@@ -130,11 +130,11 @@ def _capped_optimum(weights, slots_per_gpu, num_nodes, gpus_per_node, num_groups
 def test_capped_bound_never_exceeds_the_capped_optimum(layout, seed):
     pytest.importorskip("ortools")
     from eplb.planning.locality import capped_lower_bound, node_cap_bound
-    from eplb.model.problem import make_problem
+    from eplb.model.deployment import make_deployment
 
     weights = np.floor(np.random.default_rng(seed).pareto(1.0, layout["num_experts"]) * 100) + 1
     num_gpus = layout["num_nodes"] * layout["gpus_per_node"]
-    problem = make_problem(layout["num_experts"], num_gpus * layout["slots_per_gpu"], num_gpus, layout["num_nodes"],
+    problem = make_deployment(layout["num_experts"], num_gpus * layout["slots_per_gpu"], num_gpus, layout["num_nodes"],
                            layout["num_groups"])
     assert problem.hierarchical
     for fraction in (0.0, 0.05, 0.2, 0.5):

@@ -26,7 +26,7 @@ from eplb.planning.engine_planning import _scaled_windows, plan_for_rule
 from eplb.kernels.fixed_shares import spread_over_nodes
 from eplb.kernels.sglang_table import fair_pick, next_uint32, rand_below, seeded_state
 from eplb.analysis.placement import Placement
-from eplb.model.problem import make_problem
+from eplb.model.deployment import make_deployment
 from eplb.analysis.rule_shares import ENGINE_KIND_RULES, rule_shares
 from sglang_reference import reference_shares
 from eplb.simulation.synthetic import drifting_counts
@@ -153,7 +153,7 @@ def test_swaps_keep_every_slots_share():
     it returns must give exactly the objective it reports."""
     counts = series(5, 4, 64, seed=5)
     for groups, rule in ((None, "sglang-static"), (8, "sglang-static"), (None, "sglang-dynamic")):
-        problem = make_problem(64, 96, 16, 4, groups)
+        problem = make_deployment(64, 96, 16, 4, groups)
         even = eplb.plan(counts, topology=problem.topology, num_groups=groups)
         out, info = plan_for_rule(counts, even.phy2log, problem, rule)
         shares = rule_shares(out, 64, problem.topology, rule)

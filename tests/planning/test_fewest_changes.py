@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import eplb
-from eplb.planning.api import make_problem
+from eplb.planning.api import make_deployment
 
 pytestmark = pytest.mark.slow  # CP-SAT models and brute force
 
@@ -119,9 +119,9 @@ def test_same_minimum_as_the_cp_sat_model_on_twelve_slots(seed, tolerance):
     previous = eplb.plan(old, **config).phy2log[0]
     near = eplb.plan(new, previous=previous[None], tolerance=tolerance, **config).phy2log[0]
     cap = float(eplb.plan(new, **config).max_load[0]) * (1 + tolerance)
-    problem = make_problem(8, **config)
-    model = fewest_changes_layer(new, problem, previous, near, cap=cap, max_moves=None, time_limit=5.0)
-    proof = prove_layer(new, problem.topology, previous, cap=cap, incumbent=near, work=10**7)
+    deployment = make_deployment(8, **config)
+    model = fewest_changes_layer(new, deployment, previous, near, cap=cap, max_moves=None, time_limit=5.0)
+    proof = prove_layer(new, deployment.topology, previous, cap=cap, incumbent=near, work=10**7)
     assert proof.proven
     assert proof.changes <= int((near != previous).sum())  # never worse than the incumbent
     if model.proven:
@@ -135,14 +135,14 @@ def test_deterministic_and_checked_per_layer():
     config = dict(num_slots=12, num_gpus=4, num_nodes=1)
     previous = eplb.plan(old, **config)
     scratch = eplb.plan(new, **config)
-    problem = make_problem(8, **config)
-    a = prove_fewest_changes(new, problem, previous.phy2log, cap=scratch.max_load * 1.005, work=10**6)
-    b = prove_fewest_changes(new, problem, previous.phy2log, cap=scratch.max_load * 1.005, work=10**6)
+    deployment = make_deployment(8, **config)
+    a = prove_fewest_changes(new, deployment, previous.phy2log, cap=scratch.max_load * 1.005, work=10**6)
+    b = prove_fewest_changes(new, deployment, previous.phy2log, cap=scratch.max_load * 1.005, work=10**6)
     np.testing.assert_array_equal(a[0], b[0])
     np.testing.assert_array_equal(a[1]["lower_bound"], b[1]["lower_bound"])
     assert a[1]["slots_changed"][1] == 0 and a[1]["proven"][1]
     np.testing.assert_array_equal(a[1]["slots_changed"], (a[0] != previous.phy2log).sum(axis=1))
-    loads = eplb.Placement(a[0], 8, problem.topology).gpu_loads(new).max(axis=1)
+    loads = eplb.Placement(a[0], 8, deployment.topology).gpu_loads(new).max(axis=1)
     assert (loads <= scratch.max_load * 1.005).all()
 
 
@@ -151,17 +151,17 @@ def test_clear_errors():
     w = np.ones((1, 8))
     previous = eplb.plan(w, **config).phy2log
     with pytest.raises(ValueError, match="global mode"):
-        prove_fewest_changes(w, make_problem(8, **config, num_groups=2), previous, cap=np.ones(1))
+        prove_fewest_changes(w, make_deployment(8, **config, num_groups=2), previous, cap=np.ones(1))
     with pytest.raises(ValueError, match="previous"):
-        prove_fewest_changes(w, make_problem(8, **config), previous[:, :4], cap=np.ones(1))
+        prove_fewest_changes(w, make_deployment(8, **config), previous[:, :4], cap=np.ones(1))
     with pytest.raises(ValueError, match="every expert"):
-        prove_fewest_changes(w, make_problem(8, **config), np.zeros_like(previous), cap=np.ones(1))
+        prove_fewest_changes(w, make_deployment(8, **config), np.zeros_like(previous), cap=np.ones(1))
     with pytest.raises(ValueError, match="slots per GPU"):
         big = dict(num_slots=40, num_gpus=2, num_nodes=1)
-        prove_fewest_changes(np.ones((1, 8)), make_problem(8, **big), eplb.plan(np.ones(8), **big).phy2log,
+        prove_fewest_changes(np.ones((1, 8)), make_deployment(8, **big), eplb.plan(np.ones(8), **big).phy2log,
                              cap=np.ones(1))
     with pytest.raises(ValueError, match="work"):
-        prove_fewest_changes(w, make_problem(8, **config), previous, cap=np.ones(1), work=0)
+        prove_fewest_changes(w, make_deployment(8, **config), previous, cap=np.ones(1), work=0)
 
 
 def test_gpt_oss_layer_needs_far_fewer_changes_than_the_heuristic(trace_counts):

@@ -20,7 +20,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import eplb
-from eplb.planning.api import make_problem
+from eplb.planning.api import make_deployment
 from eplb.planning.methods import get_method
 from eplb.planning.robust import hedge, sampling_noise_layers, search_steps
 from eplb.simulation.series import mixture_windows, synthetic_workloads
@@ -122,7 +122,7 @@ def test_the_decision_is_per_layer():
     shifting[np.arange(num_windows), np.arange(num_windows) % 2] = 400.0
     noise = rng.poisson(30.0, (num_windows, num_experts)).astype(np.float64)
     series = np.stack([shifting, noise], axis=1)
-    problem = make_problem(num_experts, 20, 4)
+    problem = make_deployment(num_experts, 20, 4)
     method = get_method("balanced")
     start = method(series.sum(axis=0), problem)[0]
     result = hedge(series, start, problem, start_of=lambda summed, layers: method(summed, problem)[0])
@@ -150,7 +150,7 @@ def test_every_fold_starts_without_its_windows():
     weighted sum of the other windows, on the checked layers only."""
     series = np.random.default_rng(1).poisson(50.0, (3, 2, 16)).astype(np.float64)
     series[np.arange(3), :, np.arange(3)] += 400.0  # a hot expert per window: not sampling noise
-    problem = make_problem(16, 20, 4)
+    problem = make_deployment(16, 20, 4)
     method = get_method("balanced")
     seen = []
 

@@ -9,7 +9,7 @@ from hypothesis import given, settings, strategies as st
 from eplb.planning.locality import (capped_lower_bound, gpu_loads_with_shares, home_nodes, off_node_tokens, off_node_curve,
                            plan_locality)
 from eplb.planning.methods import get_method
-from eplb.model.problem import make_problem
+from eplb.model.deployment import make_deployment
 
 
 def group_skewed(num_layers, num_experts, num_groups, hot_groups, hot_share, seed):
@@ -49,7 +49,7 @@ def check_plan(weights, problem, phy2log, shares, home, max_off_node, source):
 @pytest.mark.parametrize("fraction", [0.05, 0.1, 0.2, 1.0])
 def test_cap_home_nodes_and_shares_hold_on_group_skew(fraction):
     weights = group_skewed(6, 64, 8, 2, 0.4, seed=1)
-    problem = make_problem(64, 96, 16, 4, 8)
+    problem = make_deployment(64, 96, 16, 4, 8)
     phy2log, shares, home, info = plan_locality(weights, problem, fraction)
     check_plan(weights, problem, phy2log, shares, home, fraction, info["source"])
     np.testing.assert_allclose(info["off_node_fraction"],
@@ -58,7 +58,7 @@ def test_cap_home_nodes_and_shares_hold_on_group_skew(fraction):
 
 def test_zero_cap_is_the_hierarchical_plan():
     weights = group_skewed(5, 64, 8, 2, 0.4, seed=2)
-    problem = make_problem(64, 96, 16, 4, 8)
+    problem = make_deployment(64, 96, 16, 4, 8)
     phy2log, shares, home, info = plan_locality(weights, problem, 0.0)
     expected, _ = get_method("balanced")(weights, problem)
     np.testing.assert_array_equal(phy2log, expected)
@@ -70,7 +70,7 @@ def test_a_tenth_of_the_tokens_off_node_buys_balance_under_group_skew():
     """The point of the feature: 2 of 8 groups with 40% of the tokens cap a hierarchical plan near
     0.83 on 4 nodes; 10% of the tokens off their node bring it close to 1."""
     weights = group_skewed(8, 256, 8, 2, 0.4, seed=3)
-    problem = make_problem(256, 288, 32, 4, 8)
+    problem = make_deployment(256, 288, 32, 4, 8)
     balance = {}
     for fraction in (0.0, 0.1):
         phy2log, shares, home, _ = plan_locality(weights, problem, fraction)
@@ -90,7 +90,7 @@ def test_properties_on_random_deployments(num_nodes, groups_per_node, group_size
     num_experts = num_groups * group_size
     per_gpu = -(-groups_per_node * group_size // gpus_per_node) + extra
     num_gpus = num_nodes * gpus_per_node
-    problem = make_problem(num_experts, per_gpu * num_gpus, num_gpus, num_nodes, num_groups)
+    problem = make_deployment(num_experts, per_gpu * num_gpus, num_gpus, num_nodes, num_groups)
     rng = np.random.default_rng(seed)
     weights = rng.pareto(1.2, (3, num_experts)) * 100
     weights[0] = 0.0 if seed % 5 == 0 else weights[0]  # a dense layer now and then
@@ -112,7 +112,7 @@ def test_capped_bound_counts_the_heaviest_nodes():
     40, 30, 20, 10; with 10 tokens allowed off node the node holding the 40 group keeps at least
     40 + 10 (the lightest other) - 10 = 40 on its single GPU."""
     weights = np.repeat(np.array([[40.0, 30.0, 20.0, 10.0]]) / 2, 2, axis=1)
-    problem = make_problem(8, 8, 2, 2, 4)
+    problem = make_deployment(8, 8, 2, 2, 4)
     bound = capped_lower_bound(weights, problem, 0.1)
     assert bound[0] == pytest.approx(50.0)  # the average (100 / 2) is higher here
     bound = capped_lower_bound(weights * np.array([[1, 1, 1, 1, 1, 1, 0.2, 0.2]]), problem, 0.1)
@@ -122,7 +122,7 @@ def test_capped_bound_counts_the_heaviest_nodes():
 
 def test_pareto_curve_in_and_out_of_sample():
     windows = np.stack([group_skewed(4, 64, 8, 2, 0.4, seed=s) for s in range(3)])
-    problem = make_problem(64, 96, 16, 4, 8)
+    problem = make_deployment(64, 96, 16, 4, 8)
     curve = off_node_curve(windows[:2].sum(axis=0), problem, (0.0, 0.1, 1.0), held_out=windows[2:])
     assert curve["balancedness"].shape == (3,)
     assert curve["off_node_fraction"][0] == 0.0

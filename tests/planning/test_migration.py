@@ -30,8 +30,8 @@ def random_previous(config, num_layers, seed):
 
 @settings(max_examples=40)
 @given(problems(), st.integers(0, 2**32 - 1), st.sampled_from([0.0, 0.005, 0.05]))
-def test_close_plan_is_valid_and_within_tolerance_of_scratch(problem, seed, tolerance):
-    config, counts = problem
+def test_close_plan_is_valid_and_within_tolerance_of_scratch(deployment, seed, tolerance):
+    config, counts = deployment
     previous = random_previous(config, counts.shape[0], seed)
     scratch = eplb.plan(counts, **kwargs(config))
     near = eplb.plan(counts, previous=previous, tolerance=tolerance, **kwargs(config))
@@ -43,12 +43,12 @@ def test_close_plan_is_valid_and_within_tolerance_of_scratch(problem, seed, tole
 
 @settings(max_examples=40)
 @given(problems(), st.integers(0, 2**32 - 1), st.integers(0, 6))
-def test_budget_of_moves_is_never_exceeded(problem, seed, budget):
+def test_budget_of_moves_is_never_exceeded(deployment, seed, budget):
     """... except where the previous placement spreads a group over nodes: the group rule comes
     first (a warning says so when that costs more than the budget)."""
     import warnings
 
-    config, counts = problem
+    config, counts = deployment
     previous = random_previous(config, counts.shape[0], seed)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -227,7 +227,7 @@ def test_close_plan_is_the_same_in_another_process():
 
 @settings(max_examples=30)
 @given(problems(), st.integers(0, 2**32 - 1), st.sampled_from([0.0, 0.005, 0.05]))
-def test_layers_near_the_bound_skip_the_plan_from_scratch_soundly(problem, seed, tolerance):
+def test_layers_near_the_bound_skip_the_plan_from_scratch_soundly(deployment, seed, tolerance):
     """A layer whose search from the previous placement got within the tolerance of the cheap bound
     made no plan from scratch; the bound is below every method's plan, so the layer is within the
     tolerance of any of them. (The bound-first search is for layers of >= 128 slots: here every
@@ -235,14 +235,14 @@ def test_layers_near_the_bound_skip_the_plan_from_scratch_soundly(problem, seed,
     from unittest import mock
 
     from eplb.planning import migration
-    from eplb.planning.api import make_problem
+    from eplb.planning.api import make_deployment
     from eplb.planning.migration import reference_bound
 
-    config, counts = problem
+    config, counts = deployment
     previous = random_previous(config, counts.shape[0], seed)
     with mock.patch.object(migration, "BOUND_FIRST_SLOTS", 0):
         near = eplb.plan(counts, previous=previous, tolerance=tolerance, **kwargs(config))
-    bound = reference_bound(counts.astype(float), make_problem(
+    bound = reference_bound(counts.astype(float), make_deployment(
         config["num_experts"], config["num_slots"], config["num_gpus"], config["num_nodes"], config["num_groups"], None))
     for method in ("greedy", eplb.DEFAULT_METHOD):
         assert (bound <= eplb.plan(counts, method=method, **kwargs(config)).max_load * (1 + 1e-9) + 1e-9).all()
@@ -298,7 +298,7 @@ def test_plan_from_a_global_placement_keeps_groups_on_one_node():
 @settings(max_examples=40, deadline=None)
 @given(problems(hierarchical=True), st.integers(0, 2**32 - 1), st.sampled_from([0.0, 0.005, None]),
        st.booleans())
-def test_hierarchical_plan_is_hierarchical_from_any_previous(problem, seed, tolerance, bound_first):
+def test_hierarchical_plan_is_hierarchical_from_any_previous(deployment, seed, tolerance, bound_first):
     """Whatever the placement in service (random, so groups spread over nodes), a hierarchical plan
     keeps every group on one node, and its max load is never below the hierarchical bound."""
     import warnings
@@ -306,7 +306,7 @@ def test_hierarchical_plan_is_hierarchical_from_any_previous(problem, seed, tole
 
     from eplb.planning import migration
 
-    config, counts = problem
+    config, counts = deployment
     previous = random_previous(config, counts.shape[0], seed)
     with mock.patch.object(migration, "BOUND_FIRST_SLOTS", 0 if bound_first else 10**9), warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # the budget of 3 moves is exceeded to regroup
@@ -319,10 +319,10 @@ def test_hierarchical_plan_is_hierarchical_from_any_previous(problem, seed, tole
 
 @settings(max_examples=40, deadline=None)
 @given(problems(), st.integers(0, 2**32 - 1))
-def test_plans_from_a_previous_plan_share_no_gpu_where_scratch_does_not(problem, seed):
+def test_plans_from_a_previous_plan_share_no_gpu_where_scratch_does_not(deployment, seed):
     """Methods never put two replicas of an expert on one GPU when the counts allow otherwise; a
     plan near a previous plan keeps that promise wherever the plan from scratch does."""
-    config, counts = problem
+    config, counts = deployment
     other = counts[:, np.random.default_rng(seed).permutation(config["num_experts"])]  # the hot experts moved
     previous = eplb.plan(other, **kwargs(config))
     scratch = eplb.plan(counts, **kwargs(config))

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import eplb
-from eplb.planning.api import make_problem
+from eplb.planning.api import make_deployment
 
 pytestmark = pytest.mark.slow  # CP-SAT models and brute force
 
@@ -82,13 +82,13 @@ def test_fewest_changes_match_brute_force(config, seed, tolerance, shared):
     rng = np.random.default_rng(seed)
     w = rng.integers(1, 50, num_experts).astype(float)
     topology = eplb.Topology(slots, num_nodes)
-    problem = make_problem(num_experts, num_groups=num_groups, topology=topology)
+    deployment = make_deployment(num_experts, num_groups=num_groups, topology=topology)
     old_w = rng.integers(1, 50, num_experts).astype(float)
     previous = eplb.plan(old_w, topology=topology, num_groups=num_groups).phy2log[0]
     scratch = eplb.plan(w, topology=topology, num_groups=num_groups)
     cap = float(scratch.max_load[0]) * (1 + tolerance)
     near = eplb.plan(w, topology=topology, num_groups=num_groups, previous=previous[None], tolerance=tolerance)
-    result = fewest_changes_layer(w, problem, previous, near.phy2log[0], cap=cap, max_moves=None, time_limit=5.0,
+    result = fewest_changes_layer(w, deployment, previous, near.phy2log[0], cap=cap, max_moves=None, time_limit=5.0,
                                   shared=shared)
     # cap is a float (a plan at exactly the reference max load may round just above it): a hair of slack
     expected = brute_force(w, previous, slots, Fraction(cap) * Fraction(1 + 1e-12), num_nodes, num_groups, shared)
@@ -160,9 +160,9 @@ def test_exact_migration_is_deterministic():
 
 def test_exact_migration_needs_a_cap_or_a_budget():
     w = np.array([1.0, 2.0, 3.0])
-    problem = make_problem(3, 4, 2)
+    deployment = make_deployment(3, 4, 2)
     with pytest.raises(ValueError, match="cap"):
-        fewest_changes_layer(w, problem, np.array([0, 1, 2, 0]), np.array([0, 1, 2, 0]), cap=None, max_moves=None)
+        fewest_changes_layer(w, deployment, np.array([0, 1, 2, 0]), np.array([0, 1, 2, 0]), cap=None, max_moves=None)
 
 
 def test_balancer_with_the_exact_method_rebalances_with_the_fewest_changes():
@@ -207,10 +207,10 @@ def test_small_layers_change_no_more_than_the_exhaustive_search_allows():
     scratch = eplb.plan(new, **CONFIG)
     assert (near.max_load <= scratch.max_load * 1.005 * (1 + 1e-12)).all()
     # within the same reference, the search (up to 4 changes per layer here) reaches the proven minimum
-    from eplb.planning.api import make_problem
+    from eplb.planning.api import make_deployment
     from eplb.planning.exact_migration import fewest_changes
 
-    _, info = fewest_changes(new, make_problem(8, 12, 4), previous.phy2log.copy(), near.phy2log.copy(),
+    _, info = fewest_changes(new, make_deployment(8, 12, 4), previous.phy2log.copy(), near.phy2log.copy(),
                              cap=scratch.max_load * 1.005, max_moves=None, time_limit=5.0)
     assert info["proven"].all()
     small = info["slots_changed"] <= 4

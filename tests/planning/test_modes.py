@@ -6,7 +6,7 @@ import pytest
 
 import eplb
 from eplb.planning.modes import MODES, make_request, mode_of
-from eplb.model.problem import make_problem
+from eplb.model.deployment import make_deployment
 
 DEPLOY = dict(num_slots=40, num_gpus=8, num_nodes=2, num_groups=4)
 
@@ -35,7 +35,7 @@ def test_every_mode_is_reached_and_named_in_info():
 
 
 def test_modes_are_tried_in_order():
-    problem = make_problem(32, 40, 8, 2, 4)
+    problem = make_deployment(32, 40, 8, 2, 4)
     series = _series()
     previous = eplb.plan(series.sum(axis=0), method="greedy", **DEPLOY).phy2log
     assert mode_of(make_request(series, problem, method="balanced")) == "series"
@@ -46,7 +46,7 @@ def test_modes_are_tried_in_order():
 
 
 def test_a_request_plans_for_given_weights_of_the_windows_shape_only():
-    problem = make_problem(32, 40, 8, 2, 4)
+    problem = make_deployment(32, 40, 8, 2, 4)
     series = _series()
     forecast = series[-1] * 2.0
     np.testing.assert_array_equal(make_request(series, problem, method="balanced", weights=forecast).weights, forecast)

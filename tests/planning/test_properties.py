@@ -18,8 +18,8 @@ def plan_kwargs(config):
 
 
 @given(problems(), st.sampled_from(FAST_METHODS))
-def test_same_input_same_placement(problem, method):
-    config, counts = problem
+def test_same_input_same_placement(deployment, method):
+    config, counts = deployment
     first = eplb.plan(counts, method=method, **plan_kwargs(config))
     again = eplb.plan(counts.copy(), method=method, **plan_kwargs(config))
     assert first == again
@@ -44,8 +44,8 @@ def test_same_placement_in_another_process():
 
 
 @given(problems(), st.sampled_from(FAST_METHODS), st.sampled_from([0.25, 2.0, 1024.0]))
-def test_scaling_the_counts_keeps_the_placement(problem, method, factor):
-    config, counts = problem
+def test_scaling_the_counts_keeps_the_placement(deployment, method, factor):
+    config, counts = deployment
     counts = np.round(counts) % 2**20
     base = eplb.plan(counts, method=method, **plan_kwargs(config))
     scaled = eplb.plan(counts * factor, method=method, **plan_kwargs(config))

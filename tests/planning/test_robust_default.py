@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import eplb
-from eplb.planning.api import make_problem
+from eplb.planning.api import make_deployment
 from eplb.planning.robust import hedge
 from eplb.simulation.series import mixture_windows, shift_structure, synthetic_workloads
 
@@ -267,7 +267,7 @@ def test_hedging_near_a_round_robin_start_keeps_groups_on_their_node():
     from eplb.serving.balancer import round_robin_placement
 
     series = structured_series(num_windows=6, seed=31)
-    problem = make_problem(32, **DEPLOYMENT)
+    problem = make_deployment(32, **DEPLOYMENT)
     start = round_robin_placement(3, 32, problem.topology, 4)
     assert groups_spread(start.phy2log, problem, 32).all()
     placement = eplb.plan(series, previous=start, copy_cost=1.0, **DEPLOYMENT)

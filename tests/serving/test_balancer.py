@@ -158,12 +158,12 @@ def test_state_survives_a_restart(tmp_path):
 def test_planning_kernel_releases_the_gil():
     """With a huge switch interval the main thread can only run while the planner thread waits or
     sits in a GIL-free kernel: it makes progress during the migration search."""
-    from eplb.planning.api import make_problem
+    from eplb.planning.api import make_deployment
     from eplb.kernels.few_changes import SearchLayout, search_near_previous
 
     series = drifting_counts(2, 58, 256, num_groups=8, drift=0.3, seed=8).astype(float)
     weights = np.concatenate([series[1]] * 4)
-    problem = make_problem(256, 288, 32, 4, None)
+    problem = make_deployment(256, 288, 32, 4, None)
     topo = problem.topology
     previous = np.concatenate([eplb.plan(series[0], topology=topo).phy2log] * 4)
     layout = SearchLayout(topo.gpu_of_slot, topo.slot_offsets, topo.node_of_gpu, np.zeros(256, np.int64), False, 1)

@@ -15,7 +15,7 @@ from eplb.method_comparison import compare
 from eplb.io.workloads import read_workload, tile_experts
 from eplb.simulation.comparison import BROKEN, OK, Workload, check_plan, fold_edges
 from eplb.simulation.method_runner import parse_method
-from eplb.model.problem import make_problem
+from eplb.model.deployment import make_deployment
 from cli_runner import invoke
 
 pytestmark = pytest.mark.slow  # each comparison runs its methods in fresh worker processes
@@ -265,7 +265,7 @@ def test_tile_experts_interleaves_consecutive_layers(windows, layers, experts, f
 
 
 def test_check_plan_accepts_a_valid_plan_and_names_an_id_out_of_range():
-    problem = make_problem(4, 8, 2)
+    problem = make_deployment(4, 8, 2)
     phy2log = np.array([[0, 1, 2, 3, 0, 1, 2, 3]])
     np.testing.assert_array_equal(check_plan((phy2log, None, None), 1, 4, problem), phy2log)
     with pytest.raises(ValueError, match="ids 0..4, expected 0..3"):

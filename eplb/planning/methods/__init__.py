@@ -1,11 +1,11 @@
-"""Placement methods: each is a function from (weights, problem configuration) to ``phy2log``.
+"""Placement methods: each is a function from (weights, deployment configuration) to ``phy2log``.
 
 A method module registers itself with :func:`register`; adding a method touches no other method.
 Signature of a method::
 
-    method(weights, problem, **options) -> (phy2log [L, S] int64, info: dict)
+    method(weights, deployment, **options) -> (phy2log [L, S] int64, info: dict)
 
-where ``weights`` is ``[L, E]`` float64 (validated, non-negative) and ``problem`` a :class:`Problem`.
+where ``weights`` is ``[L, E]`` float64 (validated, non-negative) and ``deployment`` a :class:`Deployment`.
 """
 
 from __future__ import annotations
@@ -15,9 +15,10 @@ from typing import Callable
 import numpy as np
 
 from ...model._validation import Option, check_options
-from ...model.problem import Problem, power_of_two_scale
+from ...model.deployment import Deployment
+from ...model.counts import power_of_two_scale
 
-__all__ = ["DEFAULT_METHOD", "METHODS", "OPTIONS", "Option", "Problem", "get_method", "register"]
+__all__ = ["DEFAULT_METHOD", "METHODS", "OPTIONS", "Option", "Deployment", "get_method", "register"]
 
 
 MethodFn = Callable[..., "tuple[np.ndarray, dict]"]
@@ -34,7 +35,7 @@ def register(name: str, options: dict[str, Option] | None = None, *, rescale: bo
     """Decorator: make a method available as ``plan(..., method=name)``; ``options`` declares the
     keyword options it accepts (checked by :func:`get_method`). With ``rescale``, :func:`get_method`
     hands the method counts scaled per layer by a power of two
-    (:func:`eplb.model.problem.power_of_two_scale`); a method that must see the counts as given (the
+    (:func:`eplb.model.counts.power_of_two_scale`); a method that must see the counts as given (the
     exact solver keeps integer counts integer) handles extreme magnitudes itself."""
 
     def decorate(fn: MethodFn) -> MethodFn:
@@ -48,18 +49,18 @@ def register(name: str, options: dict[str, Option] | None = None, *, rescale: bo
 
 
 def get_method(name: str) -> MethodFn:
-    """The method ``name`` as ``fn(weights, problem, **options)``, checking the options first: an
+    """The method ``name`` as ``fn(weights, deployment, **options)``, checking the options first: an
     unknown option or a value breaking its rule raises ``ValueError`` naming it. The placement
     does not change when the counts are multiplied by a power of two (see :func:`register`)."""
     if not isinstance(name, str) or name not in METHODS:
         raise ValueError(f"method must be one of {sorted(METHODS)}, got {name!r}")
     method, schema, rescale = METHODS[name], OPTIONS[name], name in _RESCALED
 
-    def run(weights: np.ndarray, problem: Problem, **options):
+    def run(weights: np.ndarray, deployment: Deployment, **options):
         options = check_options(f"method {name!r}", options, schema)
         if rescale:
             weights, _ = power_of_two_scale(weights)
-        return method(weights, problem, **options)
+        return method(weights, deployment, **options)
 
     return run
 

@@ -43,7 +43,7 @@ from ...kernels.tiny import SPREAD, tiny_optimum
 from ...analysis.bounds import TINY_BUDGET, TINY_SLOTS, average_bound
 from ...analysis.searches import group_assignment
 from ...model.topology import Topology
-from . import Option, Problem, register
+from . import Option, Deployment, register
 
 def writable(array: np.ndarray) -> np.ndarray:
     """``array`` as a writable C-contiguous array (a copy if it is read-only, as a Topology's are).
@@ -54,16 +54,16 @@ def writable(array: np.ndarray) -> np.ndarray:
     return np.require(array, requirements="CW")
 
 
-def domains(weights: np.ndarray, problem: Problem) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def domains(weights: np.ndarray, deployment: Deployment) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``(gpu_domain [G], expert_domain [L, E], bound [L])``: nodes in hierarchical mode, one domain
     otherwise; ``bound`` is the hierarchical bound the group search proved (zeros when global)."""
-    topology = problem.topology
+    topology = deployment.topology
     num_layers, num_experts = weights.shape
-    if not problem.hierarchical:
+    if not deployment.hierarchical:
         return (np.zeros(topology.num_gpus, np.int64), np.zeros((num_layers, num_experts), np.int64),
                 np.zeros(num_layers))
-    node_of_group, proven = group_assignment(weights, problem)
-    size = num_experts // problem.num_groups
+    node_of_group, proven = group_assignment(weights, deployment)
+    size = num_experts // deployment.num_groups
     return topology.node_of_gpu.astype(np.int64), np.repeat(node_of_group, size, axis=1), proven
 
 
@@ -115,7 +115,7 @@ def spread_layer(weights: np.ndarray, row: np.ndarray, topology: Topology, gpu_d
     return None
 
 
-def keep_better_than_greedy(weights: np.ndarray, problem: Problem, phy2log: np.ndarray) -> tuple[np.ndarray, int]:
+def keep_better_than_greedy(weights: np.ndarray, deployment: Deployment, phy2log: np.ndarray) -> tuple[np.ndarray, int]:
     """Replace the layers where the published greedy has a strictly lower max load. The published
     greedy may put two replicas of an expert on one GPU; those are spread first over other GPUs of
     their domain (:func:`spread_layer`), and the greedy layer is taken only if it is still strictly
@@ -123,17 +123,17 @@ def keep_better_than_greedy(weights: np.ndarray, problem: Problem, phy2log: np.n
 
     Returns the placement and the number of layers taken from greedy (greedy needs equal slots per GPU).
     """
-    topology = problem.topology
+    topology = deployment.topology
     if not topology.is_uniform:
         return phy2log, 0
-    groups, nodes = (problem.num_groups, topology.num_nodes) if problem.hierarchical else (1, 1)
+    groups, nodes = (deployment.num_groups, topology.num_nodes) if deployment.hierarchical else (1, 1)
     greedy, _ = greedy_placement(np.ascontiguousarray(weights, dtype=np.float32), topology.num_slots, groups,
                                  nodes, topology.num_gpus)
     own = max_loads(weights, phy2log, topology)
     worse = max_loads(weights, greedy, topology) < own
     if not worse.any():
         return phy2log, 0
-    domain = topology.node_of_gpu if problem.hierarchical else np.zeros(topology.num_gpus, np.int64)
+    domain = topology.node_of_gpu if deployment.hierarchical else np.zeros(topology.num_gpus, np.int64)
     phy2log = phy2log.copy()
     taken = 0
     for layer in np.flatnonzero(worse):
@@ -150,16 +150,16 @@ RETRY_WORK = 16_384
 that is below 2: a DeepSeek-V3-sized layer, 288 x 32, gets none)."""
 
 
-def retry_starts(problem: Problem, num_starts: int, work: int = RETRY_WORK) -> int:
+def retry_starts(deployment: Deployment, num_starts: int, work: int = RETRY_WORK) -> int:
     """Starts :func:`retry_replication` gives a layer of this deployment (0: it retries none)."""
     if num_starts <= 1:
         return 0
     # a hierarchical layer costs as much as a global one: DeepSeek-V3 size (288 x 32) gets no retries either
-    starts = min(64, int(work) // max(1, problem.topology.num_slots * problem.topology.num_gpus))
+    starts = min(64, int(work) // max(1, deployment.topology.num_slots * deployment.topology.num_gpus))
     return 0 if starts < 2 else max(starts, int(num_starts))
 
 
-def retry_replication(weights: np.ndarray, problem: Problem, phy2log: np.ndarray, gpu_domain: np.ndarray,
+def retry_replication(weights: np.ndarray, deployment: Deployment, phy2log: np.ndarray, gpu_domain: np.ndarray,
                       bound: np.ndarray, num_starts: int, max_steps: int, tolerance: float = 2e-4,
                       work: int = RETRY_WORK) -> tuple[np.ndarray, int]:
     """Try other replications (:func:`eplb.kernels.multistart.best_placement`) on the layers whose
@@ -173,11 +173,11 @@ def retry_replication(weights: np.ndarray, problem: Problem, phy2log: np.ndarray
 
     Returns the placement and the number of layers retried.
     """
-    topology = problem.topology
-    starts = retry_starts(problem, num_starts, work)
+    topology = deployment.topology
+    starts = retry_starts(deployment, num_starts, work)
     if starts == 0:
         return phy2log, 0
-    domains_count = topology.num_nodes if problem.hierarchical else 1
+    domains_count = topology.num_nodes if deployment.hierarchical else 1
     domain_gpus = topology.num_gpus // domains_count
     cheap = np.maximum(average_bound(weights, topology), weights.max(axis=1) / topology.num_gpus)
     cheap = np.maximum(cheap, bound)
@@ -198,7 +198,7 @@ def retry_replication(weights: np.ndarray, problem: Problem, phy2log: np.ndarray
     return phy2log, int(layers.size)
 
 
-def align_replication(weights: np.ndarray, problem: Problem, phy2log: np.ndarray, gpu_domain: np.ndarray,
+def align_replication(weights: np.ndarray, deployment: Deployment, phy2log: np.ndarray, gpu_domain: np.ndarray,
                       bound: np.ndarray, max_steps: int, tolerance: float = 2e-3,
                       retries: bool = True) -> tuple[np.ndarray, int]:
     """Try the aligned replications (:func:`eplb.kernels.multistart.aligned_counts`: the heavy experts
@@ -211,7 +211,7 @@ def align_replication(weights: np.ndarray, problem: Problem, phy2log: np.ndarray
 
     Returns the placement and the number of layers tried.
     """
-    topology = problem.topology
+    topology = deployment.topology
     cheap = np.maximum(average_bound(weights, topology), weights.max(axis=1) / topology.num_gpus)
     threshold = np.maximum(cheap, bound) * (1 + tolerance)
     rows = max_loads(weights, phy2log, topology) > threshold
@@ -225,13 +225,13 @@ def align_replication(weights: np.ndarray, problem: Problem, phy2log: np.ndarray
     return phy2log, int(rows.sum())
 
 
-def solve_tiny(weights: np.ndarray, problem: Problem, phy2log: np.ndarray) -> tuple[np.ndarray, int]:
+def solve_tiny(weights: np.ndarray, deployment: Deployment, phy2log: np.ndarray) -> tuple[np.ndarray, int]:
     """On tiny global instances (at most :data:`eplb.analysis.bounds.TINY_SLOTS` slots), replace every layer
     by the best placement with no two replicas of an expert on one GPU, when the exact branch and
     bound (:func:`eplb.kernels.tiny.tiny_optimum`, :data:`eplb.analysis.bounds.TINY_BUDGET` nodes) finds one
     strictly lighter. Returns the placement and the number of layers replaced."""
-    topology = problem.topology
-    if problem.hierarchical or topology.num_slots > TINY_SLOTS:
+    topology = deployment.topology
+    if deployment.hierarchical or topology.num_slots > TINY_SLOTS:
         return phy2log, 0
     peaks = max_loads(weights, phy2log, topology)
     slots_per_gpu = writable(topology.slots_per_gpu)
@@ -248,23 +248,23 @@ def solve_tiny(weights: np.ndarray, problem: Problem, phy2log: np.ndarray) -> tu
 
 @register("balanced", options={"max_steps": Option("int", minimum=0), "num_starts": Option("int", minimum=1),
                                "greedy_fallback": Option("bool")})
-def balanced(weights: np.ndarray, problem: Problem, max_steps: int = 4096, num_starts: int = 4,
+def balanced(weights: np.ndarray, deployment: Deployment, max_steps: int = 4096, num_starts: int = 4,
              greedy_fallback: bool = True) -> tuple[np.ndarray, dict]:
     """The default method (module docstring). ``max_steps``: most swaps per layer and node;
     ``num_starts``: replications tried on layers left above the simple bounds (1 = none);
     ``greedy_fallback``: step 8 (keep greedy's layer where it is lighter); ``False`` shows the
     method's own placements (``bench/greedy_net.py`` counts how often step 8 fires)."""
     weights = np.ascontiguousarray(weights, dtype=np.float64)
-    topology = problem.topology
-    gpu_domain, expert_domain, bound = domains(weights, problem)
+    topology = deployment.topology
+    gpu_domain, expert_domain, bound = domains(weights, deployment)
     phy2log = balanced_placement(weights, writable(topology.slots_per_gpu), gpu_domain, expert_domain,
                                  int(max_steps))
-    phy2log, aligned = align_replication(weights, problem, phy2log, gpu_domain, bound, max_steps,
-                                         retries=retry_starts(problem, num_starts) > 0)
-    phy2log, retried = retry_replication(weights, problem, phy2log, gpu_domain, bound, num_starts, max_steps)
-    phy2log, solved = solve_tiny(weights, problem, phy2log)
+    phy2log, aligned = align_replication(weights, deployment, phy2log, gpu_domain, bound, max_steps,
+                                         retries=retry_starts(deployment, num_starts) > 0)
+    phy2log, retried = retry_replication(weights, deployment, phy2log, gpu_domain, bound, num_starts, max_steps)
+    phy2log, solved = solve_tiny(weights, deployment, phy2log)
     from_greedy = 0
     if greedy_fallback:
-        phy2log, from_greedy = keep_better_than_greedy(weights, problem, phy2log)
-    return phy2log, {"hierarchical": problem.hierarchical, "layers_aligned": aligned, "layers_retried": retried,
+        phy2log, from_greedy = keep_better_than_greedy(weights, deployment, phy2log)
+    return phy2log, {"hierarchical": deployment.hierarchical, "layers_aligned": aligned, "layers_retried": retried,
                      "layers_solved_exactly": solved, "layers_from_greedy": from_greedy}

@@ -27,7 +27,7 @@ from ...analysis.bounds import TINY_SLOTS, strongest_bound
 from ...kernels.multistart import PAIR_SWAPS, best_placement
 from ...analysis.searches import improve_layer
 from ...model._validation import INT64_MAX
-from . import Option, Problem, register
+from . import Option, Deployment, register
 from .balanced import balanced, max_loads, writable
 
 
@@ -47,13 +47,13 @@ CAPPED_ATTEMPTS = 20
 """Packing attempts of the capped search per unit of ``capped_budget`` (the attempts are counted in int64)."""
 
 
-def finish_capped(weights: np.ndarray, problem: Problem, phy2log: np.ndarray, bound: np.ndarray,
+def finish_capped(weights: np.ndarray, deployment: Deployment, phy2log: np.ndarray, bound: np.ndarray,
                   budget: int) -> np.ndarray:
     """On small global layers (see :data:`CAPPED_SLOTS`), the lightest placement the capped search
     (:func:`eplb.analysis.searches.improve_layer`, ``budget`` nodes per packing attempt) finds from
     ``phy2log [L, S]``, never heavier; ``bound [L]`` is where it stops. Other layouts: unchanged."""
-    topology = problem.topology
-    if (budget == 0 or problem.hierarchical or not topology.is_uniform
+    topology = deployment.topology
+    if (budget == 0 or deployment.hierarchical or not topology.is_uniform
             or not TINY_SLOTS < topology.num_slots <= CAPPED_SLOTS):
         return phy2log
     num_gpus, slots = topology.num_gpus, int(topology.slots_per_gpu[0])
@@ -68,7 +68,7 @@ def finish_capped(weights: np.ndarray, problem: Problem, phy2log: np.ndarray, bo
                            "seed": Option("int", minimum=0), "move_experts": Option("int", minimum=0),
                            "move_passes": Option("int", minimum=0),
                            "capped_budget": Option("int", minimum=0, maximum=INT64_MAX // CAPPED_ATTEMPTS)})
-def best(weights: np.ndarray, problem: Problem, num_starts: int = 32, max_steps: int = 4096,
+def best(weights: np.ndarray, deployment: Deployment, num_starts: int = 32, max_steps: int = 4096,
          seed: int = 0, move_experts: int = 8, move_passes: int = 4, capped_budget: int = 1000
          ) -> tuple[np.ndarray, dict]:
     """``num_starts``: replications tried per layer and domain; ``seed``: generator seed;
@@ -77,18 +77,18 @@ def best(weights: np.ndarray, problem: Problem, num_starts: int = 32, max_steps:
     ``capped_budget``: search nodes per packing attempt of the capped search on small global
     layers (0: off)."""
     weights = np.ascontiguousarray(weights, dtype=np.float64)
-    topology = problem.topology
-    start, info = balanced(weights, problem, max_steps=max_steps)
-    if problem.hierarchical:
+    topology = deployment.topology
+    start, info = balanced(weights, deployment, max_steps=max_steps)
+    if deployment.hierarchical:
         domain = topology.node_of_gpu.astype(np.int64)
     else:
         domain = np.zeros(topology.num_gpus, np.int64)
     # replica moves only where the default is more than MOVE_TOLERANCE above the proven bound
-    bound = strongest_bound(weights, problem)
+    bound = strongest_bound(weights, deployment)
     phy2log = best_placement(weights, writable(topology.slots_per_gpu), domain, start, int(num_starts),
                              int(max_steps), int(seed), PAIR_SWAPS, np.zeros(weights.shape[0]), int(move_experts),
                              int(move_passes), np.ascontiguousarray(bound * (1 + MOVE_TOLERANCE)))
     worse = max_loads(weights, phy2log, topology) > max_loads(weights, start, topology)
     phy2log[worse] = start[worse]  # per-domain improvement cannot raise a layer's max; kept as a guarantee
-    phy2log = finish_capped(weights, problem, phy2log, bound, capped_budget)
+    phy2log = finish_capped(weights, deployment, phy2log, bound, capped_budget)
     return phy2log, {**info, "num_starts": int(num_starts), "seed": int(seed)}

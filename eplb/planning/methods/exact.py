@@ -12,7 +12,7 @@ import importlib
 import numpy as np
 
 from ...model._validation import MissingExtraError
-from . import DEFAULT_METHOD, Option, Problem, get_method, register
+from . import DEFAULT_METHOD, Option, Deployment, get_method, register
 
 DEFAULT_TIME_LIMIT = 10.0
 """Wall-clock seconds per layer when neither ``time_limit`` nor ``deterministic_time`` is given."""
@@ -36,7 +36,7 @@ def load_solver():
                             "deterministic_time": Option("number", above=0, allow_none=True),
                             "workers": Option("int", minimum=1, maximum=CP_SAT_INT_MAX), "progress": Option("bool", allow_none=True)},
           rescale=False)
-def exact_method(weights: np.ndarray, problem: Problem, *, time_limit: float | None = None,
+def exact_method(weights: np.ndarray, deployment: Deployment, *, time_limit: float | None = None,
                  deterministic_time: float | None = None, workers: int = 1, progress: bool | None = None
                  ) -> tuple[np.ndarray, dict]:
     """Options:
@@ -55,12 +55,12 @@ def exact_method(weights: np.ndarray, problem: Problem, *, time_limit: float | N
         time_limit = DEFAULT_TIME_LIMIT
     warm_method = DEFAULT_METHOD if DEFAULT_METHOD != "exact" else "greedy"
     try:
-        warm, _ = get_method(warm_method)(weights, problem)
+        warm, _ = get_method(warm_method)(weights, deployment)
     except ValueError:  # a configuration the default method does not take (e.g. uneven slots)
         warm_method = "largest-first"
-        warm = np.stack([exact.largest_first_plan(w, problem.topology) for w in weights])
-    phy2log, info = exact.solve(weights, problem, np.asarray(warm, dtype=np.int64), time_limit=time_limit,
+        warm = np.stack([exact.largest_first_plan(w, deployment.topology) for w in weights])
+    phy2log, info = exact.solve(weights, deployment, np.asarray(warm, dtype=np.int64), time_limit=time_limit,
                                 deterministic_time=deterministic_time, workers=workers, progress=progress)
     info.update(warm_start_method=warm_method, time_limit=time_limit, deterministic_time=deterministic_time,
-                workers=workers, hierarchical=problem.hierarchical)
+                workers=workers, hierarchical=deployment.hierarchical)
     return phy2log, info

@@ -19,7 +19,7 @@ numbers make CP-SAT's internal arithmetic unreliable), the table is ``P[e, r] = 
 for a scale ``s`` with ``sum(w) * s = 2**31``: every load is then rounded down, so the
 proven bound stays a valid lower bound (the plan's true load is recomputed from the counts).
 
-Hierarchical mode (``problem.hierarchical``) adds a boolean ``a[q, n]`` per group and node: each
+Hierarchical mode (``deployment.hierarchical``) adds a boolean ``a[q, n]`` per group and node: each
 group sits on exactly one node, and its experts' replicas only on that node's GPUs.
 
 Symmetry breaking: GPUs that are interchangeable (same slot count, and same node in hierarchical
@@ -45,7 +45,8 @@ import numpy as np
 from ortools.sat.python import cp_model
 
 from ...analysis.bounds import strongest_bound
-from ...model.problem import Problem, power_of_two_scale
+from ...model.deployment import Deployment
+from ...model.counts import power_of_two_scale
 from ...model.topology import Topology
 
 # Largest scaled total load of a layer. CP-SAT computes in int64 but multiplies coefficients in places
@@ -136,7 +137,7 @@ class LayerModel:
 
     Args:
         w: ``[E]`` float64 loads of the layer.
-        problem: topology, groups, hierarchical flag.
+        deployment: topology, groups, hierarchical flag.
         levers: which strengthenings to use.
         closed_form_bound: ``eplb.analysis.bounds.lower_bound`` of the layer (a float in count units).
     Attributes:
@@ -144,9 +145,9 @@ class LayerModel:
         units; ``exact``: whether ``P`` is exact (else rounded down).
     """
 
-    def __init__(self, w: np.ndarray, problem: Problem, levers: Levers, closed_form_bound: float):
-        topology = problem.topology
-        self.w, self.problem, self.levers = w, problem, levers
+    def __init__(self, w: np.ndarray, deployment: Deployment, levers: Levers, closed_form_bound: float):
+        topology = deployment.topology
+        self.w, self.deployment, self.levers = w, deployment, levers
         num_experts, slots = len(w), topology.slots_per_gpu
         self.max_count = max_count = topology.num_slots - num_experts + 1
         self.table, self.scale, self.exact = load_table(w, max_count, levers.exact_loads)
@@ -197,10 +198,10 @@ class LayerModel:
                 if table[e, 0] > 0:
                     model.add(peak >= sum(int(table[e, n - 1]) * y[e][n - 1] for n in counts))
 
-        if problem.hierarchical:
+        if deployment.hierarchical:
             self._add_groups_on_nodes()
         if levers.symmetry_breaking:
-            for same in interchangeable_gpus(topology, problem.hierarchical):
+            for same in interchangeable_gpus(topology, deployment.hierarchical):
                 for a, b in zip(same, same[1:]):
                     model.add(load[a] >= load[b])
         if levers.branch_on_counts:
@@ -211,8 +212,8 @@ class LayerModel:
 
     def _add_groups_on_nodes(self):
         """Each group ``q`` on exactly one node: ``a[q, n]``; its replicas only on that node's GPUs."""
-        model, problem, topology = self.model, self.problem, self.problem.topology
-        num_groups, num_nodes = problem.num_groups, topology.num_nodes
+        model, deployment, topology = self.model, self.deployment, self.deployment.topology
+        num_groups, num_nodes = deployment.num_groups, topology.num_nodes
         group_size = len(self.w) // num_groups
         node_of_gpu = topology.node_of_gpu
         symmetric = self.levers.symmetry_breaking and _identical_nodes(topology)
@@ -255,7 +256,7 @@ class LayerModel:
 
     def per_gpu_counts(self, slots_row: np.ndarray) -> np.ndarray:
         """``phy2log`` row ``[S]`` -> ``[E, G]`` int64 replicas of each expert on each GPU."""
-        topology = self.problem.topology
+        topology = self.deployment.topology
         out = np.zeros((len(self.w), topology.num_gpus), np.int64)
         np.add.at(out, (slots_row, topology.gpu_of_slot), 1)
         return out
@@ -266,19 +267,19 @@ class LayerModel:
         Interchangeable GPUs end up in non-increasing order of the model's integer load; with identical
         nodes in hierarchical mode, nodes are ordered by the first group they hold.
         """
-        topology, problem = self.problem.topology, self.problem
+        topology, deployment = self.deployment.topology, self.deployment
         offsets = topology.slot_offsets
         blocks = [slots_row[offsets[g]:offsets[g + 1]] for g in range(topology.num_gpus)]
-        if problem.hierarchical and self.levers.symmetry_breaking and _identical_nodes(topology):
-            per_node, group_size = topology.gpus_per_node, len(self.w) // problem.num_groups
+        if deployment.hierarchical and self.levers.symmetry_breaking and _identical_nodes(topology):
+            per_node, group_size = topology.gpus_per_node, len(self.w) // deployment.num_groups
             first = [min((int(e) // group_size for b in blocks[n * per_node:(n + 1) * per_node] for e in b),
-                         default=problem.num_groups) for n in range(topology.num_nodes)]
+                         default=deployment.num_groups) for n in range(topology.num_nodes)]
             order = sorted(range(topology.num_nodes), key=lambda n: (first[n], n))
             blocks = [blocks[n * per_node + j] for n in order for j in range(per_node)]
         if self.levers.symmetry_breaking:
             counts = np.bincount(slots_row, minlength=len(self.w))
             loads = [int(self.table[b, counts[b] - 1].sum()) for b in blocks]
-            for same in interchangeable_gpus(topology, problem.hierarchical):
+            for same in interchangeable_gpus(topology, deployment.hierarchical):
                 ranked = sorted(same, key=lambda g: (-loads[g], g))
                 moved = [blocks[g] for g in ranked]
                 for g, block in zip(same, moved):
@@ -304,16 +305,16 @@ class LayerModel:
         for g in self.gpus:
             model.add_hint(self.load[g], loads[g])
         model.add_hint(self.peak, max(loads.values()))
-        if self.problem.hierarchical:
-            group_size = len(self.w) // self.problem.num_groups
-            node_of_gpu = self.problem.topology.node_of_gpu
+        if self.deployment.hierarchical:
+            group_size = len(self.w) // self.deployment.num_groups
+            node_of_gpu = self.deployment.topology.node_of_gpu
             for (q, n), var in self.a.items():
                 model.add_hint(var, bool(on_gpu[q * group_size, node_of_gpu == n].sum() > 0))
 
     def plan_from(self, value) -> np.ndarray:
         """A solution as a ``phy2log`` row ``[S]`` (each GPU's experts in increasing order); ``value``
         maps a variable to its value (``solver.value`` or a solution callback's ``value``)."""
-        topology = self.problem.topology
+        topology = self.deployment.topology
         row = []
         for g in range(topology.num_gpus):
             if topology.slots_per_gpu[g] == 0:
@@ -416,7 +417,7 @@ def _doubled(row: np.ndarray, topology: Topology) -> int:
     return len(row) - pairs
 
 
-def solve_layer(w: np.ndarray, problem: Problem, warm: np.ndarray, closed_form_bound: float, *,
+def solve_layer(w: np.ndarray, deployment: Deployment, warm: np.ndarray, closed_form_bound: float, *,
                 time_limit: float | None, workers: int, levers: Levers = Levers(),
                 deterministic_time: float | None = None) -> tuple[LayerResult, bool]:
     """Solve one layer in two stages: the lowest max load, then, keeping it, the fewest replicas
@@ -435,7 +436,7 @@ def solve_layer(w: np.ndarray, problem: Problem, warm: np.ndarray, closed_form_b
     start = time.perf_counter()
     if not w.any():  # a dense layer: every plan is optimal
         return LayerResult(warm.copy(), True, 0.0, 0.0, "TRIVIAL", 0.0), False
-    layer_model = LayerModel(w, problem, levers, closed_form_bound)
+    layer_model = LayerModel(w, deployment, levers, closed_form_bound)
     if levers.warm_start:
         layer_model.add_hint(warm)
     wall = None if time_limit is None else max(1e-3, time_limit - (time.perf_counter() - start))
@@ -446,9 +447,9 @@ def solve_layer(w: np.ndarray, problem: Problem, warm: np.ndarray, closed_form_b
     if ran and status in (cp_model.OPTIMAL, cp_model.FEASIBLE, cp_model.UNKNOWN):
         bound = solver.best_objective_bound / layer_model.scale
     bound = max(bound, 0.0)
-    if row is None or _peak(row, w, problem.topology) > _peak(warm, w, problem.topology):
+    if row is None or _peak(row, w, deployment.topology) > _peak(warm, w, deployment.topology):
         row = warm.copy()  # never worse than the warm start (matters only for rounded loads)
-    peak = _peak(row, w, problem.topology)
+    peak = _peak(row, w, deployment.topology)
     # with exact integer loads the model's optimum must be the plan's load, to the unit
     consistent = (status != cp_model.OPTIMAL or not layer_model.exact
                   or abs(solver.objective_value - peak * layer_model.scale) <= 0.5)
@@ -460,17 +461,17 @@ def solve_layer(w: np.ndarray, problem: Problem, warm: np.ndarray, closed_form_b
     else:
         optimal = peak <= bound * (1.0 + OPTIMALITY_TOLERANCE)
     name = "INTERRUPTED" if interrupted else solver.status_name(status)
-    doubled = _doubled(row, problem.topology)
+    doubled = _doubled(row, deployment.topology)
     info = {"exact_arithmetic": layer_model.exact, "doubled_before_spreading": doubled}
     if doubled and not interrupted and consistent:
-        row, interrupted = _spread(layer_model, row, doubled, w, problem, peak, time_limit, deterministic_time,
+        row, interrupted = _spread(layer_model, row, doubled, w, deployment, peak, time_limit, deterministic_time,
                                    workers)
-    info["doubled"] = _doubled(row, problem.topology)
+    info["doubled"] = _doubled(row, deployment.topology)
     elapsed = time.perf_counter() - start
     return LayerResult(row, bool(optimal), float(min(bound, peak)), elapsed, name, peak, info), interrupted
 
 
-def _spread(layer_model: LayerModel, row: np.ndarray, doubled: int, w: np.ndarray, problem: Problem, peak: float,
+def _spread(layer_model: LayerModel, row: np.ndarray, doubled: int, w: np.ndarray, deployment: Deployment, peak: float,
             time_limit: float | None, deterministic_time: float | None, workers: int) -> tuple[np.ndarray, bool]:
     """The second stage of :func:`solve_layer` from the first stage's plan ``row [S]`` (max load
     ``peak``, ``doubled`` slots doubling a replica): a plan as light with fewer doubled replicas,
@@ -479,8 +480,8 @@ def _spread(layer_model: LayerModel, row: np.ndarray, doubled: int, w: np.ndarra
     solver = solver_parameters(None if deterministic_time is None else SPREAD_SHARE * deterministic_time, workers,
                                wall_seconds=None if time_limit is None else max(1e-3, SPREAD_SHARE * time_limit))
     _, spread, _, interrupted = _search(layer_model, solver)
-    if spread is None or _peak(spread, w, problem.topology) > peak \
-            or _doubled(spread, problem.topology) >= doubled:
+    if spread is None or _peak(spread, w, deployment.topology) > peak \
+            or _doubled(spread, deployment.topology) >= doubled:
         return row, interrupted  # with rounded loads the stage may not keep the true max load: keep row
     return spread, interrupted
 
@@ -514,7 +515,7 @@ def _peak(row: np.ndarray, w: np.ndarray, topology: Topology) -> float:
     return float(np.bincount(topology.gpu_of_slot, weights=per_slot, minlength=topology.num_gpus).max())
 
 
-def solve(weights: np.ndarray, problem: Problem, warm: np.ndarray, *, time_limit: float | None, workers: int,
+def solve(weights: np.ndarray, deployment: Deployment, warm: np.ndarray, *, time_limit: float | None, workers: int,
           progress: bool | None = None, levers: Levers = Levers(), deterministic_time: float | None = None
           ) -> tuple[np.ndarray, dict]:
     """Solve every layer independently.
@@ -539,7 +540,7 @@ def solve(weights: np.ndarray, problem: Problem, warm: np.ndarray, *, time_limit
     peak = weights.max(axis=1)
     shift = np.where((peak >= 2.0**-60) & (peak <= 2.0**60), 0, shift)
     scaled = np.ldexp(weights, shift[:, None].astype(np.int32))
-    bounds = strongest_bound(scaled, problem)
+    bounds = strongest_bound(scaled, deployment)
     phy2log = warm.copy()
     optimal = np.zeros(num_layers, bool)
     proven = bounds.astype(np.float64).copy()
@@ -552,7 +553,7 @@ def solve(weights: np.ndarray, problem: Problem, warm: np.ndarray, *, time_limit
     try:
         for layer in range(num_layers):
             try:
-                result, interrupted = solve_layer(scaled[layer], problem, warm[layer], float(bounds[layer]),
+                result, interrupted = solve_layer(scaled[layer], deployment, warm[layer], float(bounds[layer]),
                                                   time_limit=time_limit, workers=workers, levers=levers,
                                                   deterministic_time=deterministic_time)
             except KeyboardInterrupt:  # outside the search (building the model): keep the warm start

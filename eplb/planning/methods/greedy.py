@@ -10,19 +10,19 @@ from __future__ import annotations
 import numpy as np
 
 from ...kernels.deepseek_greedy import greedy_placement
-from . import Problem, register
+from . import Deployment, register
 
 
 @register("greedy", options={})
-def greedy(weights: np.ndarray, problem: Problem) -> tuple[np.ndarray, dict]:
-    topology = problem.topology
+def greedy(weights: np.ndarray, deployment: Deployment) -> tuple[np.ndarray, dict]:
+    topology = deployment.topology
     if not topology.is_uniform:
         raise ValueError("method 'greedy' needs the same number of slots on every GPU; use the default method")
-    if problem.hierarchical:
-        groups, nodes = problem.num_groups, topology.num_nodes
+    if deployment.hierarchical:
+        groups, nodes = deployment.num_groups, topology.num_nodes
     else:
         groups, nodes = 1, 1
     phy2log, _ = greedy_placement(
         np.ascontiguousarray(weights, dtype=np.float32), topology.num_slots, groups, nodes, topology.num_gpus
     )
-    return phy2log, {"hierarchical": problem.hierarchical}
+    return phy2log, {"hierarchical": deployment.hierarchical}

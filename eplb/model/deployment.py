@@ -1,0 +1,106 @@
+"""The deployment: the one value every layer passes about where experts may live and how the
+engine serves them (model layer).
+
+A :class:`Deployment` says how many logical experts a layer has, where the slots are (a
+:class:`~eplb.model.topology.Topology`: slots per GPU, GPUs per node), how experts are grouped,
+whether every group stays on one node, and the engine's dispatch rule (how it splits an expert's
+tokens among its replicas). Methods plan under it, a :class:`eplb.Placement` carries it, and its
+metrics judge under its rule.
+
+:meth:`Deployment.of` (and :func:`make_deployment`) validates a configuration and applies the
+published group rule: placement is hierarchical (every expert group on one node) when ``num_groups``
+is a multiple of ``num_nodes``; otherwise it is global and the groups are ignored, as in DeepSeek's
+published ``rebalance_experts``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ._validation import as_int
+from .dispatch_rules import dispatch_rule
+from .topology import Topology
+
+
+@dataclass(frozen=True)
+class Deployment:
+    """Where the experts of one model may live and how the engine serves them.
+
+    Attributes:
+        num_experts: ``E`` logical experts per layer.
+        topology: slots per GPU, GPUs per node (``S`` slots, ``G`` GPUs, ``N`` nodes).
+        num_groups: expert groups (experts ``g*E/K ... (g+1)*E/K - 1`` form group ``g``), or None
+            (no groups, or groups ignored because ``num_groups % num_nodes != 0``).
+        hierarchical: keep every group (and its replicas) on one node; set when ``num_groups`` is a
+            multiple of ``num_nodes`` (the published rule), else the placement is global.
+        dispatch: the engine's dispatch rule, a name of
+            :data:`eplb.model.dispatch_rules.DISPATCH_RULES` (``"uniform"``: an even split).
+    """
+
+    num_experts: int
+    topology: Topology
+    num_groups: int | None = None
+    hierarchical: bool = False
+    dispatch: str = "uniform"
+
+    @classmethod
+    def of(cls, num_experts: int, *, num_slots=None, num_gpus=None, num_nodes=1, num_groups=None,
+           topology: Topology | None = None, dispatch: str = "uniform") -> "Deployment":
+        """A validated deployment (:func:`make_deployment` with keywords), e.g.
+        ``Deployment.of(256, num_slots=288, num_gpus=32, num_nodes=4, num_groups=8)``."""
+        return make_deployment(num_experts, num_slots, num_gpus, num_nodes, num_groups, topology, dispatch=dispatch)
+
+    @property
+    def num_slots(self) -> int:
+        return self.topology.num_slots
+
+    @property
+    def num_gpus(self) -> int:
+        return self.topology.num_gpus
+
+    @property
+    def num_nodes(self) -> int:
+        return self.topology.num_nodes
+
+
+def make_deployment(num_experts: int, num_slots=None, num_gpus=None, num_nodes=1, num_groups=None,
+                    topology: Topology | None = None, *, dispatch: str = "uniform",
+                    ignore_nodes_when_global: bool = False) -> Deployment:
+    """Validate a configuration and resolve whether placement is hierarchical.
+
+    Args:
+        num_experts: ``E``. num_slots: ``S >= E``, a multiple of ``num_gpus``.
+        num_gpus: ``G``; num_nodes: ``N`` (``G % N == 0``, unless ignored, below).
+        num_groups: expert groups. With ``num_groups % num_nodes == 0`` the placement is
+            hierarchical and ``E % num_groups == 0`` is required; otherwise the placement is global
+            and the groups are ignored (the published rule), so ``E`` need not be divisible.
+        topology: an explicit :class:`Topology` instead of ``num_slots/num_gpus/num_nodes``.
+        dispatch: the engine's dispatch rule (:data:`eplb.model.dispatch_rules.DISPATCH_RULES`).
+        ignore_nodes_when_global: when the placement falls back to global, also ignore
+            ``num_nodes`` (one node), as the published ``rebalance_experts`` does: then
+            ``num_gpus`` need not be a multiple of ``num_nodes``.
+    """
+    num_experts = as_int(num_experts, "num_experts", minimum=1)
+    dispatch_rule(dispatch)
+    groups = None if num_groups is None else as_int(num_groups, "num_groups", minimum=1)
+    if topology is None:
+        if num_slots is None or num_gpus is None:
+            raise ValueError("num_slots and num_gpus are required (or pass topology=)")
+        nodes = as_int(num_nodes, "num_nodes", minimum=1)
+        if groups is not None and groups % nodes:
+            groups = None  # the published rule: global placement, groups ignored
+        if ignore_nodes_when_global and groups is None:
+            nodes = 1
+        topology = Topology.uniform(num_slots, num_gpus, nodes)
+    elif not isinstance(topology, Topology):
+        raise ValueError(f"topology must be an eplb.Topology, got {type(topology).__name__}")
+    if topology.num_slots < num_experts:
+        raise ValueError(
+            f"num_slots ({topology.num_slots}) must be >= the number of experts ({num_experts}): "
+            "every expert needs a slot"
+        )
+    if groups is None or groups % topology.num_nodes:
+        return Deployment(num_experts, topology, None, False, dispatch)
+    if num_experts % groups:
+        raise ValueError(f"the number of experts ({num_experts}) must be divisible by num_groups ({groups})")
+    return Deployment(num_experts, topology, groups, True, dispatch)
