@@ -14,6 +14,7 @@ from .simulation.simulate import SimulationResult, simulate
 from .simulation.sweep import sweep
 from .simulation.pools import recommend
 from .model.topology import Topology
+from .model.deployment import Deployment
 from .serving.transfer import TransferPlan, transfer_plan
 from .precompile import warmup
 from .method_comparison import compare
@@ -31,6 +32,7 @@ __all__ = [
     "BalancerProcess",
     "CostModel",
     "DEFAULT_METHOD",
+    "Deployment",
     "FixedInterval",
     "METHODS",
     "NoRebalance",

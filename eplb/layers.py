@@ -9,12 +9,12 @@ This map is the only copy: the layering test reads it, and the README's Design s
 from __future__ import annotations
 
 LAYERS: tuple[tuple[str, str], ...] = (
-    ("model", "the deployment: input checks, topology, problem configuration, cost model"),
+    ("model", "the deployment (one value: experts, topology, groups, dispatch rule), input checks, cost model"),
     ("kernels", "Numba over plain arrays, each file named by what it computes"),
     ("analysis", "numbers about loads and placements: Placement, loads (the one load function), metrics, "
                  "lower bounds and the searches "
                  "they share with the methods, dispatch (optimal and each engine's), the windows of a series"),
-    ("planning", "plan() and rebalance_experts(), methods/ (the registry and one module a method), "
+    ("planning", "plan() and rebalance_experts() as a pipeline of stages, methods/ (the registry and one module a method), "
                  "migration, locality, series objectives and the robust search, certificates"),
     ("serving", "the online Balancer, the policy seam (Policy and its registry), transfer plans, adapters/ (engines)"),
     ("simulation", "simulate, sweep, synthetic counts and series generators"),

@@ -12,6 +12,7 @@ from . import loads, metrics
 from ..model._validation import as_counts, as_int
 from ..kernels.shares import optimal_shares
 from ..kernels.layout import replica_counts, slots_of_experts
+from ..model.deployment import Deployment
 from ..model.topology import Topology
 from ..model.dispatch_rules import DISPATCH_RULES, SCORING
 from .rule_shares import rule_shares
@@ -190,6 +191,14 @@ class Placement:
             object.__setattr__(self, "home_node", _frozen(home.astype(np.int64)))
 
     # -- shape ---------------------------------------------------------------------------------
+    @property
+    def deployment(self) -> Deployment:
+        """The :class:`~eplb.model.deployment.Deployment` it was planned for: its experts,
+        topology, the groups it kept on one node each, and the dispatch rule its metrics judge
+        under."""
+        return Deployment(self.num_experts, self.topology, self.num_groups, self.num_groups is not None,
+                          self.dispatch)
+
     @property
     def num_layers(self) -> int:
         return self.phy2log.shape[0]

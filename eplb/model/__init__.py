@@ -1,2 +1,2 @@
-"""The deployment model: input checks, the topology, the problem configuration, the cost model
+"""The deployment model: input checks, the topology, the deployment, the cost model
 (lowest layer: imports nothing else of the package)."""

@@ -19,15 +19,15 @@ from ..model.counts import summed_2d, weights_2d
 from ..model.topology import Topology
 from .locality import off_node_curve
 from .methods import DEFAULT_METHOD, OPTIONS as METHOD_OPTIONS
-from .modes import MODES, make_request, mode_of, run
+from .pipeline import build, plan_arrays, run, windows_of
 
-__all__ = ["Deployment", "held_out", "make_problem", "pareto", "plan", "rebalance_experts"]
+__all__ = ["Deployment", "held_out", "make_deployment", "pareto", "plan", "rebalance_experts"]
 
 HELD_OUT_FOLDS = 16  # leave-one-out over at most this many blocks of windows
 
 
-def plan(counts, *, num_slots=None, num_gpus=None, num_nodes=1, num_groups=None,
-         method: str = DEFAULT_METHOD, topology: Topology | None = None, previous=None,
+def plan(counts, deployment: Deployment | None = None, *, num_slots=None, num_gpus=None, num_nodes=1,
+         num_groups=None, method: str = DEFAULT_METHOD, topology: Topology | None = None, previous=None,
          tolerance: float | None = PLAN_TOLERANCE, max_moves=None, max_off_node: float | None = None,
          objective: str | None = None, window_weights=None, dispatch: str = "uniform",
          copy_cost: float = COPY_COST, **options) -> Placement:
@@ -37,6 +37,9 @@ def plan(counts, *, num_slots=None, num_gpus=None, num_nodes=1, num_groups=None,
         counts: ``[L, E]`` tokens routed to each logical expert (``[E]`` for one layer), or a series
             ``[T, L, E]`` of ``T`` windows, planned as windows: hedged over them (``objective``
             below; ``objective="sum"`` plans on their sum). Non-negative and finite.
+        deployment: an :class:`eplb.Deployment` (``eplb.Deployment.of(E, num_slots=..., ...)``), the
+            one value for where experts may live and the engine's dispatch rule; or ``None`` and the
+            keywords below, which build it (not both).
         num_slots: ``S``, physical expert slots in all (``S >= E``, a multiple of ``num_gpus``).
         num_gpus: ``G``, GPUs (ranks); ``num_nodes``: ``N``, nodes (``G % N == 0``).
         num_groups: expert groups; with ``num_groups % num_nodes == 0`` every group stays on one node.
@@ -91,17 +94,33 @@ def plan(counts, *, num_slots=None, num_gpus=None, num_nodes=1, num_groups=None,
         computed on first access (a call that never reads them never computes the bound).
     """
     _check_option_names(method, options)
-    windows = as_counts(counts, "counts", ndims=(1, 2, 3))
-    problem = make_deployment(windows.shape[-1], num_slots, num_gpus, num_nodes, num_groups, topology)
-    placement = run(make_request(windows, problem, method=method, dispatch=dispatch, objective=objective,
-                                 window_weights=window_weights, previous=previous, tolerance=tolerance,
-                                 max_moves=max_moves, max_off_node=max_off_node, copy_cost=copy_cost,
-                                 options=options))
-    if dispatch != "uniform":
-        # the rule it was planned for, which its metrics then judge under (set on the fresh result:
-        # dataclasses.replace would evaluate its lazy lower bound)
-        object.__setattr__(placement, "dispatch", dispatch)
-    return placement
+    counts = as_counts(counts, "counts", ndims=(1, 2, 3))
+    if deployment is None:
+        deployment = make_deployment(counts.shape[-1], num_slots, num_gpus, num_nodes, num_groups, topology,
+                                     dispatch=dispatch)
+    else:
+        _check_given_deployment(deployment, counts.shape[-1], num_slots=num_slots, num_gpus=num_gpus,
+                                num_nodes=num_nodes != 1, num_groups=num_groups, topology=topology,
+                                dispatch=dispatch != "uniform")
+    dispatch = deployment.dispatch
+    windows, objective = windows_of(counts, dispatch, objective, window_weights)
+    stages = build(windows, deployment, method=method, objective=objective, previous=previous, tolerance=tolerance,
+                   max_moves=max_moves, max_off_node=max_off_node, copy_cost=copy_cost, options=options)
+    return run(windows, deployment, stages, method)
+
+
+def _check_given_deployment(deployment, num_experts: int, **keywords) -> None:
+    """A ``deployment=`` given to :func:`plan` is a :class:`Deployment` of ``num_experts`` experts,
+    and none of its keywords is given beside it (``keywords``: name -> given, or ``None``/``False``)."""
+    if not isinstance(deployment, Deployment):
+        raise ValueError(f"deployment must be an eplb.Deployment (eplb.Deployment.of(...)), got "
+                         f"{type(deployment).__name__}")
+    given = sorted(name for name, value in keywords.items() if value is not None and value is not False)
+    if given:
+        raise ValueError(f"give the deployment either as deployment= or as keywords, not both: got deployment= "
+                         f"and {', '.join(given)}")
+    if deployment.num_experts != num_experts:
+        raise ValueError(f"deployment is for {deployment.num_experts} experts, but counts has {num_experts}")
 
 
 def held_out(counts, *, folds: int = HELD_OUT_FOLDS, judge: str | None = None, **plan_options) -> np.ndarray:
@@ -130,7 +149,8 @@ def held_out(counts, *, folds: int = HELD_OUT_FOLDS, judge: str | None = None, *
     if not (isinstance(folds, (int, np.integer)) and not isinstance(folds, bool) and folds >= 2):
         raise ValueError(f"folds must be an integer >= 2, got {folds!r}")
     if judge is None:
-        rule = plan_options.get("dispatch", "uniform")
+        given = plan_options.get("deployment")
+        rule = given.dispatch if isinstance(given, Deployment) else plan_options.get("dispatch", "uniform")
         judge = rule if dispatch_rule(rule).kind in ("optimal", "engine") else "shares"
     if judge != "shares":
         dispatch_rule(judge, "judge", accepted=tuple(DISPATCH_RULES) + ("shares",))
@@ -184,8 +204,8 @@ def pareto(counts, *, num_slots=None, num_gpus=None, num_nodes=1, num_groups=Non
         balancedness is the mean over MoE layers (and windows) of mean / max GPU load.
     """
     weights = weights_2d(counts, "counts")
-    problem = make_deployment(weights.shape[1], num_slots, num_gpus, num_nodes, num_groups, topology)
-    if not problem.hierarchical:
+    deployment = make_deployment(weights.shape[1], num_slots, num_gpus, num_nodes, num_groups, topology)
+    if not deployment.hierarchical:
         raise ValueError("pareto needs a hierarchical configuration: num_groups a multiple of num_nodes")
     caps = [as_fraction(f, "fractions entry") for f in np.atleast_1d(np.asarray(fractions, dtype=object))]
     if held_out is not None:
@@ -193,7 +213,7 @@ def pareto(counts, *, num_slots=None, num_gpus=None, num_nodes=1, num_groups=Non
         if held_out.shape[-2:] != weights.shape:
             raise ValueError(f"held_out must have shape [T, {weights.shape[0]}, {weights.shape[1]}], got {held_out.shape}")
         held_out = held_out.reshape((-1,) + weights.shape)
-    return off_node_curve(weights, problem, caps, held_out, method, **options)
+    return off_node_curve(weights, deployment, caps, held_out, method, **options)
 
 
 def rebalance_experts(weight, num_replicas, num_groups, num_nodes, num_gpus, *, method: str = DEFAULT_METHOD,
@@ -219,11 +239,12 @@ def rebalance_experts(weight, num_replicas, num_groups, num_nodes, num_gpus, *, 
     one_layer = np.ndim(weight) == 1 if not is_torch else weight.dim() == 1
     windows = as_counts(weight, "weight", ndims=(1, 2, 3))
     weights = summed_2d(windows, "weight")
-    problem = make_deployment(weights.shape[1], num_replicas, num_gpus, num_nodes, num_groups,
+    deployment = make_deployment(weights.shape[1], num_replicas, num_gpus, num_nodes, num_groups,
                            ignore_nodes_when_global=True)
     # a series of windows: the hedged plan of the default objective, as plan() makes it
-    request = make_request(windows, problem, method=method, options=options)
-    phy2log = MODES[mode_of(request)].plan(request).phy2log  # arrays out: no Placement, no home nodes
+    series, objective = windows_of(windows)
+    phy2log = plan_arrays(series, deployment, build(series, deployment, method=method, objective=objective,
+                                                    options=options)).phy2log  # arrays out: no Placement
     logcnt = replica_counts(phy2log, weights.shape[1])
     log2phy = slots_of_experts(phy2log, weights.shape[1], int(logcnt.max()))
     result = (phy2log, log2phy, logcnt)

@@ -28,16 +28,13 @@ when it is not worse: a plan made for the rule is never worse than it there.
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 
 from ..model.dispatch_rules import dispatch_rule
 from ..kernels.fixed_shares import ANYWHERE, FIXED, balance_fixed_loads, spread_over_nodes
 from ..analysis.metrics import balancedness
-from ..analysis.placement import Placement
 from ..analysis.rule_shares import ENGINE_KIND_RULES as RULES
-from ..analysis.rule_shares import RuleShares, check_topology, rule_shares
+from ..analysis.rule_shares import RuleShares, check_topology
 from ..analysis.windows import check_window_weights
 
 RULE_ANCHOR = 0.25
@@ -171,29 +168,3 @@ def plan_for_rule(windows, base: np.ndarray, deployment, rule: str, window_weigh
             "spread": spread, "engine_balancedness_before": even, "engine_balancedness_after": max(made, even),
             "kept_even_split_plan": bool(kept)}
     return out, info
-
-
-def plan_for_engine(counts, base: Placement, deployment, rule: str, window_weights=None) -> Placement:
-    """:func:`plan_for_rule` on ``counts`` (``[L, E]`` or a series ``[T, L, E]``, validated) from
-    the even-split plan ``base``, as a :class:`Placement` whose ``max_load`` is under the rule's
-    shares and whose ``info`` adds the diagnostics, ``time_s`` (the even-split plan's included) and
-    ``mode`` (``"engine"``, :mod:`eplb.planning.modes`)."""
-    start = time.perf_counter()
-    windows = np.asarray(counts, dtype=np.float64).reshape((-1,) + base.phy2log.shape[:1] + (base.num_experts,))
-    phy2log, info = plan_for_rule(windows, base.phy2log, deployment, rule, window_weights)
-    weights = check_window_weights(window_weights, windows.shape[0])
-    weights = weights / weights.max()  # relative, as the even-split plan's lower bound: the gap is scale-free
-    summed = np.tensordot(weights, windows, axes=1)
-    topology = base.topology
-
-    def peaks():  # [L] max GPU load on the summed counts under the rule
-        shares = rule_shares(phy2log, base.num_experts, topology, rule)
-        served = summed[np.arange(summed.shape[0])[:, None], phy2log] * shares
-        return served.reshape(served.shape[0], topology.num_gpus, -1).sum(axis=-1).max(axis=-1)
-
-    elapsed = time.perf_counter() - start
-    return Placement(phy2log=phy2log, num_experts=base.num_experts, topology=topology, num_groups=base.num_groups,
-                     method=base.method, info={**base.info, **info, "time_s": base.info.get("time_s", 0.0) + elapsed,
-                                               "engine_planning_time_s": elapsed, "mode": "engine"},
-                     max_load=peaks, lower_bound=lambda: base.lower_bound, home_node=base.home_node)
-

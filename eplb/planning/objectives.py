@@ -15,9 +15,9 @@ traffic; the other objectives hedge against the windows that differ from it:
   (:func:`eplb.planning.robust.improve_expected_peak`).
 
 :func:`combine` turns a series into planning weights ``[L, E]`` (the first three);
-:func:`plan_series` plans a series under any objective for an engine that splits tokens
-uniformly among replicas (``dispatch="uniform"``) or optimally (``"optimal"``). For the latter the
-plan is *made for dispatch*: each candidate's redundant replicas are also laid out as rings
+:func:`plan_estimated` plans a series from them (the first four objectives), :func:`hedge_windows`
+runs the search; :mod:`eplb.planning.pipeline` puts them in order. For an engine that splits tokens
+optimally (``dispatch="optimal"``) the plan is *made for dispatch*: each candidate's redundant replicas are also laid out as rings
 linking every GPU (:func:`link_replicas`: the heaviest experts get two replicas on neighbouring
 GPUs), selections are scored by optimal-dispatch peaks among the plans with and without links,
 and a swap search (:func:`made_for_dispatch`, moving only single-replica experts) then lowers the
@@ -226,58 +226,49 @@ def hedge_info(hedged: Hedged, objective: str = "expected_peak_search") -> dict:
             "uniform_objective_after": hedged.after, "searched": hedged.searched, "hedge_steps": hedged.steps}
 
 
-def plan_series(counts, deployment, method_fn, objective: str = "sum", window_weights=None, *,
-                dispatch: str = "uniform", quantile: float = 0.9, options=None, iterations: int = 300):
-    """Plan a series ``counts [T, L, E]`` under ``objective``.
+def plan_estimated(counts, deployment, method_fn, objective: str = "sum", window_weights=None, *,
+                   dispatch: str = "uniform", quantile: float = 0.9, options=None):
+    """Plan a series ``counts [T, L, E]`` from estimates of its windows: one estimate
+    (``objective`` of :data:`COMBINERS`) or, per layer, the best of the :data:`CANDIDATES`'
+    plans on the windows (``objective`` of :data:`SELECTORS`).
 
     Args:
-        deployment: an :class:`eplb.planning.methods.Deployment`; method_fn: a method ``(weights, problem,
-            **options) -> (phy2log, info)``.
-        objective: one of ``OBJECTIVES``; window_weights: ``[T]`` or ``None``.
-        dispatch: how the engine splits tokens among replicas: ``"uniform"``, or ``"optimal"``
-            (selections are scored by optimal-dispatch peaks and the plan is then made for
-            dispatch by :func:`made_for_dispatch` with ``iterations`` swaps tried per layer).
+        deployment: an :class:`eplb.model.deployment.Deployment`; method_fn: a method ``(weights,
+            deployment, **options) -> (phy2log, info)``.
+        window_weights: ``[T]`` or ``None``.
+        dispatch: how plans are scored on the windows: ``"uniform"``, or ``"optimal"`` (then each
+            plan also competes with its replicas linked, :func:`link_replicas`, so that
+            :func:`made_for_dispatch` has room to move load).
         quantile: for ``objective="quantile"``.
     Returns:
-        ``phy2log [L, S]`` int64 and ``info`` (the method's, plus ``objective``, for a selection
-        objective ``candidate_of_layer [L]`` indexing ``CANDIDATES``, and with optimal dispatch
-        ``dispatch_objective_before`` / ``_after [L]``, the mean ``peak / mean`` on the windows).
+        ``phy2log [L, S]`` int64 and ``info`` (the method's for a combiner, plus ``objective``; for a
+        selector ``candidate_of_layer [L]`` indexing ``CANDIDATES``; with optimal dispatch
+        ``linked [L]``).
     """
     options = dict(options or {})
     series = validated_counts(counts, "counts", ndims=(3,))
-    if objective not in OBJECTIVES:
-        raise ValueError(f"objective must be one of {OBJECTIVES}, got {objective!r}")
+    if objective not in COMBINERS + SELECTORS:
+        raise ValueError(f"objective must be one of {COMBINERS + SELECTORS}, got {objective!r}")
     if dispatch not in DISPATCH_SCORING:
         raise ValueError(f"dispatch must be one of {DISPATCH_SCORING}, got {dispatch!r}")
     weights = check_window_weights(window_weights, series.shape[0])
     optimal = dispatch == "optimal"
-    if objective in SEARCHES:
-        if optimal:
-            raise ValueError(f"objective {objective!r} is for dispatch='uniform' (an even split among replicas)")
-        start, info = method_fn(combine(series, "sum", weights), deployment, **options)
-        # the start of each cross-validation fold is made like this one, without the fold's windows
-        hedged = hedge_windows(series, start, deployment, weights,
-                               start_of=lambda summed, layers: method_fn(summed, deployment, **options)[0])
-        return hedged.phy2log, {**info, **hedge_info(hedged, objective)}
     if objective in COMBINERS:
         combined = combine(series, objective, weights, quantile=quantile)
         phy2log, info = method_fn(combined, deployment, **options)
         info = {**info, "objective": objective}
         if optimal:  # per layer, the linked plan unless the method's serves the windows better
             plans = [phy2log, link_replicas(combined, phy2log, deployment)[0]]
-            phy2log, chosen, _ = select_per_layer(series, plans, deployment.topology, "expected_peak", weights, dispatch)
+            phy2log, chosen, _ = select_per_layer(series, plans, deployment.topology, "expected_peak", weights,
+                                                  dispatch)
             info["linked"] = chosen == 1
-    else:
-        estimates = [combine(series, name, weights, quantile=q or 0.9) for name, q in CANDIDATES]
-        plans = [method_fn(w, deployment, **options)[0] for w in estimates]
-        if optimal:  # candidates C + c: candidate c with its replicas linked
-            plans += [link_replicas(w, p, deployment)[0] for w, p in zip(estimates, plans)]
-        phy2log, chosen, _ = select_per_layer(series, plans, deployment.topology, objective, weights, dispatch)
-        info = {"objective": objective, "candidate_of_layer": chosen % len(CANDIDATES)}
-        if optimal:
-            info["linked"] = chosen >= len(CANDIDATES)
+        return phy2log, info
+    estimates = [combine(series, name, weights, quantile=q or 0.9) for name, q in CANDIDATES]
+    plans = [method_fn(w, deployment, **options)[0] for w in estimates]
+    if optimal:  # candidates C + c: candidate c with its replicas linked
+        plans += [link_replicas(w, p, deployment)[0] for w, p in zip(estimates, plans)]
+    phy2log, chosen, _ = select_per_layer(series, plans, deployment.topology, objective, weights, dispatch)
+    info = {"objective": objective, "candidate_of_layer": chosen % len(CANDIDATES)}
     if optimal:
-        phy2log, (before, after) = made_for_dispatch(series, phy2log, deployment, weights, iterations=iterations,
-                                                     keep_replicas=True)
-        info.update(dispatch_objective_before=before, dispatch_objective_after=after)
+        info["linked"] = chosen >= len(CANDIDATES)
     return phy2log, info

@@ -42,7 +42,7 @@ import numpy as np
 from ..model.defaults import BALANCER_TOLERANCE, COPY_COST
 from ..model._validation import as_int
 from ..model.deployment import make_deployment
-from ..planning.modes import make_request, run
+from ..planning.pipeline import build, run, windows_of
 from ..analysis.bounds import average_bound, replica_bound
 from ..model.cost import CostModel
 from ..analysis.loads import RANDOM_SPLIT, gpu_work
@@ -91,7 +91,7 @@ class Balancer:
             DeepSeek-V3-sized series of ``bench/decision_rule.py`` it cut the MoE time lost, stalls
             included, on the held-out series, for a few more copies.
         subwindows: plan hedged over the window cut into this many sub-windows of consecutive
-            passes (:func:`eplb.planning.modes.hedge_near`: the plan near the placement in service,
+            passes (:func:`eplb.planning.pipeline.hedge_near`: the plan near the placement in service,
             then swaps that lower the mean over the sub-windows of each one's peak, each paying
             ``copy_cost`` per slot it changes), so the placement serves the traffic the window
             moved through, not only its average; ``1``: plan for the window's loads alone.
@@ -333,11 +333,12 @@ class Balancer:
     # -- deciding and planning -------------------------------------------------------------------
     def _plan(self, load: np.ndarray) -> Placement:
         """Migration-aware plan for ``load [L, E]`` from the placement in service, hedged over
-        :meth:`planning_windows` (``plan``'s near mode; its bounds are computed only if read)."""
-        windows = self.planning_windows()
-        return run(make_request(windows, self._deployment, method=self.method, previous=self.placement.phy2log,
-                                tolerance=self.tolerance, max_moves=self.max_moves, copy_cost=self.copy_cost,
-                                threads=self.threads, options=self.options, weights=load))
+        :meth:`planning_windows` (``plan``'s pipeline from the placement in service; its bounds are computed only if read)."""
+        windows, objective = windows_of(self.planning_windows(), weights=load)
+        stages = build(windows, self._deployment, method=self.method, objective=objective,
+                       previous=self.placement.phy2log, tolerance=self.tolerance, max_moves=self.max_moves,
+                       copy_cost=self.copy_cost, threads=self.threads, options=self.options)
+        return run(windows, self._deployment, stages, self.method)
 
     def planning_windows(self) -> np.ndarray:
         """``[K, L, E]`` float64: the window's passes in ``K = min(subwindows, passes recorded)``

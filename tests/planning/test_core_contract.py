@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import eplb
-import eplb.planning.modes
+import eplb.planning.pipeline
 from eplb.model.counts import power_of_two_scale
 from eplb.simulation.synthetic import DEEPSEEK_V3, deepseek_v3_counts
 
@@ -26,8 +26,8 @@ def counts(layers=3, experts=16, seed=0):
 
 def test_plan_does_not_compute_the_bound_until_it_is_read(monkeypatch):
     calls = []
-    real = eplb.planning.modes.strongest_bound
-    monkeypatch.setattr(eplb.planning.modes, "strongest_bound", lambda *a, **k: calls.append(1) or real(*a, **k))
+    real = eplb.planning.pipeline.strongest_bound
+    monkeypatch.setattr(eplb.planning.pipeline, "strongest_bound", lambda *a, **k: calls.append(1) or real(*a, **k))
     placement = eplb.plan(counts(), num_groups=2, **CONFIG)
     assert calls == []
     gap = placement.gap
