@@ -45,12 +45,12 @@ from ..analysis.searches import group_assignment
 
 
 def as_previous(previous, num_experts: int, deployment: Deployment, num_layers: int) -> np.ndarray:
-    """The previous placement as ``phy2log [L, S]`` int64, checked against the new problem."""
+    """The previous placement as ``phy2log [L, S]`` int64, checked against the new deployment."""
     if isinstance(previous, Placement):
         if previous.topology != deployment.topology:
             raise ValueError(
                 "previous must be planned on the same topology (slots per GPU, nodes) as the new plan; "
-                f"got {previous.topology.slots_per_gpu.tolist()} vs {problem.topology.slots_per_gpu.tolist()}"
+                f"got {previous.topology.slots_per_gpu.tolist()} vs {deployment.topology.slots_per_gpu.tolist()}"
             )
         if previous.num_experts != num_experts:
             raise ValueError(f"previous has {previous.num_experts} experts, counts have {num_experts}")
