@@ -20,14 +20,14 @@ dispatch (:func:`eplb.analysis.dispatch.dispatch`). A held-out window's balanced
 layers of ``mean / max`` GPU load; tables give the mean over held-out windows and the worst one.
 Objectives (:mod:`eplb.planning.objectives`): the combiners ``sum``, ``quantile``, ``max_share``, and the
 per-layer selections ``expected_peak`` / ``worst_window`` scored under uniform (``/u``) or optimal
-(``/o``) dispatch; ``expected_peak/o, made for dispatch`` is ``plan_series(objective=
+(``/o``) dispatch; ``expected_peak/o, made for dispatch`` is ``eplb.plan(objective=
 "expected_peak", dispatch="optimal")``: the candidates and the same with their replicas linked in
 rings (:func:`eplb.planning.objectives.link_replicas`), the selection among the eight, then the swap search of
 :func:`eplb.planning.objectives.made_for_dispatch` (300 swaps per layer, single-replica experts only);
 ``expected_peak/o, swaps only`` is the previous plan made for dispatch (the selection, then 300
 swaps of any slots); for the next-window protocol also ``sum`` with recency weights (half-life 4).
 All objectives of one fold are built from the same four candidate plans (the ``CANDIDATES`` of
-:mod:`eplb.planning.objectives`), exactly what :func:`eplb.planning.objectives.plan_series` does.
+:mod:`eplb.planning.objectives`), exactly what :func:`eplb.planning.objectives.plan_estimated` does.
 
 ``python bench/out_of_sample.py [--quick]`` writes ``bench/results/out_of_sample.{csv,md}``.
 """
@@ -55,7 +55,7 @@ DEPLOYMENTS = {
     "hierarchical 288/32/4": dict(num_slots=288, num_gpus=32, num_nodes=4, num_groups=8),
 }
 SELECTION_SCORING = (("uniform", "u"), ("optimal", "o"))
-SWAPS = 300  # swaps tried per layer by made_for_dispatch (the plan_series default)
+SWAPS = 300  # swaps tried per layer by made_for_dispatch (as eplb.plan makes them)
 MADE_FOR_DISPATCH = "expected_peak/o, made for dispatch"
 SEARCHED = "expected_peak_search"  # the default under uniform split (default method only: ~2 s a plan)
 SWAPS_ONLY = "expected_peak/o, swaps only (no linked replicas)"
@@ -113,14 +113,14 @@ def objective_plans(train: np.ndarray, problem, method: str, recency: bool):
                                                          dispatch)[0]
     if recency:
         return {f"{k} (recency)": v for k, v in out.items() if k in ("sum", "expected_peak/u", "expected_peak/o")}
-    # plan_series(objective="expected_peak", dispatch="optimal"): the candidates and the same with
+    # plan(objective="expected_peak", dispatch="optimal"): the candidates and the same with
     # their replicas linked in rings, the selection, then the swap search over single-replica experts
     linked = [link_replicas(w, p, problem)[0] for w, p in zip(estimates, plans)]
     selected = select_per_layer(train, plans + linked, problem.topology, "expected_peak", weights, "optimal")[0]
     out[MADE_FOR_DISPATCH] = made_for_dispatch(train, selected, problem, iterations=SWAPS, keep_replicas=True)[0]
     # the previous plan made for dispatch: the selection, then swaps of any slots
     out[SWAPS_ONLY] = made_for_dispatch(train, out["expected_peak/o"], problem, iterations=SWAPS)[0]
-    if method == DEFAULT_METHOD:  # plan_series(objective="expected_peak_search"): the sum plan, searched
+    if method == DEFAULT_METHOD:  # plan(objective="expected_peak_search"): the sum plan, searched
         out[SEARCHED] = improve_expected_peak(train, plans[0], problem, weights)[0]
     return out
 

@@ -129,3 +129,10 @@ def test_a_deployment_value_is_checked_against_the_counts_and_the_keywords():
         eplb.plan(series, DEPLOY)
     with pytest.raises(ValueError, match="dispatch must be one of"):
         eplb.Deployment.of(32, num_slots=40, num_gpus=8, dispatch="round-robin")
+
+
+def test_a_previous_placement_on_another_topology_is_refused_naming_both():
+    series = _series()
+    previous = eplb.plan(series.sum(axis=0), num_slots=48, num_gpus=8)
+    with pytest.raises(ValueError, match=r"same topology .* got \[6, 6, 6, 6, 6, 6, 6, 6\] vs \[5, 5"):
+        eplb.plan(series, previous=previous, num_slots=40, num_gpus=8)
