@@ -403,42 +403,13 @@ def plan(counts, slots, gpus, nodes, groups, method, previous, previous_format, 
           --format sglang -o init_expert_location.json
     """
     from .analysis import metrics
-    from .io.formats import read_counts, write_placement
+    from .io.formats import write_placement
 
     command_start = time.perf_counter()
-    if previous is None and (tolerance is not None or max_moves is not None):
-        raise click.UsageError("--tolerance and --max-moves apply only with --previous")
-    if previous is None and (expert_bytes is not None or model_preset is not None):
-        raise click.UsageError("--expert-bytes and --model price the moves: they apply only with --previous")
-    migration = {k: v for k, v in (("tolerance", tolerance), ("max_moves", max_moves)) if v is not None}
-    options = {}
-    if time_limit is not None:
-        if not _accepts(METHODS[method], "time_limit"):
-            takers = [m for m, fn in sorted(METHODS.items()) if _accepts(fn, "time_limit")]
-            raise click.BadParameter(f"method {method!r} takes no time limit (methods that do: {', '.join(takers) or 'none'})",
-                                     param_hint="--time-limit")
-        options["time_limit"] = time_limit
-    if deterministic_time is not None:
-        if method != "exact":
-            raise click.BadParameter(f"applies to method 'exact' only, not {method!r}", param_hint="--deterministic-time")
-        options["deterministic_time"] = deterministic_time
-    if engine is not None:
-        if dispatch != "uniform":
-            raise click.UsageError("--engine sets the dispatch rule: not with --dispatch optimal")
-        if previous is not None or max_off_node is not None:
-            raise click.UsageError("--engine plans from scratch: not with --previous or --max-off-node")
-        options["dispatch"] = engine
-    elif dispatch != "uniform":
-        options["dispatch"] = dispatch
-    if objective is not None:
-        options["objective"] = objective
-    if max_off_node is not None:
-        if previous is not None:
-            raise click.UsageError("--max-off-node plans from scratch: it cannot be combined with --previous")
-        if groups is None or groups % nodes:
-            raise click.BadParameter("needs --groups that divide over --nodes (a hierarchical deployment)",
-                                     param_hint="--max-off-node")
-        options["max_off_node"] = max_off_node
+    migration, options = _plan_options(method, previous, tolerance, max_moves, time_limit, deterministic_time,
+                                       engine=engine, dispatch=dispatch, objective=objective,
+                                       max_off_node=max_off_node, expert_bytes=expert_bytes,
+                                       model_preset=model_preset, groups=groups, nodes=nodes)
     output_format = _plan_output_format(output, output_format, num_layers, quiet)
     if layer_updates_per_iter and output_format != "trtllm":
         raise click.BadParameter(f"applies to TensorRT-LLM YAML output only, not to {output_format} output",
@@ -452,14 +423,7 @@ def plan(counts, slots, gpus, nodes, groups, method, previous, previous_format, 
 
     _note_global_groups(groups, nodes, quiet)
     start = time.perf_counter()
-    data = read_counts(counts, input_format, transpose=transpose, allow_shape=allow_shape)
-    if phase is not None:
-        if data.phases is None:
-            raise click.BadParameter(f"{counts} records no phase per pass (only SGLang's per_token detail dump "
-                                     "records one): plan it without --phase", param_hint="--phase")
-        data = data.select_phase(phase)
-    if passes_per_window is not None:
-        data = data.in_windows(passes_per_window)
+    data = _read_plan_counts(counts, input_format, transpose, allow_shape, phase, passes_per_window)
     weights = data.weights
     model_layers = _check_model_layers(num_layers, data)
     num_layers, num_experts = weights.shape
@@ -501,6 +465,78 @@ def plan(counts, slots, gpus, nodes, groups, method, previous, previous_format, 
                     diagnostics=diagnostics, layer_updates_per_iter=layer_updates_per_iter, num_layers=model_layers)
     if quiet:
         return
+    click.echo("\n".join(_plan_summary(
+        data=data, phase=phase, method=method, slots=slots, gpus=gpus, nodes=nodes, groups=groups, before=before,
+        after=after, placement=placement, weights=weights, options=options, engine=engine, gap=gap,
+        detail=dict(objective=objective, held=held, global_bal=global_bal, deployed_bal=deployed_bal,
+                    max_off_node=max_off_node, output_format=output_format, bound=bound, moves=moves,
+                    used_previous=used_previous, prev=prev, expert_bytes=expert_bytes, model_preset=model_preset,
+                    hardware=hardware, diagnostics=diagnostics, migration=migration),
+        elapsed=elapsed, command_start=command_start, output=output, model_layers=model_layers)))
+
+
+def _read_plan_counts(counts, input_format, transpose, allow_shape, phase, passes_per_window):
+    """The counts ``eplb plan`` plans from: read, then the passes of ``phase`` only, then cut into
+    windows of ``passes_per_window`` passes (each when given)."""
+    from .io.formats import read_counts
+
+    data = read_counts(counts, input_format, transpose=transpose, allow_shape=allow_shape)
+    if phase is not None:
+        if data.phases is None:
+            raise click.BadParameter(f"{counts} records no phase per pass (only SGLang's per_token detail dump "
+                                     "records one): plan it without --phase", param_hint="--phase")
+        data = data.select_phase(phase)
+    if passes_per_window is not None:
+        data = data.in_windows(passes_per_window)
+    return data
+
+
+def _plan_options(method, previous, tolerance, max_moves, time_limit, deterministic_time, *, engine, dispatch,
+                  objective, max_off_node, expert_bytes, model_preset, groups, nodes) -> tuple[dict, dict]:
+    """``eplb plan``'s flags as ``(migration, options)`` keywords of :func:`eplb.plan`, each flag
+    checked against the others it needs or excludes (a usage error naming them)."""
+    if previous is None and (tolerance is not None or max_moves is not None):
+        raise click.UsageError("--tolerance and --max-moves apply only with --previous")
+    if previous is None and (expert_bytes is not None or model_preset is not None):
+        raise click.UsageError("--expert-bytes and --model price the moves: they apply only with --previous")
+    migration = {k: v for k, v in (("tolerance", tolerance), ("max_moves", max_moves)) if v is not None}
+    options = {}
+    if time_limit is not None:
+        if not _accepts(METHODS[method], "time_limit"):
+            takers = [m for m, fn in sorted(METHODS.items()) if _accepts(fn, "time_limit")]
+            raise click.BadParameter(f"method {method!r} takes no time limit (methods that do: {', '.join(takers) or 'none'})",
+                                     param_hint="--time-limit")
+        options["time_limit"] = time_limit
+    if deterministic_time is not None:
+        if method != "exact":
+            raise click.BadParameter(f"applies to method 'exact' only, not {method!r}", param_hint="--deterministic-time")
+        options["deterministic_time"] = deterministic_time
+    if engine is not None:
+        if dispatch != "uniform":
+            raise click.UsageError("--engine sets the dispatch rule: not with --dispatch optimal")
+        if previous is not None or max_off_node is not None:
+            raise click.UsageError("--engine plans from scratch: not with --previous or --max-off-node")
+        options["dispatch"] = engine
+    elif dispatch != "uniform":
+        options["dispatch"] = dispatch
+    if objective is not None:
+        options["objective"] = objective
+    if max_off_node is not None:
+        if previous is not None:
+            raise click.UsageError("--max-off-node plans from scratch: it cannot be combined with --previous")
+        if groups is None or groups % nodes:
+            raise click.BadParameter("needs --groups that divide over --nodes (a hierarchical deployment)",
+                                     param_hint="--max-off-node")
+        options["max_off_node"] = max_off_node
+    return migration, options
+
+
+def _plan_summary(*, data, phase, method, slots, gpus, nodes, groups, before, after, placement, weights, options,
+                  engine, gap, detail, elapsed, command_start, output, model_layers) -> list[str]:
+    """The lines ``eplb plan`` prints: the counts, the plan, balancedness, the details of
+    :func:`_plan_detail_lines` (``detail``: its other keywords), the time and what was written."""
+    num_layers, num_experts = weights.shape
+    output_format = detail["output_format"]
     moe = moe_layers(weights)
     finite = gap[np.isfinite(gap) & moe] if moe.any() else gap[np.isfinite(gap)]
     lines = [
@@ -511,18 +547,14 @@ def plan(counts, slots, gpus, nodes, groups, method, previous, previous_format, 
         f" in {nodes} node{'s' if nodes > 1 else ''}" + _groups_text(groups, nodes),
         _balance_line(before, after, placement, weights, data.num_windows, options, engine),
     ]
-    lines += _plan_detail_lines(data=data, placement=placement, weights=weights, options=options, objective=objective,
-                                held=held, global_bal=global_bal, deployed_bal=deployed_bal, max_off_node=max_off_node,
-                                output_format=output_format, engine=engine, bound=bound, finite=finite, moves=moves,
-                                used_previous=used_previous, prev=prev, expert_bytes=expert_bytes,
-                                model_preset=model_preset, hardware=hardware, diagnostics=diagnostics,
-                                migration=migration)
+    lines += _plan_detail_lines(data=data, placement=placement, weights=weights, options=options, engine=engine,
+                                finite=finite, **detail)
     lines.append(f"time     {elapsed:.2f} s reading and planning; {time.perf_counter() - command_start:.2f} s for the "
                  "whole command (with the estimates, the bound and writing; Python's start-up not included)")
     lines.append(f"wrote    {output} ({output_format})")
     lines += [line for line in (_engine_rows_line(data.layer_ids, output_format, model_layers),
                                 _dense_layers_note(weights, data.layer_ids, output_format)) if line]
-    click.echo("\n".join(lines))
+    return lines
 
 
 def _plan_bound(placement, weights, engine, max_off_node) -> Bound:
