@@ -112,7 +112,6 @@ def migrate(weights: np.ndarray, deployment: Deployment, previous: np.ndarray, s
     scratch_peak = _peaks(weights, scratch, topology)
     target = np.full(num_layers, -1.0) if tolerance is None else scratch_peak * (1.0 + tolerance)
     layout = search_layout(deployment, num_experts)
-    group_of_expert = layout.group_of_expert
     budgets = np.full(num_layers, budget, np.int64)
     # a layer whose previous placement spreads a group over nodes cannot be searched from: the
     # search keeps groups where they are. It takes the relabelled fresh plan (hierarchical) below.
@@ -126,32 +125,8 @@ def migrate(weights: np.ndarray, deployment: Deployment, previous: np.ndarray, s
             np.ascontiguousarray(weights[kept]), np.ascontiguousarray(previous[kept]),
             np.ascontiguousarray(previous[kept]), layout, target[kept], budgets[kept], 2 * num_slots, True)
         local_peak[kept] = _peaks(weights[kept], local[kept], topology)
-    # Where the search from the previous placement stalls above the target, search again: (a) by
-    # steepest descent, (b) from the previous placement with the fresh plan's replica counts, and
-    # in hierarchical mode (c) with whole groups moved to the nodes the fresh plan gives them.
-    for restart in RESTARTS:
-        if restart == "regroup" and not (deployment.hierarchical and topology.num_nodes > 1):
-            continue
-        missed = np.flatnonzero((local_peak > target) & ~spread)
-        if restart == "steepest":
-            starts = [(layer, previous[layer]) for layer in missed]
-        elif restart == "recount":
-            starts = [(layer, _recounted(weights[layer], previous[layer], scratch[layer], topology, group_of_expert,
-                                         deployment.hierarchical)) for layer in missed]
-        else:
-            starts = [(layer, _regrouped(weights[layer], previous[layer], scratch[layer], topology,
-                                         deployment.num_groups)) for layer in missed]
-        starts = [(layer, row) for layer, row in starts if row is not None]
-        if starts:
-            rows = np.array([layer for layer, _ in starts])
-            tried, tried_changes, _ = search_near_previous(
-                weights[rows], np.stack([row for _, row in starts]), np.ascontiguousarray(previous[rows]), layout,
-                target[rows], budgets[rows], 2 * num_slots, restart != "steepest")
-            tried_peak = _peaks(weights[rows], tried, topology)
-            for i, layer in enumerate(rows):
-                if tried_changes[i] <= budget and _better(tried_peak[i], tried_changes[i], local_peak[layer],
-                                                          local_changes[layer], target[layer]):
-                    local[layer], local_changes[layer], local_peak[layer] = tried[i], tried_changes[i], tried_peak[i]
+    _restart_where_missed(weights, deployment, previous, scratch, layout=layout, target=target, budget=budget,
+                          budgets=budgets, spread=spread, best=(local, local_changes, local_peak))
     # the relabelled fresh plan is only needed where the local search missed the target
     missed = np.flatnonzero(local_peak > target)
     relabelled = local.copy()
@@ -179,17 +154,8 @@ def migrate(weights: np.ndarray, deployment: Deployment, previous: np.ndarray, s
     phy2log = np.where(use_fresh[:, None], relabelled, local)
     changes = np.where(use_fresh, fresh_changes, local_changes)
     if topology.num_slots <= TINY_MIGRATION_SLOTS and not deployment.hierarchical and tolerance is not None:
-        # small layers: an exhaustive search for fewer changes (within a fixed amount of work)
-        chosen_peak = np.where(use_fresh, fresh_peak, local_peak)
-        for layer in range(num_layers):
-            met = chosen_peak[layer] <= target[layer]
-            most = int(changes[layer]) if met else budget + 1  # missed: any fit within the budget is better
-            if most < 2:
-                continue
-            row, fewer = fewest_changes_search(weights[layer], previous[layer], topology.slot_offsets, target[layer],
-                                               min(most, num_slots + 1), TINY_WORK)
-            if fewer > 0 and _peaks(weights[layer:layer + 1], row[None], topology)[0] <= target[layer]:
-                phy2log[layer], changes[layer] = row, fewer
+        _fewer_changes_on_small_layers(weights, previous, topology, target=target, budget=budget, phy2log=phy2log,
+                                       changes=changes, chosen_peak=np.where(use_fresh, fresh_peak, local_peak))
     info = {}
     if exact is not None:
         from .exact_migration import fewest_changes
@@ -210,6 +176,58 @@ def migrate(weights: np.ndarray, deployment: Deployment, previous: np.ndarray, s
         "max_moves": max_moves,
     }
     return phy2log, info
+
+
+def _restart_where_missed(weights, deployment, previous, scratch, *, layout, target, budget, budgets, spread,
+                          best) -> None:
+    """Where the search from the previous placement stalls above the target, search again: (a) by
+    steepest descent, (b) from the previous placement with the fresh plan's replica counts, and in
+    hierarchical mode (c) with whole groups moved to the nodes the fresh plan gives them. A restart
+    replaces a layer of ``best = (local [L, S], local_changes [L], local_peak [L])`` (updated in
+    place) where it is better and within the layer's budget."""
+    local, local_changes, local_peak = best
+    topology = deployment.topology
+    num_slots = topology.num_slots
+    group_of_expert = layout.group_of_expert
+    for restart in RESTARTS:
+        if restart == "regroup" and not (deployment.hierarchical and topology.num_nodes > 1):
+            continue
+        missed = np.flatnonzero((local_peak > target) & ~spread)
+        if restart == "steepest":
+            starts = [(layer, previous[layer]) for layer in missed]
+        elif restart == "recount":
+            starts = [(layer, _recounted(weights[layer], previous[layer], scratch[layer], topology, group_of_expert,
+                                         deployment.hierarchical)) for layer in missed]
+        else:
+            starts = [(layer, _regrouped(weights[layer], previous[layer], scratch[layer], topology,
+                                         deployment.num_groups)) for layer in missed]
+        starts = [(layer, row) for layer, row in starts if row is not None]
+        if starts:
+            rows = np.array([layer for layer, _ in starts])
+            tried, tried_changes, _ = search_near_previous(
+                weights[rows], np.stack([row for _, row in starts]), np.ascontiguousarray(previous[rows]), layout,
+                target[rows], budgets[rows], 2 * num_slots, restart != "steepest")
+            tried_peak = _peaks(weights[rows], tried, topology)
+            for i, layer in enumerate(rows):
+                if tried_changes[i] <= budget and _better(tried_peak[i], tried_changes[i], local_peak[layer],
+                                                          local_changes[layer], target[layer]):
+                    local[layer], local_changes[layer], local_peak[layer] = tried[i], tried_changes[i], tried_peak[i]
+
+
+def _fewer_changes_on_small_layers(weights, previous, topology, *, target, budget, phy2log, changes,
+                                   chosen_peak) -> None:
+    """Small layers: an exhaustive search for fewer changed slots within the target (a fixed amount
+    of work per layer); ``phy2log [L, S]`` and ``changes [L]`` are updated in place."""
+    num_layers, num_slots = phy2log.shape
+    for layer in range(num_layers):
+        met = chosen_peak[layer] <= target[layer]
+        most = int(changes[layer]) if met else budget + 1  # missed: any fit within the budget is better
+        if most < 2:
+            continue
+        row, fewer = fewest_changes_search(weights[layer], previous[layer], topology.slot_offsets, target[layer],
+                                           min(most, num_slots + 1), TINY_WORK)
+        if fewer > 0 and _peaks(weights[layer:layer + 1], row[None], topology)[0] <= target[layer]:
+            phy2log[layer], changes[layer] = row, fewer
 
 
 def plan_near(weights: np.ndarray, deployment: Deployment, previous: np.ndarray | None, *, method: str,
