@@ -163,8 +163,8 @@ def warmup(experts, slots, gpus, nodes, groups, methods, no_balancer, quiet):
         check_size(experts, "experts", "--experts")
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--experts") from None
-    result = eplb.warmup(experts, num_slots=slots, num_gpus=gpus, num_nodes=nodes, num_groups=groups, methods=list(methods) or None,
-                         balancer=not no_balancer)
+    deployment = eplb.Deployment.of(experts, num_slots=slots, num_gpus=gpus, num_nodes=nodes, num_groups=groups)
+    result = eplb.warmup(deployment, methods=list(methods) or None, balancer=not no_balancer)
     if quiet:
         return
     lines = [f"warmup   {experts} experts -> {slots} slots on {gpus} GPUs in {nodes} node{'s' if nodes > 1 else ''}"

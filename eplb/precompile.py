@@ -39,7 +39,7 @@ import numpy as np
 from .planning.api import plan, rebalance_experts
 from .serving.balancer import warm_kernels
 from .planning.methods import DEFAULT_METHOD, METHODS
-from .model.deployment import make_deployment
+from .model.deployment import Deployment, deployment_argument, make_deployment
 from .simulation.synthetic import skewed_counts
 from .kernels._cache import MANIFEST, cache_dir, shipped_tag
 from .serving.transfer import transfer_plan
@@ -96,10 +96,11 @@ def warm_public_calls(loads: np.ndarray, later: np.ndarray, hierarchical: bool, 
         shared.balancedness(later, dispatch="shares")
         if hierarchical:
             shared.off_node_fraction(later)
-    simulate(series, **config)
+    deployment = make_deployment(loads.shape[1], **config)
+    simulate(series, deployment)
     with warnings.catch_warnings():  # a 3-step series is too short for the timer to act: it need not
         warnings.simplefilter("ignore", RuntimeWarning)
-        simulate(series, policy=vllm_like(), **config)
+        simulate(series, deployment, policy=vllm_like())
 
 
 def _timed(steps: dict, name: str, fn) -> None:
@@ -108,14 +109,12 @@ def _timed(steps: dict, name: str, fn) -> None:
     steps[name] = time.perf_counter() - start
 
 
-def warmup(num_experts, *, num_slots=None, num_gpus=None, num_nodes=1, num_groups=None, methods=None,
-           balancer=True) -> dict:
-    """Compile (or load from Numba's on-disk cache) every kernel this configuration will use.
+def warmup(deployment: Deployment | None = None, *, methods=None, balancer=True, **deployment_keywords) -> dict:
+    """Compile (or load from Numba's on-disk cache) every kernel this deployment will use.
 
     Args:
-        num_experts: ``E`` logical experts per layer.
-        num_slots, num_gpus, num_nodes, num_groups: the deployment, as for :func:`eplb.plan`
-            (keyword-only, like every deployment argument of the package).
+        deployment: the :class:`eplb.Deployment` (``eplb.Deployment.of(E, num_slots=..., ...)``);
+            its keywords still work in its place, deprecated.
         methods: planning methods to warm (names from ``eplb.METHODS``); default the default
             method and ``"greedy"`` (``rebalance_experts(method="greedy")``).
         balancer: also warm a :class:`eplb.Balancer` of each method (:func:`eplb.serving.balancer.warm_kernels`:
@@ -126,7 +125,7 @@ def warmup(num_experts, *, num_slots=None, num_gpus=None, num_nodes=1, num_group
     Raises:
         ValueError: a bad configuration or an unknown method (as :func:`eplb.plan` would).
     """
-    deployment = make_deployment(int(num_experts), num_slots, num_gpus, num_nodes, num_groups)  # validates
+    deployment = deployment_argument(deployment, deployment_keywords, "warmup")
     if methods is None:
         methods = list(dict.fromkeys([DEFAULT_METHOD, "greedy"]))
     elif isinstance(methods, str):
@@ -137,7 +136,7 @@ def warmup(num_experts, *, num_slots=None, num_gpus=None, num_nodes=1, num_group
             raise ValueError(f"methods must be names from {sorted(METHODS)}, got {method!r}")
     if not isinstance(balancer, bool):
         raise ValueError(f"balancer must be True or False, got {balancer!r}")
-    num_experts = int(num_experts)
+    num_experts = deployment.num_experts
     config = dict(num_slots=deployment.topology.num_slots, num_gpus=deployment.topology.num_gpus,
                   num_nodes=deployment.topology.num_nodes, num_groups=deployment.num_groups)
     loads = synthetic_loads(num_experts, deployment.num_groups)
@@ -160,14 +159,14 @@ def warmup(num_experts, *, num_slots=None, num_gpus=None, num_nodes=1, num_group
     _timed(steps, "public calls", lambda: warm_public_calls(loads, later, deployment.hierarchical, config))
     if balancer:
         for method in methods:
-            _timed(steps, f"Balancer {method}", lambda method=method: warm_kernels(num_experts, method=method, **config))
+            _timed(steps, f"Balancer {method}", lambda method=method: warm_kernels(deployment, method=method))
     return {"steps": steps, "time_s": time.perf_counter() - start, "methods": methods, "balancer": balancer}
 
 
 SHIPPED_DEPLOYMENTS = (
-    dict(num_experts=256, num_slots=288, num_gpus=32, num_nodes=4, num_groups=8),  # DeepSeek-V3 (and global)
-    dict(num_experts=32, num_slots=40, num_gpus=8),  # small models (gpt-oss-20b): the searches of few experts
-    dict(num_experts=8, num_slots=8, num_gpus=8),  # as many slots as experts (Mixtral)
+    Deployment.of(256, num_slots=288, num_gpus=32, num_nodes=4, num_groups=8),  # DeepSeek-V3 (and global)
+    Deployment.of(32, num_slots=40, num_gpus=8),  # small models (gpt-oss-20b): the searches of few experts
+    Deployment.of(8, num_slots=8, num_gpus=8),  # as many slots as experts (Mixtral)
 )
 """The deployments :func:`ship` warms: between them, the paths of large and small models and of
 hierarchical and global deployments."""
@@ -185,7 +184,7 @@ def ship(folder) -> dict:
     """
     start = time.perf_counter()
     for deployment in SHIPPED_DEPLOYMENTS:
-        warmup(**deployment, balancer=True)
+        warmup(deployment, balancer=True)
     compile_s = time.perf_counter() - start
     kernels_dir = os.path.join(os.path.dirname(os.path.abspath(__file__)), "kernels")
     located = cache_dir(os.path.join(kernels_dir, "__init__.py"))
@@ -205,6 +204,6 @@ def ship(folder) -> dict:
         (target / path.name).write_bytes(data)
         digest.update(path.name.encode() + b"\0" + hashlib.sha256(data).digest())
     manifest = {"id": digest.hexdigest(), "numba": numba.__version__, "python": sys.implementation.cache_tag,
-                "deployments": list(SHIPPED_DEPLOYMENTS), "compile_s": round(compile_s, 1), "files": len(files)}
+                "deployments": [d.to_dict() for d in SHIPPED_DEPLOYMENTS], "compile_s": round(compile_s, 1), "files": len(files)}
     (tag_dir / MANIFEST).write_text(json.dumps(manifest, indent=1))
     return manifest

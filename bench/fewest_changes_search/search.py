@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from eplb.model._validation import as_int
-from eplb.planning.methods import Deployment
+from eplb import Deployment
 from eplb import Topology
 
 from .kernels import FOUND, REFUTED, fewest_changes_exact

@@ -13,7 +13,7 @@ from ..kernels.load_bounds import (min_max_replica_load, pigeonhole_bound, repli
 from ..kernels.budget import budget_tier_bound
 from ..kernels.hierarchy import node_load_bound
 from ..kernels.tiny import tiny_bound
-from ..model.deployment import Deployment, make_deployment
+from ..model.deployment import Deployment, deployment_argument
 from ..model.counts import weights_2d
 from .searches import group_assignment
 from ..model.topology import Topology
@@ -210,29 +210,27 @@ def strongest_bound(weights: np.ndarray, deployment: Deployment) -> np.ndarray:
     return np.ldexp(_strongest(scaled, deployment.topology), exponent)
 
 
-def lower_bound(counts, *, num_slots=None, num_gpus=None, num_nodes=1, num_groups=None,
-                topology: Topology | None = None) -> np.ndarray:
+def lower_bound(counts, deployment: Deployment | None = None, **deployment_keywords) -> np.ndarray:
     """``[L]`` float64: a proven lower bound on the max GPU load any placement of ``counts`` can
     reach in the deployment, per layer (``eplb.plan``'s ``Placement.lower_bound`` is this bound,
     tightened by what an exact method proved).
 
     Args:
         counts: ``[L, E]`` (``[E]`` for one layer; a series ``[T, L, E]`` is summed), non-negative.
-        num_slots, num_gpus, num_nodes, num_groups, topology: the deployment, as for
-            :func:`eplb.plan` (hierarchical, with a bound for every group on one node, when
-            ``num_groups`` is a multiple of ``num_nodes``).
+        deployment: the :class:`eplb.Deployment` (hierarchical, with a bound for every group on one
+            node, when its groups stay on their nodes); its keywords still work in its place,
+            deprecated.
     """
     weights = weights_2d(counts, "counts")
-    return strongest_bound(weights, make_deployment(weights.shape[1], num_slots, num_gpus, num_nodes, num_groups,
-                                                 topology))
+    deployment = deployment_argument(deployment, deployment_keywords, "lower_bound", num_experts=weights.shape[1])
+    return strongest_bound(weights, deployment)
 
 
-def lower_bounds(counts, *, num_slots=None, num_gpus=None, num_nodes=1, num_groups=None,
-                 topology: Topology | None = None) -> dict[str, np.ndarray]:
+def lower_bounds(counts, deployment: Deployment | None = None, **deployment_keywords) -> dict[str, np.ndarray]:
     """Every global bound by name (:data:`BOUNDS`), each ``[L]`` float64, for ``counts`` and the
     deployment as :func:`lower_bound` takes them (their maximum is :func:`lower_bound`'s global bound)."""
     weights = weights_2d(counts, "counts")
-    deployment = make_deployment(weights.shape[1], num_slots, num_gpus, num_nodes, num_groups, topology)
+    deployment = deployment_argument(deployment, deployment_keywords, "lower_bounds", num_experts=weights.shape[1])
     return bounds_by_name(weights, deployment.topology)
 
 

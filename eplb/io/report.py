@@ -386,7 +386,7 @@ def _locality_curve(weights: np.ndarray, placement) -> dict:
     """:func:`eplb.pareto` on the report's counts and the placement's configuration."""
     from ..planning.api import pareto
 
-    return pareto(weights, topology=placement.topology, num_groups=placement.num_groups, fractions=LOCALITY_CAPS)
+    return pareto(weights, placement.deployment, fractions=LOCALITY_CAPS)
 
 
 def _off_node_share(weights: np.ndarray, placement, num_groups: int, judge: str = "shares") -> float:

@@ -15,7 +15,10 @@ published ``rebalance_experts``.
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
+
+import numpy as np
 
 from ._validation import as_int
 from .dispatch_rules import dispatch_rule
@@ -49,6 +52,11 @@ class Deployment:
         """A validated deployment (:func:`make_deployment` with keywords), e.g.
         ``Deployment.of(256, num_slots=288, num_gpus=32, num_nodes=4, num_groups=8)``."""
         return make_deployment(num_experts, num_slots, num_gpus, num_nodes, num_groups, topology, dispatch=dispatch)
+
+    def to_dict(self) -> dict:
+        """A JSON-ready description (the topology as :meth:`Topology.to_dict`)."""
+        return {"num_experts": self.num_experts, "topology": self.topology.to_dict(), "num_groups": self.num_groups,
+                "hierarchical": self.hierarchical, "dispatch": self.dispatch}
 
     @property
     def num_slots(self) -> int:
@@ -104,3 +112,45 @@ def make_deployment(num_experts: int, num_slots=None, num_gpus=None, num_nodes=1
     if num_experts % groups:
         raise ValueError(f"the number of experts ({num_experts}) must be divisible by num_groups ({groups})")
     return Deployment(num_experts, topology, groups, True, dispatch)
+
+
+DEPLOYMENT_KEYWORDS = ("num_experts", "num_slots", "num_gpus", "num_nodes", "num_groups", "topology", "dispatch")
+"""The keywords that build a :class:`Deployment` (:meth:`Deployment.of`): :func:`eplb.plan` takes them
+as a shortcut; elsewhere they are the deprecated spelling of one ``deployment`` value."""
+
+
+def deployment_argument(deployment, keywords: dict, caller: str, *, num_experts: int | None = None,
+                        stacklevel: int = 3) -> Deployment:
+    """The :class:`Deployment` a public entry ``caller`` was given.
+
+    ``deployment``: a :class:`Deployment`; or, deprecated, ``None`` or the number of experts with
+    the deployment's keywords in ``keywords`` (each of :data:`DEPLOYMENT_KEYWORDS`), which still
+    plan the same for now and warn (``DeprecationWarning``) with the call to write instead.
+    ``num_experts``: ``E`` of the counts the caller was given, checked against the deployment's.
+    Another keyword is a ``TypeError`` naming it; a deployment and keywords together, or neither, a
+    ``ValueError``."""
+    unknown = sorted(set(keywords) - set(DEPLOYMENT_KEYWORDS))
+    if unknown:
+        raise TypeError(f"{caller}() got unexpected keyword argument(s) {', '.join(unknown)}")
+    if isinstance(deployment, Deployment):
+        if keywords:
+            raise ValueError(f"{caller}: give the deployment either as one value or as keywords, not both: got "
+                             f"deployment and {', '.join(sorted(keywords))}")
+        if num_experts is not None and deployment.num_experts != num_experts:
+            raise ValueError(f"{caller}: deployment is for {deployment.num_experts} experts, but counts has {num_experts}")
+        return deployment
+    keywords = dict(keywords)
+    experts = keywords.pop("num_experts", None)
+    if deployment is not None:
+        if experts is not None or isinstance(deployment, bool) or not isinstance(deployment, (int, np.integer)):
+            raise ValueError(f"{caller}: deployment must be an eplb.Deployment (eplb.Deployment.of(...)), got "
+                             f"{type(deployment).__name__}")
+        experts = deployment
+    experts = num_experts if experts is None else experts
+    if experts is None or not keywords:
+        raise ValueError(f"{caller} needs the deployment: eplb.Deployment.of(num_experts, num_slots=..., "
+                         "num_gpus=..., num_nodes=..., num_groups=...)")
+    spelled = ", ".join(f"{name}={value!r}" for name, value in keywords.items())
+    warnings.warn(f"{caller}: the deployment's keywords are deprecated; pass one value, "
+                  f"eplb.Deployment.of({experts!r}, {spelled})", DeprecationWarning, stacklevel=stacklevel)
+    return Deployment.of(experts, **keywords)

@@ -14,7 +14,7 @@ from ..analysis.placement import Placement
 from ..kernels.layout import replica_counts, slots_of_experts
 from ..model._validation import as_counts, as_fraction
 from ..model.dispatch_rules import DISPATCH_RULES, dispatch_rule
-from ..model.deployment import Deployment, make_deployment
+from ..model.deployment import DEPLOYMENT_KEYWORDS, Deployment, deployment_argument, make_deployment
 from ..model.counts import summed_2d, weights_2d
 from ..model.topology import Topology
 from .locality import off_node_curve
@@ -187,14 +187,14 @@ def _check_option_names(method, options: dict) -> None:
                      + f" (plan's own arguments: {', '.join(own)})")
 
 
-def pareto(counts, *, num_slots=None, num_gpus=None, num_nodes=1, num_groups=None, topology: Topology | None = None,
-           fractions=(0.0, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0), held_out=None, method: str = DEFAULT_METHOD,
-           **options) -> dict:
+def pareto(counts, deployment: Deployment | None = None, *, fractions=(0.0, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0),
+           held_out=None, method: str = DEFAULT_METHOD, **options) -> dict:
     """Balancedness against off-node traffic, for a sweep of caps ``max_off_node``.
 
     Args:
-        counts: ``[L, E]`` planning counts (a series ``[T, L, E]`` is summed), configuration as
-            :func:`plan`, hierarchical (``num_groups`` a multiple of ``num_nodes``).
+        counts: ``[L, E]`` planning counts (a series ``[T, L, E]`` is summed).
+        deployment: a hierarchical :class:`eplb.Deployment` (its groups stay on their nodes); its
+            keywords still work in its place, deprecated.
         fractions: the caps, each in ``[0, 1]``.
         held_out: ``[T, L, E]`` (or ``[L, E]``) windows the plans did not see, to judge them out of sample.
     Returns:
@@ -204,7 +204,8 @@ def pareto(counts, *, num_slots=None, num_gpus=None, num_nodes=1, num_groups=Non
         balancedness is the mean over MoE layers (and windows) of mean / max GPU load.
     """
     weights = weights_2d(counts, "counts")
-    deployment = make_deployment(weights.shape[1], num_slots, num_gpus, num_nodes, num_groups, topology)
+    spelled = {name: options.pop(name) for name in DEPLOYMENT_KEYWORDS if name in options}
+    deployment = deployment_argument(deployment, spelled, "pareto", num_experts=weights.shape[1])
     if not deployment.hierarchical:
         raise ValueError("pareto needs a hierarchical configuration: num_groups a multiple of num_nodes")
     caps = [as_fraction(f, "fractions entry") for f in np.atleast_1d(np.asarray(fractions, dtype=object))]

@@ -50,7 +50,7 @@ from ..analysis.placement import Placement
 from ..kernels.load_window import warm_copy_counts
 from .balancer import Balancer, check_counts, commit_range, merged_placement, stage_counts
 from .transfer import TransferPlan
-from .worker import (BALANCER_KEYWORDS, CONTEXTS, PROTOCOL, UNGUARDED_MAIN, UNGUARDED_MAIN_EXIT, build_balancer, dumps,
+from .worker import (CONTEXTS, balancer_arguments, PROTOCOL, UNGUARDED_MAIN, UNGUARDED_MAIN_EXIT, build_balancer, dumps,
                      eplb_file, error_message, exit_code, exit_now, plain_state, raise_remote, stop_unguarded_worker)
 
 STAGING_BYTES = 32 << 20
@@ -200,8 +200,8 @@ class BackgroundBalancer:
     The serving loop records every pass, asks for a decision now and then, and takes a proposal
     when one is ready (the worker decides on the window as it was when :meth:`check` was called)::
 
-        balancer = eplb.BackgroundBalancer(num_layers=58, num_experts=256, num_slots=288, num_gpus=32,
-                                           num_nodes=4, num_groups=8, window=1000, expert_bytes=44 << 20)
+        deployment = eplb.Deployment.of(256, num_slots=288, num_gpus=32, num_nodes=4, num_groups=8)
+        balancer = eplb.BackgroundBalancer(58, deployment, window=1000, expert_bytes=44 << 20)
         for step in serving_loop:
             balancer.record(tokens_per_expert)       # one copy into shared memory
             if step % 100 == 0:
@@ -213,7 +213,7 @@ class BackgroundBalancer:
                 balancer.commit(placement)           # or per chunk: commit(placement, chunk.layers)
 
     Args:
-        num_layers, num_experts, **kwargs: as for :class:`eplb.Balancer` (every keyword it takes).
+        num_layers, deployment, **kwargs: as for :class:`eplb.Balancer` (every keyword it takes).
         context: ``"spawn"`` (default) or ``"forkserver"`` (not ``fork``, unsafe beside threads and
             CUDA); guard a script's work with ``if __name__ == "__main__":``, as for any spawn.
         staging_rows: passes the staging ring holds (default: 32 MiB worth, 8 to 1024 passes); the
@@ -236,13 +236,10 @@ class BackgroundBalancer:
     ``RuntimeError``. Use one thread for the loop's calls (as for a ``Balancer``'s :meth:`record`).
     """
 
-    def __init__(self, num_layers, num_experts, *, context: str = "spawn", staging_rows: int | None = None,
+    def __init__(self, num_layers, deployment=None, *, context: str = "spawn", staging_rows: int | None = None,
                  **kwargs):
-        unknown = sorted(set(kwargs) - set(BALANCER_KEYWORDS))
-        if unknown:
-            raise TypeError(f"BackgroundBalancer() got unexpected keyword arguments {unknown}; it takes "
-                            f"eplb.Balancer's keywords {sorted(BALANCER_KEYWORDS)} and context, staging_rows")
-        self._start(("init", (num_layers, num_experts), kwargs), context, staging_rows)
+        self._start(balancer_arguments("BackgroundBalancer", num_layers, deployment, kwargs, "context, staging_rows"),
+                    context, staging_rows)
 
     @classmethod
     def from_state_dict(cls, state, *, compile: str = "eager", cost_model=None, horizon: int | None = None,

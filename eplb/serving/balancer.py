@@ -3,8 +3,8 @@ rebalance pays for its weight copies, and plan it close to the placement in serv
 
 Typical use inside an engine::
 
-    balancer = eplb.Balancer(num_layers=58, num_experts=256, num_slots=288, num_gpus=32,
-                             num_nodes=4, num_groups=8, window=1000, expert_bytes=44 << 20)
+    deployment = eplb.Deployment.of(256, num_slots=288, num_gpus=32, num_nodes=4, num_groups=8)
+    balancer = eplb.Balancer(58, deployment, window=1000, expert_bytes=44 << 20)
     for step in serving_loop:
         balancer.record(tokens_per_expert)          # [L, E] logical or [L, S] per slot
         if step % 100 == 0 and balancer.should_rebalance():
@@ -41,7 +41,8 @@ import numpy as np
 
 from ..model.defaults import BALANCER_TOLERANCE, COPY_COST
 from ..model._validation import as_int
-from ..model.deployment import make_deployment
+from ..model.deployment import Deployment, deployment_argument, make_deployment
+from ..model.dispatch_rules import dispatch_rule
 from ..planning.pipeline import build, run, windows_of
 from ..analysis.bounds import average_bound, replica_bound
 from ..model.cost import CostModel
@@ -80,8 +81,10 @@ class Balancer:
     """Online expert-load balancer: a window of recent loads and the placement in service.
 
     Args:
-        num_layers: ``L`` MoE layers; num_experts: ``E`` logical experts per layer.
-        num_slots, num_gpus, num_nodes, num_groups, topology: the deployment, as for :func:`eplb.plan`.
+        num_layers: ``L`` MoE layers.
+        deployment: the :class:`eplb.Deployment` (``E`` experts per layer, slots, GPUs, nodes,
+            groups; an even-split dispatch rule). Its keywords (``num_experts``, ``num_slots``, ...)
+            still work in its place, deprecated.
         window: ``W``, forward passes kept (a ring buffer ``[W, L, E]`` allocated once).
         decay: ``None`` (all passes in the window weigh the same) or a factor in ``(0, 1]``: a pass
             ``a`` steps old weighs ``decay ** a``.
@@ -138,21 +141,23 @@ class Balancer:
             - ``"lazy"``: on first use (scripts and tests; the first decision may then compile).
     """
 
-    def __init__(self, num_layers, num_experts, *, num_slots=None, num_gpus=None, num_nodes=1, num_groups=None,
-                 topology: Topology | None = None, window: int = 100, decay: float | None = None,
+    def __init__(self, num_layers, deployment: Deployment | None = None, *, window: int = 100, decay: float | None = None,
                  forecast: int | None = None, method: str = DEFAULT_METHOD, tolerance: float | None = BALANCER_TOLERANCE, max_moves=None,
                  min_gain: float = 0.01, move_cost: float = 0.05, expert_bytes: int | None = None,
                  placement: Placement | None = None, options: dict | None = None, threads: int = 1,
                  compile: str = "eager", cost_model: CostModel | None = None, horizon: int | None = None,
-                 subwindows: int = SUBWINDOWS, copy_cost: float = COPY_COST):
+                 subwindows: int = SUBWINDOWS, copy_cost: float = COPY_COST, **deployment_keywords):
         self.num_layers = as_int(num_layers, "num_layers", minimum=1)
-        self.num_experts = as_int(num_experts, "num_experts", minimum=1)
+        deployment = deployment_argument(deployment, deployment_keywords, type(self).__name__)
+        if dispatch_rule(deployment.dispatch).kind != "uniform":
+            raise ValueError(f"the Balancer plans near the placement in service for an even split; dispatch="
+                             f"{deployment.dispatch!r} plans from scratch (eplb.plan)")
+        self.num_experts = deployment.num_experts
         if cost_model is not None and not isinstance(cost_model, CostModel):
             raise ValueError(f"cost_model must be an eplb.CostModel or None, got {type(cost_model).__name__}")
         self.cost_model = cost_model
         self.horizon = None if horizon is None else as_int(horizon, "horizon", minimum=1)
-        deployment = make_deployment(self.num_experts, num_slots, num_gpus, num_nodes, num_groups, topology)
-        self._deployment = deployment
+        self.deployment = deployment
         self.topology = deployment.topology
         self.num_groups = deployment.num_groups
         get_method(method)  # fail early on an unknown method
@@ -209,10 +214,9 @@ class Balancer:
             self._compiled.set()
         else:
             _warm_window_kernels(self.num_layers, self.num_experts, self.topology.num_slots)
-            settings = dict(num_groups=self.num_groups, topology=self.topology, method=method,
-                            tolerance=tolerance, max_moves=self.max_moves, options=self.options)
+            settings = dict(method=method, tolerance=tolerance, max_moves=self.max_moves, options=self.options)
             if compile == "eager":
-                warm_kernels(self.num_experts, **settings)
+                warm_kernels(self.deployment, **settings)
                 self._warm_cost_model()
                 self._compiled.set()
             else:
@@ -227,7 +231,7 @@ class Balancer:
 
     def _warm_in_background(self, settings: dict) -> None:
         try:
-            warm_kernels(self.num_experts, **settings)
+            warm_kernels(self.deployment, **settings)
             self._warm_cost_model()
         except BaseException as exc:  # handed to the next decision or rebalance
             self._compile_error = exc
@@ -335,10 +339,10 @@ class Balancer:
         """Migration-aware plan for ``load [L, E]`` from the placement in service, hedged over
         :meth:`planning_windows` (``plan``'s pipeline from the placement in service; its bounds are computed only if read)."""
         windows, objective = windows_of(self.planning_windows(), weights=load)
-        stages = build(windows, self._deployment, method=self.method, objective=objective,
+        stages = build(windows, self.deployment, method=self.method, objective=objective,
                        previous=self.placement.phy2log, tolerance=self.tolerance, max_moves=self.max_moves,
                        copy_cost=self.copy_cost, threads=self.threads, options=self.options)
-        return run(windows, self._deployment, stages, self.method)
+        return run(windows, self.deployment, stages, self.method)
 
     def planning_windows(self) -> np.ndarray:
         """``[K, L, E]`` float64: the window's passes in ``K = min(subwindows, passes recorded)``
@@ -598,8 +602,9 @@ class Balancer:
         if tuple(shape) != expected:
             raise ValueError(f"state window_buffer has shape {tuple(shape)}, the config says [window, num_layers, "
                              f"num_experts] = {list(expected)}")
-        balancer = cls(config.pop("num_layers"), config.pop("num_experts"), topology=topology, compile=compile,
-                       cost_model=cost_model, horizon=horizon, **config)
+        deployment = make_deployment(config.pop("num_experts"), topology=topology, num_groups=config.pop("num_groups", None))
+        balancer = cls(config.pop("num_layers"), deployment, compile=compile, cost_model=cost_model, horizon=horizon,
+                       **config)
         balancer.load_state_dict(state)
         return balancer
 
@@ -832,11 +837,10 @@ def _throwaway_warnings_hidden():
         yield
 
 
-def warm_kernels(num_experts: int, *, num_slots=None, num_gpus=None, num_nodes=1, num_groups=None,
-                 topology: Topology | None = None, method: str = DEFAULT_METHOD, tolerance: float | None = BALANCER_TOLERANCE,
+def warm_kernels(deployment: Deployment, *, method: str = DEFAULT_METHOD, tolerance: float | None = BALANCER_TOLERANCE,
                  max_moves=None, options: dict | None = None) -> float:
-    """Compile (or load from Numba's cache) every kernel a :class:`Balancer` of this configuration
-    calls when it records, decides and rebalances. Returns the seconds it took.
+    """Compile (or load from Numba's cache) every kernel a :class:`Balancer` of this ``deployment``
+    and these options calls when it records, decides and rebalances. Returns the seconds it took.
 
     It runs a throw-away two-layer balancer of the same configuration (a window of two passes: its
     plans hedge over two sub-windows) through every planning path
@@ -846,14 +850,13 @@ def warm_kernels(num_experts: int, *, num_slots=None, num_gpus=None, num_nodes=1
     process returns at once (what it compiled stays compiled).
     """
     start = time.perf_counter()
-    key = json.dumps([num_experts, num_slots, num_gpus, num_nodes, num_groups,
-                      None if topology is None else topology.to_dict(), method, tolerance is None, max_moves is None,
-                      options or {}], sort_keys=True, default=str)
+    num_experts = deployment.num_experts
+    key = json.dumps([num_experts, deployment.topology.to_dict(), deployment.num_groups, method, tolerance is None,
+                      max_moves is None, options or {}], sort_keys=True, default=str)
     if key in _WARMED:
         return 0.0
-    balancer = Balancer(2, num_experts, num_slots=num_slots, num_gpus=num_gpus, num_nodes=num_nodes,
-                        num_groups=num_groups, topology=topology, window=2, method=method, tolerance=tolerance,
-                        max_moves=max_moves, min_gain=0.0, move_cost=0.0, options=options, compile="lazy")
+    balancer = Balancer(2, deployment, window=2, method=method, tolerance=tolerance, max_moves=max_moves,
+                        min_gain=0.0, move_cost=0.0, options=options, compile="lazy")
     num_slots = balancer.topology.num_slots
     _warm_window_kernels(2, num_experts, num_slots)
     warm_search_kernels(balancer.topology)

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import abc
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from math import gcd
 from typing import Callable
 
@@ -309,8 +309,9 @@ class BalancerPolicy(Policy):
         options = dict(self.options)
         options.setdefault("expert_bytes", int(deployment.cost_model.expert_bytes))
         options.setdefault("cost_model", deployment.cost_model)
-        self.balancer = Balancer(deployment.num_layers, deployment.num_experts, topology=deployment.topology,
-                                 num_groups=deployment.num_groups, placement=placement, **options)
+        # the Balancer plans for an even split whatever split the run is priced with
+        self.balancer = Balancer(deployment.num_layers, replace(deployment.deployment, dispatch="uniform"),
+                                 placement=placement, **options)
 
     def observe(self, step: int, counts: np.ndarray):
         self.balancer.record(counts, physical=False)

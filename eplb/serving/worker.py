@@ -54,6 +54,7 @@ import numpy as np
 
 from ..analysis.placement import Placement
 from ..kernels.load_window import warm_copy_counts
+from ..model.deployment import DEPLOYMENT_KEYWORDS, deployment_argument
 from .balancer import Balancer, check_counts, stage_counts
 from .transfer import TransferPlan
 
@@ -422,7 +423,7 @@ class BalancerProcess:
     plans (for an engine that rebalances on a background thread beside its scheduler).
 
     Args:
-        num_layers, num_experts, **kwargs: as for :class:`eplb.Balancer` (every keyword it takes).
+        num_layers, deployment, **kwargs: as for :class:`eplb.Balancer` (every keyword it takes).
         context: ``"spawn"`` (default) or ``"forkserver"``, the ``multiprocessing`` start method
             (``fork`` is unsafe beside threads and CUDA). As with any ``spawn``, the caller's main
             module is imported again in the child: guard a script's work with
@@ -451,13 +452,11 @@ class BalancerProcess:
     the child and free the shared memory; it also happens when the object is collected and at exit.
     """
 
-    def __init__(self, num_layers, num_experts, *, context: str = "spawn", staging_rows: int | None = None,
+    def __init__(self, num_layers, deployment=None, *, context: str = "spawn", staging_rows: int | None = None,
                  gil_interval: float | None = GIL_INTERVAL, **kwargs):
-        unknown = sorted(set(kwargs) - set(BALANCER_KEYWORDS))
-        if unknown:
-            raise TypeError(f"BalancerProcess() got unexpected keyword arguments {unknown}; it takes eplb.Balancer's "
-                            f"keywords {sorted(BALANCER_KEYWORDS)} and context, staging_rows, gil_interval")
-        self._start(("init", (num_layers, num_experts), kwargs), context, staging_rows, gil_interval)
+        construct = balancer_arguments("BalancerProcess", num_layers, deployment, kwargs, "context, staging_rows, "
+                                       "gil_interval")
+        self._start(construct, context, staging_rows, gil_interval)
 
     @classmethod
     def from_state_dict(cls, state, *, compile: str = "eager", cost_model=None, horizon: int | None = None,
@@ -685,12 +684,26 @@ BALANCER_KEYWORDS = tuple(name for name, parameter in inspect.signature(Balancer
                            if parameter.kind is inspect.Parameter.KEYWORD_ONLY)
 
 
+def balancer_arguments(caller: str, num_layers, deployment, kwargs: dict, own: str) -> tuple:
+    """What a worker builds its :class:`Balancer` from: ``("init", (num_layers, deployment),
+    keywords)``, the deployment resolved here (:func:`eplb.model.deployment.deployment_argument`: its
+    deprecated keywords warn in the caller's code, not the worker's) and a keyword neither the
+    Balancer nor ``caller`` takes (``own``: its own, for the message) a ``TypeError`` naming it."""
+    spelled = {name: kwargs.pop(name) for name in DEPLOYMENT_KEYWORDS if name in kwargs}
+    unknown = sorted(set(kwargs) - set(BALANCER_KEYWORDS))
+    if unknown:
+        raise TypeError(f"{caller}() got unexpected keyword arguments {unknown}; it takes eplb.Balancer's "
+                        f"keywords {sorted(BALANCER_KEYWORDS)} and {own}")
+    return "init", (num_layers, deployment_argument(deployment, spelled, caller, stacklevel=4)), kwargs
+
+
 def _signature() -> inspect.Signature:
     """``BalancerProcess.__init__``'s signature as documented: the Balancer's keywords, then its own."""
     base = inspect.signature(Balancer.__init__)
     own = inspect.signature(BalancerProcess.__init__).parameters
     extra = [own[name] for name in ("context", "staging_rows", "gil_interval")]
-    return base.replace(parameters=[*base.parameters.values(), *extra])
+    keywords = [p for p in base.parameters.values() if p.kind is not inspect.Parameter.VAR_KEYWORD]
+    return base.replace(parameters=[*keywords, *extra])
 
 
 BalancerProcess.__init__.__signature__ = _signature()
