@@ -98,11 +98,12 @@ def cases():
         config = dict(num_slots=288, num_gpus=32, num_nodes=4, num_groups=groups)
         previous = eplb.plan(series[0], **config)
         yield f"plan(previous=), {mode}", lambda c=config, p=previous: eplb.plan(series[1], previous=p, **c), None
-        balancer = eplb.Balancer(58, 256, window=1, placement=previous, **config)
+        deployment = eplb.Deployment.of(256, **config)
+        balancer = eplb.Balancer(58, deployment, window=1, placement=previous)
         balancer.record(series[2])
         yield f"Balancer.rebalance(), {mode}", lambda b=balancer: b.rebalance(commit=False), None
         for label, options in (("", {}), (" gil_interval=None", {"gil_interval": None})):
-            with eplb.BalancerProcess(58, 256, window=1, placement=previous, **config, **options) as worker:
+            with eplb.BalancerProcess(58, deployment, window=1, placement=previous, **options) as worker:
                 worker.record(series[2])
                 yield f"BalancerProcess.rebalance(){label}, {mode}", lambda w=worker: w.rebalance(commit=False), worker
 

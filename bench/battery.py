@@ -130,7 +130,8 @@ def cases() -> dict[str, str]:
     for cap in (0.0, 0.1, 1.0):
         p = eplb.plan(counts, max_off_node=cap, **hier)
         out.update(placement_outputs(f"plan.max_off_node.{cap}", p, counts))
-    curve = eplb.pareto(counts, fractions=(0.0, 0.1), held_out=counts_2d(4, 4, 64), **hier)
+    curve = eplb.pareto(counts, eplb.Deployment.of(counts.shape[-1], **hier), fractions=(0.0, 0.1),
+                        held_out=counts_2d(4, 4, 64))
     out.update({f"pareto.{k}": digest(v) for k, v in sorted(curve.items())})
 
     # series
@@ -178,9 +179,10 @@ def cases() -> dict[str, str]:
 
     # lower bounds
     topo = placement.topology
-    out["lower_bound.global"] = digest(eplb.lower_bound(counts, topology=topo))
-    out["lower_bound.hier"] = digest(eplb.lower_bound(counts, topology=topo, num_groups=8))
-    out.update({f"lower_bounds.{k}": digest(v) for k, v in sorted(eplb.lower_bounds(counts, topology=topo).items())})
+    flat, hier = (eplb.Deployment.of(counts.shape[-1], topology=topo, num_groups=g) for g in (None, 8))
+    out["lower_bound.global"] = digest(eplb.lower_bound(counts, flat))
+    out["lower_bound.hier"] = digest(eplb.lower_bound(counts, hier))
+    out.update({f"lower_bounds.{k}": digest(v) for k, v in sorted(eplb.lower_bounds(counts, flat).items())})
 
     # transfer plans
     tp = eplb.transfer_plan(old, eplb.plan(moved, previous=old, **glob))

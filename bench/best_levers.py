@@ -33,6 +33,7 @@ from eplb.planning.api import make_deployment
 from eplb import lower_bound
 from eplb.planning.methods import get_method
 from eplb.simulation.synthetic import deepseek_v3_counts, skewed_counts
+from eplb import Deployment
 
 
 def replication_alone(weights: np.ndarray, deployment) -> np.ndarray:
@@ -55,7 +56,7 @@ def gap_rows(quick: bool) -> list[dict]:
         deployment = make_deployment(256, slots, 32, 4, 8)
         for load, (family, skew) in FAMILIES.items():
             counts = skewed_counts(layers, 256, family=family, skew=skew, num_groups=8, seed=11).astype(np.float64)
-            bound = lower_bound(counts, topology=deployment.topology, num_groups=8)
+            bound = lower_bound(counts, Deployment.of(counts.shape[-1], topology=deployment.topology, num_groups=8))
             plans = {"replication alone": replication_alone(counts, deployment),
                      "default": get_method("balanced")(counts, deployment)[0],
                      "best": get_method("best")(counts, deployment)[0]}
@@ -172,7 +173,7 @@ def resolve_rows(quick: bool) -> list[dict]:
         domains = ([np.arange(n * gpus // nodes, (n + 1) * gpus // nodes) for n in range(nodes)]
                    if deployment.hierarchical else [np.arange(gpus)])
         start, _ = get_method("best")(counts, deployment)
-        bound = lower_bound(counts, topology=topology, num_groups=deployment.num_groups if deployment.hierarchical else None)
+        bound = lower_bound(counts, deployment)
         before = balanced_module.max_loads(counts, start, topology) / bound - 1
         for partners in (1, 3):
             out = start.copy()

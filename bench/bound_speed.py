@@ -44,8 +44,8 @@ def run(quick: bool, results_dir: Path) -> str:
     for name, counts in workloads():
         for mode, hierarchical in (("hierarchical", True), ("global", False)):
             groups = LAYOUT["groups"] if hierarchical else None
-            bound = median_time(lambda: lower_bound(counts, topology=topology, num_groups=groups), repeats=repeats,
-                                budget_s=4.0)
+            deployment = eplb.Deployment.of(counts.shape[-1], topology=topology, num_groups=groups)
+            bound = median_time(lambda: lower_bound(counts, deployment), repeats=repeats, budget_s=4.0)
             plan_kwargs = dict(num_slots=LAYOUT["slots"], num_gpus=LAYOUT["gpus"], num_nodes=LAYOUT["nodes"],
                                num_groups=groups)
             planned = median_time(lambda: eplb.plan(counts, **plan_kwargs), repeats=repeats, budget_s=4.0)
@@ -64,8 +64,8 @@ def run(quick: bool, results_dir: Path) -> str:
                       num_groups=LARGE["groups"])
         gap = eplb.plan(counts, **kwargs).gap
         large = Topology.from_layout(LARGE["slots"], LARGE["gpus"], LARGE["nodes"])
-        timing = median_time(lambda: lower_bound(counts, topology=large, num_groups=LARGE["groups"]), repeats=repeats // 4 + 1,
-                             budget_s=4.0)
+        deployment = eplb.Deployment.of(counts.shape[-1], topology=large, num_groups=LARGE["groups"])
+        timing = median_time(lambda: lower_bound(counts, deployment), repeats=repeats // 4 + 1, budget_s=4.0)
         scale_rows.append((family, f"{100 * gap.mean():.3f}%", f"{100 * gap.max():.3f}%", fmt_ms(timing.cpu)))
     scale = markdown_table(["loads (8 layers)", "default plan mean gap", "max gap", "bound CPU (ms)"], scale_rows)
     write_csv(results_dir / "bound_speed_scale.csv", [dict(zip(("loads", "mean_gap", "max_gap", "bound_cpu_ms"), r))
@@ -97,13 +97,13 @@ def profile() -> None:
     topology = Topology.from_layout(LAYOUT["slots"], LAYOUT["gpus"], LAYOUT["nodes"])
     loads = list(workloads())
     for _, counts in loads:
-        lower_bound(counts, topology=topology, num_groups=LAYOUT["groups"])
+        lower_bound(counts, eplb.Deployment.of(counts.shape[-1], topology=topology, num_groups=LAYOUT["groups"]))
     profiler = cProfile.Profile()
     profiler.enable()
     for _ in range(10):
         for _, counts in loads:
-            lower_bound(counts, topology=topology, num_groups=LAYOUT["groups"])
-            lower_bound(counts, topology=topology)
+            lower_bound(counts, eplb.Deployment.of(counts.shape[-1], topology=topology, num_groups=LAYOUT["groups"]))
+            lower_bound(counts, eplb.Deployment.of(counts.shape[-1], topology=topology))
     profiler.disable()
     pstats.Stats(profiler).sort_stats("tottime").print_stats(15)
 

@@ -114,7 +114,7 @@ def measure(instance: dict, time_limit: float, methods: list[str]) -> dict:
     counts = instance["counts"][None, :]
     config = {k: instance[k] for k in ("num_slots", "num_gpus", "num_nodes", "num_groups")}
     deployment = make_deployment(counts.shape[1], **config)
-    closed = float(lower_bound(counts, topology=deployment.topology, num_groups=deployment.num_groups if deployment.hierarchical else None)[0])
+    closed = float(lower_bound(counts, deployment)[0])
     reference = result["exact_load"] if result["optimal"] else math.nan
     row["closed_form_bound"] = closed
     row["bound_gap"] = _relative(reference, closed)

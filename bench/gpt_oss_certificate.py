@@ -34,6 +34,7 @@ import eplb  # noqa: E402
 from eplb.analysis.bounds import average_bound, lower_bound  # noqa: E402
 from eplb.planning.certificate import improve_layer  # noqa: E402
 from eplb import Topology  # noqa: E402
+from eplb import Deployment
 
 VARIANTS = (("fixed", False, 20_000), ("quick", True, 1_000), ("full", True, 20_000))
 """(name, descent over replica counts, search nodes per packing attempt)."""
@@ -62,7 +63,7 @@ def measure(quick: bool) -> tuple[list[dict], str | None]:
         start = time.perf_counter()
         eplb.plan(weights, topology=topology, method="best")
         best_seconds = (time.perf_counter() - start) / weights.shape[0]
-        bound = lower_bound(weights, topology=topology)
+        bound = lower_bound(weights, Deployment.of(weights.shape[-1], topology=topology))
         average = average_bound(weights, topology)
         default_max, best_max = _max_loads(weights, default), _max_loads(weights, best)
         for layer in layers:

@@ -114,15 +114,16 @@ def background_loop(balancer: eplb.BackgroundBalancer, counts: np.ndarray) -> tu
 
 def run_loop(name: str, counts: np.ndarray, window: int) -> tuple[np.ndarray, dict]:
     """Construct (untimed) and drive one loop."""
-    config = dict(window=window, expert_bytes=44 << 20, **DEPLOYMENT)
+    config = dict(window=window, expert_bytes=44 << 20)
+    deployment = eplb.Deployment.of(EXPERTS, **DEPLOYMENT)
     if name == LOOPS[0]:
         return copy_loop(counts, window)
     if name == "Balancer":
-        return synchronous_loop(eplb.Balancer(LAYERS, EXPERTS, **config), counts)
+        return synchronous_loop(eplb.Balancer(LAYERS, deployment, **config), counts)
     if name == "BalancerProcess":
-        with eplb.BalancerProcess(LAYERS, EXPERTS, **config) as balancer:
+        with eplb.BalancerProcess(LAYERS, deployment, **config) as balancer:
             return synchronous_loop(balancer, counts)
-    with eplb.BackgroundBalancer(LAYERS, EXPERTS, **config) as balancer:
+    with eplb.BackgroundBalancer(LAYERS, deployment, **config) as balancer:
         return background_loop(balancer, counts)
 
 

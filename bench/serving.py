@@ -118,7 +118,7 @@ def serving_loop(quick: bool, method: str) -> tuple[list[dict], list[dict]]:
     steps = 150 if quick else 600
     every, window = 25, 100
     passes = drifting_counts(steps, 58, 256, num_groups=8, drift=0.02, tokens=4096, seed=7)
-    balancer = eplb.Balancer(58, 256, **DS, num_groups=8, window=window, method=method,
+    balancer = eplb.Balancer(58, eplb.Deployment.of(256, **DS, num_groups=8), window=window, method=method,
                              min_gain=0.005, move_cost=0.05, expert_bytes=EXPERT_BYTES)
     start_layout = balancer.placement
     fresh = None
@@ -234,7 +234,7 @@ def rebalance_times(repeats: int) -> list[dict]:
     balancers, threaded = {}, {}
     for mode, groups in (("hierarchical", 8), ("global", None)):
         for threads, into in ((1, balancers), (THREADS, threaded)):
-            balancer = eplb.Balancer(58, 256, **DS, num_groups=groups, window=1, expert_bytes=EXPERT_BYTES,
+            balancer = eplb.Balancer(58, eplb.Deployment.of(256, **DS, num_groups=groups), window=1, expert_bytes=EXPERT_BYTES,
                                      threads=threads)
             balancer.record(series[0])
             balancer.rebalance()

@@ -58,7 +58,7 @@ deploy = dict(num_slots=c["num_slots"], num_gpus=c["num_gpus"], num_nodes=c["num
 
 
 def decision():
-    balancer = eplb.Balancer(counts.shape[0], counts.shape[1], **deploy)
+    balancer = eplb.Balancer(counts.shape[0], eplb.Deployment.of(counts.shape[1], **deploy))
     balancer.record(counts)
     return balancer.should_rebalance()
 
@@ -121,7 +121,7 @@ def compiled():  # (specializations compiled, loaded from the cache) so far by e
 
 
 def decision():
-    balancer = eplb.Balancer(a.shape[0], a.shape[1], **deploy)
+    balancer = eplb.Balancer(a.shape[0], eplb.Deployment.of(a.shape[1], **deploy))
     balancer.record(a)
     balancer.should_rebalance()
     return balancer
@@ -170,8 +170,8 @@ import json, time
 t, cpu = time.perf_counter(), time.process_time()
 import eplb
 from eplb.simulation.synthetic import DEEPSEEK_V3 as c
-eplb.warmup(c["num_experts"], num_slots=c["num_slots"], num_gpus=c["num_gpus"], num_nodes=c["num_nodes"],
-            num_groups=c["num_groups"])
+eplb.warmup(eplb.Deployment.of(c["num_experts"], num_slots=c["num_slots"], num_gpus=c["num_gpus"],
+                               num_nodes=c["num_nodes"], num_groups=c["num_groups"]))
 took = {"warmup_s": time.perf_counter() - t, "warmup_cpu_s": time.process_time() - cpu}
 import os
 from eplb.simulation.synthetic import deepseek_v3_counts
@@ -219,7 +219,7 @@ def after_warmup_section(results_dir: Path, folder: str | None = None) -> str:
                       f"<= {AFTER_WARMUP_TARGET:g} s: " + verdict(extra, extra_cpu, AFTER_WARMUP_TARGET)))
     return "\n".join([
         "### After `eplb warmup`", "",
-        f"`eplb.warmup(256, num_slots=288, num_gpus=32, num_nodes=4, num_groups=8)` on an empty cache folder took "
+        f"`eplb.warmup(eplb.Deployment.of(256, num_slots=288, num_gpus=32, num_nodes=4, num_groups=8))` on an empty cache folder took "
         f"{warm['warmup_s']:.1f} s wall, {warm['warmup_cpu_s']:.1f} s CPU (a fresh process, import included). Then "
         "a fresh process per public call, on that folder, makes that call twice and nothing else before it "
         "(DeepSeek-V3-sized loads other than the warm-up's; the placement in service is a greedy plan read "

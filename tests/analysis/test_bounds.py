@@ -79,7 +79,7 @@ def test_every_bound_is_at_most_the_brute_force_optimum(case, seed):
     topology, num_experts, _ = case
     weights = tiny_weights(seed, num_experts)
     optimum = brute_force_optimum(weights, topology)
-    for name, bound in lower_bounds(weights, topology=topology).items():
+    for name, bound in lower_bounds(weights, eplb.Deployment.of(weights.shape[-1], topology=topology)).items():
         assert (bound <= optimum * (1 + 1e-9) + 1e-12).all(), name
     for method in METHODS:
         if method == "greedy" and not topology.is_uniform:
@@ -97,7 +97,7 @@ def test_the_hierarchical_bound_is_at_most_the_brute_force_optimum(case, seed):
     optimum = brute_force_optimum(weights, topology, num_groups)
     bound = hierarchical_bound(weights, topology, num_groups)
     assert (bound <= optimum * (1 + 1e-9) + 1e-12).all()
-    assert (bound >= lower_bound(weights, topology=topology) * (1 - 1e-12)).all()
+    assert (bound >= lower_bound(weights, eplb.Deployment.of(weights.shape[-1], topology=topology)) * (1 - 1e-12)).all()
     placement = eplb.plan(weights, topology=topology, num_groups=num_groups)
     assert (placement.max_load >= optimum * (1 - 1e-9)).all()
 
@@ -120,7 +120,7 @@ def test_threshold_bound_sees_what_the_average_misses():
     carries two big replicas (or one whole hot expert); the optimum is 10, the average 7.33."""
     weights = np.array([[10.0, 10, 1, 1]])
     topology = eplb.Topology.uniform(6, 3)
-    bounds = lower_bounds(weights, topology=topology)
+    bounds = lower_bounds(weights, eplb.Deployment.of(weights.shape[-1], topology=topology))
     optimum = brute_force_optimum(weights, topology)[0]
     assert optimum == 10.0
     assert bounds["average"][0] < 7.4 and optimum * (1 - 1e-6) < bounds["threshold"][0] <= optimum
@@ -132,12 +132,12 @@ def test_tier_bound_sees_the_lightest_experts_the_hot_gpus_must_take():
     (the exact search of tiny instances finds 30 too)."""
     weights = np.array([[40.0, 10, 10, 10, 10, 10, 10]])
     topology = eplb.Topology.uniform(8, 4)
-    bounds = lower_bounds(weights, topology=topology)
+    bounds = lower_bounds(weights, eplb.Deployment.of(weights.shape[-1], topology=topology))
     optimum = brute_force_optimum(weights, topology)[0]
     assert optimum == 30.0
     assert max(v[0] for name, v in bounds.items() if name not in ("tier", "search")) <= 25.0
     assert optimum * (1 - 1e-6) < bounds["tier"][0] <= optimum
-    assert lower_bound(weights, topology=topology)[0] >= bounds["tier"][0]
+    assert lower_bound(weights, eplb.Deployment.of(weights.shape[-1], topology=topology))[0] >= bounds["tier"][0]
 
 
 @settings(max_examples=30, deadline=None)
@@ -153,7 +153,7 @@ def test_tier_bound_is_at_most_the_exact_optimum_with_hot_experts(gpus, k, spare
     topology = eplb.Topology.uniform(num_slots, gpus)
     exact = eplb.plan(weights, topology=topology, method="exact", deterministic_time=2.0, progress=False)
     if exact.info["optimal"][0]:
-        assert lower_bounds(weights, topology=topology)["tier"][0] <= exact.max_load[0] * (1 + 1e-9)
+        assert lower_bounds(weights, eplb.Deployment.of(weights.shape[-1], topology=topology))["tier"][0] <= exact.max_load[0] * (1 + 1e-9)
 
 
 def test_pigeonhole_sees_the_hot_gpus_without_redundant_slots():
@@ -163,7 +163,7 @@ def test_pigeonhole_sees_the_hot_gpus_without_redundant_slots():
 
     counts = skewed_counts(4, 128, family="hot", skew=1.0, seed=3).astype(float)
     topology = eplb.Topology.uniform(128, 8)
-    bounds = lower_bounds(counts, topology=topology)
+    bounds = lower_bounds(counts, eplb.Deployment.of(counts.shape[-1], topology=topology))
     assert (bounds["pigeonhole"] > bounds["average"] * 1.1).all()
     best = eplb.plan(counts, topology=topology, method="best")
     assert (bounds["pigeonhole"] <= best.max_load).all()
@@ -178,6 +178,6 @@ def test_hierarchical_bound_on_deepseek_v3_sized_loads_is_tight():
     config = {k: DEEPSEEK_V3[k] for k in ("num_slots", "num_gpus", "num_nodes", "num_groups")}
     ours = eplb.plan(counts, **config)
     greedy = eplb.plan(counts, method="greedy", **config)
-    assert (ours.lower_bound > lower_bound(counts.astype(float), topology=ours.topology)).any()
+    assert (ours.lower_bound > lower_bound(counts.astype(float), eplb.Deployment.of(counts.shape[-1], topology=ours.topology))).any()
     assert (greedy.max_load >= ours.lower_bound).all()
     assert ours.gap.mean() < 5e-3

@@ -31,7 +31,7 @@ def test_the_budget_bound_is_at_most_the_brute_force_optimum(gpus, k, spare, ske
     weights = zipf_weights(num_experts, skew, seed, scale=100.0)
     topology = eplb.Topology.uniform(num_slots, gpus)
     best = float(optimum(weights[0], topology.slots_per_gpu))
-    assert lower_bounds(weights, topology=topology)["tier"][0] <= best * (1 + 1e-9)
+    assert lower_bounds(weights, eplb.Deployment.of(weights.shape[-1], topology=topology))["tier"][0] <= best * (1 + 1e-9)
     replica = bounds.replica_bound(weights, topology)
     alone = budget_tier_bound(bounds._descending(weights), bounds.average_bound(weights, topology), replica, num_slots,
                               gpus, k, k, 16)
@@ -48,7 +48,7 @@ def test_the_budget_bound_is_at_most_the_proven_optimum_with_one_hot_expert(gpus
     topology = eplb.Topology.uniform(num_slots, gpus)
     exact = eplb.plan(weights, topology=topology, method="exact", deterministic_time=3.0, progress=False)
     if exact.info["optimal"][0]:
-        assert lower_bound(weights, topology=topology)[0] <= exact.max_load[0] * (1 + 1e-9)
+        assert lower_bound(weights, eplb.Deployment.of(weights.shape[-1], topology=topology))[0] <= exact.max_load[0] * (1 + 1e-9)
 
 
 # (GPUs, slots per GPU, loads, the tier bound without the slot budget, the CP-SAT-proven optimum)
@@ -67,10 +67,10 @@ def test_the_budget_bound_reaches_the_proven_optimum(gpus, k, loads, before, bes
     topology = eplb.Topology.uniform(gpus * k, gpus)
     exact = eplb.plan(weights, topology=topology, method="exact", deterministic_time=5.0, progress=False)
     assert exact.info["optimal"][0] and exact.max_load[0] == pytest.approx(best)
-    assert lower_bound(weights, topology=topology)[0] == pytest.approx(best, rel=1e-6)
-    assert lower_bound(weights, topology=topology)[0] <= best
+    assert lower_bound(weights, eplb.Deployment.of(weights.shape[-1], topology=topology))[0] == pytest.approx(best, rel=1e-6)
+    assert lower_bound(weights, eplb.Deployment.of(weights.shape[-1], topology=topology))[0] <= best
     monkeypatch.setattr(bounds, "BUDGET_TIERS", 0)  # no budget tiers: the tier bound alone
-    assert lower_bound(weights, topology=topology)[0] == pytest.approx(before, rel=1e-6)
+    assert lower_bound(weights, eplb.Deployment.of(weights.shape[-1], topology=topology))[0] == pytest.approx(before, rel=1e-6)
 
 
 def test_kimi_k2_zipf_1_5_gap_is_closed():

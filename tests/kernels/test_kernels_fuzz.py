@@ -109,8 +109,7 @@ def test_migration_transfer_and_balancer_on_nasty_inputs(problem, data):
     assert_valid(near, config["num_experts"])
     transfer = eplb.transfer_plan(first, near)
     assert transfer.counts() is not None
-    balancer = eplb.Balancer(counts.shape[0], config["num_experts"], window=2, min_gain=0.0, move_cost=0.0,
-                             **{k: v for k, v in config.items() if k != "num_experts"})
+    balancer = eplb.Balancer(counts.shape[0], eplb.Deployment.of(**config), window=2, min_gain=0.0, move_cost=0.0)
     for c in (counts, later):
         balancer.record(c, physical=False)  # explicit: with E == S the shape cannot tell
         balancer.should_rebalance()

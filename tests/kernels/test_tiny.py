@@ -89,5 +89,5 @@ def test_the_search_bound_stays_out_of_large_instances():
     """Above 16 slots the search is not run (its entry falls back to the average bound)."""
     weights = np.random.default_rng(0).random((2, 16)) * 100
     topology = eplb.Topology.uniform(20, 4)
-    bounds = lower_bounds(weights, topology=topology)
+    bounds = lower_bounds(weights, eplb.Deployment.of(weights.shape[-1], topology=topology))
     np.testing.assert_array_equal(bounds["search"], bounds["average"])

@@ -81,7 +81,7 @@ def test_previous_placement_from_another_layout_is_refused():
 def test_balancer_on_a_masked_uneven_deployment_without_groups():
     topology = eplb.Topology.from_layout(75, 8, 2, masked_gpus=[6])
     series = drifting_counts(12, 4, 60, drift=0.05, tokens=16384, seed=4)
-    balancer = eplb.Balancer(4, 60, topology=topology, window=4)
+    balancer = eplb.Balancer(4, eplb.Deployment.of(60, topology=topology), window=4)
     for t in range(12):
         balancer.record(series[t])
         if t % 4 == 3 and balancer.should_rebalance():

@@ -264,7 +264,7 @@ def test_a_hand_made_placement_with_bad_groups_is_refused(groups, message):
 
 @pytest.fixture(scope="module")
 def balancer():
-    return eplb.Balancer(num_layers=3, num_experts=8, num_slots=12, num_gpus=4, compile="lazy")
+    return eplb.Balancer(3, eplb.Deployment.of(8, num_slots=12, num_gpus=4), compile="lazy")
 
 
 @pytest.mark.parametrize("layers", [(0.9, 2.5), (False, True), (0, 2, 3), ("0", "2")])
@@ -305,7 +305,7 @@ def test_a_restored_state_is_checked_before_anything_is_allocated(balancer, chan
 
 def test_a_window_too_large_to_allocate_is_a_value_error():
     with pytest.raises(ValueError, match="window=10000000000000: the ring buffer .* GiB"):
-        eplb.Balancer(num_layers=3, num_experts=8, num_slots=12, num_gpus=4, compile="lazy", window=10**13)
+        eplb.Balancer(3, eplb.Deployment.of(8, num_slots=12, num_gpus=4), compile="lazy", window=10**13)
 
 
 @pytest.mark.parametrize("args, message", [
@@ -564,7 +564,7 @@ def test_max_moves_beyond_int64_is_a_value_error_naming_it(value):
     with pytest.raises(ValueError, match="max_moves must be <= 9223372036854775807"):
         eplb.plan(counts, num_slots=24, num_gpus=4, previous=previous, max_moves=value)
     with pytest.raises(ValueError, match="max_moves must be <= 9223372036854775807"):
-        eplb.Balancer(2, 16, num_slots=24, num_gpus=4, max_moves=value, compile="lazy")
+        eplb.Balancer(2, eplb.Deployment.of(16, num_slots=24, num_gpus=4), max_moves=value, compile="lazy")
     # checked also where it is not used (no placement in service to stay near)
     with pytest.raises(ValueError, match="max_moves must be <= 9223372036854775807"):
         eplb.plan(counts, num_slots=24, num_gpus=4, max_moves=value)

@@ -69,10 +69,10 @@ def check_against_brute_force(counts, topology, num_groups):
     assert placement.lower_bound[0] == pytest.approx(best, rel=REL, abs=1e-12)
     if num_groups is not None:
         assert_groups_on_one_node(placement, num_groups)
-    for bound_name, bound in eplb.lower_bounds(counts[None, :], topology=topology).items():
+    for bound_name, bound in eplb.lower_bounds(counts[None, :], eplb.Deployment.of(counts.shape[-1], topology=topology)).items():
         assert bound[0] <= best * (1 + REL) + 1e-12, bound_name
     if num_groups is not None:
-        hier = eplb.lower_bound(counts[None, :], topology=topology, num_groups=num_groups)
+        hier = eplb.lower_bound(counts[None, :], eplb.Deployment.of(counts.shape[-1], topology=topology, num_groups=num_groups))
         assert hier[0] <= best * (1 + REL) + 1e-12
     for method in HEURISTICS:
         try:
@@ -156,7 +156,7 @@ def test_medium_instances_certify_every_method(config):
     assert np.all(placement.lower_bound <= placement.max_load * (1 + REL))
     for layer in np.flatnonzero(info["optimal"]):
         assert placement.lower_bound[layer] == pytest.approx(placement.max_load[layer], rel=REL)
-        for bound in eplb.lower_bounds(counts, topology=placement.topology).values():
+        for bound in eplb.lower_bounds(counts, eplb.Deployment.of(counts.shape[-1], topology=placement.topology)).values():
             assert bound[layer] <= placement.max_load[layer] * (1 + REL)
     assert info["optimal"].any()
     for method in HEURISTICS:

@@ -166,10 +166,12 @@ def test_public_pareto_validates_and_returns_the_curve():
     import eplb
 
     weights = group_skewed(3, 64, 8, 2, 0.4, seed=6)
-    curve = eplb.pareto(weights, num_slots=96, num_gpus=16, num_nodes=4, num_groups=8, fractions=[0, 0.2],
-                        held_out=weights)
+    deployment = eplb.Deployment.of(64, num_slots=96, num_gpus=16, num_nodes=4, num_groups=8)
+    curve = eplb.pareto(weights, deployment, fractions=[0, 0.2], held_out=weights)
     assert set(curve) >= {"max_off_node", "balancedness", "off_node_fraction", "balancedness_held_out_optimal"}
     with pytest.raises(ValueError, match="fractions"):
-        eplb.pareto(weights, num_slots=96, num_gpus=16, num_nodes=4, num_groups=8, fractions=[2])
+        eplb.pareto(weights, deployment, fractions=[2])
     with pytest.raises(ValueError, match="held_out"):
-        eplb.pareto(weights, num_slots=96, num_gpus=16, num_nodes=4, num_groups=8, held_out=weights[:, :32])
+        eplb.pareto(weights, deployment, held_out=weights[:, :32])
+    with pytest.raises(ValueError, match="needs a hierarchical"):
+        eplb.pareto(weights, eplb.Deployment.of(64, num_slots=96, num_gpus=16))

@@ -354,7 +354,7 @@ def test_deepseek_v3_balancer_from_round_robin_keeps_groups_on_one_node():
     layout (whose slots 64-95 put group 2 on nodes 0 and 1): after the first rebalance no group
     of any layer spans nodes."""
     series = drifting_counts(2, 4, 256, num_groups=8, drift=0.2, seed=5)
-    balancer = eplb.Balancer(4, 256, num_slots=288, num_gpus=32, num_nodes=4, num_groups=8, window=2)
+    balancer = eplb.Balancer(4, eplb.Deployment.of(256, num_slots=288, num_gpus=32, num_nodes=4, num_groups=8), window=2)
     assert not groups_on_one_node(balancer.placement).any()
     for counts in series:
         balancer.record(counts)

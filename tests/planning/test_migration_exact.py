@@ -167,7 +167,7 @@ def test_exact_migration_needs_a_cap_or_a_budget():
 
 def test_balancer_with_the_exact_method_rebalances_with_the_fewest_changes():
     old, new = drifting(3)
-    balancer = eplb.Balancer(2, 8, **CONFIG, window=1, method="exact", options={"time_limit": 5.0, "progress": False})
+    balancer = eplb.Balancer(2, eplb.Deployment.of(8, **CONFIG), window=1, method="exact", options={"time_limit": 5.0, "progress": False})
     balancer.record(old)
     balancer.rebalance()
     balancer.record(new)

@@ -93,7 +93,7 @@ def test_a_hedged_series_near_a_placement_keeps_the_move_budget(max_moves):
 
 def test_the_balancer_plans_through_the_same_stages():
     series = _series(3, windows=12)
-    balancer = eplb.Balancer(3, 32, **DEPLOY, compile="lazy", subwindows=4)
+    balancer = eplb.Balancer(3, eplb.Deployment.of(32, **DEPLOY), compile="lazy", subwindows=4)
     for counts in series:
         balancer.record(counts)
     placement, _ = balancer.rebalance()

@@ -38,9 +38,9 @@ def test_bounds_scale_exactly_from_denormal_to_huge_counts(hierarchical):
     counts = _counts()
     topology = eplb.Topology.from_layout(24, 4, 2)
     groups = 4 if hierarchical else None
-    reference = lower_bound(counts, topology=topology, num_groups=groups)
+    reference = lower_bound(counts, eplb.Deployment.of(counts.shape[-1], topology=topology, num_groups=groups))
     for k in (-1070, -1060, -1030, -500, -40, 40, 500, 1000):
-        scaled = lower_bound(counts * 2.0 ** k, topology=topology, num_groups=groups)
+        scaled = lower_bound(counts * 2.0 ** k, eplb.Deployment.of(counts.shape[-1], topology=topology, num_groups=groups))
         assert np.isfinite(scaled).all()
         np.testing.assert_allclose(np.ldexp(scaled, -k), reference, rtol=1e-9 if k > -1060 else 1e-3)
 

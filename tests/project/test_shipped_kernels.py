@@ -45,7 +45,7 @@ from eplb.simulation.synthetic import DEEPSEEK_V3 as c, deepseek_v3_counts, skew
 counts = deepseek_v3_counts(0)
 deploy = {k: c[k] for k in ("num_slots", "num_gpus", "num_nodes", "num_groups")}
 placement = eplb.plan(counts, **deploy)
-balancer = eplb.Balancer(counts.shape[0], counts.shape[1], **deploy)
+balancer = eplb.Balancer(counts.shape[0], eplb.Deployment.of(counts.shape[1], **deploy))
 balancer.record(counts)
 balancer.should_rebalance()
 small = skewed_counts(4, 32, seed=2)  # a small model's paths (the searches of few experts)

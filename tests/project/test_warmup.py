@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import eplb
 from eplb.precompile import synthetic_loads, warmup
 
 pytestmark = pytest.mark.slow  # each test compiles every kernel of a deployment in fresh processes
@@ -57,7 +58,7 @@ def public_calls(experts, config):
         state["p"] = eplb.plan(a, **config)
 
     def balancer():
-        balancer = eplb.Balancer(7, experts, window=3, min_gain=0.0, move_cost=0.0, **config)  # compile="eager"
+        balancer = eplb.Balancer(7, eplb.Deployment.of(experts, **config), window=3, min_gain=0.0, move_cost=0.0)  # compile="eager"
         for counts in series:
             balancer.record(counts)
             balancer.should_rebalance()
@@ -93,7 +94,7 @@ def public_calls(experts, config):
 report = {}
 for config in json.loads(sys.argv[1]):
     experts = config.pop("num_experts")
-    done = eplb.warmup(experts, **config)
+    done = eplb.warmup(eplb.Deployment.of(experts, **config))
     new = {}
     for name, call in public_calls(experts, config):
         before = compiled()
@@ -124,15 +125,16 @@ def test_after_warmup_serving_compiles_nothing(tmp_path):
 
 
 def test_warmup_rejects_bad_arguments():
+    deployment = eplb.Deployment.of(16, num_slots=24, num_gpus=4)
     with pytest.raises(ValueError, match="methods"):
-        warmup(16, num_slots=24, num_gpus=4, methods=["fastest"], balancer=False)
+        warmup(deployment, methods=["fastest"], balancer=False)
     with pytest.raises(ValueError, match="num_slots"):
-        warmup(16, num_slots=8, num_gpus=4, balancer=False)
-    with pytest.raises(ValueError, match="num_slots and num_gpus are required"):
+        warmup(eplb.Deployment.of(16, num_slots=8, num_gpus=4), balancer=False)
+    with pytest.raises(ValueError, match="warmup needs the deployment"):
         warmup(16, balancer=False)
     with pytest.raises(ValueError, match="balancer"):
-        warmup(16, num_slots=24, num_gpus=4, balancer="yes")
-    with pytest.raises(TypeError):  # the deployment is keyword-only, as for eplb.plan
+        warmup(deployment, balancer="yes")
+    with pytest.raises(TypeError):  # one deployment value, not its parts by position
         warmup(16, 24, 4, balancer=False)
 
 

@@ -19,7 +19,7 @@ CONFIG = dict(num_slots=80, num_gpus=8, num_nodes=2, num_groups=8)
 
 
 def make(**kwargs):
-    return eplb.Balancer(6, 64, **{**CONFIG, **kwargs})
+    return eplb.Balancer(6, eplb.Deployment.of(64, **CONFIG), **kwargs)
 
 
 def test_window_keeps_the_last_passes():
@@ -78,7 +78,7 @@ def test_bad_counts_are_refused():
     bad[2, 3] = np.nan
     with pytest.raises(ValueError, match="finite"):
         balancer.record(bad)
-    square = eplb.Balancer(2, 8, num_slots=8, num_gpus=2)
+    square = eplb.Balancer(2, eplb.Deployment.of(8, num_slots=8, num_gpus=2))
     with pytest.raises(ValueError, match="physical"):
         square.record(np.ones((2, 8)))
     square.record(np.ones((2, 8)), physical=True)
@@ -283,7 +283,7 @@ def compiled():
 
 config = CONFIG
 num_experts = config.pop("num_experts")
-balancer = eplb.Balancer(3, num_experts, window=2, **config)
+balancer = eplb.Balancer(3, eplb.Deployment.of(num_experts, **config), window=2)
 before = compiled()
 series = drifting_counts(8, 3, num_experts, num_groups=config.get("num_groups"), drift=0.3, seed=1)
 for t, counts in enumerate(series):
@@ -492,7 +492,8 @@ def test_decisions_in_time_weigh_the_pass_time_saved_against_the_copy_stall():
     loads = skewed_counts(4, 64, family="zipf", skew=1.2, tokens=4096, seed=3).astype(float)
     decisions = {}
     for horizon in (1, 10**6):
-        balancer = eplb.Balancer(4, 64, num_slots=80, num_gpus=8, cost_model=cost, horizon=horizon, compile="lazy")
+        balancer = eplb.Balancer(4, eplb.Deployment.of(64, num_slots=80, num_gpus=8), cost_model=cost, horizon=horizon,
+                                 compile="lazy")
         balancer.record(loads)
         decisions[horizon] = (balancer.should_rebalance(), dict(balancer.last_decision))
     (short, short_why), (long, long_why) = decisions[1], decisions[10**6]
@@ -503,12 +504,12 @@ def test_decisions_in_time_weigh_the_pass_time_saved_against_the_copy_stall():
     assert short_why["moved_fraction"] < long_why["moved_fraction"]
     if short:
         assert short_why["saved_s"] > short_why["copy_s"]
-    free = eplb.Balancer(4, 64, num_slots=80, num_gpus=8, cost_model=cost.with_(copy_mode="free"), horizon=1,
+    free = eplb.Balancer(4, eplb.Deployment.of(64, num_slots=80, num_gpus=8), cost_model=cost.with_(copy_mode="free"), horizon=1,
                          compile="lazy")
     free.record(loads)
     assert free.should_rebalance() and free.last_decision["copy_s"] == 0.0
     with pytest.raises(ValueError, match="cost_model"):
-        eplb.Balancer(4, 64, num_slots=80, num_gpus=8, cost_model="H100", compile="lazy")
+        eplb.Balancer(4, eplb.Deployment.of(64, num_slots=80, num_gpus=8), cost_model="H100", compile="lazy")
 
 
 # -- forecast: planning for where drifting traffic is going --------------------------------------
@@ -668,10 +669,10 @@ def test_construction_warns_about_no_placement_of_the_callers():
     caller's. The caller's own placement, spread the same way, still gets it on its rebalance."""
     import warnings
 
-    deployment = dict(num_slots=80, num_gpus=8, num_nodes=2, num_groups=4)
+    deployment = eplb.Deployment.of(64, num_slots=80, num_gpus=8, num_nodes=2, num_groups=4)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        balancer = eplb.Balancer(3, 64, tolerance=0.0, max_moves=2, **deployment)
+        balancer = eplb.Balancer(3, deployment, tolerance=0.0, max_moves=2)
     balancer.record(np.random.default_rng(0).integers(0, 50, (3, 64)), physical=False)
     with pytest.warns(RuntimeWarning, match="spreads expert groups over nodes"):
         balancer.rebalance()

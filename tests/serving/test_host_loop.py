@@ -16,8 +16,10 @@ import eplb
 from eplb.simulation.synthetic import drifting_counts
 from test_worker import assert_same_placement, assert_same_state, assert_same_transfer
 
-CONFIG = dict(num_slots=80, num_gpus=8, num_nodes=2, num_groups=8, window=16, compile="lazy")
 LAYERS, EXPERTS = 6, 64
+LAYOUT = dict(num_slots=80, num_gpus=8, num_nodes=2, num_groups=8)
+DEPLOYMENT = eplb.Deployment.of(EXPERTS, **LAYOUT)
+CONFIG = dict(window=16, compile="lazy")
 
 
 def passes(count: int, seed: int) -> list[np.ndarray]:
@@ -59,7 +61,7 @@ def run_loop(balancer, counts, *, check_every: int, chunk: int, rng, settle: flo
 
 def replay(log, **config) -> tuple[eplb.Balancer, dict, dict]:
     """The same calls on a synchronous Balancer: its proposals and decisions by check id."""
-    balancer = eplb.Balancer(LAYERS, EXPERTS, **config)
+    balancer = eplb.Balancer(LAYERS, DEPLOYMENT, **config)
     proposals, decisions = {}, {}
     for entry in log:
         if entry[0] == "record":
@@ -81,7 +83,7 @@ def replay(log, **config) -> tuple[eplb.Balancer, dict, dict]:
 def test_same_placements_as_the_synchronous_balancer(settle, staging_rows, extra):
     config = {**CONFIG, **extra}
     rng = np.random.default_rng(1)
-    with eplb.BackgroundBalancer(LAYERS, EXPERTS, staging_rows=staging_rows, **config) as background:
+    with eplb.BackgroundBalancer(LAYERS, DEPLOYMENT, staging_rows=staging_rows, **config) as background:
         log, proposals = run_loop(background, passes(120, seed=3), check_every=10, chunk=2, rng=rng, settle=settle)
         while background.pending_checks:  # the decisions still unread, and every proposal not yet polled
             proposal = background.poll()
@@ -109,7 +111,7 @@ def test_same_placements_as_the_synchronous_balancer(settle, staging_rows, extra
 
 def test_a_proposal_planned_before_a_later_commit_is_dropped():
     counts = passes(20, seed=5)
-    with eplb.BackgroundBalancer(LAYERS, EXPERTS, **CONFIG) as background:
+    with eplb.BackgroundBalancer(LAYERS, DEPLOYMENT, **CONFIG) as background:
         for load in counts:
             background.record(load)
         first = background.check()
@@ -131,14 +133,14 @@ def test_a_proposal_planned_before_a_later_commit_is_dropped():
 
 def test_bad_input_is_refused_in_the_caller():
     with pytest.raises(TypeError, match="unexpected keyword arguments \\['windw'\\]"):
-        eplb.BackgroundBalancer(LAYERS, EXPERTS, windw=3)
+        eplb.BackgroundBalancer(LAYERS, DEPLOYMENT, windw=3)
     with pytest.raises(ValueError, match="context must be one of"):
-        eplb.BackgroundBalancer(LAYERS, EXPERTS, context="fork", **CONFIG)
+        eplb.BackgroundBalancer(LAYERS, DEPLOYMENT, context="fork", **CONFIG)
     with pytest.raises(ValueError, match="staging_rows must be an integer >= 2"):
-        eplb.BackgroundBalancer(LAYERS, EXPERTS, staging_rows=1, **CONFIG)
+        eplb.BackgroundBalancer(LAYERS, DEPLOYMENT, staging_rows=1, **CONFIG)
     with pytest.raises(ValueError, match="window must be"):  # the worker's Balancer refuses it, raised here
-        eplb.BackgroundBalancer(LAYERS, EXPERTS, **{**CONFIG, "window": 0})
-    with eplb.BackgroundBalancer(LAYERS, EXPERTS, **CONFIG) as background:
+        eplb.BackgroundBalancer(LAYERS, DEPLOYMENT, **{**CONFIG, "window": 0})
+    with eplb.BackgroundBalancer(LAYERS, DEPLOYMENT, **CONFIG) as background:
         with pytest.raises(ValueError, match="counts must have shape"):
             background.record(np.ones((LAYERS, EXPERTS + 1)))
         bad = np.ones((LAYERS, EXPERTS))
@@ -156,7 +158,7 @@ def test_bad_input_is_refused_in_the_caller():
 
 
 def test_a_dead_worker_or_a_closed_balancer_raises():
-    background = eplb.BackgroundBalancer(LAYERS, EXPERTS, **CONFIG)
+    background = eplb.BackgroundBalancer(LAYERS, DEPLOYMENT, **CONFIG)
     background.record(np.ones((LAYERS, EXPERTS)))
     os.kill(background.pid, signal.SIGKILL)
     deadline = time.monotonic() + 30
@@ -176,13 +178,13 @@ def test_a_dead_worker_or_a_closed_balancer_raises():
 
 def test_state_round_trips_through_a_saved_file(tmp_path):
     counts = passes(30, seed=7)
-    with eplb.BackgroundBalancer(LAYERS, EXPERTS, **CONFIG) as background:
+    with eplb.BackgroundBalancer(LAYERS, DEPLOYMENT, **CONFIG) as background:
         for load in counts[:20]:
             background.record(load)
         np.savez(tmp_path / "state.npz", **background.state_dict())
     with np.load(tmp_path / "state.npz", allow_pickle=False) as saved:
         restored = eplb.BackgroundBalancer.from_state_dict(saved, compile="lazy")
-    synchronous = eplb.Balancer(LAYERS, EXPERTS, **CONFIG)
+    synchronous = eplb.Balancer(LAYERS, DEPLOYMENT, **CONFIG)
     with restored:
         assert restored.steps == 20
         for load in counts:

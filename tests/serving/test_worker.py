@@ -17,14 +17,16 @@ import pytest
 import eplb
 from eplb.simulation.synthetic import drifting_counts
 
-CONFIG = dict(num_slots=80, num_gpus=8, num_nodes=2, num_groups=8, window=16, compile="lazy")
 LAYERS, EXPERTS = 6, 64
+LAYOUT = dict(num_slots=80, num_gpus=8, num_nodes=2, num_groups=8)
+DEPLOYMENT = eplb.Deployment.of(EXPERTS, **LAYOUT)
+CONFIG = dict(window=16, compile="lazy")
 TIMINGS = ("time_s", "plan_time_s")
 
 
 @pytest.fixture(scope="module")
 def worker():
-    with eplb.BalancerProcess(LAYERS, EXPERTS, **CONFIG) as process:
+    with eplb.BalancerProcess(LAYERS, DEPLOYMENT, **CONFIG) as process:
         yield process
 
 
@@ -61,7 +63,7 @@ def test_same_answers_as_the_balancer_in_process(worker):
     """A recorded series (per-expert and per-slot passes), decisions every 8 passes, rebalances
     applied two layers at a time: every decision, placement, transfer plan and the final state are
     those of a Balancer in this process fed the same calls."""
-    balancer = eplb.Balancer(LAYERS, EXPERTS, **CONFIG)
+    balancer = eplb.Balancer(LAYERS, DEPLOYMENT, **CONFIG)
     worker.load_state_dict(balancer.state_dict())  # the shared worker starts from scratch
     series = drifting_counts(64, LAYERS, EXPERTS, num_groups=8, drift=0.3, seed=3)
     rebalanced = 0
@@ -103,7 +105,7 @@ def test_same_answers_as_the_balancer_in_process(worker):
     remote, _ = worker.rebalance()
     assert_same_placement(remote, placement)
     assert worker.placement is remote
-    start = eplb.Balancer(LAYERS, EXPERTS, **CONFIG).placement
+    start = eplb.Balancer(LAYERS, DEPLOYMENT, **CONFIG).placement
     balancer.commit(start)
     worker.commit(start)
     assert worker.placement is start and worker.rebalances == balancer.rebalances
@@ -115,7 +117,7 @@ def test_record_beside_a_rebalancing_thread(worker):
     """Passes recorded on one thread while another rebalances (as an engine does) all arrive, in order."""
     import threading
 
-    balancer = eplb.Balancer(LAYERS, EXPERTS, **CONFIG)
+    balancer = eplb.Balancer(LAYERS, DEPLOYMENT, **CONFIG)
     worker.load_state_dict(balancer.state_dict())
     series = drifting_counts(40, LAYERS, EXPERTS, num_groups=8, drift=0.3, seed=4)
     stop = threading.Event()
@@ -167,13 +169,13 @@ def test_bad_input_raises_the_same_value_error(worker):
 
 def test_bad_configuration_is_refused():
     with pytest.raises(TypeError, match=r"unexpected keyword arguments \['windows'\]"):
-        eplb.BalancerProcess(LAYERS, EXPERTS, windows=3)
+        eplb.BalancerProcess(LAYERS, DEPLOYMENT, windows=3)
     with pytest.raises(ValueError, match=r"context must be one of"):
-        eplb.BalancerProcess(LAYERS, EXPERTS, context="fork", **CONFIG)
+        eplb.BalancerProcess(LAYERS, DEPLOYMENT, context="fork", **CONFIG)
     with pytest.raises(ValueError, match=r"gil_interval"):
-        eplb.BalancerProcess(LAYERS, EXPERTS, gil_interval=0, **CONFIG)
+        eplb.BalancerProcess(LAYERS, DEPLOYMENT, gil_interval=0, **CONFIG)
     with pytest.raises(ValueError, match=r"window must be"):  # raised by the worker's Balancer
-        eplb.BalancerProcess(LAYERS, EXPERTS, **{**CONFIG, "window": 0})
+        eplb.BalancerProcess(LAYERS, DEPLOYMENT, **{**CONFIG, "window": 0})
 
 
 def test_accepts_every_balancer_keyword():
@@ -204,7 +206,7 @@ def test_state_round_trip(worker, tmp_path):
 
 def test_close_releases_the_process_and_shared_memory(monkeypatch):
     monkeypatch.setenv("EPLB_WORKER_TEST", "inherited")
-    process = eplb.BalancerProcess(LAYERS, EXPERTS, **CONFIG)
+    process = eplb.BalancerProcess(LAYERS, DEPLOYMENT, **CONFIG)
     name = process._channel.shared.shm.name
     child = process._channel.process
     assert os.path.exists(f"/dev/shm/{name}") and child.is_alive()
@@ -222,7 +224,7 @@ def test_close_releases_the_process_and_shared_memory(monkeypatch):
 
 
 def test_a_dead_worker_raises_runtime_error():
-    process = eplb.BalancerProcess(LAYERS, EXPERTS, **CONFIG)
+    process = eplb.BalancerProcess(LAYERS, DEPLOYMENT, **CONFIG)
     name = process._channel.shared.shm.name
     process.record(np.ones((LAYERS, EXPERTS)))
     os.kill(process.pid, signal.SIGKILL)
@@ -237,7 +239,7 @@ def test_a_dead_worker_raises_runtime_error():
 
 
 def test_record_into_a_killed_worker_raises_at_once_naming_it_and_its_exit_code():
-    process = eplb.BalancerProcess(LAYERS, EXPERTS, **CONFIG)
+    process = eplb.BalancerProcess(LAYERS, DEPLOYMENT, **CONFIG)
     child = process._channel.process
     process.record(np.ones((LAYERS, EXPERTS)))
     pid = process.pid
@@ -256,7 +258,7 @@ def test_a_script_without_the_main_guard_is_told_what_to_add(tmp_path, kind):
 
     script = tmp_path / "serve.py"
     script.write_text("import numpy as np\nimport eplb\n"
-                      f"worker = eplb.{kind}({LAYERS}, {EXPERTS}, **{CONFIG!r})\n"
+                      f"worker = eplb.{kind}({LAYERS}, eplb.Deployment.of({EXPERTS}, **{LAYOUT!r}), **{CONFIG!r})\n"
                       f"worker.record(np.ones(({LAYERS}, {EXPERTS})))\nworker.close()\n")
     result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300,
                             cwd=tmp_path)
