@@ -362,9 +362,7 @@ def test_compile_mode_is_checked():
 def test_warm_kernels_takes_a_configuration():
     from eplb.serving.balancer import warm_kernels
 
-    assert warm_kernels(64, num_slots=80, num_gpus=8, num_nodes=2, num_groups=8) >= 0.0
-    with pytest.raises(ValueError, match="num_slots"):
-        warm_kernels(64, num_slots=60, num_gpus=8)
+    assert warm_kernels(eplb.Deployment.of(64, num_slots=80, num_gpus=8, num_nodes=2, num_groups=8)) >= 0.0
 
 
 # -- odd dtypes and restored state ------------------------------------------------------------------
