@@ -35,7 +35,7 @@ def test_of_applies_the_published_group_rule_and_checks_like_plan():
 def test_the_old_keywords_warn_and_give_what_the_value_gives(call, spelled):
     counts = _counts()
     by_value = call(counts, deployment=eplb.Deployment.of(64, **LAYOUT))
-    with pytest.warns(DeprecationWarning, match=r"pass one value, eplb.Deployment.of\((64|None), num_slots=80"):
+    with pytest.warns(DeprecationWarning, match=r"pass one value, eplb.Deployment.of\(64, num_slots=80"):
         by_keywords = call(counts, **spelled, **LAYOUT)
     np.testing.assert_array_equal(by_value, by_keywords)
 
