@@ -25,7 +25,7 @@ import eplb
 from . import __version__
 from .model.cost import HARDWARE as COST_HARDWARE, MODELS as COST_MODELS
 from .planning.methods import DEFAULT_METHOD, METHODS
-from .model.dispatch_rules import DISPATCH_RULES, ENGINE_RULES, SCORING
+from .engines import DISPATCH_RULES, ENGINE_RULES, ENGINES, SCORING
 from .planning.objectives import OBJECTIVES
 from .serving.policy import POLICY_NAMES as SIMULATE_POLICIES
 from .analysis.metrics import moe_layers, moe_mean
@@ -764,8 +764,9 @@ def _copy_cost_line(old, new, expert_bytes, model_preset, hardware) -> str:
             f"(the busiest GPU's slowest link)")
 
 
-ENGINE_ROWS = ("sglang", "trtllm")
-"""The output formats an engine loads, whose rows ``eplb plan`` places by model layer (``--num-layers``)."""
+ENGINE_ROWS = tuple(name for name in PLACEMENT_FORMATS if name in {engine.loads for engine in ENGINES.values()})
+"""The output formats an engine loads (:data:`eplb.engines.ENGINES`), whose rows ``eplb plan`` places by
+model layer (``--num-layers``): ``("sglang", "trtllm")``."""
 
 
 def _plan_output_format(output, output_format, num_layers, quiet: bool) -> str:

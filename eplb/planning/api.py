@@ -13,7 +13,7 @@ from ..analysis.metrics import moe_mean
 from ..analysis.placement import Placement
 from ..kernels.layout import replica_counts, slots_of_experts
 from ..model._validation import as_counts, as_fraction
-from ..model.dispatch_rules import DISPATCH_RULES, dispatch_rule
+from ..engines import DISPATCH_RULES, dispatch_rule
 from ..model.problem import Problem, make_problem, summed_2d, weights_2d
 from ..model.topology import Topology
 from .locality import off_node_curve

@@ -32,7 +32,7 @@ from ..analysis.loads import peak_loads
 from ..analysis.placement import Placement
 from ..analysis.windows import check_window_weights
 from ..model._validation import as_fraction, validated_counts
-from ..model.dispatch_rules import dispatch_rule
+from ..engines import dispatch_rule
 from ..model.problem import Problem, power_of_two_scale, summed_2d
 from .engine_planning import plan_for_engine
 from .locality import capped_lower_bound, home_nodes, plan_locality
