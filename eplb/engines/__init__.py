@@ -25,7 +25,7 @@ rules and every engine's), their subsets (:data:`SCORING`, :data:`ENGINE_RULES`,
 - ``adapter``: the module of its adapter, if it takes calls rather than files (vLLM's policy).
 
 :func:`~eplb.engines.contract.check_engine` checks each entry when this module loads;
-``tests/engines/test_registry.py`` checks what needs the layers above (the formats exist in the
+``tests/engines/test_engine_registry.py`` checks what needs the layers above (the formats exist in the
 format registry, the adapter module imports and provides ``install``, the notes name versions).
 Adding an engine is its package and one line in :data:`ENGINES`; adding a rule to an engine is an
 entry in its ``rules``.

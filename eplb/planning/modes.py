@@ -53,7 +53,7 @@ class Request:
             the Balancer's forecast of them.
         problem: the deployment (topology, groups, hierarchical).
         method: a name of :data:`eplb.METHODS`; options: its keyword options.
-        dispatch: the dispatch rule's name as given (:data:`eplb.model.dispatch_rules.DISPATCH_RULES`).
+        dispatch: the dispatch rule's name as given (:data:`eplb.engines.DISPATCH_RULES`).
         objective: how the windows combine (resolved: never ``None``).
         series: plan the windows as windows (hedged, selected, ...), not their sum alone.
         window_weights: ``[T]`` float64 weights, the largest 1, or ``None`` (equal).
