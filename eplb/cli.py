@@ -835,15 +835,9 @@ def _note_engine_file_name(output, output_format: str, quiet: bool) -> None:
                    "(pass --format eplb for eplb's JSON)", err=True)
 
 
-DENSE_LAYERS_IN = {
-    "sglang": "SGLang indexes the map by layer id over all of the model's layers, so their rows are kept for the "
-              "shape; its dense layers never read them",
-    "trtllm": "TensorRT-LLM looks up initial_global_assignments only for its MoE layers, so their entries are "
-              "ignored",
-}
-"""What each engine does with the placement rows of dense layers (all-zero counts): SGLang's
-``ExpertLocationMetadata`` takes ``[num_hidden_layers, S]`` and is indexed by layer id; TensorRT-LLM's
-``MoeLoadBalancerConfig.get_layer_initial_global_assignments(layer_idx)`` is called by MoE layers."""
+DENSE_LAYERS_IN = {engine.loads: engine.dense_layers for engine in ENGINES.values() if engine.loads is not None}
+"""What each engine does with the placement rows of dense layers (all-zero counts), by the format
+it loads (:attr:`eplb.engines.contract.Engine.dense_layers`)."""
 
 
 def _dense_layers_note(weights: np.ndarray, layer_ids, output_format: str) -> str:

@@ -6,7 +6,7 @@ notes. :data:`ENGINES` lists them, one line each. The rest of eplb asks this reg
 hand-written list: the dispatch rules ``dispatch=`` takes (:data:`DISPATCH_RULES`, the two general
 rules and every engine's), their subsets (:data:`SCORING`, :data:`ENGINE_RULES`,
 :data:`SHARE_RULES`, :data:`PLACEMENT_RULES`), the shares of a rule that depends on the placement
-(:func:`rule_shares`), the formats an engine loads (the CLI's rows by model layer).
+(:func:`rule_shares`), the formats an engine loads and what it does with dense layers' rows (the CLI).
 
 **The contract**: what an engine entry must provide.
 
@@ -21,7 +21,8 @@ rules and every engine's), their subsets (:data:`SCORING`, :data:`ENGINE_RULES`,
   (:class:`~eplb.engines.contract.Engine` gives its interface); the metrics, ``engine_shares`` and
   the planner for the rule use it, layer by layer.
 - ``formats`` / ``loads``: its files, by their names in :data:`eplb.io.formats.FORMATS` (the format
-  modules live in ``eplb/io/formats/`` with the registry of formats).
+  modules live in ``eplb/io/formats/`` with the registry of formats); with ``loads``,
+  ``dense_layers``: what it does with the rows of dense layers in that file.
 - ``adapter``: the module of its adapter, if it takes calls rather than files (vLLM's policy).
 
 :func:`~eplb.engines.contract.check_engine` checks each entry when this module loads;

@@ -47,6 +47,8 @@ class Engine(NamedTuple):
             or ``None`` (it exchanges files).
         notes: what the engine does with a placement, which versions were checked and how it loads
             eplb's plan: the engine module's docstring.
+        dense_layers: for an engine that loads a file: what it does with the rows of dense layers
+            (all-zero counts) in it, as ``eplb plan`` says it; else ``None``.
     """
 
     name: str
@@ -58,6 +60,7 @@ class Engine(NamedTuple):
     loads: str | None
     adapter: str | None
     notes: str
+    dense_layers: str | None = None
 
 
 def check_engine(entry: Engine) -> Engine:
@@ -85,4 +88,6 @@ def check_engine(entry: Engine) -> Engine:
         fail("layer_shares is given exactly when a rule is of kind 'engine'")
     if entry.loads is not None and entry.loads not in entry.formats:
         fail(f"loads {entry.loads!r} must be one of its formats {entry.formats}")
+    if (entry.dense_layers is not None) != (entry.loads is not None):
+        fail("dense_layers is given exactly when it loads a file")
     return entry

@@ -72,6 +72,8 @@ def test_an_entry_breaking_the_contract_is_refused_naming_it():
         check_engine(ENTRY._replace(options=("sglang-lp",)))
     with pytest.raises(ValueError, match="loads 'trtllm' must be one of its formats"):
         check_engine(ENTRY._replace(loads="trtllm"))
+    with pytest.raises(ValueError, match="dense_layers is given exactly when it loads a file"):
+        check_engine(ENTRY._replace(dense_layers=None))
     with pytest.raises(ValueError, match="must be an eplb.engines.contract.Engine"):
         check_engine(tuple(ENTRY))
     assert isinstance(ENTRY, Engine)

@@ -127,4 +127,7 @@ ENGINE = Engine(
     loads="sglang",
     adapter=None,
     notes=__doc__,
+    # ExpertLocationMetadata takes [num_hidden_layers, S] and is indexed by layer id
+    dense_layers="SGLang indexes the map by layer id over all of the model's layers, so their rows are kept for the "
+                 "shape; its dense layers never read them",
 )

@@ -33,4 +33,7 @@ ENGINE = Engine(
     loads="trtllm",
     adapter=None,
     notes=__doc__,
+    # MoeLoadBalancerConfig.get_layer_initial_global_assignments(layer_idx) is called by MoE layers only
+    dense_layers="TensorRT-LLM looks up initial_global_assignments only for its MoE layers, so their entries are "
+                 "ignored",
 )
