@@ -13,8 +13,7 @@ from ..model._validation import as_counts, as_int
 from ..kernels.shares import optimal_shares
 from ..kernels.layout import replica_counts, slots_of_experts
 from ..model.topology import Topology
-from ..engines import DISPATCH_RULES, SCORING
-from ..engines import rule_shares
+from ..engines import DISPATCH_RULES, SCORING, rule_shares
 
 FORMAT_VERSION = 1
 
