@@ -19,7 +19,9 @@ rules and every engine's), their subsets (:data:`SCORING`, :data:`ENGINE_RULES`,
   ``options``: the ones ``--engine`` offers.
 - ``layer_shares``: for rules of kind ``"engine"`` only, the class computing a layer's shares
   (:class:`~eplb.engines.contract.Engine` gives its interface); the metrics, ``engine_shares`` and
-  the planner for the rule use it, layer by layer.
+  the planner for the rule use it, layer by layer. The planner's moves
+  (:mod:`eplb.planning.engine_planning`) are those that keep every slot's share under a
+  near-replica choice like SGLang's: an engine whose shares move otherwise needs its moves there.
 - ``formats`` / ``loads``: its files, by their names in :data:`eplb.io.formats.FORMATS` (the format
   modules live in ``eplb/io/formats/`` with the registry of formats); with ``loads``,
   ``dense_layers``: what it does with the rows of dense layers in that file.
