@@ -25,7 +25,7 @@ import eplb
 from . import __version__
 from .model.cost import HARDWARE as COST_HARDWARE, MODELS as COST_MODELS
 from .planning.methods import DEFAULT_METHOD, METHODS
-from .model.dispatch_rules import DISPATCH_RULES, ENGINE_RULES, SCORING
+from .engines import DISPATCH_RULES, ENGINE_RULES, ENGINES, SCORING
 from .planning.objectives import OBJECTIVES
 from .serving.policy import POLICY_NAMES as SIMULATE_POLICIES
 from .analysis.metrics import moe_layers, moe_mean
@@ -796,8 +796,9 @@ def _copy_cost_line(old, new, expert_bytes, model_preset, hardware) -> str:
             f"(the busiest GPU's slowest link)")
 
 
-ENGINE_ROWS = ("sglang", "trtllm")
-"""The output formats an engine loads, whose rows ``eplb plan`` places by model layer (``--num-layers``)."""
+ENGINE_ROWS = tuple(name for name in PLACEMENT_FORMATS if name in {engine.loads for engine in ENGINES.values()})
+"""The output formats an engine loads (:data:`eplb.engines.ENGINES`), whose rows ``eplb plan`` places by
+model layer (``--num-layers``): ``("sglang", "trtllm")``."""
 
 
 def _plan_output_format(output, output_format, num_layers, quiet: bool) -> str:
@@ -866,15 +867,9 @@ def _note_engine_file_name(output, output_format: str, quiet: bool) -> None:
                    "(pass --format eplb for eplb's JSON)", err=True)
 
 
-DENSE_LAYERS_IN = {
-    "sglang": "SGLang indexes the map by layer id over all of the model's layers, so their rows are kept for the "
-              "shape; its dense layers never read them",
-    "trtllm": "TensorRT-LLM looks up initial_global_assignments only for its MoE layers, so their entries are "
-              "ignored",
-}
-"""What each engine does with the placement rows of dense layers (all-zero counts): SGLang's
-``ExpertLocationMetadata`` takes ``[num_hidden_layers, S]`` and is indexed by layer id; TensorRT-LLM's
-``MoeLoadBalancerConfig.get_layer_initial_global_assignments(layer_idx)`` is called by MoE layers."""
+DENSE_LAYERS_IN = {engine.loads: engine.dense_layers for engine in ENGINES.values() if engine.loads is not None}
+"""What each engine does with the placement rows of dense layers (all-zero counts), by the format
+it loads (:attr:`eplb.engines.contract.Engine.dense_layers`)."""
 
 
 def _dense_layers_note(weights: np.ndarray, layer_ids, output_format: str) -> str:

@@ -11,6 +11,8 @@ from __future__ import annotations
 LAYERS: tuple[tuple[str, str], ...] = (
     ("model", "the deployment (one value: experts, topology, groups, dispatch rule), input checks, cost model"),
     ("kernels", "Numba over plain arrays, each file named by what it computes"),
+    ("engines", "the serving engines, a package each (name, dispatch rules and the shares they give, files and "
+                "adapter by name, notes) behind one registry, which holds every dispatch rule"),
     ("analysis", "numbers about loads and placements: Placement, loads (the one load function), metrics, "
                  "lower bounds and the searches "
                  "they share with the methods, dispatch (optimal and each engine's), the windows of a series"),

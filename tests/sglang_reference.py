@@ -1,9 +1,9 @@
 """SGLang's replica choice written out in plain Python from its source (SGLang 0.5.23's
-``expert_location.py``): the test oracle for eplb's Numba kernels (:mod:`eplb.analysis.rule_shares`).
+``expert_location.py``): the test oracle for eplb's Numba kernels (:mod:`eplb.engines.sglang`).
 
 ``tests/analysis/test_engine_dispatch.py`` checks this reference against SGLang's own code run from
 its files (the per-rank static table, bit for bit) and eplb's shares against this reference; the
-rules themselves are described in :mod:`eplb.analysis.engine_dispatch`.
+rules themselves are described in :mod:`eplb.engines.sglang`.
 """
 
 from __future__ import annotations

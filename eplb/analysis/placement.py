@@ -14,8 +14,7 @@ from ..kernels.shares import optimal_shares
 from ..kernels.layout import replica_counts, slots_of_experts
 from ..model.deployment import Deployment
 from ..model.topology import Topology
-from ..model.dispatch_rules import DISPATCH_RULES, SCORING
-from .rule_shares import rule_shares
+from ..engines import DISPATCH_RULES, SCORING, rule_shares
 
 FORMAT_VERSION = 1
 
@@ -79,7 +78,7 @@ def check_shares(shares, phy2log: np.ndarray, num_experts: int) -> np.ndarray:
 
 DISPATCH_MODES = ("uniform", "shares", "optimal") + tuple(name for name in DISPATCH_RULES if name not in SCORING)
 """``dispatch=`` of the metrics: the even split, the plan's own shares, optimal dispatch, or an
-engine's rule by name (:data:`eplb.model.dispatch_rules.DISPATCH_RULES`)."""
+engine's rule by name (:data:`eplb.engines.DISPATCH_RULES`)."""
 
 
 def _mode(dispatch) -> str:

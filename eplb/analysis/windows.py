@@ -7,10 +7,10 @@ from __future__ import annotations
 import numpy as np
 
 from .dispatch import optimal_dispatch
-from ..model.dispatch_rules import SCORING
+from ..engines import SCORING
 from .loads import peak_loads
 
-DISPATCH_SCORING = SCORING  # the rules windows are scored by (eplb.model.dispatch_rules)
+DISPATCH_SCORING = SCORING  # the rules windows are scored by (eplb.engines)
 
 
 def check_window_weights(window_weights, num_windows: int) -> np.ndarray:

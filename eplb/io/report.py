@@ -33,7 +33,7 @@ from ..analysis.bounds import replica_bound, strongest_bound
 from ..planning.locality import busiest_nodes, node_cap_bound, off_node_tokens
 from ..model.deployment import Deployment, make_deployment
 from ..analysis.metrics import moe_layers, moe_mean
-from ..model.dispatch_rules import DISPATCH_RULES
+from ..engines import DISPATCH_RULES
 from .formats.data import CountsFile, PlacementFile
 from .formats.errors import require
 
@@ -94,7 +94,7 @@ def bound_for(weights: np.ndarray, placement, dispatch: str | None = None) -> Bo
         weights: ``[L, E]`` counts.
         placement: an :class:`eplb.Placement` with ``num_groups`` set when the deployment has groups.
         dispatch: the rule the placement is judged under (a name of
-            :data:`eplb.model.dispatch_rules.DISPATCH_RULES`); ``None``: its own split (its shares, or even).
+            :data:`eplb.engines.DISPATCH_RULES`); ``None``: its own split (its shares, or even).
     Raises:
         ValueError: when ``num_groups`` does not divide the experts.
     """
@@ -181,7 +181,7 @@ def make_report(counts: CountsFile, plan: PlacementFile, out_dir, *, previous: P
         previous: an earlier placement on the same topology, to show what moved.
         top: how many of the hottest (layer, expert) pairs to show.
         progress: a tqdm bar over windows on stderr.
-        engine: an engine's dispatch rule (``eplb.model.dispatch_rules.ENGINE_RULES``): every figure
+        engine: an engine's dispatch rule (``eplb.engines.ENGINE_RULES``): every figure
             (the plan's and greedy's balancedness, the GPU loads, the replicas' loads, the windows, the
             previous placement, the gap, on a bound that holds under that rule) is judged under it,
             and the page says so; ``None``: the plan's own split (its shares, else even).

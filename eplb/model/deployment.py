@@ -21,7 +21,6 @@ from dataclasses import dataclass
 import numpy as np
 
 from ._validation import as_int
-from .dispatch_rules import dispatch_rule
 from .topology import Topology
 
 
@@ -37,7 +36,8 @@ class Deployment:
         hierarchical: keep every group (and its replicas) on one node; set when ``num_groups`` is a
             multiple of ``num_nodes`` (the published rule), else the placement is global.
         dispatch: the engine's dispatch rule, a name of
-            :data:`eplb.model.dispatch_rules.DISPATCH_RULES` (``"uniform"``: an even split).
+            :data:`eplb.engines.DISPATCH_RULES` (``"uniform"``: an even split), checked where the rule
+            is used (the rules are the engines', a layer above this one).
     """
 
     num_experts: int
@@ -83,13 +83,14 @@ def make_deployment(num_experts: int, num_slots=None, num_gpus=None, num_nodes=1
             hierarchical and ``E % num_groups == 0`` is required; otherwise the placement is global
             and the groups are ignored (the published rule), so ``E`` need not be divisible.
         topology: an explicit :class:`Topology` instead of ``num_slots/num_gpus/num_nodes``.
-        dispatch: the engine's dispatch rule (:data:`eplb.model.dispatch_rules.DISPATCH_RULES`).
+        dispatch: the engine's dispatch rule, a name of :data:`eplb.engines.DISPATCH_RULES`.
         ignore_nodes_when_global: when the placement falls back to global, also ignore
             ``num_nodes`` (one node), as the published ``rebalance_experts`` does: then
             ``num_gpus`` need not be a multiple of ``num_nodes``.
     """
     num_experts = as_int(num_experts, "num_experts", minimum=1)
-    dispatch_rule(dispatch)
+    if not isinstance(dispatch, str):
+        raise ValueError(f"dispatch must be the name of a dispatch rule, got {dispatch!r}")
     groups = None if num_groups is None else as_int(num_groups, "num_groups", minimum=1)
     if topology is None:
         if num_slots is None or num_gpus is None:

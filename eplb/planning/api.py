@@ -13,7 +13,7 @@ from ..analysis.metrics import moe_mean
 from ..analysis.placement import Placement
 from ..kernels.layout import replica_counts, slots_of_experts
 from ..model._validation import as_counts, as_fraction
-from ..model.dispatch_rules import DISPATCH_RULES, dispatch_rule
+from ..engines import DISPATCH_RULES, dispatch_rule
 from ..model.deployment import DEPLOYMENT_KEYWORDS, Deployment, deployment_argument, make_deployment
 from ..model.counts import summed_2d, weights_2d
 from ..model.topology import Topology
@@ -76,7 +76,7 @@ def plan(counts, deployment: Deployment | None = None, *, num_slots=None, num_gp
             largest, so ``max_load`` and ``lower_bound`` are on the weighted sum with the largest
             weight 1.
         dispatch: how the engine splits an expert's tokens among its replicas, one of
-            :data:`eplb.model.dispatch_rules.DISPATCH_RULES`: ``"uniform"`` (as engines do by default;
+            :data:`eplb.engines.DISPATCH_RULES`: ``"uniform"`` (as engines do by default;
             also ``"vllm"``, ``"tensorrt-llm"``: the same plan), ``"optimal"`` (per batch,
             :func:`eplb.dispatch`; the plan is made for it,
             :func:`eplb.planning.objectives.made_for_dispatch`: a few seconds for DeepSeek-V3 size and a
@@ -134,7 +134,7 @@ def held_out(counts, *, folds: int = HELD_OUT_FOLDS, judge: str | None = None, *
         counts: ``[T, L, E]`` with ``T >= 2`` windows.
         folds: ``>= 2``, at most this many held-out blocks (``min(T, folds)`` plans are made).
         judge: how the held-out window is split among replicas: a rule of
-            :data:`eplb.model.dispatch_rules.DISPATCH_RULES` (``"uniform"``, ``"optimal"``,
+            :data:`eplb.engines.DISPATCH_RULES` (``"uniform"``, ``"optimal"``,
             ``"sglang-static"``, ...) or ``"shares"`` (a plan's own shares); ``None``: the plan's own
             (its ``dispatch`` when that is optimal or an engine's rule, else ``"shares"``, which is
             the even split when a plan has none).

@@ -1,6 +1,6 @@
 """Plans made for an engine's own dispatch rule (``eplb.plan(..., dispatch="sglang-static")``).
 
-SGLang does not split an expert's tokens evenly among its replicas (:mod:`eplb.analysis.engine_dispatch`):
+SGLang does not split an expert's tokens evenly among its replicas (:mod:`eplb.engines.sglang`):
 each rank sends them to its *near* replica (on its GPU, else on its node when that node holds some
 but not all replicas), and with ``static`` dispatch the ranks without one take a "fair" pick drawn
 from their own ``random.Random(42)`` stream, uncoordinated. A plan made for an even split then
@@ -16,7 +16,7 @@ layer to the next) and, per layer, tries two layouts:
   nodes (:func:`eplb.kernels.fixed_shares.spread_over_nodes`): every rank of a node holding a
   replica then picks it, so the deterministic part of the split is even and fewer ranks draw.
 
-For each, it computes the rule's exact shares (:mod:`eplb.kernels.sglang_table`) and swaps slots
+For each, it computes the rule's exact shares (its engine's ``layer_shares``, :mod:`eplb.engines`) and swaps slots
 between GPUs in ways that keep every slot's share (single-replica experts anywhere they may go, a
 replica that is alone on its node within that node), lowering the weighted mean over the windows
 of each window's peak GPU load (:func:`eplb.kernels.fixed_shares.balance_fixed_loads`), with the
@@ -30,11 +30,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..model.dispatch_rules import dispatch_rule
 from ..kernels.fixed_shares import ANYWHERE, FIXED, balance_fixed_loads, spread_over_nodes
+from ..engines import PLACEMENT_RULES as RULES
+from ..engines import dispatch_rule, engine_of, rule_shares
 from ..analysis.metrics import balancedness
-from ..analysis.rule_shares import ENGINE_KIND_RULES as RULES
-from ..analysis.rule_shares import RuleShares, check_topology
 from ..analysis.windows import check_window_weights
 
 RULE_ANCHOR = 0.25
@@ -101,7 +100,8 @@ def plan_for_rule(windows, base: np.ndarray, deployment, rule: str, window_weigh
     """
     dispatch_rule(rule, "dispatch", RULES)
     topology = deployment.topology
-    check_topology(topology, rule)
+    rule_layers = engine_of(rule).layer_shares  # the rule's engine's per-layer shares (checks the topology)
+    shares = rule_layers(rule, topology)
     windows = np.asarray(windows, dtype=np.float64)
     if windows.ndim == 2:
         windows = windows[None]
@@ -115,7 +115,6 @@ def plan_for_rule(windows, base: np.ndarray, deployment, rule: str, window_weigh
     scaled, scaled_weights = _scaled_windows(windows, weights, anchor, num_gpus)
     planning = np.tensordot(weights, windows, axes=1)  # [L, E]
     spread_possible = not deployment.hierarchical and num_nodes > 1
-    shares = RuleShares(rule, topology)
     out = np.empty_like(base)
     before = np.zeros(num_layers)
     after = np.zeros(num_layers)
@@ -156,7 +155,7 @@ def plan_for_rule(windows, base: np.ndarray, deployment, rule: str, window_weigh
         spread[layer] = index == 1
         shares.keep(streams)
         if base_rule is None and index != 0:  # from here on the even-split plan's streams differ
-            base_rule = RuleShares(rule, topology)
+            base_rule = rule_layers(rule, topology)
         if base_rule is not None:
             base_rule.keep(base_streams)
     even = _window_balancedness(windows, weights, base, base_shares, topology)

@@ -44,13 +44,12 @@ import numpy as np
 from ..analysis.bounds import strongest_bound
 from ..analysis.loads import peak_loads
 from ..analysis.placement import Placement
-from ..analysis.rule_shares import rule_shares
 from ..analysis.windows import check_window_weights
 from ..model._validation import as_fraction, validated_counts
 from ..model.counts import power_of_two_scale, summed_2d
 from ..model.defaults import PLAN_TOLERANCE
 from ..model.deployment import Deployment
-from ..model.dispatch_rules import dispatch_rule
+from ..engines import dispatch_rule, rule_shares
 from .engine_planning import plan_for_rule
 from .locality import capped_lower_bound, home_nodes, plan_locality
 from .methods import get_method

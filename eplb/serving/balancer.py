@@ -42,7 +42,7 @@ import numpy as np
 from ..model.defaults import BALANCER_TOLERANCE, COPY_COST
 from ..model._validation import as_int
 from ..model.deployment import Deployment, deployment_argument, make_deployment
-from ..model.dispatch_rules import dispatch_rule
+from ..engines import dispatch_rule
 from ..planning.pipeline import build, run, windows_of
 from ..analysis.bounds import average_bound, replica_bound
 from ..model.cost import CostModel

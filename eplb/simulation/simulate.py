@@ -70,7 +70,7 @@ from ..serving.policy import (POLICY_NAMES, BalancerPolicy, PolicyContext, Fixed
                               Policy, PolicyError, as_placement, check_policy, policy_by_name, policy_label,
                               sglang_like, vllm_like)
 from ..serving.transfer import KINDS, TransferPlan, transfer_plan
-from ..model.dispatch_rules import SCORING
+from ..engines import SCORING
 
 CHUNK = 256  # steps priced at once
 _PLAN_FIELDS = ("layer", "expert", "src_slot", "dst_slot", "src_gpu", "dst_gpu", "kind")
@@ -286,7 +286,7 @@ def simulate(counts, *, num_slots=None, num_gpus=None, num_nodes=1, num_groups=N
         A :class:`SimulationResult`.
     """
     start_wall = time.perf_counter()
-    if dispatch not in SCORING:  # the rules a window is scored by (eplb.model.dispatch_rules)
+    if dispatch not in SCORING:  # the rules a window is scored by (eplb.engines)
         raise ValueError(f"dispatch must be one of {SCORING}, got {dispatch!r}")
     if layers_per_step is not None:
         layers_per_step = as_int(layers_per_step, "layers_per_step", minimum=1)

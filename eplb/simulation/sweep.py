@@ -28,7 +28,7 @@ from typing import Callable
 
 from ..model._validation import as_int
 from ..model.cost import CostModel
-from ..model.dispatch_rules import SCORING
+from ..engines import SCORING
 from ..serving.policy import policy_by_name
 from .simulate import checked_series, simulate
 

@@ -21,8 +21,8 @@ def test_of_applies_the_published_group_rule_and_checks_like_plan():
         eplb.Deployment.of(64, num_slots=32, num_gpus=8)
     with pytest.raises(ValueError, match="num_slots and num_gpus are required"):
         eplb.Deployment.of(64)
-    with pytest.raises(ValueError, match="dispatch must be one of"):
-        eplb.Deployment.of(64, num_slots=80, num_gpus=8, dispatch="round-robin")
+    with pytest.raises(ValueError, match="dispatch must be one of"):  # the engines' rules: checked where used
+        eplb.plan(_counts(), eplb.Deployment.of(64, num_slots=80, num_gpus=8, dispatch="round-robin"))
     assert eplb.Deployment.of(64, **LAYOUT).to_dict()["topology"] == eplb.Topology.uniform(80, 8, 2).to_dict()
 
 

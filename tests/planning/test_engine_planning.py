@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 import eplb
 from cli_runner import invoke
-from eplb.model.dispatch_rules import DISPATCH_RULES, ENGINE_RULES
+from eplb.engines import DISPATCH_RULES, ENGINE_RULES, PLACEMENT_RULES, rule_shares
 from eplb.analysis.engine_dispatch import with_engine_shares
 from eplb.io.formats import read_placement
 from eplb.planning.engine_planning import _scaled_windows, plan_for_rule
@@ -27,7 +27,6 @@ from eplb.kernels.fixed_shares import spread_over_nodes
 from eplb.kernels.sglang_table import fair_pick, next_uint32, rand_below, seeded_state
 from eplb.analysis.placement import Placement
 from eplb.model.deployment import make_deployment
-from eplb.analysis.rule_shares import ENGINE_KIND_RULES, rule_shares
 from sglang_reference import reference_shares
 from eplb.simulation.synthetic import drifting_counts
 from eplb.model.topology import Topology
@@ -217,7 +216,7 @@ def test_spreading_puts_replicas_on_distinct_nodes():
 # ----------------------------------------------------------------------------- names
 
 def test_rule_names_are_one_registry():
-    assert set(ENGINE_RULES) <= set(DISPATCH_RULES) and set(ENGINE_KIND_RULES) == set(SGLANG)
+    assert set(ENGINE_RULES) <= set(DISPATCH_RULES) and set(PLACEMENT_RULES) == set(SGLANG)
     assert set(DISPATCH_RULES) >= {"uniform", "optimal", "vllm", "tensorrt-llm", "sglang-static", "sglang-dynamic"}
 
 

@@ -128,7 +128,7 @@ def test_a_deployment_value_is_checked_against_the_counts_and_the_keywords():
     with pytest.raises(ValueError, match="deployment must be an eplb.Deployment"):
         eplb.plan(series, DEPLOY)
     with pytest.raises(ValueError, match="dispatch must be one of"):
-        eplb.Deployment.of(32, num_slots=40, num_gpus=8, dispatch="round-robin")
+        eplb.plan(series, eplb.Deployment.of(32, num_slots=40, num_gpus=8, dispatch="round-robin"))
 
 
 def test_a_previous_placement_on_another_topology_is_refused_naming_both():

@@ -37,6 +37,8 @@ What SGLang writes and reads (sgl-project/sglang, ``python/sglang/srt/eplb/``):
   first 3 layers are dense). Dense layers never read their rows; ``init_trivial`` fills every row
   with slot ``s`` holding expert ``s % E``.
 
+The engine itself (its dispatch rules, the versions checked) is :mod:`eplb.engines.sglang`.
+
 Dumps are untrusted: ``.pt`` files are loaded with ``torch.load(..., weights_only=True)`` only
 (tensors and plain containers; never arbitrary pickled objects).
 """

@@ -18,6 +18,8 @@ What TensorRT-LLM writes and reads (NVIDIA/TensorRT-LLM):
   (``tensorrt_llm/llmapi/llm_args.py``), a strict pydantic model: no other keys are allowed, so
   eplb's own notes go into YAML comments.
 
+The engine itself (its dispatch rule, its notes) is :mod:`eplb.engines.tensorrt_llm`.
+
 Files are untrusted: safetensors holds raw tensors only (read with ``safetensors.numpy``, no
 torch needed) and YAML is read with ``yaml.safe_load``.
 """

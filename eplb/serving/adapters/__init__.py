@@ -5,5 +5,6 @@ only when an adapter is used, so ``import eplb`` never needs them.
   (:func:`~eplb.serving.adapters.vllm.detect_interface`, :func:`~eplb.serving.adapters.vllm.policy_for`,
   :func:`~eplb.serving.adapters.vllm.install`); migration-aware when vLLM passes the current placement.
 
-SGLang and TensorRT-LLM exchange files rather than calls: see :mod:`eplb.io.formats`.
+SGLang and TensorRT-LLM exchange files rather than calls: see :mod:`eplb.io.formats`. Each engine's
+entry in :data:`eplb.engines.ENGINES` names its adapter (``adapter``) or its files (``formats``).
 """
