@@ -19,7 +19,8 @@ CONFIG = dict(num_slots=80, num_gpus=8, num_nodes=2, num_groups=8)
 
 
 def make(**kwargs):
-    return eplb.Balancer(6, eplb.Deployment.of(64, **CONFIG), **kwargs)
+    layout = {**CONFIG, **{name: kwargs.pop(name) for name in list(kwargs) if name in CONFIG}}
+    return eplb.Balancer(6, eplb.Deployment.of(64, **layout), **kwargs)
 
 
 def test_window_keeps_the_last_passes():

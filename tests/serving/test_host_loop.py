@@ -61,7 +61,7 @@ def run_loop(balancer, counts, *, check_every: int, chunk: int, rng, settle: flo
 
 def replay(log, **config) -> tuple[eplb.Balancer, dict, dict]:
     """The same calls on a synchronous Balancer: its proposals and decisions by check id."""
-    balancer = eplb.Balancer(LAYERS, DEPLOYMENT, **config)
+    balancer = eplb.Balancer(LAYERS, **config)
     proposals, decisions = {}, {}
     for entry in log:
         if entry[0] == "record":
@@ -78,12 +78,13 @@ def replay(log, **config) -> tuple[eplb.Balancer, dict, dict]:
 @pytest.mark.parametrize("settle, staging_rows, extra", [
     (0.05, None, {}),  # the worker lags as it likes, caught up now and then
     (0.3, 2, {}),  # a two-row ring: record waits for room; the worker catches up at random passes
-    (0.2, None, {"cost_model": eplb.CostModel.preset("H100", "deepseek-v3"), "num_groups": None}),
+    (0.2, None, {"cost_model": eplb.CostModel.preset("H100", "deepseek-v3"), "deployment": eplb.Deployment.of(
+        EXPERTS, **{**LAYOUT, "num_groups": None})}),
 ])
 def test_same_placements_as_the_synchronous_balancer(settle, staging_rows, extra):
-    config = {**CONFIG, **extra}
+    config = {"deployment": DEPLOYMENT, **CONFIG, **extra}
     rng = np.random.default_rng(1)
-    with eplb.BackgroundBalancer(LAYERS, DEPLOYMENT, staging_rows=staging_rows, **config) as background:
+    with eplb.BackgroundBalancer(LAYERS, staging_rows=staging_rows, **config) as background:
         log, proposals = run_loop(background, passes(120, seed=3), check_every=10, chunk=2, rng=rng, settle=settle)
         while background.pending_checks:  # the decisions still unread, and every proposal not yet polled
             proposal = background.poll()
