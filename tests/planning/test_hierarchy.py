@@ -29,7 +29,7 @@ def hot_instances(draw):
 def test_the_hierarchical_bound_never_exceeds_the_brute_force_optimum(instance):
     weights, topology, groups = instance
     best = float(optimum(weights[0], topology.slots_per_gpu, 2, groups))
-    bound = eplb.lower_bound(weights, topology=topology, num_groups=groups)
+    bound = eplb.lower_bound(weights, eplb.Deployment.of(weights.shape[-1], topology=topology, num_groups=groups))
     assert bound[0] <= best * (1 + 1e-9) + 1e-12
     placement = eplb.plan(weights, topology=topology, num_groups=groups, method="best")
     assert placement.max_load[0] >= best * (1 - 1e-9)
@@ -41,8 +41,8 @@ def test_a_hot_expert_on_every_gpu_of_its_node_leaves_room_for_the_others():
     the optimum is 60; the load and replica conditions alone prove only the global 50."""
     weights = np.array([[100.0, 10.0, 1.0, 1.0]])
     topology = eplb.Topology(np.array([2, 1, 1, 1]), 2)
-    assert eplb.lower_bound(weights, topology=topology)[0] == 50.0
-    bound = eplb.lower_bound(weights, topology=topology, num_groups=2)[0]
+    assert eplb.lower_bound(weights, eplb.Deployment.of(4, topology=topology))[0] == 50.0
+    bound = eplb.lower_bound(weights, eplb.Deployment.of(4, topology=topology, num_groups=2))[0]
     assert abs(bound - 60.0) < 1e-4
     assert float(optimum(weights[0], topology.slots_per_gpu, 2, 2)) == 60.0
     placement = eplb.plan(weights, topology=topology, num_groups=2)
