@@ -39,7 +39,7 @@ def test_plan_does_not_compute_the_bound_until_it_is_read(monkeypatch):
 def test_lazy_bound_equals_the_bound_of_the_planning_counts():
     c = counts(seed=3)
     placement = eplb.plan(c, num_groups=2, **CONFIG)
-    expected = eplb.lower_bound(c, topology=placement.topology, num_groups=2)
+    expected = eplb.lower_bound(c, eplb.Deployment.of(c.shape[-1], topology=placement.topology, num_groups=2))
     np.testing.assert_array_equal(placement.lower_bound, expected)
     np.testing.assert_array_equal(placement.max_load, placement.gpu_loads(c).max(axis=1))
     with pytest.raises(AttributeError):

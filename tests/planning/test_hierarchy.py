@@ -110,7 +110,7 @@ def test_bound_on_nodes_of_different_shapes_is_not_taken_from_the_other_node():
     topology = eplb.Topology(np.array([4, 1, 2, 2, 2, 2]), 2)
     placement = eplb.plan(weights, topology=topology, num_groups=6, method="best")
     assert placement.info["hierarchical"]
-    bound = eplb.lower_bound(weights, topology=topology, num_groups=6)
+    bound = eplb.lower_bound(weights, eplb.Deployment.of(weights.shape[-1], topology=topology, num_groups=6))
     assert bound[0] <= placement.max_load[0] * (1 + 1e-9), (bound, placement.max_load)
     assert (placement.lower_bound <= placement.max_load * (1 + 1e-9)).all()
 
@@ -136,7 +136,7 @@ def test_node_load_bound_never_exceeds_the_best_group_assignment(instance):
         placement = eplb.plan(weights, topology=topology, num_groups=num_groups, method=method)
         if not placement.info["hierarchical"]:  # groups not a multiple of nodes: a global plan
             continue
-        assert eplb.lower_bound(weights, topology=topology, num_groups=num_groups)[0] <= placement.max_load[0] * (1 + 1e-9)
+        assert eplb.lower_bound(weights, eplb.Deployment.of(weights.shape[-1], topology=topology, num_groups=num_groups))[0] <= placement.max_load[0] * (1 + 1e-9)
 
 
 def test_node_load_bound_is_the_optimal_pairing_with_two_groups_per_node():
