@@ -1223,8 +1223,9 @@ def simulate(counts, slots, gpus, nodes, groups, policies, method, rebalance_fn,
         try:
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always", RuntimeWarning)
-                results.append(run_simulation(data.counts, num_slots=slots, num_gpus=gpus, num_nodes=nodes,
-                                              num_groups=groups, policy=policy, cost_model=cost, dispatch=dispatch,
+                deployment = eplb.Deployment.of(data.counts.shape[-1], num_slots=slots, num_gpus=gpus,
+                                                num_nodes=nodes, num_groups=groups, dispatch=dispatch)
+                results.append(run_simulation(data.counts, deployment, policy=policy, cost_model=cost,
                                               layers_per_step=layers_per_step))
         except PolicyError as exc:  # the user's planning function: its error, not the configuration's
             raise Failure(str(exc)) from None

@@ -226,50 +226,66 @@ def _command_line(context) -> str:
     return shlex.join(words)
 
 
-def build_command(wrap):
-    """The ``eplb compare`` click command, its callback wrapped by ``wrap`` (the CLI's error handler:
-    a user's mistake becomes one line and exit code 1)."""
+def _given_deployments(given: dict) -> list[DeploymentSpec]:
+    """The deployments of the ``eplb compare`` options ``given``: ``--slots`` / ``--gpus`` first, then
+    every ``--deployment``."""
+    import click
+
+    deployments = [_parse_deployment(text) for text in given["deployment_texts"]]
+    if given["slots"] is not None or given["gpus"] is not None:
+        if given["slots"] is None or given["gpus"] is None:
+            raise click.UsageError("--slots and --gpus go together (or use --deployment)")
+        deployments.insert(0, DeploymentSpec(given["slots"], given["gpus"], given["nodes"], given["groups"]))
+    return deployments
+
+
+def _previous_plan(given: dict, deployments: list[DeploymentSpec]) -> np.ndarray | None:
+    """``phy2log [L, S]`` of the ``--previous`` placement of the options ``given`` (read for the first
+    deployment and the workloads' experts), or None."""
+    if given["previous"] is None:
+        return None
+    from .io.formats import read_placement
+
+    first = deployments[0] if deployments else None
+    experts = given["tile_experts"] or read_workload(given["workloads"][0], seed=given["seed"],
+                                                     input_format=given["input_format"]).counts.shape[2]
+    return read_placement(given["previous"], given["previous_format"], num_gpus=first and first.num_gpus,
+                          num_nodes=first and first.num_nodes, num_experts=experts).phy2log
+
+
+def _run_compare(**given) -> None:
+    """The ``eplb compare`` command's callback: ``given`` holds every option by its parameter name."""
+    import click
+
+    workloads, seed, quiet = given["workloads"], given["seed"], given["quiet"]
+    deployments = _given_deployments(given)
+    previous_plan = _previous_plan(given, deployments)
+    echo = None if quiet else (lambda line: click.echo(f"running {line}", err=True))
+    result = compare(given["methods"] or ("greedy", DEFAULT_METHOD), workloads, deployments or None,
+                     cost_model=CostModel.preset(given["hardware"], given["model"], regime=given["regime"]),
+                     previous=previous_plan, folds=given["folds"], time_limit=given["time_limit"],
+                     warm_calls=given["warm_calls"], array_type=given["array_type"], seed=seed,
+                     tile_experts=given["tile_experts"], quick=given["quick"], input_format=given["input_format"],
+                     output=given["output"], progress=echo, command=_command_line(click.get_current_context()))
+    for note in result.notes:
+        click.echo(f"note: {note}", err=True)
+    if result.written.get("missing"):
+        click.echo(f"note: {result.written['missing']}", err=True)
+    if not quiet:
+        click.echo(result.table())
+        if result.written:
+            click.echo(f"wrote    {result.written['html']}, {result.written['csv'].name}, "
+                       f"{result.written['record'].name}")
+
+
+def _compare_options() -> list:
+    """The arguments and options of ``eplb compare`` (click decorators), in the order of its help."""
     import click
 
     from .model.cost import HARDWARE, MODELS, REGIMES
     from .io.formats import COUNTS_FORMATS, PLACEMENT_FORMATS
 
-    def run(**given):
-        """The command's callback: ``given`` holds every option by its parameter name."""
-        workloads, seed, quiet = given["workloads"], given["seed"], given["quiet"]
-        deployments = [_parse_deployment(text) for text in given["deployment_texts"]]
-        if given["slots"] is not None or given["gpus"] is not None:
-            if given["slots"] is None or given["gpus"] is None:
-                raise click.UsageError("--slots and --gpus go together (or use --deployment)")
-            deployments.insert(0, DeploymentSpec(given["slots"], given["gpus"], given["nodes"], given["groups"]))
-        previous_plan = None
-        if given["previous"] is not None:
-            from .io.formats import read_placement
-
-            first = deployments[0] if deployments else None
-            experts = given["tile_experts"] or read_workload(workloads[0], seed=seed,
-                                                             input_format=given["input_format"]).counts.shape[2]
-            previous_plan = read_placement(given["previous"], given["previous_format"],
-                                           num_gpus=first and first.num_gpus, num_nodes=first and first.num_nodes,
-                                           num_experts=experts).phy2log
-        echo = None if quiet else (lambda line: click.echo(f"running {line}", err=True))
-        result = compare(given["methods"] or ("greedy", DEFAULT_METHOD), workloads, deployments or None,
-                         cost_model=CostModel.preset(given["hardware"], given["model"], regime=given["regime"]),
-                         previous=previous_plan, folds=given["folds"], time_limit=given["time_limit"],
-                         warm_calls=given["warm_calls"], array_type=given["array_type"], seed=seed,
-                         tile_experts=given["tile_experts"], quick=given["quick"], input_format=given["input_format"],
-                         output=given["output"], progress=echo, command=_command_line(click.get_current_context()))
-        for note in result.notes:
-            click.echo(f"note: {note}", err=True)
-        if result.written.get("missing"):
-            click.echo(f"note: {result.written['missing']}", err=True)
-        if not quiet:
-            click.echo(result.table())
-            if result.written:
-                click.echo(f"wrote    {result.written['html']}, {result.written['csv'].name}, "
-                           f"{result.written['record'].name}")
-
-    options = [
+    return [
         click.argument("workloads", nargs=-1, required=True),
         click.option("--method", "-m", "methods", multiple=True,
                      help="A method, repeatable: an eplb method name, MODULE:FUNCTION or FILE.py[:FUNCTION] with the "
@@ -308,9 +324,16 @@ def build_command(wrap):
         click.option("--output", "-o", type=click.Path(path_type=Path), default=None,
                      help="Folder for compare.csv, run.json, the PNG figures and index.html."),
         click.option("-q", "--quiet", is_flag=True, help="No progress and no table."),
-    ]
-    callback = wrap(run)
-    for option in reversed(options):
+        ]
+
+
+def build_command(wrap):
+    """The ``eplb compare`` click command, its callback wrapped by ``wrap`` (the CLI's error handler:
+    a user's mistake becomes one line and exit code 1)."""
+    import click
+
+    callback = wrap(_run_compare)
+    for option in reversed(_compare_options()):
         callback = option(callback)
     return click.command("compare", context_settings={"max_content_width": 100},
                          help="""Compare placement methods on the same WORKLOADS and deployments, side by side.

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..kernels.capped import descend
-from ..kernels.hierarchy import assign_groups
+from ..kernels.hierarchy import NodeTable, assign_groups
 from ..model.deployment import Deployment
 from ..model.topology import Topology
 
@@ -76,9 +76,10 @@ def group_assignment(weights: np.ndarray, deployment: Deployment, lower: np.ndar
     used = np.where(per_node > 0, per_node, np.iinfo(np.int64).max)
     node_min = np.where(active > 0, used.min(axis=1), 0).astype(np.int64)
     node_max = per_node.max(axis=1).astype(np.int64)
-    proven = assign_groups(np.ascontiguousarray(weights), deployment.num_groups, slots, active, node_class,
+    proven = assign_groups(np.ascontiguousarray(weights), deployment.num_groups,
+                           NodeTable(slots, active, node_class, node_min, node_max),
                            np.ascontiguousarray(lower, dtype=np.float64), budget, SEARCH_TOL, node_of_group,
-                           bool(strong), node_min, node_max)
+                           bool(strong))
     if (node_of_group < 0).any():  # cannot happen after check_hierarchical; kept as a clear error
         raise ValueError("hierarchical placement: no group -> node assignment fits the slots of the nodes")
     return node_of_group, proven

@@ -11,6 +11,8 @@ is tried at a position. The search ends at the first packing found, when the tre
 (no packing of these replicas meets the cap) or after ``budget`` nodes.
 """
 
+from collections import namedtuple
+
 import numpy as np
 from numba import njit
 
@@ -19,6 +21,17 @@ from .common import INTERNAL, stable_argsort
 FOUND = 1
 EXHAUSTED = 0
 OUT_OF_BUDGET = -1
+
+
+Tree = namedtuple("Tree", ["loads", "experts", "used", "choice", "partial"])
+Tree.__doc__ = """The state of :func:`pack_under_cap`'s search: ``loads [n]`` float64 and ``experts [n]`` int64 of
+the replicas, ``used [n]`` bool which are placed, ``choice [G, k]`` int64 the position of each GPU's
+replicas (``j = 0`` its largest, ``-1`` none yet), ``partial [G, k + 1]`` float64 the load of each GPU's
+first ``j`` replicas."""
+
+PackingRules = namedtuple("PackingRules", ["num_gpus", "slots", "spread", "budget"])
+PackingRules.__doc__ = """What every packing attempt of :func:`descend` keeps: ``num_gpus`` GPUs of ``slots``
+slots each, ``spread`` (no GPU holds two replicas of one expert), at most ``budget`` search nodes."""
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
@@ -40,10 +53,9 @@ def pack_under_cap(loads, experts, num_gpus, slots, cap, spread, budget):
     gpu = np.full(n, -1, np.int64)
     if n != num_gpus * slots or slots < 1:
         return EXHAUSTED, gpu, 0
-    used = np.zeros(n, np.bool_)
-    # choice[g, j]: position of the j-th replica of GPU g (j = 0 is its largest)
-    choice = np.full((num_gpus, slots), -1, np.int64)
-    partial = np.zeros((num_gpus, slots + 1))  # partial[g, j]: load of GPU g's first j replicas
+    tree = Tree(loads, experts, np.zeros(n, np.bool_), np.full((num_gpus, slots), -1, np.int64),
+                np.zeros((num_gpus, slots + 1)))
+    used, choice, partial = tree.used, tree.choice, tree.partial
     remaining = np.zeros(num_gpus + 1)  # load unplaced before GPU g is filled
     total = 0.0
     for i in range(n):
@@ -63,58 +75,10 @@ def pack_under_cap(loads, experts, num_gpus, slots, cap, spread, budget):
                     gpu[choice[gg, jj]] = gg
             return FOUND, gpu, nodes
         low = remaining[g] - (num_gpus - g - 1) * cap - tol
-        picked = -1
-        if j == 0:
-            if resume < 0:  # the largest unplaced replica opens the GPU
-                for i in range(n):
-                    if not used[i]:
-                        picked = i
-                        break
-                if loads[picked] > cap + tol:
-                    picked = -1
+        if j == 0:  # the largest unplaced replica opens the GPU; nothing else can
+            picked = _opening(loads, used, cap, tol) if resume < 0 else -1
         else:
-            start = choice[g, j - 1] + 1 if resume < 0 else resume + 1
-            s = partial[g, j]
-            need = slots - j  # replicas still to add, this one included
-            # the (need - 1) lightest unused replicas: what the rest of the GPU adds at least
-            light = 0.0
-            taken = 0
-            for i in range(n - 1, -1, -1):
-                if taken == need - 1:
-                    break
-                if not used[i]:
-                    light += loads[i]
-                    taken += 1
-            i = start
-            while i < n:
-                if used[i] or (resume >= 0 and i <= resume):
-                    i += 1
-                    continue
-                if spread:
-                    clash = False
-                    for jj in range(j):
-                        if experts[choice[g, jj]] == experts[i]:
-                            clash = True
-                            break
-                    if clash:
-                        i += 1
-                        continue
-                if s + loads[i] + light > cap + tol:  # too heavy: lighter ones come later
-                    i += 1
-                    continue
-                # the heaviest completion from here: this replica and the next need - 1 unused ones
-                heavy = loads[i]
-                taken = 0
-                for ii in range(i + 1, n):
-                    if taken == need - 1:
-                        break
-                    if not used[ii]:
-                        heavy += loads[ii]
-                        taken += 1
-                if taken < need - 1 or s + heavy < low:  # too light, and so is every later one
-                    break
-                picked = i
-                break
+            picked = _next_member(tree, g, j, resume, low, cap, tol, spread)
         nodes += 1
         if picked >= 0:
             choice[g, j] = picked
@@ -133,28 +97,96 @@ def pack_under_cap(loads, experts, num_gpus, slots, cap, spread, budget):
             else:
                 j += 1
             continue
-        # no candidate at (g, j): backtrack to the previous slot
+        g, j, last = _backtrack(choice, used, g, j)
+        if g < 0:
+            return EXHAUSTED, gpu, nodes
+        resume = _skip_twins(last, experts)
+
+
+@njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
+def _opening(loads, used, cap, tol):
+    """The position of the largest unplaced replica (``loads [n]``, ``used [n]``), or -1 when it is
+    heavier than ``cap``."""
+    picked = -1
+    for i in range(loads.shape[0]):
+        if not used[i]:
+            picked = i
+            break
+    if loads[picked] > cap + tol:
+        picked = -1
+    return picked
+
+
+@njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
+def _next_member(tree, g, j, resume, low, cap, tol, spread):
+    """The next replica to try at slot ``j > 0`` of GPU ``g`` of the :class:`Tree` (after position
+    ``resume``, or after the GPU's previous replica when ``resume < 0``) that keeps the GPU's load
+    able to end in ``[low, cap]``, or -1 when none is left."""
+    loads, experts, used, choice, partial = tree
+    n = loads.shape[0]
+    slots = choice.shape[1]
+    start = choice[g, j - 1] + 1 if resume < 0 else resume + 1
+    s = partial[g, j]
+    need = slots - j  # replicas still to add, this one included
+    # the (need - 1) lightest unused replicas: what the rest of the GPU adds at least
+    light = 0.0
+    taken = 0
+    for i in range(n - 1, -1, -1):
+        if taken == need - 1:
+            break
+        if not used[i]:
+            light += loads[i]
+            taken += 1
+    for i in range(start, n):
+        if used[i] or (resume >= 0 and i <= resume):
+            continue
+        if spread and _shares_expert(experts, choice, g, j, i):
+            continue
+        if s + loads[i] + light > cap + tol:  # too heavy: lighter ones come later
+            continue
+        # the heaviest completion from here: this replica and the next need - 1 unused ones
+        heavy = loads[i]
+        taken = 0
+        for ii in range(i + 1, n):
+            if taken == need - 1:
+                break
+            if not used[ii]:
+                heavy += loads[ii]
+                taken += 1
+        if taken < need - 1 or s + heavy < low:  # too light, and so is every later one
+            return -1
+        return i
+    return -1
+
+
+@njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
+def _shares_expert(experts, choice, g, j, i):
+    """Whether one of GPU ``g``'s first ``j`` replicas (``choice [G, k]``) has replica ``i``'s expert."""
+    for jj in range(j):
+        if experts[choice[g, jj]] == experts[i]:
+            return True
+    return False
+
+
+@njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
+def _backtrack(choice, used, g, j):
+    """Undo the choice before slot ``j`` of GPU ``g`` (and the one before it when that is a GPU's
+    opening replica, which is forced). Returns ``(g, j, position)`` of the slot undone, or ``g = -1``
+    when there is none: the tree is exhausted."""
+    for _ in range(2):
         if j == 0:
             if g == 0:
-                return EXHAUSTED, gpu, nodes
+                return -1, j, -1
             g -= 1
-            j = slots - 1
+            j = choice.shape[1] - 1
         else:
             j -= 1
         last = choice[g, j]
         used[last] = False
         choice[g, j] = -1
-        if j == 0:
-            resume = -1
-            # the opening replica is forced: backtrack further
-            if g == 0:
-                return EXHAUSTED, gpu, nodes
-            g -= 1
-            j = slots - 1
-            last = choice[g, j]
-            used[last] = False
-            choice[g, j] = -1
-        resume = _skip_twins(last, experts)
+        if j != 0:
+            return g, j, last
+    return g, j, last
 
 
 @njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
@@ -187,10 +219,11 @@ def replicas_of(w, counts):
 
 
 @njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
-def _attempt(w, counts, num_gpus, slots, cap, spread, budget, row, stats):
-    """One packing attempt of ``counts`` under ``cap``; on success writes the placement into
-    ``row [S]`` (GPU by GPU, experts increasing) and returns its max load, else ``-1``.
+def _attempt(w, counts, rules, cap, row, stats):
+    """One packing attempt of ``counts`` under ``cap`` and the :class:`PackingRules`; on success writes
+    the placement into ``row [S]`` (GPU by GPU, experts increasing) and returns its max load, else ``-1``.
     ``stats [2]``: attempts left, nodes spent (updated)."""
+    num_gpus, slots, spread, budget = rules
     if stats[0] <= 0:
         return -1.0
     stats[0] -= 1
@@ -213,15 +246,15 @@ def _attempt(w, counts, num_gpus, slots, cap, spread, budget, row, stats):
 
 
 @njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
-def _bisect(w, counts, num_gpus, slots, low, high, spread, budget, row, stats, step):
-    """Lower the max load ``high`` of the packing in ``row`` (of ``counts``) by bisecting the cap
-    down to ``low``; returns the max load of ``row`` at the end."""
+def _bisect(w, counts, rules, low, high, row, stats, step):
+    """Lower the max load ``high`` of the packing in ``row`` (of ``counts``, under the
+    :class:`PackingRules`) by bisecting the cap down to ``low``; returns the max load of ``row`` at the end."""
     trial = row.copy()
     while high - low > step * high and stats[0] > 0:
         mid = 0.5 * (low + high)
         if not low < mid < high:  # adjacent floats (denormal loads): no midpoint left
             break
-        found = _attempt(w, counts, num_gpus, slots, mid, spread, budget, trial, stats)
+        found = _attempt(w, counts, rules, mid, trial, stats)
         if found < 0.0:
             low = mid
         else:
@@ -264,11 +297,12 @@ def descend(w, row, num_gpus, slots, lower, neighbours, spread, budget, max_atte
         peak = max(peak, w[e])
     if best <= lower or peak <= 0.0:
         return best, out, 0
+    rules = PackingRules(num_gpus, slots, spread, budget)
     trial = row.copy()
-    found = _attempt(w, counts, num_gpus, slots, best, spread, budget, trial, stats)
+    found = _attempt(w, counts, rules, best, trial, stats)
     if found >= 0.0 and found <= best:
         out[:] = trial
-        best = _bisect(w, counts, num_gpus, slots, lower, found, spread, budget, out, stats, step)
+        best = _bisect(w, counts, rules, lower, found, out, stats, step)
     if not neighbours:
         return best, out, stats[1]
     # moves in order of the experts' loads, heaviest first (ids only break ties): renaming the
@@ -285,10 +319,10 @@ def descend(w, row, num_gpus, slots, lower, neighbours, spread, budget, max_atte
                     continue
                 counts[a] -= 1
                 counts[b] += 1
-                found = _attempt(w, counts, num_gpus, slots, best * (1.0 - step), spread, budget, trial, stats)
+                found = _attempt(w, counts, rules, best * (1.0 - step), trial, stats)
                 if found >= 0.0:
                     out[:] = trial
-                    best = _bisect(w, counts, num_gpus, slots, lower, found, spread, budget, out, stats, step)
+                    best = _bisect(w, counts, rules, lower, found, out, stats, step)
                     improved = True
                     break
                 counts[a] += 1

@@ -28,6 +28,18 @@ GPUs; scratch of a move: ``mark [G]`` (stamps of the GPUs it touches), ``touched
 ``coef_x [G]`` and ``coef_f [G]`` (their load change per token of the expert leaving and of the
 expert arriving), ``new_peak [T]``."""
 
+PairWork = namedtuple("PairWork", ["mark", "excl", "suffix", "hot_load", "cold_load", "hot_replica", "cold_replica",
+                                   "held_by_hot", "held_by_cold"])
+PairWork.__doc__ = """The GPU pair :func:`pair_descent` scores swaps between (``T`` windows, ``k`` slots a GPU at
+most): ``mark [G]`` int64 stamps of the pair's GPUs, ``excl [T]`` each active window's largest load
+outside the pair, ``suffix [T + 1]`` the sums of ``excl`` from each window on, ``hot_load`` /
+``cold_load [T]`` the pair's loads, ``hot_replica`` / ``cold_replica [k, T]`` each slot's replica load
+per active window, ``held_by_hot`` / ``held_by_cold [E]`` int64 the experts each holds (stamped)."""
+
+InService = namedtuple("InService", ["placement", "copy_cost"])
+InService.__doc__ = """The placement in service (``placement [L, S]`` int64) and what one slot changed
+from it costs (``copy_cost``, float, ``>= 0``; 0: it is ignored)."""
+
 SWAP, GIVE, TAKE = 0, 1, 2  # the kinds of moves of improve_expected_peak
 
 
@@ -416,9 +428,38 @@ def _best_swap(row, work, hot, cold, slot_offsets, j, limit):
     return best_a, best_b, limit
 
 
+@njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
+def _pair_windows(pair, loads, top, active, n, hot, cold, stamp):
+    """Fill the :class:`PairWork` ``pair`` for the GPUs ``hot`` and ``cold`` (stamped ``stamp`` in
+    ``pair.mark``) on the ``n`` active windows (``active [T]``): each window's largest load outside
+    the pair (``loads [T, G]``, ``top [T, TOP]``), its suffix sums and the pair's loads."""
+    pair.mark[hot] = stamp
+    pair.mark[cold] = stamp
+    for r in range(n):
+        pair.excl[r] = max_untouched(loads, active[r], top, pair.mark, stamp)
+        pair.hot_load[r] = loads[active[r], hot]
+        pair.cold_load[r] = loads[active[r], cold]
+    for r in range(n - 1, -1, -1):
+        pair.suffix[r] = pair.suffix[r + 1] + pair.excl[r]
+
+
+@njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
+def _pair_replicas(pair, row, fraction, share, active, n, hot, cold, slot_offsets, stamp):
+    """Fill ``pair``'s replica loads of the slots of ``hot`` and ``cold`` per active window (``row [S]``
+    int64 experts, ``fraction [S]`` their shares of their experts' tokens, ``share [T, E]``) and stamp
+    the experts each holds."""
+    for gpu, replica, held in ((hot, pair.hot_replica, pair.held_by_hot), (cold, pair.cold_replica,
+                                                                          pair.held_by_cold)):
+        for i in range(slot_offsets[gpu + 1] - slot_offsets[gpu]):
+            slot = slot_offsets[gpu] + i
+            held[row[slot]] = stamp
+            for r in range(n):
+                replica[i, r] = share[active[r], row[slot]] * fraction[slot]
+
+
 @njit(cache=True, nogil=True, error_model="numpy")
 def pair_descent(windows, window_weights, phy2log, fractions, gpu_of_slot, slot_offsets, zone_of_gpu, iterations,
-                 seed, previous, copy_cost):
+                 seed, in_service):
     """Lower, per layer, the weighted mean over windows of ``peak / mean`` GPU load by
     best-improvement swaps between two GPUs, each slot taking a fixed fraction of its expert's
     tokens (``1 / logcnt`` for an even split, or a capped plan's shares).
@@ -439,10 +480,10 @@ def pair_descent(windows, window_weights, phy2log, fractions, gpu_of_slot, slot_
         gpu_of_slot: ``[S]`` int64; slot_offsets: ``[G + 1]`` int64 (GPU ``g`` holds slots
             ``slot_offsets[g] : slot_offsets[g + 1]``); zone_of_gpu: ``[G]`` int64, swaps stay in a zone.
         iterations: swaps tried per layer; seed: ``>= 1``, the random stream.
-        previous: ``[L, S]`` int64, the placement in service; copy_cost: ``>= 0``, what one slot
-            changed from ``previous`` costs, in units of the objective (a weighted mean of
-            ``peak / mean``): a swap is kept only if it lowers the objective by more than the
-            copies it adds cost (``0``: ``previous`` is ignored).
+        in_service: an :class:`InService`: ``placement [L, S]`` int64, the placement in service, and
+            ``copy_cost >= 0``, what one slot changed from it costs, in units of the objective (a
+            weighted mean of ``peak / mean``): a swap is kept only if it lowers the objective by more
+            than the copies it adds cost (``0``: the placement in service is ignored).
     Returns:
         ``phy2log [L, S]`` int64 and ``fractions [L, S]`` float64 (new arrays), ``before [L]`` and
         ``after [L]`` float64: the objective at the start and the end (1.0 for a layer with no tokens).
@@ -461,15 +502,9 @@ def pair_descent(windows, window_weights, phy2log, fractions, gpu_of_slot, slot_
     active = np.empty(num_windows, np.int64)
     loads = np.zeros((num_windows, num_gpus))
     top = np.empty((num_windows, TOP), np.int64)
-    mark = np.zeros(num_gpus, np.int64)
-    held_by_hot = np.zeros(num_experts, np.int64)
-    held_by_cold = np.zeros(num_experts, np.int64)
-    excl = np.empty(num_windows)
-    suffix = np.zeros(num_windows + 1)
-    hot_load = np.empty(num_windows)
-    cold_load = np.empty(num_windows)
-    hot_replica = np.empty((width, num_windows))
-    cold_replica = np.empty((width, num_windows))
+    pair = PairWork(np.zeros(num_gpus, np.int64), np.empty(num_windows), np.zeros(num_windows + 1),
+                    np.empty(num_windows), np.empty(num_windows), np.empty((width, num_windows)),
+                    np.empty((width, num_windows)), np.zeros(num_experts, np.int64), np.zeros(num_experts, np.int64))
     stamp = 0
     state = np.uint64(seed)
     for layer in range(num_layers):
@@ -488,22 +523,11 @@ def pair_descent(windows, window_weights, phy2log, fractions, gpu_of_slot, slot_
             if cold < 0:
                 continue
             stamp += 1
-            mark[hot] = stamp
-            mark[cold] = stamp
-            for r in range(n):
-                excl[r] = max_untouched(loads, active[r], top, mark, stamp)
-                hot_load[r] = loads[active[r], hot]
-                cold_load[r] = loads[active[r], cold]
-            for r in range(n - 1, -1, -1):
-                suffix[r] = suffix[r + 1] + excl[r]
-            for gpu, replica, held in ((hot, hot_replica, held_by_hot), (cold, cold_replica, held_by_cold)):
-                for i in range(slot_offsets[gpu + 1] - slot_offsets[gpu]):
-                    slot = slot_offsets[gpu] + i
-                    held[row[slot]] = stamp
-                    for r in range(n):
-                        replica[i, r] = share[active[r], row[slot]] * fraction[slot]
-            work = (excl, suffix, hot_load, cold_load, hot_replica, cold_replica, held_by_hot, held_by_cold, stamp, n,
-                    previous[layer], copy_cost * total_weight)
+            _pair_windows(pair, loads, top, active, n, hot, cold, stamp)
+            _pair_replicas(pair, row, fraction, share, active, n, hot, cold, slot_offsets, stamp)
+            work = (pair.excl, pair.suffix, pair.hot_load, pair.cold_load, pair.hot_replica, pair.cold_replica,
+                    pair.held_by_hot, pair.held_by_cold, stamp, n, in_service.placement[layer],
+                    in_service.copy_cost * total_weight)
             a, b, _ = _best_swap(row, work, hot, cold, slot_offsets, j, current * (1.0 - 1e-12))
             if a < 0:
                 continue

@@ -237,19 +237,22 @@ def _best_move(st, lay, heavy, floor, budget, most, per_change, work):
     limit = peak - _EPS * peak
     # int64 sentinels, not literals: one specialization per callee
     best = (0.0, peak, np.int64(NO_MOVE), np.int64(-1), np.int64(-1))
-    best = _best_give_away(st, lay, heavy, peak, limit, floor, budget, per_change, held, best)
-    best = _best_new_replica(st, lay, heavy, peak, limit, floor, budget, most, per_change, spare, best)
-    swap = _best_swap(st, lay, heavy, peak, limit, floor, budget, per_change, slot_share, undone, best)
+    limits = MoveLimits(peak, limit, floor, budget, per_change)
+    best = _best_give_away(st, lay, heavy, limits, held, best)
+    best = _best_new_replica(st, lay, heavy, limits, most, spare, best)
+    swap = _best_swap(st, lay, heavy, limits, slot_share, undone, best)
     if best[2] >= 0 and (best[0] > swap[0] or (best[0] == swap[0] and best[1] < swap[1])):
         return best
     return swap
 
 
 @njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
-def _best_give_away(st, lay, heavy, peak, limit, floor, budget, per_change, held, best):
+def _best_give_away(st, lay, heavy, limits, held, best):
     """Move (B): give slot ``a`` of the heaviest GPU (expert ``e`` with >= 2 replicas) to expert
     ``f``: the best ``f`` is the lightest new replica the GPU may take, or the slot's previous
-    expert (cheaper). Returns the better of ``best`` and the best such move."""
+    expert (cheaper). ``limits``: a :class:`MoveLimits`. Returns the better of ``best`` and the best
+    such move."""
+    peak, limit, floor, budget, per_change = limits
     row, prev, cnt, has, x, expert_slots = st.row, st.prev, st.cnt, st.has, st.x, st.expert_slots
     share, share_up, gain_down, node_group = st.share, st.share_up, st.gain_down, st.node_group
     gpu_of_slot, group_of_expert, keep_groups = lay.gpu_of_slot, lay.group_of_expert, lay.keep_groups
@@ -276,8 +279,7 @@ def _best_give_away(st, lay, heavy, peak, limit, floor, budget, per_change, held
                 holders = max(holders, x[g] + gain_e * has[g, e])
         base = peak - share[e] + (has[heavy, e] - 1) * gain_e
         if holders >= limit:
-            best = _give_away_relieving(st, lay, heavy, a, e, base, MoveLimits(peak, limit, floor, budget, per_change),
-                                        held, best)
+            best = _give_away_relieving(st, lay, heavy, a, e, base, limits, held, best)
             continue
         for option in range(2):
             if option == 0:
@@ -347,10 +349,12 @@ def _give_away_relieving(st, lay, heavy, a, e, base, limits, held, best):
 
 
 @njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
-def _best_new_replica(st, lay, heavy, peak, limit, floor, budget, most, per_change, spare, best):
+def _best_new_replica(st, lay, heavy, limits, most, spare, best):
     """Move (C): give slot ``b`` elsewhere (expert ``g2`` with >= 2 replicas) to a new replica of an
-    expert ``e`` of the heaviest GPU. Only the experts whose extra replica relieves the heaviest GPU
-    most are tried. Returns the better of ``best`` and the best such move."""
+    expert ``e`` of the heaviest GPU (at most ``most`` replicas). Only the experts whose extra replica
+    relieves the heaviest GPU most are tried. ``limits``: a :class:`MoveLimits`. Returns the better of
+    ``best`` and the best such move."""
+    peak, limit, floor, budget, per_change = limits
     row, prev, cnt, has, x = st.row, st.prev, st.cnt, st.has, st.x
     share, share_up, gain_down = st.share, st.share_up, st.gain_down
     expert_slots, node_group = st.expert_slots, st.node_group
@@ -412,11 +416,13 @@ def _best_new_replica(st, lay, heavy, peak, limit, floor, budget, most, per_chan
 
 
 @njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
-def _best_swap(st, lay, heavy, peak, limit, floor, budget, per_change, slot_share, undone, bar):
+def _best_swap(st, lay, heavy, limits, slot_share, undone, bar):
     """Move (A): swap slot ``a`` (heaviest GPU) with slot ``b`` (another GPU). The heaviest GPU's
     slots go in decreasing share, so only pairs with ``0 < share(a) - share(b) < room`` are
     visited; a slot ``b`` whose best possible swap cannot beat ``bar`` (the best (B)/(C) move) or an
-    earlier swap is skipped. Returns the best swap (kind :data:`NO_MOVE` if none)."""
+    earlier swap is skipped. ``limits``: a :class:`MoveLimits`. Returns the best swap (kind
+    :data:`NO_MOVE` if none)."""
+    peak, limit, floor, budget, per_change = limits
     row, prev, has, x, share, node_group = st.row, st.prev, st.has, st.x, st.share, st.node_group
     slot_offsets, node_of_gpu, group_of_expert, keep_groups = lay.slot_offsets, lay.node_of_gpu, lay.group_of_expert, \
         lay.keep_groups

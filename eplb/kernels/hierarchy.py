@@ -31,7 +31,7 @@ import numpy as np
 from numba import njit
 
 from .common import INTERNAL, fewest_replicas, shell_sort, stable_argsort
-from .hot_room import hot_room_fits
+from .hot_room import HotRoomScratch, hot_room_fits
 
 GroupTable = namedtuple("GroupTable", ["weights", "size", "load", "need", "heaviest"])
 GroupTable.__doc__ = """One layer's expert groups: ``weights [E]`` float64 the experts' loads (group ``k``
@@ -73,11 +73,12 @@ def _replicas_needed(weights, group_size, num_groups, target, need):
 
 
 @njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
-def _hot_expert_fits(weights, group_size, group_max, order, chosen, depth, group, node, active, slots, target):
+def _hot_expert_fits(groups, order, chosen, depth, group, node, active, slots, target):
     """The hot-expert condition for ``node`` holding the groups ``order[i]`` (``i < depth``,
-    ``chosen[i] == node``) and ``group`` (module docstring); ``group_max [K]``: each group's
-    heaviest load. Returns False only when no placement of those groups on the node's ``active``
-    GPUs and ``slots`` slots keeps every GPU ``<= target``."""
+    ``chosen[i] == node``) and ``group`` (module docstring); ``groups`` a :class:`GroupTable`.
+    Returns False only when no placement of those groups on the node's ``active`` GPUs and
+    ``slots`` slots keeps every GPU ``<= target``."""
+    weights, group_size, group_max = groups.weights, groups.size, groups.heaviest
     if active < 2:
         return True
     tol = target * (1.0 + 1e-12)
@@ -152,8 +153,8 @@ def _nodes_fit(target, order, chosen, held, groups, nodes, memo, scratch):
         shell_sort(loads[:count])
         for j in range(count // 2):  # decreasing
             loads[j], loads[count - 1 - j] = loads[count - 1 - j], loads[j]
-        fits = hot_room_fits(loads, count, target, node_active[n], node_slots[n], node_min[n], node_max[n], scratch[1],
-                             scratch[2], scratch[3], scratch[4], scratch[5])
+        fits = hot_room_fits(loads, count, target, node_active[n], node_slots[n], node_min[n], node_max[n],
+                             HotRoomScratch(scratch[1], scratch[2], scratch[3], scratch[4], scratch[5]))
         if memo.shape[1] > 1:
             memo[kind, mask] = 1 if fits else -1
         if not fits:
@@ -171,6 +172,75 @@ def _take_off(t, order, chosen, group_load, need, load, used, held):
     used[n] -= need[g]
     held[n] -= 1
     return 1 if held[n] == 0 else 0
+
+
+Placed = namedtuple("Placed", ["load", "used", "held", "chosen"])
+Placed.__doc__ = """The search's partial assignment: ``load [N]`` float64, ``used [N]`` int64 (replicas
+needed) and ``held [N]`` int64 (groups) of every node, ``chosen [K]`` int64 the node of the group
+assigned at each depth."""
+
+
+@njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
+def _hot_possible(group_max, node_active, target):
+    """Whether the hot-expert condition can bind at ``target``: some group's heaviest expert
+    (``group_max [K]``) exceeds ``(active - 1) * target`` on a node with two or more active GPUs
+    (``node_active [N]``)."""
+    heaviest = 0.0
+    for k in range(group_max.shape[0]):
+        heaviest = max(heaviest, group_max[k])
+    hot_possible = False
+    for n in range(node_active.shape[0]):
+        if node_active[n] >= 2 and heaviest > (node_active[n] - 1) * target * (1.0 + 1e-12):
+            hot_possible = True
+    return hot_possible
+
+
+@njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
+def _like_empty_node_before(n, held, nodes):
+    """Whether an empty node before ``n`` (``held [N]`` groups each) has slots and ``n``'s kind: trying
+    the empty node ``n`` too would repeat that search."""
+    for n2 in range(n):
+        if held[n2] == 0 and nodes.kind[n2] == nodes.kind[n] and nodes.slots[n2] > 0:
+            return True
+    return False
+
+
+@njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
+def _candidate_nodes(t, target, order, groups, nodes, placed, hot_possible, empty_nodes, cand, key):
+    """Write to ``cand[t, :m]`` the nodes that can take the group ``order[t]`` beside the groups of
+    ``placed`` (a :class:`Placed`) at ``target``, by increasing load per GPU after taking it (``key [N]``
+    float64 scratch); ``groups`` a :class:`GroupTable`, ``nodes`` a :class:`NodeTable`, ``empty_nodes`` the
+    nodes with slots and no group yet. Returns ``m``."""
+    load, used, held, chosen = placed
+    node_slots, node_active = nodes.slots, nodes.active
+    group_load, need = groups.load, groups.need
+    num_groups = order.shape[0]
+    g = order[t]
+    m = 0
+    for n in range(node_slots.shape[0]):
+        if node_slots[n] == 0 or used[n] + need[g] > node_slots[n]:
+            continue
+        if load[n] + group_load[g] > target * node_active[n] * (1.0 + 1e-12):
+            continue
+        if hot_possible and not _hot_expert_fits(groups, order, chosen, t, g, n, node_active[n], node_slots[n], target):
+            continue
+        if held[n] == 0:
+            if _like_empty_node_before(n, held, nodes):
+                continue
+            if empty_nodes - 1 > num_groups - t - 1:
+                continue
+        elif empty_nodes > num_groups - t - 1:
+            continue
+        # insertion sort by the node's load per GPU after taking the group
+        value = (load[n] + group_load[g]) / node_active[n]
+        i = m
+        while i > 0 and key[cand[t, i - 1]] > value:
+            cand[t, i] = cand[t, i - 1]
+            i -= 1
+        cand[t, i] = n
+        key[n] = value
+        m += 1
+    return m
 
 
 def _searcher(hot_room, name):
@@ -194,33 +264,24 @@ def _searcher(hot_room, name):
         Returns:
             FEASIBLE, INFEASIBLE (proven: no assignment exists) or UNDECIDED (budget ran out).
         """
-        weights, group_size, group_load, need, group_max = groups
-        node_slots, node_active, node_class = nodes.slots, nodes.active, nodes.kind
+        group_load, need = groups.load, groups.need
         num_groups = order.shape[0]
-        num_nodes = node_slots.shape[0]
-        load = np.zeros(num_nodes)
-        used = np.zeros(num_nodes, np.int64)
-        held = np.zeros(num_nodes, np.int64)
+        num_nodes = nodes.slots.shape[0]
+        placed = Placed(np.zeros(num_nodes), np.zeros(num_nodes, np.int64), np.zeros(num_nodes, np.int64),
+                        np.empty(num_groups, np.int64))
+        load, used, held, chosen = placed
         cand = np.empty((num_groups, num_nodes), np.int64)
         key = np.empty(num_nodes)
         ncand = np.zeros(num_groups, np.int64)
         pos = np.zeros(num_groups, np.int64)
-        chosen = np.empty(num_groups, np.int64)
         empty_nodes = 0
         for n in range(num_nodes):
-            if node_slots[n] > 0:
+            if nodes.slots[n] > 0:
                 empty_nodes += 1
-        # the hot-expert condition can only bind when some group's heaviest expert exceeds (active - 1) T
-        heaviest = 0.0
-        for k in range(num_groups):
-            heaviest = max(heaviest, group_max[k])
-        hot_possible = False
-        for n in range(num_nodes):
-            if node_active[n] >= 2 and heaviest > (node_active[n] - 1) * target * (1.0 + 1e-12):
-                hot_possible = True
+        hot_possible = _hot_possible(groups.heaviest, nodes.active, target)
         if hot_room and strong:  # the nodes' expert sets checked at this target: 1 fits, -1 does not, 0 unknown
             memo[:] = 0
-        t = np.int64(0)  # typed, like count above
+        t = np.int64(0)  # typed: a literal 0 would compile the callees taking it a second time
         steps = 0
         building = True
         while True:
@@ -234,38 +295,8 @@ def _searcher(hot_room, name):
                     for i in range(num_groups):
                         assign[order[i]] = chosen[i]
                     return FEASIBLE
-                g = order[t]
-                m = 0
-                for n in range(num_nodes):
-                    if node_slots[n] == 0 or used[n] + need[g] > node_slots[n]:
-                        continue
-                    if load[n] + group_load[g] > target * node_active[n] * (1.0 + 1e-12):
-                        continue
-                    if hot_possible and not _hot_expert_fits(weights, group_size, group_max, order, chosen, t, g, n, node_active[n],
-                                            node_slots[n], target):
-                        continue
-                    if held[n] == 0:
-                        duplicate = False
-                        for n2 in range(n):
-                            if held[n2] == 0 and node_class[n2] == node_class[n] and node_slots[n2] > 0:
-                                duplicate = True
-                                break
-                        if duplicate:
-                            continue
-                        if empty_nodes - 1 > num_groups - t - 1:
-                            continue
-                    elif empty_nodes > num_groups - t - 1:
-                        continue
-                    # insertion sort by the node's load per GPU after taking the group
-                    value = (load[n] + group_load[g]) / node_active[n]
-                    i = m
-                    while i > 0 and key[cand[t, i - 1]] > value:
-                        cand[t, i] = cand[t, i - 1]
-                        i -= 1
-                    cand[t, i] = n
-                    key[n] = value
-                    m += 1
-                ncand[t] = m
+                ncand[t] = _candidate_nodes(t, target, order, groups, nodes, placed, hot_possible, empty_nodes, cand,
+                                            key)
                 pos[t] = 0
                 building = False
             if pos[t] < ncand[t]:
@@ -297,61 +328,104 @@ _search = _searcher(False, "_search")
 _search_strong = _searcher(True, "_search_strong")
 
 
+@njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
+def _group_loads(w, group_size, group_load, group_max):
+    """Write each group's load to ``group_load [K]`` and its heaviest expert's to ``group_max [K]``
+    (``w [E]`` float64, ``group_size`` experts a group). Returns the layer's total load."""
+    total = 0.0
+    for k in range(group_load.shape[0]):
+        s = 0.0
+        top = 0.0
+        for j in range(group_size):
+            s += w[k * group_size + j]
+            top = max(top, w[k * group_size + j])
+        group_load[k] = s
+        group_max[k] = top
+        total += s
+    return total
+
+
+@njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
+def _upper_end(w, node_of_group, group_load, node_active):
+    """A max load the bisection can start from above: the heaviest load per GPU of a node under the
+    assignment ``node_of_group [K]`` int64 (``group_load [K]``, ``node_active [N]``), or the heaviest
+    expert of ``w [E]`` when larger."""
+    hi = 0.0
+    for n in range(node_active.shape[0]):
+        s = 0.0
+        for k in range(group_load.shape[0]):
+            if node_of_group[k] == n:
+                s += group_load[k]
+        if node_active[n] > 0:
+            hi = max(hi, s / node_active[n])
+    heaviest = w[0]  # w.max() (a NaN wins, as NumPy), as a loop: shorter to compile
+    for e in range(1, w.shape[0]):
+        if heaviest != heaviest:
+            break
+        if w[e] > heaviest or w[e] != w[e]:
+            heaviest = w[e]
+    return max(hi, heaviest)
+
+
+@njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
+def _load_assignment(node_of_group, order, chosen, held):
+    """The search's view of the assignment ``node_of_group [K]`` int64: ``chosen [K]`` the node of each
+    group of ``order [K]``, ``held [N]`` the groups on each node."""
+    for i in range(order.shape[0]):
+        chosen[i] = node_of_group[order[i]]
+    held[:] = 0
+    for k in range(node_of_group.shape[0]):
+        held[node_of_group[k]] += 1
+
+
+@njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
+def _new_memo(node_kind, num_groups, strong):
+    """The search's memo (:func:`_nodes_fit`): ``[kinds, 2^K]`` int8 zeros, one row a kind of node
+    (``node_kind [N]`` int64), when ``strong`` and ``K <= 16``, else ``[1, 1]`` (no memo). A set of groups
+    fits one kind of node or not: nodes of another kind have other slots."""
+    num_kinds = 1
+    for n in range(node_kind.shape[0]):
+        num_kinds = max(num_kinds, node_kind[n] + 1)
+    return np.zeros((num_kinds, 1 << num_groups) if strong and num_groups <= 16 else (1, 1), np.int8)
+
+
 def _assigner(hot_room, name):
     """The kernel ``name`` (:func:`assign_groups`); with ``hot_room`` False (a constant of the kernel)
     it ignores ``strong`` and compiles neither :func:`_nodes_fit` nor :func:`_search_strong`."""
 
-    def assign(weights, num_groups, node_slots, node_active, node_class, lower, budget, rel_tol, node_of_group,
-               strong, node_min, node_max):
+    def assign(weights, num_groups, nodes, lower, budget, rel_tol, node_of_group, strong):
         """Assign the groups of every layer to nodes, minimising the smallest ``T`` both conditions allow.
 
         Args:
             weights: ``[L, E]`` float64; experts ``k*E/K ... (k+1)*E/K - 1`` form group ``k``.
-            node_slots, node_active, node_class: ``[N]`` int64 (see :class:`NodeTable`).
+            nodes: a :class:`NodeTable`, ``[N]`` int64 arrays (``min_slots`` and ``max_slots`` serve the
+                bound, with ``strong``; the placement's assignment does not read them).
             lower: ``[L]`` float64 valid lower bounds on the max load to start the search from.
             budget: most search steps per feasibility test; rel_tol: relative precision of ``T``.
             node_of_group: ``[L, K]`` int64 output.
-            strong, node_min, node_max: see :func:`_search` and :class:`NodeTable` (the bound uses
-                them; the placement's assignment does not).
+            strong: see :func:`_search`.
         Returns:
             ``[L]`` float64: the largest ``T`` proven infeasible for every assignment (a lower bound on
             the max load of every hierarchical placement), or ``lower`` where nothing was proven.
         """
         num_layers, num_experts = weights.shape
         group_size = num_experts // num_groups
-        num_nodes = node_slots.shape[0]
+        num_nodes = nodes.slots.shape[0]
         proven = lower.copy()
         group_load = np.empty(num_groups)
         group_max = np.empty(num_groups)
         need = np.empty(num_groups, np.int64)
         assign = np.empty(num_groups, np.int64)
         best = np.empty(num_groups, np.int64)
-        total_active = 0
-        for n in range(num_nodes):
-            total_active += node_active[n]
         chosen = np.empty(num_groups, np.int64)
         held = np.zeros(num_nodes, np.int64)
         no_memo = np.zeros((1, 1), np.int8)
         scratch = np.empty((6, num_experts + 1))  # _nodes_fit's work space, allocated once
-        num_kinds = 1
-        for n in range(num_nodes):
-            num_kinds = max(num_kinds, node_class[n] + 1)
-        # a set of groups fits one kind of node or not: nodes of another kind have other slots
-        memo = np.zeros((num_kinds, 1 << num_groups) if strong and num_groups <= 16 else (1, 1), np.int8)
+        memo = _new_memo(nodes.kind, num_groups, strong)
         unchecked = num_nodes < 0  # False as a run-time bool (a literal False would compile _search twice)
-        nodes = NodeTable(node_slots, node_active, node_class, node_min, node_max)
         for layer in range(num_layers):
             w = weights[layer]
-            total = 0.0
-            for k in range(num_groups):
-                s = 0.0
-                top = 0.0
-                for j in range(group_size):
-                    s += w[k * group_size + j]
-                    top = max(top, w[k * group_size + j])
-                group_load[k] = s
-                group_max[k] = top
-                total += s
+            total = _group_loads(w, group_size, group_load, group_max)
             order = stable_argsort(-group_load)
             groups = GroupTable(w, group_size, group_load, need, group_max)
             # a feasible start: capacity only (T = infinity)
@@ -367,33 +441,14 @@ def _assigner(hot_room, name):
                 _copy(best, node_of_group[layer])
                 continue
             lo = lower[layer]
-            # an upper end: the loads of the capacity-only assignment
-            hi = 0.0
-            for n in range(num_nodes):
-                s = 0.0
-                for k in range(num_groups):
-                    if best[k] == n:
-                        s += group_load[k]
-                if node_active[n] > 0:
-                    hi = max(hi, s / node_active[n])
-            heaviest = w[0]  # w.max() (a NaN wins, as NumPy), as a loop: shorter to compile
-            for e in range(1, num_experts):
-                if heaviest != heaviest:
-                    break
-                if w[e] > heaviest or w[e] != w[e]:
-                    heaviest = w[e]
-            hi = max(hi, heaviest)
+            hi = _upper_end(w, best, group_load, nodes.active)  # the loads of the capacity-only assignment
             if hi < lo:
                 hi = lo
             # the bisection without, then (strong, where the assignment found fails it) with the hot-room condition
             for phase in range(2):
                 checked = phase == 1
                 if checked:
-                    for i in range(num_groups):
-                        chosen[i] = best[order[i]]
-                    held[:] = 0
-                    for k in range(num_groups):
-                        held[best[k]] += 1
+                    _load_assignment(best, order, chosen, held)
                     if not hot_room or not strong or _nodes_fit(hi, order, chosen, held, groups, nodes, no_memo,
                                                                  scratch):
                         break
@@ -440,13 +495,11 @@ _assign_groups = _assigner(False, "_assign_groups")
 _assign_groups_strong = _assigner(True, "_assign_groups_strong")
 
 
-def assign_groups(weights, num_groups, node_slots, node_active, node_class, lower, budget, rel_tol, node_of_group,
-                  strong, node_min, node_max):
+def assign_groups(weights, num_groups, nodes, lower, budget, rel_tol, node_of_group, strong):
     """Assign the groups of every layer to nodes (:func:`_assigner`'s kernel, the one ``strong``
-    needs: the placement's assignment compiles no hot-room check)."""
+    needs: the placement's assignment compiles no hot-room check); ``nodes`` a :class:`NodeTable`."""
     kernel = _assign_groups_strong if strong else _assign_groups
-    return kernel(weights, num_groups, node_slots, node_active, node_class, lower, budget, rel_tol, node_of_group,
-                  bool(strong), node_min, node_max)
+    return kernel(weights, num_groups, nodes, lower, budget, rel_tol, node_of_group, bool(strong))
 
 
 @njit(cache=True, nogil=True, error_model="numpy")

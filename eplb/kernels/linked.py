@@ -3,7 +3,7 @@
 import numpy as np
 from numba import njit
 
-from .common import stable_argsort
+from .common import INTERNAL, stable_argsort
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
@@ -33,7 +33,7 @@ def linked_placement(weights, start, gpu_of_slot, slot_offsets, zone_of_gpu):
     Returns:
         ``phy2log [L, S]`` int64 and ``linked [L]`` bool (whether the layer was laid out).
     """
-    num_layers, num_slots = start.shape
+    num_layers = start.shape[0]
     num_experts = weights.shape[1]
     num_gpus = slot_offsets.shape[0] - 1
     num_zones = 0
@@ -49,46 +49,15 @@ def linked_placement(weights, start, gpu_of_slot, slot_offsets, zone_of_gpu):
     member_weight = np.empty(num_experts)
     for layer in range(num_layers):
         w = weights[layer]
-        zone_of_expert[:] = -1
-        ok = True
-        for s in range(num_slots):
-            e = start[layer, s]
-            z = zone_of_gpu[gpu_of_slot[s]]
-            if zone_of_expert[e] < 0:
-                zone_of_expert[e] = z
-            elif zone_of_expert[e] != z:
-                ok = False
-        for zone in range(num_zones):
-            num_members = 0
-            for e in range(num_experts):
-                if zone_of_expert[e] == zone:
-                    members[num_members] = e
-                    num_members += 1
-            room = 0
-            for g in range(num_gpus):
-                if zone_of_gpu[g] == zone:
-                    room += slot_offsets[g + 1] - slot_offsets[g]
-            if room > 2 * num_members:
-                ok = False
-        if not ok:
+        one_zone = _zones_of_experts(start[layer], gpu_of_slot, zone_of_gpu, zone_of_expert)
+        if not (one_zone and _room_for_links(zone_of_expert, zone_of_gpu, slot_offsets, num_zones)):
             continue
         fill[:] = 0
         load[:] = 0.0
         row = out[layer]
         for zone in range(num_zones):
-            num_zone_gpus = 0
-            room = 0
-            for g in range(num_gpus):
-                if zone_of_gpu[g] == zone and slot_offsets[g + 1] > slot_offsets[g]:
-                    gpus[num_zone_gpus] = g
-                    num_zone_gpus += 1
-                    room += slot_offsets[g + 1] - slot_offsets[g]
-            num_members = 0
-            for e in range(num_experts):
-                if zone_of_expert[e] == zone:
-                    members[num_members] = e
-                    member_weight[num_members] = -w[e]
-                    num_members += 1
+            num_zone_gpus, room = _zone_gpus(zone, zone_of_gpu, slot_offsets, gpus)
+            num_members = _zone_members(zone, zone_of_expert, w, members, member_weight)
             if num_members == 0:
                 continue
             order = stable_argsort(member_weight[:num_members])  # heaviest first, ties by index
@@ -98,25 +67,105 @@ def linked_placement(weights, start, gpu_of_slot, slot_offsets, zone_of_gpu):
                 first = -1
                 for step in range(2):
                     position = j if step == 0 else j + 1 + j // num_zone_gpus
-                    for hop in range(num_zone_gpus):
-                        g = gpus[(position + hop) % num_zone_gpus]
-                        if fill[g] < slot_offsets[g + 1] - slot_offsets[g] and (g != first or hop == num_zone_gpus - 1):
-                            break
-                    if fill[g] >= slot_offsets[g + 1] - slot_offsets[g]:  # the replica's own GPU is the only room
-                        g = first
+                    g = _ring_gpu(gpus, num_zone_gpus, position, first, fill, slot_offsets)
                     row[slot_offsets[g] + fill[g]] = e
                     fill[g] += 1
                     load[g] += 0.5 * w[e]
                     first = g
             for j in range(num_linked, num_members):
                 e = members[order[j]]
-                best = -1
-                for i in range(num_zone_gpus):
-                    g = gpus[i]
-                    if fill[g] < slot_offsets[g + 1] - slot_offsets[g] and (best < 0 or load[g] < load[best]):
-                        best = g
+                best = _least_loaded_gpu(gpus, num_zone_gpus, fill, load, slot_offsets)
                 row[slot_offsets[best] + fill[best]] = e
                 fill[best] += 1
                 load[best] += w[e]
         linked[layer] = True
     return out, linked
+
+
+@njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
+def _zones_of_experts(row, gpu_of_slot, zone_of_gpu, zone_of_expert):
+    """Write the zone of every expert of the placement ``row [S]`` int64 to ``zone_of_expert [E]``
+    (-1: not placed; ``gpu_of_slot [S]``, ``zone_of_gpu [G]`` int64). Returns whether every expert
+    lies in one zone."""
+    zone_of_expert[:] = -1
+    one_zone = True
+    for s in range(row.shape[0]):
+        e = row[s]
+        z = zone_of_gpu[gpu_of_slot[s]]
+        if zone_of_expert[e] < 0:
+            zone_of_expert[e] = z
+        elif zone_of_expert[e] != z:
+            one_zone = False
+    return one_zone
+
+
+@njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
+def _room_for_links(zone_of_expert, zone_of_gpu, slot_offsets, num_zones):
+    """Whether every zone has at least as many experts (``zone_of_expert [E]``) as redundant slots:
+    its slots (``zone_of_gpu [G]``, ``slot_offsets [G + 1]``) at most twice its experts."""
+    for zone in range(num_zones):
+        num_members = 0
+        for e in range(zone_of_expert.shape[0]):
+            if zone_of_expert[e] == zone:
+                num_members += 1
+        room = 0
+        for g in range(slot_offsets.shape[0] - 1):
+            if zone_of_gpu[g] == zone:
+                room += slot_offsets[g + 1] - slot_offsets[g]
+        if room > 2 * num_members:
+            return False
+    return True
+
+
+@njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
+def _zone_gpus(zone, zone_of_gpu, slot_offsets, gpus):
+    """Write the GPUs of ``zone`` that have slots to ``gpus[:count]``, in order. Returns ``(count,
+    their slots)``."""
+    count = 0
+    room = 0
+    for g in range(slot_offsets.shape[0] - 1):
+        if zone_of_gpu[g] == zone and slot_offsets[g + 1] > slot_offsets[g]:
+            gpus[count] = g
+            count += 1
+            room += slot_offsets[g + 1] - slot_offsets[g]
+    return count, room
+
+
+@njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
+def _zone_members(zone, zone_of_expert, w, members, member_weight):
+    """Write the experts of ``zone`` to ``members[:count]`` (increasing) and minus their loads
+    (``w [E]``) to ``member_weight[:count]``. Returns ``count``."""
+    count = 0
+    for e in range(zone_of_expert.shape[0]):
+        if zone_of_expert[e] == zone:
+            members[count] = e
+            member_weight[count] = -w[e]
+            count += 1
+    return count
+
+
+@njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
+def _ring_gpu(gpus, count, position, first, fill, slot_offsets):
+    """The GPU of a linked replica at ``position`` of the ring ``gpus[:count]``: the first from there
+    with a free slot (``fill [G]`` slots used) other than ``first`` (the GPU of the expert's other
+    replica, -1: none), or ``first`` when it is the only one with room."""
+    g = first  # every ring has a GPU: the loop sets it
+    for hop in range(count):
+        g = gpus[(position + hop) % count]
+        if fill[g] < slot_offsets[g + 1] - slot_offsets[g] and (g != first or hop == count - 1):
+            break
+    if fill[g] >= slot_offsets[g + 1] - slot_offsets[g]:  # the replica's own GPU is the only room
+        g = first
+    return g
+
+
+@njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
+def _least_loaded_gpu(gpus, count, fill, load, slot_offsets):
+    """The GPU of ``gpus[:count]`` with a free slot (``fill [G]`` slots used) and the least ``load [G]``
+    (the first of equals)."""
+    best = -1
+    for i in range(count):
+        g = gpus[i]
+        if fill[g] < slot_offsets[g + 1] - slot_offsets[g] and (best < 0 or load[g] < load[best]):
+            best = g
+    return best

@@ -27,7 +27,12 @@ _MASK = (1 << 64) - 1
 NO_STARTS = 0  # num_starts: no seeded replications (the aligned and light-split ones only)
 SEED = 0  # seed: the generator's stream when the caller has no seed of its own
 PAIR_SWAPS, NO_PAIR_SWAPS = True, False  # pair_swaps: finish each domain with pair_swap_descent, or not
-NO_MOVES = 0  # move_experts, move_passes: no rounds of replica moves
+NO_MOVES = 0  # MoveSearch's experts and passes: no rounds of replica moves
+
+MoveSearch = namedtuple("MoveSearch", ["experts", "passes", "threshold"])
+MoveSearch.__doc__ = """best_placement's replica moves: up to ``passes`` rounds (int) of moves between the
+``experts`` (int) heaviest experts of a domain, on the layers whose domain's heaviest GPU is above
+``threshold [L]`` float64."""
 
 Domain = namedtuple("Domain", ["gpus", "slots_per_gpu", "slot_offsets", "first_item", "max_steps"])
 Domain.__doc__ = """One domain being packed: ``gpus [g]`` int64 its GPUs, ``slots_per_gpu [G]`` and
@@ -333,15 +338,108 @@ def _move_descent(w, experts, first_base, domain, pack, kept, best_max, cap, mov
     return best_max
 
 
+@njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
+def _layout(slots_per_gpu, gpu_domain):
+    """The most slots of a GPU (int64), the number of domains and ``slot_offsets [G + 1]`` int64 (GPU
+    ``g``'s slots are ``slot_offsets[g]:slot_offsets[g + 1]``) of ``slots_per_gpu [G]``,
+    ``gpu_domain [G]`` int64."""
+    num_gpus = slots_per_gpu.shape[0]
+    width = np.int64(1)  # not the literal 1: new_state then has one compiled specialization
+    num_domains = 0
+    for g in range(num_gpus):
+        width = max(width, slots_per_gpu[g])
+        num_domains = max(num_domains, gpu_domain[g] + 1)
+    slot_offsets = np.zeros(num_gpus + 1, np.int64)
+    for g in range(num_gpus):
+        slot_offsets[g + 1] = slot_offsets[g] + slots_per_gpu[g]
+    return width, num_domains, slot_offsets
+
+
+@njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
+def _domain_experts(w, row, gpus, slot_offsets, num_experts):
+    """The experts in the slots of ``gpus [g]`` in the layer ``row [S]`` int64, heaviest first by
+    ``w [E]`` (``[n]`` int64): the search then does not depend on how the experts are numbered."""
+    seen = np.zeros(num_experts, np.bool_)
+    for gi in range(gpus.shape[0]):
+        g = gpus[gi]
+        for s in range(slot_offsets[g], slot_offsets[g + 1]):
+            seen[row[s]] = True
+    experts = np.where(seen)[0].astype(np.int64)
+    return experts[stable_argsort(-w[experts])]
+
+
+@njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
+def _copy_slots(source, target, gpus, slot_offsets):
+    """``target[s] = source[s]`` for every slot ``s`` of ``gpus [g]`` (``source``, ``target`` ``[S]``)."""
+    for gi in range(gpus.shape[0]):
+        g = gpus[gi]
+        for s in range(slot_offsets[g], slot_offsets[g + 1]):
+            target[s] = source[s]
+
+
+@njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
+def _replica_cap(gpus, slot_offsets, num_experts):
+    """The most replicas of one of the domain's ``num_experts`` experts: one per GPU of ``gpus [g]``, or
+    the smallest multiple of that which lets the experts fill the domain's slots."""
+    cap = gpus.shape[0]
+    while cap * num_experts < domain_slots(gpus, slot_offsets[1:] - slot_offsets[:-1]):
+        cap += gpus.shape[0]
+    return cap
+
+
+@njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
+def _candidate_rows(w, experts, counts, domain, cap, wide, rows, split):
+    """Write the replications to try to ``rows [27, E]`` int64: the :func:`aligned_counts` of ``counts [n]``
+    (``wide`` as there), then the :func:`light_split` of ``counts`` and of each aligned one that is new.
+    ``split [E]`` int64 is scratch. Returns ``(num_aligned, num_rows)``."""
+    gpus = domain.gpus
+    n = experts.shape[0]
+    num_aligned = aligned_counts(w, experts, counts, domain_slots(gpus, domain.slots_per_gpu), gpus.shape[0], cap,
+                                 wide, rows)
+    # the light experts' extra replicas moved to the lightest ones, below the domain's mean GPU load
+    level = 0.0
+    for i in range(n):
+        level += w[experts[i]]
+    level /= gpus.shape[0]
+    num_rows = num_aligned
+    for i in range(-1, num_aligned):
+        source = counts if i < 0 else rows[i, :n]
+        if light_split(w, experts, source, level, split) and _is_new(split, n, counts, rows, num_rows):
+            for j in range(n):  # a loop, not a slice assignment: see hierarchy._copy
+                rows[num_rows, j] = split[j]
+            num_rows += 1
+    return num_aligned, num_rows
+
+
+@njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
+def _pack_rows(w, experts, rows, first, last, domain, pack, kept, best_max):
+    """:func:`_pack_and_keep` every replication ``rows[first:last, :n]`` in turn. Returns the best max load."""
+    for trial in range(first, last):
+        best_max = _pack_and_keep(w, experts, rows[trial, :experts.shape[0]].copy(), domain, pack, kept, best_max)
+    return best_max
+
+
+@njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
+def _seeded_starts(w, experts, domain, pack, kept, best_max, cap, num_starts, state):
+    """Up to ``num_starts`` replications, each the best so far (``kept.counts``) with one to three replicas
+    moved at random (:func:`_perturb`, generator ``state [1]`` uint64), packed and kept when lighter
+    (:func:`_pack_and_keep`). Returns the best max load."""
+    for step in range(num_starts):
+        counts = kept.counts.copy()
+        if step > 0 and not _perturb(w, experts, counts, cap, 1 + step % 3, state):
+            break
+        best_max = _pack_and_keep(w, experts, counts, domain, pack, kept, best_max)
+    return best_max
+
+
 def _multistart(full, name):
     """The kernel ``name``: :func:`best_placement` (``full``) or :func:`aligned_placement`, which (``full``
     False, a constant of the kernel, its branches pruned before typing) runs the aligned and
-    light-split replications only, as if ``num_starts`` and ``move_passes`` were 0 and ``pair_swaps``
+    light-split replications only, as if ``num_starts`` and ``moves.passes`` were 0 and ``pair_swaps``
     False, and compiles none of the seeded perturbations, replica moves and pair swaps (the default
     method's aligned pass on a deployment too large for retries needs none)."""
 
-    def improve(weights, slots_per_gpu, gpu_domain, start, num_starts, max_steps, seed, pair_swaps, threshold,
-                move_experts, move_passes, move_threshold):
+    def improve(weights, slots_per_gpu, gpu_domain, start, num_starts, max_steps, seed, pair_swaps, threshold, moves):
         """Improve ``start`` layer by layer (module docstring).
 
         Args:
@@ -351,29 +449,22 @@ def _multistart(full, name):
             seed: seed of the generator; pair_swaps: finish with :func:`pair_swap_descent` (slower).
             threshold: ``[L]`` float64; a domain whose heaviest GPU is not above ``threshold[layer]``
                 is left as it is (pass a proven bound to skip domains that cannot matter, zeros for all).
-            move_experts, move_passes, move_threshold: on the domains whose heaviest GPU is above
-                ``move_threshold[layer]`` (``[L]`` float64), from the start's replication and again after
-                the aligned ones, up to ``move_passes`` rounds of replica moves between the domain's
-                heaviest experts (:func:`_move_descent`); 0 passes: none.
+            moves: a :class:`MoveSearch`: on the domains whose heaviest GPU is above ``moves.threshold[layer]``,
+                from the start's replication and again after the aligned ones, up to ``moves.passes``
+                rounds of replica moves between the domain's ``moves.experts`` heaviest experts
+                (:func:`_move_descent`); 0 passes: none.
         Returns:
             ``phy2log [L, S]`` int64 whose max load per layer and domain is never above ``start``'s.
         """
         num_layers, num_experts = weights.shape
-        num_gpus = slots_per_gpu.shape[0]
         num_slots = start.shape[1]
-        width = np.int64(1)  # not the literal 1: new_state then has one compiled specialization
-        num_domains = 0
-        for g in range(num_gpus):
-            width = max(width, slots_per_gpu[g])
-            num_domains = max(num_domains, gpu_domain[g] + 1)
-        slot_offsets = np.zeros(num_gpus + 1, np.int64)
-        for g in range(num_gpus):
-            slot_offsets[g + 1] = slot_offsets[g] + slots_per_gpu[g]
+        width, num_domains, slot_offsets = _layout(slots_per_gpu, gpu_domain)
         out = start.copy()
-        item_expert, item_load, gpu_items, gpu_fill, gpu_load, holds = new_state(num_slots, num_gpus, width, num_experts)
+        item_expert, item_load, gpu_items, gpu_fill, gpu_load, holds = new_state(num_slots, slots_per_gpu.shape[0],
+                                                                                 width, num_experts)
         pack = PackState(item_expert, item_load, gpu_items, gpu_fill, gpu_load, holds)
         best_expert = np.empty(num_slots, np.int64)
-        aligned = np.empty((27, num_experts), np.int64)  # 13 aligned, then light_split of those and of the start
+        rows = np.empty((27, num_experts), np.int64)  # 13 aligned, then light_split of those and of the start
         split = np.empty(num_experts, np.int64)
         state = np.zeros(1, np.uint64)
         counts_all = np.zeros(num_experts, np.int64)
@@ -391,17 +482,8 @@ def _multistart(full, name):
                     continue
                 # GPUs in one block (nodes): the domain's replicas keep the ids of its slots, so packing it
                 # leaves the other domains' state intact and the layer's state is loaded once
-                first_item = slot_offsets[gpus[0]]
                 contiguous = gpus[gpus.shape[0] - 1] - gpus[0] + 1 == gpus.shape[0]
-                # the domain's experts: those in its slots
-                seen = np.zeros(num_experts, np.bool_)
-                for gi in range(gpus.shape[0]):
-                    g = gpus[gi]
-                    for s in range(slot_offsets[g], slot_offsets[g + 1]):
-                        seen[start[layer, s]] = True
-                experts = np.where(seen)[0].astype(np.int64)
-                # heaviest first: the search then does not depend on how the experts are numbered
-                experts = experts[stable_argsort(-w[experts])]
+                experts = _domain_experts(w, start[layer], gpus, slot_offsets, num_experts)
                 best_counts = counts_all[experts].copy()
                 if not (loaded and contiguous):
                     load_state(out[layer], w, slot_offsets, item_expert, item_load, gpu_items, gpu_fill, gpu_load, holds)
@@ -410,65 +492,32 @@ def _multistart(full, name):
                 if best_max <= threshold[layer]:
                     continue
                 kept = Kept(best_counts, best_expert, shared_replicas(gpus, gpu_items, gpu_fill, item_expert, holds))
-                domain = Domain(gpus, slots_per_gpu, slot_offsets, first_item if contiguous else np.int64(0), max_steps)
-                for gi in range(gpus.shape[0]):
-                    g = gpus[gi]
-                    for s in range(slot_offsets[g], slot_offsets[g + 1]):
-                        best_expert[s] = out[layer, s]
-                cap = gpus.shape[0]
-                while cap * experts.shape[0] < domain_slots(gpus, slot_offsets[1:] - slot_offsets[:-1]):
-                    cap += gpus.shape[0]
+                domain = Domain(gpus, slots_per_gpu, slot_offsets, slot_offsets[gpus[0]] if contiguous else np.int64(0),
+                                max_steps)
+                _copy_slots(out[layer], best_expert, gpus, slot_offsets)
+                cap = _replica_cap(gpus, slot_offsets, experts.shape[0])
+                start_counts = best_counts.copy()
                 # the aligned replications (from the start's counts), the seeded perturbations of the best one,
                 # the light-split ones, then replica moves from the start's counts and from the best
-                num_aligned = aligned_counts(w, experts, best_counts, domain_slots(gpus, slots_per_gpu), gpus.shape[0],
-                                             cap, num_starts > 0, aligned)
-                start_counts = best_counts.copy()
-                # each of those and the start with the light experts' extra replicas on the lightest ones
-                level = 0.0
-                for i in range(experts.shape[0]):
-                    level += w[experts[i]]
-                level /= gpus.shape[0]
-                num_rows = num_aligned
-                for i in range(-1, num_aligned):
-                    source = best_counts if i < 0 else aligned[i, :experts.shape[0]]
-                    if light_split(w, experts, source, level, split) and _is_new(split, experts.shape[0], best_counts,
-                                                                                 aligned, num_rows):
-                        for j in range(experts.shape[0]):  # a loop, not a slice assignment: see hierarchy._copy
-                            aligned[num_rows, j] = split[j]
-                        num_rows += 1
-                for trial in range(num_aligned):
-                    best_max = _pack_and_keep(w, experts, aligned[trial, :experts.shape[0]].copy(), domain, pack, kept,
-                                              best_max)
+                num_aligned, num_rows = _candidate_rows(w, experts, best_counts, domain, cap, num_starts > 0, rows,
+                                                        split)
+                best_max = _pack_rows(w, experts, rows, 0, num_aligned, domain, pack, kept, best_max)
                 if full:
-                    for step in range(num_starts):
-                        counts = best_counts.copy()
-                        if step > 0 and not _perturb(w, experts, counts, cap, 1 + step % 3, state):
-                            break
-                        best_max = _pack_and_keep(w, experts, counts, domain, pack, kept, best_max)
-                for trial in range(num_aligned, num_rows):
-                    best_max = _pack_and_keep(w, experts, aligned[trial, :experts.shape[0]].copy(), domain, pack, kept,
-                                              best_max)
-                if full and move_passes > 0 and best_max > move_threshold[layer]:
+                    best_max = _seeded_starts(w, experts, domain, pack, kept, best_max, cap, num_starts, state)
+                best_max = _pack_rows(w, experts, rows, num_aligned, num_rows, domain, pack, kept, best_max)
+                if full and moves.passes > 0 and best_max > moves.threshold[layer]:
                     for source in range(2):  # the start's replication (the others may lead elsewhere), then the best
                         best_max = _move_descent(w, experts, start_counts if source == 0 else best_counts, domain, pack,
-                                                 kept, best_max, cap, move_experts, move_passes)
-                # pair swaps on the best packing found
-                if not full or not pair_swaps:
-                    for gi in range(gpus.shape[0]):
-                        g = gpus[gi]
-                        for s in range(slot_offsets[g], slot_offsets[g + 1]):
-                            out[layer, s] = best_expert[s]
-                    continue
-                for gi in range(gpus.shape[0]):
-                    g = gpus[gi]
-                    for s in range(slot_offsets[g], slot_offsets[g + 1]):
-                        out[layer, s] = best_expert[s]
-                load_state(out[layer], w, slot_offsets, item_expert, item_load, gpu_items, gpu_fill, gpu_load, holds)
-                loaded = True
-                pair_swap_descent(item_load, item_expert, gpus, gpu_items, gpu_fill, gpu_load, holds, max_steps)
-                recompute_loads(item_load, gpus, gpu_items, gpu_fill, gpu_load)
-                if _domain_max(gpus, gpu_load) <= best_max:
-                    store_state(item_expert, gpu_items, gpu_fill, slot_offsets, out[layer])
+                                                 kept, best_max, cap, moves.experts, moves.passes)
+                _copy_slots(best_expert, out[layer], gpus, slot_offsets)
+                if full and pair_swaps:  # pair swaps on the best packing found
+                    load_state(out[layer], w, slot_offsets, item_expert, item_load, gpu_items, gpu_fill, gpu_load,
+                               holds)
+                    loaded = True
+                    pair_swap_descent(item_load, item_expert, gpus, gpu_items, gpu_fill, gpu_load, holds, max_steps)
+                    recompute_loads(item_load, gpus, gpu_items, gpu_fill, gpu_load)
+                    if _domain_max(gpus, gpu_load) <= best_max:
+                        store_state(item_expert, gpu_items, gpu_fill, slot_offsets, out[layer])
         return out
 
     improve.__name__ = improve.__qualname__ = name  # its own cache file

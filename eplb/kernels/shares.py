@@ -559,6 +559,94 @@ def optimal_shares(weights, phy2log, gpu_of_slot, num_gpus):
     return shares, peak
 
 
+LayerWindows = namedtuple("LayerWindows", ["weights", "scale", "tiled", "new_shares"])
+LayerWindows.__doc__ = """One layer's windows in :func:`improve_for_dispatch`: ``weights [T, E]`` float64 their
+counts, ``scale [T]`` float64 each window's weight over its mean GPU load (0: ignored), ``tiled [T, S]``
+int64 the placement tried (one copy a window), ``new_shares [T, S]`` float64 its optimal shares."""
+
+
+@njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
+def _load_windows(windows, window_weights, layer, row, num_gpus, lw):
+    """Fill the :class:`LayerWindows` ``lw`` with ``layer`` of ``windows [T, L, E]`` (weights
+    ``window_weights [T]``) and the placement ``row [S]`` int64. Returns the total weight of the
+    windows that carry load."""
+    num_windows, _, num_experts = windows.shape
+    weights, scale, tiled = lw.weights, lw.scale, lw.tiled
+    total_weight = 0.0
+    for t in range(num_windows):
+        mean = 0.0
+        for e in range(num_experts):
+            weights[t, e] = windows[t, layer, e]
+            mean += windows[t, layer, e]
+        mean /= num_gpus
+        scale[t] = window_weights[t] / mean if mean > 0.0 and window_weights[t] > 0.0 else 0.0
+        total_weight += window_weights[t] if scale[t] > 0.0 else 0.0
+        for s in range(row.shape[0]):
+            tiled[t, s] = row[s]
+    return total_weight
+
+
+@njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
+def _slot_on_gpu(state, slot_offsets, gpu, row, count, keep_replicas):
+    """A random slot of ``gpu`` (``slot_offsets [G + 1]``) whose expert in ``row [S]`` may move (with
+    ``keep_replicas``: one with ``count [E]`` 1), up to 32 draws. Returns ``(slot or -1, state)``."""
+    size = slot_offsets[gpu + 1] - slot_offsets[gpu]
+    for _ in range(32):
+        state = next_random(state)
+        candidate = slot_offsets[gpu] + np.int64(state % np.uint64(size))
+        if not keep_replicas or count[row[candidate]] == 1:
+            return candidate, state
+    return -1, state
+
+
+@njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
+def _partner_slot(state, row, a, gpu, gpu_of_slot, zone_of_slot, count, keep_replicas):
+    """A random slot off ``gpu`` in slot ``a``'s zone (``gpu_of_slot``, ``zone_of_slot [S]`` int64)
+    holding another expert than ``a`` in ``row [S]``, one that may move (``count [E]``,
+    ``keep_replicas`` as in :func:`_slot_on_gpu`), up to 32 draws. Returns ``(slot or -1, state)``."""
+    num_slots = row.shape[0]
+    for _ in range(32):
+        state = next_random(state)
+        candidate = np.int64(state % np.uint64(num_slots))
+        if gpu_of_slot[candidate] == gpu or zone_of_slot[candidate] != zone_of_slot[a]:
+            continue
+        if row[candidate] == row[a] or (keep_replicas and count[row[candidate]] != 1):
+            continue
+        return candidate, state
+    return -1, state
+
+
+@njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
+def _set_pair(tiled, a, b, expert_a, expert_b):
+    """Put ``expert_a`` in slot ``a`` and ``expert_b`` in slot ``b`` of every window's ``tiled [T, S]``."""
+    for r in range(tiled.shape[0]):
+        tiled[r, a] = expert_a
+        tiled[r, b] = expert_b
+
+
+@njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
+def _swapped_value(lw, window_weights, first, target, total_weight, gpu_of_slot, num_gpus):
+    """The weighted sum of ``peak / mean`` of the placement ``lw.tiled`` (a :class:`LayerWindows`, its
+    optimal shares written to ``lw.new_shares``), windows one at a time from ``first``: stops as soon
+    as the windows seen, with every other window at its floor (peak = mean), cannot get below
+    ``target``. Returns ``(value, rejected)``."""
+    num_windows, num_slots = lw.tiled.shape
+    floor = total_weight
+    value = 0.0
+    for step in range(num_windows):
+        r = (first + step) % num_windows
+        if lw.scale[r] <= 0.0:
+            continue
+        one_shares, one_peak = optimal_shares(lw.weights[r : r + 1], lw.tiled[r : r + 1], gpu_of_slot, num_gpus)
+        for s in range(num_slots):
+            lw.new_shares[r, s] = one_shares[0, s]
+        value += lw.scale[r] * one_peak[0]
+        floor -= window_weights[r]
+        if value + floor >= target:
+            return value, True
+    return value, False
+
+
 @njit(cache=True, nogil=True, error_model="numpy")
 def improve_for_dispatch(windows, window_weights, phy2log, gpu_of_slot, slot_offsets, zone_of_slot, iterations, seed,
                          keep_replicas):
@@ -590,29 +678,19 @@ def improve_for_dispatch(windows, window_weights, phy2log, gpu_of_slot, slot_off
     out = phy2log.copy()
     before = np.ones(num_layers)
     after = np.ones(num_layers)
-    tiled = np.empty((num_windows, num_slots), np.int64)
-    weights = np.empty((num_windows, num_experts))
-    scale = np.zeros(num_windows)
-    new_shares = np.empty((num_windows, num_slots))
+    lw = LayerWindows(np.empty((num_windows, num_experts)), np.zeros(num_windows),
+                      np.empty((num_windows, num_slots), np.int64), np.empty((num_windows, num_slots)))
+    weights, scale, tiled, new_shares = lw
     count = np.zeros(num_experts, np.int64)
     state = np.uint64(seed) if seed > 0 else np.uint64(88172645463325252)
     for layer in range(num_layers):
-        total_weight = 0.0
-        for t in range(num_windows):
-            mean = 0.0
-            for e in range(num_experts):
-                weights[t, e] = windows[t, layer, e]
-                mean += windows[t, layer, e]
-            mean /= num_gpus
-            scale[t] = window_weights[t] / mean if mean > 0.0 and window_weights[t] > 0.0 else 0.0
-            total_weight += window_weights[t] if scale[t] > 0.0 else 0.0
-            for s in range(num_slots):
-                tiled[t, s] = out[layer, s]
+        row = out[layer]
+        total_weight = _load_windows(windows, window_weights, layer, row, num_gpus, lw)
         if total_weight <= 0.0:
             continue
         count[:] = 0
         for s in range(num_slots):
-            count[out[layer, s]] += 1
+            count[row[s]] += 1
         shares, peak = optimal_shares(weights, tiled, gpu_of_slot, num_gpus)
         current = 0.0
         for t in range(num_windows):
@@ -629,60 +707,24 @@ def improve_for_dispatch(windows, window_weights, phy2log, gpu_of_slot, slot_off
             for g in range(1, num_gpus):
                 if loads[0, g] > loads[0, hot]:
                     hot = g
-            size = slot_offsets[hot + 1] - slot_offsets[hot]
-            a = -1
-            for _attempt in range(32):
-                state = next_random(state)
-                candidate = slot_offsets[hot] + np.int64(state % np.uint64(size))
-                if not keep_replicas or count[out[layer, candidate]] == 1:
-                    a = candidate
-                    break
+            a, state = _slot_on_gpu(state, slot_offsets, hot, row, count, keep_replicas)
             if a < 0:
                 continue
-            b = -1
-            for _attempt in range(32):
-                state = next_random(state)
-                candidate = np.int64(state % np.uint64(num_slots))
-                if gpu_of_slot[candidate] == hot or zone_of_slot[candidate] != zone_of_slot[a]:
-                    continue
-                if out[layer, candidate] == out[layer, a] or (keep_replicas and count[out[layer, candidate]] != 1):
-                    continue
-                b = candidate
-                break
+            b, state = _partner_slot(state, row, a, hot, gpu_of_slot, zone_of_slot, count, keep_replicas)
             if b < 0:
                 continue
-            for r in range(num_windows):
-                tiled[r, a] = out[layer, b]
-                tiled[r, b] = out[layer, a]
-            # windows one at a time, the window in turn first: stop as soon as the windows seen,
-            # with every other window at its floor (peak = mean), cannot beat the current value
-            target = current * (1.0 - 1e-12) * total_weight
-            floor = total_weight
-            value = 0.0
-            rejected = False
-            for step in range(num_windows):
-                r = (t + step) % num_windows
-                if scale[r] <= 0.0:
-                    continue
-                one_shares, one_peak = optimal_shares(weights[r : r + 1], tiled[r : r + 1], gpu_of_slot, num_gpus)
-                for s in range(num_slots):
-                    new_shares[r, s] = one_shares[0, s]
-                value += scale[r] * one_peak[0]
-                floor -= window_weights[r]
-                if value + floor >= target:
-                    rejected = True
-                    break
+            _set_pair(tiled, a, b, row[b], row[a])
+            value, rejected = _swapped_value(lw, window_weights, t, current * (1.0 - 1e-12) * total_weight,
+                                             total_weight, gpu_of_slot, num_gpus)
             if not rejected:
-                expert = out[layer, a]
-                out[layer, a] = out[layer, b]
-                out[layer, b] = expert
+                expert = row[a]
+                row[a] = row[b]
+                row[b] = expert
                 for r in range(num_windows):
                     for s in range(num_slots):
                         shares[r, s] = new_shares[r, s]
                 current = value / total_weight
             else:
-                for r in range(num_windows):
-                    tiled[r, a] = out[layer, a]
-                    tiled[r, b] = out[layer, b]
+                _set_pair(tiled, a, b, row[a], row[b])
         after[layer] = current
     return out, before, after

@@ -27,7 +27,7 @@ import numpy as np
 
 from ..model._validation import as_counts, validated_counts
 from ..kernels.expected_peak import improve_expected_peak as _improve
-from ..kernels.expected_peak import pair_descent
+from ..kernels.expected_peak import InService, pair_descent
 from ..kernels.layout import replica_counts
 from ..analysis.loads import peak_loads
 from ..analysis.placement import uniform_shares
@@ -238,7 +238,7 @@ def _search(windows, weights, placement, fractions, deployment, *, steps, upto, 
     out = np.require(placement, np.int64, "CW").copy()
     out_fractions = np.require(fractions, np.float64, "CW").copy()
     _, _, before, after = pair_descent(windows, weights, out, out_fractions, gpu_of_slot, slot_offsets, zones, 0,
-                                       int(seed), previous, float(copy_cost))
+                                       int(seed), InService(previous, float(copy_cost)))
     for k, (kind, amount) in enumerate(steps, start=1):
         rows = np.flatnonzero(upto >= k)
         if rows.size:
@@ -247,7 +247,7 @@ def _search(windows, weights, placement, fractions, deployment, *, steps, upto, 
                 moved, moved_fractions, _, after[rows] = pair_descent(
                     part, weights, np.ascontiguousarray(out[rows]), np.ascontiguousarray(out_fractions[rows]),
                     gpu_of_slot, slot_offsets, zones, int(amount), int(seed) + k - 1,
-                    np.ascontiguousarray(previous[rows]), float(copy_cost))
+                    InService(np.ascontiguousarray(previous[rows]), float(copy_cost)))
             else:  # even split only: the random moves recount replicas
                 moved, _, after[rows] = _improve(part, weights, np.ascontiguousarray(out[rows]), gpu_of_slot,
                                                  slot_offsets, slot_zones(deployment), int(amount), int(seed), replica_moves)

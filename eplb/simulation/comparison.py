@@ -179,8 +179,7 @@ def _figures(placement: Placement, weights: np.ndarray, bounds: dict, problem: D
     scores = [held_out_score(phy2log, counts[lo:hi], placement.num_experts, problem)
               for phy2log, lo, hi in zip(held, edges[:-1], edges[1:])]
     scaled = step_windows(counts, step_routings)
-    sim = simulate(scaled, topology=topology, num_groups=problem.num_groups, initial=placement,
-                   policy=NoRebalance(), cost_model=cost_model)
+    sim = simulate(scaled, placement.deployment, initial=placement, policy=NoRebalance(), cost_model=cost_model)
     step, ideal = float(sim.step_time.mean()), float(sim.ideal_time.mean())
     figures = {
         "balancedness": float(moe_mean(per_layer_bal, loads)),

@@ -59,7 +59,7 @@ from typing import Any
 import numpy as np
 
 from ..model._validation import as_int, check_layer_totals
-from ..planning.api import make_deployment
+from ..model.deployment import Deployment, deployment_argument
 from ..model.cost import CostModel
 from ..analysis.dispatch import optimal_dispatch, uniform_shares
 from ..kernels.layout import replica_counts
@@ -70,7 +70,7 @@ from ..serving.policy import (POLICY_NAMES, BalancerPolicy, PolicyContext, Fixed
                               Policy, PolicyError, as_placement, check_policy, policy_by_name, policy_label,
                               sglang_like, vllm_like)
 from ..serving.transfer import KINDS, TransferPlan, transfer_plan
-from ..engines import SCORING
+from ..engines import SCORING, dispatch_rule
 
 CHUNK = 256  # steps priced at once
 _PLAN_FIELDS = ("layer", "expert", "src_slot", "dst_slot", "src_gpu", "dst_gpu", "kind")
@@ -264,19 +264,155 @@ def checked_series(series, *, generators: bool = True):
     return series
 
 
-def simulate(counts, *, num_slots=None, num_gpus=None, num_nodes=1, num_groups=None, policy=None,
-             cost_model: CostModel | None = None, dispatch: str = "uniform", initial=None,
-             topology: Topology | None = None, initial_steps: int = 1,
-             layers_per_step: int | None = None) -> SimulationResult:
+class _Replay:
+    """One run of :func:`simulate`: what serves each layer and what it holds, the copies under way,
+    the serving clock, and the figures of every step (``T`` steps, ``L`` layers, ``S`` slots)."""
+
+    def __init__(self, deployment: PolicyContext, target: Placement, dispatch: str, num_steps: int,
+                 step_layers: int) -> None:
+        num_layers = deployment.num_layers
+        self.deployment, self.cost_model, self.dispatch = deployment, deployment.cost_model, dispatch
+        self.step_layers = step_layers
+        self.layer_time = np.empty((num_steps, num_layers))
+        self.balanced = np.empty((num_steps, num_layers))
+        self.stall = np.zeros(num_steps)
+        self.copies = np.zeros((num_steps, 3), np.int64)
+        self.copy_time = np.zeros(num_steps)
+        self.host_time = np.zeros(num_steps)
+        self.rebalance_steps: list[int] = []
+        self.target = target  # the newest plan adopted
+        # The placement in service is a per-layer mix while a plan is being applied:
+        self.serving = np.array(target.phy2log)  # [L, S] what serves each layer
+        self.held = self.serving.copy()  # [L, S] what each layer holds once the copies started have landed
+        self.pricing = self._new_pricing()
+        self.live = self.pricing.live  # the GPUs that serve, as the first placement has them
+        self.plan: TransferPlan | None = None  # the copies from `held` to `target` when the plan was adopted
+        self.queue = np.empty(0, np.int64)  # [n] layers still to switch to `target`, in order
+        self.in_flight: tuple[np.ndarray, float] | None = None  # (layers, serving time when their copies finish)
+        self.clock = 0.0
+        self.chunk_start = 0  # the step of the block's first row
+        self.priced_until = 0  # steps before this are priced
+
+    def _new_pricing(self) -> _Pricing:
+        return _Pricing(self.serving, self.deployment.topology, self.deployment.num_experts, self.dispatch)
+
+    def run(self, series, policy, num_steps: int) -> None:
+        """Serve every step of ``series``, block by block, showing each to ``policy``."""
+        for chunk_start in range(0, num_steps, CHUNK):
+            block = _series_block(series, chunk_start, min(chunk_start + CHUNK, num_steps))
+            self.chunk_start = self.priced_until = chunk_start
+            for i in range(block.shape[0]):
+                self.step(block, i, policy)
+            end = chunk_start + block.shape[0]
+            if self.priced_until < end:
+                self.price(block[self.priced_until - chunk_start:], self.priced_until)
+                self.clock += self.layer_time[self.priced_until:end].sum()
+
+    def step(self, block: np.ndarray, i: int, policy) -> None:
+        """Step ``chunk_start + i`` (block row ``i``): land the copies that finished, show the step to
+        the policy, adopt the placement it returns, and start the next layers' copies."""
+        t = self.chunk_start + i
+        if self.in_flight is not None:  # price step by step while copies run beside serving
+            self.catch_up(block, i)
+            if self.clock >= self.in_flight[1]:
+                self.switch(self.in_flight[0])
+                self.in_flight = None
+        called = time.perf_counter()
+        new = _call_policy(policy, "observe", t, block[i])
+        self.host_time[t] = time.perf_counter() - called
+        if new is not None:
+            self.adopt(as_placement(new, self.deployment, f"the placement policy.observe returned at step {t}"),
+                       block, i)
+        if self.in_flight is None and self.queue.size:  # the next chunk of layers: its copies start now
+            self.start_copies(block, i)
+
+    def adopt(self, new: Placement, block: np.ndarray, i: int) -> None:
+        """Make ``new`` the target at block row ``i``: the layers that differ from it queue for copies."""
+        self.catch_up(block, i)  # the steps served by the placement up to now
+        self.plan = transfer_plan(self.held, new, expert_bytes=int(self.cost_model.expert_bytes))
+        self.target = new
+        changed = (self.held != new.phy2log).any(axis=1) | (self.serving != new.phy2log).any(axis=1)
+        self.queue = np.flatnonzero(changed)
+        self.in_flight = None  # superseded: its layers are in the queue again unless they serve `new`
+        self.rebalance_steps.append(self.chunk_start + i)
+
+    def start_copies(self, block: np.ndarray, i: int) -> None:
+        """Start the copies of the next ``step_layers`` queued layers at block row ``i``; they serve
+        when the cost model's copy mode says."""
+        t = self.chunk_start + i
+        self.catch_up(block, i)
+        layers, self.queue = self.queue[:self.step_layers], self.queue[self.step_layers:]
+        part = _copies_of_layers(self.plan, layers)
+        self.copies[t] = np.bincount(part.kind, minlength=3)
+        duration = self.cost_model.transfer_time(part) if len(part) else 0.0
+        self.copy_time[t] = duration
+        self.held[layers] = self.target.phy2log[layers]
+        if self.cost_model.copy_mode == "stall":
+            self.stall[t] = duration
+            self.clock += duration
+            self.switch(layers)
+        elif self.cost_model.copy_mode == "free" or duration == 0.0:
+            self.switch(layers)
+        else:
+            self.in_flight = (layers, self.clock + duration)
+
+    def price(self, block: np.ndarray, offset: int) -> None:
+        """Layer times ``[B, L]`` of the steps ``offset ...`` of ``block`` with the placement in service,
+        and the balanced times beside them."""
+        tokens, active = self.pricing.loads(block)
+        if not self.live.all():
+            tokens, active = tokens[..., self.live], active[..., self.live]
+        rows = slice(offset, offset + block.shape[0])
+        with np.errstate(over="ignore", invalid="ignore"):  # refused below
+            self.layer_time[rows] = self.cost_model.layer_time(tokens, active)
+            self.balanced[rows] = self.balanced_time(block, tokens.shape[-1])
+        if not (np.isfinite(self.layer_time[rows]).all() and np.isfinite(self.balanced[rows]).all()):
+            raise ValueError(f"counts and cost_model: a layer time of steps {offset}..{offset + block.shape[0] - 1} "
+                             "overflows float64 (counts or cost constants too large; counts are scale-free: "
+                             "divide them by a common factor)")
+
+    def balanced_time(self, block: np.ndarray, serving_gpus: int) -> np.ndarray:
+        """``[B, L]``: each layer's routed tokens and its activated experts (one weight read each)
+        spread evenly over the GPUs that serve: the same for every placement and dispatch."""
+        counts = np.asarray(block, dtype=np.float64)
+        return self.cost_model.gpu_time(counts.sum(axis=-1) / serving_gpus,
+                                        (counts > 0).sum(axis=-1) / serving_gpus)
+
+    def catch_up(self, block: np.ndarray, i: int) -> None:
+        """Price the steps up to block row ``i`` with the placement in service now."""
+        t = self.chunk_start + i
+        if self.priced_until <= t:
+            self.price(block[self.priced_until - self.chunk_start:i + 1], self.priced_until)
+            self.clock += self.layer_time[self.priced_until:t + 1].sum()
+            self.priced_until = t + 1
+
+    def switch(self, layers: np.ndarray) -> None:
+        """The copies of ``layers [n]`` have landed: those layers serve what they hold."""
+        self.serving[layers] = self.held[layers]
+        self.pricing = self._new_pricing()
+
+    def final_placement(self) -> Placement:
+        """What every layer holds at the end: the target when all its copies started."""
+        if np.array_equal(self.held, self.target.phy2log):
+            return self.target
+        return Placement(self.held, self.deployment.num_experts, self.deployment.topology,
+                         self.deployment.num_groups, method="mixed")
+
+
+def simulate(counts, deployment: Deployment | None = None, *, policy=None, cost_model: CostModel | None = None,
+             initial=None, initial_steps: int = 1, layers_per_step: int | None = None,
+             **deployment_keywords) -> SimulationResult:
     """Replay ``counts`` (a series of steps) through a deployment and a rebalancing policy.
 
     Args:
         counts: ``[T, L, E]`` counts per step (numpy), or an :class:`eplb.simulation.series.Series` (generated
             block by block, never held whole).
-        num_slots, num_gpus, num_nodes, num_groups, topology: the deployment, as for :func:`eplb.plan`.
+        deployment: the :class:`eplb.Deployment`; its dispatch rule is how each step is priced: an
+            even split (``"uniform"`` and the engines' even splits) or ``"optimal"`` (see the module
+            docstring). Its keywords (``num_slots``, ..., ``dispatch``) still work in its place,
+            deprecated.
         policy: see the module docstring (default :class:`NoRebalance`).
         cost_model: a :class:`CostModel` (default: DeepSeek-V3 on H100, ``CostModel.preset()``).
-        dispatch: ``"uniform"`` or ``"optimal"`` (see the module docstring).
         initial: the placement in service at step 0 (a :class:`Placement` or ``phy2log [L, S]``);
             default: the greedy plan of the first ``initial_steps`` steps.
         layers_per_step: ``None`` (default): a new placement's layers switch all at once. An integer
@@ -286,8 +422,6 @@ def simulate(counts, *, num_slots=None, num_gpus=None, num_nodes=1, num_groups=N
         A :class:`SimulationResult`.
     """
     start_wall = time.perf_counter()
-    if dispatch not in SCORING:  # the rules a window is scored by (eplb.engines)
-        raise ValueError(f"dispatch must be one of {SCORING}, got {dispatch!r}")
     if layers_per_step is not None:
         layers_per_step = as_int(layers_per_step, "layers_per_step", minimum=1)
     series = checked_series(counts)
@@ -297,117 +431,27 @@ def simulate(counts, *, num_slots=None, num_gpus=None, num_nodes=1, num_groups=N
     cost_model = CostModel.preset() if cost_model is None else cost_model
     if not isinstance(cost_model, CostModel):
         raise ValueError(f"cost_model must be an eplb.CostModel, got {type(cost_model).__name__}")
-    deployment = PolicyContext(make_deployment(num_experts, num_slots, num_gpus, num_nodes, num_groups, topology),
-                               num_layers, cost_model)
+    given = deployment_argument(deployment, deployment_keywords, "simulate", num_experts=num_experts)
+    dispatch = dispatch_rule(given.dispatch).kind
+    if dispatch not in SCORING:  # the rules a window is scored by (eplb.engines)
+        raise ValueError(f"simulate prices an even split or optimal dispatch, not dispatch={given.dispatch!r}")
+    deployment = PolicyContext(given, num_layers, cost_model)
     policy = NoRebalance() if policy is None else check_policy(policy)
     _warn_if_too_short(policy, num_steps)
     if initial is None:
         steps = as_int(initial_steps, "initial_steps", minimum=1)
         initial = deployment.plan(_series_block(series, 0, min(steps, num_steps)).sum(axis=0), "greedy")
-    target = as_placement(initial, deployment, "initial")  # the newest plan adopted
+    target = as_placement(initial, deployment, "initial")
     step_layers = num_layers if layers_per_step is None else layers_per_step
-
-    layer_time = np.empty((num_steps, num_layers))
-    balanced = np.empty((num_steps, num_layers))
-    stall = np.zeros(num_steps)
-    copies = np.zeros((num_steps, 3), np.int64)
-    copy_time = np.zeros(num_steps)
-    host_time = np.zeros(num_steps)
-    rebalance_steps = []
-    # The placement in service is a per-layer mix while a plan is being applied:
-    serving = np.array(target.phy2log)  # [L, S] what serves each layer
-    held = serving.copy()  # [L, S] what each layer holds once the copies started have landed
-    pricing = _Pricing(serving, deployment.topology, num_experts, dispatch)
-    plan: TransferPlan | None = None  # the copies from `held` to `target` when the plan was adopted
-    queue = np.empty(0, np.int64)  # [n] layers still to switch to `target`, in order
-    in_flight: tuple[np.ndarray, float] | None = None  # (layers, serving time when their copies finish)
-    clock = 0.0
+    replay = _Replay(deployment, target, dispatch, num_steps, step_layers)
     _call_policy(policy, "start", target, deployment)
-    live = pricing.live
-
-    def price(block: np.ndarray, offset: int) -> None:
-        tokens, active = pricing.loads(block)
-        if not live.all():
-            tokens, active = tokens[..., live], active[..., live]
-        rows = slice(offset, offset + block.shape[0])
-        with np.errstate(over="ignore", invalid="ignore"):  # refused below
-            layer_time[rows] = cost_model.layer_time(tokens, active)
-            balanced[rows] = balanced_time(block, tokens.shape[-1])
-        if not (np.isfinite(layer_time[rows]).all() and np.isfinite(balanced[rows]).all()):
-            raise ValueError(f"counts and cost_model: a layer time of steps {offset}..{offset + block.shape[0] - 1} "
-                             "overflows float64 (counts or cost constants too large; counts are scale-free: "
-                             "divide them by a common factor)")
-
-    def balanced_time(block: np.ndarray, serving_gpus: int) -> np.ndarray:
-        """``[B, L]``: each layer's routed tokens and its activated experts (one weight read each)
-        spread evenly over the GPUs that serve: the same for every placement and dispatch."""
-        counts = np.asarray(block, dtype=np.float64)
-        return cost_model.gpu_time(counts.sum(axis=-1) / serving_gpus, (counts > 0).sum(axis=-1) / serving_gpus)
-
-    def catch_up(block: np.ndarray, i: int) -> None:
-        """Price the steps up to block row ``i`` with the placement in service now."""
-        nonlocal priced_until, clock
-        t = chunk_start + i
-        if priced_until <= t:
-            price(block[priced_until - chunk_start:i + 1], priced_until)
-            clock += layer_time[priced_until:t + 1].sum()
-            priced_until = t + 1
-
-    def switch(layers: np.ndarray) -> None:
-        nonlocal pricing
-        serving[layers] = held[layers]
-        pricing = _Pricing(serving, deployment.topology, num_experts, dispatch)
-
-    for chunk_start in range(0, num_steps, CHUNK):
-        block = _series_block(series, chunk_start, min(chunk_start + CHUNK, num_steps))
-        priced_until = chunk_start  # steps before this are priced
-        for i in range(block.shape[0]):
-            t = chunk_start + i
-            if in_flight is not None:  # price step by step while copies run beside serving
-                catch_up(block, i)
-                if clock >= in_flight[1]:
-                    switch(in_flight[0])
-                    in_flight = None
-            called = time.perf_counter()
-            new = _call_policy(policy, "observe", t, block[i])
-            host_time[t] = time.perf_counter() - called
-            if new is not None:
-                new = as_placement(new, deployment, f"the placement policy.observe returned at step {t}")
-                catch_up(block, i)  # the steps served by the placement up to now
-                plan = transfer_plan(held, new, expert_bytes=int(cost_model.expert_bytes))
-                target = new
-                changed = (held != new.phy2log).any(axis=1) | (serving != new.phy2log).any(axis=1)
-                queue = np.flatnonzero(changed)
-                in_flight = None  # superseded: its layers are in the queue again unless they serve `new`
-                rebalance_steps.append(t)
-            if in_flight is None and queue.size:  # the next chunk of layers: its copies start now
-                catch_up(block, i)
-                layers, queue = queue[:step_layers], queue[step_layers:]
-                part = _copies_of_layers(plan, layers)
-                copies[t] = np.bincount(part.kind, minlength=3)
-                duration = cost_model.transfer_time(part) if len(part) else 0.0
-                copy_time[t] = duration
-                held[layers] = target.phy2log[layers]
-                if cost_model.copy_mode == "stall":
-                    stall[t] = duration
-                    clock += duration
-                    switch(layers)
-                elif cost_model.copy_mode == "free" or duration == 0.0:
-                    switch(layers)
-                else:
-                    in_flight = (layers, clock + duration)
-        if priced_until < chunk_start + block.shape[0]:
-            price(block[priced_until - chunk_start:], priced_until)
-            clock += layer_time[priced_until:chunk_start + block.shape[0]].sum()
-    if np.array_equal(held, target.phy2log):
-        final = target
-    else:
-        final = Placement(held, num_experts, deployment.topology, deployment.num_groups, method="mixed")
+    replay.run(series, policy, num_steps)
     return SimulationResult(
-        layer_time=layer_time, balanced_time=balanced, stall_time=stall, copies=copies, copy_time=copy_time,
-        rebalance_steps=np.asarray(rebalance_steps, np.int64), policy=policy_label(policy),
-        cost_model=cost_model, final_placement=final, wall_time_s=time.perf_counter() - start_wall,
-        extra={} if layers_per_step is None else {"layers_per_step": layers_per_step}, host_time=host_time,
+        layer_time=replay.layer_time, balanced_time=replay.balanced, stall_time=replay.stall, copies=replay.copies,
+        copy_time=replay.copy_time, rebalance_steps=np.asarray(replay.rebalance_steps, np.int64),
+        policy=policy_label(policy), cost_model=cost_model, final_placement=replay.final_placement(),
+        wall_time_s=time.perf_counter() - start_wall,
+        extra={} if layers_per_step is None else {"layers_per_step": layers_per_step}, host_time=replay.host_time,
     )
 
 

@@ -28,6 +28,7 @@ from typing import Callable
 
 from ..model._validation import as_int
 from ..model.cost import CostModel
+from ..model.deployment import make_deployment
 from ..engines import SCORING
 from ..serving.policy import policy_by_name
 from .simulate import checked_series, simulate
@@ -60,8 +61,9 @@ def _run_point(args) -> tuple[dict, list]:
     groups = num_groups if num_groups is not None and num_groups % point.num_nodes == 0 else None
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        result = simulate(series, num_slots=num_slots, num_gpus=point.num_gpus, num_nodes=point.num_nodes,
-                          num_groups=groups, policy=policy, cost_model=cost_model, dispatch=point.dispatch)
+        deployment = make_deployment(num_experts, num_slots, point.num_gpus, point.num_nodes, groups,
+                                     dispatch=point.dispatch)
+        result = simulate(series, deployment, policy=policy, cost_model=cost_model)
     summary = result.summary()
     replicas_per_gpu = (num_slots - num_experts) / point.num_gpus
     row = {

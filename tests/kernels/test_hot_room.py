@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 import eplb
 from eplb.analysis.bounds import hierarchical_bound, lower_bound
-from eplb.kernels.hot_room import hot_room_fits
+from eplb.kernels.hot_room import HotRoomScratch, hot_room_fits
 from eplb.simulation.synthetic import skewed_counts
 
 
@@ -17,7 +17,8 @@ def fits(loads, target, gpus, slots_per_gpu):
     desc = np.sort(np.asarray(loads, dtype=float))[::-1].copy()
     n = desc.size
     scratch = [np.empty(n + 1) for _ in range(5)]
-    return hot_room_fits(desc, n, float(target), gpus, gpus * slots_per_gpu, slots_per_gpu, slots_per_gpu, *scratch)
+    return hot_room_fits(desc, n, float(target), gpus, gpus * slots_per_gpu, slots_per_gpu, slots_per_gpu,
+                         HotRoomScratch(*scratch))
 
 
 @settings(max_examples=50, deadline=None)

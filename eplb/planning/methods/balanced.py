@@ -38,7 +38,8 @@ import numpy as np
 from ...kernels.pack_descend import balanced_placement
 from ...kernels.deepseek_greedy import greedy_placement
 from ...kernels.packing import max_gpu_loads
-from ...kernels.multistart import NO_MOVES, NO_PAIR_SWAPS, NO_STARTS, SEED, aligned_placement, best_placement
+from ...kernels.multistart import (NO_MOVES, NO_PAIR_SWAPS, NO_STARTS, SEED, MoveSearch, aligned_placement,
+                                   best_placement)
 from ...kernels.tiny import SPREAD, tiny_optimum
 from ...analysis.bounds import TINY_BUDGET, TINY_SLOTS, average_bound
 from ...analysis.searches import group_assignment
@@ -194,7 +195,7 @@ def retry_replication(weights: np.ndarray, deployment: Deployment, phy2log: np.n
         rows = slice(int(layer), int(layer) + 1)
         phy2log[rows] = best_placement(np.ascontiguousarray(weights[rows]), slots_per_gpu, gpu_domain,
                                        np.ascontiguousarray(phy2log[rows]), starts, int(max_steps), SEED, pair_swaps,
-                                       no_threshold, NO_MOVES, NO_MOVES, no_threshold)
+                                       no_threshold, MoveSearch(NO_MOVES, NO_MOVES, no_threshold))
     return phy2log, int(layers.size)
 
 
@@ -220,8 +221,8 @@ def align_replication(weights: np.ndarray, deployment: Deployment, phy2log: np.n
         search = best_placement if retries else aligned_placement
         phy2log[rows] = search(np.ascontiguousarray(weights[rows]), writable(topology.slots_per_gpu), gpu_domain,
                                np.ascontiguousarray(phy2log[rows]), NO_STARTS, int(max_steps), SEED, NO_PAIR_SWAPS,
-                               np.ascontiguousarray(threshold[rows]), NO_MOVES, NO_MOVES,
-                               np.ascontiguousarray(threshold[rows]))
+                               np.ascontiguousarray(threshold[rows]),
+                               MoveSearch(NO_MOVES, NO_MOVES, np.ascontiguousarray(threshold[rows])))
     return phy2log, int(rows.sum())
 
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 import numpy as np
 
 from ...analysis.bounds import TINY_SLOTS, strongest_bound
-from ...kernels.multistart import PAIR_SWAPS, best_placement
+from ...kernels.multistart import PAIR_SWAPS, MoveSearch, best_placement
 from ...analysis.searches import improve_layer
 from ...model._validation import INT64_MAX
 from . import Option, Deployment, register
@@ -86,8 +86,9 @@ def best(weights: np.ndarray, deployment: Deployment, num_starts: int = 32, max_
     # replica moves only where the default is more than MOVE_TOLERANCE above the proven bound
     bound = strongest_bound(weights, deployment)
     phy2log = best_placement(weights, writable(topology.slots_per_gpu), domain, start, int(num_starts),
-                             int(max_steps), int(seed), PAIR_SWAPS, np.zeros(weights.shape[0]), int(move_experts),
-                             int(move_passes), np.ascontiguousarray(bound * (1 + MOVE_TOLERANCE)))
+                             int(max_steps), int(seed), PAIR_SWAPS, np.zeros(weights.shape[0]),
+                             MoveSearch(int(move_experts), int(move_passes),
+                                        np.ascontiguousarray(bound * (1 + MOVE_TOLERANCE))))
     worse = max_loads(weights, phy2log, topology) > max_loads(weights, start, topology)
     phy2log[worse] = start[worse]  # per-domain improvement cannot raise a layer's max; kept as a guarantee
     phy2log = finish_capped(weights, deployment, phy2log, bound, capped_budget)
