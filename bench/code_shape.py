@@ -12,7 +12,10 @@ Measures:
 - *positional parameters*: positional-only and positional-or-keyword parameters (``*args`` and
   keyword-only parameters excluded; ``self`` and ``cls`` of methods excluded);
 - *private import*: ``from <eplb module> import _name`` in another module of ``eplb/`` (a leading
-  underscore on the name, not on the module).
+  underscore on the name, not on the module);
+- *deployment keywords*: the public names (``eplb.__all__``) whose signature spells the deployment
+  as its parts (``num_slots``, ``num_gpus``, ``num_nodes``, ``num_groups``, ``topology``,
+  ``num_replicas``) instead of taking one :class:`eplb.Deployment`.
 """
 
 from __future__ import annotations
@@ -122,6 +125,30 @@ def all_private_imports() -> list[PrivateImport]:
     return [imp for path in package_files() for imp in private_imports(path)]
 
 
+DEPLOYMENT_PARTS = ("num_slots", "num_gpus", "num_nodes", "num_groups", "topology", "num_replicas")
+
+
+def deployment_signatures() -> dict[str, list[str]]:
+    """Public name -> the deployment's parts its signature takes (only names that take some)."""
+    import inspect
+
+    import eplb
+
+    found = {}
+    for name in eplb.__all__:
+        value = getattr(eplb, name)
+        if not callable(value) or name in ("Deployment", "Topology", "Placement", "TransferPlan"):
+            continue  # the values themselves, built from their parts
+        try:
+            parameters = inspect.signature(value).parameters
+        except (TypeError, ValueError):
+            continue
+        parts = [part for part in DEPLOYMENT_PARTS if part in parameters]
+        if parts:
+            found[name] = parts
+    return found
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--lines", type=int, default=100, help="list functions longer than this (default 100)")
@@ -143,6 +170,10 @@ def main() -> None:
     print(f"\nprivate names imported from another module ({len(imports)}):")
     for imp in imports:
         print(f"  {imp.module}:{imp.lineno}  from {imp.source} import {imp.name}")
+    spelled = deployment_signatures()
+    print(f"\npublic signatures spelling the deployment's parts ({len(spelled)}):")
+    for name, parts in spelled.items():
+        print(f"  eplb.{name}: {', '.join(parts)}")
     print(f"\nmax lines {max(s.lines for s in shapes)}, "
           f"max positional (outside click commands) {max(s.positional for s in shapes if not s.click_command)}, "
           f"functions over 150 lines {sum(s.lines > 150 for s in shapes)}, "
