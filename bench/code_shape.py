@@ -3,7 +3,7 @@ parameters, and the private names a module imports from another module of the pa
 
 ``python bench/code_shape.py`` prints the functions over a length or parameter threshold and the
 private imports; ``tests/project/test_code_shape.py`` enforces the kernel conventions of ARCHITECTURE
-section 5 with the same measures (at most 150 lines a function, at most 12 positional parameters
+section 5 with the same measures (at most 100 lines a function, at most 10 positional parameters
 outside the CLI's click commands, no private helper imported across kernel files).
 
 Measures:

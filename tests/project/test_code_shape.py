@@ -1,5 +1,5 @@
-"""The kernel conventions of ARCHITECTURE section 5, measured by ``bench/code_shape.py``: no function
-in ``eplb/`` over 150 lines, none with over 12 positional parameters outside the CLI's click
+"""The code conventions of ARCHITECTURE section 5, measured by ``bench/code_shape.py``: no function
+in ``eplb/`` over 100 lines, none with over 10 positional parameters outside the CLI's click
 commands, and no private helper imported from one kernel file into another (shared helpers live in
 ``eplb/kernels/common.py``)."""
 
@@ -9,13 +9,8 @@ import importlib
 
 code_shape = importlib.import_module("code_shape")  # bench/ is on sys.path (conftest)
 
-MAX_LINES = 150
-MAX_POSITIONAL = 12
-
-PENDING_LONG: dict[str, int] = {}
-"""Functions outside ``eplb/kernels/`` still over :data:`MAX_LINES` (their owners split them; the
-kernel-conventions change did not touch them): each may not grow, and an entry must go once its
-function is short enough."""
+MAX_LINES = 100
+MAX_POSITIONAL = 10
 
 
 def test_measures_the_whole_package():
@@ -26,20 +21,12 @@ def test_measures_the_whole_package():
     assert ("eplb.kernels.shares", "optimal_shares") in names
 
 
-def test_no_function_over_150_lines():
-    shapes = code_shape.all_functions()
-    long = sorted(f"{s.module}.{s.name}: {s.lines} lines" for s in shapes
-                  if s.lines > PENDING_LONG.get(f"{s.module}.{s.name}", MAX_LINES))
+def test_no_function_over_100_lines():
+    long = sorted(f"{s.module}.{s.name}: {s.lines} lines" for s in code_shape.all_functions() if s.lines > MAX_LINES)
     assert long == []
-    kernels = sorted(f"{s.module}.{s.name}: {s.lines} lines" for s in shapes
-                     if s.module.startswith("eplb.kernels.") and s.lines > MAX_LINES)
-    assert kernels == []
-    lengths = {f"{s.module}.{s.name}": s.lines for s in shapes}
-    settled = sorted(name for name in PENDING_LONG if lengths.get(name, 0) <= MAX_LINES)
-    assert settled == [], "remove these from PENDING_LONG: they are short enough now"
 
 
-def test_at_most_12_positional_parameters_outside_click_commands():
+def test_at_most_10_positional_parameters_outside_click_commands():
     wide = sorted(f"{s.module}.{s.name}: {s.positional} positional" for s in code_shape.all_functions()
                   if s.positional > MAX_POSITIONAL and not s.click_command)
     assert wide == []
