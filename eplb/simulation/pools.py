@@ -29,9 +29,13 @@ Two planners at each slot count
 (:func:`plan_for_step_time`): candidates are the token plan, the plan of the windows' *expected
 activations* ``1 - (1 - p_e)^n`` (``p_e`` the expert's share of the layer's tokens) and the plan
 of each expert's *expected memory time* (activations times the expert's bytes plus its tokens'
-bytes); per layer it keeps the candidate with the shortest simulated layer time on the windows it
-plans from (ties: the token plan), so in sample it is never slower than the token plan. Held out
-it may be; :attr:`PoolOption.beats_tokens` says whether it was.
+bytes), and where the slot count is above the fewest the GPUs allow, the fewest slots' token plan
+with the extra slots given to replicas of the *coldest* experts (:func:`cold_replicas`: a replica
+that receives no tokens is never read, so the layout serves about as fast as the one without the
+extra slots, where the token plan reads both copies of its hot experts every step). Per layer it
+keeps the candidate with the shortest simulated layer time on the windows it plans from (ties: the
+token plan), so in sample it is never slower than the token plan. Held out it may be;
+:attr:`PoolOption.beats_tokens` says whether it was.
 """
 
 from __future__ import annotations
@@ -49,11 +53,13 @@ from ..model.cost import MODELS, CostModel, MoEModel
 from ..planning.api import HELD_OUT_FOLDS, plan
 from .sweep import slots_for
 
-__all__ = ["PHASES", "PLANNERS", "PoolOption", "Recommendation", "layer_times", "layer_time_bound",
-           "plan_for_step_time", "recommend", "sample_passes"]
+__all__ = ["CANDIDATES", "PHASES", "PLANNERS", "PoolOption", "Recommendation", "cold_replicas", "layer_times",
+           "layer_time_bound", "plan_for_step_time", "recommend", "sample_passes"]
 
 PHASES = ("decode", "prefill")
 PLANNERS = ("tokens", "step-time")
+CANDIDATES = ("tokens", "expected activations", "expected memory time", "cold replicas")
+"""The step-time planner's candidates, in the order :func:`plan_for_step_time` tries them per layer."""
 GIB = 2.0 ** 30
 
 
@@ -239,10 +245,64 @@ def _activation_weights(windows: np.ndarray, routed: int, cost: CostModel) -> tu
 
 def _candidates(kept: np.ndarray, num_slots: int, pool: _Pool) -> list[Placement]:
     """The step-time planner's candidates from windows ``kept [T', L, E]``: the token plan first,
-    then the plans of the expected activations and of the expected memory time."""
+    then the plans of the expected activations and of the expected memory time, then (with
+    redundant slots beyond the fewest the GPUs allow) the fewest slots' plan with its extra slots
+    holding replicas of the coldest experts (:func:`cold_replicas`)."""
     deployment = dict(pool.deployment, num_slots=num_slots)
     token_plan = plan(kept, **deployment)
-    return [token_plan] + [plan(weights, **deployment) for weights in _activation_weights(kept, pool.routed, pool.cost)]
+    candidates = [token_plan] + [plan(weights, **deployment)
+                                 for weights in _activation_weights(kept, pool.routed, pool.cost)]
+    fewest = slots_for(kept.shape[2], pool.deployment["num_gpus"], 0)
+    if num_slots > fewest:
+        base = plan(kept, **dict(pool.deployment, num_slots=fewest))
+        grown = cold_replicas(base, kept.sum(axis=0), token_plan.topology)
+        if grown is not None:
+            candidates.append(grown)
+    return candidates
+
+
+def cold_replicas(base: Placement, weights: np.ndarray, topology) -> Placement | None:
+    """``base`` (a placement on ``G`` GPUs) grown to ``topology``'s slots (the same GPUs and nodes,
+    ``k`` more slots on every GPU) by replicas of the coldest experts.
+
+    In decode every replica of an expert that receives tokens is a weight read; a replica of an
+    expert that receives (almost) none costs (almost) nothing. So where the engine's layout has
+    more slots than balance needs, filling them with replicas of cold experts serves about as fast
+    as the layout without them, while the token plan gives them to hot experts and reads both
+    copies every step.
+
+    Args:
+        base: a :class:`Placement` with ``b`` slots on every GPU; weights: ``[L, E]`` tokens per
+            expert (what "coldest" is measured on); topology: ``b + k`` slots on every GPU, the
+            same GPUs and nodes.
+    Returns:
+        A :class:`Placement` on ``topology``: each GPU holds its ``base`` slots, then ``k`` replicas
+        of the coldest experts not already on it (and, when ``base`` keeps groups on nodes, of a
+        group of its node), each cold expert used once before any is used again; ``None`` when a
+        GPU has fewer than ``k`` experts to pick from.
+    """
+    num_layers, num_experts = weights.shape
+    gpus = topology.num_gpus
+    per_gpu, extra = base.topology.num_slots // gpus, (topology.num_slots - base.topology.num_slots) // gpus
+    node_of_gpu = topology.node_of_gpu
+    group_size = num_experts // base.num_groups if base.num_groups else num_experts
+    rows = np.empty((num_layers, topology.num_slots), np.int64)
+    for layer in range(num_layers):
+        order = np.lexsort((np.arange(num_experts), weights[layer]))  # coldest first, then by id
+        uses = np.zeros(num_experts, np.int64)
+        for gpu in range(gpus):
+            own = base.phy2log[layer, gpu * per_gpu:(gpu + 1) * per_gpu]
+            allowed = np.ones(num_experts, bool)
+            if base.home_node is not None and base.num_groups:
+                allowed = base.home_node[layer, np.arange(num_experts) // group_size] == node_of_gpu[gpu]
+            allowed[own] = False
+            picks = [e for e in sorted(order[allowed[order]], key=lambda e: uses[e])][:extra]
+            if len(picks) < extra:
+                return None  # too few experts to pick from: no such layout
+            uses[picks] += 1
+            rows[layer, gpu * (per_gpu + extra):(gpu + 1) * (per_gpu + extra)] = np.concatenate([own, picks])
+    return Placement(phy2log=rows, num_experts=num_experts, topology=topology, num_groups=base.num_groups,
+                     method="cold replicas", home_node=base.home_node)
 
 
 def _times(placements: list[Placement], window_ids, pool: _Pool) -> np.ndarray:
@@ -260,8 +320,7 @@ def _mixed(placements: list[Placement], choice: np.ndarray) -> Placement:
     home = None if any(h is None for h in homes) else np.stack(homes)[choice, rows]
     return Placement(phy2log=phy2log, num_experts=first.num_experts, topology=first.topology,
                      num_groups=first.num_groups if home is not None else None, method="step-time",
-                     info={"candidate_per_layer": choice.copy(),
-                           "candidates": ("tokens", "expected activations", "expected memory time")},
+                     info={"candidate_per_layer": choice.copy(), "candidates": CANDIDATES[:len(placements)]},
                      home_node=home)
 
 

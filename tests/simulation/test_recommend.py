@@ -135,6 +135,41 @@ def test_step_time_plan_is_never_slower_in_sample_than_the_token_plan(pool):
     assert mixed.num_slots == num_slots and (mixed.logcnt >= 1).all()
 
 
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.sampled_from([(16, 4, 1, None), (16, 4, 2, 4), (32, 8, 2, 8), (12, 4, 1, None)]), st.integers(1, 2),
+       st.integers(1, 3), st.integers(0, 10 ** 6))
+def test_cold_replicas_keep_the_base_and_fill_the_extra_slots_with_the_coldest_experts(shape, extra, layers, seed):
+    """Every GPU keeps its slots of the fewest-slots plan in order, then holds ``extra`` replicas of
+    the coldest experts it lacks (of its node's groups when groups stay on nodes), no expert taking
+    a second extra replica before every allowed one has one."""
+    from eplb.simulation.pools import cold_replicas
+
+    num_experts, gpus, nodes, groups = shape
+    weights = np.random.default_rng(seed).integers(0, 100, (layers, num_experts)).astype(float)
+    base = eplb.plan(weights, num_slots=num_experts, num_gpus=gpus, num_nodes=nodes, num_groups=groups)
+    grown_topology = eplb.Topology.uniform(num_experts + extra * gpus, gpus, nodes)
+    grown = cold_replicas(base, weights, grown_topology)
+    per_gpu = num_experts // gpus
+    assert grown.topology == grown_topology and (grown.logcnt >= 1).all()
+    node_of_gpu = grown_topology.node_of_gpu
+    for layer in range(layers):
+        uses = np.zeros(num_experts, int)
+        for gpu in range(gpus):
+            row = grown.phy2log[layer, gpu * (per_gpu + extra):(gpu + 1) * (per_gpu + extra)]
+            own, picks = row[:per_gpu], row[per_gpu:]
+            np.testing.assert_array_equal(own, base.phy2log[layer, gpu * per_gpu:(gpu + 1) * per_gpu])
+            allowed = np.ones(num_experts, bool)
+            if base.home_node is not None:
+                allowed = base.home_node[layer, np.arange(num_experts) // (num_experts // groups)] == node_of_gpu[gpu]
+            allowed[own] = False
+            assert allowed[picks].all() and len(set(picks)) == extra
+            # the picks are the coldest allowed experts among the least used so far
+            candidates = np.flatnonzero(allowed)
+            key = sorted(candidates, key=lambda e: (uses[e], weights[layer, e], e))[:extra]
+            assert sorted(picks.tolist()) == sorted(int(e) for e in key)
+            uses[picks] += 1
+
+
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(pools(), st.sampled_from(["roofline", "compute", "memory"]), st.sampled_from([0.0, 1e-5]))
 def test_layer_time_bound_is_below_every_placement(pool, regime, overhead):
