@@ -194,15 +194,16 @@ def cases() -> dict[str, str]:
     sim_series = series_3d(6, 12, 3, 32)
     policies = {"none": None, "fixed": eplb.FixedInterval(every=4, window=4), "vllm": eplb.vllm_like(),
                 "balancer": eplb.BalancerPolicy(check_every=4)}
+    sim_layout = dict(num_slots=40, num_gpus=8, num_nodes=2)
     for name, policy in policies.items():
         for dispatch in ("uniform", "optimal"):
-            result = eplb.simulate(sim_series, num_slots=40, num_gpus=8, num_nodes=2, policy=policy,
-                                   dispatch=dispatch)
+            deployment = eplb.Deployment.of(sim_series.shape[-1], **sim_layout, dispatch=dispatch)
+            result = eplb.simulate(sim_series, deployment, policy=policy)
             for key in ("layer_time", "balanced_time", "stall_time", "copies", "copy_time", "rebalance_steps"):
                 out[f"simulate.{name}.{dispatch}.{key}"] = digest(getattr(result, key))
             out[f"simulate.{name}.{dispatch}.final"] = digest(result.final_placement.phy2log)
-    result = eplb.simulate(sim_series, num_slots=40, num_gpus=8, num_nodes=2, policy=eplb.FixedInterval(every=4),
-                           layers_per_step=1)
+    result = eplb.simulate(sim_series, eplb.Deployment.of(sim_series.shape[-1], **sim_layout),
+                           policy=eplb.FixedInterval(every=4), layers_per_step=1)
     out["simulate.chunked.layer_time"] = digest(result.layer_time)
     out["simulate.chunked.copies"] = digest(result.copies)
     return out

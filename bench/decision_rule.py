@@ -28,14 +28,14 @@ import numpy as np
 from _common import load_note, markdown_table, read_csv, write_csv
 from simulate import BLOCK, DECODE_TOKENS, DS, QUICK_BLOCKS, TOKENS, Cached, scenarios
 
-from eplb import CostModel
+from eplb import CostModel, Deployment
 from eplb.simulation.series import Series, mixture_path, synthetic_workloads
 from eplb import BalancerPolicy, NoRebalance, simulate
 
 SERIES_SEEDS = {"tuning": (21, 22), "held out": (11, 12)}  # (workloads seed, series seed)
 REAL = "real traces, held out"  # the Simulate section's series from the real traces (no part in the choice)
 PHASES = {"prefill": TOKENS, "decode": DECODE_TOKENS}  # tokens per pass
-DEPLOYMENTS = {"global 288/32": dict(DS, num_groups=None), "hierarchical 4 nodes": dict(DS, num_groups=8)}
+DEPLOYMENTS = {"global 288/32": Deployment.of(256, **DS), "hierarchical 4 nodes": Deployment.of(256, **DS, num_groups=8)}
 WINDOW = 100  # the Balancer's default window
 # a rebalance's plan must take at most this (median wall time, DeepSeek-V3 size): it runs on a background
 # thread at most every check (100 passes); the hedged plan (a plan near the placement in service, then two
@@ -77,25 +77,25 @@ def real_trace_series(blocks: int) -> list[tuple[str, Cached, CostModel, str, di
     out = []
     for scenario in scenarios(blocks)[0]:
         if "trace" in scenario["series"]:
-            for deployment, options in scenario["deployments"]:
-                out.append((scenario["series"], Cached(scenario["data"]), scenario["cost"], deployment, options))
+            for name, deployment in scenario["deployments"]:
+                out.append((scenario["series"], Cached(scenario["data"]), scenario["cost"], name, deployment))
     return out
 
 
 def measure(blocks: int) -> list[dict]:
-    runs = [(kind, phase, series(kind, phase, blocks), cost_model(phase), deployment, options)
-            for kind in SERIES_SEEDS for phase in PHASES for deployment, options in DEPLOYMENTS.items()]
-    runs += [(REAL, "prefill", data, cost, f"{label}, {deployment}", options)
-             for label, data, cost, deployment, options in real_trace_series(blocks)]
+    runs = [(kind, phase, series(kind, phase, blocks), cost_model(phase), name, deployment)
+            for kind in SERIES_SEEDS for phase in PHASES for name, deployment in DEPLOYMENTS.items()]
+    runs += [(REAL, "prefill", data, cost, f"{label}, {name}", deployment)
+             for label, data, cost, name, deployment in real_trace_series(blocks)]
     rows = []
-    for kind, phase, data, cost, deployment, options in runs:
+    for kind, phase, data, cost, name, deployment in runs:
         for key, label, balancer_options in [("none", "no rebalancing", None)] + CANDIDATES:
             policy = NoRebalance() if balancer_options is None else BalancerPolicy(
                 check_every=100, name=label, **balancer_options)
-            summary = simulate(data, policy=policy, cost_model=cost, initial_steps=BLOCK, **options).summary()
+            summary = simulate(data, deployment, policy=policy, cost_model=cost, initial_steps=BLOCK).summary()
             history = [] if balancer_options is None else policy.balancer.history
             plan_ms = 1e3 * float(np.median([h["plan_time_s"] for h in history])) if history else 0.0
-            rows.append({"series": kind, "phase": phase, "deployment": deployment, "key": key,
+            rows.append({"series": kind, "phase": phase, "deployment": name, "key": key,
                          "candidate": label, "lost_share": round(summary["lost_share"], 5),
                          "lost_with_stalls_share": round(summary["lost_with_stalls_share"], 5),
                          "rebalances": summary["rebalances"], "copies": summary["copies"],

@@ -32,11 +32,11 @@ from _common import load_note, markdown_table, read_csv, write_csv
 from simulate import BLOCK, DS, QUICK_BLOCKS, TARGETS, TOKENS, Cached, scenarios
 from simulate import policies as simulate_policies
 
-from eplb import Balancer, BalancerPolicy, Policy, plan, simulate
+from eplb import Balancer, BalancerPolicy, Deployment, Policy, plan, simulate
 
 CHECK = 100  # passes between decisions (the Balancer's check interval in the Simulate section)
 SUBWINDOWS = 10  # the clairvoyant plans hedge over the next CHECK passes in this many sub-windows
-DEPLOYMENTS = {"global 288/32": dict(DS, num_groups=None), "hierarchical 4 nodes": dict(DS, num_groups=8)}
+DEPLOYMENTS = {"global 288/32": Deployment.of(256, **DS), "hierarchical 4 nodes": Deployment.of(256, **DS, num_groups=8)}
 BALANCER_DEFAULTS = {name: inspect.signature(Balancer).parameters[name].default for name in ("copy_cost", "tolerance")}
 BUDGETS = (2, 4, 8)  # slots per layer a near plan may change (the Balancer rows take 4 and 8)
 
@@ -95,11 +95,11 @@ def measure(blocks: int, every: int) -> list[dict]:
     scenario = scenarios(blocks)[0][0]  # the held-out DeepSeek-V3-sized synthetic series
     data = Cached(scenario["data"])
     rows = []
-    for deployment, options in DEPLOYMENTS.items():
+    for deployment_name, deployment in DEPLOYMENTS.items():
         for key, family, policy, free in policies(data.counts, every):
             cost = scenario["cost"].with_(copy_mode="free") if free else scenario["cost"]
-            summary = simulate(data, policy=policy, cost_model=cost, initial_steps=BLOCK, **options).summary()
-            rows.append({"deployment": deployment, "key": key, "family": family, "policy": summary["policy"],
+            summary = simulate(data, deployment, policy=policy, cost_model=cost, initial_steps=BLOCK).summary()
+            rows.append({"deployment": deployment_name, "key": key, "family": family, "policy": summary["policy"],
                          "lost_share": round(summary["lost_share"], 5),
                          "lost_with_stalls_share": round(summary["lost_with_stalls_share"], 5),
                          "rebalances": summary["rebalances"], "copies": summary["copies"]})

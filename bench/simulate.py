@@ -77,14 +77,15 @@ def scenarios(blocks: int) -> tuple[list[dict], list[str]]:
     workloads = synthetic_workloads(7, 58, 256, num_groups=8, shift=0.5, seed=11)
     series = Series(workloads, num_steps=steps, tokens_per_step=TOKENS, top_k=8, mixture=mixture_path(steps, 7), seed=12)
     cost = CostModel.preset("H100", "deepseek-v3", regime="compute")
-    ds_deployments = [("global 288/32", dict(DS, num_groups=None)), ("hierarchical 4 nodes", dict(DS, num_groups=8))]
+    ds_deployments = [("global 288/32", eplb.Deployment.of(256, **DS)),
+                      ("hierarchical 4 nodes", eplb.Deployment.of(256, **DS, num_groups=8))]
     out.append(dict(series="DeepSeek-V3-sized synthetic, 7 workloads", data=series, cost=cost, deployments=ds_deployments,
                     targets=True, trade_off=True))
     decode = Series(workloads, num_steps=steps, tokens_per_step=DECODE_TOKENS, top_k=8, mixture=mixture_path(steps, 7),
                     seed=15)
     out.append(dict(series=f"same, decode passes of {DECODE_TOKENS} tokens, H100 roofline", data=decode,
                     cost=CostModel.preset("H100", "deepseek-v3"), deployments=ds_deployments, targets=False))
-    for file, label, group_by, top_k, model, deployment in (
+    for file, label, group_by, top_k, model, (deployment_name, layout) in (
         ("gpt_oss_20b_benchmark_windows.npz", "gpt-oss-20b trace, benchmarks", "benchmark", 4, "gpt-oss-20b",
          ("40 slots / 8 GPUs, 2 nodes", dict(num_slots=40, num_gpus=8, num_nodes=2))),
         ("olmoe_1b7b_domains_layers0-7-15.npz", "OLMoE-1B-7B trace, text domains", None, 8, "olmoe-1b-7b",
@@ -100,7 +101,9 @@ def scenarios(blocks: int) -> tuple[list[dict], list[str]]:
         series = Series(probs, num_steps=steps, tokens_per_step=TOKENS, top_k=top_k,
                         mixture=mixture_path(steps, count, order=order[:7]), seed=13)
         cost = CostModel.preset("H100", model, regime="compute")
-        out.append(dict(series=f"{label} ({count})", data=series, cost=cost, deployments=[deployment], targets=True))
+        deployment = eplb.Deployment.of(probs.shape[-1], **layout)
+        out.append(dict(series=f"{label} ({count})", data=series, cost=cost, deployments=[(deployment_name, deployment)],
+                        targets=True))
     return out, notes
 
 
@@ -155,8 +158,8 @@ def measure(blocks: int) -> tuple[list[dict], list[str]]:
             extra = trade_off_policies() if scenario.get("trade_off") else []
             for key, policy, free in policies() + extra:
                 cost = scenario["cost"].with_(copy_mode="free") if free else scenario["cost"]
-                result = simulate(data, policy=policy, cost_model=cost, initial=initial, initial_steps=BLOCK,
-                                  **deployment)
+                result = simulate(data, deployment, policy=policy, cost_model=cost, initial=initial,
+                                  initial_steps=BLOCK)
                 summary = result.summary()
                 rows.append({
                     "targets": scenario["targets"], "series": scenario["series"], "deployment": deployment_name,
@@ -178,8 +181,8 @@ def timing(steps: int) -> dict:
     workloads = synthetic_workloads(7, 58, 256, num_groups=8, shift=0.5, seed=11)
     series = Series(workloads, num_steps=steps, tokens_per_step=TOKENS, top_k=8, mixture=mixture_path(steps, 7), seed=14)
     cost = CostModel.preset("H100", "deepseek-v3", regime="compute")
-    options = dict(DS, num_groups=8, cost_model=cost)
-    simulate(series.block(0, 20), policy=FixedInterval(10), **options)  # compile outside the timing
+    deployment = eplb.Deployment.of(256, **DS, num_groups=8)
+    simulate(series.block(0, 20), deployment, policy=FixedInterval(10), cost_model=cost)  # compile outside the timing
     out = {"steps": steps}
     for label, data in (("generated on the fly", series), ("pre-generated", None)):
         if data is None:
@@ -189,7 +192,7 @@ def timing(steps: int) -> dict:
         for policy_label, policy in (("every 300, greedy", FixedInterval(300, method="greedy")),
                                      ("Balancer checked every 300", BalancerPolicy(check_every=300))):
             cpu, wall = time.process_time(), time.perf_counter()
-            result = simulate(data, policy=policy, **options)
+            result = simulate(data, deployment, policy=policy, cost_model=cost)
             out[f"{label}, {policy_label}"] = dict(wall_s=round(time.perf_counter() - wall, 2),
                                                    cpu_s=round(time.process_time() - cpu, 2),
                                                    rebalances=result.num_rebalances)

@@ -39,8 +39,8 @@ def measure(blocks: int) -> list[dict]:
     for deployment_name, deployment in scenario["deployments"]:
         for k in LAYERS_PER_STEP:
             policy = next(p for key, p, _ in policies() if key == "balancer")
-            result = simulate(data, policy=policy, cost_model=cost, initial_steps=BLOCK, layers_per_step=k,
-                              **deployment)
+            result = simulate(data, deployment, policy=policy, cost_model=cost, initial_steps=BLOCK,
+                              layers_per_step=k)
             summary = result.summary()
             rows.append({
                 "series": scenario["series"], "deployment": deployment_name, "policy": summary["policy"],

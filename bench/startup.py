@@ -142,7 +142,7 @@ PUBLIC_CALLS = {
     "transfer_plan": lambda: eplb.transfer_plan(state["p"], eplb.plan(b, method="greedy", **deploy)).counts(),
     "rebalance_experts (default method)": lambda: eplb.rebalance_experts(
         a, c["num_slots"], c["num_groups"], c["num_nodes"], c["num_gpus"]),
-    "simulate [4, 58, 256]": lambda: eplb.simulate(series, **deploy),
+    "simulate [4, 58, 256]": lambda: eplb.simulate(series, eplb.Deployment.of(series.shape[-1], **deploy)),
     "Balancer built + first decision": decision,
     "Balancer.rebalance()": lambda: decision().rebalance(),
 }

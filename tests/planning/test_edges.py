@@ -40,7 +40,7 @@ def test_loads_just_below_overflow_stay_finite(small_plan):
 def test_simulate_and_sweep_refuse_a_series_whose_layer_total_overflows():
     series = np.stack([np.ones((1, 8)), HUGE[0][None, :]])  # [2, 1, 8]
     with pytest.raises(ValueError, match="counts: the total of layer 0 of window 1 overflows"):
-        eplb.simulate(series, num_slots=8, num_gpus=4)
+        eplb.simulate(series, eplb.Deployment.of(8, num_slots=8, num_gpus=4))
     with pytest.raises(ValueError, match="counts: the total of layer 0 of window 1 overflows"):
         eplb.sweep(series, num_gpus=(4,), workers=1)
 
@@ -48,7 +48,7 @@ def test_simulate_and_sweep_refuse_a_series_whose_layer_total_overflows():
 def test_simulate_refuses_cost_constants_that_overflow_the_step_time():
     cost = eplb.CostModel.preset(flops_per_token=1e200, flops=1e100)  # 1e100 s per token: finite
     with pytest.raises(ValueError, match="overflows float64"):
-        eplb.simulate(np.full((2, 1, 8), 1e300), num_slots=8, num_gpus=4, cost_model=cost)
+        eplb.simulate(np.full((2, 1, 8), 1e300), eplb.Deployment.of(8, num_slots=8, num_gpus=4), cost_model=cost)
 
 
 def test_cli_simulate_refuses_an_overflowing_series_with_exit_1(tmp_path):
@@ -155,7 +155,7 @@ def test_dispatch_modes_and_policies_share_one_balanced_baseline():
     from eplb.simulation.synthetic import drifting_counts
 
     series = np.floor(drifting_counts(120, 2, 16, drift=0.2, tokens=512, seed=3))
-    runs = {(d, p.name): eplb.simulate(series, num_slots=24, num_gpus=8, dispatch=d, policy=p)
+    runs = {(d, p.name): eplb.simulate(series, eplb.Deployment.of(16, num_slots=24, num_gpus=8, dispatch=d), policy=p)
             for d in ("uniform", "optimal") for p in (eplb.NoRebalance(), eplb.FixedInterval(40))}
     baseline = next(iter(runs.values())).balanced_time
     summaries = []
@@ -206,6 +206,7 @@ class _BrokenPolicy:
 
 
 SERIES = np.random.default_rng(0).integers(0, 100, (6, 2, 8))
+SERIES_DEPLOYMENT = eplb.Deployment.of(8, num_slots=8, num_gpus=4)
 
 
 @pytest.mark.parametrize("policy, message", [
@@ -219,14 +220,14 @@ def test_a_policy_that_fails_or_returns_float_ids_is_named_not_truncated(policy,
     from eplb.simulation.simulate import PolicyError
 
     with pytest.raises(PolicyError, match=message):
-        eplb.simulate(SERIES, num_slots=8, num_gpus=4, policy=policy)
+        eplb.simulate(SERIES, SERIES_DEPLOYMENT, policy=policy)
 
 
 def test_integer_ids_from_a_policy_in_any_integer_dtype_are_used():
     def int32_ids(weight, num_replicas, num_groups, num_nodes, num_gpus):
         return eplb.rebalance_experts(weight, num_replicas, num_groups, num_nodes, num_gpus)[0].astype(np.int32)
 
-    result = eplb.simulate(SERIES, num_slots=8, num_gpus=4, policy=eplb.FixedInterval(2, method=int32_ids))
+    result = eplb.simulate(SERIES, SERIES_DEPLOYMENT, policy=eplb.FixedInterval(2, method=int32_ids))
     assert result.num_rebalances == 3
 
 
@@ -443,14 +444,14 @@ def test_a_knee_at_the_last_value_tried_is_no_knee():
 
 def test_a_series_shorter_than_a_policys_interval_warns():
     with pytest.warns(RuntimeWarning, match="has 6 steps but policy 'vLLM-like .*' rebalances every 3000"):
-        eplb.simulate(SERIES, num_slots=8, num_gpus=4, policy=eplb.vllm_like())
+        eplb.simulate(SERIES, SERIES_DEPLOYMENT, policy=eplb.vllm_like())
     with pytest.warns(RuntimeWarning, match="decides every 100 steps"):
-        eplb.simulate(SERIES, num_slots=8, num_gpus=4, policy=eplb.BalancerPolicy(check_every=100))
+        eplb.simulate(SERIES, SERIES_DEPLOYMENT, policy=eplb.BalancerPolicy(check_every=100))
     import warnings
 
     with warnings.catch_warnings():
         warnings.simplefilter("error", RuntimeWarning)
-        eplb.simulate(SERIES, num_slots=8, num_gpus=4, policy=eplb.FixedInterval(6))  # acts at the last step
+        eplb.simulate(SERIES, SERIES_DEPLOYMENT, policy=eplb.FixedInterval(6))  # acts at the last step
 
 
 def test_cli_simulate_notes_a_policy_that_never_acts(tmp_path):

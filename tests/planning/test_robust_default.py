@@ -244,7 +244,7 @@ def test_hedged_timers_in_the_simulator_and_one_registry_of_policy_names(tmp_pat
                              tokens=20000, seed=2).astype(np.float64)
     lost = {}
     for subwindows in (1, 4):
-        result = eplb.simulate(series, num_slots=40, num_gpus=8,
+        result = eplb.simulate(series, eplb.Deployment.of(32, num_slots=40, num_gpus=8),
                                policy=FixedInterval(20, 20, "balanced", subwindows=subwindows))
         lost[subwindows] = result.summary()["lost_share"]
     assert lost[4] < lost[1]  # windows that mix workloads: the hedged timer loses less time

@@ -82,7 +82,7 @@ def public_calls(experts, config):
                                                              config.get("num_nodes", 1), config["num_gpus"])),
         ("rebalance_experts greedy", lambda: eplb.rebalance_experts(
             b, config["num_slots"], groups or 1, config.get("num_nodes", 1), config["num_gpus"], method="greedy")),
-        ("simulate", lambda: eplb.simulate(series, **config)),
+        ("simulate", lambda: eplb.simulate(series, eplb.Deployment.of(experts, **config))),
         ("Balancer", balancer),
     ]
     if hierarchical:

@@ -31,9 +31,9 @@ def test_the_readme_policy_runs_and_matches_the_fixed_interval_timer():
     namespace = {"np": np, "eplb": eplb}
     exec(definition, namespace)  # noqa: S102  (the README's code, as a reader would run it)
     series = drifting_counts(250, 2, 32, drift=0.1, tokens=512, num_groups=8, seed=4)
-    options = dict(num_slots=40, num_gpus=8, cost_model=COST)
-    own = eplb.simulate(series, policy=namespace["EveryHundred"](), **options)
-    timer = eplb.simulate(series, policy=eplb.FixedInterval(100, method="greedy"), **options)
+    deployment = eplb.Deployment.of(32, num_slots=40, num_gpus=8)
+    own = eplb.simulate(series, deployment, policy=namespace["EveryHundred"](), cost_model=COST)
+    timer = eplb.simulate(series, deployment, policy=eplb.FixedInterval(100, method="greedy"), cost_model=COST)
     assert own.policy == "greedy every 100"
     np.testing.assert_array_equal(own.rebalance_steps, [99, 199])
     np.testing.assert_array_equal(own.rebalance_steps, timer.rebalance_steps)
@@ -81,7 +81,8 @@ def test_duck_typed_policies_still_work_and_others_are_refused():
 
     series = drifting_counts(5, 2, 32, drift=0.1, tokens=512, num_groups=8, seed=4)
     still = Still()
-    result = eplb.simulate(series, num_slots=40, num_gpus=8, cost_model=COST, policy=still)
+    deployment = eplb.Deployment.of(32, num_slots=40, num_gpus=8)
+    result = eplb.simulate(series, deployment, cost_model=COST, policy=still)
     assert still.seen == 5 and result.policy == "Still"
     with pytest.raises(ValueError, match=r"policy must have start\(placement, deployment\) and observe"):
-        eplb.simulate(series, num_slots=40, num_gpus=8, cost_model=COST, policy=object())
+        eplb.simulate(series, deployment, cost_model=COST, policy=object())

@@ -59,7 +59,7 @@ def check_row_independently(result, counts: np.ndarray, deployment: dict) -> Non
     f = result.figures
     assert f["balancedness"] == pytest.approx(mean_balance(loads), abs=1e-9)
     groups = deployment["num_groups"] if f["bound"] == "hierarchical" else None
-    bound = eplb.lower_bound(weights, **{**deployment, "num_groups": groups})
+    bound = eplb.lower_bound(weights, eplb.Deployment.of(weights.shape[-1], **{**deployment, "num_groups": groups}))
     assert f["gap"] == pytest.approx(float((loads.max(axis=1)[moe] / bound[moe] - 1).mean()), abs=1e-9)
     assert f["gap"] >= -1e-12  # the bound is proven: no plan beats it
     edges = fold_edges(counts.shape[0], f["folds"])

@@ -23,7 +23,7 @@ COMPUTE = CostModel(**SIMPLE, regime="compute")
 
 def test_imbalance_by_hand():
     series = np.array([[[3, 1]], [[2, 2]]])  # [T=2, L=1, E=2]
-    result = simulate(series, num_slots=2, num_gpus=2, cost_model=COMPUTE, initial=[[0, 1]])
+    result = simulate(series, eplb.Deployment.of(2, num_slots=2, num_gpus=2), cost_model=COMPUTE, initial=[[0, 1]])
     np.testing.assert_allclose(result.layer_time[:, 0], [0.3, 0.2])  # slowest GPU
     np.testing.assert_allclose(result.balanced_time[:, 0], [0.2, 0.2])  # 4 tokens over 2 GPUs
     summary = result.summary()
@@ -37,7 +37,7 @@ def test_replicas_cost_their_reads_by_hand():
     reads each activated expert once: replicas' extra reads are time lost."""
     memory = CostModel(**SIMPLE, regime="memory")
     series = np.array([[[2, 5]]])
-    result = simulate(series, num_slots=4, num_gpus=2, cost_model=memory, initial=[[0, 0, 0, 1]])
+    result = simulate(series, eplb.Deployment.of(2, num_slots=4, num_gpus=2), cost_model=memory, initial=[[0, 0, 0, 1]])
     gpu0 = 10 / 9 + (4 / 3) / 100  # activated slots * 100 B / 100 B/s + tokens * 1 B / 100 B/s
     gpu1 = 5 / 9 + 1 + (2 / 3 + 5) / 100
     assert result.layer_time[0, 0] == pytest.approx(max(gpu0, gpu1))
@@ -65,8 +65,9 @@ def test_copy_modes_by_hand():
     """GPU 0 (node 0) holds expert 0 twice, GPU 1 (node 1) expert 1 twice; the policy spreads both
     over both GPUs: one cross-node copy each way, 100 B / 10 B/s = 10 s. Each step routes 10
     tokens to expert 0: 1 s on one GPU before, 0.5 s on each after."""
-    deployment = dict(num_slots=4, num_gpus=2, num_nodes=2, initial=[[0, 0, 1, 1]], policy=SwapOnce())
-    stall = simulate(swap_series(), cost_model=COMPUTE, **deployment)
+    deployment = eplb.Deployment.of(2, num_slots=4, num_gpus=2, num_nodes=2)
+    options = dict(initial=[[0, 0, 1, 1]], policy=SwapOnce())
+    stall = simulate(swap_series(), deployment, cost_model=COMPUTE, **options)
     np.testing.assert_allclose(stall.step_time, [1.0] + [0.5] * 14)
     np.testing.assert_allclose(stall.stall_time, [10.0] + [0.0] * 14)
     np.testing.assert_array_equal(stall.copies[0], [0, 0, 2])
@@ -74,11 +75,11 @@ def test_copy_modes_by_hand():
     assert stall.copy_time[0] == pytest.approx(10.0)
     assert stall.bytes_moved()["cross_node"] == 200
     assert stall.summary()["lost_with_stalls_share"] == pytest.approx((1.0 - 0.5 + 10.0) / 7.5)
-    free = simulate(swap_series(), cost_model=COMPUTE.with_(copy_mode="free"), **deployment)
+    free = simulate(swap_series(), deployment, cost_model=COMPUTE.with_(copy_mode="free"), **options)
     np.testing.assert_allclose(free.step_time, stall.step_time)
     assert free.stall_time.sum() == 0 and free.copies.sum() == 2
     # overlap: the old placement serves until the copies end 10 s after step 0 (at the end of step 10)
-    overlap = simulate(swap_series(), cost_model=COMPUTE.with_(copy_mode="overlap"), **deployment)
+    overlap = simulate(swap_series(), deployment, cost_model=COMPUTE.with_(copy_mode="overlap"), **options)
     np.testing.assert_allclose(overlap.step_time, [1.0] * 11 + [0.5] * 4)
     assert overlap.stall_time.sum() == 0
     np.testing.assert_array_equal(overlap.final_placement.phy2log, [[0, 1, 0, 1]])
@@ -92,8 +93,8 @@ def test_a_gpu_that_holds_the_expert_needs_no_copy():
         def observe(self, step, counts):
             return np.array([[1, 0, 3, 2]]) if step == 0 else None  # swaps within each GPU
 
-    result = simulate(np.ones((3, 1, 4)), num_slots=4, num_gpus=2, num_nodes=2, initial=[[0, 1, 2, 3]],
-                      policy=Shuffle(), cost_model=COMPUTE)
+    result = simulate(np.ones((3, 1, 4)), eplb.Deployment.of(4, num_slots=4, num_gpus=2, num_nodes=2),
+                      initial=[[0, 1, 2, 3]], policy=Shuffle(), cost_model=COMPUTE)
     summary = result.summary()
     assert (summary["copies"], summary["local_moves"], summary["bytes_moved"]) == (0, 4, 0.0)
     assert result.stall_time[0] == pytest.approx(2 * 2 * 100 / 100)  # each GPU's HBM reads and writes 2
@@ -108,7 +109,7 @@ def test_fixed_interval_rebalances_on_its_timer_from_its_window():
         seen.append(np.array(weight))
         return eplb.rebalance_experts(weight, num_replicas, num_groups, num_nodes, num_gpus, method="greedy")
 
-    result = simulate(series, num_slots=12, num_gpus=4, cost_model=COMPUTE,
+    result = simulate(series, eplb.Deployment.of(8, num_slots=12, num_gpus=4), cost_model=COMPUTE,
                       policy=FixedInterval(4, window=2, method=recorder))
     np.testing.assert_array_equal(result.rebalance_steps, [3, 7, 11])
     np.testing.assert_allclose(seen[0], series[2:4].sum(axis=0))  # the last 2 steps before the rebalance
@@ -131,7 +132,7 @@ def test_the_policys_time_on_the_engines_thread_is_kept_per_step(tmp_path):
             pass
         return eplb.rebalance_experts(weight, num_replicas, num_groups, num_nodes, num_gpus, method="greedy")
 
-    result = simulate(series, num_slots=12, num_gpus=4, cost_model=COMPUTE,
+    result = simulate(series, eplb.Deployment.of(8, num_slots=12, num_gpus=4), cost_model=COMPUTE,
                       policy=FixedInterval(4, window=2, method=slow_planner))
     host = result.host_time
     assert host.shape == (12,) and np.isfinite(host).all() and (host >= 0).all()
@@ -147,10 +148,10 @@ def test_the_policys_time_on_the_engines_thread_is_kept_per_step(tmp_path):
 
 def test_a_published_signature_function_plugs_in_like_the_method_name():
     series = eplb.simulation.synthetic.drifting_counts(20, 4, 16, drift=0.3, tokens=256, seed=3)
-    options = dict(num_slots=24, num_gpus=4, num_nodes=2, num_groups=4, cost_model=COMPUTE)
-    by_name = simulate(series, policy=FixedInterval(5, method="greedy"), **options)
+    deployment = eplb.Deployment.of(16, num_slots=24, num_gpus=4, num_nodes=2, num_groups=4)
+    by_name = simulate(series, deployment, policy=FixedInterval(5, method="greedy"), cost_model=COMPUTE)
     published = functools.partial(eplb.rebalance_experts, method="greedy")
-    by_function = simulate(series, policy=FixedInterval(5, method=published), **options)
+    by_function = simulate(series, deployment, policy=FixedInterval(5, method=published), cost_model=COMPUTE)
     np.testing.assert_array_equal(by_name.layer_time, by_function.layer_time)
     np.testing.assert_array_equal(by_name.copies, by_function.copies)
     np.testing.assert_array_equal(by_name.final_placement.phy2log, by_function.final_placement.phy2log)
@@ -163,10 +164,10 @@ def drifting(steps=300, seed=1):
 
 def test_rebalancing_policies_beat_standing_still_on_drifting_traffic():
     series = drifting()
-    options = dict(num_slots=80, num_gpus=8, num_nodes=2, num_groups=8, cost_model=COMPUTE)
-    still = simulate(series, policy=NoRebalance(), **options).summary()
-    timer = simulate(series, policy=FixedInterval(50, method="greedy"), **options).summary()
-    balancer = simulate(series, policy=BalancerPolicy(25, window=50), **options).summary()
+    deployment = eplb.Deployment.of(64, num_slots=80, num_gpus=8, num_nodes=2, num_groups=8)
+    still = simulate(series, deployment, policy=NoRebalance(), cost_model=COMPUTE).summary()
+    timer = simulate(series, deployment, policy=FixedInterval(50, method="greedy"), cost_model=COMPUTE).summary()
+    balancer = simulate(series, deployment, policy=BalancerPolicy(25, window=50), cost_model=COMPUTE).summary()
     assert still["copies"] == 0
     for summary in (timer, balancer):
         assert summary["rebalances"] > 0 and summary["copies"] > 0
@@ -175,22 +176,23 @@ def test_rebalancing_policies_beat_standing_still_on_drifting_traffic():
 
 
 def test_balancer_policy_decides_in_time_with_the_simulations_cost_model_unless_told():
-    options = dict(num_slots=80, num_gpus=8, num_nodes=2, num_groups=8, cost_model=COMPUTE)
+    deployment = eplb.Deployment.of(64, num_slots=80, num_gpus=8, num_nodes=2, num_groups=8)
     timed = BalancerPolicy(25, window=48)
-    simulate(drifting(steps=60), policy=timed, **options)
+    simulate(drifting(steps=60), deployment, policy=timed, cost_model=COMPUTE)
     assert timed.balancer.cost_model is COMPUTE and timed.balancer.forecast == 24  # half the window
     assert "saved_s" in timed.balancer.last_decision
     plain = BalancerPolicy(25, window=48, cost_model=None)
-    simulate(drifting(steps=60), policy=plain, **options)
+    simulate(drifting(steps=60), deployment, policy=plain, cost_model=COMPUTE)
     assert plain.balancer.cost_model is None and "saved_s" not in plain.balancer.last_decision
 
 
 def test_series_object_and_array_give_the_same_result_deterministically():
     series = drifting(steps=60)
-    options = dict(num_slots=80, num_gpus=8, num_nodes=2, policy=FixedInterval(20), cost_model=COMPUTE)
-    a = simulate(series, **options)
-    b = simulate(series.to_array(), **options)
-    c = simulate(series, **options)
+    deployment = eplb.Deployment.of(64, num_slots=80, num_gpus=8, num_nodes=2)
+    options = dict(policy=FixedInterval(20), cost_model=COMPUTE)
+    a = simulate(series, deployment, **options)
+    b = simulate(series.to_array(), deployment, **options)
+    c = simulate(series, deployment, **options)
     for x in (b, c):
         np.testing.assert_array_equal(a.layer_time, x.layer_time)
         np.testing.assert_array_equal(a.copies, x.copies)
@@ -198,9 +200,9 @@ def test_series_object_and_array_give_the_same_result_deterministically():
 
 def test_optimal_dispatch_is_never_slower_than_uniform():
     series = drifting(steps=20).to_array()
-    options = dict(num_slots=80, num_gpus=8, num_nodes=2, cost_model=COMPUTE)
-    uniform = simulate(series, **options)
-    optimal = simulate(series, dispatch="optimal", **options)
+    deployment = dict(num_slots=80, num_gpus=8, num_nodes=2)
+    uniform = simulate(series, eplb.Deployment.of(64, **deployment), cost_model=COMPUTE)
+    optimal = simulate(series, eplb.Deployment.of(64, **deployment, dispatch="optimal"), cost_model=COMPUTE)
     assert (optimal.layer_time <= uniform.layer_time * (1 + 1e-9)).all()
     assert optimal.layer_time.sum() < uniform.layer_time.sum()
     np.testing.assert_allclose(optimal.step_time.sum(), optimal.layer_time.sum())
@@ -213,7 +215,7 @@ def test_engine_presets():
 
 def test_default_initial_is_the_greedy_plan_of_the_first_step():
     series = drifting(steps=3).to_array()
-    result = simulate(series, num_slots=80, num_gpus=8, cost_model=COMPUTE)
+    result = simulate(series, eplb.Deployment.of(64, num_slots=80, num_gpus=8), cost_model=COMPUTE)
     expected = eplb.plan(series[0], num_slots=80, num_gpus=8, method="greedy")
     np.testing.assert_array_equal(result.final_placement.phy2log, expected.phy2log)
 
@@ -226,17 +228,19 @@ def test_default_initial_is_the_greedy_plan_of_the_first_step():
     (dict(initial=[[0, 0, 0, 0]]), "initial"),
 ])
 def test_bad_arguments_raise(kwargs, match):
-    options = dict(num_slots=4, num_gpus=2, cost_model=COMPUTE)
-    options.update(kwargs)
+    deployment = dict(num_slots=4, num_gpus=2)
+    options = dict(cost_model=COMPUTE)
+    for name, value in kwargs.items():
+        (deployment if name in ("num_slots", "dispatch") else options)[name] = value
     with pytest.raises(ValueError, match=match):
-        simulate(np.ones((2, 1, 4)), **options)
+        simulate(np.ones((2, 1, 4)), eplb.Deployment.of(4, **deployment), **options)
 
 
 def test_bad_series_and_policy_output_raise():
     with pytest.raises(ValueError, match="counts must be a numeric"):
-        simulate(np.ones((2, 4)), num_slots=4, num_gpus=2)
+        simulate(np.ones((2, 4)), eplb.Deployment.of(4, num_slots=4, num_gpus=2))
     with pytest.raises(ValueError, match="counts must be non-negative"):
-        simulate(-np.ones((2, 1, 4)), num_slots=4, num_gpus=2)
+        simulate(-np.ones((2, 1, 4)), eplb.Deployment.of(4, num_slots=4, num_gpus=2))
 
     class Bad:
         def start(self, placement, deployment):
@@ -246,15 +250,16 @@ def test_bad_series_and_policy_output_raise():
             return np.zeros((1, 4), np.int64)  # expert 1..3 without a slot
 
     with pytest.raises(ValueError, match="policy.observe returned at step 0"):
-        simulate(np.ones((2, 1, 4)), num_slots=4, num_gpus=2, policy=Bad(), cost_model=COMPUTE)
+        simulate(np.ones((2, 1, 4)), eplb.Deployment.of(4, num_slots=4, num_gpus=2), policy=Bad(), cost_model=COMPUTE)
 
 
 def test_report_tables_and_page(tmp_path):
     from eplb.io.simulation_report import write_simulation_report, write_tables
 
-    deployment = dict(num_slots=4, num_gpus=2, num_nodes=2, initial=[[0, 0, 1, 1]], cost_model=COMPUTE)
-    results = [simulate(swap_series(), policy=NoRebalance(), **deployment),
-               simulate(swap_series(), policy=SwapOnce(), **deployment)]
+    deployment = eplb.Deployment.of(2, num_slots=4, num_gpus=2, num_nodes=2)
+    options = dict(initial=[[0, 0, 1, 1]], cost_model=COMPUTE)
+    results = [simulate(swap_series(), deployment, policy=NoRebalance(), **options),
+               simulate(swap_series(), deployment, policy=SwapOnce(), **options)]
     summary_path, steps_path = write_tables(results, tmp_path)
     summary = summary_path.read_text().splitlines()
     assert len(summary) == 3 and summary[2].startswith("swap once,15,")
@@ -267,13 +272,14 @@ def test_report_tables_and_page(tmp_path):
     assert "swap once" in page and "no rebalancing" in page and page.count("<figure") == 3
     assert all(path.stat().st_size > 0 for path in written["figures"])
     with pytest.raises(ValueError, match="one series"):
-        write_tables([results[0], simulate(swap_series(5), **deployment)], tmp_path)
+        write_tables([results[0], simulate(swap_series(5), deployment, **options)], tmp_path)
 
 
 def test_a_masked_gpu_is_left_out_of_the_balanced_time():
     topology = eplb.Topology.from_layout(6, 3, 1, masked_gpus=[1])  # GPUs 0 and 2 hold 3 slots each
     series = np.array([[[4, 2, 2, 0, 0, 0]]])
-    result = simulate(series, topology=topology, cost_model=COMPUTE, initial=[[0, 1, 2, 3, 4, 5]])
+    result = simulate(series, eplb.Deployment.of(6, topology=topology), cost_model=COMPUTE,
+                      initial=[[0, 1, 2, 3, 4, 5]])
     assert result.layer_time[0, 0] == pytest.approx(0.8)  # GPU 0: 8 tokens x 0.1 s
     assert result.balanced_time[0, 0] == pytest.approx(0.4)  # 8 tokens over the 2 GPUs that serve
 
@@ -287,9 +293,10 @@ def test_tokens_are_conserved_and_no_layer_beats_perfect_balance(layers, experts
     gpus = 2
     slots = gpus * (-(-(experts + extra) // gpus))
     series = rng.integers(0, 20, (4, layers, experts))
-    options = dict(num_slots=slots, num_gpus=gpus, cost_model=COMPUTE, policy=FixedInterval(2))
-    result = simulate(series, **options)
+    deployment = dict(num_slots=slots, num_gpus=gpus)
+    options = dict(cost_model=COMPUTE, policy=FixedInterval(2))
+    result = simulate(series, eplb.Deployment.of(experts, **deployment), **options)
     np.testing.assert_allclose(result.balanced_time * gpus, series * 0.1 @ np.ones(experts))
     assert (result.layer_time >= result.balanced_time - 1e-12).all()
-    optimal = simulate(series, dispatch="optimal", **options)
+    optimal = simulate(series, eplb.Deployment.of(experts, **deployment, dispatch="optimal"), **options)
     assert (optimal.layer_time <= result.layer_time + 1e-9).all()

@@ -27,7 +27,7 @@ COMPUTE = CostModel(**SIMPLE, regime="compute")
 # experts over both GPUs (per layer one cross-node copy each way: 10 s), C swaps within each GPU
 # (two local copies per GPU: 4 s).
 A, B, C = [0, 0, 1, 1], [0, 1, 0, 1], [1, 0, 1, 0]
-BY_HAND = dict(num_slots=4, num_gpus=2, num_nodes=2, initial=[A, A, A])
+BY_HAND = eplb.Deployment.of(2, num_slots=4, num_gpus=2, num_nodes=2)
 
 
 class Plans:
@@ -54,8 +54,8 @@ def hot_expert(steps=16, layers=3):
 
 def run(layers_per_step, mode="stall", plans=None, steps=16):
     plans = {0: [B, B, B]} if plans is None else plans
-    return simulate(hot_expert(steps), cost_model=COMPUTE.with_(copy_mode=mode), policy=Plans(plans),
-                    layers_per_step=layers_per_step, **BY_HAND)
+    return simulate(hot_expert(steps), BY_HAND, cost_model=COMPUTE.with_(copy_mode=mode), policy=Plans(plans),
+                    initial=[A, A, A], layers_per_step=layers_per_step)
 
 
 def assert_same(a, b):
@@ -246,8 +246,8 @@ def test_the_mix_in_service_matches_a_step_by_step_reference(k, mode):
     cost = COMPUTE.with_(copy_mode=mode)
     initial = eplb.plan(series[0], num_slots=16, num_gpus=4, num_nodes=2, method="greedy").phy2log
     policy = Recording(FixedInterval(3, method="greedy"))
-    result = simulate(series, num_slots=16, num_gpus=4, num_nodes=2, cost_model=cost, policy=policy, initial=initial,
-                      layers_per_step=k)
+    result = simulate(series, eplb.Deployment.of(12, num_slots=16, num_gpus=4, num_nodes=2), cost_model=cost,
+                      policy=policy, initial=initial, layers_per_step=k)
     assert len(policy.plans) == 10
     layer_time, stall, copies = reference(series, initial, policy.plans, k, cost, num_gpus=4)
     np.testing.assert_allclose(result.layer_time, layer_time, rtol=1e-12)
@@ -266,10 +266,11 @@ def test_chunked_copies_equal_all_at_once_and_never_take_less_time():
     start = eplb.plan(series[0], num_slots=24, num_gpus=4, num_nodes=2, method="greedy").phy2log
     new = eplb.plan(rng.integers(0, 30, (layers, 16)), num_slots=24, num_gpus=4, num_nodes=2, method="greedy").phy2log
     assert (start != new).any(axis=1).all()
-    options = dict(num_slots=24, num_gpus=4, num_nodes=2, cost_model=CostModel.preset(regime="compute"), initial=start)
-    whole = simulate(series, policy=Plans({2: new}), **options)
+    deployment = eplb.Deployment.of(16, num_slots=24, num_gpus=4, num_nodes=2)
+    options = dict(cost_model=CostModel.preset(regime="compute"), initial=start)
+    whole = simulate(series, deployment, policy=Plans({2: new}), **options)
     for k in (1, 2, 4):
-        chunked = simulate(series, policy=Plans({2: new}), layers_per_step=k, **options)
+        chunked = simulate(series, deployment, policy=Plans({2: new}), layers_per_step=k, **options)
         np.testing.assert_array_equal(chunked.copies.sum(axis=0), whole.copies.sum(axis=0))
         np.testing.assert_array_equal(np.flatnonzero(chunked.stall_time), np.arange(2, 2 + math.ceil(layers / k)))
         assert chunked.copy_time.sum() >= whole.copy_time.sum() * (1 - 1e-12)
@@ -284,12 +285,13 @@ def test_layers_per_step_of_at_least_l_is_all_at_once(mode):
     """Identical arrays, also when plans supersede copies still in flight (slow network)."""
     series = drifting_counts(40, 4, 12, drift=0.4, tokens=200, seed=2)
     cost = CostModel(**dict(SIMPLE, network_bandwidth=0.5), regime="compute", copy_mode=mode)
-    options = dict(num_slots=16, num_gpus=4, num_nodes=2, cost_model=cost)
-    whole = simulate(series, policy=FixedInterval(2, method="greedy"), **options)
+    deployment = eplb.Deployment.of(12, num_slots=16, num_gpus=4, num_nodes=2)
+    whole = simulate(series, deployment, policy=FixedInterval(2, method="greedy"), cost_model=cost)
     assert whole.num_rebalances == 20
     for k in (4, 100):
-        assert_same(simulate(series, policy=FixedInterval(2, method="greedy"), layers_per_step=k, **options), whole)
-    chunked = simulate(series, policy=FixedInterval(2, method="greedy"), layers_per_step=1, **options)
+        assert_same(simulate(series, deployment, policy=FixedInterval(2, method="greedy"), layers_per_step=k,
+                             cost_model=cost), whole)
+    chunked = simulate(series, deployment, policy=FixedInterval(2, method="greedy"), layers_per_step=1, cost_model=cost)
     assert not np.array_equal(chunked.layer_time, whole.layer_time)
 
 
