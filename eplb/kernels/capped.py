@@ -53,7 +53,6 @@ def pack_under_cap(loads, experts, num_gpus, slots, cap, spread, budget):
     gpu = np.full(n, -1, np.int64)
     if n != num_gpus * slots or slots < 1:
         return EXHAUSTED, gpu, 0
-    # choice[g, j]: position of the j-th replica of GPU g (j = 0 is its largest)
     tree = Tree(np.zeros(n, np.bool_), np.full((num_gpus, slots), -1, np.int64), np.zeros((num_gpus, slots + 1)),
                 np.zeros(num_gpus + 1))
     status, nodes = _search_tree(loads, experts, cap, spread, budget, tree)
