@@ -23,11 +23,11 @@ EXHAUSTED = 0
 OUT_OF_BUDGET = -1
 
 
-Tree = namedtuple("Tree", ["loads", "experts", "used", "choice", "partial"])
-Tree.__doc__ = """The state of :func:`pack_under_cap`'s search: ``loads [n]`` float64 and ``experts [n]`` int64 of
-the replicas, ``used [n]`` bool which are placed, ``choice [G, k]`` int64 the position of each GPU's
-replicas (``j = 0`` its largest, ``-1`` none yet), ``partial [G, k + 1]`` float64 the load of each GPU's
-first ``j`` replicas."""
+Tree = namedtuple("Tree", ["used", "choice", "partial", "remaining"])
+Tree.__doc__ = """The state of :func:`pack_under_cap`'s search over ``n`` replicas and ``G`` GPUs of ``k`` slots:
+``used [n]`` bool which replicas are placed, ``choice [G, k]`` int64 the position of each GPU's replicas
+(``j = 0`` its largest, ``-1`` none yet), ``partial [G, k + 1]`` float64 the load of each GPU's first ``j``
+replicas, ``remaining [G + 1]`` float64 the load not placed before each GPU is filled."""
 
 PackingRules = namedtuple("PackingRules", ["num_gpus", "slots", "spread", "budget"])
 PackingRules.__doc__ = """What every packing attempt of :func:`descend` keeps: ``num_gpus`` GPUs of ``slots``
@@ -53,10 +53,24 @@ def pack_under_cap(loads, experts, num_gpus, slots, cap, spread, budget):
     gpu = np.full(n, -1, np.int64)
     if n != num_gpus * slots or slots < 1:
         return EXHAUSTED, gpu, 0
-    tree = Tree(loads, experts, np.zeros(n, np.bool_), np.full((num_gpus, slots), -1, np.int64),
-                np.zeros((num_gpus, slots + 1)))
-    used, choice, partial = tree.used, tree.choice, tree.partial
-    remaining = np.zeros(num_gpus + 1)  # load unplaced before GPU g is filled
+    tree = Tree(np.zeros(n, np.bool_), np.full((num_gpus, slots), -1, np.int64), np.zeros((num_gpus, slots + 1)),
+                np.zeros(num_gpus + 1))
+    status, nodes = _search_tree(loads, experts, cap, spread, budget, tree)
+    if status == FOUND:
+        for g in range(num_gpus):
+            for j in range(slots):
+                gpu[tree.choice[g, j]] = g
+    return status, gpu, nodes
+
+
+@njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
+def _search_tree(loads, experts, cap, spread, budget, tree):
+    """:func:`pack_under_cap`'s depth-first search (module docstring) in the :class:`Tree` ``tree`` (at
+    its start: nothing placed). Returns ``(status, nodes)``; with :data:`FOUND`, ``tree.choice`` holds
+    the packing."""
+    used, choice, partial, remaining = tree
+    n = loads.shape[0]
+    num_gpus, slots = choice.shape
     total = 0.0
     for i in range(n):
         total += loads[i]
@@ -68,17 +82,52 @@ def pack_under_cap(loads, experts, num_gpus, slots, cap, spread, budget):
     resume = -1  # position after which to look for the next candidate at (g, j); -1: a fresh slot
     while True:
         if nodes >= budget:
-            return OUT_OF_BUDGET, gpu, nodes
+            return OUT_OF_BUDGET, nodes
         if g == num_gpus:
-            for gg in range(num_gpus):
-                for jj in range(slots):
-                    gpu[choice[gg, jj]] = gg
-            return FOUND, gpu, nodes
+            return FOUND, nodes
         low = remaining[g] - (num_gpus - g - 1) * cap - tol
-        if j == 0:  # the largest unplaced replica opens the GPU; nothing else can
-            picked = _opening(loads, used, cap, tol) if resume < 0 else -1
+        picked = -1
+        if j == 0:
+            if resume < 0:  # the largest unplaced replica opens the GPU
+                picked = _opening(loads, used, cap, tol)
         else:
-            picked = _next_member(tree, g, j, resume, low, cap, tol, spread)
+            s = partial[g, j]
+            need = slots - j  # replicas still to add, this one included
+            # the (need - 1) lightest unused replicas: what the rest of the GPU adds at least
+            light = 0.0
+            taken = 0
+            for i in range(n - 1, -1, -1):
+                if taken == need - 1:
+                    break
+                if not used[i]:
+                    light += loads[i]
+                    taken += 1
+            for i in range(choice[g, j - 1] + 1 if resume < 0 else resume + 1, n):
+                if used[i] or (resume >= 0 and i <= resume):
+                    continue
+                if spread:
+                    clash = False
+                    for jj in range(j):
+                        if experts[choice[g, jj]] == experts[i]:
+                            clash = True
+                            break
+                    if clash:
+                        continue
+                if s + loads[i] + light > cap + tol:  # too heavy: lighter ones come later
+                    continue
+                # the heaviest completion from here: this replica and the next need - 1 unused ones
+                heavy = loads[i]
+                taken = 0
+                for ii in range(i + 1, n):
+                    if taken == need - 1:
+                        break
+                    if not used[ii]:
+                        heavy += loads[ii]
+                        taken += 1
+                if taken < need - 1 or s + heavy < low:  # too light, and so is every later one
+                    break
+                picked = i
+                break
         nodes += 1
         if picked >= 0:
             choice[g, j] = picked
@@ -97,9 +146,20 @@ def pack_under_cap(loads, experts, num_gpus, slots, cap, spread, budget):
             else:
                 j += 1
             continue
-        g, j, last = _backtrack(choice, used, g, j)
-        if g < 0:
-            return EXHAUSTED, gpu, nodes
+        # no candidate at (g, j): undo the previous slot, and the one before when that opens a GPU (forced)
+        for _ in range(2):
+            if j == 0:
+                if g == 0:
+                    return EXHAUSTED, nodes
+                g -= 1
+                j = slots - 1
+            else:
+                j -= 1
+            last = choice[g, j]
+            used[last] = False
+            choice[g, j] = -1
+            if j != 0:
+                break
         resume = _skip_twins(last, experts)
 
 
@@ -115,78 +175,6 @@ def _opening(loads, used, cap, tol):
     if loads[picked] > cap + tol:
         picked = -1
     return picked
-
-
-@njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
-def _next_member(tree, g, j, resume, low, cap, tol, spread):
-    """The next replica to try at slot ``j > 0`` of GPU ``g`` of the :class:`Tree` (after position
-    ``resume``, or after the GPU's previous replica when ``resume < 0``) that keeps the GPU's load
-    able to end in ``[low, cap]``, or -1 when none is left."""
-    loads, experts, used, choice, partial = tree
-    n = loads.shape[0]
-    slots = choice.shape[1]
-    start = choice[g, j - 1] + 1 if resume < 0 else resume + 1
-    s = partial[g, j]
-    need = slots - j  # replicas still to add, this one included
-    # the (need - 1) lightest unused replicas: what the rest of the GPU adds at least
-    light = 0.0
-    taken = 0
-    for i in range(n - 1, -1, -1):
-        if taken == need - 1:
-            break
-        if not used[i]:
-            light += loads[i]
-            taken += 1
-    for i in range(start, n):
-        if used[i] or (resume >= 0 and i <= resume):
-            continue
-        if spread and _shares_expert(experts, choice, g, j, i):
-            continue
-        if s + loads[i] + light > cap + tol:  # too heavy: lighter ones come later
-            continue
-        # the heaviest completion from here: this replica and the next need - 1 unused ones
-        heavy = loads[i]
-        taken = 0
-        for ii in range(i + 1, n):
-            if taken == need - 1:
-                break
-            if not used[ii]:
-                heavy += loads[ii]
-                taken += 1
-        if taken < need - 1 or s + heavy < low:  # too light, and so is every later one
-            return -1
-        return i
-    return -1
-
-
-@njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
-def _shares_expert(experts, choice, g, j, i):
-    """Whether one of GPU ``g``'s first ``j`` replicas (``choice [G, k]``) has replica ``i``'s expert."""
-    for jj in range(j):
-        if experts[choice[g, jj]] == experts[i]:
-            return True
-    return False
-
-
-@njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
-def _backtrack(choice, used, g, j):
-    """Undo the choice before slot ``j`` of GPU ``g`` (and the one before it when that is a GPU's
-    opening replica, which is forced). Returns ``(g, j, position)`` of the slot undone, or ``g = -1``
-    when there is none: the tree is exhausted."""
-    for _ in range(2):
-        if j == 0:
-            if g == 0:
-                return -1, j, -1
-            g -= 1
-            j = choice.shape[1] - 1
-        else:
-            j -= 1
-        last = choice[g, j]
-        used[last] = False
-        choice[g, j] = -1
-        if j != 0:
-            return g, j, last
-    return g, j, last
 
 
 @njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)

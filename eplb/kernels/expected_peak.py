@@ -387,7 +387,7 @@ def _best_swap(row, work, hot, cold, slot_offsets, j, limit):
     """The swap of a slot of ``hot`` with a slot of ``cold`` that lowers the sum of window peaks
     most (below ``limit``), scoring each pair in ``O(T)`` with early exit.
 
-    ``work`` bundles the per-GPU-pair state filled by :func:`pair_descent`: ``excl [T]`` (each
+    ``work`` bundles the per-GPU-pair state :func:`pair_descent` fills (:class:`PairWork`): ``excl [T]`` (each
     active window's largest load outside the pair), ``suffix [T + 1]`` (sums of ``excl`` from
     window ``j`` on: a floor for the windows not yet scored), ``hot_load``/``cold_load [T]``,
     ``hot_replica``/``cold_replica [k, T]`` (each slot's replica load per active window),

@@ -132,6 +132,7 @@ def _nodes_fit(target, order, chosen, held, groups, nodes, memo, scratch):
     node_slots, node_active, node_min, node_max = nodes.slots, nodes.active, nodes.min_slots, nodes.max_slots
     num_groups = order.shape[0]
     loads = scratch[0]
+    hot_room_scratch = HotRoomScratch(scratch[1], scratch[2], scratch[3], scratch[4], scratch[5])
     for n in range(node_slots.shape[0]):
         if held[n] == 0:
             continue
@@ -154,12 +155,25 @@ def _nodes_fit(target, order, chosen, held, groups, nodes, memo, scratch):
         for j in range(count // 2):  # decreasing
             loads[j], loads[count - 1 - j] = loads[count - 1 - j], loads[j]
         fits = hot_room_fits(loads, count, target, node_active[n], node_slots[n], node_min[n], node_max[n],
-                             HotRoomScratch(scratch[1], scratch[2], scratch[3], scratch[4], scratch[5]))
+                             hot_room_scratch)
         if memo.shape[1] > 1:
             memo[kind, mask] = 1 if fits else -1
         if not fits:
             return False
     return True
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _put_on(t, n, order, chosen, group_load, need, load, used, held):
+    """Put the group of search depth ``t`` on node ``n`` (its load, replica needs and count);
+    returns 1 if that node held no group before, else 0."""
+    g = order[t]
+    was_empty = 1 if held[n] == 0 else 0
+    load[n] += group_load[g]
+    used[n] += need[g]
+    held[n] += 1
+    chosen[t] = n
+    return was_empty
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
@@ -172,12 +186,6 @@ def _take_off(t, order, chosen, group_load, need, load, used, held):
     used[n] -= need[g]
     held[n] -= 1
     return 1 if held[n] == 0 else 0
-
-
-Placed = namedtuple("Placed", ["load", "used", "held", "chosen"])
-Placed.__doc__ = """The search's partial assignment: ``load [N]`` float64, ``used [N]`` int64 (replicas
-needed) and ``held [N]`` int64 (groups) of every node, ``chosen [K]`` int64 the node of the group
-assigned at each depth."""
 
 
 @njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
@@ -196,51 +204,23 @@ def _hot_possible(group_max, node_active, target):
 
 
 @njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
-def _like_empty_node_before(n, held, nodes):
-    """Whether an empty node before ``n`` (``held [N]`` groups each) has slots and ``n``'s kind: trying
-    the empty node ``n`` too would repeat that search."""
-    for n2 in range(n):
-        if held[n2] == 0 and nodes.kind[n2] == nodes.kind[n] and nodes.slots[n2] > 0:
-            return True
-    return False
+def _nodes_with_slots(node_slots):
+    """How many nodes of ``node_slots [N]`` have slots."""
+    count = 0
+    for n in range(node_slots.shape[0]):
+        if node_slots[n] > 0:
+            count += 1
+    return count
 
 
 @njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
-def _candidate_nodes(t, target, order, groups, nodes, placed, hot_possible, empty_nodes, cand, key):
-    """Write to ``cand[t, :m]`` the nodes that can take the group ``order[t]`` beside the groups of
-    ``placed`` (a :class:`Placed`) at ``target``, by increasing load per GPU after taking it (``key [N]``
-    float64 scratch); ``groups`` a :class:`GroupTable`, ``nodes`` a :class:`NodeTable`, ``empty_nodes`` the
-    nodes with slots and no group yet. Returns ``m``."""
-    load, used, held, chosen = placed
-    node_slots, node_active = nodes.slots, nodes.active
-    group_load, need = groups.load, groups.need
-    num_groups = order.shape[0]
-    g = order[t]
-    m = 0
-    for n in range(node_slots.shape[0]):
-        if node_slots[n] == 0 or used[n] + need[g] > node_slots[n]:
-            continue
-        if load[n] + group_load[g] > target * node_active[n] * (1.0 + 1e-12):
-            continue
-        if hot_possible and not _hot_expert_fits(groups, order, chosen, t, g, n, node_active[n], node_slots[n], target):
-            continue
-        if held[n] == 0:
-            if _like_empty_node_before(n, held, nodes):
-                continue
-            if empty_nodes - 1 > num_groups - t - 1:
-                continue
-        elif empty_nodes > num_groups - t - 1:
-            continue
-        # insertion sort by the node's load per GPU after taking the group
-        value = (load[n] + group_load[g]) / node_active[n]
-        i = m
-        while i > 0 and key[cand[t, i - 1]] > value:
-            cand[t, i] = cand[t, i - 1]
-            i -= 1
-        cand[t, i] = n
-        key[n] = value
-        m += 1
-    return m
+def _like_empty_node_before(n, held, node_kind, node_slots):
+    """Whether an empty node before ``n`` (``held [N]`` groups each) has slots (``node_slots [N]``) and
+    ``n``'s kind (``node_kind [N]``): trying the empty node ``n`` too would repeat that search."""
+    for n2 in range(n):
+        if held[n2] == 0 and node_kind[n2] == node_kind[n] and node_slots[n2] > 0:
+            return True
+    return False
 
 
 def _searcher(hot_room, name):
@@ -264,24 +244,23 @@ def _searcher(hot_room, name):
         Returns:
             FEASIBLE, INFEASIBLE (proven: no assignment exists) or UNDECIDED (budget ran out).
         """
-        group_load, need = groups.load, groups.need
+        group_load, need, group_max = groups.load, groups.need, groups.heaviest
+        node_slots, node_active, node_class = nodes.slots, nodes.active, nodes.kind
         num_groups = order.shape[0]
-        num_nodes = nodes.slots.shape[0]
-        placed = Placed(np.zeros(num_nodes), np.zeros(num_nodes, np.int64), np.zeros(num_nodes, np.int64),
-                        np.empty(num_groups, np.int64))
-        load, used, held, chosen = placed
+        num_nodes = node_slots.shape[0]
+        load = np.zeros(num_nodes)
+        used = np.zeros(num_nodes, np.int64)
+        held = np.zeros(num_nodes, np.int64)
         cand = np.empty((num_groups, num_nodes), np.int64)
         key = np.empty(num_nodes)
         ncand = np.zeros(num_groups, np.int64)
         pos = np.zeros(num_groups, np.int64)
-        empty_nodes = 0
-        for n in range(num_nodes):
-            if nodes.slots[n] > 0:
-                empty_nodes += 1
-        hot_possible = _hot_possible(groups.heaviest, nodes.active, target)
+        chosen = np.empty(num_groups, np.int64)
+        empty_nodes = _nodes_with_slots(node_slots)
+        hot_possible = _hot_possible(group_max, node_active, target)
         if hot_room and strong:  # the nodes' expert sets checked at this target: 1 fits, -1 does not, 0 unknown
             memo[:] = 0
-        t = np.int64(0)  # typed: a literal 0 would compile the callees taking it a second time
+        t = np.int64(0)  # typed, like count above
         steps = 0
         building = True
         while True:
@@ -295,8 +274,33 @@ def _searcher(hot_room, name):
                     for i in range(num_groups):
                         assign[order[i]] = chosen[i]
                     return FEASIBLE
-                ncand[t] = _candidate_nodes(t, target, order, groups, nodes, placed, hot_possible, empty_nodes, cand,
-                                            key)
+                g = order[t]
+                m = 0
+                for n in range(num_nodes):
+                    if node_slots[n] == 0 or used[n] + need[g] > node_slots[n]:
+                        continue
+                    if load[n] + group_load[g] > target * node_active[n] * (1.0 + 1e-12):
+                        continue
+                    if hot_possible and not _hot_expert_fits(groups, order, chosen, t, g, n, node_active[n], node_slots[n],
+                                                             target):
+                        continue
+                    if held[n] == 0:
+                        if _like_empty_node_before(n, held, node_class, node_slots):
+                            continue  # the same search as from that node
+                        if empty_nodes - 1 > num_groups - t - 1:
+                            continue
+                    elif empty_nodes > num_groups - t - 1:
+                        continue
+                    # insertion sort by the node's load per GPU after taking the group
+                    value = (load[n] + group_load[g]) / node_active[n]
+                    i = m
+                    while i > 0 and key[cand[t, i - 1]] > value:
+                        cand[t, i] = cand[t, i - 1]
+                        i -= 1
+                    cand[t, i] = n
+                    key[n] = value
+                    m += 1
+                ncand[t] = m
                 pos[t] = 0
                 building = False
             if pos[t] < ncand[t]:
@@ -305,13 +309,7 @@ def _searcher(hot_room, name):
                     return UNDECIDED
                 n = cand[t, pos[t]]
                 pos[t] += 1
-                g = order[t]
-                if held[n] == 0:
-                    empty_nodes -= 1
-                load[n] += group_load[g]
-                used[n] += need[g]
-                held[n] += 1
-                chosen[t] = n
+                empty_nodes -= _put_on(t, n, order, chosen, group_load, need, load, used, held)
                 t += 1
                 building = True
             else:
