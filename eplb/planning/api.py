@@ -98,29 +98,17 @@ def plan(counts, deployment: Deployment | None = None, *, num_slots=None, num_gp
     if deployment is None:
         deployment = make_deployment(counts.shape[-1], num_slots, num_gpus, num_nodes, num_groups, topology,
                                      dispatch=dispatch)
-    else:
-        _check_given_deployment(deployment, counts.shape[-1], num_slots=num_slots, num_gpus=num_gpus,
-                                num_nodes=num_nodes != 1, num_groups=num_groups, topology=topology,
-                                dispatch=dispatch != "uniform")
+    else:  # the value, with none of the keywords that would build it
+        spelled = {name: value for name, value, default in (
+            ("num_slots", num_slots, None), ("num_gpus", num_gpus, None), ("num_nodes", num_nodes, 1),
+            ("num_groups", num_groups, None), ("topology", topology, None), ("dispatch", dispatch, "uniform"))
+            if value != default}
+        deployment = deployment_argument(deployment, spelled, "plan", num_experts=counts.shape[-1])
     dispatch = deployment.dispatch
     windows, objective = windows_of(counts, dispatch, objective, window_weights)
     stages = build(windows, deployment, method=method, objective=objective, previous=previous, tolerance=tolerance,
                    max_moves=max_moves, max_off_node=max_off_node, copy_cost=copy_cost, options=options)
     return run(windows, deployment, stages, method)
-
-
-def _check_given_deployment(deployment, num_experts: int, **keywords) -> None:
-    """A ``deployment=`` given to :func:`plan` is a :class:`Deployment` of ``num_experts`` experts,
-    and none of its keywords is given beside it (``keywords``: name -> given, or ``None``/``False``)."""
-    if not isinstance(deployment, Deployment):
-        raise ValueError(f"deployment must be an eplb.Deployment (eplb.Deployment.of(...)), got "
-                         f"{type(deployment).__name__}")
-    given = sorted(name for name, value in keywords.items() if value is not None and value is not False)
-    if given:
-        raise ValueError(f"give the deployment either as deployment= or as keywords, not both: got deployment= "
-                         f"and {', '.join(given)}")
-    if deployment.num_experts != num_experts:
-        raise ValueError(f"deployment is for {deployment.num_experts} experts, but counts has {num_experts}")
 
 
 def held_out(counts, *, folds: int = HELD_OUT_FOLDS, judge: str | None = None, **plan_options) -> np.ndarray:

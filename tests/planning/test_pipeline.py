@@ -121,7 +121,7 @@ def test_one_deployment_value_plans_as_its_keywords_and_the_placement_carries_it
 def test_a_deployment_value_is_checked_against_the_counts_and_the_keywords():
     series = _series()
     deployment = eplb.Deployment.of(32, **DEPLOY)
-    with pytest.raises(ValueError, match="not both: got deployment= and num_gpus"):
+    with pytest.raises(ValueError, match="not both: got deployment and num_gpus"):
         eplb.plan(series, deployment, num_gpus=8)
     with pytest.raises(ValueError, match="deployment is for 32 experts, but counts has 16"):
         eplb.plan(series[..., :16], deployment)
