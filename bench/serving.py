@@ -258,10 +258,10 @@ def rebalance_times(repeats: int) -> list[dict]:
             load = b.window_counts()
             previous = np.require(b.placement.phy2log, requirements="CW")
             new, _, within = clock(mode, "bound-first search", lambda: near_bound(
-                load, b._problem, previous, tolerance=b.tolerance, budget=b.topology.num_slots))
+                load, b.deployment, previous, tolerance=b.tolerance, budget=b.topology.num_slots))
             layers_within[mode] = int(within.sum())
-            scratch, _ = clock(mode, "method", lambda: get_method(b.method)(load, b._problem))
-            clock(mode, "migration", lambda: migrate(load, b._problem, previous, scratch, tolerance=b.tolerance))
+            scratch, _ = clock(mode, "method", lambda: get_method(b.method)(load, b.deployment))
+            clock(mode, "migration", lambda: migrate(load, b.deployment, previous, scratch, tolerance=b.tolerance))
             clock(mode, "transfer + Placement", lambda: transfer_plan(
                 b.placement, Placement(new, b.num_experts, b.topology, b.num_groups, method=b.method),
                 expert_bytes=EXPERT_BYTES))
