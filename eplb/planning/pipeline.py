@@ -366,7 +366,7 @@ def run(windows: Windows, deployment: Deployment, stages: list, method: str) -> 
     if shares is not None:
         peaks = lambda: _peaks(weights, phy2log, deployment, shares)  # noqa: E731
         bound = lambda: _capped_bound(weights, deployment, stages[0].max_off_node)  # noqa: E731
-    else:  # made for an engine's rule: its loads under the rule, the bound of the even split
+    else:  # an even split, or the loads under the engine's rule it was made for; the even split's bound
         peaks = planned.peaks or (lambda: _peaks(weights, phy2log, deployment))  # noqa: E731
         bound = lambda: _bound(weights, even_split, deployment, planned.info.get("proven_bound"))  # noqa: E731
     return Placement(
