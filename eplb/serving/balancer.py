@@ -152,14 +152,11 @@ class Balancer:
         if dispatch_rule(deployment.dispatch).kind != "uniform":
             raise ValueError(f"the Balancer plans near the placement in service for an even split; dispatch="
                              f"{deployment.dispatch!r} plans from scratch (eplb.plan)")
-        self.num_experts = deployment.num_experts
         if cost_model is not None and not isinstance(cost_model, CostModel):
             raise ValueError(f"cost_model must be an eplb.CostModel or None, got {type(cost_model).__name__}")
         self.cost_model = cost_model
         self.horizon = None if horizon is None else as_int(horizon, "horizon", minimum=1)
         self.deployment = deployment
-        self.topology = deployment.topology
-        self.num_groups = deployment.num_groups
         get_method(method)  # fail early on an unknown method
         self.window = as_int(window, "window", minimum=1)
         if decay is not None:
@@ -237,6 +234,21 @@ class Balancer:
             self._compile_error = exc
         finally:
             self._compiled.set()
+
+    @property
+    def num_experts(self) -> int:
+        """``E``, the deployment's logical experts per layer."""
+        return self.deployment.num_experts
+
+    @property
+    def topology(self) -> Topology:
+        """The deployment's topology."""
+        return self.deployment.topology
+
+    @property
+    def num_groups(self) -> int | None:
+        """The expert groups the deployment keeps on one node each, or ``None``."""
+        return self.deployment.num_groups
 
     @property
     def compiled(self) -> bool:

@@ -45,7 +45,6 @@ import numpy as np
 from ..analysis.placement import Placement
 from ..model._validation import as_int
 from ..model.cost import CostModel
-from ..model.topology import Topology
 from ..model.deployment import Deployment
 from ..planning.api import plan
 from ..planning.methods import DEFAULT_METHOD, get_method
@@ -73,29 +72,13 @@ class PolicyContext:
     num_layers: int
     cost_model: CostModel
 
-    @property
-    def num_experts(self) -> int:
-        return self.deployment.num_experts
+    DEPLOYMENT_ATTRIBUTES = ("num_experts", "topology", "num_groups", "num_slots", "num_gpus", "num_nodes")
 
-    @property
-    def topology(self) -> Topology:
-        return self.deployment.topology
-
-    @property
-    def num_groups(self) -> int | None:
-        return self.deployment.num_groups
-
-    @property
-    def num_slots(self) -> int:
-        return self.deployment.num_slots
-
-    @property
-    def num_gpus(self) -> int:
-        return self.deployment.num_gpus
-
-    @property
-    def num_nodes(self) -> int:
-        return self.deployment.num_nodes
+    def __getattr__(self, name: str):
+        """The deployment's attributes (:data:`DEPLOYMENT_ATTRIBUTES`) read through this object."""
+        if name in PolicyContext.DEPLOYMENT_ATTRIBUTES:
+            return getattr(self.deployment, name)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     def plan(self, weights: np.ndarray, method: str | Callable = DEFAULT_METHOD) -> Placement:
         """A placement from scratch for ``weights [L, E]`` with an ``eplb.METHODS`` name or a

@@ -243,18 +243,20 @@ def _activation_weights(windows: np.ndarray, routed: int, cost: CostModel) -> tu
     return active, memory
 
 
-def _candidates(kept: np.ndarray, num_slots: int, pool: _Pool) -> list[Placement]:
+def _candidates(kept: np.ndarray, num_slots: int, pool: _Pool, fewest_plan: Placement | None = None
+                ) -> list[Placement]:
     """The step-time planner's candidates from windows ``kept [T', L, E]``: the token plan first,
     then the plans of the expected activations and of the expected memory time, then (with
     redundant slots beyond the fewest the GPUs allow) the fewest slots' plan with its extra slots
-    holding replicas of the coldest experts (:func:`cold_replicas`)."""
+    holding replicas of the coldest experts (:func:`cold_replicas`). ``fewest_plan``: that token
+    plan of the same windows when the caller has it (made here otherwise)."""
     deployment = dict(pool.deployment, num_slots=num_slots)
     token_plan = plan(kept, **deployment)
     candidates = [token_plan] + [plan(weights, **deployment)
                                  for weights in _activation_weights(kept, pool.routed, pool.cost)]
     fewest = slots_for(kept.shape[2], pool.deployment["num_gpus"], 0)
     if num_slots > fewest:
-        base = plan(kept, **dict(pool.deployment, num_slots=fewest))
+        base = fewest_plan or plan(kept, **dict(pool.deployment, num_slots=fewest))
         grown = cold_replicas(base, kept.sum(axis=0), token_plan.topology)
         if grown is not None:
             candidates.append(grown)
@@ -361,8 +363,11 @@ def _fold_scores(lo: int, hi: int, pool: _Pool) -> tuple[np.ndarray, float]:
     kept_ids = [t for t in range(len(pool.windows)) if not lo <= t < hi]
     out_ids = list(range(lo, hi))
     scores = np.empty((len(pool.slots), 2))
+    fewest_plan = None  # the token plan at the fewest slots, the base of every larger count's cold replicas
     for i, num_slots in enumerate(pool.slots):
-        placements = _candidates(kept, num_slots, pool)
+        placements = _candidates(kept, num_slots, pool, fewest_plan)
+        if num_slots == slots_for(pool.windows.shape[2], pool.deployment["num_gpus"], 0):
+            fewest_plan = placements[0]
         choice = _choose(_times(placements, kept_ids, pool))
         held = _times(placements, out_ids, pool)  # [C, w, L]
         scores[i, 0] = held[0].sum(axis=1).mean()
