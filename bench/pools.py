@@ -39,8 +39,9 @@ from eplb.simulation.pools import layer_times, plan_for_step_time, sample_passes
 from eplb.simulation.series import mixture_windows, synthetic_workloads
 
 RESULTS = Path(__file__).resolve().parent / "results"
-DS_POOL = dict(num_gpus=32, num_nodes=4, num_groups=8, hardware="H100", model="deepseek-v3")
-H200_POOL = dict(num_gpus=8, num_nodes=1, num_groups=None, hardware="H200", model="deepseek-v3")
+DS_POOL = dict(deployment=eplb.Deployment.of(256, num_slots=288, num_gpus=32, num_nodes=4, num_groups=8),
+               hardware="H100", model="deepseek-v3")
+H200_POOL = dict(deployment=eplb.Deployment.of(256, num_slots=264, num_gpus=8), hardware="H200", model="deepseek-v3")
 JUDGE_SEED, JUDGE_PASSES = 1000, 32
 TRACES = (("olmoe-1b-7b", "olmoe_1b7b_domains_layers0-7-15.npz", 8),
           ("mixtral-8x7b", "mixtral_8x7b_domains_layers0-7-15.npz", 4),
@@ -62,7 +63,7 @@ def ds_windows(count: int) -> np.ndarray:
 def future_ms(placement, future: np.ndarray, pool: dict, batch: int) -> float:
     """Mean step time (ms) of ``placement`` on the ``future [F, L, E]`` windows (judge's seed)."""
     cost = CostModel.preset(pool["hardware"], pool["model"])
-    routed = batch * pool["num_gpus"] * eplb.model.cost.MODELS[pool["model"]].top_k
+    routed = batch * pool["deployment"].num_gpus * eplb.model.cost.MODELS[pool["model"]].top_k
     steps = [layer_times(sample_passes(w, routed, JUDGE_PASSES, np.random.default_rng([JUDGE_SEED, t])),
                          placement, cost).sum() for t, w in enumerate(future)]
     return 1e3 * float(np.mean(steps))
@@ -71,11 +72,10 @@ def future_ms(placement, future: np.ndarray, pool: dict, batch: int) -> float:
 def exhaustive(recorded, future, pool: dict, batch: int, passes: int) -> dict:
     """Every slot count (0/32/64 redundant) and planner, planned from all recorded windows, judged
     on the future windows: ``{(slots, planner): ms}``."""
-    deployment = {k: pool[k] for k in ("num_gpus", "num_nodes", "num_groups")}
     out = {}
     for num_slots in (256, 288, 320):
-        mixed, tokens = plan_for_step_time(recorded, num_slots=num_slots, batch=batch, hardware=pool["hardware"],
-                                           model=pool["model"], passes=passes, **deployment)
+        mixed, tokens = plan_for_step_time(recorded, pool["deployment"].with_slots(num_slots), batch=batch,
+                                           hardware=pool["hardware"], model=pool["model"], passes=passes)
         out[(num_slots, "tokens")] = future_ms(tokens, future, pool, batch)
         out[(num_slots, "step-time")] = future_ms(mixed, future, pool, batch)
     return out
@@ -147,7 +147,9 @@ def trace_rows(cfg: dict) -> tuple[list[dict], list[str]]:
         if data is None:
             missing.append(f"{file} absent from {traces_dir()} (set EPLB_TRACES): skipped")
             continue
-        result = eplb.recommend(data["counts"], num_gpus=gpus, batch=16, model=model, hardware="H100",
+        num_experts = data["counts"].shape[-1]
+        deployment = eplb.Deployment.of(num_experts, num_slots=num_experts + gpus, num_gpus=gpus)  # E + G slots
+        result = eplb.recommend(data["counts"], deployment, batch=16, model=model, hardware="H100",
                                 passes=cfg["passes"])
         for o in result.options:
             rows.append(dict(section=f"trace {model}", windows=len(data["counts"]), num_gpus=gpus,

@@ -1346,6 +1346,7 @@ def sweep(counts, extra_slots, gpus, nodes, groups, dispatches, policies, hardwa
     from .model.cost import CostModel
     from .io.formats import read_counts
     from .io.simulation_report import write_sweep_report
+    from .model.deployment import Deployment
     from .simulation.sweep import knee, sweep as run_sweep
 
     extras, gpu_counts, node_counts = (_int_list(extra_slots, "--extra-slots"), _int_list(gpus, "--gpus", 1),
@@ -1362,10 +1363,10 @@ def sweep(counts, extra_slots, gpus, nodes, groups, dispatches, policies, hardwa
     cost = CostModel.preset(hardware, model, regime=regime, copy_mode=copy_mode)
     with warnings.catch_warnings(record=True) as caught:  # each run's warning once (the sweep gathers them)
         warnings.simplefilter("always")
-        rows = run_sweep(data.counts, extra_slots_per_gpu=extras, num_gpus=gpu_counts, num_nodes=node_counts,
-                         num_groups=groups, dispatch=dispatches or ("uniform",),
-                         policies=policies or ("none", "balancer"), cost_model=cost, workers=workers,
-                         check_every=check_every)
+        grid = Deployment.grid(data.counts.shape[-1], extra_slots_per_gpu=extras, num_gpus=gpu_counts,
+                               num_nodes=node_counts, num_groups=groups, dispatch=dispatches or ("uniform",))
+        rows = run_sweep(data.counts, grid, policies=policies or ("none", "balancer"), cost_model=cost,
+                         workers=workers, check_every=check_every)
     notes += list(dict.fromkeys(str(w.message) for w in caught))
     if not quiet:
         for note in notes:
@@ -1398,7 +1399,7 @@ def sweep(counts, extra_slots, gpus, nodes, groups, dispatches, policies, hardwa
 # -- recommend (eplb/simulation/pools.py) ----------------------------------------------------------
 
 _RECOMMEND_FLAGS = {"num_gpus": "--gpus", "num_nodes": "--nodes", "num_groups": "--groups", "batch": "--batch",
-                    "num_slots": "--slots", "extra_slots_per_gpu": "--extra-slots", "passes": "--passes",
+                    "slot_counts": "--slots", "extra_slots_per_gpu": "--extra-slots", "passes": "--passes",
                     "model": "--model", "hardware": "--hardware", "the number of experts": "--groups"}
 
 
@@ -1441,7 +1442,9 @@ def recommend(counts, gpus, phase, batch, hardware, model, extra_slots, slots, n
           --model deepseek-v3 --extra-slots 0,1,2 -o plan.json
     """
     from .io.formats import placement_format_for_output, read_counts, write_placement
+    from .model.deployment import Deployment
     from .simulation.pools import recommend as run_recommend
+    from .simulation.sweep import slots_for
 
     extras = _int_list(extra_slots, "--extra-slots")
     slot_counts = None if slots is None else _int_list(slots, "--slots", 1)
@@ -1452,9 +1455,11 @@ def recommend(counts, gpus, phase, batch, hardware, model, extra_slots, slots, n
         output_format = _output_format(output, placement_format_for_output)
     data = read_counts(counts, input_format, transpose=transpose, allow_shape=allow_shape)
     try:
-        result = run_recommend(data.counts, num_gpus=gpus, batch=batch, phase=phase, hardware=hardware, model=model,
-                               extra_slots_per_gpu=extras, num_slots=slot_counts, num_nodes=nodes, num_groups=groups,
-                               passes=passes, seed=seed)
+        num_experts = data.counts.shape[-1]
+        deployment = Deployment.of(num_experts, num_slots=slots_for(num_experts, gpus, 1), num_gpus=gpus,
+                                   num_nodes=nodes, num_groups=groups)  # the engines' default layout, E + G slots
+        result = run_recommend(data.counts, deployment, batch=batch, phase=phase, hardware=hardware, model=model,
+                               extra_slots_per_gpu=extras, slot_counts=slot_counts, passes=passes, seed=seed)
     except ValueError as exc:
         flag = next((f for name, f in _RECOMMEND_FLAGS.items() if str(exc).startswith(name)), None)
         if flag is None:

@@ -15,6 +15,7 @@ published ``rebalance_experts``.
 
 from __future__ import annotations
 
+import itertools
 import warnings
 from dataclasses import dataclass
 
@@ -52,6 +53,44 @@ class Deployment:
         """A validated deployment (:func:`make_deployment` with keywords), e.g.
         ``Deployment.of(256, num_slots=288, num_gpus=32, num_nodes=4, num_groups=8)``."""
         return make_deployment(num_experts, num_slots, num_gpus, num_nodes, num_groups, topology, dispatch=dispatch)
+
+    @classmethod
+    def grid(cls, num_experts: int, *, num_gpus, extra_slots_per_gpu=(0, 1, 2), num_nodes=(1,), num_groups=None,
+             dispatch=("uniform",)) -> list["Deployment"]:
+        """Every deployment of a what-if grid (for :func:`eplb.sweep`), in the order of the axes' product.
+
+        Each combination of ``extra_slots_per_gpu`` (``x >= 0``: ``S = G * (ceil(E / G) + x)`` slots),
+        ``num_gpus`` (``G``), ``num_nodes`` and ``dispatch`` (rule names) is one deployment; a pair
+        whose GPUs do not divide by the nodes is skipped. ``num_groups`` (one value) keeps every
+        group on one node where the groups divide by the nodes (the published rule). ``ValueError``
+        naming the axis when one is empty or no pair is left."""
+        experts = as_int(num_experts, "num_experts", minimum=1)
+        axes = {"extra_slots_per_gpu": extra_slots_per_gpu, "num_gpus": num_gpus, "num_nodes": num_nodes,
+                "dispatch": dispatch}
+        for name, values in axes.items():
+            if isinstance(values, (str, int, np.integer)) or not len(values):
+                raise ValueError(f"{name} must be a non-empty list of values, got {values!r}")
+        extras = [as_int(x, "extra_slots_per_gpu entry", minimum=0) for x in extra_slots_per_gpu]
+        gpus = [as_int(g, "num_gpus entry", minimum=1) for g in num_gpus]
+        nodes = [as_int(n, "num_nodes entry", minimum=1) for n in num_nodes]
+        grid = [cls.of(experts, num_slots=g * (-(-experts // g) + x), num_gpus=g, num_nodes=n, num_groups=num_groups,
+                       dispatch=d)
+                for x, g, n, d in itertools.product(extras, gpus, nodes, dispatch) if g % n == 0]
+        if not grid:
+            raise ValueError("no deployment left: the GPUs must divide by the nodes in at least one pair")
+        return grid
+
+    def with_slots(self, num_slots: int) -> "Deployment":
+        """The same GPUs, nodes, groups and rule with ``num_slots`` slots (a uniform topology only)."""
+        if not self.topology.is_uniform:
+            raise ValueError("with_slots needs a uniform topology (the same slots on every GPU)")
+        return make_deployment(self.num_experts, num_slots, self.num_gpus, self.num_nodes, self.num_groups,
+                               dispatch=self.dispatch)
+
+    @property
+    def extra_slots_per_gpu(self) -> int:
+        """Slots per GPU beyond the fewest whole slots per GPU that hold every expert (a uniform topology)."""
+        return self.num_slots // self.num_gpus - -(-self.num_experts // self.num_gpus)
 
     def to_dict(self) -> dict:
         """A JSON-ready description (the topology as :meth:`Topology.to_dict`)."""

@@ -9,6 +9,7 @@ old weights, so an engine can run them all at once (or chunk by chunk of layers,
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -16,6 +17,7 @@ import numpy as np
 from ..model._validation import as_int
 from ..kernels.weight_copies import CROSS_NODE, INTRA_GPU, INTRA_NODE, weight_copies
 from ..analysis.placement import Placement, check_placement
+from ..model.deployment import Deployment
 from ..model.topology import Topology
 
 KINDS = ("intra_gpu", "intra_node", "cross_node")
@@ -137,29 +139,50 @@ class TransferPlan:
         return data
 
 
-def transfer_plan(old, new, *, topology: Topology | None = None, num_experts: int | None = None,
-                  expert_bytes: int | None = None) -> TransferPlan:
+def _topology_and_experts(deployment, deprecated: dict, placements: list) -> tuple[Topology, int | None]:
+    """The topology and ``E`` a :func:`transfer_plan` reads its arrays with (``E`` None: from the arrays)."""
+    unknown = sorted(set(deprecated) - {"topology", "num_experts"})
+    if unknown:
+        raise TypeError(f"transfer_plan() got unexpected keyword argument(s) {', '.join(unknown)}")
+    if deprecated:
+        if deployment is not None:
+            raise ValueError("transfer_plan: give the deployment or the deprecated topology=/num_experts=, not both")
+        warnings.warn("transfer_plan: topology= and num_experts= are deprecated; pass the deployment "
+                      "(eplb.Deployment.of(num_experts, topology=...))", DeprecationWarning, stacklevel=3)
+        topology = deprecated.get("topology") or (placements[0].topology if placements else None)
+        if topology is None:
+            raise ValueError("the deployment is required when old and new are arrays")
+        experts = deprecated.get("num_experts")
+        return topology, (placements[0].num_experts if experts is None and placements else experts)
+    if deployment is None:
+        if not placements:
+            raise ValueError("the deployment is required when old and new are arrays")
+        return placements[0].topology, placements[0].num_experts
+    if not isinstance(deployment, Deployment):
+        raise ValueError(f"deployment must be an eplb.Deployment, got {type(deployment).__name__}")
+    return deployment.topology, deployment.num_experts
+
+
+def transfer_plan(old, new, deployment: Deployment | None = None, *, expert_bytes: int | None = None,
+                  **deprecated) -> TransferPlan:
     """The weight copies from placement ``old`` to placement ``new``.
 
     Args:
-        old, new: :class:`Placement` objects, or ``phy2log [L, S]`` arrays (then ``topology`` is
-            required). Both on the same topology with the same number of layers.
+        old, new: :class:`Placement` objects, or ``phy2log [L, S]`` arrays (then ``deployment`` is
+            required: its topology and number of experts read the arrays). Both on the same
+            topology with the same number of layers.
+        deployment: an :class:`eplb.Deployment`; by default the placements'. The keywords
+            ``topology=`` and ``num_experts=`` still work, deprecated.
         expert_bytes: bytes of one expert's weights in one layer, for :meth:`TransferPlan.bytes`.
     Returns:
         A :class:`TransferPlan`.
     """
     placements = [p for p in (old, new) if isinstance(p, Placement)]
-    if topology is None:
-        if not placements:
-            raise ValueError("topology is required when old and new are arrays")
-        topology = placements[0].topology
+    topology, num_experts = _topology_and_experts(deployment, deprecated, placements)
     if any(p.topology != topology for p in placements):
         raise ValueError("old and new must be placements on the same topology")
     if num_experts is None:
-        if placements:
-            num_experts = placements[0].num_experts
-        else:
-            num_experts = int(max(np.max(old), np.max(new))) + 1
+        num_experts = int(max(np.max(old), np.max(new))) + 1
     arrays = []
     for name, p in (("old", old), ("new", new)):
         if isinstance(p, Placement) and p.num_experts == num_experts:

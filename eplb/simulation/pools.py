@@ -4,8 +4,8 @@ A serving pool (one phase, one batch size, one kind of GPU) records a series ``c
 of ``T >= 2`` windows. :func:`recommend` prices every slot count the engine allows (by default
 0, 1 and 2 redundant slots per GPU: ``S = E, E + G, E + 2G``) with two planners each, judged
 *held out* (leave one window out, as :func:`eplb.held_out`: a plan made from the other windows
-with :func:`eplb.plan` serves the window left out), beside the engine's default layout (the
-published greedy from the summed counts at ``E + G`` slots), and returns the option with the
+with :func:`eplb.plan` serves the window left out), beside the engine's layout (the published
+greedy from the summed counts at the deployment's slot count, e.g. ``E + G``), and returns the option with the
 shortest predicted MoE step time and its placement planned from all windows.
 
 Step time of a placement on a window
@@ -40,6 +40,7 @@ token plan), so in sample it is never slower than the token plan. Held out it ma
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -50,6 +51,7 @@ from ..analysis.loads import RANDOM_SPLIT, gpu_work
 from ..analysis.placement import Placement
 from ..model._validation import as_counts, as_int
 from ..model.cost import MODELS, CostModel, MoEModel
+from ..model.deployment import Deployment, deployment_argument
 from ..planning.api import HELD_OUT_FOLDS, plan
 from .sweep import slots_for
 
@@ -101,8 +103,8 @@ class Recommendation:
         placement: the recommended option's :class:`Placement`, planned from all windows.
         in_sample_step_ms: the placement's predicted step time on all windows (ms);
             tokens_in_sample_step_ms: the token plan's at the same slots, from all windows.
-        default_slots, default_step_ms: the engine's default layout (published greedy on the
-            summed windows at ``E + G`` slots) and its held-out step time (ms).
+        default_slots, default_step_ms: the engine's layout (the published greedy on the summed
+            windows at the deployment's slot count) and its held-out step time (ms).
         bound_step_ms: a lower bound (ms) on the held-out step time of *any* placement, at any
             slot count, on the same sampled passes (:func:`layer_time_bound`, folds weighted as
             the options'): no layout can be more than ``1 - bound_step_ms / step_ms`` faster
@@ -141,7 +143,7 @@ class _Pool(NamedTuple):
     windows: np.ndarray  # [T, L, E] float64
     slots: tuple[int, ...]  # slot counts to price, increasing
     default_slots: int
-    deployment: dict  # num_gpus, num_nodes, num_groups for eplb.plan
+    deployment: Deployment  # the pool's GPUs, nodes and groups at the engine's slot count
     cost: CostModel
     model: MoEModel
     routed: int  # routed tokens per layer and pass
@@ -250,13 +252,13 @@ def _candidates(kept: np.ndarray, num_slots: int, pool: _Pool, fewest_plan: Plac
     redundant slots beyond the fewest the GPUs allow) the fewest slots' plan with its extra slots
     holding replicas of the coldest experts (:func:`cold_replicas`). ``fewest_plan``: that token
     plan of the same windows when the caller has it (made here otherwise)."""
-    deployment = dict(pool.deployment, num_slots=num_slots)
-    token_plan = plan(kept, **deployment)
-    candidates = [token_plan] + [plan(weights, **deployment)
+    deployment = pool.deployment.with_slots(num_slots)
+    token_plan = plan(kept, deployment)
+    candidates = [token_plan] + [plan(weights, deployment)
                                  for weights in _activation_weights(kept, pool.routed, pool.cost)]
-    fewest = slots_for(kept.shape[2], pool.deployment["num_gpus"], 0)
+    fewest = slots_for(kept.shape[2], pool.deployment.num_gpus, 0)
     if num_slots > fewest:
-        base = fewest_plan or plan(kept, **dict(pool.deployment, num_slots=fewest))
+        base = fewest_plan or plan(kept, pool.deployment.with_slots(fewest))
         grown = cold_replicas(base, kept.sum(axis=0), token_plan.topology)
         if grown is not None:
             candidates.append(grown)
@@ -332,20 +334,22 @@ def _choose(times: np.ndarray) -> np.ndarray:
     return np.argmin(times.sum(axis=1), axis=0)
 
 
-def plan_for_step_time(counts, *, num_slots: int, num_gpus: int, batch: int, num_nodes: int = 1,
-                       num_groups=None, hardware="H100", model="deepseek-v3", passes: int = 16,
-                       seed: int = 0) -> tuple[Placement, Placement]:
-    """The step-time planner (module docstring) at one slot count, from all windows of ``counts``.
+def plan_for_step_time(counts, deployment=None, *, batch: int, hardware="H100", model="deepseek-v3",
+                       passes: int = 16, seed: int = 0, **deployment_keywords) -> tuple[Placement, Placement]:
+    """The step-time planner (module docstring) at the deployment's slot count, from all windows of ``counts``.
 
     Args:
-        counts: ``[T, L, E]`` windows (``T >= 1``); other arguments as :func:`recommend`.
+        counts: ``[T, L, E]`` windows (``T >= 1``).
+        deployment: an :class:`eplb.Deployment` (an even split; its keywords still work, deprecated);
+            other arguments as :func:`recommend`.
     Returns:
-        ``(step_time_plan, token_plan)``: in sample (the same sampled passes of every window), the
-        first's predicted step time is never above the second's.
+        ``(step_time_plan, token_plan)``, both at the deployment's slots.
     """
-    pool = _checked(counts, num_gpus=num_gpus, phase="decode", batch=batch, hardware=hardware, model=model,
-                    extra_slots_per_gpu=(), num_slots=(num_slots,), num_nodes=num_nodes, num_groups=num_groups,
-                    passes=passes, seed=seed, folds=HELD_OUT_FOLDS, min_windows=1)
+    windows = as_counts(counts, "counts", ndims=(3,))
+    deployment = deployment_argument(deployment, deployment_keywords, "plan_for_step_time",
+                                     num_experts=windows.shape[2])
+    pool = _checked(windows, deployment, phase="decode", batch=batch, hardware=hardware, model=model,
+                    slots=(deployment.num_slots,), passes=passes, seed=seed, folds=HELD_OUT_FOLDS, min_windows=1)
     placements = _candidates(pool.windows, pool.slots[0], pool)
     return _mixed(placements, _choose(_times(placements, range(len(pool.windows)), pool))), placements[0]
 
@@ -366,13 +370,13 @@ def _fold_scores(lo: int, hi: int, pool: _Pool) -> tuple[np.ndarray, float]:
     fewest_plan = None  # the token plan at the fewest slots, the base of every larger count's cold replicas
     for i, num_slots in enumerate(pool.slots):
         placements = _candidates(kept, num_slots, pool, fewest_plan)
-        if num_slots == slots_for(pool.windows.shape[2], pool.deployment["num_gpus"], 0):
+        if num_slots == slots_for(pool.windows.shape[2], pool.deployment.num_gpus, 0):
             fewest_plan = placements[0]
         choice = _choose(_times(placements, kept_ids, pool))
         held = _times(placements, out_ids, pool)  # [C, w, L]
         scores[i, 0] = held[0].sum(axis=1).mean()
         scores[i, 1] = held[choice, :, np.arange(held.shape[2])].sum(axis=0).mean()
-    default = plan(kept, **pool.deployment, num_slots=pool.default_slots, method="greedy", objective="sum")
+    default = plan(kept, pool.deployment, method="greedy", objective="sum")
     default_time = float(_times([default], out_ids, pool)[0].sum(axis=1).mean())
     return scores, default_time
 
@@ -380,7 +384,7 @@ def _fold_scores(lo: int, hi: int, pool: _Pool) -> tuple[np.ndarray, float]:
 def _options(scores: np.ndarray, default_ms: float, pool: _Pool) -> tuple[PoolOption, ...]:
     """``scores [F, len(slots), 2]`` held-out step times (s) -> the table's rows."""
     num_experts = pool.windows.shape[2]
-    gpus = pool.deployment["num_gpus"]
+    gpus = pool.deployment.num_gpus
     rows = []
     for i, num_slots in enumerate(pool.slots):
         memory = pool.cost.replica_bytes(num_slots, num_experts, pool.model.num_moe_layers) / gpus / GIB
@@ -394,38 +398,44 @@ def _options(scores: np.ndarray, default_ms: float, pool: _Pool) -> tuple[PoolOp
     return tuple(rows)
 
 
-def recommend(counts, *, num_gpus: int, batch: int, phase: str = "decode", hardware="H100",
-              model="deepseek-v3", extra_slots_per_gpu=(0, 1, 2), num_slots=None, num_nodes: int = 1,
-              num_groups=None, passes: int = 16, seed: int = 0, folds: int = HELD_OUT_FOLDS) -> Recommendation:
+def recommend(counts, deployment=None, *, batch: int, phase: str = "decode", hardware="H100",
+              model="deepseek-v3", extra_slots_per_gpu=(0, 1, 2), slot_counts=None, passes: int = 16, seed: int = 0,
+              folds: int = HELD_OUT_FOLDS, **deployment_keywords) -> Recommendation:
     """Recommend the number of redundant experts (and the plan) for a serving pool, judged held out.
 
     Args:
         counts: ``[T, L, E]`` the pool's recorded windows, ``T >= 2``; ``E`` must be the model's
             number of routed experts.
-        num_gpus: ``G``; num_nodes, num_groups: as :func:`eplb.plan`.
+        deployment: the pool as the engine runs it, an :class:`eplb.Deployment` (an even split): its
+            GPUs, nodes and groups are kept, and its slot count is the engine's layout, priced as
+            the default (the published greedy on the summed windows). The keywords ``num_gpus``,
+            ``num_nodes``, ``num_groups`` (and ``num_slots`` for ``slot_counts``) still work,
+            deprecated, with the default at ``E + G`` slots.
         batch: decode: sequences per GPU; prefill: tokens per GPU (``>= 1``).
         phase: ``"decode"`` or ``"prefill"`` (both route ``batch * G * top_k`` tokens per layer
             and pass; the cost model's roofline decides what bounds them).
         hardware, model: :meth:`eplb.CostModel.preset` names (or :class:`~eplb.model.cost.Hardware` /
             :class:`~eplb.model.cost.MoEModel` values).
         extra_slots_per_gpu: redundant slots per GPU beyond the fewest that hold every expert
-            (each ``>= 0``): ``S = G * (ceil(E / G) + x)``. Ignored when ``num_slots`` is given.
-        num_slots: an explicit list of slot counts the engine allows (each ``>= E``, a multiple of ``G``).
+            (each ``>= 0``): ``S = G * (ceil(E / G) + x)``. Ignored when ``slot_counts`` is given.
+        slot_counts: an explicit list of slot counts the engine allows (each ``>= E``, a multiple of ``G``).
         passes: passes sampled per window; seed: their seed (same inputs, same answer).
         folds: at most this many held-out blocks of windows (``>= 2``; leave one window out when
             ``T <= folds``).
     Returns:
         A :class:`Recommendation`.
     """
-    pool = _checked(counts, num_gpus=num_gpus, phase=phase, batch=batch, hardware=hardware, model=model,
-                    extra_slots_per_gpu=extra_slots_per_gpu, num_slots=num_slots, num_nodes=num_nodes,
-                    num_groups=num_groups, passes=passes, seed=seed, folds=folds, min_windows=2)
+    windows = as_counts(counts, "counts", ndims=(3,))
+    deployment, slot_counts = _pool_deployment(deployment, deployment_keywords, windows.shape[2], slot_counts)
+    slots = _slot_list(windows.shape[2], deployment.num_gpus, extra_slots_per_gpu, slot_counts)
+    pool = _checked(windows, deployment, phase=phase, batch=batch, hardware=hardware, model=model, slots=slots,
+                    passes=passes, seed=seed, folds=folds, min_windows=2)
     num_windows = len(pool.windows)
     edges = np.linspace(0, num_windows, min(pool.folds, num_windows) + 1).round().astype(np.int64)
     done = [_fold_scores(int(lo), int(hi), pool) for lo, hi in zip(edges[:-1], edges[1:])]
     scores = np.stack([s for s, _ in done])  # [F, len(slots), 2]
     default_ms = 1e3 * float(np.mean([d for _, d in done]))
-    gpus = pool.deployment["num_gpus"]
+    gpus = pool.deployment.num_gpus
     bound_ms = 1e3 * float(np.mean([np.mean([layer_time_bound(pool.sampler(t), gpus, pool.cost).sum()
                                              for t in range(lo, hi)]) for lo, hi in zip(edges[:-1], edges[1:])]))
     options = _options(scores, default_ms, pool)
@@ -445,15 +455,37 @@ def recommend(counts, *, num_gpus: int, batch: int, phase: str = "decode", hardw
 
 # ------------------------------------------------------------------------------------ inputs
 
-def _slot_list(num_experts: int, num_gpus: int, extra_slots_per_gpu, num_slots) -> tuple[int, ...]:
+def _pool_deployment(deployment, keywords: dict, num_experts: int, slot_counts) -> tuple[Deployment, object]:
+    """``(deployment, slot_counts)`` of a :func:`recommend` call; the deprecated keywords build the
+    deployment at the engines' default ``E + G`` slots (``num_slots`` was the list of slot counts)."""
+    keywords = dict(keywords)
+    if "num_slots" in keywords:
+        if slot_counts is not None:
+            raise ValueError("recommend: give slot_counts, not both slot_counts and num_slots")
+        warnings.warn("recommend: num_slots (the slot counts to price) is deprecated; pass slot_counts",
+                      DeprecationWarning, stacklevel=3)
+        slot_counts = keywords.pop("num_slots")
+    if deployment is None and "num_gpus" in keywords:
+        gpus = as_int(keywords["num_gpus"], "num_gpus", minimum=1)
+        keywords["num_slots"] = slots_for(num_experts, gpus, 1)
+    deployment = deployment_argument(deployment, keywords, "recommend", num_experts=num_experts, stacklevel=4)
+    if deployment.dispatch != "uniform":
+        raise ValueError(f"recommend prices an even split (the engines' vLLM and TensorRT-LLM rule): the "
+                         f"deployment's dispatch must be 'uniform', got {deployment.dispatch!r}")
+    if not deployment.topology.is_uniform:
+        raise ValueError("recommend needs a uniform topology (the same slots on every GPU)")
+    return deployment, slot_counts
+
+
+def _slot_list(num_experts: int, num_gpus: int, extra_slots_per_gpu, slot_counts) -> tuple[int, ...]:
     """The slot counts to price, increasing, each once; ``ValueError`` naming the argument."""
-    if num_slots is not None:
-        values = np.atleast_1d(np.asarray(num_slots, dtype=object)).tolist()
-        slots = [as_int(s, "num_slots entry", minimum=num_experts) for s in values]
+    if slot_counts is not None:
+        values = np.atleast_1d(np.asarray(slot_counts, dtype=object)).tolist()
+        slots = [as_int(s, "slot_counts entry", minimum=num_experts) for s in values]
         for s in slots:
             if s % num_gpus:
-                raise ValueError(f"num_slots entries must be multiples of num_gpus ({num_gpus}), got {s}")
-        name = "num_slots"
+                raise ValueError(f"slot_counts entries must be multiples of num_gpus ({num_gpus}), got {s}")
+        name = "slot_counts"
     else:
         values = np.atleast_1d(np.asarray(extra_slots_per_gpu, dtype=object)).tolist()
         slots = [slots_for(num_experts, num_gpus, as_int(x, "extra_slots_per_gpu entry", minimum=0)) for x in values]
@@ -463,19 +495,14 @@ def _slot_list(num_experts: int, num_gpus: int, extra_slots_per_gpu, num_slots) 
     return tuple(sorted(set(slots)))
 
 
-def _checked(counts, *, num_gpus, phase, batch, hardware, model, extra_slots_per_gpu, num_slots, num_nodes,
-             num_groups, passes, seed, folds, min_windows: int) -> _Pool:
+def _checked(windows: np.ndarray, deployment: Deployment, *, phase, batch, hardware, model, slots: tuple[int, ...],
+             passes, seed, folds, min_windows: int) -> _Pool:
     """Every input checked, each error a ``ValueError`` naming its argument."""
-    windows = as_counts(counts, "counts", ndims=(3,))
     if windows.shape[0] < min_windows:
         raise ValueError(f"counts must hold at least {min_windows} windows [T, L, E] to hold one out, "
                          f"got shape {windows.shape}")
     if phase not in PHASES:
         raise ValueError(f"phase must be one of {PHASES}, got {phase!r}")
-    gpus = as_int(num_gpus, "num_gpus", minimum=1)
-    nodes = as_int(num_nodes, "num_nodes", minimum=1)
-    if gpus % nodes:
-        raise ValueError(f"num_gpus ({gpus}) must be divisible by num_nodes ({nodes})")
     batch = as_int(batch, "batch", minimum=1, maximum=2 ** 40)
     passes = as_int(passes, "passes", minimum=1, maximum=4096)
     seed = as_int(seed, "seed", minimum=0)
@@ -486,10 +513,10 @@ def _checked(counts, *, num_gpus, phase, batch, hardware, model, extra_slots_per
     if num_experts != moe.num_experts:
         raise ValueError(f"model {moe.name!r} has {moe.num_experts} routed experts but counts have {num_experts} "
                          "(last axis): give the model preset of the pool")
-    slots = _slot_list(num_experts, gpus, extra_slots_per_gpu, num_slots)
-    groups = None if num_groups is None else as_int(num_groups, "num_groups", minimum=1)
-    deployment = dict(num_gpus=gpus, num_nodes=nodes, num_groups=groups)
-    routed = batch * gpus * moe.top_k
-    plan(windows[:1].sum(axis=0), num_slots=slots[0], **deployment, method="greedy")  # the deployment fits
-    return _Pool(windows=windows, slots=slots, default_slots=slots_for(num_experts, gpus, 1), deployment=deployment,
+    routed = batch * deployment.num_gpus * moe.top_k
+    for num_slots in slots:
+        deployment.with_slots(num_slots)  # every slot count fits the GPUs, nodes and groups
+    return _Pool(windows=windows, slots=slots, default_slots=deployment.num_slots, deployment=deployment,
                  cost=cost, model=moe, routed=routed, sampler=_Sampler(windows, routed, passes, seed), folds=folds)
+
+

@@ -1,4 +1,4 @@
-"""What-if sweeps: the same series through many deployments, dispatch modes and policies.
+"""What-if sweeps: the same series through many deployments (slots, GPUs, nodes, dispatch rule) and policies.
 
 Operators ask "how many redundant slots are worth their memory", "what changes from 4 to 8
 nodes", "how often should I rebalance". :func:`sweep` answers on their own traffic: every
@@ -23,26 +23,13 @@ import itertools
 import os
 import warnings
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass
-from typing import Callable
 
 from ..model._validation import as_int
 from ..model.cost import CostModel
-from ..model.deployment import make_deployment
+from ..model.deployment import Deployment
 from ..engines import SCORING
 from ..serving.policy import policy_by_name
 from .simulate import checked_series, simulate
-
-
-@dataclass(frozen=True)
-class Point:
-    """One combination of the sweep's axes."""
-
-    extra_slots_per_gpu: int
-    num_gpus: int
-    num_nodes: int
-    dispatch: str
-    policy: str | Callable
 
 
 def slots_for(num_experts: int, num_gpus: int, extra_slots_per_gpu: int) -> int:
@@ -50,26 +37,26 @@ def slots_for(num_experts: int, num_gpus: int, extra_slots_per_gpu: int) -> int:
     return num_gpus * (-(-num_experts // num_gpus) + extra_slots_per_gpu)
 
 
+GRID_KEYWORDS = ("extra_slots_per_gpu", "num_gpus", "num_nodes", "num_groups", "dispatch")
+"""The deprecated keywords of :func:`sweep` that spelled its grid (now :meth:`eplb.Deployment.grid`)."""
+
+
 def _run_point(args) -> tuple[dict, list]:
     """One :func:`eplb.simulate` run: ``(row, warnings)``, the run's warnings as
     ``(category, message)`` pairs (a worker process would print them raw, once per run)."""
-    series, point, num_groups, cost_model, check_every = args
+    series, deployment, policy, cost_model, check_every = args
     num_layers, num_experts = series.shape[1], series.shape[2]
-    num_slots = slots_for(num_experts, point.num_gpus, point.extra_slots_per_gpu)
-    policy = (policy_by_name(point.policy, check_every=check_every) if isinstance(point.policy, str)
-              else point.policy())
-    groups = num_groups if num_groups is not None and num_groups % point.num_nodes == 0 else None
+    policy = policy_by_name(policy, check_every=check_every) if isinstance(policy, str) else policy()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        deployment = make_deployment(num_experts, num_slots, point.num_gpus, point.num_nodes, groups,
-                                     dispatch=point.dispatch)
         result = simulate(series, deployment, policy=policy, cost_model=cost_model)
     summary = result.summary()
-    replicas_per_gpu = (num_slots - num_experts) / point.num_gpus
+    num_slots, num_gpus = deployment.num_slots, deployment.num_gpus
+    replicas_per_gpu = (num_slots - num_experts) / num_gpus
     row = {
         "policy": summary["policy"], "num_slots": num_slots, "redundant_slots": num_slots - num_experts,
-        "extra_slots_per_gpu": point.extra_slots_per_gpu, "num_gpus": point.num_gpus, "num_nodes": point.num_nodes,
-        "hierarchical": groups is not None, "dispatch": point.dispatch,
+        "extra_slots_per_gpu": deployment.extra_slots_per_gpu, "num_gpus": num_gpus,
+        "num_nodes": deployment.num_nodes, "hierarchical": deployment.hierarchical, "dispatch": deployment.dispatch,
         "lost_share": summary["lost_share"], "lost_with_stalls_share": summary["lost_with_stalls_share"],
         "rebalances": summary["rebalances"], "copies": summary["copies"],
         "copies_cross_node": summary["copies_cross_node"], "bytes_moved": summary["bytes_moved"],
@@ -80,18 +67,48 @@ def _run_point(args) -> tuple[dict, list]:
     return row, [(w.category, str(w.message)) for w in caught]
 
 
-def sweep(counts, *, extra_slots_per_gpu=(0, 1, 2), num_gpus=(32,), num_nodes=(1,), num_groups=None,
-          dispatch=("uniform",), policies=("balancer",), cost_model: CostModel | None = None,
-          workers: int | None = None, check_every: int = 100) -> list[dict]:
-    """Simulate every combination of the axes on ``counts``; one row per combination.
+def _deployments(deployments, grid_keywords: dict, num_experts: int) -> list[Deployment]:
+    """The deployments a :func:`sweep` was given: one value, a list of them, or (deprecated) the
+    grid's keywords, which build :meth:`Deployment.grid` and warn with the call to write."""
+    unknown = sorted(set(grid_keywords) - set(GRID_KEYWORDS))
+    if unknown:
+        raise TypeError(f"sweep() got unexpected keyword argument(s) {', '.join(unknown)}")
+    if grid_keywords:
+        if deployments is not None:
+            raise ValueError("sweep: give the deployments either as values or as the grid's keywords, not both")
+        spelled = ", ".join(f"{name}={value!r}" for name, value in grid_keywords.items())
+        warnings.warn(f"sweep: the grid's keywords are deprecated; pass the deployments, "
+                      f"eplb.Deployment.grid({num_experts}, {spelled})", DeprecationWarning, stacklevel=3)
+        return Deployment.grid(num_experts, **{"num_gpus": (32,), **grid_keywords})  # the old defaults
+    if deployments is None:
+        raise ValueError("sweep needs the deployments: eplb.Deployment.grid(num_experts, extra_slots_per_gpu=..., "
+                         "num_gpus=..., num_nodes=...) or a list of eplb.Deployment")
+    listed = [deployments] if isinstance(deployments, Deployment) else list(deployments)
+    if not listed:
+        raise ValueError("deployments must hold at least one eplb.Deployment")
+    for deployment in listed:
+        if not isinstance(deployment, Deployment):
+            raise ValueError(f"deployments entries must be eplb.Deployment values, got {type(deployment).__name__}")
+        if deployment.num_experts != num_experts:
+            raise ValueError(f"deployments entries must be for the counts' {num_experts} experts, "
+                             f"got one for {deployment.num_experts}")
+        if deployment.dispatch not in SCORING:
+            raise ValueError(f"deployments entries' dispatch must be one of {SCORING}, got {deployment.dispatch!r}")
+    return listed
+
+
+def sweep(counts, deployments=None, *, policies=("balancer",), cost_model: CostModel | None = None,
+          workers: int | None = None, check_every: int = 100, **grid_keywords) -> list[dict]:
+    """Simulate the same series through every deployment and policy.
 
     Args:
         counts: ``[T, L, E]`` counts per step (numpy).
-        extra_slots_per_gpu: redundant slots per GPU beyond the fewest that hold every expert (the
-            memory axis: each is one more expert replica per GPU and layer).
-        num_gpus, num_nodes: GPUs and nodes (a pair where the GPUs do not divide by the nodes is skipped).
-        num_groups: expert groups, kept on one node each where they divide by the nodes.
-        dispatch: ``"uniform"`` and/or ``"optimal"`` (see :func:`eplb.simulate`).
+        deployments: an :class:`eplb.Deployment` or a list of them, e.g.
+            ``eplb.Deployment.grid(E, extra_slots_per_gpu=(0, 1, 2), num_gpus=(32, 64), num_nodes=(4,),
+            num_groups=8, dispatch=("uniform", "optimal"))``: slots (the memory axis: each extra slot per
+            GPU is one more expert replica per GPU and layer), GPUs, nodes, groups, and the rule that
+            prices the steps (``"uniform"`` or ``"optimal"``, see :func:`eplb.simulate`). The grid's
+            keywords given here instead still work, deprecated.
         policies: names from :data:`eplb.serving.policy.POLICY_NAMES` (or ``"every:N/W"``) or
             zero-argument callables returning a fresh :class:`eplb.Policy`.
         cost_model: default ``CostModel.preset()``.
@@ -99,19 +116,18 @@ def sweep(counts, *, extra_slots_per_gpu=(0, 1, 2), num_gpus=(32,), num_nodes=(1
         check_every: steps between the Balancer's decisions (policy ``"balancer"``; as
             :func:`eplb.serving.policy.policy_by_name` and ``eplb simulate --check-every``).
     Returns:
-        Rows (dicts) in the order of the axes' product: deployment, dispatch, policy, ``lost_share``,
-        ``lost_with_stalls_share``, ``rebalances``, ``copies``, ``copies_cross_node``,
-        ``bytes_moved``, ``replica_memory_per_gpu_bytes``, ``wall_time_s`` and the policy's time on
-        the engine's thread per step (``host_ms_mean``, ``host_ms_p99``, ``host_ms_max``).
+        Rows (dicts) in the order of the product deployments x policies: the deployment
+        (``num_slots``, ``redundant_slots``, ``extra_slots_per_gpu``, ``num_gpus``, ``num_nodes``,
+        ``hierarchical``, ``dispatch``), ``policy``, ``lost_share``, ``lost_with_stalls_share``,
+        ``rebalances``, ``copies``, ``copies_cross_node``, ``bytes_moved``,
+        ``replica_memory_per_gpu_bytes``, ``wall_time_s`` and the policy's time on the engine's
+        thread per step (``host_ms_mean``, ``host_ms_p99``, ``host_ms_max``).
     """
     series = checked_series(counts, generators=False)
-    extras = [as_int(x, "extra_slots_per_gpu entry", minimum=0) for x in extra_slots_per_gpu]
-    gpus = [as_int(g, "num_gpus entry", minimum=1) for g in num_gpus]
-    nodes = [as_int(n, "num_nodes entry", minimum=1) for n in num_nodes]
+    listed = _deployments(deployments, grid_keywords, series.shape[2])
     check_every = as_int(check_every, "check_every", minimum=1)
-    for mode in dispatch:
-        if mode not in SCORING:
-            raise ValueError(f"dispatch entries must be one of {SCORING}, got {mode!r}")
+    if isinstance(policies, str) or not len(policies):
+        raise ValueError(f"policies must be a non-empty list of names or callables, got {policies!r}")
     for policy in policies:
         if not callable(policy):
             try:
@@ -119,14 +135,9 @@ def sweep(counts, *, extra_slots_per_gpu=(0, 1, 2), num_gpus=(32,), num_nodes=(1
             except ValueError as exc:
                 raise ValueError(f"policies entries must be names or callables returning an eplb.Policy: {exc}") \
                     from None
-    if not (extras and gpus and nodes and dispatch and policies):
-        raise ValueError("every axis needs at least one value")
     cost_model = CostModel.preset() if cost_model is None else cost_model
-    points = [Point(e, g, n, d, p) for e, g, n, d, p in itertools.product(extras, gpus, nodes, dispatch, policies)
-              if g % n == 0]
-    if not points:
-        raise ValueError("no deployment left: the GPUs must divide by the nodes in at least one pair")
-    jobs = [(series, point, num_groups, cost_model, check_every) for point in points]
+    jobs = [(series, deployment, policy, cost_model, check_every)
+            for deployment, policy in itertools.product(listed, policies)]
     workers = (os.cpu_count() or 1) if workers is None else as_int(workers, "workers", minimum=1)
     if workers == 1 or len(jobs) == 1:
         done = [_run_point(job) for job in jobs]

@@ -253,11 +253,12 @@ def test_sweep_raises_each_warning_once_in_the_caller():
     counts = drifting_counts(30, 2, 16, drift=0.1, tokens=256, seed=2)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        rows = sweep(counts, extra_slots_per_gpu=(0, 1), num_gpus=(4,), num_nodes=(1, 2), policies=("balancer",),
-                     workers=2)
+        rows = sweep(counts, eplb.Deployment.grid(16, extra_slots_per_gpu=(0, 1), num_gpus=(4,), num_nodes=(1, 2)),
+                     policies=("balancer",), workers=2)
     assert len(rows) == 4
     assert sum("never acts" in str(w.message) for w in caught) == 1
-    acting = sweep(counts, extra_slots_per_gpu=(1,), num_gpus=(4,), policies=("balancer",), workers=1, check_every=5)
+    acting = sweep(counts, eplb.Deployment.of(16, num_slots=20, num_gpus=4), policies=("balancer",), workers=1,
+                   check_every=5)
     assert acting[0]["rebalances"] > 0
     with pytest.raises(ValueError, match="check_every"):
-        sweep(counts, num_gpus=(4,), workers=1, check_every=0)
+        sweep(counts, eplb.Deployment.of(16, num_slots=20, num_gpus=4), workers=1, check_every=0)

@@ -80,11 +80,12 @@ def test_transfer_time_of_a_plan():
     topology = eplb.Topology.uniform(4, 2, 2)  # 2 GPUs, one per node, 2 slots each
     old = np.array([[0, 1, 2, 3]])
     new = np.array([[0, 2, 1, 3]])  # experts 1 and 2 swap GPUs: one cross-node copy each way
-    plan = eplb.transfer_plan(old, new, topology=topology)
+    deployment = eplb.Deployment.of(4, topology=topology)
+    plan = eplb.transfer_plan(old, new, deployment)
     cost = CostModel(**SIMPLE)
     assert cost.transfer_time(plan) == pytest.approx(100 / 10)
     # experts 1 and 2 swap slots on GPU 1: two copies within its HBM, 2 * 2 * 100 / 100 = 4 s
-    local = eplb.transfer_plan(np.array([[0, 0, 1, 2]]), np.array([[0, 0, 2, 1]]), topology=topology)
+    local = eplb.transfer_plan(np.array([[0, 0, 1, 2]]), np.array([[0, 0, 2, 1]]), eplb.Deployment.of(3, topology=topology))
     assert local.counts()["intra_gpu"] == 2
     assert cost.transfer_time(local) == pytest.approx(4.0)
 

@@ -42,7 +42,7 @@ def test_simulate_and_sweep_refuse_a_series_whose_layer_total_overflows():
     with pytest.raises(ValueError, match="counts: the total of layer 0 of window 1 overflows"):
         eplb.simulate(series, eplb.Deployment.of(8, num_slots=8, num_gpus=4))
     with pytest.raises(ValueError, match="counts: the total of layer 0 of window 1 overflows"):
-        eplb.sweep(series, num_gpus=(4,), workers=1)
+        eplb.sweep(series, eplb.Deployment.of(8, num_slots=8, num_gpus=4), workers=1)
 
 
 def test_simulate_refuses_cost_constants_that_overflow_the_step_time():
@@ -165,8 +165,9 @@ def test_dispatch_modes_and_policies_share_one_balanced_baseline():
     # with one baseline, the run with less MoE time loses the smaller share
     summaries.sort(key=lambda s: s["moe_time_s"])
     assert [s["lost_share"] for s in summaries] == sorted(s["lost_share"] for s in summaries)
-    rows = eplb.sweep(series, extra_slots_per_gpu=(1,), num_gpus=(8,), dispatch=("uniform", "optimal"),
-                      policies=("none",), workers=1)
+    grid = eplb.Deployment.grid(series.shape[2], extra_slots_per_gpu=(1,), num_gpus=(8,),
+                                dispatch=("uniform", "optimal"))
+    rows = eplb.sweep(series, grid, policies=("none",), workers=1)
     uniform, optimal = rows
     assert optimal["lost_share"] < uniform["lost_share"]  # optimal dispatch serves faster, and is ranked so
 

@@ -73,7 +73,7 @@ def test_senders_are_spread_evenly():
     old = np.array([[0, 1, 0, 2, 3, 4, 5, 6, 7, 1, 2, 3, 4, 5, 6, 7]])
     new = old.copy()
     new[0, 8:16:2] = 0
-    plan = eplb.transfer_plan(old, new, topology=topology, num_experts=8)
+    plan = eplb.transfer_plan(old, new, eplb.Deployment.of(8, topology=topology))
     assert (plan.kind == CROSS_NODE).all()
     sends = plan.sends_per_gpu()[0]
     assert sends[0] == sends[1] == 2 and sends.sum() == 4
@@ -109,8 +109,10 @@ def test_bad_input_is_refused():
     other = eplb.Placement(np.array([[0, 1, 2, 3, 0, 1, 2, 3]]), 4, eplb.Topology.uniform(8, 4))
     with pytest.raises(ValueError, match="same topology"):
         eplb.transfer_plan(a, other)
-    with pytest.raises(ValueError, match="topology is required"):
+    with pytest.raises(ValueError, match="the deployment is required"):
         eplb.transfer_plan(a.phy2log, a.phy2log)
+    with pytest.raises(ValueError, match="deployment must be an eplb.Deployment"):
+        eplb.transfer_plan(a.phy2log, a.phy2log, a.topology)
     with pytest.raises(ValueError, match="new"):
         eplb.transfer_plan(a, np.array([[0, 1, 2, 3, 0, 1, 2, 9]]))
     with pytest.raises(ValueError, match="expert_bytes"):
@@ -139,3 +141,14 @@ def test_chunks_partition_the_copies_in_layer_order_whatever_order_they_were_giv
         np.testing.assert_array_equal(chunk.expert, ids[order][keep])  # stable: given order within a layer
         np.testing.assert_array_equal(plan.for_layers(start, stop).expert, chunk.expert)
     assert sum(len(c) for c in chunks) == len(plan)
+
+
+def test_the_deprecated_topology_keyword_still_plans_the_same_with_a_warning():
+    topology = eplb.Topology.uniform(8, 2)
+    old, new = np.array([[0, 1, 2, 3, 0, 1, 2, 3]]), np.array([[0, 1, 2, 3, 3, 2, 1, 0]])
+    with pytest.warns(DeprecationWarning, match="pass the deployment"):
+        before = eplb.transfer_plan(old, new, topology=topology, num_experts=4)
+    after = eplb.transfer_plan(old, new, eplb.Deployment.of(4, topology=topology))
+    assert before.counts() == after.counts() and (before.dst_slot == after.dst_slot).all()
+    with pytest.raises(TypeError, match="num_slots"):
+        eplb.transfer_plan(old, new, num_slots=8)

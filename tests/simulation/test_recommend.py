@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import numpy as np
 import pytest
 from cli_runner import invoke
@@ -15,6 +16,8 @@ from eplb.simulation.pools import plan_for_step_time
 from eplb.simulation.synthetic import drifting_counts
 
 GPUS, BATCH, PASSES, SEED = 8, 4, 6, 3
+POOL = eplb.Deployment.of(64, num_slots=72, num_gpus=GPUS)
+"""The pool as the engine runs it: 64 experts on 8 GPUs at E + G slots."""
 
 
 @pytest.fixture(scope="module")
@@ -25,7 +28,7 @@ def series() -> np.ndarray:
 
 @pytest.fixture(scope="module")
 def result(series):
-    return eplb.recommend(series, num_gpus=GPUS, batch=BATCH, model="olmoe-1b-7b", passes=PASSES, seed=SEED)
+    return eplb.recommend(series, POOL, batch=BATCH, model="olmoe-1b-7b", passes=PASSES, seed=SEED)
 
 
 def predicted_step_time(window, phy2log, cost, routed, seed, t) -> float:
@@ -85,24 +88,45 @@ def test_options_cover_the_allowed_slot_counts(series, result):
         assert o.replica_gib_per_gpu == pytest.approx(o.redundant_experts / GPUS * 16 * 3 * 2048 * 1024 * 2 / 2**30)
         assert len(o.step_ms_folds) == 4
         assert (o.beats_tokens is None) == (o.planner == "tokens")
-    explicit = eplb.recommend(series, num_gpus=GPUS, batch=BATCH, model="olmoe-1b-7b", passes=2, num_slots=[96, 64])
+    explicit = eplb.recommend(series, POOL, batch=BATCH, model="olmoe-1b-7b", passes=2, slot_counts=[96, 64])
     assert sorted({o.num_slots for o in explicit.options}) == [64, 96]
     assert result.placement.num_slots == result.recommended.num_slots
+
+
+def test_the_deprecated_keywords_recommend_the_same_with_a_warning(series, result):
+    with pytest.warns(DeprecationWarning, match="Deployment.of"):
+        old = eplb.recommend(series, num_gpus=GPUS, batch=BATCH, model="olmoe-1b-7b", passes=PASSES, seed=SEED)
+    assert old.options == result.options and old.default_slots == result.default_slots == 72
+    with pytest.warns(DeprecationWarning, match="slot_counts"), pytest.warns(DeprecationWarning, match="Deployment.of"):
+        listed = eplb.recommend(series, num_gpus=GPUS, batch=BATCH, model="olmoe-1b-7b", passes=2, num_slots=[64])
+    assert [o.num_slots for o in listed.options] == [64, 64]
+
+
+def test_the_default_is_the_deployment_as_the_engine_runs_it(series):
+    """The deployment's own slot count is the layout every option is compared with."""
+    at_80 = eplb.recommend(series, POOL.with_slots(80), batch=BATCH, model="olmoe-1b-7b", passes=2, seed=SEED,
+                           extra_slots_per_gpu=(0,))
+    at_72 = eplb.recommend(series, POOL, batch=BATCH, model="olmoe-1b-7b", passes=2, seed=SEED,
+                           extra_slots_per_gpu=(0,))
+    assert (at_80.default_slots, at_72.default_slots) == (80, 72)
+    assert at_80.default_step_ms != at_72.default_step_ms
+    assert at_80.options == tuple(dataclasses.replace(o, vs_default_pct=100.0 * (o.step_ms / at_80.default_step_ms - 1.0))
+                                  for o in at_72.options)
 
 
 def test_the_plan_comes_from_all_windows(series, result):
     best = result.recommended
     if best.planner == "tokens":
-        expected = eplb.plan(series, num_slots=best.num_slots, num_gpus=GPUS).phy2log
+        expected = eplb.plan(series, POOL.with_slots(best.num_slots)).phy2log
     else:
-        expected = plan_for_step_time(series, num_slots=best.num_slots, num_gpus=GPUS, batch=BATCH,
+        expected = plan_for_step_time(series, POOL.with_slots(best.num_slots), batch=BATCH,
                                       model="olmoe-1b-7b", passes=PASSES, seed=SEED)[0].phy2log
     np.testing.assert_array_equal(result.placement.phy2log, expected)
     assert result.in_sample_step_ms <= result.tokens_in_sample_step_ms * (1 + 1e-12)
 
 
 def test_deterministic(series, result):
-    again = eplb.recommend(series, num_gpus=GPUS, batch=BATCH, model="olmoe-1b-7b", passes=PASSES, seed=SEED)
+    again = eplb.recommend(series, POOL, batch=BATCH, model="olmoe-1b-7b", passes=PASSES, seed=SEED)
     assert again.options == result.options and again.recommended == result.recommended
     np.testing.assert_array_equal(again.placement.phy2log, result.placement.phy2log)
 
@@ -124,8 +148,8 @@ def pools(draw):
 def test_step_time_plan_is_never_slower_in_sample_than_the_token_plan(pool):
     counts, gpus, num_slots, batch, seed = pool
     model = MoEModel("tiny", 64, 32, counts.shape[2], 2, counts.shape[1], 2.0, "bf16")
-    mixed, tokens = plan_for_step_time(counts, num_slots=num_slots, num_gpus=gpus, batch=batch, model=model,
-                                       passes=4, seed=seed)
+    deployment = eplb.Deployment.of(counts.shape[2], num_slots=num_slots, num_gpus=gpus)
+    mixed, tokens = plan_for_step_time(counts, deployment, batch=batch, model=model, passes=4, seed=seed)
     cost = CostModel.preset("H100", model)
     from eplb.simulation.pools import _Sampler, layer_times
 
@@ -183,8 +207,8 @@ def test_layer_time_bound_is_below_every_placement(pool, regime, overhead):
     passes = _Sampler(counts.astype(float), batch * gpus * 2, 4, seed)(0)
     bound = layer_time_bound(passes, gpus, cost)
     rng = np.random.default_rng(seed)
-    layouts = list(plan_for_step_time(counts, num_slots=num_slots, num_gpus=gpus, batch=batch, model=model, passes=4,
-                                      seed=seed))
+    deployment = eplb.Deployment.of(counts.shape[2], num_slots=num_slots, num_gpus=gpus)
+    layouts = list(plan_for_step_time(counts, deployment, batch=batch, model=model, passes=4, seed=seed))
     layouts.append(eplb.Placement(np.stack([rng.permutation(np.arange(num_slots) % counts.shape[2])
                                             for _ in range(counts.shape[1])]), counts.shape[2], layouts[0].topology))
     for placement in layouts:
@@ -196,21 +220,22 @@ def test_layer_time_bound_is_below_every_placement(pool, regime, overhead):
 @pytest.mark.parametrize("change, name", [
     (dict(counts=np.ones((1, 2, 64))), "counts"),
     (dict(counts=np.full((2, 2, 64), np.nan)), "counts"),
-    (dict(counts=np.ones((2, 2, 32))), "model"),
+    (dict(counts=np.ones((2, 2, 32)), deployment=eplb.Deployment.of(32, num_slots=40, num_gpus=GPUS)), "model"),
     (dict(batch=0), "batch"),
     (dict(phase="train"), "phase"),
-    (dict(num_gpus=0), "num_gpus"),
-    (dict(num_nodes=3), "num_nodes"),
+    (dict(deployment=eplb.Deployment.of(32, num_slots=40, num_gpus=GPUS)), "deployment is for 32 experts"),
+    (dict(deployment=eplb.Deployment.of(64, num_slots=72, num_gpus=GPUS, dispatch="optimal")), "dispatch"),
+    (dict(deployment=None), "needs the deployment"),
     (dict(extra_slots_per_gpu=(-1,)), "extra_slots_per_gpu"),
     (dict(extra_slots_per_gpu=()), "extra_slots_per_gpu"),
-    (dict(num_slots=[65]), "num_slots"),
-    (dict(num_slots=[32]), "num_slots"),
+    (dict(slot_counts=[65]), "slot_counts"),
+    (dict(slot_counts=[32]), "slot_counts"),
     (dict(hardware="A100"), "hardware"),
     (dict(model="gpt-5"), "model"),
     (dict(passes=0), "passes"),
 ])
 def test_bad_input_is_refused_by_name(change, name):
-    arguments = dict(counts=np.ones((2, 2, 64)), num_gpus=GPUS, batch=2, model="olmoe-1b-7b", passes=2)
+    arguments = dict(counts=np.ones((2, 2, 64)), deployment=POOL, batch=2, model="olmoe-1b-7b", passes=2)
     arguments.update(change)
     with pytest.raises(ValueError, match=name):
         eplb.recommend(**arguments)
@@ -222,7 +247,7 @@ def test_cli_writes_a_plan_eplb_reads_back(tmp_path, series):
                     "--hardware", "h100", "--model", "olmoe-1b-7b", "--extra-slots", "0,1", "--passes", str(PASSES),
                     "--seed", str(SEED), "-o", "plan.json", cwd=tmp_path)
     assert "recommended" in out and "published greedy at 72 slots" in out
-    expected = eplb.recommend(series, num_gpus=GPUS, batch=BATCH, model="olmoe-1b-7b", extra_slots_per_gpu=(0, 1),
+    expected = eplb.recommend(series, POOL, batch=BATCH, model="olmoe-1b-7b", extra_slots_per_gpu=(0, 1),
                               passes=PASSES, seed=SEED)
     room = 100 * (1 - expected.bound_step_ms / expected.recommended.step_ms)
     assert f"below {expected.bound_step_ms:.4f} ms held out" in out and f"at most {room:.2f}% from the best" in out

@@ -141,7 +141,8 @@ def test_the_policys_time_on_the_engines_thread_is_kept_per_step(tmp_path):
     assert summary["host_ms_max"] == pytest.approx(1e3 * host.max())
     assert summary["host_ms_p99"] == pytest.approx(1e3 * np.percentile(host, 99))
     assert summary["host_ms_mean"] == pytest.approx(1e3 * host.mean())
-    rows = eplb.sweep(series, extra_slots_per_gpu=(1,), num_gpus=(4,), policies=("balancer",), workers=1)
+    rows = eplb.sweep(series, eplb.Deployment.grid(series.shape[2], extra_slots_per_gpu=(1,), num_gpus=(4,)),
+                      policies=("balancer",), workers=1)
     assert {"host_ms_mean", "host_ms_p99", "host_ms_max"} <= set(rows[0])
     assert 0 <= rows[0]["host_ms_mean"] <= rows[0]["host_ms_max"] and rows[0]["host_ms_p99"] <= rows[0]["host_ms_max"]
 

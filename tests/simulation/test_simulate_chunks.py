@@ -214,7 +214,7 @@ def reference(series, initial, plans, k, cost, num_gpus):
             after = serving.copy()
             after[chunk] = target[chunk]
             topology = eplb.Topology(np.full(num_gpus, serving.shape[1] // num_gpus), 2)
-            transfer = eplb.transfer_plan(serving, after, topology=topology, num_experts=series.shape[2])
+            transfer = eplb.transfer_plan(serving, after, eplb.Deployment.of(series.shape[2], topology=topology))
             copies[t] = len(transfer)
             stall[t] = cost.transfer_time(transfer) if cost.copy_mode == "stall" else 0.0
             serving = after
