@@ -29,6 +29,7 @@ from _common import load_note, markdown_table, pct, trace_workloads, write_csv
 from quality import FAMILIES, speed_rows
 
 import eplb.planning.methods.balanced as balanced_module
+from eplb.analysis.loads import slot_order_peaks
 from eplb.planning.api import make_deployment
 from eplb import lower_bound
 from eplb.planning.methods import get_method
@@ -62,7 +63,7 @@ def gap_rows(quick: bool) -> list[dict]:
                      "best": get_method("best")(counts, deployment)[0]}
             row = {"slots": slots, "load": load}
             for name, phy2log in plans.items():
-                peak = balanced_module.max_loads(counts, phy2log, deployment.topology)
+                peak = slot_order_peaks(counts, phy2log, deployment.topology)
                 row[name] = float((peak / bound - 1).mean())
             rows.append(row)
     return rows
@@ -174,7 +175,7 @@ def resolve_rows(quick: bool) -> list[dict]:
                    if deployment.hierarchical else [np.arange(gpus)])
         start, _ = get_method("best")(counts, deployment)
         bound = lower_bound(counts, deployment)
-        before = balanced_module.max_loads(counts, start, topology) / bound - 1
+        before = slot_order_peaks(counts, start, topology) / bound - 1
         for partners in (1, 3):
             out = start.copy()
             begin = time.perf_counter()
@@ -183,7 +184,7 @@ def resolve_rows(quick: bool) -> list[dict]:
                     out[layer] = resolve_layer(out[layer], counts[layer], k, domain, partners,
                                                time_limit=0.2 if quick else 1.0)
             seconds = (time.perf_counter() - begin) / counts.shape[0]
-            after = balanced_module.max_loads(counts, out, topology) / bound - 1
+            after = slot_order_peaks(counts, out, topology) / bound - 1
             rows.append({"case": name, "gpus_resolved": partners + 1, "layers": counts.shape[0],
                          "gap_best": float(before.mean()), "gap_after": float(after.mean()),
                          "ms_per_layer": seconds * 1e3})

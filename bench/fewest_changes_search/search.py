@@ -60,7 +60,7 @@ class LayerProof:
 
 
 def _peak(row: np.ndarray, w: np.ndarray, topology: Topology) -> float:
-    """Max GPU load of ``row [S]`` on ``w [E]`` (as :func:`eplb.planning.exact_migration.row_peak`)."""
+    """Max GPU load of ``row [S]`` on ``w [E]`` (as :func:`eplb.analysis.loads.slot_order_peaks`)."""
     counts = np.bincount(row, minlength=len(w))
     return float(np.bincount(topology.gpu_of_slot, weights=w[row] / counts[row], minlength=topology.num_gpus).max())
 

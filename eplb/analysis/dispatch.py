@@ -13,7 +13,6 @@ import numpy as np
 
 from ..model._validation import as_counts
 from ..kernels.shares import optimal_shares
-from .loads import gpu_loads
 from .placement import Placement, check_placement, check_shares, uniform_shares  # noqa: F401  (re-exported)
 from ..model.topology import Topology
 
@@ -75,33 +74,3 @@ def dispatch(counts, placement: Placement) -> np.ndarray:
     placement = _check_placement_arg(placement)
     weights = _check_counts_for(counts, placement.num_layers, placement.num_experts)
     return optimal_dispatch(weights, placement.phy2log, placement.topology)[0]
-
-
-def gpu_loads_with_shares(counts, phy2log, shares, topology: Topology) -> np.ndarray:
-    """Tokens each GPU processes when slot ``s`` takes ``shares[l, s]`` of its expert's tokens: the
-    arguments checked, then :func:`eplb.analysis.loads.gpu_loads`.
-
-    Args:
-        counts: ``[L, E]`` or ``[T, L, E]`` tokens per expert.
-        phy2log: ``[L, S]`` placement on ``topology``.
-        shares: ``[L, S]`` fractions (validated: each expert's sum to 1), or ``[T, L, S]`` with a
-            series (one split per window, as :func:`dispatch` returns).
-    Returns:
-        ``[L, G]`` (``[T, L, G]``) float64.
-    """
-    if not isinstance(topology, Topology):
-        raise ValueError(f"topology must be an eplb.Topology, got {type(topology).__name__}")
-    weights = as_counts(counts, "counts", ndims=(2, 3))
-    phy2log, _ = check_placement(phy2log, weights.shape[-1], topology)
-    if weights.shape[-2] != phy2log.shape[0]:
-        raise ValueError(f"counts must have {phy2log.shape[0]} layers like phy2log, got shape {weights.shape}")
-    shares = np.asarray(shares, dtype=np.float64)
-    per_window = shares.ndim == 3
-    if per_window:
-        if weights.ndim != 3 or shares.shape[0] != weights.shape[0]:
-            raise ValueError(f"shares [T, L, S] need counts [T, L, E] with the same T, got {weights.shape}")
-        for window in shares:
-            check_shares(window, phy2log, weights.shape[-1])
-    else:
-        shares = check_shares(shares, phy2log, weights.shape[-1])
-    return gpu_loads(weights, phy2log, topology, shares=shares)

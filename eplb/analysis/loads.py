@@ -27,6 +27,7 @@ import numpy as np
 
 from ..kernels.gpu_work import FIXED_SPLIT, RANDOM_SPLIT, gpu_work as _gpu_work_kernel
 from ..kernels.layout import replica_counts
+from ..kernels.packing import max_gpu_loads
 from ..kernels.shares import share_gpu_loads
 from ..model.topology import Topology
 
@@ -65,16 +66,13 @@ def _layer_scale(values: np.ndarray) -> np.ndarray:
     return exponent
 
 
-def sum_per_gpu(per_slot: np.ndarray, topology: Topology, *, running: bool = False) -> np.ndarray:
+def sum_per_gpu(per_slot: np.ndarray, topology: Topology) -> np.ndarray:
     """Sum a per-slot quantity ``[..., S]`` over each GPU's slots: ``[..., G]`` (0 on a GPU with none).
 
-    On a uniform topology the sums are NumPy's over each GPU's slots; otherwise, or with
-    ``running=True``, each is the difference of the running sum over all slots (slot order) at the
-    GPU's last and first slot. The two orders round differently; ``running=True`` is the order
-    :mod:`eplb.planning.locality` scores its candidates and Pareto rows in (kept so those outputs
-    stay as recorded).
+    On a uniform topology the sums are NumPy's over each GPU's slots; otherwise each is the
+    difference of the running sum over all slots (slot order) at the GPU's last and first slot.
     """
-    if topology.is_uniform and not running:
+    if topology.is_uniform:
         return per_slot.reshape(per_slot.shape[:-1] + (topology.num_gpus, -1)).sum(axis=-1)
     cumulative = np.zeros(per_slot.shape[:-1] + (per_slot.shape[-1] + 1,))
     np.cumsum(per_slot, axis=-1, out=cumulative[..., 1:])
@@ -123,6 +121,15 @@ def gpu_loads(counts, phy2log: np.ndarray, topology: Topology, *, logcnt: np.nda
     if logcnt is None:
         logcnt = replica_counts(np.require(phy2log, dtype=np.int64, requirements="CW"), counts.shape[-1])
     return _even_gpu_loads(counts, phy2log, logcnt, topology)
+
+
+def slot_order_peaks(weights: np.ndarray, phy2log: np.ndarray, topology: Topology) -> np.ndarray:
+    """``[L]`` each layer's max GPU load under the even split, every GPU's load summed in slot order
+    (``weights [L, E]`` float64, ``phy2log [L, S]``): the arithmetic the planners compare their
+    candidates in (one compiled pass, no rescaling); metrics use :func:`gpu_loads`, whose sums round
+    differently in the last bit."""
+    return max_gpu_loads(np.ascontiguousarray(weights, dtype=np.float64),
+                         np.ascontiguousarray(phy2log, dtype=np.int64), topology.slot_offsets)
 
 
 def peak_loads(counts, phy2log: np.ndarray, topology: Topology, *, shares: np.ndarray | None = None) -> np.ndarray:

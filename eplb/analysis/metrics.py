@@ -11,17 +11,6 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..model.topology import Topology
-from .loads import gpu_loads as _gpu_loads
-
-
-def gpu_loads(counts, phy2log, logcnt, topology: Topology) -> np.ndarray:
-    """Tokens processed by each GPU under the even split: ``[L, G]`` (or ``[T, L, G]`` for a series
-    of counts), ``logcnt [L, E]`` the replica counts. The computation is
-    :func:`eplb.analysis.loads.gpu_loads` (the one load function; see there for the summation
-    order): each layer's sums are formed on the counts scaled by a power of two (exact) so that
-    denormal and huge counts keep full precision; a GPU with no slots carries 0. A load above the
-    float64 maximum is ``inf`` (rescale such counts before planning)."""
-    return _gpu_loads(counts, phy2log, topology, logcnt=logcnt)
 
 
 def static_gpu_loads(counts, num_gpus: int) -> np.ndarray:

@@ -35,6 +35,7 @@ import numpy as np
 from ortools.sat.python import cp_model
 
 from .methods.exact_model import load_table, solver_parameters
+from ..analysis.loads import slot_order_peaks
 from ..kernels.few_changes import align_slots
 from .methods import Deployment
 
@@ -55,12 +56,6 @@ class MoveResult:
     proven: bool
     lower_bound: float
     status: str
-
-
-def row_peak(row: np.ndarray, w: np.ndarray, topology) -> float:
-    """Max GPU load of ``row [S]`` on ``w [E]``, computed like :func:`eplb.analysis.metrics.gpu_loads`."""
-    counts = np.bincount(row, minlength=len(w))
-    return float(np.bincount(topology.gpu_of_slot, weights=w[row] / counts[row], minlength=topology.num_gpus).max())
 
 
 def _on_gpu(row: np.ndarray, num_experts: int, topology) -> np.ndarray:
@@ -211,7 +206,7 @@ def fewest_changes_layer(w: np.ndarray, deployment: Deployment, previous: np.nda
     """
     topology = deployment.topology
     hint_changes = int((hint != previous).sum())
-    hint_peak = row_peak(hint, w, topology)
+    hint_peak = float(slot_order_peaks(w[None], hint[None], topology)[0])
     if cap is None and max_moves is None:
         raise ValueError("give a cap on the max load, max_moves or both")
     if not w.any():  # a dense layer: every placement is as good; the previous one changes nothing
@@ -238,7 +233,7 @@ def fewest_changes_layer(w: np.ndarray, deployment: Deployment, previous: np.nda
         if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
             break
         row = move_model.plan_from(solver.value)
-        peak = row_peak(row, w, topology)
+        peak = float(slot_order_peaks(w[None], row[None], topology)[0])
         count = int((row != previous).sum())
         if cap is not None and peak > cap:  # over the cap by the rounding of the loads: tighten, retry
             cap_units = int(solver.value(move_model.peak)) - 1

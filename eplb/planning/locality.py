@@ -35,7 +35,7 @@ from ..kernels.layout import replica_counts
 from ..kernels.off_node import off_node_pieces
 from .methods import get_method
 from ..analysis.searches import group_assignment
-from ..analysis.loads import slot_loads, sum_per_gpu
+from ..analysis.loads import gpu_loads, slot_loads
 from ..analysis.placement import uniform_shares
 from ..model.deployment import Deployment
 from ..model.topology import Topology
@@ -52,15 +52,6 @@ GLOBAL_FROM = 0.5
 
 MAX_PIECE = 0.75
 """Largest fraction of an expert's tokens moved off its home node (the rest stays home)."""
-
-
-def gpu_loads_with_shares(weights: np.ndarray, phy2log: np.ndarray, shares: np.ndarray,
-                          topology: Topology) -> np.ndarray:
-    """``[..., L, E]`` counts -> ``[..., L, G]`` GPU loads when slot ``s`` takes ``shares[l, s]`` of its
-    expert (``phy2log``, ``shares`` ``[L, S]``), summed as running sums over the slots
-    (:func:`eplb.analysis.loads.sum_per_gpu` with ``running=True``: the order the locality plans and
-    Pareto rows have always been scored in; :func:`eplb.analysis.loads.gpu_loads` rounds differently)."""
-    return sum_per_gpu(slot_loads(weights, phy2log, shares=shares), topology, running=True)
 
 
 def even_shares(phy2log: np.ndarray, num_experts: int) -> np.ndarray:
@@ -244,7 +235,7 @@ def plan_locality(weights: np.ndarray, deployment: Deployment, max_off_node: flo
     candidates = [(*local, home)]
     # the hierarchical plan, and with a loose cap the global plan, only where the node plan is not at the bound
     bound = node_cap_bound(weights, deployment, max_off_node)
-    peak = gpu_loads_with_shares(weights, *local, topology).max(axis=1)
+    peak = gpu_loads(weights, local[0], topology, shares=local[1]).max(axis=1)
     plans = [(deployment, np.flatnonzero(peak > bound * (1 + REPLAN)))]
     if max_off_node >= GLOBAL_FROM:
         flat = Deployment(num_experts, topology)
@@ -256,7 +247,7 @@ def plan_locality(weights: np.ndarray, deployment: Deployment, max_off_node: flo
             shares[rows] = even_shares(phy2log[rows], num_experts)
             other_home[rows] = busiest_nodes(weights[rows], phy2log[rows], shares[rows], deployment.num_groups, topology)
         candidates.append((phy2log, shares, other_home))
-    peaks = np.stack([gpu_loads_with_shares(weights, p, s, topology).max(axis=1) for p, s, _ in candidates])
+    peaks = np.stack([gpu_loads(weights, p, topology, shares=s).max(axis=1) for p, s, _ in candidates])
     away = np.stack([off_node_tokens(weights, p, s, h, topology) for p, s, h in candidates])
     allowed = away <= max_off_node * total[None, :] * (1 + 1e-9)
     allowed[1] = True  # the hierarchical plan has none
@@ -352,18 +343,18 @@ def off_node_curve(weights: np.ndarray, deployment: Deployment, fractions, held_
     for fraction in fractions:
         phy2log, shares, home, _ = plan_locality(weights, deployment, float(fraction), method, **options)
         rows["max_off_node"].append(float(fraction))
-        rows["balancedness"].append(_mean_balancedness(gpu_loads_with_shares(weights, phy2log, shares, topology)))
+        rows["balancedness"].append(_mean_balancedness(gpu_loads(weights, phy2log, topology, shares=shares)))
         away = off_node_tokens(weights, phy2log, shares, home, topology).sum()
         rows["off_node_fraction"].append(float(away / total) if total > 0 else 0.0)
         if held_out is not None:
             rows["balancedness_held_out"].append(
-                _mean_balancedness(gpu_loads_with_shares(held_out, phy2log, shares, topology)))
+                _mean_balancedness(gpu_loads(held_out, phy2log, topology, shares=shares)))
             served = max(float(held_out.sum()), 1e-300)
             away = off_node_tokens(held_out, phy2log, shares, home, topology).sum()
             rows["off_node_fraction_held_out"].append(float(away / served))
             best, _ = optimal_dispatch(held_out, phy2log, topology)
             rows["balancedness_held_out_optimal"].append(
-                _mean_balancedness(gpu_loads_with_shares(held_out, phy2log, best, topology)))
+                _mean_balancedness(gpu_loads(held_out, phy2log, topology, shares=best)))
             rows["off_node_fraction_held_out_optimal"].append(
                 float(off_node_tokens(held_out, phy2log, best, home, topology).sum() / served))
     return {name: np.asarray(values, dtype=np.float64) for name, values in rows.items()}

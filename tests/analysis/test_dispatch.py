@@ -11,7 +11,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import eplb
-from eplb.analysis.dispatch import check_shares, dispatch, gpu_loads_with_shares, optimal_dispatch, uniform_shares
+from eplb.analysis.dispatch import check_shares, dispatch, optimal_dispatch, uniform_shares
+from eplb.analysis.loads import gpu_loads
 from eplb.analysis.placement import Placement
 from eplb.simulation.synthetic import deepseek_v3_counts, drifting_counts
 from eplb.model.topology import Topology
@@ -92,12 +93,12 @@ def test_random_instances_reach_the_lp_optimum(instance):
     weights, phy2log, topology = instance
     shares, peak = optimal_dispatch(weights[None], phy2log[None], topology)
     check_valid(shares, phy2log[None], weights.size)
-    loads = gpu_loads_with_shares(weights[None], phy2log[None], shares, topology)
+    loads = gpu_loads(weights[None], phy2log[None], topology, shares=shares)
     assert loads.max() == pytest.approx(peak[0], rel=1e-12, abs=1e-9)
     expected = lp_peak(weights, phy2log, topology)
     assert peak[0] == pytest.approx(expected, rel=1e-9, abs=1e-9)
     assert peak[0] == pytest.approx(hall_bound(weights, phy2log, topology), rel=1e-12, abs=1e-9)
-    uniform = gpu_loads_with_shares(weights[None], phy2log[None], uniform_shares(phy2log[None], _logcnt(phy2log, weights.size)), topology)
+    uniform = gpu_loads(weights[None], phy2log[None], topology, shares=uniform_shares(phy2log[None], _logcnt(phy2log, weights.size)))
     assert peak[0] <= uniform.max() * (1 + 1e-12) + 1e-12
 
 
@@ -144,7 +145,7 @@ def test_dispatch_on_a_placement_is_valid_deterministic_and_few_split():
         taken = shares[layer] > 0
         split[layer] = (np.bincount(placement.phy2log[layer][taken], minlength=256) > 1).sum()
     assert (split <= placement.num_gpus - 1).all()
-    optimal = gpu_loads_with_shares(counts, placement.phy2log, shares, placement.topology).max(axis=1)
+    optimal = gpu_loads(counts, placement.phy2log, placement.topology, shares=shares).max(axis=1)
     assert (optimal <= placement.gpu_loads(counts).max(axis=1) * (1 + 1e-12)).all()
 
 
@@ -155,10 +156,9 @@ def test_series_gives_shares_per_window():
     assert shares.shape == (3, 4, 24)
     for t in range(3):
         np.testing.assert_array_equal(shares[t], dispatch(series[t], placement))
-    loads = gpu_loads_with_shares(series, placement.phy2log, shares, placement.topology)
+    loads = gpu_loads(series, placement.phy2log, placement.topology, shares=shares)
     assert loads.shape == (3, 4, 4)
-    np.testing.assert_allclose(loads[1], gpu_loads_with_shares(series[1], placement.phy2log, shares[1],
-                                                               placement.topology))
+    np.testing.assert_allclose(loads[1], gpu_loads(series[1], placement.phy2log, placement.topology, shares=shares[1]))
 
 
 def test_masked_gpus_and_dense_layers():
@@ -168,7 +168,7 @@ def test_masked_gpus_and_dense_layers():
     placement = Placement(phy2log=phy2log, num_experts=8, topology=topology)
     shares = dispatch(counts, placement)
     check_valid(shares, phy2log, 8)
-    loads = gpu_loads_with_shares(counts, phy2log, shares, topology)
+    loads = gpu_loads(counts, phy2log, topology, shares=shares)
     assert loads[0, 2] == 0.0 and loads[1].max() == 0.0
     np.testing.assert_array_equal(shares[1], uniform_shares(phy2log, placement.logcnt)[1])
     assert loads[0].max() == pytest.approx(lp_peak(counts[0], phy2log[0], topology), rel=1e-9)
@@ -178,7 +178,7 @@ def test_uniform_shares_reproduce_the_placement_loads():
     counts = deepseek_v3_counts(2)
     placement = eplb.plan(counts, num_slots=288, num_gpus=32)
     shares = uniform_shares(placement.phy2log, placement.logcnt)
-    np.testing.assert_allclose(gpu_loads_with_shares(counts, placement.phy2log, shares, placement.topology),
+    np.testing.assert_allclose(gpu_loads(counts, placement.phy2log, placement.topology, shares=shares),
                                placement.gpu_loads(counts), rtol=1e-12)
 
 
@@ -193,12 +193,12 @@ def test_bad_input_raises_value_errors():
         dispatch(counts, placement.phy2log)
     shares = uniform_shares(placement.phy2log, placement.logcnt)
     with pytest.raises(ValueError, match="sum to 1"):
-        gpu_loads_with_shares(counts, placement.phy2log, shares * 0.5, placement.topology)
+        check_shares(shares * 0.5, placement.phy2log, 256)
     with pytest.raises(ValueError, match="shares must have shape"):
-        gpu_loads_with_shares(counts, placement.phy2log, shares[:, :10], placement.topology)
+        check_shares(shares[:, :10], placement.phy2log, 256)
     with pytest.raises(ValueError, match=r"\[0, 1\]"):
         bad = shares.copy()
         bad[0, 0] = -0.5
         check_shares(bad, placement.phy2log, 256)
-    with pytest.raises(ValueError, match="topology must be"):
-        gpu_loads_with_shares(counts, placement.phy2log, shares, None)
+    with pytest.raises(ValueError, match="sum to 1"):
+        eplb.Placement(placement.phy2log, 256, placement.topology, shares=shares * 0.5)

@@ -19,7 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import eplb
-from eplb.analysis.dispatch import gpu_loads_with_shares
+from eplb.analysis.loads import gpu_loads
 from eplb.analysis.engine_dispatch import ENGINES, engine_shares, with_engine_shares
 from eplb.io.formats.sglang import write_sglang_placement
 from eplb.analysis.metrics import balancedness
@@ -177,7 +177,7 @@ def test_placement_with_engine_shares_measures_them(placement):
     served = with_engine_shares(placement, "sglang-static")
     assert served == placement and served.info["engine_dispatch"] == "sglang-static"
     np.testing.assert_array_equal(served.shares, engine_shares(placement, "sglang-static"))
-    loads = gpu_loads_with_shares(counts, placement.phy2log, served.shares, placement.topology)
+    loads = gpu_loads(counts, placement.phy2log, placement.topology, shares=served.shares)
     np.testing.assert_allclose(served.balancedness(counts, dispatch="shares"),
                                balancedness(loads, placement.topology))
     np.testing.assert_allclose(with_engine_shares(placement, "vllm").balancedness(counts, dispatch="shares"),

@@ -7,8 +7,7 @@ import numpy as np
 import pytest
 
 import eplb
-from eplb.analysis import loads, metrics
-from eplb.analysis.dispatch import gpu_loads_with_shares
+from eplb.analysis import loads
 from eplb.kernels.layout import replica_counts
 
 
@@ -45,12 +44,10 @@ def test_callers_agree_bit_for_bit():
     phy2log = np.stack([rng.permutation(np.r_[np.arange(10), rng.integers(0, 10, 4)]) for _ in range(5)])
     placement = eplb.Placement(phy2log, 10, topology)
     phy2log, logcnt = placement.phy2log, placement.logcnt
-    np.testing.assert_array_equal(metrics.gpu_loads(counts, phy2log, logcnt, topology),
+    np.testing.assert_array_equal(loads.gpu_loads(counts, phy2log, topology, logcnt=logcnt),
                                   loads.gpu_loads(counts, phy2log, topology))
     np.testing.assert_array_equal(placement.gpu_loads(counts), loads.gpu_loads(counts, phy2log, topology))
     shares = eplb.dispatch(counts, placement)  # [T, L, S]
-    np.testing.assert_array_equal(gpu_loads_with_shares(counts, phy2log, shares, topology),
-                                  loads.gpu_loads(counts, phy2log, topology, shares=shares))
     tokens, active = loads.gpu_work(counts, phy2log, topology, shares, loads.FIXED_SPLIT)
     np.testing.assert_array_equal(tokens, loads.gpu_loads(counts, phy2log, topology, shares=shares))
     assert active.shape == tokens.shape
@@ -62,3 +59,20 @@ def test_bad_input_names_the_argument():
         loads.slot_loads(counts, phy2log)
     with pytest.raises(ValueError, match="loads must have one column per GPU"):
         loads.node_loads(np.ones((1, 3)), topology)
+
+
+def test_the_planners_peaks_are_the_loads_summed_in_slot_order():
+    """``slot_order_peaks`` (what the planners compare candidates by) is each GPU's slots added in
+    order, and within a rounding of the metrics' loads, on uneven topologies and replicated experts."""
+    rng = np.random.default_rng(7)
+    topology = eplb.Topology.from_layout(14, 4, 2, masked_gpus=())
+    counts = rng.random((5, 10)) * 1000
+    phy2log = np.stack([rng.permutation(np.r_[np.arange(10), rng.integers(0, 10, 4)]) for _ in range(5)])
+    peaks = loads.slot_order_peaks(counts, phy2log, topology)
+    for layer in range(5):
+        per_replica = counts[layer] / np.bincount(phy2log[layer], minlength=10)
+        by_gpu = [0.0] * topology.num_gpus
+        for slot, expert in enumerate(phy2log[layer]):
+            by_gpu[topology.gpu_of_slot[slot]] += per_replica[expert]
+        assert peaks[layer] == max(by_gpu)
+    np.testing.assert_allclose(peaks, loads.peak_loads(counts, phy2log, topology), rtol=1e-14)

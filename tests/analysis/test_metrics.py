@@ -7,6 +7,7 @@ from strategies import problems
 
 import eplb
 from eplb.analysis import metrics
+from eplb.analysis.loads import gpu_loads
 from eplb.model.topology import Topology
 
 
@@ -15,20 +16,20 @@ def test_gpu_loads_by_hand():
     phy2log = np.array([[0, 1, 0, 2]])  # GPU 0: experts 0, 1; GPU 1: experts 0, 2
     logcnt = np.array([[2, 1, 1]])
     counts = np.array([[10.0, 3.0, 4.0]])
-    loads = metrics.gpu_loads(counts, phy2log, logcnt, topology)
+    loads = gpu_loads(counts, phy2log, topology, logcnt=logcnt)
     np.testing.assert_allclose(loads, [[8.0, 9.0]])
     np.testing.assert_allclose(metrics.balancedness(loads), [8.5 / 9.0])
     np.testing.assert_allclose(metrics.imbalance(loads), [(9.0 - 8.5) / 8.5])
     assert metrics.replicas_sharing_a_gpu(phy2log, topology).tolist() == [0]
     series = np.stack([counts, 2 * counts])
-    np.testing.assert_allclose(metrics.gpu_loads(series, phy2log, logcnt, topology), [[[8.0, 9.0]], [[16.0, 18.0]]])
-    np.testing.assert_allclose(metrics.mean_peak(metrics.gpu_loads(series, phy2log, logcnt, topology)), [13.5])
+    np.testing.assert_allclose(gpu_loads(series, phy2log, topology, logcnt=logcnt), [[[8.0, 9.0]], [[16.0, 18.0]]])
+    np.testing.assert_allclose(metrics.mean_peak(gpu_loads(series, phy2log, topology, logcnt=logcnt)), [13.5])
 
 
 def test_uneven_topology_sums_each_gpus_own_slots():
     topology = Topology(np.array([3, 0, 1]))
     phy2log = np.array([[0, 1, 2, 3]])
-    loads = metrics.gpu_loads(np.array([[1.0, 2.0, 4.0, 8.0]]), phy2log, np.ones((1, 4), np.int64), topology)
+    loads = gpu_loads(np.array([[1.0, 2.0, 4.0, 8.0]]), phy2log, topology, logcnt=np.ones((1, 4), np.int64))
     np.testing.assert_allclose(loads, [[7.0, 0.0, 8.0]])
 
 
@@ -75,7 +76,7 @@ def test_masked_gpus_do_not_count_in_balancedness_or_imbalance():
     phy2log = np.arange(76)[None]
     counts = np.ones((1, 76))
     counts[0, topology.slot_offsets[7]:] = 1.1  # the 10-slot GPU's experts: every GPU carries 11
-    loads = metrics.gpu_loads(counts, phy2log, np.ones((1, 76), np.int64), topology)
+    loads = gpu_loads(counts, phy2log, topology, logcnt=np.ones((1, 76), np.int64))
     assert loads[0, 3] == 0.0
     np.testing.assert_allclose(metrics.balancedness(loads, topology), [1.0])
     np.testing.assert_allclose(metrics.imbalance(loads, topology), [0.0], atol=1e-12)
@@ -102,7 +103,7 @@ def test_loads_of_denormal_counts_are_exact():
     topology = Topology.uniform(6, 2)
     phy2log = np.array([[0, 0, 0, 1, 1, 1]])  # each GPU holds all 3 replicas of one expert
     counts = np.array([[tiny, 2 * tiny]])  # a third of either is below the smallest denormal
-    loads = metrics.gpu_loads(counts, phy2log, np.array([[3, 3]]), topology)
+    loads = gpu_loads(counts, phy2log, topology, logcnt=np.array([[3, 3]]))
     assert loads.tolist() == [[tiny, 2 * tiny]]
     assert metrics.balancedness(loads).tolist() == [0.75]
 
@@ -112,7 +113,7 @@ def test_balancedness_of_huge_loads_is_finite():
     phy2log = np.array([[0, 1, 2, 3, 4, 5, 0, 1]])
     logcnt = np.array([[2, 2, 1, 1, 1, 1]])
     base = np.array([[8.0, 6.0, 3.0, 3.0, 2.0, 2.0]])  # GPU loads 7, 6, 4, 7
-    loads = metrics.gpu_loads(base * 2e307, phy2log, logcnt, topology)  # each GPU finite, their sum is not
+    loads = gpu_loads(base * 2e307, phy2log, topology, logcnt=logcnt)  # each GPU finite, their sum is not
     assert np.isfinite(loads).all()
     np.testing.assert_allclose(metrics.balancedness(loads), [24.0 / 28.0], rtol=1e-15)
     np.testing.assert_allclose(metrics.imbalance(loads), [4.0 / 24.0], rtol=1e-14)

@@ -6,7 +6,7 @@ from hypothesis import given
 from strategies import problems
 
 import eplb
-from eplb.analysis.metrics import gpu_loads
+from eplb.analysis.loads import gpu_loads
 
 
 def published_loads(counts, config):
@@ -14,7 +14,7 @@ def published_loads(counts, config):
     phy2log, _, logcnt = published_greedy.rebalance_experts(
         counts, config["num_slots"], groups, config["num_nodes"], config["num_gpus"])
     topology = eplb.Topology.uniform(config["num_slots"], config["num_gpus"], config["num_nodes"])
-    return gpu_loads(counts, phy2log, logcnt, topology)
+    return gpu_loads(counts, phy2log, topology, logcnt=logcnt)
 
 
 @given(problems())

@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from eplb.planning.locality import (capped_lower_bound, gpu_loads_with_shares, home_nodes, off_node_tokens, off_node_curve,
+from eplb.planning.locality import (capped_lower_bound, home_nodes, off_node_tokens, off_node_curve,
                            plan_locality)
+from eplb.analysis.loads import gpu_loads
 from eplb.planning.methods import get_method
 from eplb.model.deployment import make_deployment
 
@@ -74,7 +75,7 @@ def test_a_tenth_of_the_tokens_off_node_buys_balance_under_group_skew():
     balance = {}
     for fraction in (0.0, 0.1):
         phy2log, shares, home, _ = plan_locality(weights, problem, fraction)
-        loads = gpu_loads_with_shares(weights, phy2log, shares, problem.topology)
+        loads = gpu_loads(weights, phy2log, problem.topology, shares=shares)
         balance[fraction] = float((loads.mean(axis=1) / loads.max(axis=1)).mean())
     assert balance[0.0] < 0.9
     assert balance[0.1] > 0.97
@@ -96,11 +97,11 @@ def test_properties_on_random_deployments(num_nodes, groups_per_node, group_size
     weights[0] = 0.0 if seed % 5 == 0 else weights[0]  # a dense layer now and then
     phy2log, shares, home, info = plan_locality(weights, problem, fraction)
     check_plan(weights, problem, phy2log, shares, home, fraction, info["source"])
-    peak = gpu_loads_with_shares(weights, phy2log, shares, problem.topology).max(axis=1)
+    peak = gpu_loads(weights, phy2log, problem.topology, shares=shares).max(axis=1)
     bound = capped_lower_bound(weights, problem, fraction)
     assert (bound <= peak * (1 + 1e-9) + 1e-12).all(), "the capped bound never exceeds what a plan reaches"
     hierarchical = plan_locality(weights, problem, 0.0)
-    base_peak = gpu_loads_with_shares(weights, hierarchical[0], hierarchical[1], problem.topology).max(axis=1)
+    base_peak = gpu_loads(weights, hierarchical[0], problem.topology, shares=hierarchical[1]).max(axis=1)
     assert (peak <= base_peak * 1.01 + 1e-12).all(), "a cap never costs more than 1% over no off-node tokens"
     again = plan_locality(weights, problem, fraction)
     np.testing.assert_array_equal(again[0], phy2log)

@@ -37,11 +37,11 @@ import numpy as np
 
 from ...kernels.pack_descend import balanced_placement
 from ...kernels.deepseek_greedy import greedy_placement
-from ...kernels.packing import max_gpu_loads
 from ...kernels.multistart import (NO_MOVES, NO_PAIR_SWAPS, NO_STARTS, SEED, MoveSearch, aligned_placement,
                                    best_placement)
 from ...kernels.tiny import SPREAD, tiny_optimum
 from ...analysis.bounds import TINY_BUDGET, TINY_SLOTS, average_bound
+from ...analysis.loads import slot_order_peaks
 from ...analysis.searches import group_assignment
 from ...model.topology import Topology
 from . import Option, Deployment, register
@@ -68,11 +68,6 @@ def domains(weights: np.ndarray, deployment: Deployment) -> tuple[np.ndarray, np
     return topology.node_of_gpu.astype(np.int64), np.repeat(node_of_group, size, axis=1), proven
 
 
-def max_loads(weights: np.ndarray, phy2log: np.ndarray, topology: Topology) -> np.ndarray:
-    """``[L]`` max GPU load of a placement (float64)."""
-    return max_gpu_loads(weights, phy2log, topology.slot_offsets)
-
-
 def spread_layer(weights: np.ndarray, row: np.ndarray, topology: Topology, gpu_domain: np.ndarray
                  ) -> np.ndarray | None:
     """``row [S]`` (one layer's placement on ``weights [E]``) with no two replicas of an expert on
@@ -80,7 +75,6 @@ def spread_layer(weights: np.ndarray, row: np.ndarray, topology: Topology, gpu_d
     [G]``; each time the swap that leaves the two GPUs lightest); the same row when nothing is
     doubled; ``None`` when no swap spreads it (e.g. an expert with more replicas than its domain
     has GPUs)."""
-    offsets = topology.slot_offsets
     gpu = topology.gpu_of_slot
     row = row.copy()
     counts = np.bincount(row, minlength=weights.shape[0])
@@ -130,8 +124,8 @@ def keep_better_than_greedy(weights: np.ndarray, deployment: Deployment, phy2log
     groups, nodes = (deployment.num_groups, topology.num_nodes) if deployment.hierarchical else (1, 1)
     greedy, _ = greedy_placement(np.ascontiguousarray(weights, dtype=np.float32), topology.num_slots, groups,
                                  nodes, topology.num_gpus)
-    own = max_loads(weights, phy2log, topology)
-    worse = max_loads(weights, greedy, topology) < own
+    own = slot_order_peaks(weights, phy2log, topology)
+    worse = slot_order_peaks(weights, greedy, topology) < own
     if not worse.any():
         return phy2log, 0
     domain = topology.node_of_gpu if deployment.hierarchical else np.zeros(topology.num_gpus, np.int64)
@@ -139,7 +133,7 @@ def keep_better_than_greedy(weights: np.ndarray, deployment: Deployment, phy2log
     taken = 0
     for layer in np.flatnonzero(worse):
         row = spread_layer(weights[layer], greedy[layer], topology, domain)
-        if row is not None and max_loads(weights[layer:layer + 1], row[None, :], topology)[0] < own[layer]:
+        if row is not None and slot_order_peaks(weights[layer:layer + 1], row[None, :], topology)[0] < own[layer]:
             phy2log[layer] = row
             taken += 1
     return phy2log, taken
@@ -182,7 +176,7 @@ def retry_replication(weights: np.ndarray, deployment: Deployment, phy2log: np.n
     domain_gpus = topology.num_gpus // domains_count
     cheap = np.maximum(average_bound(weights, topology), weights.max(axis=1) / topology.num_gpus)
     cheap = np.maximum(cheap, bound)
-    excess = max_loads(weights, phy2log, topology) / np.where(cheap > 0, cheap, 1.0)
+    excess = slot_order_peaks(weights, phy2log, topology) / np.where(cheap > 0, cheap, 1.0)
     layers = np.flatnonzero(excess > 1 + tolerance)
     if layers.size == 0:
         return phy2log, 0
@@ -215,7 +209,7 @@ def align_replication(weights: np.ndarray, deployment: Deployment, phy2log: np.n
     topology = deployment.topology
     cheap = np.maximum(average_bound(weights, topology), weights.max(axis=1) / topology.num_gpus)
     threshold = np.maximum(cheap, bound) * (1 + tolerance)
-    rows = max_loads(weights, phy2log, topology) > threshold
+    rows = slot_order_peaks(weights, phy2log, topology) > threshold
     if rows.any():
         phy2log = phy2log.copy()
         search = best_placement if retries else aligned_placement
@@ -234,7 +228,7 @@ def solve_tiny(weights: np.ndarray, deployment: Deployment, phy2log: np.ndarray)
     topology = deployment.topology
     if deployment.hierarchical or topology.num_slots > TINY_SLOTS:
         return phy2log, 0
-    peaks = max_loads(weights, phy2log, topology)
+    peaks = slot_order_peaks(weights, phy2log, topology)
     slots_per_gpu = writable(topology.slots_per_gpu)
     phy2log = phy2log.copy()
     row = np.empty(topology.num_slots, np.int64)

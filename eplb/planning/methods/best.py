@@ -28,7 +28,8 @@ from ...kernels.multistart import PAIR_SWAPS, MoveSearch, best_placement
 from ...analysis.searches import improve_layer
 from ...model._validation import INT64_MAX
 from . import Option, Deployment, register
-from .balanced import balanced, max_loads, writable
+from .balanced import balanced, writable
+from ...analysis.loads import slot_order_peaks
 
 
 MOVE_TOLERANCE = 2e-3
@@ -89,7 +90,7 @@ def best(weights: np.ndarray, deployment: Deployment, num_starts: int = 32, max_
                              int(max_steps), int(seed), PAIR_SWAPS, np.zeros(weights.shape[0]),
                              MoveSearch(int(move_experts), int(move_passes),
                                         np.ascontiguousarray(bound * (1 + MOVE_TOLERANCE))))
-    worse = max_loads(weights, phy2log, topology) > max_loads(weights, start, topology)
+    worse = slot_order_peaks(weights, phy2log, topology) > slot_order_peaks(weights, start, topology)
     phy2log[worse] = start[worse]  # per-domain improvement cannot raise a layer's max; kept as a guarantee
     phy2log = finish_capped(weights, deployment, phy2log, bound, capped_budget)
     return phy2log, {**info, "num_starts": int(num_starts), "seed": int(seed)}

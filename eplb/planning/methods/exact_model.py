@@ -45,6 +45,7 @@ import numpy as np
 from ortools.sat.python import cp_model
 
 from ...analysis.bounds import strongest_bound
+from ...analysis.loads import slot_order_peaks
 from ...model.deployment import Deployment
 from ...model.counts import power_of_two_scale
 from ...model.topology import Topology
@@ -447,9 +448,9 @@ def solve_layer(w: np.ndarray, deployment: Deployment, warm: np.ndarray, closed_
     if ran and status in (cp_model.OPTIMAL, cp_model.FEASIBLE, cp_model.UNKNOWN):
         bound = solver.best_objective_bound / layer_model.scale
     bound = max(bound, 0.0)
-    if row is None or _peak(row, w, deployment.topology) > _peak(warm, w, deployment.topology):
+    if row is None or slot_order_peaks(w[None], row[None], deployment.topology)[0] > slot_order_peaks(w[None], warm[None], deployment.topology)[0]:
         row = warm.copy()  # never worse than the warm start (matters only for rounded loads)
-    peak = _peak(row, w, deployment.topology)
+    peak = slot_order_peaks(w[None], row[None], deployment.topology)[0]
     # with exact integer loads the model's optimum must be the plan's load, to the unit
     consistent = (status != cp_model.OPTIMAL or not layer_model.exact
                   or abs(solver.objective_value - peak * layer_model.scale) <= 0.5)
@@ -480,7 +481,7 @@ def _spread(layer_model: LayerModel, row: np.ndarray, doubled: int, w: np.ndarra
     solver = solver_parameters(None if deterministic_time is None else SPREAD_SHARE * deterministic_time, workers,
                                wall_seconds=None if time_limit is None else max(1e-3, SPREAD_SHARE * time_limit))
     _, spread, _, interrupted = _search(layer_model, solver)
-    if spread is None or _peak(spread, w, deployment.topology) > peak \
+    if spread is None or slot_order_peaks(w[None], spread[None], deployment.topology)[0] > peak \
             or _doubled(spread, deployment.topology) >= doubled:
         return row, interrupted  # with rounded loads the stage may not keep the true max load: keep row
     return spread, interrupted
@@ -506,13 +507,6 @@ def largest_first_plan(w: np.ndarray, topology: Topology) -> np.ndarray:
         free[g] -= 1
         load[g] += w[e] / counts[e]
     return np.asarray([e for block in on_gpu for e in sorted(block)], dtype=np.int64)
-
-
-def _peak(row: np.ndarray, w: np.ndarray, topology: Topology) -> float:
-    """Max GPU load of a ``phy2log`` row ``[S]`` on loads ``w [E]``."""
-    counts = np.bincount(row, minlength=len(w))
-    per_slot = w[row] / counts[row]
-    return float(np.bincount(topology.gpu_of_slot, weights=per_slot, minlength=topology.num_gpus).max())
 
 
 def solve(weights: np.ndarray, deployment: Deployment, warm: np.ndarray, *, time_limit: float | None, workers: int,
