@@ -20,7 +20,7 @@ Series and deployments:
   window: plan on windows ``< t``, serve ``t``) and workloads around one popularity
   (``bench/out_of_sample.py``'s, sigma 0.2; leave one out: plan on the others, serve the one left out);
 - the real traces (``../shared/data/traces``; skipped when absent) as workloads, leave one out,
-  with their experts cut into 8 groups (as ``bench/locality.py``): OLMoE-1B-7B 80 slots / 16 GPUs /
+  with their experts cut into 8 groups (as ``bench/research/locality.py``): OLMoE-1B-7B 80 slots / 16 GPUs /
   2 nodes, gpt-oss-20b 48 slots / 8 GPUs / 2 nodes. Mixtral (8 experts, nearly balanced) is left out.
 
 A window's balancedness is the mean over layers of mean / max GPU load. *In sample*: the mean over

@@ -1,8 +1,9 @@
 """Run every benchmark section and collect the results: ``python bench/run.py [--quick]``.
 
 Sections (each a ``bench/<name>.py`` with ``run(quick, results_dir) -> markdown``; those whose
-script is absent are listed as such): speed, start-up, quality, generalisation, exact solver gap,
-serving, fewest changes (proven), certificate (gpt-oss-20b). Writes ``<results>/*.csv``, ``*.png`` and ``SUMMARY.md`` (every section's headline rows, then every
+script is absent are listed as such): what a user compares and the README and docs quote at the
+top of ``bench/``, the research that chose the package's designs in ``bench/research/`` (named
+``research.<name>``; see its README). Writes ``<results>/*.csv``, ``*.png`` and ``SUMMARY.md`` (every section's headline rows, then every
 section), and writes the README's headline (at most 12 rows a user compares, from the sections'
 ``readme_rows``) between ``<!-- bench:headline:start -->`` and ``<!-- bench:headline:end -->``.
 
@@ -34,18 +35,18 @@ SECTIONS = (
     ("speed", "Speed", "time per call vs experts, GPUs, layers, slots per GPU; NumPy port side by side"),
     ("startup", "Start-up", "cold Numba compile, warm-cache fresh process"),
     ("quality", "Quality", "every method on the quality configurations, synthetic and real traces"),
-    ("generalisation", "Generalisation", "plan on one window, serve another"),
-    ("exact_gap", "Exact solver", "gap of the methods to the exact optimum on small instances"),
+    ("research.generalisation", "Generalisation", "plan on one window, serve another"),
+    ("research.exact_gap", "Exact solver", "gap of the methods to the exact optimum on small instances"),
     ("serving", "Serving", "online balancer in a serving simulation"),
-    ("fewest_changes", "Fewest changes", "proven fewest slot changes per rebalance, gpt-oss-20b 40 slots"),
-    ("gpt_oss_certificate", "Certificate", "gpt-oss-20b: how close to the bound a placement can get"),
-    ("plan_latency", "Plan latency", "plan() alone and with its lower bound, DeepSeek-V3 size"),
-    ("bound_speed", "Bound speed", "lower_bound at DeepSeek-V3 size; the hierarchical bound at 1024 experts"),
+    ("research.fewest_changes", "Fewest changes", "proven fewest slot changes per rebalance, gpt-oss-20b 40 slots"),
+    ("research.gpt_oss_certificate", "Certificate", "gpt-oss-20b: how close to the bound a placement can get"),
+    ("research.plan_latency", "Plan latency", "plan() alone and with its lower bound, DeepSeek-V3 size"),
+    ("research.bound_speed", "Bound speed", "lower_bound at DeepSeek-V3 size; the hierarchical bound at 1024 experts"),
     ("greedy_net", "Greedy net", "how often the default's keep-greedy net fires"),
     ("background_thread", "Background thread", "planning beside a busy Python thread"),
-    ("dispatch", "Dispatch", "optimal dispatch per batch: speed and balancedness"),
+    ("research.dispatch", "Dispatch", "optimal dispatch per batch: speed and balancedness"),
     ("out_of_sample", "Out of sample", "held-out windows: objectives, even split and optimal dispatch"),
-    ("locality", "Locality", "balancedness against off-node tokens (max_off_node), in and out of sample"),
+    ("research.locality", "Locality", "balancedness against off-node tokens (max_off_node), in and out of sample"),
     ("simulate", "Simulate", "rebalancing policies in step time and copies on drifting traffic"),
     ("decision_rule", "Decision rule", "Balancer settings chosen on tuning series, judged on held-out ones"),
     ("loop_frontier", "Loop frontier", "time lost against copies: the Balancer and a clairvoyant planner, held out"),
@@ -67,6 +68,16 @@ START = "<!-- bench:headline:start -->"
 END = "<!-- bench:headline:end -->"
 
 
+def short_name(name: str) -> str:
+    """A section's name without its folder (``research.locality`` -> ``locality``): its files' stem."""
+    return name.rsplit(".", 1)[-1]
+
+
+def section_path(name: str) -> Path:
+    """The script of section ``name`` (``research.x`` is ``bench/research/x.py``)."""
+    return BENCH / (name.replace(".", "/") + ".py")
+
+
 def run_sections(names: list[str], quick: bool, results_dir: Path, stamp: str = "") -> list[dict]:
     """Import and run each section; one record per section with its markdown (headed by ``stamp``:
     the commit and time of this run), status and time."""
@@ -74,9 +85,9 @@ def run_sections(names: list[str], quick: bool, results_dir: Path, stamp: str = 
     for name in names:
         title = next((t for n, t, _ in SECTIONS if n == name), name)
         record = {"name": name, "title": title, "markdown": "", "status": "ok", "seconds": 0.0, "headline": []}
-        if not (BENCH / f"{name}.py").exists():
+        if not section_path(name).exists():
             record["status"] = "absent"
-            record["markdown"] = f"## {title}\n\n`bench/{name}.py` is not in the repository yet.\n"
+            record["markdown"] = f"## {title}\n\n`{section_path(name).relative_to(BENCH.parent)}` is not in the repository yet.\n"
             records.append(record)
             continue
         print(f"[bench] {name} ...", file=sys.stderr, flush=True)
@@ -95,7 +106,7 @@ def run_sections(names: list[str], quick: bool, results_dir: Path, stamp: str = 
             record["markdown"] = f"## {title}\n\nFAILED:\n\n```\n{traceback.format_exc()[-3000:]}```\n"
         record["seconds"] = time.perf_counter() - start
         if record["status"] == "ok":  # kept so that a partial re-run (--only) still shows this section
-            (results_dir / f"section_{name}.md").write_text(record["markdown"])
+            (results_dir / f"section_{short_name(name)}.md").write_text(record["markdown"])
         print(f"[bench] {name}: {record['status']} in {record['seconds']:.1f} s", file=sys.stderr, flush=True)
         records.append(record)
     return records
@@ -106,14 +117,14 @@ def collect_headlines(records: list[dict], results_dir: Path) -> None:
     results recorded earlier in ``results_dir``, so a partial re-run keeps the whole summary."""
     ran = {r["name"] for r in records}
     for name, title, _ in SECTIONS:
-        if name in ran or not (BENCH / f"{name}.py").exists():
+        if name in ran or not section_path(name).exists():
             continue
         try:
             module = importlib.import_module(name)
             rows = list(module.headline(results_dir)) if hasattr(module, "headline") else []
         except Exception:  # an old or broken section has no headline rows
             rows = []
-        recorded = results_dir / f"section_{name}.md"
+        recorded = results_dir / f"section_{short_name(name)}.md"
         markdown = (f"{recorded.read_text()}\n\n(recorded by an earlier run; not re-run this time)\n"
                     if recorded.exists() else f"## {title}\n\nNot run this time; see its files in this folder.\n")
         records.append({"name": name, "title": title, "markdown": markdown, "status": "not run (recorded earlier)",
@@ -142,7 +153,7 @@ def headline_table(records: list[dict], quick: bool, when: str, results_dir: Pat
 def readme_sections() -> list[str]:
     """The sections whose ``readme_rows`` feed the README's headline."""
     return [name for name, _, _ in SECTIONS
-            if (BENCH / f"{name}.py").exists() and hasattr(importlib.import_module(name), "readme_rows")]
+            if section_path(name).exists() and hasattr(importlib.import_module(name), "readme_rows")]
 
 
 def readme_table(records: list[dict], when: str, commit: str | None = None) -> str:

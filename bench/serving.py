@@ -175,7 +175,7 @@ def fewest_changes_rows(seqs: list, quick: bool) -> list[dict]:
     """Per rebalance of Mixtral's 12-slot deployment: the slots eplb changes vs the fewest any plan
     within the tolerance can change (CP-SAT, :mod:`eplb.planning.exact_migration`, from the same previous
     placement), against two references: the default method from scratch (eplb's) and the optimum
-    (``method="exact"``). gpt-oss-20b's 40 slots: ``bench/fewest_changes.py`` (an exact search
+    (``method="exact"``). gpt-oss-20b's 40 slots: ``bench/research/fewest_changes.py`` (an exact search
     proves there what CP-SAT does not)."""
     from eplb.planning.api import make_deployment
     from eplb.planning.exact_migration import fewest_changes
@@ -354,7 +354,7 @@ def run(quick: bool, results_dir: Path) -> str:
               "of an expert, as in eplb's search; `proven`: the solver proved the minimum on every layer, else "
               "`bound` is what it proved). Reference: the default method from scratch (eplb's) or the optimum "
               "(`method=\"exact\"`). As a fraction of all slots. gpt-oss-20b on 40 slots: see the section "
-              "\"Fewest slot changes per rebalance, proven\" (`bench/fewest_changes.py`).", ""]
+              "\"Fewest slot changes per rebalance, proven\" (`bench/research/fewest_changes.py`).", ""]
     table = []
     for name in dict.fromkeys(r["sequence"] for r in fewest):
         rs = [r for r in fewest if r["sequence"] == name]

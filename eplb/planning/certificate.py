@@ -14,7 +14,7 @@ search under a load cap (:mod:`eplb.kernels.capped`):
 
 Opt-in and offline: with 40 slots (gpt-oss-20b on 8 GPUs) a layer takes ~0.7 s (median) at the
 default 20,000 nodes per attempt and lands 0.008% (mean) above the average bound, where ``best``
-is at ~0.1%; ``budget=1_000``: ~45 ms and 0.026% (``bench/gpt_oss_certificate.py``). It needs
+is at ~0.1%; ``budget=1_000``: ~45 ms and 0.026% (``bench/research/gpt_oss_certificate.py``). It needs
 identical GPUs in one domain (global mode, uniform topology) and pays off on small GPUs (a few
 slots each; on 144 slots over 8 GPUs it found nothing lighter than ``best``). The search is exact for the replica counts it tries, not over every
 replication, so ``upper`` is an achievable max load (a placement holds it) and ``lower`` the

@@ -24,7 +24,7 @@ from eplb.simulation.synthetic import skewed_counts
 
 HEURISTICS = [m for m in eplb.METHODS if m != "exact"]
 # The default method on the tiny instances below: at most 25% above the optimum when every GPU has
-# the same number of slots (worst seen in bench/exact_gap.py: see the README), at most 2x otherwise.
+# the same number of slots (worst seen in bench/research/exact_gap.py: see the README), at most 2x otherwise.
 DEFAULT_TOLERANCE = {True: 0.25, False: 1.0}
 REL = 1e-9
 

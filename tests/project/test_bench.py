@@ -9,15 +9,12 @@ import importlib
 
 import pytest
 
-import eplb
 
 pytestmark = pytest.mark.slow  # runs the benchmark sections at small sizes
 
 speed = importlib.import_module("speed")
 startup = importlib.import_module("startup")
-generalisation = importlib.import_module("generalisation")
 runner = importlib.import_module("run")
-locality = importlib.import_module("locality")
 
 
 def read(path):
@@ -63,20 +60,6 @@ def test_startup_measures_fresh_processes(tmp_path):
     assert len(startup.headline(tmp_path)) == 2
 
 
-def test_generalisation_reports_in_and_out_of_sample_for_every_method(tmp_path):
-    text = generalisation.run(True, tmp_path)
-    rows = read(tmp_path / "generalisation.csv")
-    methods = {r["method"] for r in rows}
-    assert set(eplb.METHODS) - {"exact"} <= methods and generalisation.NO_DATA in methods
-    for r in rows:
-        assert 0 < float(r["out_of_sample"]) <= 1
-        if r["method"] != generalisation.NO_DATA:
-            assert 0 < float(r["in_sample"]) <= 1
-    drift = [r for r in rows if r["scheme"].startswith("drift")]
-    assert drift, "the synthetic drift cases run even without real traces"
-    assert "## Generalisation" in text and (tmp_path / "generalisation.png").exists()
-
-
 def test_runner_reports_absent_and_failing_sections_and_keeps_going(tmp_path, monkeypatch):
     (tmp_path / "broken_section.py").write_text("def run(quick, results_dir):\n    raise RuntimeError('boom')\n")
     monkeypatch.syspath_prepend(str(tmp_path))
@@ -91,23 +74,43 @@ def test_runner_reports_absent_and_failing_sections_and_keeps_going(tmp_path, mo
     assert "| a figure | 1 ms | <= 2 ms |" in text and "## Fine" in text
 
 
-def test_partial_rerun_keeps_the_other_sections_headlines(tmp_path):
-    generalisation.run(True, tmp_path)  # recorded earlier
+def _recorded_section(folder, monkeypatch):
+    """A section ``recorded`` in ``folder`` with one headline row, and ``runner`` pointed at it."""
+    monkeypatch.syspath_prepend(str(folder))
+    monkeypatch.setattr(runner, "BENCH", folder)
+    (folder / "recorded.py").write_text(
+        "def run(quick, results_dir):\n    return '## Recorded\\n\\nbody'\n"
+        "def headline(results_dir):\n    return [('recorded figure', '3 ms', '<= 5 ms')]\n")
+    monkeypatch.setattr(runner, "SECTIONS", (("recorded", "Recorded", "a section recorded earlier"),))
+
+
+def test_partial_rerun_keeps_the_other_sections_headlines(tmp_path, monkeypatch):
+    _recorded_section(tmp_path, monkeypatch)
+    runner.run_sections(["recorded"], True, tmp_path)  # recorded earlier
     records = runner.run_sections(["not_there"], True, tmp_path)
     runner.collect_headlines(records, tmp_path)
     by_name = {r["name"]: r for r in records}
-    assert by_name["generalisation"]["status"].startswith("not run") and by_name["generalisation"]["headline"]
-    # the synthetic-drift row is there with or without the real traces
-    assert "minus `greedy` balancedness" in runner.headline_table(records, True, "now", tmp_path)
-    assert "Generalisation: figures recorded by an earlier run" in runner.headline_table(records, True, "now", tmp_path)
+    assert by_name["recorded"]["status"].startswith("not run") and by_name["recorded"]["headline"]
+    table = runner.headline_table(records, True, "now", tmp_path)
+    assert "| recorded figure | 3 ms | <= 5 ms |" in table
+    assert "Recorded: figures recorded by an earlier run" in table
 
 
-def test_runner_main_writes_the_summary(tmp_path):
-    status = runner.main(["--quick", "--only", "generalisation", "--results-dir", str(tmp_path), "--no-readme"])
+def test_runner_main_writes_the_summary(tmp_path, monkeypatch):
+    _recorded_section(tmp_path, monkeypatch)
+    status = runner.main(["--quick", "--only", "recorded", "--results-dir", str(tmp_path), "--no-readme"])
     assert status == 0
     summary = (tmp_path / "SUMMARY.md").read_text()
-    assert "## Generalisation" in summary and "## Headline" in summary
-    assert (tmp_path / "section_generalisation.md").read_text().startswith("## Generalisation")
+    assert "## Recorded" in summary and "## Headline" in summary
+    assert (tmp_path / "section_recorded.md").read_text().startswith("## Recorded")
+
+
+def test_research_sections_are_the_scripts_in_bench_research():
+    research = [name for name, _, _ in runner.SECTIONS if name.startswith("research.")]
+    assert research and all(runner.section_path(name).exists() for name in research)
+    assert all(runner.section_path(name).parent.name == "research" for name in research)
+    assert {runner.short_name(name) for name in research}.isdisjoint(
+        name for name, _, _ in runner.SECTIONS if "." not in name)  # their files keep one name each
 
 
 def test_readme_table_takes_the_sections_readme_rows_and_at_most_twelve(tmp_path, monkeypatch):
@@ -137,19 +140,6 @@ def test_readme_headline_goes_between_markers_above_design(tmp_path, has_markers
     assert text.count(runner.START) == 1 and text.count(runner.END) == 1 and "old table" not in text
     assert text.index("## Use") < text.index("## Benchmarks") < text.index(runner.START) < text.index("## Design")
     assert "| figure | measured | target |" in text and text.endswith("## Design\n\nmore\n")
-
-
-def test_locality_reports_the_curve_and_its_targets(tmp_path):
-    text = locality.run(True, tmp_path, layers=2, traces=False)
-    rows = read(tmp_path / "locality.csv")
-    curve = [r for r in rows if r["max_off_node"] in {str(f) for f in locality.QUICK_FRACTIONS}]
-    assert len(curve) == 2 * len(locality.QUICK_FRACTIONS)
-    for r in curve:
-        assert float(r["off_node_in_sample"]) <= float(r["max_off_node"]) + 1e-9
-        assert 0 < float(r["balancedness_out_of_sample"]) <= 1
-    assert any("greedy" in r["max_off_node"] for r in rows)
-    assert "## Locality" in text and (tmp_path / "locality.png").stat().st_size > 0
-    assert any("<= 10%" in target for _, _, target in locality.headline(tmp_path))
 
 
 def test_every_section_records_the_commit_it_ran_at(tmp_path, monkeypatch):

@@ -16,7 +16,7 @@ replicas between experts (:func:`eplb.kernels.capped.descend`). Fixed seed and n
 same input gives the same placement.
 
 Re-solving the heaviest GPU and a few partners exactly (CP-SAT) after this was measured and not
-kept: ``bench/best_levers.py`` (it gains little at hundreds of milliseconds per layer).
+kept: ``bench/research/best_levers.py`` (it gains little at hundreds of milliseconds per layer).
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ CAPPED_SLOTS = 64
 """Global layers of more than :data:`eplb.analysis.bounds.TINY_SLOTS` (solved exactly by the default) and at
 most this many slots, on identical GPUs, finish with the capped search. On gpt-oss-20b (40 slots,
 8 GPUs) it takes ``best`` from 0.098% to 0.026% above the bound at ~45 ms per layer
-(``bench/gpt_oss_certificate.py``; 20,000 nodes per attempt reach 0.008%, so the bound is within
+(``bench/research/gpt_oss_certificate.py``; 20,000 nodes per attempt reach 0.008%, so the bound is within
 0.008% of the optimum there); with more slots per GPU it found nothing lighter."""
 
 CAPPED_ATTEMPTS = 20

@@ -59,7 +59,7 @@ OPTIMALITY_TOLERANCE = 1e-6  # relative, only when the loads had to be rounded
 
 @dataclass(frozen=True)
 class Levers:
-    """Which strengthenings the model uses (the defaults are the measured best; ``bench/exact_gap.py``
+    """Which strengthenings the model uses (the defaults are the measured best; ``bench/research/exact_gap.py``
     switches each in turn)."""
 
     exact_loads: bool = True  # integer loads w * lcm(counts) / r (else floor-rounded, total 2**31)

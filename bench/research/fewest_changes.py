@@ -15,7 +15,7 @@ eplb itself uses (1.005 x the default method's max load from scratch):
 
 Same rules as the CP-SAT columns of ``bench/serving.py`` (no GPU gets a second replica of an
 expert it held). Writes ``fewest_changes.csv`` (per rebalance) and ``fewest_changes_layers.csv``
-(per layer). Run: ``python bench/fewest_changes.py [--quick]``.
+(per layer). Run: ``cd bench && python -m research.fewest_changes [--quick]``.
 """
 
 from __future__ import annotations
@@ -24,11 +24,11 @@ import argparse
 from pathlib import Path
 
 import numpy as np
-from _common import load_note, load_trace, markdown_table, read_csv, write_csv
+from _common import BENCH, load_note, load_trace, markdown_table, read_csv, write_csv
 
 import eplb
 from eplb.planning.api import make_deployment
-from fewest_changes_search import prove_fewest_changes
+from research.fewest_changes_search import prove_fewest_changes
 
 TOLERANCE = 0.005
 DEPLOYMENT = dict(num_slots=40, num_gpus=8, num_nodes=2)
@@ -151,5 +151,5 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="2 rebalances, 6 layers, small budget")
     args = parser.parse_args()
-    out = Path(__file__).resolve().parent / "results" / ("quick" if args.quick else "")
+    out = BENCH / "results" / ("quick" if args.quick else "")
     print(run(args.quick, out))

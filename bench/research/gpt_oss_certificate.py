@@ -11,29 +11,24 @@ time) with 1,000 / 20,000 search nodes per packing attempt. Every
 found placement has no two replicas of one expert on a GPU (as the default). Times are wall
 seconds per layer on a shared 2-core machine.
 
-``python bench/gpt_oss_certificate.py [--quick]``; writes ``gpt_oss_certificate.csv`` into the
+``cd bench && python -m research.gpt_oss_certificate [--quick]``; writes ``gpt_oss_certificate.csv`` into the
 results folder and prints the markdown section.
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-BENCH = Path(__file__).resolve().parent
-if str(BENCH) not in sys.path:
-    sys.path.insert(0, str(BENCH))
+from _common import BENCH, load_note, markdown_table, pct, trace_workloads, write_csv
 
-from _common import load_note, markdown_table, pct, trace_workloads, write_csv  # noqa: E402
-
-import eplb  # noqa: E402
-from eplb.analysis.bounds import average_bound, lower_bound  # noqa: E402
-from eplb.planning.certificate import improve_layer  # noqa: E402
-from eplb import Topology  # noqa: E402
+import eplb
+from eplb.analysis.bounds import average_bound, lower_bound
+from eplb.planning.certificate import improve_layer
+from eplb import Topology
 from eplb import Deployment
 
 VARIANTS = (("fixed", False, 20_000), ("quick", True, 1_000), ("full", True, 20_000))

@@ -5,7 +5,7 @@ the same without groups (global), realistic loads from :func:`eplb.simulation.sy
 ``plan`` computes the lower bound only when ``.lower_bound`` / ``.gap`` is read: the script times
 ``plan(...)`` alone and ``plan(...).gap`` (median of many calls after a warm-up, one process).
 
-Run: ``python bench/plan_latency.py [--repeats N]``.
+Run: ``cd bench && python -m research.plan_latency [--repeats N]``.
 """
 
 from __future__ import annotations

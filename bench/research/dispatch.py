@@ -1,6 +1,6 @@
 """Speed of optimal dispatch: the exact shares for one batch, DeepSeek-V3 size, one core.
 
-``python bench/dispatch.py`` prints a markdown section (``--csv PATH`` also writes the rows).
+``cd bench && python -m research.dispatch`` prints a markdown section (``--csv PATH`` also writes the rows).
 The target (issue 16) is under 1 ms for 58 layers x 288 slots; timings are medians of many calls
 of the kernel alone (what a serving loop calls per batch) and of ``eplb.dispatch`` (with its
 input checks), on plans made from other counts than the batch (so experts really get split).

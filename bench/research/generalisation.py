@@ -13,7 +13,7 @@ averaged over layers; 1.0 is perfect) on that same window (*in-sample*) and on o
   (hierarchical: 8 groups on 4 nodes; and global): plan on window t, evaluate on window t + 1,
   for several drift sizes (drift 0 isolates the sampling noise between two windows).
 
-Run: ``python bench/generalisation.py [--quick]``.
+Run: ``cd bench && python -m research.generalisation [--quick]``.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from _common import load_note, markdown_table, planning_methods, pyplot, read_csv, trace_workloads, write_csv
+from _common import BENCH, markdown_table, planning_methods, pyplot, read_csv, trace_workloads, write_csv
 
 import eplb
 from eplb.simulation.synthetic import DEEPSEEK_V3, drifting_counts
@@ -199,4 +199,4 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer cases and layers")
     args = parser.parse_args()
-    print(run(args.quick, Path(__file__).resolve().parent / "results" / ("quick" if args.quick else "")))
+    print(run(args.quick, BENCH / "results" / ("quick" if args.quick else "")))

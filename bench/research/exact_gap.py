@@ -7,7 +7,7 @@ records per instance: whether CP-SAT proved optimality, its solve time (wall and
 ``(heuristic - optimum) / optimum`` for every registered method, and ``(optimum - bound) / optimum``
 for the closed-form lower bound. A lever study switches off one strengthening of the model at a time.
 
-``python bench/exact_gap.py [--quick]``; writes ``exact_gap.csv``, ``exact_gap_levers.csv`` and
+``cd bench && python -m research.exact_gap [--quick]``; writes ``exact_gap.csv``, ``exact_gap_levers.csv`` and
 ``exact_gap.png`` into the results folder and prints the markdown section.
 """
 
@@ -15,24 +15,19 @@ from __future__ import annotations
 
 import argparse
 import math
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-BENCH = Path(__file__).resolve().parent
-if str(BENCH) not in sys.path:
-    sys.path.insert(0, str(BENCH))
+from _common import BENCH, load_note, markdown_table, planning_methods, pyplot, read_csv, write_csv
 
-from _common import load_note, markdown_table, planning_methods, pyplot, read_csv, write_csv  # noqa: E402
-
-import eplb  # noqa: E402
-from eplb.planning.methods import exact_model as exact  # noqa: E402
-from eplb.planning.api import make_deployment  # noqa: E402
-from eplb import lower_bound  # noqa: E402
-from eplb.planning.methods import DEFAULT_METHOD, get_method  # noqa: E402
-from eplb.simulation.synthetic import skewed_counts  # noqa: E402
+import eplb
+from eplb.planning.methods import exact_model as exact
+from eplb.planning.api import make_deployment
+from eplb import lower_bound
+from eplb.planning.methods import DEFAULT_METHOD, get_method
+from eplb.simulation.synthetic import skewed_counts
 
 FAMILIES = ("lognormal", "zipf", "hot")
 TOKENS = (64, 512, 4096)

@@ -13,7 +13,7 @@ hot-expert bound buy, and whether re-solving the heaviest GPUs exactly (CP-SAT) 
    it if the heaviest of them gets lighter, repeat while it helps. Records the gap before / after
    and the time per layer: the lever is kept in ``best`` only if it pays within its 300 ms bar.
 
-    python bench/best_levers.py [--quick]
+    cd bench && python -m research.best_levers [--quick]
 
 Writes ``best_levers_gap.csv``, ``best_levers_speed.csv`` and ``best_levers_resolve.csv``.
 """
@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from _common import load_note, markdown_table, pct, trace_workloads, write_csv
+from _common import BENCH, load_note, markdown_table, pct, trace_workloads, write_csv
 from quality import FAMILIES, speed_rows
 
 import eplb.planning.methods.balanced as balanced_module
@@ -228,6 +228,6 @@ def run(quick: bool, results_dir: Path) -> str:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer layers, shorter CP-SAT limits")
-    parser.add_argument("--results", type=Path, default=Path(__file__).resolve().parent / "results")
+    parser.add_argument("--results", type=Path, default=BENCH / "results")
     args = parser.parse_args()
     print(run(args.quick, args.results if not args.quick else args.results / "quick"))

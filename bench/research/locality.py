@@ -14,7 +14,7 @@ shares the plan returns) and the off-node share of the tokens:
   slots / 16 GPUs / 2 nodes, gpt-oss-20b 48 slots / 8 GPUs / 2 nodes, leave one workload out.
 - Reference points: the published greedy (hierarchical) and the global placement of the default.
 
-Run: ``python bench/locality.py [--quick]``; ``bench/run.py`` runs it as the "Locality" section.
+Run: ``cd bench && python -m research.locality [--quick]``; ``bench/run.py`` runs it as the "Locality" section.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from _common import markdown_table, pyplot, read_csv, trace_workloads, write_csv
+from _common import BENCH, markdown_table, pyplot, read_csv, trace_workloads, write_csv
 
 import eplb
 from eplb.analysis.dispatch import optimal_dispatch
@@ -235,7 +235,7 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
     args = parser.parse_args()
-    out = Path(__file__).resolve().parent / "results" / ("quick" if args.quick else "")
+    out = BENCH / "results" / ("quick" if args.quick else "")
     out.mkdir(parents=True, exist_ok=True)
     print(run(args.quick, out))
     for row in headline(out):

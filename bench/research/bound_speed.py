@@ -7,7 +7,7 @@ factors, Zipf 1.0 / 1.5, a few hot experts), 58 layers x 256 experts, 288 slots 
 nodes, hierarchical (8 groups) and global, with the default plan's time beside it; then the
 default plan's gap to the hierarchical bound at 1024 experts / 32 groups / 16 nodes.
 
-Run: ``python bench/bound_speed.py [--quick] [--profile]`` (``--profile``: cProfile of the bound).
+Run: ``cd bench && python -m research.bound_speed [--quick] [--profile]`` (``--profile``: cProfile of the bound).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import cProfile
 import pstats
 from pathlib import Path
 
-from _common import read_csv, fmt_ms, load_note, markdown_table, median_time, write_csv
+from _common import BENCH, read_csv, fmt_ms, load_note, markdown_table, median_time, write_csv
 
 import eplb
 from eplb import lower_bound
@@ -116,5 +116,5 @@ if __name__ == "__main__":
     if args.profile:
         profile()
     else:
-        out = Path(__file__).resolve().parent / "results" / ("quick" if args.quick else "")
+        out = BENCH / "results" / ("quick" if args.quick else "")
         print(run(args.quick, out))
