@@ -27,6 +27,7 @@ from .model.cost import HARDWARE as COST_HARDWARE, MODELS as COST_MODELS
 from .planning.methods import DEFAULT_METHOD, METHODS
 from .engines import DISPATCH_RULES, ENGINE_RULES, ENGINES, SCORING
 from .planning.objectives import OBJECTIVES
+from .planning.pipeline import combination_error
 from .serving.policy import POLICY_NAMES as SIMULATE_POLICIES
 from .analysis.metrics import moe_layers, moe_mean
 from .io.report import Bound, bound_for, moe_note
@@ -511,24 +512,22 @@ def _plan_options(method, previous, tolerance, max_moves, time_limit, determinis
         if method != "exact":
             raise click.BadParameter(f"applies to method 'exact' only, not {method!r}", param_hint="--deterministic-time")
         options["deterministic_time"] = deterministic_time
-    if engine is not None:
-        if dispatch != "uniform":
-            raise click.UsageError("--engine sets the dispatch rule: not with --dispatch optimal")
-        if previous is not None or max_off_node is not None:
-            raise click.UsageError("--engine plans from scratch: not with --previous or --max-off-node")
-        options["dispatch"] = engine
-    elif dispatch != "uniform":
-        options["dispatch"] = dispatch
-    if objective is not None:
-        options["objective"] = objective
-    if max_off_node is not None:
-        if previous is not None:
-            raise click.UsageError("--max-off-node plans from scratch: it cannot be combined with --previous")
-        if groups is None or groups % nodes:
-            raise click.BadParameter("needs --groups that divide over --nodes (a hierarchical deployment)",
-                                     param_hint="--max-off-node")
-        options["max_off_node"] = max_off_node
+    if engine is not None and dispatch != "uniform":
+        raise click.UsageError("--engine sets the dispatch rule: not with --dispatch optimal")
+    rule = engine or dispatch
+    refusal = combination_error(rule, objective=objective, previous=previous is not None,
+                                max_off_node=max_off_node is not None, is_series=None,
+                                hierarchical=groups is not None and groups % nodes == 0, names=_PLAN_FLAGS)
+    if refusal:  # the rest (e.g. --objective with --previous on a series) once the counts are read
+        raise click.UsageError(refusal)
+    options.update({k: v for k, v in (("dispatch", None if rule == "uniform" else rule), ("objective", objective),
+                                      ("max_off_node", max_off_node)) if v is not None})
     return migration, options
+
+
+_PLAN_FLAGS = {"previous": "--previous", "max_off_node": "--max-off-node", "dispatch": "--engine",
+               "objective": "--objective", "num_groups": "--groups", "num_nodes": "--nodes"}
+"""How ``eplb plan`` names :func:`eplb.planning.pipeline.combination_error`'s options."""
 
 
 def _plan_summary(*, data, phase, method, slots, gpus, nodes, groups, before, after, placement, weights, options,

@@ -293,6 +293,40 @@ class ForEngineRule:
 
 
 # -- building and running ----------------------------------------------------------------------------
+KEYWORDS = {"previous": "previous=", "max_off_node": "max_off_node=", "dispatch": "dispatch=", "objective": "objective=",
+            "num_groups": "num_groups", "num_nodes": "num_nodes"}
+# a name ending in "=" is followed by the value (dispatch='sglang-static'); a flag by a space
+"""How :func:`combination_error` names the options (the CLI passes its flags instead)."""
+
+
+def combination_error(dispatch: str, *, objective: str | None, previous: bool, max_off_node: bool,
+                      hierarchical: bool, is_series: bool | None, names: dict = KEYWORDS) -> str | None:
+    """Which options of one plan combine, stated once: ``None`` when they do, else why not.
+
+    ``dispatch``: the rule's name; ``objective``: how a series combines (``None``: the default);
+    ``previous`` / ``max_off_node``: whether those are given; ``is_series``: whether the counts are a
+    series (``None``: not known yet, so the rules that depend on it are not checked). ``names``:
+    what to call the options in the message (keyword -> name)."""
+    kind = dispatch_rule(dispatch).kind
+    searched = bool(is_series) and objective in SEARCHES
+    spell = {k: v if v.endswith("=") else v + " " for k, v in names.items()}  # before a value
+    start = " or ".join(names[k] for k, given in (("previous", previous), ("max_off_node", max_off_node)) if given)
+    if kind == "engine" and start:
+        return f"{spell['dispatch']}{dispatch!r} plans from scratch: not with {start}"
+    if max_off_node and not hierarchical:
+        return (f"{names['max_off_node']} needs a hierarchical configuration: {names['num_groups']} a multiple of "
+                f"{names['num_nodes']}")
+    if max_off_node and previous:
+        return f"{names['max_off_node']} cannot be combined with {names['previous']} (plan the capped layout from scratch)"
+    if start and is_series and not ((searched and kind == "uniform") or objective == "sum"):
+        allowed = " or ".join(repr(name) for name in ("sum",) + SEARCHES)
+        return (f"{start} combines with {spell['objective']}{allowed} under an even split, not "
+                f"{spell['objective']}{objective!r} with {spell['dispatch']}{dispatch!r}")
+    if searched and kind == "optimal":
+        return f"{spell['objective']}{objective!r} is for {spell['dispatch']}'uniform' (an even split among replicas)"
+    return None
+
+
 def build(windows: Windows, deployment: Deployment, *, method: str, objective: str, previous=None,
           tolerance: float | None = PLAN_TOLERANCE, max_moves=None, max_off_node=None, copy_cost: float = 0.0,
           threads: int = 1, options: dict | None = None) -> list:
@@ -303,21 +337,13 @@ def build(windows: Windows, deployment: Deployment, *, method: str, objective: s
     options = dict(options or {})
     kind = dispatch_rule(deployment.dispatch).kind
     searched = windows.is_series and objective in SEARCHES
-    if kind == "engine" and (previous is not None or max_off_node is not None):
-        raise ValueError(f"dispatch={deployment.dispatch!r} plans from scratch: not with previous= or max_off_node=")
-    if (previous is not None or max_off_node is not None) and windows.is_series and not (
-            (searched and kind == "uniform") or objective == "sum"):
-        allowed = " or ".join(repr(name) for name in ("sum",) + SEARCHES)
-        raise ValueError(f"previous= and max_off_node= combine with objective {allowed} under an even split, "
-                         f"not objective={objective!r} with dispatch={deployment.dispatch!r}")
-    if searched and kind == "optimal":
-        raise ValueError(f"objective {objective!r} is for dispatch='uniform' (an even split among replicas)")
+    refusal = combination_error(deployment.dispatch, objective=objective, previous=previous is not None,
+                                max_off_node=max_off_node is not None, hierarchical=deployment.hierarchical,
+                                is_series=windows.is_series)
+    if refusal:
+        raise ValueError(refusal)
     if max_off_node is not None:
         max_off_node = as_fraction(max_off_node, "max_off_node")
-        if not deployment.hierarchical:
-            raise ValueError("max_off_node needs a hierarchical configuration: num_groups a multiple of num_nodes")
-        if previous is not None:
-            raise ValueError("max_off_node cannot be combined with previous= (plan the capped layout from scratch)")
     if previous is not None:
         previous = as_previous(previous, windows.weights.shape[1], deployment, windows.weights.shape[0])
     if tolerance is not None or max_moves is not None:  # checked even where unused (no previous=)

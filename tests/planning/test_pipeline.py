@@ -4,6 +4,7 @@ stages, and a move budget holds for a hedged series."""
 
 import numpy as np
 import pytest
+from cli_runner import invoke
 
 import eplb
 from eplb.planning.pipeline import build, windows_of
@@ -61,7 +62,7 @@ def test_the_start_is_the_first_that_applies_and_the_rest_follow_in_order():
 @pytest.mark.parametrize("options, message", [
     (dict(dispatch="sglang-static", previous=True), "plans from scratch"),
     (dict(dispatch="sglang-static", max_off_node=0.1), "plans from scratch"),
-    (dict(objective="worst_window", previous=True), "combine with objective"),
+    (dict(objective="worst_window", previous=True), "combines with objective="),
     (dict(dispatch="optimal", objective="expected_peak_search"), "is for dispatch='uniform'"),
     (dict(max_off_node=0.1, previous=True), "cannot be combined with previous"),
 ])
@@ -136,3 +137,18 @@ def test_a_previous_placement_on_another_topology_is_refused_naming_both():
     previous = eplb.plan(series.sum(axis=0), num_slots=48, num_gpus=8)
     with pytest.raises(ValueError, match=r"same topology .* got \[6, 6, 6, 6, 6, 6, 6, 6\] vs \[5, 5"):
         eplb.plan(series, previous=previous, num_slots=40, num_gpus=8)
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--engine", "sglang-static", "--previous", "previous.json"], "--engine 'sglang-static' plans from scratch: not with --previous"),
+    (["--engine", "sglang-static", "--max-off-node", "0.1", "--groups", "4", "--nodes", "2"], "not with --max-off-node"),
+    (["--max-off-node", "0.1", "--previous", "previous.json", "--groups", "4", "--nodes", "2"],
+     "--max-off-node cannot be combined with --previous"),
+    (["--max-off-node", "0.1", "--groups", "3", "--nodes", "2"], "--groups a multiple of --nodes"),
+])
+def test_the_cli_refuses_the_same_combinations_by_its_flags_before_reading_the_counts(tmp_path, flags, message):
+    """One rule (``combination_error``) for ``plan`` and ``eplb plan``: a usage error (exit 2) naming
+    the flags, before the (here absent) counts file is read."""
+    _, err = invoke("plan", "absent.npy", "--slots", "40", "--gpus", "8", "-o", "plan.json", *flags, cwd=tmp_path,
+                    expect=2)
+    assert message in err and "absent.npy" not in err
