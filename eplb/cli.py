@@ -1399,7 +1399,8 @@ def sweep(counts, extra_slots, gpus, nodes, groups, dispatches, policies, hardwa
 
 _RECOMMEND_FLAGS = {"num_gpus": "--gpus", "num_nodes": "--nodes", "num_groups": "--groups", "batch": "--batch",
                     "slot_counts": "--slots", "extra_slots_per_gpu": "--extra-slots", "passes": "--passes",
-                    "model": "--model", "hardware": "--hardware", "the number of experts": "--groups"}
+                    "model": "--model", "hardware": "--hardware", "the number of experts": "--groups",
+                    "num_slots": "--deployed-slots"}
 
 
 @main.command()
@@ -1424,16 +1425,21 @@ _RECOMMEND_FLAGS = {"num_gpus": "--gpus", "num_nodes": "--nodes", "num_groups": 
               help="Format of COUNTS (default: detected from the name).")
 @click.option("--output", "-o", type=click.Path(path_type=Path), default=None,
               help="Write the recommended placement here (format from the name, as eplb plan).")
+@click.option("--deployed-slots", type=click.IntRange(min=1), default=None,
+              help="Slots the pool runs now: the layout every option is compared with. Default: E + G, the "
+                   "engines' default.")
+@click.option("--report", "report_dir", type=click.Path(path_type=Path, file_okay=False), default=None,
+              help="Write recommend.csv and recommend.png (every option's held-out step time) into this folder.")
 @transpose_option
 @allow_shape_option
 @quiet_option
 @friendly_errors
 def recommend(counts, gpus, phase, batch, hardware, model, extra_slots, slots, nodes, groups, passes, seed,
-              input_format, output, transpose, allow_shape, quiet):
+              input_format, output, deployed_slots, report_dir, transpose, allow_shape, quiet):
     """Recommend the redundant experts and the plan for one serving pool from its COUNTS [T, L, E]
     (T >= 2 windows), judged held out: each window is served by plans made from the others, and
-    every slot count is priced in predicted MoE step time beside the engine's default (the
-    published greedy at E + G slots).
+    every slot count is priced in predicted MoE step time beside the engine's layout (the
+    published greedy at --deployed-slots, by default E + G slots).
 
     \b
     Example:
@@ -1455,8 +1461,8 @@ def recommend(counts, gpus, phase, batch, hardware, model, extra_slots, slots, n
     data = read_counts(counts, input_format, transpose=transpose, allow_shape=allow_shape)
     try:
         num_experts = data.counts.shape[-1]
-        deployment = Deployment.of(num_experts, num_slots=slots_for(num_experts, gpus, 1), num_gpus=gpus,
-                                   num_nodes=nodes, num_groups=groups)  # the engines' default layout, E + G slots
+        deployed = slots_for(num_experts, gpus, 1) if deployed_slots is None else deployed_slots
+        deployment = Deployment.of(num_experts, num_slots=deployed, num_gpus=gpus, num_nodes=nodes, num_groups=groups)
         result = run_recommend(data.counts, deployment, batch=batch, phase=phase, hardware=hardware, model=model,
                                extra_slots_per_gpu=extras, slot_counts=slot_counts, passes=passes, seed=seed)
     except ValueError as exc:
@@ -1472,8 +1478,16 @@ def recommend(counts, gpus, phase, batch, hardware, model, extra_slots, slots, n
                                            method=result.placement.method, counts=str(counts), phase=phase, batch=batch),
                         diagnostics=dict(recommended=result.rows(), default_step_ms=result.default_step_ms,
                                          bound_step_ms=result.bound_step_ms))
+    if report_dir is not None:
+        from .io.simulation_report import write_recommend_report
+
+        written = write_recommend_report(result, report_dir)
+        if written["missing"]:
+            click.echo(f"note: {written['missing']}", err=True)
     if not quiet:
         click.echo("\n".join(_recommend_lines(result, data, output, output_format)))
+        if report_dir is not None:
+            click.echo(f"report   {', '.join(str(p) for p in (written['table'], written['figure']) if p)}")
 
 
 def _recommend_lines(result, data, output, output_format) -> list[str]:

@@ -10,6 +10,9 @@
 - ``layer_balance.png``: per layer, balanced time / MoE time over the series (1.0 is perfect);
 - ``index.html``: the summary table and the figures, embedded, so the page stands alone.
 
+``write_sweep_report`` and ``write_recommend_report`` write the tables and figures of
+:func:`eplb.sweep` and :func:`eplb.recommend`.
+
 Needs matplotlib for the figures (``pip install 'eplb[report]'``); the CSV files need nothing.
 """
 
@@ -226,3 +229,52 @@ def write_sweep_report(rows: Sequence[dict], out_dir, knees: dict) -> dict:
     ax.legend(fontsize=7)
     figure = _save(plt, fig, out_dir / "sweep.png")
     return {"table": table, "figure": figure, "missing": ""}
+
+
+RECOMMEND_COLUMNS = ("num_slots", "redundant_experts", "planner", "step_ms", "replica_gib_per_gpu", "vs_default_pct",
+                     "beats_tokens", "recommended")
+
+
+def write_recommend_report(result, out_dir) -> dict:
+    """Write ``recommend.csv`` (:meth:`eplb.simulation.pools.Recommendation.rows`) and
+    ``recommend.png`` (held-out MoE step time of every option against its slots, one line per
+    planner with the folds' range, the engine's layout and the lower bound of any layout as
+    horizontal lines, the recommendation starred) into ``out_dir`` (created).
+    Returns ``{"table": path, "figure": path or None, "missing": text}`` as :func:`write_sweep_report`."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    table = out_dir / "recommend.csv"
+    with open(table, "w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=RECOMMEND_COLUMNS)
+        writer.writeheader()
+        writer.writerows(result.rows())
+    try:
+        matplotlib = require("matplotlib", "report", "eplb recommend figures")
+    except MissingExtraError as exc:
+        return {"table": table, "figure": None, "missing": str(exc)}
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for planner in dict.fromkeys(o.planner for o in result.options):
+        line = [o for o in result.options if o.planner == planner]
+        slots = [o.num_slots for o in line]
+        low = [o.step_ms - min(o.step_ms_folds) for o in line]
+        high = [max(o.step_ms_folds) - o.step_ms for o in line]
+        ax.errorbar(slots, [o.step_ms for o in line], yerr=[low, high], fmt="o-", capsize=3,
+                    label=f"{planner} plan (bars: the held-out folds' range)")
+    best = result.recommended
+    ax.plot([best.num_slots], [best.step_ms], "*", markersize=16, color="black", label="recommended")
+    ax.axhline(result.default_step_ms, linestyle="--", color="grey",
+               label=f"engine's layout: published greedy at {result.default_slots} slots")
+    ax.axhline(result.bound_step_ms, linestyle=":", color="grey", label="lower bound of any layout")
+    ticks = sorted({o.num_slots for o in result.options})
+    memory = {o.num_slots: o.replica_gib_per_gpu for o in result.options}
+    ax.set_xticks(ticks, [f"{s}\n{memory[s]:.1f} GiB" for s in ticks])
+    ax.set_xlabel("slots (memory for redundant replicas per GPU)")
+    ax.set_ylabel("predicted MoE step time, held out (ms)")
+    ax.set_title(f"{result.phase}, batch {result.batch} per GPU, {result.cost_model.name}", fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    return {"table": table, "figure": _save(plt, fig, out_dir / "recommend.png"), "missing": ""}
+

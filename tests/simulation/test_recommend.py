@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import dataclasses
 import numpy as np
 import pytest
@@ -267,3 +268,27 @@ def test_cli_refuses_bad_flags_with_exit_2(tmp_path, series, flags, hint):
     _, err = invoke("recommend", "pool.npy", "--gpus", str(GPUS), "--model", "olmoe-1b-7b", *flags, cwd=tmp_path,
                     expect=2)
     assert hint in err and "Traceback" not in err
+
+
+def test_cli_report_writes_every_option_and_its_figure_against_the_deployed_layout(tmp_path, series):
+    pytest.importorskip("matplotlib")
+    np.save(tmp_path / "pool.npy", series)
+    out, _ = invoke("recommend", "pool.npy", "--gpus", str(GPUS), "--batch", str(BATCH), "--model", "olmoe-1b-7b",
+                    "--extra-slots", "0,1", "--passes", "2", "--seed", str(SEED), "--deployed-slots", "80",
+                    "--report", "pool_report", cwd=tmp_path)
+    expected = eplb.recommend(series, POOL.with_slots(80), batch=BATCH, model="olmoe-1b-7b",
+                              extra_slots_per_gpu=(0, 1), passes=2, seed=SEED)
+    assert "published greedy at 80 slots" in out and "recommend.png" in out
+    with open(tmp_path / "pool_report" / "recommend.csv", newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    assert [(int(r["num_slots"]), r["planner"]) for r in rows] == [(o.num_slots, o.planner) for o in expected.options]
+    assert [float(r["step_ms"]) for r in rows] == pytest.approx([o.step_ms for o in expected.options], rel=1e-12)
+    assert [r["recommended"] for r in rows].count("True") == 1
+    assert (tmp_path / "pool_report" / "recommend.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_cli_names_the_flag_of_a_deployed_layout_that_does_not_fit(tmp_path, series):
+    np.save(tmp_path / "pool.npy", series)
+    _, err = invoke("recommend", "pool.npy", "--gpus", str(GPUS), "--batch", str(BATCH), "--model", "olmoe-1b-7b",
+                    "--deployed-slots", "60", cwd=tmp_path, expect=2)
+    assert "--deployed-slots" in err
