@@ -1292,7 +1292,7 @@ def _check_sweep_deployments(gpu_counts, node_counts, groups, num_experts: int) 
 def _check_sweep_slots(num_experts: int, gpu_counts, extras) -> None:
     """The largest deployment a sweep implies (most GPUs, most extra slots) within the slot limit."""
     from .io.formats.limits import check_size
-    from .simulation.sweep import slots_for
+    from .model.deployment import slots_for
 
     slots = slots_for(num_experts, max(gpu_counts), max(extras))
     try:
@@ -1449,7 +1449,7 @@ def recommend(counts, gpus, phase, batch, hardware, model, extra_slots, slots, n
     from .io.formats import placement_format_for_output, read_counts, write_placement
     from .model.deployment import Deployment
     from .simulation.pools import recommend as run_recommend
-    from .simulation.sweep import slots_for
+    from .model.deployment import slots_for
 
     extras = _int_list(extra_slots, "--extra-slots")
     slot_counts = None if slots is None else _int_list(slots, "--slots", 1)

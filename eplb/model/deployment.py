@@ -25,6 +25,11 @@ from ._validation import as_int
 from .topology import Topology
 
 
+def slots_for(num_experts: int, num_gpus: int, extra_slots_per_gpu: int) -> int:
+    """Slots of a deployment: the fewest whole slots per GPU that hold every expert, plus ``extra``."""
+    return num_gpus * (-(-num_experts // num_gpus) + extra_slots_per_gpu)
+
+
 @dataclass(frozen=True)
 class Deployment:
     """Where the experts of one model may live and how the engine serves them.
@@ -73,7 +78,7 @@ class Deployment:
         extras = [as_int(x, "extra_slots_per_gpu entry", minimum=0) for x in extra_slots_per_gpu]
         gpus = [as_int(g, "num_gpus entry", minimum=1) for g in num_gpus]
         nodes = [as_int(n, "num_nodes entry", minimum=1) for n in num_nodes]
-        grid = [cls.of(experts, num_slots=g * (-(-experts // g) + x), num_gpus=g, num_nodes=n, num_groups=num_groups,
+        grid = [cls.of(experts, num_slots=slots_for(experts, g, x), num_gpus=g, num_nodes=n, num_groups=num_groups,
                        dispatch=d)
                 for x, g, n, d in itertools.product(extras, gpus, nodes, dispatch) if g % n == 0]
         if not grid:
@@ -90,7 +95,7 @@ class Deployment:
     @property
     def extra_slots_per_gpu(self) -> int:
         """Slots per GPU beyond the fewest whole slots per GPU that hold every expert (a uniform topology)."""
-        return self.num_slots // self.num_gpus - -(-self.num_experts // self.num_gpus)
+        return (self.num_slots - slots_for(self.num_experts, self.num_gpus, 0)) // self.num_gpus
 
     def to_dict(self) -> dict:
         """A JSON-ready description (the topology as :meth:`Topology.to_dict`)."""

@@ -51,9 +51,8 @@ from ..analysis.loads import RANDOM_SPLIT, gpu_work
 from ..analysis.placement import Placement
 from ..model._validation import as_counts, as_int
 from ..model.cost import MODELS, CostModel, MoEModel
-from ..model.deployment import Deployment, deployment_argument
+from ..model.deployment import Deployment, deployment_argument, slots_for
 from ..planning.api import HELD_OUT_FOLDS, plan
-from .sweep import slots_for
 
 __all__ = ["CANDIDATES", "PHASES", "PLANNERS", "PoolOption", "Recommendation", "cold_replicas", "layer_times",
            "layer_time_bound", "plan_for_step_time", "recommend", "sample_passes"]
@@ -142,7 +141,6 @@ class _Pool(NamedTuple):
 
     windows: np.ndarray  # [T, L, E] float64
     slots: tuple[int, ...]  # slot counts to price, increasing
-    default_slots: int
     deployment: Deployment  # the pool's GPUs, nodes and groups at the engine's slot count
     cost: CostModel
     model: MoEModel
@@ -343,7 +341,8 @@ def plan_for_step_time(counts, deployment=None, *, batch: int, hardware="H100", 
         deployment: an :class:`eplb.Deployment` (an even split; its keywords still work, deprecated);
             other arguments as :func:`recommend`.
     Returns:
-        ``(step_time_plan, token_plan)``, both at the deployment's slots.
+        ``(step_time_plan, token_plan)``, both at the deployment's slots: in sample (the same
+        sampled passes of every window), the first's predicted step time is never above the second's.
     """
     windows = as_counts(counts, "counts", ndims=(3,))
     deployment = deployment_argument(deployment, deployment_keywords, "plan_for_step_time",
@@ -448,7 +447,7 @@ def recommend(counts, deployment=None, *, batch: int, phase: str = "decode", har
     in_sample = times[choice, :, np.arange(times.shape[2])].sum(axis=0).mean()
     return Recommendation(
         options=options, recommended=best, placement=placement, in_sample_step_ms=1e3 * float(in_sample),
-        tokens_in_sample_step_ms=1e3 * float(times[0].sum(axis=1).mean()), default_slots=pool.default_slots,
+        tokens_in_sample_step_ms=1e3 * float(times[0].sum(axis=1).mean()), default_slots=pool.deployment.num_slots,
         default_step_ms=default_ms, bound_step_ms=bound_ms, phase=phase, batch=int(batch), routed_per_pass=pool.routed, passes=int(passes),
         folds=len(done), cost_model=pool.cost)
 
@@ -516,7 +515,7 @@ def _checked(windows: np.ndarray, deployment: Deployment, *, phase, batch, hardw
     routed = batch * deployment.num_gpus * moe.top_k
     for num_slots in slots:
         deployment.with_slots(num_slots)  # every slot count fits the GPUs, nodes and groups
-    return _Pool(windows=windows, slots=slots, default_slots=deployment.num_slots, deployment=deployment,
+    return _Pool(windows=windows, slots=slots, deployment=deployment,
                  cost=cost, model=moe, routed=routed, sampler=_Sampler(windows, routed, passes, seed), folds=folds)
 
 

@@ -26,15 +26,10 @@ from concurrent.futures import ProcessPoolExecutor
 
 from ..model._validation import as_int
 from ..model.cost import CostModel
-from ..model.deployment import Deployment
+from ..model.deployment import Deployment, slots_for  # noqa: F401  (slots_for: the sweep's axis, re-exported)
 from ..engines import SCORING
 from ..serving.policy import policy_by_name
 from .simulate import checked_series, simulate
-
-
-def slots_for(num_experts: int, num_gpus: int, extra_slots_per_gpu: int) -> int:
-    """Slots of a deployment: the fewest whole slots per GPU that hold every expert, plus ``extra``."""
-    return num_gpus * (-(-num_experts // num_gpus) + extra_slots_per_gpu)
 
 
 GRID_KEYWORDS = ("extra_slots_per_gpu", "num_gpus", "num_nodes", "num_groups", "dispatch")
