@@ -42,13 +42,31 @@ def copy_counts(counts, out):
     return bad
 
 
+@njit(cache=True, error_model="numpy")
+def has_bad_count(counts):
+    """Whether ``counts [L, X]`` (C-contiguous, any :data:`STAGED_DTYPES` dtype) holds a negative,
+    NaN or infinite entry (:func:`first_bad_count` finds it).
+
+    One pass and no early exit, so the loop vectorises (a tenth of :func:`first_bad_count`'s time
+    on a clean pass). Keeps the GIL, as :func:`first_bad_count` does."""
+    rows, cols = counts.shape
+    bad = False
+    for i in range(rows):
+        for j in range(cols):
+            value = counts[i, j]
+            bad |= (not (value >= 0)) | (value == np.inf)
+    return bad
+
+
 def warm_copy_counts() -> None:
-    """Compile (or load from the cache) :func:`copy_counts` for every :data:`STAGED_DTYPES` dtype
-    and :func:`first_bad_count`: what a balancer's ``record`` calls on the caller's thread."""
+    """Compile (or load from the cache) :func:`copy_counts` and :func:`has_bad_count` for every
+    :data:`STAGED_DTYPES` dtype and :func:`first_bad_count`: what a balancer's ``record`` calls on
+    the caller's thread."""
     out = np.zeros((1, 1))
-    first_bad_count(out)
     for dtype in STAGED_DTYPES:
         copy_counts(np.zeros((1, 1), dtype), out)
+        has_bad_count(np.zeros((1, 1), dtype))
+        first_bad_count(np.zeros((1, 1), dtype))
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
