@@ -49,7 +49,7 @@ from multiprocessing import shared_memory
 import numpy as np
 
 from ..analysis.placement import Placement
-from ..kernels.load_window import STAGED_DTYPES, first_bad_count, has_bad_count, warm_copy_counts
+from ..kernels.load_window import STAGED_DTYPES, first_bad_count, has_bad_count, stage_pass, warm_copy_counts
 from .balancer import Balancer, check_counts, commit_range, merged_placement
 from .transfer import TransferPlan
 from .worker import (CONTEXTS, balancer_arguments, PROTOCOL, UNGUARDED_MAIN, UNGUARDED_MAIN_EXIT, build_balancer, dumps,
@@ -305,7 +305,8 @@ class BackgroundBalancer:
         if kind == "error":
             raise_remote(*rest)
         warm_copy_counts()  # record()'s kernels, compiled or loaded here once
-        self._words = link.block.words  # the shared header, for record() and poll()
+        self._words = link.block.words  # the shared header, for poll() (a memoryview: the cheapest reads)
+        self._header = link.block.header  # the same, for record()'s compiled call
         self._ring_rows, self._event_slots = rows, link.block.layout["events"]
         self._num_slots = num_slots
         self._stagers: dict[tuple[int, bool], _Stager] = {}  # (dtype code, physical) -> its staging rows
@@ -325,7 +326,7 @@ class BackgroundBalancer:
         self._in_service = attributes["placement"]  # the placement in service, after the pending commits
         self._pending_commits: list[tuple[Placement, int, int]] = []
         self._committing: Placement | None = None
-        self.steps = attributes["steps"]
+        self._steps_before = attributes["steps"]  # passes the worker's balancer had recorded when built
         self.rebalances = attributes["rebalances"]
         self.last_decision: dict = {}
         self.decisions: collections.deque = collections.deque(maxlen=KEPT_DECISIONS)
@@ -345,6 +346,11 @@ class BackgroundBalancer:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+    @property
+    def steps(self) -> int:
+        """Passes recorded in all (those of a restored state included)."""
+        return self._steps_before + self._passes
 
     @property
     def pid(self) -> int | None:
@@ -370,12 +376,11 @@ class BackgroundBalancer:
         if index >= self._passes_room:  # the ring may be full: look at the worker's progress
             self._wait_for_room(_PASSES_DONE, index)
         row = stager.rows[index % self._ring_rows]
-        if stager.stage(counts, row):
+        # one call copies the pass and, if every value is good, hands it to the worker (_PASSES_POSTED)
+        if stager.stage(counts, row, self._header, _PASSES_POSTED, index + 1):
             bad = first_bad_count(row)
             raise ValueError(f"counts must be finite and non-negative, found {counts.flat[bad]} at flat index {bad}")
         self._passes = index = index + 1
-        self._words[_PASSES_POSTED] = index  # the pass is the worker's from here on
-        self.steps += 1
         if index - self._woken >= WAKE_EVERY:
             self._wake(link)
 
@@ -395,13 +400,9 @@ class BackgroundBalancer:
         if key != self._staging:
             self._post(_STAGING, *key)
             self._staging = key
-        if not staged:
-            stage = _stage_widened
-        elif array.dtype.kind == "u":
-            stage = _stage_unsigned
-        else:
-            stage = _stage_checked
-        stager = _Stager(array.dtype, array.shape, physical, stage, rows)
+        # a dtype the worker takes as it is: one compiled call (for any layout: a layout not seen
+        # before, e.g. Fortran order, compiles once), else widened to float64 here
+        stager = _Stager(array.dtype, array.shape, physical, stage_pass if staged else _stage_widened, rows)
         if type(counts) is np.ndarray:  # other input (torch, lists) comes here every pass
             self._stager = stager
         return array, stager
@@ -588,8 +589,9 @@ class BackgroundBalancer:
 
 class _Stager:
     """How :meth:`BackgroundBalancer.record` stages one kind of input: numpy arrays of ``dtype`` and
-    ``shape`` passed with ``physical`` (the argument as given), copied by ``stage(counts, row)``,
-    which returns whether a value is bad, into one of ``rows`` (the ring's ``[L, X]`` views)."""
+    ``shape`` passed with ``physical`` (the argument as given), copied into one of ``rows`` (the
+    ring's ``[L, X]`` views) by ``stage(counts, row, header, field, value)``, which sets
+    ``header[field] = value`` unless a value is bad, and returns whether one is."""
 
     __slots__ = ("dtype", "shape", "physical", "stage", "rows")
 
@@ -602,25 +604,17 @@ class _Stager:
         return cls(None, None, object(), None, [])
 
 
-def _stage_unsigned(counts: np.ndarray, row: np.ndarray) -> bool:
-    """``row = counts`` (``[L, X]``, the same unsigned integer dtype): no value to refuse."""
-    np.copyto(row, counts)
-    return False
-
-
-def _stage_checked(counts: np.ndarray, row: np.ndarray) -> bool:
-    """``row = counts`` (``[L, X]``, the same dtype); whether a value is negative, NaN or infinite."""
-    np.copyto(row, counts)
-    return has_bad_count(row)
-
-
-def _stage_widened(counts: np.ndarray, row: np.ndarray) -> bool:
-    """``row [L, X]`` float64 ``= counts`` (a dtype the worker does not take as it is: float16,
-    longdouble, big-endian, bool); whether a value is negative, NaN or infinite (values beyond
-    float64's range become inf)."""
+def _stage_widened(counts: np.ndarray, row: np.ndarray, header: np.ndarray, field: int, value: int) -> bool:
+    """As :func:`~eplb.kernels.load_window.stage_pass` for a dtype the worker does not take as it is
+    (float16, longdouble, big-endian, bool): ``row [L, X]`` float64 ``= counts`` (values beyond
+    float64's range become inf), then ``header[field] = value`` unless a value is negative, NaN or
+    infinite; returns whether one is."""
     with np.errstate(over="ignore", invalid="ignore"):
         np.copyto(row, counts, casting="unsafe")
-    return has_bad_count(row)
+    if has_bad_count(row):
+        return True
+    header[field] = value
+    return False
 
 
 # -- the worker's end ----------------------------------------------------------------------------
