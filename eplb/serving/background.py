@@ -6,10 +6,12 @@ plan is made (about 140 ms at DeepSeek-V3 size with ``window=1000``, several tim
 busy Python thread). A ``BackgroundBalancer`` runs a real ``Balancer`` in a worker process and
 talks to it through a one-way stream of events in shared memory:
 
-- :meth:`~BackgroundBalancer.record` checks a pass and copies it into a staging row of shared
-  memory (one copy to float64 and one check kernel, as ``Balancer.record`` does), then posts an
-  event; :meth:`~BackgroundBalancer.check` and :meth:`~BackgroundBalancer.commit` post events too.
-  None of them waits for the worker.
+- :meth:`~BackgroundBalancer.record` copies a pass into a staging row of shared memory in the
+  pass's own dtype (one copy; the worker widens it to float64, exactly as ``Balancer.record``
+  would) and checks it (shape and dtype once per kind of input, values by one kernel on the row;
+  unsigned integers need no value check), then bumps a counter of passes staged;
+  :meth:`~BackgroundBalancer.check` and :meth:`~BackgroundBalancer.commit` post events, each
+  saying how many passes come before it. None of them waits for the worker.
 - The worker takes the events in the order they were posted and does what the synchronous loop
   would have done at that point: ``record`` a pass, ``should_rebalance()`` and, when it says yes,
   ``rebalance(commit=False)`` at a check, ``commit`` at a commit. So it makes the same decisions
@@ -47,8 +49,8 @@ from multiprocessing import shared_memory
 import numpy as np
 
 from ..analysis.placement import Placement
-from ..kernels.load_window import warm_copy_counts
-from .balancer import Balancer, check_counts, commit_range, merged_placement, stage_counts
+from ..kernels.load_window import STAGED_DTYPES, first_bad_count, has_bad_count, stage_pass, warm_copy_counts
+from .balancer import Balancer, check_counts, commit_range, merged_placement
 from .transfer import TransferPlan
 from .worker import (CONTEXTS, balancer_arguments, PROTOCOL, UNGUARDED_MAIN, UNGUARDED_MAIN_EXIT, build_balancer, dumps,
                      eplb_file, error_message, exit_code, exit_now, plain_state, raise_remote, stop_unguarded_worker)
@@ -70,16 +72,19 @@ WAIT_S = 0.0005
 """Seconds between looks at the worker's progress while a call waits for it."""
 
 # the shared block: a header of int64 fields, the event ring, the staging rows, the message area
-_EVENTS_POSTED, _EVENTS_DONE, _PASSES_DONE, _MESSAGES_SENT, _MESSAGES_TAKEN, _MESSAGE_LEN, _QUEUED = range(7)
+(_EVENTS_POSTED, _EVENTS_DONE, _PASSES_POSTED, _PASSES_DONE, _MESSAGES_SENT, _MESSAGES_TAKEN, _MESSAGE_LEN,
+ _QUEUED) = range(8)
 _HEADER_FIELDS = 16
-_PASS_LOGICAL, _PASS_PHYSICAL, _CHECK, _COMMIT, _STATE, _CLOSE = range(6)
-_EVENT_FIELDS = 4  # kind, then up to three integer arguments
+_STAGING, _CHECK, _COMMIT, _STATE, _CLOSE = range(5)
+_EVENT_FIELDS = 5  # kind, passes staged before the event, then up to three integer arguments
 _IN_PIPE = -1  # a message length meaning "too large for the area: read it from the pipe"
+_FLOAT64 = STAGED_DTYPES.index(np.dtype(np.float64))  # the staging code of input widened by the caller
 
 
 def _layout(num_layers: int, width: int, rows: int, events: int, area: int) -> dict:
-    """Byte offsets of the shared block: header ``int64 [16]``, events ``int64 [N, 4]``, staged rows
-    ``float64 [R, L * width]`` (``width = max(E, S)``), message area ``uint8 [area]``."""
+    """Byte offsets of the shared block: header ``int64 [16]``, events ``int64 [N, 5]``, staged rows
+    of ``8 * L * width`` bytes each (``width = max(E, S)``: room for ``[L, E]`` or ``[L, S]`` in any
+    dtype of :data:`STAGED_DTYPES`), message area ``uint8 [area]``."""
     ring = _HEADER_FIELDS * 8 + events * _EVENT_FIELDS * 8
     message = ring + rows * num_layers * width * 8
     return {"rows": rows, "events": events, "row_size": num_layers * width, "ring": ring, "message": message,
@@ -93,20 +98,23 @@ class _Block:
         self.shm, self.layout = shm, layout
         buf = shm.buf
         self.header = np.ndarray((_HEADER_FIELDS,), np.int64, buf, 0)
+        # the same header as a memoryview of int64: a read or write of one field costs a tenth of numpy's
+        self.words = buf[:_HEADER_FIELDS * 8].cast("q")
         self.events = np.ndarray((layout["events"], _EVENT_FIELDS), np.int64, buf, _HEADER_FIELDS * 8)
         self.ring = np.ndarray((layout["rows"], layout["row_size"]), np.float64, buf, layout["ring"])
         self.area = buf[layout["message"]:layout["message"] + layout["area"]]
 
-    def row(self, index: int, num_layers: int, width: int) -> np.ndarray:
-        """Staging row ``index`` as a C-contiguous ``[L, width]`` view."""
-        return self.ring[index, :num_layers * width].reshape(num_layers, width)
+    def row(self, index: int, num_layers: int, width: int, dtype=np.float64) -> np.ndarray:
+        """Staging row ``index`` as a C-contiguous ``[L, width]`` view of ``dtype`` (8 bytes or fewer)."""
+        return np.ndarray((num_layers, width), dtype, self.shm.buf, self.layout["ring"] + index * self.ring.strides[0])
 
     def release(self, unlink: bool) -> None:
         """Drop every view, then close (and ``unlink``: remove) the block."""
         self.header = self.events = self.ring = None
-        if self.area is not None:
-            self.area.release()
-            self.area = None
+        for name in ("area", "words"):
+            if getattr(self, name) is not None:
+                getattr(self, name).release()
+                setattr(self, name, None)
         try:
             self.shm.close()
         except BufferError:  # a view is still referenced somewhere: the mapping goes with it
@@ -120,15 +128,15 @@ class _Block:
 
 # -- the caller's end ----------------------------------------------------------------------------
 class _Link:
-    """The caller's end of one worker: process, semaphores, pipe, shared block, and a watchdog
+    """The caller's end of one worker: process, semaphore, pipe, shared block, and a watchdog
     thread that notices the worker's death without the caller asking (it blocks on the process's
     sentinel, holding no GIL, until the worker ends)."""
 
     def __init__(self, context: str):
         ctx = multiprocessing.get_context(context)
-        self.wake, self.outbox = ctx.Semaphore(0), ctx.Semaphore(0)
+        self.wake = ctx.Semaphore(0)
         self.conn, child_conn = ctx.Pipe()
-        self.process = ctx.Process(target=_serve, args=(child_conn, self.wake, self.outbox),
+        self.process = ctx.Process(target=_serve, args=(child_conn, self.wake),
                                    name="eplb-background-balancer", daemon=True)
         self.process.start()
         child_conn.close()
@@ -177,7 +185,7 @@ class _Link:
             if alive and block is not None and self.process.is_alive():
                 posted = int(block.header[_EVENTS_POSTED])
                 if posted - int(block.header[_EVENTS_DONE]) < block.layout["events"]:
-                    block.events[posted % block.layout["events"]] = (_CLOSE, 0, 0, 0)
+                    block.events[posted % block.layout["events"]] = (_CLOSE, 0, 0, 0, 0)
                     block.header[_EVENTS_POSTED] = posted + 1
                 self.wake.release()
             self.process.join(2.0)
@@ -297,15 +305,19 @@ class BackgroundBalancer:
         if kind == "error":
             raise_remote(*rest)
         warm_copy_counts()  # record()'s kernels, compiled or loaded here once
-        block = link.block
-        self._rows = [[block.row(index, self.num_layers, num_slots if physical else self.num_experts)
-                       for index in range(rows)] for physical in (False, True)]  # [physical][row]
-        self._ring_rows, self._event_slots = rows, block.layout["events"]
-        self._room = {_PASSES_DONE: 0, _EVENTS_DONE: 0}  # the worker's progress as last read
+        self._words = link.block.words  # the shared header, for poll() (a memoryview: the cheapest reads)
+        self._header = link.block.header  # the same, for record()'s compiled call
+        self._ring_rows, self._event_slots = rows, link.block.layout["events"]
         self._num_slots = num_slots
+        self._stagers: dict[tuple[int, bool], _Stager] = {}  # (dtype code, physical) -> its staging rows
+        self._stager = _Stager.none()  # the kind of input record() saw last (none yet)
+        self._staging: tuple[int, bool] | None = None  # the kind of rows the worker was last told of
         self._events = 0  # events posted in all
-        self._woken = 0  # events posted when the worker was last woken
+        self._events_room = self._event_slots  # events that fit in the ring as the worker's progress was last read
+        self._woken = 0  # passes + events posted when the worker was last woken
         self._passes = 0  # passes recorded in all
+        self._passes_room = rows  # passes that fit in the ring as the worker's progress was last read
+        self._taken = 0  # the worker's messages read
         self._checks = 0  # checks posted in all
         self._commits = 0  # commits posted in all
         self._check_commits: dict[int, int] = {}  # check id -> commits posted before it
@@ -314,7 +326,7 @@ class BackgroundBalancer:
         self._in_service = attributes["placement"]  # the placement in service, after the pending commits
         self._pending_commits: list[tuple[Placement, int, int]] = []
         self._committing: Placement | None = None
-        self.steps = attributes["steps"]
+        self._steps_before = attributes["steps"]  # passes the worker's balancer had recorded when built
         self.rebalances = attributes["rebalances"]
         self.last_decision: dict = {}
         self.decisions: collections.deque = collections.deque(maxlen=KEPT_DECISIONS)
@@ -336,6 +348,11 @@ class BackgroundBalancer:
         self.close()
 
     @property
+    def steps(self) -> int:
+        """Passes recorded in all (those of a restored state included)."""
+        return self._steps_before + self._passes
+
+    @property
     def pid(self) -> int | None:
         """The worker process's id (``None`` once closed)."""
         return None if self.closed else self._link.process.pid
@@ -344,17 +361,51 @@ class BackgroundBalancer:
     def record(self, counts, *, physical: bool | None = None) -> None:
         """Stage one forward pass's counts for the worker (as :meth:`eplb.Balancer.record`: ``[L, E]``
         per logical expert or ``[L, S]`` per slot, numpy or torch, any real dtype; bad input gets the
-        same ``ValueError``, here). One copy into shared memory; never waits for a plan."""
-        counts, physical = check_counts(counts, self.num_layers, self.num_experts, self._num_slots, physical)
-        link = self._live()
+        same ``ValueError``, here). One copy into shared memory; never waits for a plan.
+
+        The engine's pass is the same kind of array every time, so its shape and dtype are checked
+        once (:meth:`_restage`) and later passes of that kind only copied and checked for values."""
+        stager = self._stager
+        if (type(counts) is not np.ndarray or counts.dtype is not stager.dtype or counts.shape != stager.shape
+                or physical is not stager.physical):
+            counts, stager = self._restage(counts, physical)
+        link = self._link
+        if link is None or link.broken is not None:
+            self._live()  # raises
         index = self._passes
-        rows = self._ring_rows
-        if index - self._room[_PASSES_DONE] >= rows:  # the ring may be full: look at the worker's progress
-            self._wait_for_room(_PASSES_DONE, index, rows)
-        stage_counts(counts, self._rows[physical][index % rows])
-        self._post(_PASS_PHYSICAL if physical else _PASS_LOGICAL, index % rows)
-        self._passes = index + 1
-        self.steps += 1
+        if index >= self._passes_room:  # the ring may be full: look at the worker's progress
+            self._wait_for_room(_PASSES_DONE, index)
+        row = stager.rows[index % self._ring_rows]
+        # one call copies the pass and, if every value is good, hands it to the worker (_PASSES_POSTED)
+        if stager.stage(counts, row, self._header, _PASSES_POSTED, index + 1):
+            bad = first_bad_count(row)
+            raise ValueError(f"counts must be finite and non-negative, found {counts.flat[bad]} at flat index {bad}")
+        self._passes = index = index + 1
+        if index - self._woken >= WAKE_EVERY:
+            self._wake(link)
+
+    def _restage(self, counts, physical) -> tuple[np.ndarray, "_Stager"]:
+        """``counts`` checked for shape and dtype (as :func:`check_counts`) and the :class:`_Stager`
+        for its kind, which :meth:`record` keeps for the passes after; tells the worker when the kind
+        of the staged rows (dtype, per slot or not) changes. Returns ``(counts as numpy, stager)``."""
+        array, is_physical = check_counts(counts, self.num_layers, self.num_experts, self._num_slots, physical)
+        self._live()
+        staged = array.dtype in STAGED_DTYPES  # and native: a big-endian dtype is not among them
+        key = (STAGED_DTYPES.index(array.dtype) if staged else _FLOAT64, is_physical)
+        rows = self._stagers.get(key)
+        if rows is None:
+            block, width = self._link.block, self._num_slots if is_physical else self.num_experts
+            rows = self._stagers[key] = [block.row(index, self.num_layers, width, STAGED_DTYPES[key[0]])
+                                         for index in range(self._ring_rows)]
+        if key != self._staging:
+            self._post(_STAGING, *key)
+            self._staging = key
+        # a dtype the worker takes as it is: one compiled call (for any layout: a layout not seen
+        # before, e.g. Fortran order, compiles once), else widened to float64 here
+        stager = _Stager(array.dtype, array.shape, physical, stage_pass if staged else _stage_widened, rows)
+        if type(counts) is np.ndarray:  # other input (torch, lists) comes here every pass
+            self._stager = stager
+        return array, stager
 
     def check(self) -> int:
         """Ask the worker whether a rebalance now is worth its copies (:meth:`eplb.Balancer.should_rebalance`
@@ -373,12 +424,12 @@ class BackgroundBalancer:
         returns them, or ``None`` (no check answered yes since the last call). Never waits. A
         proposal planned before a later :meth:`commit` is dropped (its transfer plan would start
         from a placement no longer in service)."""
-        link = self._live()
+        link = self._link
+        if link is None or link.broken is not None:
+            self._live()  # raises
         while True:
-            if not self._inbox:
-                self._receive(link)
-                if not self._inbox:
-                    return None
+            if not self._inbox and not self._receive(link):
+                return None
             message = self._inbox.popleft()
             if message[0] == "decision":
                 proposal = self._take_decision(message)
@@ -434,12 +485,12 @@ class BackgroundBalancer:
         decisions are then ready for :meth:`poll`); returns whether it did within ``timeout``
         seconds; their answers are then read, so :meth:`poll` hands them out without the worker.
         For tests, shutdown and benchmarks: the serving loop does not need it."""
-        header = self._live().block.header
-        events = self._events
+        words = self._live().block.words
+        events, passes = self._events, self._passes
 
-        def caught_up() -> bool:  # every event handled, every answer read into the inbox
-            return (int(header[_EVENTS_DONE]) >= events and int(header[_QUEUED]) == 0
-                    and int(header[_MESSAGES_SENT]) == int(header[_MESSAGES_TAKEN]))
+        def caught_up() -> bool:  # every pass and event handled, every answer read into the inbox
+            return (words[_EVENTS_DONE] >= events and words[_PASSES_DONE] >= passes and words[_QUEUED] == 0
+                    and words[_MESSAGES_SENT] == self._taken)
 
         return self._wait(caught_up, timeout)
 
@@ -465,44 +516,52 @@ class BackgroundBalancer:
         return link
 
     def _post(self, kind: int, a: int = 0, b: int = 0, c: int = 0) -> None:
-        """Append one event to the ring (waiting for room only if the worker is that far behind)."""
+        """Append one event to the ring, with the number of passes staged before it (waiting for
+        room only if the worker is that far behind); wake the worker unless it can wait for the
+        next pass (a change of staging kind)."""
         link = self._link
-        block = link.block
-        capacity = self._event_slots
         number = self._events
-        if number - self._room[_EVENTS_DONE] >= capacity:
-            self._wait_for_room(_EVENTS_DONE, number, capacity)
-        block.events[number % capacity] = (kind, a, b, c)
+        if number >= self._events_room:
+            self._wait_for_room(_EVENTS_DONE, number)
+        link.block.events[number % self._event_slots] = (kind, self._passes, a, b, c)
         self._events = number + 1
-        block.header[_EVENTS_POSTED] = number + 1
-        if kind not in (_PASS_LOGICAL, _PASS_PHYSICAL) or number + 1 - self._woken >= WAKE_EVERY:
+        self._words[_EVENTS_POSTED] = number + 1
+        if kind != _STAGING:
             self._wake(link)
 
-    def _wait_for_room(self, field: int, number: int, capacity: int) -> None:
-        """Wait until the worker has handled enough of the ring (``header[field]``, passes or events
-        done) for item ``number`` to fit in its ``capacity``. What was last read of the worker's
-        progress is kept in ``_room``, so a call with room to spare reads no shared header."""
-        header = self._link.block.header
+    def _wait_for_room(self, field: int, number: int) -> None:
+        """Wait until the worker has handled enough of its ring (``field``: ``_PASSES_DONE`` for the
+        staging rows, ``_EVENTS_DONE`` for the events) for item ``number`` to fit. What fits as the
+        worker's progress was last read is kept (``_passes_room``, ``_events_room``), so a call with
+        room to spare reads no shared header."""
+        words = self._words
+        passes = field == _PASSES_DONE
+        capacity = self._ring_rows if passes else self._event_slots
 
         def room() -> bool:
-            self._room[field] = int(header[field])
-            return number - self._room[field] < capacity
+            fits = words[field] + capacity
+            if passes:
+                self._passes_room = fits
+            else:
+                self._events_room = fits
+            return number < fits
 
         self._wait(room)
 
     def _wake(self, link: _Link) -> None:
-        self._woken = self._events
+        self._woken = self._passes
         link.wake.release()
 
     def _receive(self, link: _Link) -> bool:
         """Read the worker's next message into the inbox if one is there (never waits for one);
         raise the worker's error if it is one. Returns whether a message was read."""
-        if not link.outbox.acquire(block=False):
+        words = self._words
+        if words[_MESSAGES_SENT] == self._taken:  # written after the message (and its length)
             return False
-        block = link.block
-        size = int(block.header[_MESSAGE_LEN])
-        message = pickle.loads(link.receive() if size == _IN_PIPE else block.area[:size])
-        block.header[_MESSAGES_TAKEN] = block.header[_MESSAGES_TAKEN] + 1
+        size = words[_MESSAGE_LEN]
+        message = pickle.loads(link.receive() if size == _IN_PIPE else link.block.area[:size])
+        self._taken += 1
+        words[_MESSAGES_TAKEN] = self._taken
         link.wake.release()  # the worker may send its next message
         if message[0] == "error":
             link.broken = f"the eplb worker process raised {type(message[1]).__name__}: {message[1]}"
@@ -513,7 +572,7 @@ class BackgroundBalancer:
     def _wait(self, done, timeout: float | None = None) -> bool:
         """Wait until ``done()``, reading messages meanwhile (the worker may be waiting to send one)."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        if self._woken < self._events:  # passes staged since the last wake-up: the worker's next work
+        if self._woken < self._passes:  # passes staged since the last wake-up: the worker's next work
             self._wake(self._link)
         while not done():
             if deadline is not None and time.monotonic() >= deadline:
@@ -528,26 +587,70 @@ class BackgroundBalancer:
         time.sleep(WAIT_S)
 
 
+class _Stager:
+    """How :meth:`BackgroundBalancer.record` stages one kind of input: numpy arrays of ``dtype`` and
+    ``shape`` passed with ``physical`` (the argument as given), copied into one of ``rows`` (the
+    ring's ``[L, X]`` views) by ``stage(counts, row, header, field, value)``, which sets
+    ``header[field] = value`` unless a value is bad, and returns whether one is."""
+
+    __slots__ = ("dtype", "shape", "physical", "stage", "rows")
+
+    def __init__(self, dtype, shape, physical, stage, rows: list[np.ndarray]):
+        self.dtype, self.shape, self.physical, self.stage, self.rows = dtype, shape, physical, stage, rows
+
+    @classmethod
+    def none(cls) -> "_Stager":
+        """A stager no input matches (before the first pass)."""
+        return cls(None, None, object(), None, [])
+
+
+def _stage_widened(counts: np.ndarray, row: np.ndarray, header: np.ndarray, field: int, value: int) -> bool:
+    """As :func:`~eplb.kernels.load_window.stage_pass` for a dtype the worker does not take as it is
+    (float16, longdouble, big-endian, bool): ``row [L, X]`` float64 ``= counts`` (values beyond
+    float64's range become inf), then ``header[field] = value`` unless a value is negative, NaN or
+    infinite; returns whether one is."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        np.copyto(row, counts, casting="unsafe")
+    if has_bad_count(row):
+        return True
+    header[field] = value
+    return False
+
+
 # -- the worker's end ----------------------------------------------------------------------------
 class _Worker:
-    """The worker's loop: take the events in order, send each answer as soon as the message area is free."""
+    """The worker's loop: take the passes and events in order, send each answer as soon as the
+    message area is free."""
 
-    def __init__(self, balancer: Balancer, block: _Block, conn, outbox):
-        self.balancer, self.block, self.conn, self.outbox = balancer, block, conn, outbox
-        self.done = 0
+    def __init__(self, balancer: Balancer, block: _Block, conn):
+        self.balancer, self.block, self.conn = balancer, block, conn
+        self.done = 0  # events handled
+        self.passes = 0  # passes recorded
+        self.staging = (_FLOAT64, False)  # the kind of the staged rows: (dtype code, per slot)
         self.sent = 0
         self.queue: collections.deque = collections.deque()  # answers not sent yet
         self.proposals: dict[int, Placement] = {}  # check id -> placement proposed (the newest ones)
 
-    def handle(self, event: np.ndarray) -> bool:
-        """Do what one event asks; False for the close event."""
-        kind, a, b, c = (int(value) for value in event)
+    def take_passes(self, upto: int) -> None:
+        """Record the staged passes before pass number ``upto`` into the balancer (the row's values,
+        widened to float64 by ``Balancer.record`` as the caller's own ``Balancer`` would)."""
         balancer, block = self.balancer, self.block
-        if kind in (_PASS_LOGICAL, _PASS_PHYSICAL):
-            physical = kind == _PASS_PHYSICAL
-            width = balancer.topology.num_slots if physical else balancer.num_experts
-            balancer.record(block.row(a, balancer.num_layers, width), physical=physical)
-            block.header[_PASSES_DONE] += 1
+        code, physical = self.staging
+        width = balancer.topology.num_slots if physical else balancer.num_experts
+        while self.passes < upto:
+            row = block.row(self.passes % block.layout["rows"], balancer.num_layers, width, STAGED_DTYPES[code])
+            try:
+                balancer.record(row, physical=physical)
+            except BaseException as exc:  # noqa: BLE001 (handed to the caller)
+                self.queue.append(error_message(exc))
+            self.passes += 1
+            block.words[_PASSES_DONE] = self.passes  # the row is free for the caller
+
+    def handle(self, kind: int, a: int, b: int, c: int) -> bool:
+        """Do what one event asks; False for the close event."""
+        balancer = self.balancer
+        if kind == _STAGING:
+            self.staging = (a, bool(b))
         elif kind == _CHECK:
             placement = transfer = None
             if balancer.should_rebalance():
@@ -578,34 +681,37 @@ class _Worker:
         else:
             header[_MESSAGE_LEN] = _IN_PIPE
         self.sent += 1
-        header[_MESSAGES_SENT] = self.sent
         header[_QUEUED] = len(self.queue)
-        self.outbox.release()
+        header[_MESSAGES_SENT] = self.sent  # last: the caller reads the message once it sees this
         if len(data) > len(area):
             self.conn.send_bytes(data)
 
     def run(self, wake, parent: int) -> None:
         block = self.block
-        capacity = block.layout["events"]
+        words, capacity = block.words, block.layout["events"]
         while True:
             if not wake.acquire(timeout=1.0):
                 if os.getppid() != parent:
                     return
                 continue
-            posted = int(block.header[_EVENTS_POSTED])
+            # passes before events: an event posted after this read has every pass read here before it
+            passes, posted = words[_PASSES_POSTED], words[_EVENTS_POSTED]
             while self.done < posted:
+                kind, before, a, b, c = (int(value) for value in block.events[self.done % capacity])
+                self.take_passes(before)
                 try:
-                    if not self.handle(block.events[self.done % capacity]):
+                    if not self.handle(kind, a, b, c):
                         return
                 except BaseException as exc:  # noqa: BLE001 (handed to the caller)
                     self.queue.append(error_message(exc))
                 self.done += 1
                 self.send()  # before the event counts as done: wait() then finds its answer sent or queued
-                block.header[_EVENTS_DONE] = self.done
+                words[_EVENTS_DONE] = self.done
+            self.take_passes(passes)
             self.send()
 
 
-def _serve(conn, wake, outbox) -> None:
+def _serve(conn, wake) -> None:
     """The worker process: build the balancer, attach the shared block, run the event loop until
     told to close or the caller is gone."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the caller's to handle
@@ -623,7 +729,7 @@ def _serve(conn, wake, outbox) -> None:
         exit_now()
     conn.send_bytes(dumps(("ok", None)))
     try:
-        _Worker(balancer, block, conn, outbox).run(wake, parent)
+        _Worker(balancer, block, conn).run(wake, parent)
     finally:
         block.release(unlink=False)
     exit_now()

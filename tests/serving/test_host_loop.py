@@ -158,6 +158,43 @@ def test_bad_input_is_refused_in_the_caller():
         assert background.wait(60) and background.steps == 1 and background.state_dict()["steps"] == 1
 
 
+def test_every_dtype_and_layout_is_staged_as_the_balancer_records_it():
+    """record() copies a pass in its own dtype (the worker widens it) and checks shape and dtype
+    once per kind of input: every kind, switching back and forth, gives the Balancer's window,
+    leaves the caller's arrays as they were, and bad values of a kind already seen are refused."""
+    counts = passes(24, seed=9)
+    kinds = [np.uint16, np.uint32, np.int16, np.int32, np.float16, np.dtype(">i4"), np.uint8, np.float64]
+    loads = []
+    for step, load in enumerate(counts):
+        load = np.asarray(load, np.float64).astype(kinds[step % len(kinds)])
+        if step % 5 == 4:
+            load = np.asfortranarray(load)  # not C-contiguous
+        if step % 7 == 6:
+            load.setflags(write=False)
+        loads.append(load)
+    originals = [load.copy() for load in loads]
+    synchronous = eplb.Balancer(LAYERS, DEPLOYMENT, **CONFIG)
+    with eplb.BackgroundBalancer(LAYERS, DEPLOYMENT, **CONFIG) as background:
+        for load in loads + loads[::-1]:
+            background.record(load)
+            background.record(load)  # the same kind again: the cached check
+            synchronous.record(load)
+            synchronous.record(load)
+        for dtype, value in ((np.int16, -3), (np.int64, -1), (np.float32, np.nan), (np.float64, np.inf)):
+            good = np.ones((LAYERS, EXPERTS), dtype)
+            background.record(good)
+            synchronous.record(good)
+            bad = good.copy()
+            bad[1, 2] = value
+            with pytest.raises(ValueError, match=f"finite and non-negative, found {value}.* at flat index {EXPERTS + 2}"):
+                background.record(bad)
+            with pytest.raises(ValueError, match="counts must have shape"):
+                background.record(good[:, :-1])
+        assert_same_state(background.state_dict(), synchronous.state_dict())
+    for load, original in zip(loads, originals):
+        np.testing.assert_array_equal(load, original)
+
+
 def test_a_dead_worker_or_a_closed_balancer_raises():
     background = eplb.BackgroundBalancer(LAYERS, DEPLOYMENT, **CONFIG)
     background.record(np.ones((LAYERS, EXPERTS)))
