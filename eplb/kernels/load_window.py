@@ -1,7 +1,29 @@
 """Kernels of the online balancer's load window: check and store one forward pass without allocating."""
 
 import numpy as np
-from numba import njit
+from numba import njit, types
+from numba.extending import intrinsic
+
+
+@intrinsic
+def _fence(typingctx):
+    """A sequentially consistent memory fence (LLVM ``fence seq_cst``): neither the compiler nor the
+    CPU moves this thread's memory accesses across it. x86 keeps stores in order anyway; aarch64
+    (e.g. Grace Hopper hosts) does not, so a counter that hands shared memory over to another
+    process is written after a fence, and read before one."""
+
+    def codegen(context, builder, signature, args):
+        builder.fence("seq_cst")
+        return context.get_dummy_value()
+
+    return types.void(), codegen
+
+
+@njit(cache=True)
+def memory_fence():
+    """:func:`_fence` for Python code: between filling shared memory and writing the counter that
+    hands it to another process, and between reading such a counter and reading what it hands over."""
+    _fence()
 
 
 @njit(cache=True, error_model="numpy")
@@ -75,6 +97,7 @@ def stage_pass(counts, out, header, field, value):
             out[i, j] = v
             bad |= (not (v >= 0)) | (v == np.inf)
     if not bad:
+        _fence()  # the row before the counter, on every CPU
         header[field] = value
     return bad
 
@@ -89,6 +112,7 @@ def warm_copy_counts() -> None:
         has_bad_count(np.zeros((1, 1), dtype))
         stage_pass(np.zeros((1, 1), dtype), np.zeros((1, 1), dtype), np.zeros(1, np.int64), 0, 0)
         first_bad_count(np.zeros((1, 1), dtype))
+    memory_fence()
 
 
 @njit(cache=True, nogil=True, error_model="numpy")

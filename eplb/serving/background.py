@@ -49,7 +49,8 @@ from multiprocessing import shared_memory
 import numpy as np
 
 from ..analysis.placement import Placement
-from ..kernels.load_window import STAGED_DTYPES, first_bad_count, has_bad_count, stage_pass, warm_copy_counts
+from ..kernels.load_window import (STAGED_DTYPES, first_bad_count, has_bad_count, memory_fence, stage_pass,
+                                   warm_copy_counts)
 from .balancer import Balancer, check_counts, commit_range, merged_placement
 from .transfer import TransferPlan
 from .worker import (CONTEXTS, balancer_arguments, PROTOCOL, UNGUARDED_MAIN, UNGUARDED_MAIN_EXIT, build_balancer, dumps,
@@ -186,6 +187,7 @@ class _Link:
                 posted = int(block.header[_EVENTS_POSTED])
                 if posted - int(block.header[_EVENTS_DONE]) < block.layout["events"]:
                     block.events[posted % block.layout["events"]] = (_CLOSE, 0, 0, 0, 0)
+                    memory_fence()
                     block.header[_EVENTS_POSTED] = posted + 1
                 self.wake.release()
             self.process.join(2.0)
@@ -525,6 +527,7 @@ class BackgroundBalancer:
             self._wait_for_room(_EVENTS_DONE, number)
         link.block.events[number % self._event_slots] = (kind, self._passes, a, b, c)
         self._events = number + 1
+        memory_fence()  # the event before its counter
         self._words[_EVENTS_POSTED] = number + 1
         if kind != _STAGING:
             self._wake(link)
@@ -558,6 +561,7 @@ class BackgroundBalancer:
         words = self._words
         if words[_MESSAGES_SENT] == self._taken:  # written after the message (and its length)
             return False
+        memory_fence()  # the counter before the message
         size = words[_MESSAGE_LEN]
         message = pickle.loads(link.receive() if size == _IN_PIPE else link.block.area[:size])
         self._taken += 1
@@ -613,6 +617,7 @@ def _stage_widened(counts: np.ndarray, row: np.ndarray, header: np.ndarray, fiel
         np.copyto(row, counts, casting="unsafe")
     if has_bad_count(row):
         return True
+    memory_fence()  # the row before the counter (see stage_pass)
     header[field] = value
     return False
 
@@ -644,6 +649,7 @@ class _Worker:
             except BaseException as exc:  # noqa: BLE001 (handed to the caller)
                 self.queue.append(error_message(exc))
             self.passes += 1
+            memory_fence()  # the row read before it is handed back
             block.words[_PASSES_DONE] = self.passes  # the row is free for the caller
 
     def handle(self, kind: int, a: int, b: int, c: int) -> bool:
@@ -682,6 +688,7 @@ class _Worker:
             header[_MESSAGE_LEN] = _IN_PIPE
         self.sent += 1
         header[_QUEUED] = len(self.queue)
+        memory_fence()  # the message and its length before the counter
         header[_MESSAGES_SENT] = self.sent  # last: the caller reads the message once it sees this
         if len(data) > len(area):
             self.conn.send_bytes(data)
@@ -696,6 +703,7 @@ class _Worker:
                 continue
             # passes before events: an event posted after this read has every pass read here before it
             passes, posted = words[_PASSES_POSTED], words[_EVENTS_POSTED]
+            memory_fence()  # the counters before the rows and events they hand over
             while self.done < posted:
                 kind, before, a, b, c = (int(value) for value in block.events[self.done % capacity])
                 self.take_passes(before)

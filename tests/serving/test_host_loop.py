@@ -230,3 +230,23 @@ def test_state_round_trips_through_a_saved_file(tmp_path):
         for load in counts[20:]:
             restored.record(load)
         assert_same_state(restored.state_dict(), synchronous.state_dict())
+
+
+def test_the_pass_is_handed_over_after_a_memory_fence():
+    """``stage_pass`` writes the counter that hands a pass to the worker after a fence, so a CPU that
+    reorders stores (aarch64) cannot show the worker the counter before the row; and the fence
+    Python code calls around the other counters is one too."""
+    import numba
+
+    from eplb.kernels.load_window import memory_fence, stage_pass
+
+    row, header = np.zeros((2, 3), np.uint16), np.zeros(4, np.int64)
+    assert not stage_pass(np.arange(6, dtype=np.uint16).reshape(2, 3), row, header, 2, 7)
+    assert header[2] == 7 and row.ravel().tolist() == list(range(6))
+    assert stage_pass(np.array([[1.0, -1.0]]), np.zeros((1, 2)), header, 2, 8) and header[2] == 7  # bad: not handed
+    fresh = numba.njit(stage_pass.py_func)  # compiled here: a cached kernel cannot show its code
+    fresh(row, row.copy(), header, 2, 9)
+    fence = numba.njit(memory_fence.py_func)
+    fence()
+    for kernel in (fresh, fence):
+        assert all("fence seq_cst" in ir for ir in kernel.inspect_llvm().values())
