@@ -45,8 +45,12 @@ of a new window's gain ``m + 2 s sqrt(1 + 1/W)`` is below zero (:data:`NOISE_MAR
 and with a single window, the step-time plan is the token plan. A per-layer choice picks the
 luckiest of several candidates on noisy sampled passes; at large batches the candidates differ by
 less than that noise and the in-sample pick was slower held out on some windows, where at small
-batches (replicas read at every step) the gains are large and consistent and stay.
-:attr:`PoolOption.beats_tokens` says whether it was faster held out.
+batches (replicas read at every step) the gains are large and consistent and stay. The test is on
+the whole step, all layers or none: gains and noise add up over the layers, where a test per layer
+keeps the layers that pass by chance. The inner gains are optimistic (the candidates were planned
+with the window left out), so the margin, not the construction, is what kept the held-out folds of
+``bench/pools.py`` from being slower than the token plan; :attr:`PoolOption.beats_tokens` says
+whether the step-time plan was faster held out.
 """
 
 from __future__ import annotations
