@@ -20,13 +20,15 @@ from .common import INTERNAL, max_untouched, next_random, rank_window
 TOP = 4  # most loaded GPUs remembered per window
 
 PeakState = namedtuple("PeakState", ["scale", "share", "count", "loads", "peak", "top", "mark", "touched", "coef_x",
-                                     "coef_f", "new_peak"])
+                                     "coef_f", "new_peak", "rest", "slack_of"])
 PeakState.__doc__ = """One layer under :func:`improve_expected_peak`: ``scale [T]`` each window's
 scale (0: ignored), ``share [T, E]`` an expert's scaled tokens per window, ``count [E]`` replicas
 per expert, ``loads [T, G]`` GPU loads, ``peak [T]``, ``top [T, TOP]`` each window's most loaded
 GPUs; scratch of a move: ``mark [G]`` (stamps of the GPUs it touches), ``touched [G]`` (those GPUs),
 ``coef_x [G]`` and ``coef_f [G]`` (their load change per token of the expert leaving and of the
-expert arriving), ``new_peak [T]``."""
+expert arriving), ``new_peak [T]``; what a move can gain in the windows from ``r`` on (:func:`_gain_tables`):
+``rest [T + 1]`` the sum of their peaks, ``slack_of [G, T + 1]`` the sum of ``peak - mean`` over
+those whose most loaded GPU is ``g``."""
 
 PairWork = namedtuple("PairWork", ["excl", "suffix", "hot_load", "cold_load", "hot_replica", "cold_replica",
                                    "held_by_hot", "held_by_cold"])
@@ -121,7 +123,26 @@ def _start_layer(windows, window_weights, layer, row, gpu_of_slot, st):
         rank_window(loads, t, top)
         peak[t] = loads[t, top[t, 0]] if scale[t] > 0.0 else 0.0
         current += peak[t]
+    _gain_tables(st, window_weights)
     return total_weight, current
+
+
+@njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
+def _gain_tables(st, window_weights):
+    """Fill ``st.rest`` and ``st.slack_of`` (:class:`PeakState`) from ``st.peak`` and ``st.top``: a
+    move leaves the peak of a window whose most loaded GPU it does not touch, and lowers any other
+    at most to its mean (its weight), so ``rest[r] - sum over touched g of slack_of[g, r]`` bounds
+    the sum of the peaks of the windows from ``r`` on after it."""
+    scale, peak, top, rest, slack_of = st.scale, st.peak, st.top, st.rest, st.slack_of
+    num_windows = scale.shape[0]
+    rest[num_windows] = 0.0
+    slack_of[:, num_windows] = 0.0
+    for r in range(num_windows - 1, -1, -1):
+        rest[r] = rest[r + 1]
+        slack_of[:, r] = slack_of[:, r + 1]
+        if scale[r] > 0.0:
+            rest[r] += peak[r]
+            slack_of[top[r, 0], r] += peak[r] - window_weights[r]
 
 
 @njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
@@ -237,9 +258,13 @@ def _touch_gpus(kind, a, b, f, row, gpu_of_slot, st, stamp):
 def _beats(st, x, f, num_touched, stamp, window_weights, target, total_weight):
     """Whether the move touching ``st.touched[:num_touched]`` (marked ``stamp``) brings the sum of
     the windows' peaks below ``target``: scored window by window, stopping once even the best case
-    for the rest (each window at its mean, its weight) cannot win."""
+    for the rest (each window at its mean, its weight) cannot win, or once the bound of
+    :func:`_gain_tables` on the rest exceeds it by a margin no rounding reaches (so the answer is
+    the one scoring every window would give)."""
     scale, share, loads, top = st.scale, st.share, st.loads, st.top
     mark, touched, coef_x, coef_f, new_peak = st.mark, st.touched, st.coef_x, st.coef_f, st.new_peak
+    rest, slack_of = st.rest, st.slack_of
+    beyond = target + 1e-9 * abs(target)
     value = 0.0
     floor = total_weight  # a window's peak is at least its mean, its weight
     for r in range(scale.shape[0]):
@@ -256,11 +281,16 @@ def _beats(st, x, f, num_touched, stamp, window_weights, target, total_weight):
         floor -= window_weights[r]
         if value + floor >= target:
             return False
+        bound = rest[r + 1]
+        for k in range(num_touched):
+            bound -= slack_of[touched[k], r + 1]
+        if value + bound >= beyond:
+            return False
     return True
 
 
 @njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
-def _keep_move(kind, a, b, f, row, st, num_touched):
+def _keep_move(kind, a, b, f, row, st, num_touched, window_weights):
     """Apply the move ``(kind, a, b, f)`` to ``row`` and ``st``; returns the new sum of the peaks."""
     scale, share, count, loads, peak, top = st.scale, st.share, st.count, st.loads, st.peak, st.top
     touched, coef_x, coef_f = st.touched, st.coef_x, st.coef_f
@@ -283,6 +313,7 @@ def _keep_move(kind, a, b, f, row, st, num_touched):
     current = 0.0
     for r in range(num_windows):
         current += peak[r]
+    _gain_tables(st, window_weights)
     return current
 
 
@@ -331,7 +362,7 @@ def improve_expected_peak(windows, window_weights, phy2log, gpu_of_slot, slot_of
     st = PeakState(np.zeros(num_windows), np.empty((num_windows, num_experts)), np.zeros(num_experts, np.int64),
                    np.zeros((num_windows, num_gpus)), np.zeros(num_windows), np.empty((num_windows, TOP), np.int64),
                    np.zeros(num_gpus, np.int64), np.empty(num_gpus, np.int64), np.zeros(num_gpus), np.zeros(num_gpus),
-                   np.empty(num_windows))
+                   np.empty(num_windows), np.zeros(num_windows + 1), np.zeros((num_gpus, num_windows + 1)))
     scale = st.scale
     stamp = 0
     state = np.uint64(seed) if seed > 0 else np.uint64(88172645463325252)
@@ -358,7 +389,7 @@ def improve_expected_peak(windows, window_weights, phy2log, gpu_of_slot, slot_of
             num_touched = _touch_gpus(kind, a, b, f, row, gpu_of_slot, st, stamp)
             if not _beats(st, row[a], f, num_touched, stamp, window_weights, current * (1.0 - 1e-12), total_weight):
                 continue
-            current = _keep_move(kind, a, b, f, row, st, num_touched)
+            current = _keep_move(kind, a, b, f, row, st, num_touched, window_weights)
         after[layer] = current / total_weight
     return out, before, after
 
