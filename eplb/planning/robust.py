@@ -233,6 +233,7 @@ def _search(windows, weights, placement, fractions, deployment, *, steps, upto, 
     slot_offsets = np.ascontiguousarray(topology.slot_offsets, dtype=np.int64)
     zones = np.require(gpu_zones(deployment), np.int64, "CW")
     previous = np.require(previous, np.int64, "CW")
+    windows = np.require(windows, np.float64, "CW")
     # every array writable int64 / float64 and scalars as Python numbers: one compiled specialization
     # (a read-only placement, as a Placement's, is a type of its own)
     out = np.require(placement, np.int64, "CW").copy()
@@ -249,7 +250,8 @@ def _search(windows, weights, placement, fractions, deployment, *, steps, upto, 
     for k, (kind, amount) in enumerate(steps, start=1):
         rows = np.flatnonzero(upto >= k)
         if rows.size:
-            part = np.take(windows, rows, axis=1)  # [T, R, E], C-contiguous (windows[:, rows] is not)
+            # [T, R, E]: every layer's windows as they are, else a C-contiguous copy (windows[:, rows] is not)
+            part = windows if rows.size == num_layers else np.take(windows, rows, axis=1)
             if kind == "swaps":  # each step its own stream, so a step's start does not depend on the others'
                 moved, moved_fractions, scored, after[rows] = pair_descent(
                     part, weights, out[rows], out_fractions[rows], gpu_of_slot, slot_offsets, zones, int(amount),
