@@ -486,17 +486,18 @@ def _pair_windows(pair, loads, top, active, n, hot, cold):
     excl, suffix, hot_load, cold_load = pair.excl, pair.suffix, pair.hot_load, pair.cold_load
     for r in range(n):
         t = active[r]
-        best = -1.0  # not found among the top GPUs
+        best = 0.0
+        found = False  # among the top GPUs (or fewer GPUs than TOP, all seen)
         for k in range(top.shape[1]):
             g = top[t, k]
-            if g < 0:  # fewer GPUs than TOP, all seen
-                best = 0.0
+            if g < 0:
+                found = True
                 break
             if g != hot and g != cold:
                 best = loads[t, g]
+                found = True
                 break
-        if best < 0.0:
-            best = 0.0
+        if not found:
             for g in range(loads.shape[1]):
                 if g != hot and g != cold and loads[t, g] > best:
                     best = loads[t, g]
