@@ -20,18 +20,20 @@ from .common import INTERNAL, max_untouched, next_random, rank_window
 TOP = 4  # most loaded GPUs remembered per window
 
 PeakState = namedtuple("PeakState", ["scale", "share", "count", "loads", "peak", "top", "mark", "touched", "coef_x",
-                                     "coef_f", "new_peak"])
+                                     "coef_f", "new_peak", "rest", "slack_of"])
 PeakState.__doc__ = """One layer under :func:`improve_expected_peak`: ``scale [T]`` each window's
 scale (0: ignored), ``share [T, E]`` an expert's scaled tokens per window, ``count [E]`` replicas
 per expert, ``loads [T, G]`` GPU loads, ``peak [T]``, ``top [T, TOP]`` each window's most loaded
 GPUs; scratch of a move: ``mark [G]`` (stamps of the GPUs it touches), ``touched [G]`` (those GPUs),
 ``coef_x [G]`` and ``coef_f [G]`` (their load change per token of the expert leaving and of the
-expert arriving), ``new_peak [T]``."""
+expert arriving), ``new_peak [T]``; what a move can gain in the windows from ``r`` on (:func:`_gain_tables`):
+``rest [T + 1]`` the sum of their peaks, ``slack_of [G, T + 1]`` the sum of ``peak - mean`` over
+those whose most loaded GPU is ``g``."""
 
-PairWork = namedtuple("PairWork", ["mark", "excl", "suffix", "hot_load", "cold_load", "hot_replica", "cold_replica",
+PairWork = namedtuple("PairWork", ["excl", "suffix", "hot_load", "cold_load", "hot_replica", "cold_replica",
                                    "held_by_hot", "held_by_cold"])
 PairWork.__doc__ = """The GPU pair :func:`pair_descent` scores swaps between (``T`` windows, ``k`` slots a GPU at
-most): ``mark [G]`` int64 stamps of the pair's GPUs, ``excl [T]`` each active window's largest load
+most): ``excl [T]`` each active window's largest load
 outside the pair, ``suffix [T + 1]`` the sums of ``excl`` from each window on, ``hot_load`` /
 ``cold_load [T]`` the pair's loads, ``hot_replica`` / ``cold_replica [k, T]`` each slot's replica load
 per active window, ``held_by_hot`` / ``held_by_cold [E]`` int64 the experts each holds (stamped)."""
@@ -53,10 +55,10 @@ def _holds(row, slot_offsets, gpu, expert, skip):
 
 
 @njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
-def _scaled_layer(windows, window_weights, layer, num_gpus, scale, share, active):
+def _window_scales(windows, window_weights, layer, num_gpus, scale, active):
     """Scale window ``t`` of ``layer`` so its mean GPU load is ``window_weights[t]``: fills
-    ``scale [T]``, ``share [T, E]`` (an expert's scaled tokens) and ``active [T]`` (the windows that
-    count, first ``n`` entries). Returns ``(n, total weight of the active windows)``."""
+    ``scale [T]`` (0: the window does not count) and ``active [T]`` (the windows that count, first
+    ``n`` entries). Returns ``(n, total weight of the active windows)``."""
     num_windows, _, num_experts = windows.shape
     total = 0.0
     n = 0
@@ -70,9 +72,28 @@ def _scaled_layer(windows, window_weights, layer, num_gpus, scale, share, active
             total += window_weights[t]
             active[n] = t
             n += 1
-        for e in range(num_experts):
+    return n, total
+
+
+@njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
+def _scaled_layer(windows, window_weights, layer, num_gpus, scale, share, active):
+    """:func:`_window_scales`, and ``share [T, E]``, an expert's scaled tokens per window.
+    Returns ``(n, total weight of the active windows)``."""
+    n, total = _window_scales(windows, window_weights, layer, num_gpus, scale, active)
+    for t in range(windows.shape[0]):
+        for e in range(windows.shape[2]):
             share[t, e] = windows[t, layer, e] * scale[t]
     return n, total
+
+
+@njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
+def _active_shares(windows, layer, scale, active, n, share):
+    """``share [E, T]``: ``share[e, j]`` is expert ``e``'s scaled tokens in the ``j``-th active
+    window ``active[j]`` (``j < n``; an expert's windows side by side, as :func:`pair_descent` reads them)."""
+    for j in range(n):
+        t = active[j]
+        for e in range(windows.shape[2]):
+            share[e, j] = windows[t, layer, e] * scale[t]
 
 
 @njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
@@ -102,7 +123,26 @@ def _start_layer(windows, window_weights, layer, row, gpu_of_slot, st):
         rank_window(loads, t, top)
         peak[t] = loads[t, top[t, 0]] if scale[t] > 0.0 else 0.0
         current += peak[t]
+    _gain_tables(st, window_weights)
     return total_weight, current
+
+
+@njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
+def _gain_tables(st, window_weights):
+    """Fill ``st.rest`` and ``st.slack_of`` (:class:`PeakState`) from ``st.peak`` and ``st.top``: a
+    move leaves the peak of a window whose most loaded GPU it does not touch, and lowers any other
+    at most to its mean (its weight), so ``rest[r] - sum over touched g of slack_of[g, r]`` bounds
+    the sum of the peaks of the windows from ``r`` on after it."""
+    scale, peak, top, rest, slack_of = st.scale, st.peak, st.top, st.rest, st.slack_of
+    num_windows = scale.shape[0]
+    rest[num_windows] = 0.0
+    slack_of[:, num_windows] = 0.0
+    for r in range(num_windows - 1, -1, -1):
+        rest[r] = rest[r + 1]
+        slack_of[:, r] = slack_of[:, r + 1]
+        if scale[r] > 0.0:
+            rest[r] += peak[r]
+            slack_of[top[r, 0], r] += peak[r] - window_weights[r]
 
 
 @njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
@@ -218,9 +258,13 @@ def _touch_gpus(kind, a, b, f, row, gpu_of_slot, st, stamp):
 def _beats(st, x, f, num_touched, stamp, window_weights, target, total_weight):
     """Whether the move touching ``st.touched[:num_touched]`` (marked ``stamp``) brings the sum of
     the windows' peaks below ``target``: scored window by window, stopping once even the best case
-    for the rest (each window at its mean, its weight) cannot win."""
+    for the rest (each window at its mean, its weight) cannot win, or once the bound of
+    :func:`_gain_tables` on the rest exceeds it by a margin no rounding reaches (so the answer is
+    the one scoring every window would give)."""
     scale, share, loads, top = st.scale, st.share, st.loads, st.top
     mark, touched, coef_x, coef_f, new_peak = st.mark, st.touched, st.coef_x, st.coef_f, st.new_peak
+    rest, slack_of = st.rest, st.slack_of
+    beyond = target + 1e-9 * abs(target)
     value = 0.0
     floor = total_weight  # a window's peak is at least its mean, its weight
     for r in range(scale.shape[0]):
@@ -237,11 +281,16 @@ def _beats(st, x, f, num_touched, stamp, window_weights, target, total_weight):
         floor -= window_weights[r]
         if value + floor >= target:
             return False
+        bound = rest[r + 1]
+        for k in range(num_touched):
+            bound -= slack_of[touched[k], r + 1]
+        if value + bound >= beyond:
+            return False
     return True
 
 
 @njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
-def _keep_move(kind, a, b, f, row, st, num_touched):
+def _keep_move(kind, a, b, f, row, st, num_touched, window_weights):
     """Apply the move ``(kind, a, b, f)`` to ``row`` and ``st``; returns the new sum of the peaks."""
     scale, share, count, loads, peak, top = st.scale, st.share, st.count, st.loads, st.peak, st.top
     touched, coef_x, coef_f = st.touched, st.coef_x, st.coef_f
@@ -264,6 +313,7 @@ def _keep_move(kind, a, b, f, row, st, num_touched):
     current = 0.0
     for r in range(num_windows):
         current += peak[r]
+    _gain_tables(st, window_weights)
     return current
 
 
@@ -312,7 +362,7 @@ def improve_expected_peak(windows, window_weights, phy2log, gpu_of_slot, slot_of
     st = PeakState(np.zeros(num_windows), np.empty((num_windows, num_experts)), np.zeros(num_experts, np.int64),
                    np.zeros((num_windows, num_gpus)), np.zeros(num_windows), np.empty((num_windows, TOP), np.int64),
                    np.zeros(num_gpus, np.int64), np.empty(num_gpus, np.int64), np.zeros(num_gpus), np.zeros(num_gpus),
-                   np.empty(num_windows))
+                   np.empty(num_windows), np.zeros(num_windows + 1), np.zeros((num_gpus, num_windows + 1)))
     scale = st.scale
     stamp = 0
     state = np.uint64(seed) if seed > 0 else np.uint64(88172645463325252)
@@ -339,7 +389,7 @@ def improve_expected_peak(windows, window_weights, phy2log, gpu_of_slot, slot_of
             num_touched = _touch_gpus(kind, a, b, f, row, gpu_of_slot, st, stamp)
             if not _beats(st, row[a], f, num_touched, stamp, window_weights, current * (1.0 - 1e-12), total_weight):
                 continue
-            current = _keep_move(kind, a, b, f, row, st, num_touched)
+            current = _keep_move(kind, a, b, f, row, st, num_touched, window_weights)
         after[layer] = current / total_weight
     return out, before, after
 
@@ -347,14 +397,14 @@ def improve_expected_peak(windows, window_weights, phy2log, gpu_of_slot, slot_of
 @njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
 def _window_loads(row, fraction, share, gpu_of_slot, active, n, loads, top):
     """Per active window, GPU loads ``loads [T, G]`` of ``row [S]`` with slot ``s`` taking
-    ``fraction[s]`` of its expert's tokens, and the ``TOP`` most loaded GPUs; returns the sum over
-    active windows of the peaks."""
+    ``fraction[s]`` of its expert's tokens (``share [E, T]`` as :func:`_active_shares` fills it), and
+    the ``TOP`` most loaded GPUs; returns the sum over active windows of the peaks."""
     total = 0.0
     for j in range(n):
         t = active[j]
         loads[t, :] = 0.0
         for s in range(row.shape[0]):
-            loads[t, gpu_of_slot[s]] += share[t, row[s]] * fraction[s]
+            loads[t, gpu_of_slot[s]] += share[row[s], j] * fraction[s]
         rank_window(loads, t, top)
         total += loads[t, top[t, 0]]
     return total
@@ -429,32 +479,68 @@ def _best_swap(row, work, hot, cold, slot_offsets, j, limit):
 
 
 @njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
-def _pair_windows(pair, loads, top, active, n, hot, cold, stamp):
-    """Fill the :class:`PairWork` ``pair`` for the GPUs ``hot`` and ``cold`` (stamped ``stamp`` in
-    ``pair.mark``) on the ``n`` active windows (``active [T]``): each window's largest load outside
-    the pair (``loads [T, G]``, ``top [T, TOP]``), its suffix sums and the pair's loads."""
-    pair.mark[hot] = stamp
-    pair.mark[cold] = stamp
+def _pair_windows(pair, loads, top, active, n, hot, cold):
+    """Fill the :class:`PairWork` ``pair`` for the GPUs ``hot`` and ``cold`` on the ``n`` active
+    windows (``active [T]``): each window's largest load outside the pair (``loads [T, G]``, ``top
+    [T, TOP]``; 0.0 if none), its suffix sums (from ``suffix[n]`` as it stands) and the pair's loads."""
+    excl, suffix, hot_load, cold_load = pair.excl, pair.suffix, pair.hot_load, pair.cold_load
     for r in range(n):
-        pair.excl[r] = max_untouched(loads, active[r], top, pair.mark, stamp)
-        pair.hot_load[r] = loads[active[r], hot]
-        pair.cold_load[r] = loads[active[r], cold]
+        t = active[r]
+        best = 0.0
+        found = False  # among the top GPUs (or fewer GPUs than TOP, all seen)
+        for k in range(top.shape[1]):
+            g = top[t, k]
+            if g < 0:
+                found = True
+                break
+            if g != hot and g != cold:
+                best = loads[t, g]
+                found = True
+                break
+        if not found:
+            for g in range(loads.shape[1]):
+                if g != hot and g != cold and loads[t, g] > best:
+                    best = loads[t, g]
+        excl[r] = best
+        hot_load[r] = loads[t, hot]
+        cold_load[r] = loads[t, cold]
     for r in range(n - 1, -1, -1):
-        pair.suffix[r] = pair.suffix[r + 1] + pair.excl[r]
+        suffix[r] = suffix[r + 1] + excl[r]
 
 
 @njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
-def _pair_replicas(pair, row, fraction, share, active, n, hot, cold, slot_offsets, stamp):
+def _pair_replicas(pair, row, fraction, share, n, hot, cold, slot_offsets, stamp):
     """Fill ``pair``'s replica loads of the slots of ``hot`` and ``cold`` per active window (``row [S]``
-    int64 experts, ``fraction [S]`` their shares of their experts' tokens, ``share [T, E]``) and stamp
-    the experts each holds."""
+    int64 experts, ``fraction [S]`` their shares of their experts' tokens, ``share [E, T]`` as
+    :func:`_active_shares` fills it) and stamp the experts each holds."""
     for gpu, replica, held in ((hot, pair.hot_replica, pair.held_by_hot), (cold, pair.cold_replica,
                                                                           pair.held_by_cold)):
         for i in range(slot_offsets[gpu + 1] - slot_offsets[gpu]):
             slot = slot_offsets[gpu] + i
-            held[row[slot]] = stamp
+            expert = row[slot]
+            held[expert] = stamp
+            part = fraction[slot]
             for r in range(n):
-                replica[i, r] = share[active[r], row[slot]] * fraction[slot]
+                replica[i, r] = share[expert, r] * part
+
+
+@njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
+def _rerank_pair(loads, t, top, first, second):
+    """Update ``top[t, :]`` (as :func:`rank_window` fills it) after the loads of GPUs ``first`` and
+    ``second`` changed: unchanged when neither is among the top GPUs nor now ranks above the last of
+    them (heavier, or as heavy with a lower index), else ranked again."""
+    width = top.shape[1]
+    last = top[t, width - 1]
+    if last >= 0:
+        bar = loads[t, last]
+        x, y = loads[t, first], loads[t, second]
+        still = not (x > bar or (x == bar and first < last) or y > bar or (y == bar and second < last))
+        for k in range(width):
+            if top[t, k] == first or top[t, k] == second:
+                still = False
+        if still:
+            return
+    rank_window(loads, t, top)
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
@@ -498,11 +584,11 @@ def pair_descent(windows, window_weights, phy2log, fractions, gpu_of_slot, slot_
     before = np.ones(num_layers)
     after = np.ones(num_layers)
     scale = np.zeros(num_windows)
-    share = np.empty((num_windows, num_experts))
+    share = np.empty((num_experts, num_windows))  # [E, T], the active windows first
     active = np.empty(num_windows, np.int64)
     loads = np.zeros((num_windows, num_gpus))
     top = np.empty((num_windows, TOP), np.int64)
-    pair = PairWork(np.zeros(num_gpus, np.int64), np.empty(num_windows), np.zeros(num_windows + 1),
+    pair = PairWork(np.empty(num_windows), np.zeros(num_windows + 1),
                     np.empty(num_windows), np.empty(num_windows), np.empty((width, num_windows)),
                     np.empty((width, num_windows)), np.zeros(num_experts, np.int64), np.zeros(num_experts, np.int64))
     stamp = 0
@@ -510,9 +596,10 @@ def pair_descent(windows, window_weights, phy2log, fractions, gpu_of_slot, slot_
     for layer in range(num_layers):
         row = out[layer]
         fraction = out_fractions[layer]
-        n, total_weight = _scaled_layer(windows, window_weights, layer, num_gpus, scale, share, active)
+        n, total_weight = _window_scales(windows, window_weights, layer, num_gpus, scale, active)
         if total_weight <= 0.0:
             continue
+        _active_shares(windows, layer, scale, active, n, share)
         current = _window_loads(row, fraction, share, gpu_of_slot, active, n, loads, top)
         before[layer] = current / total_weight
         for it in range(iterations):
@@ -523,8 +610,8 @@ def pair_descent(windows, window_weights, phy2log, fractions, gpu_of_slot, slot_
             if cold < 0:
                 continue
             stamp += 1
-            _pair_windows(pair, loads, top, active, n, hot, cold, stamp)
-            _pair_replicas(pair, row, fraction, share, active, n, hot, cold, slot_offsets, stamp)
+            _pair_windows(pair, loads, top, active, n, hot, cold)
+            _pair_replicas(pair, row, fraction, share, n, hot, cold, slot_offsets, stamp)
             work = (pair.excl, pair.suffix, pair.hot_load, pair.cold_load, pair.hot_replica, pair.cold_replica,
                     pair.held_by_hot, pair.held_by_cold, stamp, n, in_service.placement[layer],
                     in_service.copy_cost * total_weight)
@@ -538,10 +625,10 @@ def pair_descent(windows, window_weights, phy2log, fractions, gpu_of_slot, slot_
             current = 0.0
             for r in range(n):
                 t = active[r]
-                delta = share[t, f] * fraction_f - share[t, x] * fraction_x
+                delta = share[f, r] * fraction_f - share[x, r] * fraction_x
                 loads[t, hot] += delta
                 loads[t, cold] -= delta
-                rank_window(loads, t, top)
+                _rerank_pair(loads, t, top, hot, cold)
                 current += loads[t, top[t, 0]]
         after[layer] = current / total_weight
     return out, out_fractions, before, after

@@ -233,24 +233,34 @@ def _search(windows, weights, placement, fractions, deployment, *, steps, upto, 
     slot_offsets = np.ascontiguousarray(topology.slot_offsets, dtype=np.int64)
     zones = np.require(gpu_zones(deployment), np.int64, "CW")
     previous = np.require(previous, np.int64, "CW")
+    windows = np.require(windows, np.float64, "CW")
     # every array writable int64 / float64 and scalars as Python numbers: one compiled specialization
     # (a read-only placement, as a Placement's, is a type of its own)
     out = np.require(placement, np.int64, "CW").copy()
     out_fractions = np.require(fractions, np.float64, "CW").copy()
-    _, _, before, after = pair_descent(windows, weights, out, out_fractions, gpu_of_slot, slot_offsets, zones, 0,
-                                       int(seed), InService(previous, float(copy_cost)))
+    num_layers = out.shape[0]
+    before, after = np.ones(num_layers), np.ones(num_layers)
+    # the objective before the search: from the first step's call where that is a best-swap step (it
+    # scores its start the same way), from a call without swaps for the layers no step searches
+    unscored = np.flatnonzero(upto < 1) if steps and steps[0][0] == "swaps" else np.arange(num_layers)
+    if unscored.size:
+        _, _, before[unscored], after[unscored] = pair_descent(
+            np.take(windows, unscored, axis=1), weights, out[unscored], out_fractions[unscored], gpu_of_slot,
+            slot_offsets, zones, 0, int(seed), InService(previous[unscored], float(copy_cost)))
     for k, (kind, amount) in enumerate(steps, start=1):
         rows = np.flatnonzero(upto >= k)
         if rows.size:
-            part = np.ascontiguousarray(windows[:, rows])
+            # [T, R, E]: every layer's windows as they are, else a C-contiguous copy (windows[:, rows] is not)
+            part = windows if rows.size == num_layers else np.take(windows, rows, axis=1)
             if kind == "swaps":  # each step its own stream, so a step's start does not depend on the others'
-                moved, moved_fractions, _, after[rows] = pair_descent(
-                    part, weights, np.ascontiguousarray(out[rows]), np.ascontiguousarray(out_fractions[rows]),
-                    gpu_of_slot, slot_offsets, zones, int(amount), int(seed) + k - 1,
-                    InService(np.ascontiguousarray(previous[rows]), float(copy_cost)))
+                moved, moved_fractions, scored, after[rows] = pair_descent(
+                    part, weights, out[rows], out_fractions[rows], gpu_of_slot, slot_offsets, zones, int(amount),
+                    int(seed) + k - 1, InService(previous[rows], float(copy_cost)))
+                if k == 1:
+                    before[rows] = scored
             else:  # even split only: the random moves recount replicas
-                moved, _, after[rows] = _improve(part, weights, np.ascontiguousarray(out[rows]), gpu_of_slot,
-                                                 slot_offsets, slot_zones(deployment), int(amount), int(seed), replica_moves)
+                moved, _, after[rows] = _improve(part, weights, out[rows], gpu_of_slot, slot_offsets,
+                                                 slot_zones(deployment), int(amount), int(seed), replica_moves)
                 moved_fractions = uniform_shares(moved, replica_counts(moved, windows.shape[2]))
             out[rows], out_fractions[rows] = moved, moved_fractions
         if on_step is not None:
@@ -328,17 +338,18 @@ def _validated_steps(windows, weights, placement, fractions, deployment, folds, 
     gain = np.zeros((len(steps) + 1, num_windows, checked.size))  # [step, window, checked layer]
     counted = np.zeros((num_windows, checked.size), bool)
     full = np.full(checked.size, len(steps), np.int64)
+    checked_windows = np.take(windows, checked, axis=1)  # [T, C, E], C-contiguous
     for k in range(folds):
         held, kept = np.flatnonzero(fold_of == k), fold_of != k
         if weights[kept].sum() <= 0 or weights[held].sum() <= 0:
             continue
-        kept_windows = np.ascontiguousarray(windows[kept][:, checked])
+        kept_windows = checked_windows[kept]
         if start_of is None:
             start, start_fractions = placement[checked], fractions[checked]
         else:
             start, start_fractions = _fold_start(start_of, np.tensordot(weights[kept], kept_windows, axes=1), checked,
                                                  windows.shape[2])
-        held_windows = windows[held][:, checked]
+        held_windows = checked_windows[held]
         start_peaks = window_share_peaks(held_windows, start, start_fractions, topology)  # [h, C]
         start_copies = (start != previous).sum(axis=1)
 
