@@ -482,7 +482,8 @@ def _best_swap(row, work, hot, cold, slot_offsets, j, limit):
 def _pair_windows(pair, loads, top, active, n, hot, cold):
     """Fill the :class:`PairWork` ``pair`` for the GPUs ``hot`` and ``cold`` on the ``n`` active
     windows (``active [T]``): each window's largest load outside the pair (``loads [T, G]``, ``top
-    [T, TOP]``; 0.0 if none), its suffix sums (from ``suffix[n]`` as it stands) and the pair's loads."""
+    [T, TOP]``; 0.0 if none), its suffix sums (``suffix[n] = 0``: a layer with fewer active windows
+    than the one before must not count that layer's windows) and the pair's loads."""
     excl, suffix, hot_load, cold_load = pair.excl, pair.suffix, pair.hot_load, pair.cold_load
     for r in range(n):
         t = active[r]
@@ -504,6 +505,7 @@ def _pair_windows(pair, loads, top, active, n, hot, cold):
         excl[r] = best
         hot_load[r] = loads[t, hot]
         cold_load[r] = loads[t, cold]
+    suffix[n] = 0.0
     for r in range(n - 1, -1, -1):
         suffix[r] = suffix[r + 1] + excl[r]
 

@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+import eplb
 from eplb.planning.api import make_deployment
 from eplb.planning.methods import get_method
 from eplb.planning.objectives import window_peaks
@@ -231,3 +232,25 @@ def test_bad_input_raises_value_errors():
         args.update({k: v for k, v in change.items() if k in args})
         with pytest.raises(ValueError):
             improve_expected_peak(args["series"], args["phy2log"], deployment, args["window_weights"], **options)
+
+
+def test_a_layer_searched_after_one_with_more_active_windows_is_still_searched():
+    """The pair search bounds a swap's objective by the pair's outside loads summed over the layer's
+    own active windows: a layer searched after one with more active windows (here 3 of 8 windows
+    route tokens in it) must not count the earlier layer's windows. That stale sum once made the
+    search refuse nearly every swap of such a layer."""
+    from eplb.kernels.expected_peak import InService, pair_descent
+    from eplb.simulation.synthetic import drifting_counts
+
+    base = drifting_counts(8, 3, 32, drift=0.5, tokens=2048, seed=1).astype(np.float64)
+    second = base[:, 2].copy()
+    second[:5] = 0
+    placement = eplb.plan(base.sum(axis=0), num_slots=40, num_gpus=8)
+    fractions = 1.0 / placement.logcnt[np.arange(3)[:, None], placement.phy2log]
+    topology = placement.topology
+    windows = np.ascontiguousarray(np.stack([base[:, 0], second], axis=1))  # [8, 2, 32]
+    _, _, before, after = pair_descent(windows, np.ones(8), np.ascontiguousarray(placement.phy2log[1:]),
+                                       np.ascontiguousarray(fractions[1:]), topology.gpu_of_slot,
+                                       topology.slot_offsets, np.zeros(8, np.int64), 200, 1,
+                                       InService(np.zeros((2, 40), np.int64), 0.0))
+    assert after[1] < before[1] - 0.05, (before, after)
