@@ -64,8 +64,10 @@ def held_out_rows(series: np.ndarray, deployment: eplb.Deployment) -> dict[str, 
         served_groups = served.reshape(served.shape[0], groups, -1).sum(axis=-1)  # [L, K]
         first = np.argmax(placement.phy2log[:, :, None] == np.arange(0, deployment.num_experts,
                                                                       deployment.num_experts // groups), axis=1)
-        own = node_balancedness(served_groups, first // slots_per_node, nodes)  # [L, L]: layer l's own row
-        out[ROWS[1]].append(float(np.diagonal(own).mean()))
+        node_load = np.zeros((served_groups.shape[0], nodes))  # [L, N] under the default's own assignment
+        np.add.at(node_load, (np.arange(served_groups.shape[0])[:, None], first // slots_per_node), served_groups)
+        peak = node_load.max(axis=1)
+        out[ROWS[1]].append(float(np.divide(node_load.mean(axis=1), peak, out=np.ones_like(peak), where=peak > 0).mean()))
         served_all = node_balancedness(served_groups, assignments, nodes)  # [A, L]
         on_windows = node_balancedness(by_group, assignments, nodes).mean(axis=1)  # [A, L]
         on_sum = node_balancedness(by_group.sum(axis=0), assignments, nodes)  # [A, L]

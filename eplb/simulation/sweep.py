@@ -26,7 +26,7 @@ from concurrent.futures import ProcessPoolExecutor
 
 from ..model._validation import as_int
 from ..model.cost import CostModel
-from ..model.deployment import Deployment, slots_for  # noqa: F401  (slots_for: the sweep's axis, re-exported)
+from ..model.deployment import Deployment
 from ..engines import SCORING
 from ..serving.policy import policy_by_name
 from .simulate import checked_series, simulate

@@ -10,7 +10,8 @@ from click.testing import CliRunner
 
 import eplb
 from eplb.cli import main
-from eplb.simulation.sweep import knee, slots_for, sweep
+from eplb.model.deployment import slots_for
+from eplb.simulation.sweep import knee, sweep
 from eplb.simulation.synthetic import drifting_counts
 
 COST = eplb.CostModel.preset("H100", "gpt-oss-20b", regime="compute")
