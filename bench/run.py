@@ -48,6 +48,7 @@ SECTIONS = (
     ("out_of_sample", "Out of sample", "held-out windows: objectives, even split and optimal dispatch"),
     ("research.locality", "Locality", "balancedness against off-node tokens (max_off_node), in and out of sample"),
     ("research.node_assignment", "Node assignment", "hierarchical plans held out: node against GPU balancedness, every group pairing"),
+    ("research.fixed_layout_room", "Fixed-layout room", "8 H200, small decode batches: the step-time room a fixed layout can take"),
     ("simulate", "Simulate", "rebalancing policies in step time and copies on drifting traffic"),
     ("decision_rule", "Decision rule", "Balancer settings chosen on tuning series, judged on held-out ones"),
     ("loop_frontier", "Loop frontier", "time lost against copies: the Balancer and a clairvoyant planner, held out"),

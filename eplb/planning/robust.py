@@ -36,6 +36,14 @@ from ..analysis.windows import check_window_weights
 DEFAULT_SWAPS = 200  # best-swap iterations per layer (pair descent)
 DEFAULT_ITERATIONS = 800  # random moves per layer after it (swaps and replica moves)
 DEFAULT_ANCHOR = 0.25
+# The anchor (the windows' weighted sum joined as one more window) weighs at least DEFAULT_ANCHOR and
+# 1 / sqrt(T) with T windows of positive weight (3 windows: 0.58, 5: 0.45, 16 and more: 0.25): the
+# fewer the windows, the less their differences tell of the next one's (a mean's standard error
+# goes as 1 / sqrt(T)), so the search is pulled harder towards the average traffic. Held out
+# (bench/robust_default.py), against 0.25 for every T: OLMoE's 6 domains 0.723 -> 0.780 (worst
+# 0.614 -> 0.696), its 4-domain series from -0.005 below the summed plan (2 of 3 series below
+# -0.002) to +0.005 (none); gpt-oss-20b's 11 benchmarks 0.852 -> 0.847, its 4 subject categories
+# +0.032 -> +0.017 over the summed plan (worst +0.002 -> +0.008); series of 16 windows unchanged.
 DEFAULT_FOLDS = 4
 CHECK_LAYERS = 6  # the cross-validation check searches at most this many layers (evenly spread)
 # Before any search, a layer whose windows of token counts look like draws from one popularity
@@ -48,9 +56,10 @@ NOISE_Z = 4.0
 # A step of the search is then kept for a layer only when it serves so many of the held-out
 # windows of the cross-validation better than the start that a coin would do so with probability
 # at most SIGN_TEST (3 windows: all 3; 12 windows: 9), and its mean gain exceeds DECISION_Z
-# standard errors. Looser (0.5 and 0) served the fourth of 3 real workloads 0.01-0.02 better
-# (gpt-oss-20b, OLMoE) and OLMoE's 6 domains 0.745 instead of 0.723 on the mean, but its worst
-# domain at 0.561 instead of 0.614 (bench/robust_default.py): not yet a clear win.
+# standard errors. Looser (0.5 and 0), measured with the anchor at 0.25 for every T, served the
+# fourth of 3 real workloads 0.01-0.02 better (gpt-oss-20b, OLMoE) and OLMoE's 6 domains 0.745
+# instead of 0.723 on the mean, but its worst domain at 0.561 instead of 0.614
+# (bench/robust_default.py): not yet a clear win.
 SIGN_TEST = 0.2
 DECISION_Z = 1.0
 
@@ -86,7 +95,7 @@ class Hedged(NamedTuple):
 
 def improve_expected_peak(series, phy2log, deployment, window_weights=None, *, swaps: int = DEFAULT_SWAPS,
                           iterations: int = DEFAULT_ITERATIONS, replica_moves: bool = True, seed: int = 1,
-                          anchor: float = DEFAULT_ANCHOR, folds: int = DEFAULT_FOLDS):
+                          anchor: float | None = None, folds: int = DEFAULT_FOLDS):
     """Search from ``phy2log`` for a placement with a lower expected uniform-split peak on ``series``
     (:func:`hedge` with an even split and no placement in service).
 
@@ -101,7 +110,7 @@ def improve_expected_peak(series, phy2log, deployment, window_weights=None, *, s
 
 def hedge(series, phy2log, deployment, window_weights=None, *, shares=None, previous=None, copy_cost: float = 0.0,
           swaps: int = DEFAULT_SWAPS, iterations: int = DEFAULT_ITERATIONS, replica_moves: bool = True,
-          seed: int = 1, anchor: float = DEFAULT_ANCHOR, folds: int = DEFAULT_FOLDS, start_of=None) -> Hedged:
+          seed: int = 1, anchor: float | None = None, folds: int = DEFAULT_FOLDS, start_of=None) -> Hedged:
     """Search from ``phy2log`` for a placement with a lower expected peak over the windows of ``series``.
 
     Per layer, the objective is the weighted mean over windows of ``max GPU load / mean GPU load``,
@@ -122,7 +131,7 @@ def hedge(series, phy2log, deployment, window_weights=None, *, shares=None, prev
 
     ``anchor`` guards against fitting the windows at the expense of the average traffic: the
     weighted sum of the windows joins them as one more window, weighing ``anchor`` times all the
-    others together (``0``: the windows alone).
+    others together (``0``: the windows alone; ``None``: :func:`default_anchor` of the windows).
 
     Args:
         series: ``[T, L, E]`` float64 non-negative counts, validated by the caller (``[L, E]`` is one window).
@@ -135,7 +144,8 @@ def hedge(series, phy2log, deployment, window_weights=None, *, shares=None, prev
         copy_cost: ``>= 0``, in units of the objective (mean ``peak / mean``) per changed slot.
         swaps: best-swap iterations per layer (``>= 0``); iterations: random moves after them
             (``>= 0``); replica_moves: also change replica counts there.
-        seed: ``>= 1``, the random stream; anchor: ``>= 0``, the weight of the summed window.
+        seed: ``>= 1``, the random stream; anchor: ``>= 0``, the weight of the summed window
+            (``None``: :func:`default_anchor`, more weight the fewer the windows).
         folds: ``>= 2``: first decide by cross-validation over the windows how many of the
             search's steps (:func:`search_steps`) each layer keeps (:func:`_validated_steps`: the
             start and the search both made without the fold they are judged on, per layer or per
@@ -156,6 +166,8 @@ def hedge(series, phy2log, deployment, window_weights=None, *, shares=None, prev
             raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
     if not (isinstance(seed, (int, np.integer)) and not isinstance(seed, bool) and seed >= 1):
         raise ValueError(f"seed must be a positive integer, got {seed!r}")
+    if anchor is None:
+        anchor = default_anchor(weights)
     for name, value in (("anchor", anchor), ("copy_cost", copy_cost)):
         if not (isinstance(value, (int, float, np.integer, np.floating)) and np.isfinite(value) and value >= 0):
             raise ValueError(f"{name} must be a non-negative number, got {value!r}")
@@ -201,6 +213,12 @@ def _checked_placement(phy2log, name: str, num_layers: int, num_experts: int, nu
             if np.bincount(placement[layer], minlength=num_experts).min() < 1:
                 raise ValueError(f"{name} must give every expert a slot (layer {layer} misses one)")
     return placement
+
+
+def default_anchor(window_weights: np.ndarray) -> float:
+    """The anchor's weight for windows of weights ``[T]``: ``max(DEFAULT_ANCHOR, 1 / sqrt(T'))`` with
+    ``T'`` the windows of positive weight (see the comment at :data:`DEFAULT_ANCHOR`)."""
+    return max(DEFAULT_ANCHOR, 1.0 / math.sqrt(max(1, int((np.asarray(window_weights) > 0).sum()))))
 
 
 def _with_anchor(windows, weights, anchor):
