@@ -174,3 +174,16 @@ def pct(x: float) -> str:
 def fmt_ms(seconds: float) -> str:
     ms = seconds * 1e3
     return f"{ms:.2f}" if ms < 10 else f"{ms:.1f}" if ms < 100 else f"{ms:.0f}"
+
+
+def run_alone(run: Callable[[bool, Path], str], doc: str) -> None:
+    """A section's script run by itself: ``--quick`` as ``bench/run.py`` takes it, results in
+    ``bench/results`` (``bench/results/quick`` with ``--quick``), the section's Markdown printed."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="small sizes")
+    args = parser.parse_args()
+    results = BENCH / "results" / ("quick" if args.quick else "")
+    results.mkdir(parents=True, exist_ok=True)
+    print(run(args.quick, results))

@@ -25,10 +25,8 @@ Run: ``cd bench && python -m research.fixed_layout_room [--quick]``.
 
 from __future__ import annotations
 
-import argparse
-
 import numpy as np
-from _common import BENCH, markdown_table, write_csv
+from _common import markdown_table, run_alone, write_csv
 from pools import JUDGE_PASSES, JUDGE_SEED, ds_windows
 
 import eplb
@@ -92,16 +90,5 @@ def run(quick: bool, results_dir) -> str:
                         "search, held out ms", "bound of a layout remade per pass ms"), table)])
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true")
-    args = parser.parse_args()
-    results = BENCH / "results" / ("quick" if args.quick else "")
-    results.mkdir(parents=True, exist_ok=True)
-    text = run(args.quick, results)
-    (results / "section_fixed_layout_room.md").write_text(text + "\n")
-    print(text)
-
-
 if __name__ == "__main__":
-    main()
+    run_alone(run, __doc__)

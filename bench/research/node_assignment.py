@@ -21,10 +21,8 @@ Run: ``cd bench && python -m research.node_assignment [--quick]``.
 
 from __future__ import annotations
 
-import argparse
-
 import numpy as np
-from _common import BENCH, markdown_table, write_csv
+from _common import markdown_table, run_alone, write_csv
 from robust_default import DEEPSEEK, _phase_workloads, _sampled
 
 import eplb
@@ -100,16 +98,5 @@ def run(quick: bool, results_dir) -> str:
         markdown_table(("family", "score", "mean", "worst"), table)])
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true")
-    args = parser.parse_args()
-    results = BENCH / "results" / ("quick" if args.quick else "")
-    results.mkdir(parents=True, exist_ok=True)
-    text = run(args.quick, results)
-    (results / "section_node_assignment.md").write_text(text + "\n")
-    print(text)
-
-
 if __name__ == "__main__":
-    main()
+    run_alone(run, __doc__)

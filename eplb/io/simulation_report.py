@@ -191,6 +191,25 @@ SWEEP_COLUMNS = ("policy", "num_slots", "redundant_slots", "extra_slots_per_gpu"
                  "host_ms_p99", "host_ms_max")
 
 
+def _table_and_pyplot(table: Path, columns: Sequence[str], rows: Sequence[dict], what: str):
+    """Write ``rows`` as the CSV ``table`` (its folder created; ``columns`` in order, other keys left
+    out) and return ``(table, pyplot, "")`` ready for a figure, or ``(table, None, how to get
+    matplotlib)`` without it: the table still serves."""
+    table.parent.mkdir(parents=True, exist_ok=True)
+    with open(table, "w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=list(columns), extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(rows)
+    try:
+        matplotlib = require("matplotlib", "report", what)
+    except MissingExtraError as exc:
+        return table, None, str(exc)
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+
+    return table, plt, ""
+
+
 def write_sweep_report(rows: Sequence[dict], out_dir, knees: dict) -> dict:
     """Write ``sweep.csv`` and ``sweep.png`` (time lost, stalls included, against the replicas'
     memory per GPU, one line per deployment / dispatch / policy, the knee of each marked) into
@@ -198,19 +217,9 @@ def write_sweep_report(rows: Sequence[dict], out_dir, knees: dict) -> dict:
     Returns ``{"table": path, "figure": path or None, "missing": text}``: without matplotlib only
     the table, and ``missing`` says how to get the figure."""
     out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    table = out_dir / "sweep.csv"
-    with open(table, "w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=SWEEP_COLUMNS, extrasaction="ignore")
-        writer.writeheader()
-        writer.writerows(rows)
-    try:
-        matplotlib = require("matplotlib", "report", "eplb sweep figures")
-    except MissingExtraError as exc:  # the table still serves
-        return {"table": table, "figure": None, "missing": str(exc)}
-    matplotlib.use("Agg", force=True)
-    import matplotlib.pyplot as plt
-
+    table, plt, missing = _table_and_pyplot(out_dir / "sweep.csv", SWEEP_COLUMNS, rows, "eplb sweep figures")
+    if plt is None:
+        return {"table": table, "figure": None, "missing": missing}
     fig, ax = plt.subplots(figsize=(8, 4.5))
     key = lambda r: (r["num_gpus"], r["num_nodes"], r["dispatch"], r["policy"])  # noqa: E731
     for group in dict.fromkeys(key(r) for r in rows):
@@ -242,19 +251,10 @@ def write_recommend_report(result, out_dir) -> dict:
     horizontal lines, the recommendation starred) into ``out_dir`` (created).
     Returns ``{"table": path, "figure": path or None, "missing": text}`` as :func:`write_sweep_report`."""
     out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    table = out_dir / "recommend.csv"
-    with open(table, "w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=RECOMMEND_COLUMNS)
-        writer.writeheader()
-        writer.writerows(result.rows())
-    try:
-        matplotlib = require("matplotlib", "report", "eplb recommend figures")
-    except MissingExtraError as exc:
-        return {"table": table, "figure": None, "missing": str(exc)}
-    matplotlib.use("Agg", force=True)
-    import matplotlib.pyplot as plt
-
+    table, plt, missing = _table_and_pyplot(out_dir / "recommend.csv", RECOMMEND_COLUMNS, result.rows(),
+                                            "eplb recommend figures")
+    if plt is None:
+        return {"table": table, "figure": None, "missing": missing}
     fig, ax = plt.subplots(figsize=(8, 4.5))
     for planner in dict.fromkeys(o.planner for o in result.options):
         line = [o for o in result.options if o.planner == planner]

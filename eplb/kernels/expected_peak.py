@@ -487,6 +487,8 @@ def _pair_windows(pair, loads, top, active, n, hot, cold):
     excl, suffix, hot_load, cold_load = pair.excl, pair.suffix, pair.hot_load, pair.cold_load
     for r in range(n):
         t = active[r]
+        # common.max_untouched's search with the pair compared instead of stamped: stamping and
+        # reading marks cost 4% of a global hedge's time at DeepSeek-V3 size and 12% of a hierarchical one's
         best = 0.0
         found = False  # among the top GPUs (or fewer GPUs than TOP, all seen)
         for k in range(top.shape[1]):

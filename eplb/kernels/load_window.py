@@ -65,22 +65,6 @@ def copy_counts(counts, out):
 
 
 @njit(cache=True, error_model="numpy")
-def has_bad_count(counts):
-    """Whether ``counts [L, X]`` (C-contiguous, any :data:`STAGED_DTYPES` dtype) holds a negative,
-    NaN or infinite entry (:func:`first_bad_count` finds it).
-
-    One pass and no early exit, so the loop vectorises (a tenth of :func:`first_bad_count`'s time
-    on a clean pass). Keeps the GIL, as :func:`first_bad_count` does."""
-    rows, cols = counts.shape
-    bad = False
-    for i in range(rows):
-        for j in range(cols):
-            value = counts[i, j]
-            bad |= (not (value >= 0)) | (value == np.inf)
-    return bad
-
-
-@njit(cache=True, error_model="numpy")
 def stage_pass(counts, out, header, field, value):
     """``out [L, X] = counts [L, X]`` (the same dtype, one of :data:`STAGED_DTYPES`) and, unless a
     value is negative, NaN or infinite, ``header[field] = value`` (``header`` int64: the shared
@@ -103,13 +87,12 @@ def stage_pass(counts, out, header, field, value):
 
 
 def warm_copy_counts() -> None:
-    """Compile (or load from the cache) :func:`copy_counts`, :func:`has_bad_count` and :func:`stage_pass` for every
+    """Compile (or load from the cache) :func:`copy_counts` and :func:`stage_pass` for every
     :data:`STAGED_DTYPES` dtype and :func:`first_bad_count`: what a balancer's ``record`` calls on
     the caller's thread."""
     out = np.zeros((1, 1))
     for dtype in STAGED_DTYPES:
         copy_counts(np.zeros((1, 1), dtype), out)
-        has_bad_count(np.zeros((1, 1), dtype))
         stage_pass(np.zeros((1, 1), dtype), np.zeros((1, 1), dtype), np.zeros(1, np.int64), 0, 0)
         first_bad_count(np.zeros((1, 1), dtype))
     memory_fence()

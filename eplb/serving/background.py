@@ -49,7 +49,7 @@ from multiprocessing import shared_memory
 import numpy as np
 
 from ..analysis.placement import Placement
-from ..kernels.load_window import (STAGED_DTYPES, first_bad_count, has_bad_count, memory_fence, stage_pass,
+from ..kernels.load_window import (STAGED_DTYPES, first_bad_count, memory_fence, stage_pass,
                                    warm_copy_counts)
 from .balancer import Balancer, check_counts, commit_range, merged_placement
 from .transfer import TransferPlan
@@ -615,11 +615,7 @@ def _stage_widened(counts: np.ndarray, row: np.ndarray, header: np.ndarray, fiel
     infinite; returns whether one is."""
     with np.errstate(over="ignore", invalid="ignore"):
         np.copyto(row, counts, casting="unsafe")
-    if has_bad_count(row):
-        return True
-    memory_fence()  # the row before the counter (see stage_pass)
-    header[field] = value
-    return False
+    return stage_pass(row, row, header, field, value)  # checks the row, then fences and hands it over
 
 
 # -- the worker's end ----------------------------------------------------------------------------
