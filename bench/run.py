@@ -49,6 +49,7 @@ SECTIONS = (
     ("research.locality", "Locality", "balancedness against off-node tokens (max_off_node), in and out of sample"),
     ("research.node_assignment", "Node assignment", "hierarchical plans held out: node against GPU balancedness, every group pairing"),
     ("research.fixed_layout_room", "Fixed-layout room", "8 H200, small decode batches: the step-time room a fixed layout can take"),
+    ("research.split_bias", "Split bias", "a replica's activation as its expectation against the split drawn, per batch"),
     ("simulate", "Simulate", "rebalancing policies in step time and copies on drifting traffic"),
     ("decision_rule", "Decision rule", "Balancer settings chosen on tuning series, judged on held-out ones"),
     ("loop_frontier", "Loop frontier", "time lost against copies: the Balancer and a clairvoyant planner, held out"),

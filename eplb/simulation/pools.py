@@ -14,10 +14,10 @@ A pass serves ``batch`` tokens per GPU (decode: one token per sequence, so ``bat
 GPU; prefill: ``batch`` prompt tokens per GPU) on ``G`` GPUs, so each MoE layer routes
 ``n = batch * G * top_k`` tokens. :func:`sample_passes` draws ``passes`` such passes from the
 window's per-layer expert distribution (a multinomial per layer, seeded by ``(seed, window)``: the
-same passes for every placement judged on that window). :func:`eplb.analysis.loads.gpu_work`
-turns them into tokens and activated slots per GPU under the even split engines use (a slot of an
-expert with ``r`` replicas is activated with probability ``1 - (1 - 1/r)^c``), and
-:class:`eplb.CostModel` prices them: a layer waits for its slowest GPU, a step is the sum over the
+same passes for every placement judged on that window). :func:`layer_times` sends each token to
+one of its expert's replicas at random, as the engines' even split does (drawn, seeded; a slot is
+activated when a token picks it), and :class:`eplb.CostModel` prices the GPUs' tokens and activated
+slots: a layer waits for its slowest GPU, a step is the sum over the
 layers of the counts (pass counts of all the model's MoE layers for the model's full step).
 
 In decode a GPU's time is mostly the weight reads of its activated slots; a replica adds reads
@@ -61,8 +61,6 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ..analysis.dispatch import uniform_shares
-from ..analysis.loads import RANDOM_SPLIT, gpu_work
 from ..analysis.placement import Placement
 from ..model._validation import as_counts, as_int
 from ..model.cost import MODELS, CostModel, MoEModel
@@ -204,19 +202,57 @@ class _Sampler:
         return self._drawn[t]
 
 
-def layer_times(passes: np.ndarray, placement: Placement, cost: CostModel) -> np.ndarray:
+def layer_times(passes: np.ndarray, placement: Placement, cost: CostModel, seed: int = 0) -> np.ndarray:
     """Mean over sampled passes of each layer's time (its slowest GPU) under the even split.
 
+    Each token goes to one replica of its expert, picked at random (as the engines' even split
+    sends it; drawn per pass and seeded), and a slot's weights are read when at least one token
+    picks it. The split is drawn, not taken as its expectation: the slowest GPU of the expected
+    activations (a replica of an expert with one token counted as half a read on each of two GPUs)
+    underestimates the expected slowest GPU wherever replicas are read by few tokens (1.6% for the
+    token plan on 8 H200 at 1 sequence per GPU, 272 slots).
+
     Args:
-        passes: ``[P, L, E]`` routed tokens per expert of ``P`` passes.
+        passes: ``[P, L, E]`` routed tokens per expert of ``P`` passes (whole numbers).
         placement: the layout (``phy2log [L, S]``) on its topology.
         cost: prices each GPU's tokens and activated slots.
+        seed: the random split's seed (the same arguments give the same times).
     Returns:
         ``[L]`` seconds; their sum is the predicted MoE step time.
     """
-    shares = uniform_shares(placement.phy2log, placement.logcnt)[None]  # [1, L, S]
-    tokens, active = gpu_work(passes, placement.phy2log, placement.topology, shares, RANDOM_SPLIT)  # [P, L, G]
+    passes = np.asarray(passes, dtype=np.float64)
+    if passes.ndim != 3 or not np.array_equal(passes, np.round(passes)) or (passes < 0).any():
+        raise ValueError("passes must be a [P, L, E] array of whole, non-negative token counts")
+    tokens_of_slot = _split_tokens(passes, placement.phy2log, placement.logcnt, seed)
+    gpu_of_slot = np.eye(placement.topology.num_gpus)[placement.topology.gpu_of_slot]  # [S, G]
+    tokens = tokens_of_slot @ gpu_of_slot  # [P, L, G]
+    active = (tokens_of_slot > 0).astype(np.float64) @ gpu_of_slot
     return cost.layer_time(tokens, active).mean(axis=0)
+
+
+def _split_tokens(passes: np.ndarray, phy2log: np.ndarray, logcnt: np.ndarray, seed: int) -> np.ndarray:
+    """``[P, L, E]`` whole token counts -> ``[P, L, S]`` the tokens each slot receives when every
+    token picks one of its expert's ``logcnt [L, E]`` replicas at random: an expert's ``c`` tokens
+    are split by successive binomial draws over its replicas in slot order, replica ``j`` of ``r``
+    taking ``Binomial(left, 1 / (r - j))``. Layer ``l`` draws from its own stream ``(seed, l)``, so a
+    layer's split does not depend on the other layers (a per-layer mix of placements is priced,
+    layer by layer, as the placements it mixes)."""
+    tokens = np.take_along_axis(passes, np.broadcast_to(phy2log, (len(passes),) + phy2log.shape), axis=2)  # [P, L, S]
+    for layer in np.flatnonzero((logcnt > 1).any(axis=1)):
+        rng = np.random.default_rng([seed, layer])
+        slots = np.flatnonzero(logcnt[layer, phy2log[layer]] > 1)  # replicated experts' slots, in slot order
+        experts = phy2log[layer, slots]
+        by_expert = np.argsort(experts, kind="stable")
+        first = np.searchsorted(experts[by_expert], experts[by_expert])  # each run's start
+        rank = np.empty_like(slots)
+        rank[by_expert] = np.arange(len(slots)) - first  # j: earlier slots of the same expert
+        left = passes[:, layer].astype(np.int64)  # [P, E] tokens not yet given to a replica
+        for j in range(int(rank.max()) + 1):
+            at = rank == j  # at most one slot per expert
+            taken = rng.binomial(left[:, experts[at]], 1.0 / (logcnt[layer, experts[at]] - j))  # the last takes the rest
+            tokens[:, layer, slots[at]] = taken
+            left[:, experts[at]] -= taken
+    return tokens
 
 
 def layer_time_bound(passes: np.ndarray, num_gpus: int, cost: CostModel) -> np.ndarray:

@@ -34,8 +34,11 @@ def result(series):
 
 def predicted_step_time(window, phy2log, cost, routed, seed, t) -> float:
     """The step time of ``phy2log [L, S]`` on ``window [L, E]``, computed here from the definition:
-    ``PASSES`` multinomial passes seeded by ``(seed, t)``, each slot taking ``c / r`` of its expert's
-    ``c`` tokens and activated with probability ``1 - (1 - 1/r)^c``, a layer its slowest GPU."""
+    ``PASSES`` multinomial passes seeded by ``(seed, t)``, each token sent to one replica of its
+    expert (the module's seeded split, checked on its own below), a slot read when it receives a
+    token, a layer its slowest GPU."""
+    from eplb.simulation.pools import _split_tokens
+
     num_layers, num_experts = window.shape
     rng = np.random.default_rng([seed, t])
     totals = window.sum(axis=1, keepdims=True)
@@ -43,15 +46,39 @@ def predicted_step_time(window, phy2log, cost, routed, seed, t) -> float:
     passes = rng.multinomial(routed, probs, size=(PASSES, num_layers)).astype(float)
     passes[:, totals[:, 0] == 0] = 0
     replicas = np.stack([np.bincount(row, minlength=num_experts) for row in phy2log])  # [L, E]
+    slot_tokens = _split_tokens(passes, phy2log, replicas, 0)  # [P, L, S]
     num_slots = phy2log.shape[1]
-    step = np.zeros(PASSES)
-    for layer in range(num_layers):
-        c = passes[:, layer, phy2log[layer]]  # [P, S]
-        r = replicas[layer, phy2log[layer]]
-        tokens = (c / r).reshape(PASSES, GPUS, num_slots // GPUS).sum(axis=2)
-        active = np.where(c > 0, 1 - (1 - 1 / r) ** c, 0.0).reshape(PASSES, GPUS, -1).sum(axis=2)
-        step += cost.gpu_time(tokens, active).max(axis=1)
-    return float(step.mean())
+    tokens = slot_tokens.reshape(PASSES, num_layers, GPUS, num_slots // GPUS).sum(axis=3)
+    active = (slot_tokens > 0).reshape(PASSES, num_layers, GPUS, num_slots // GPUS).sum(axis=3)
+    return float(cost.gpu_time(tokens, active).max(axis=2).sum(axis=1).mean())
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.integers(1, 4), st.integers(8, 24), st.integers(0, 2**16))
+def test_each_token_goes_to_one_replica_of_its_expert_at_random(num_gpus, extra, seed):
+    """The split that prices a pass: every expert's tokens land on its own replicas and nowhere
+    else, all of them; an expert without replicas keeps them on its slot; and over many draws each
+    replica takes ``c / r`` tokens on average and is read with probability ``1 - (1 - 1/r)^c``."""
+    from eplb.simulation.pools import _split_tokens, sample_passes
+
+    rng = np.random.default_rng(seed)
+    num_experts, num_slots = 16, 16 + num_gpus * (extra // num_gpus + 1)  # every GPU as many slots
+    phy2log = np.stack([rng.permutation(np.arange(num_slots) % num_experts) for _ in range(2)])  # [2, S]
+    replicas = np.stack([np.bincount(row, minlength=num_experts) for row in phy2log])
+    passes = sample_passes(rng.gamma(0.5, size=(2, num_experts)), 12, 3, rng)  # [3, 2, E]
+    split = _split_tokens(passes, phy2log, replicas, seed)
+    for layer in range(2):
+        per_expert = np.zeros((3, num_experts))
+        np.add.at(per_expert.T, phy2log[layer], split[:, layer].T)
+        np.testing.assert_array_equal(per_expert, passes[:, layer])
+        alone = replicas[layer, phy2log[layer]] == 1
+        np.testing.assert_array_equal(split[:, layer, alone], passes[:, layer, phy2log[layer, alone]])
+    draws = np.stack([_split_tokens(passes, phy2log, replicas, draw) for draw in range(2000)])  # [D, 3, 2, S]
+    c = passes[:, np.arange(2)[:, None], phy2log]  # [3, 2, S]: each slot's expert's tokens
+    r = replicas[np.arange(2)[:, None], phy2log]
+    assert (np.abs(draws.mean(axis=0) - c / r) <= 6 * np.sqrt(c / 2000) + 1e-12).all()
+    read = np.where(c > 0, 1 - (1 - 1 / r) ** c, 0.0)
+    assert (np.abs((draws > 0).mean(axis=0) - read) <= 6 * np.sqrt(read * (1 - read) / 2000) + 1e-12).all()
 
 
 def held_out_ms(series, num_slots, **plan_options) -> float:
