@@ -325,7 +325,11 @@ def cold_replicas(base: Placement, weights: np.ndarray, topology) -> Placement |
     expert that receives (almost) none costs (almost) nothing. So where the engine's layout has
     more slots than balance needs, filling them with replicas of cold experts serves about as fast
     as the layout without them, while the token plan gives them to hot experts and reads both
-    copies every step.
+    copies every step. The extra slots go to the fewest, coldest experts (every GPU takes the
+    coldest it does not hold): an expert with ``c`` tokens on ``r`` replicas is read on about
+    ``r (1 - exp(-c / r))`` of them, so each further replica of the same expert adds fewer reads
+    than a first replica of another (on 8 H200 at 16 sequences per GPU, 272 slots, 0.3% above the
+    layout without the extra slots, where one replica each of the 16 coldest was 1.4%).
 
     Args:
         base: a :class:`Placement` with ``b`` slots on every GPU; weights: ``[L, E]`` tokens per
@@ -334,8 +338,7 @@ def cold_replicas(base: Placement, weights: np.ndarray, topology) -> Placement |
     Returns:
         A :class:`Placement` on ``topology``: each GPU holds its ``base`` slots, then ``k`` replicas
         of the coldest experts not already on it (and, when ``base`` keeps groups on nodes, of a
-        group of its node), each cold expert used once before any is used again; ``None`` when a
-        GPU has fewer than ``k`` experts to pick from.
+        group of its node); ``None`` when a GPU has fewer than ``k`` experts to pick from.
     """
     num_layers, num_experts = weights.shape
     gpus = topology.num_gpus
@@ -345,17 +348,15 @@ def cold_replicas(base: Placement, weights: np.ndarray, topology) -> Placement |
     rows = np.empty((num_layers, topology.num_slots), np.int64)
     for layer in range(num_layers):
         order = np.lexsort((np.arange(num_experts), weights[layer]))  # coldest first, then by id
-        uses = np.zeros(num_experts, np.int64)
         for gpu in range(gpus):
             own = base.phy2log[layer, gpu * per_gpu:(gpu + 1) * per_gpu]
             allowed = np.ones(num_experts, bool)
             if base.home_node is not None and base.num_groups:
                 allowed = base.home_node[layer, np.arange(num_experts) // group_size] == node_of_gpu[gpu]
             allowed[own] = False
-            picks = [e for e in sorted(order[allowed[order]], key=lambda e: uses[e])][:extra]
+            picks = list(order[allowed[order]][:extra])
             if len(picks) < extra:
                 return None  # too few experts to pick from: no such layout
-            uses[picks] += 1
             rows[layer, gpu * (per_gpu + extra):(gpu + 1) * (per_gpu + extra)] = np.concatenate([own, picks])
     return Placement(phy2log=rows, num_experts=num_experts, topology=topology, num_groups=base.num_groups,
                      method="cold replicas", home_node=base.home_node)
