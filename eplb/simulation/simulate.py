@@ -45,7 +45,7 @@ with the same two methods that do not subclass it are accepted too.
 Dispatch: ``"uniform"`` (each token goes to a replica of its expert picked at random: a slot is
 activated with probability ``1 - (1 - 1/r)^c``, counted as its expectation; exact for each GPU's
 mean, it flatters the slowest GPU where replicated experts get one or two tokens a pass: on
-DeepSeek-V3 at 288 slots on 32 GPUs by 1.5% at one token per GPU, 0.4% at two, 0.05% or less from
+DeepSeek-V3 at 288 slots on 32 GPUs by 1.2% at one token per GPU, 0.3% at two, 0.04% or less from
 four, ``bench/research/split_bias.py``; :func:`eplb.recommend`, made for small decode batches,
 draws the split instead) or ``"optimal"`` (every
 step split by :func:`eplb.analysis.dispatch.optimal_dispatch` for that step's counts, as an engine that
