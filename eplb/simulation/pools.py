@@ -326,9 +326,10 @@ def cold_replicas(base: Placement, weights: np.ndarray, topology) -> Placement |
     more slots than balance needs, filling them with replicas of cold experts serves about as fast
     as the layout without them, while the token plan gives them to hot experts and reads both
     copies every step. The extra slots go to the fewest, coldest experts (every GPU takes the
-    coldest it does not hold): an expert with ``c`` tokens on ``r`` replicas is read on about
-    ``r (1 - exp(-c / r))`` of them, so each further replica of the same expert adds fewer reads
-    than a first replica of another (``bench/pools.py``, 8 H200 at 16 sequences per GPU: the
+    coldest it does not hold): an expert that gets ``lambda`` tokens a pass on average (Poisson)
+    is read on about ``r (1 - exp(-lambda / r))`` of its ``r`` replicas, which grows ever more
+    slowly with ``r``, so a further replica of the same expert adds fewer reads than a first
+    replica of another (``bench/pools.py``, 8 H200 at 16 sequences per GPU: the
     step-time plan at 272 slots 0.4% slower than the best layout at 256 held out, where one replica
     each of the 16 coldest experts left it 1.6% slower).
 
