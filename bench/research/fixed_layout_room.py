@@ -66,18 +66,31 @@ def step_ms(placement, passes_per_window: list[np.ndarray], cost: CostModel) -> 
     return 1e3 * float(np.mean([layer_times(p, placement, cost).sum() for p in passes_per_window]))
 
 
-def measure(planning: np.ndarray, future: np.ndarray, batch: int, num_slots: int, cost: CostModel) -> dict:
+def _pool(planning: np.ndarray, future: np.ndarray, batch: int, num_slots: int):
+    """The pool at ``batch`` and ``num_slots``: its deployment, routed tokens per pass, the held-out
+    windows' judged passes, and the token and step-time plans of the planning windows."""
     deployment = eplb.Deployment.of(planning.shape[2], num_slots=num_slots, num_gpus=GPUS)
     routed = batch * GPUS * TOP_K
     judged = [sample_passes(w, routed, JUDGE_PASSES, np.random.default_rng([JUDGE_SEED, i]))
               for i, w in enumerate(future)]
     token_plan = eplb.plan(planning, deployment)
     step_plan, _ = plan_for_step_time(planning, deployment, batch=batch, hardware="H200")
+    return deployment, routed, judged, token_plan, step_plan
+
+
+def _searched(passes: np.ndarray, start, deployment, cost: CostModel):
+    """The fixed layout found by searching, from ``start``, its own objective on ``passes [P, L, E]``
+    (each pass's load of an expert: a weight read if it received a token, plus its tokens' bytes)."""
+    loads = (passes > 0) + passes * (cost.token_bytes / cost.expert_bytes)  # in expert reads
+    phy2log, _ = improve_expected_peak(loads, start.phy2log, deployment, folds=0, anchor=0.0)
+    return eplb.Placement(phy2log=phy2log, num_experts=passes.shape[2], topology=start.topology)
+
+
+def measure(planning: np.ndarray, future: np.ndarray, batch: int, num_slots: int, cost: CostModel) -> dict:
+    deployment, routed, judged, token_plan, step_plan = _pool(planning, future, batch, num_slots)
     rng = np.random.default_rng(7)
     searched_on = np.concatenate([sample_passes(w, routed, PASSES_PER_WINDOW, rng) for w in planning])  # [P, L, E]
-    loads = (searched_on > 0) + searched_on * (cost.token_bytes / cost.expert_bytes)  # in expert reads
-    phy2log, _ = improve_expected_peak(loads, step_plan.phy2log, deployment, folds=0, anchor=0.0)
-    searched = eplb.Placement(phy2log=phy2log, num_experts=planning.shape[2], topology=step_plan.topology)
+    searched = _searched(searched_on, step_plan, deployment, cost)
     tokens_ms = step_ms(token_plan, judged, cost)
     row = {"batch": batch, "num_slots": num_slots, "tokens_ms": tokens_ms, "step_ms": step_ms(step_plan, judged, cost),
            "search_in_sample_ms": step_ms(searched, [searched_on], cost),
@@ -148,17 +161,10 @@ def expected_max_search(windows: np.ndarray, phy2log: np.ndarray, routed: int, g
 
 def oracle(planning: np.ndarray, future: np.ndarray, batch: int, num_slots: int, cost: CostModel) -> dict:
     """The searches told the held-out windows (module docstring), beside the token and step-time plans."""
-    deployment = eplb.Deployment.of(planning.shape[2], num_slots=num_slots, num_gpus=GPUS)
-    routed = batch * GPUS * TOP_K
-    judged = [sample_passes(w, routed, JUDGE_PASSES, np.random.default_rng([JUDGE_SEED, i]))
-              for i, w in enumerate(future)]
-    token_plan = eplb.plan(planning, deployment)
-    step_plan, _ = plan_for_step_time(planning, deployment, batch=batch, hardware="H200")
+    deployment, routed, judged, token_plan, step_plan = _pool(planning, future, batch, num_slots)
     rng = np.random.default_rng(ORACLE_SEED)
     searched_on = np.concatenate([sample_passes(w, routed, ORACLE_PASSES // len(future), rng) for w in future])
-    loads = (searched_on > 0) + searched_on * (cost.token_bytes / cost.expert_bytes)
-    phy2log, _ = improve_expected_peak(loads, step_plan.phy2log, deployment, folds=0, anchor=0.0)
-    searched = eplb.Placement(phy2log=phy2log, num_experts=planning.shape[2], topology=step_plan.topology)
+    searched = _searched(searched_on, step_plan, deployment, cost)
     row = {"batch": batch, "num_slots": num_slots, "tokens_ms": step_ms(token_plan, judged, cost),
            "step_ms": step_ms(step_plan, judged, cost),
            "oracle_search_in_sample_ms": step_ms(searched, [searched_on], cost),
