@@ -15,6 +15,7 @@ from .simulation.sweep import sweep
 from .simulation.pools import recommend
 from .model.topology import Topology
 from .model.deployment import Deployment
+from .model.change import DeploymentChange
 from .serving.transfer import TransferPlan, transfer_plan
 from .precompile import warmup
 from .method_comparison import compare
@@ -33,6 +34,7 @@ __all__ = [
     "CostModel",
     "DEFAULT_METHOD",
     "Deployment",
+    "DeploymentChange",
     "FixedInterval",
     "METHODS",
     "NoRebalance",

@@ -285,8 +285,8 @@ def _best_give_away(st, lay, heavy, limits, held, best):
             if option == 0:
                 f = second if first == prev[a] else first
             else:
-                f = prev[a]
-                if f == e or has[heavy, f] > 0 or (keep_groups and node_group[node_h, group_of_expert[f]] == 0):
+                f = prev[a]  # -1: a hole of a carried placement (nothing to give back)
+                if f < 0 or f == e or has[heavy, f] > 0 or (keep_groups and node_group[node_h, group_of_expert[f]] == 0):
                     continue
             if f < 0:
                 continue
@@ -557,7 +557,7 @@ def _undo_one(st, lay, s, changed, cap):
         lay.keep_groups
     e = row[s]
     f = prev[s]
-    if e == f:
+    if e == f or f < 0:  # f < 0: a hole of a carried placement, nothing to give back
         return False
     partner = np.int64(-1)  # a slot holding f that previously held e: undo both
     for t in changed:
@@ -746,7 +746,7 @@ def align_slots(row, prev_row, slot_offsets, num_experts, out):
             out[s] = -1
         for s in range(lo, hi):
             e = prev_row[s]
-            if want[e] > 0:
+            if e >= 0 and want[e] > 0:  # e < 0: a hole of a carried placement
                 out[s] = e
                 want[e] -= 1
         t = lo

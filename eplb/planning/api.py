@@ -14,12 +14,14 @@ from ..analysis.placement import Placement
 from ..kernels.layout import replica_counts, slots_of_experts
 from ..model._validation import as_counts, as_fraction
 from ..engines import DISPATCH_RULES, dispatch_rule
+from ..model.change import DeploymentChange
 from ..model.deployment import DEPLOYMENT_KEYWORDS, Deployment, deployment_argument, make_deployment
 from ..model.counts import summed_2d, weights_2d
 from ..model.topology import Topology
 from .locality import off_node_curve
 from .methods import DEFAULT_METHOD, OPTIONS as METHOD_OPTIONS
 from .pipeline import build, plan_arrays, run, windows_of
+from .replan import fit_groups, warn_relaxed
 
 __all__ = ["Deployment", "held_out", "make_deployment", "pareto", "plan", "rebalance_experts"]
 
@@ -30,7 +32,7 @@ def plan(counts, deployment: Deployment | None = None, *, num_slots=None, num_gp
          num_groups=None, method: str = DEFAULT_METHOD, topology: Topology | None = None, previous=None,
          tolerance: float | None = PLAN_TOLERANCE, max_moves=None, max_off_node: float | None = None,
          objective: str | None = None, window_weights=None, dispatch: str = "uniform",
-         copy_cost: float = COPY_COST, **options) -> Placement:
+         copy_cost: float = COPY_COST, gpu_map=None, **options) -> Placement:
     """Plan a replicated expert placement for every layer.
 
     Args:
@@ -88,6 +90,12 @@ def plan(counts, deployment: Deployment | None = None, *, num_slots=None, num_gp
         copy_cost: with ``previous`` and a hedged series plan, what one slot changed from
             ``previous`` costs, in mean ``peak / mean`` over the windows: a swap is kept only if it
             pays for its copies (:func:`eplb.planning.robust.hedge`).
+        gpu_map: with ``previous`` planned on another deployment (GPUs lost, added or renumbered,
+            slots per GPU changed), the new index of each of its GPUs (``-1``: gone); ``None``: by
+            index. ``deployment`` may instead be one :class:`eplb.DeploymentChange` (old, new,
+            gpu_map). The plan is re-planned from the placement in service across the change
+            (:mod:`eplb.planning.replan`): every expert present on the surviving GPUs, close to what
+            they hold; ``info`` gives ``change``, ``orphans``, ``copies`` and ``copy_floor`` per layer.
         **options: passed to the method.
     Returns:
         A :class:`Placement` (with ``home_node`` when hierarchical); its ``max_load``, ``lower_bound`` and ``gap`` on ``counts`` are
@@ -95,6 +103,9 @@ def plan(counts, deployment: Deployment | None = None, *, num_slots=None, num_gp
     """
     _check_option_names(method, options)
     counts = as_counts(counts, "counts", ndims=(1, 2, 3))
+    change = deployment if isinstance(deployment, DeploymentChange) else None
+    if change is not None:
+        deployment = change.new
     if deployment is None:
         deployment = make_deployment(counts.shape[-1], num_slots, num_gpus, num_nodes, num_groups, topology,
                                      dispatch=dispatch)
@@ -104,11 +115,41 @@ def plan(counts, deployment: Deployment | None = None, *, num_slots=None, num_gp
             ("num_groups", num_groups, None), ("topology", topology, None), ("dispatch", dispatch, "uniform"))
             if value != default}
         deployment = deployment_argument(deployment, spelled, "plan", num_experts=counts.shape[-1])
+    change = change_of(previous, deployment, gpu_map, change)
+    deployment, relaxed = fit_groups(deployment, spill=change is not None)
+    warn_relaxed(relaxed)
     dispatch = deployment.dispatch
     windows, objective = windows_of(counts, dispatch, objective, window_weights)
     stages = build(windows, deployment, method=method, objective=objective, previous=previous, tolerance=tolerance,
-                   max_moves=max_moves, max_off_node=max_off_node, copy_cost=copy_cost, options=options)
-    return run(windows, deployment, stages, method)
+                   max_moves=max_moves, max_off_node=max_off_node, copy_cost=copy_cost, options=options, change=change)
+    return run(windows, deployment, stages, method, notes={"relaxed": relaxed} if relaxed else None)
+
+
+def change_of(previous, deployment: Deployment, gpu_map, change: DeploymentChange | None) -> DeploymentChange | None:
+    """The deployment change a plan crosses, or ``None``: ``change`` when given (then ``gpu_map`` must
+    not be), else from ``previous`` (a :class:`Placement` carries its deployment) to ``deployment``
+    when its topology differs or ``gpu_map`` is given; a change that changes nothing is ``None``."""
+    if change is not None:
+        if gpu_map is not None:
+            raise ValueError("give gpu_map in the DeploymentChange or as gpu_map=, not both")
+        if previous is None:
+            raise ValueError("a DeploymentChange needs previous=, the placement in service on its old deployment")
+        return None if change.is_identity else change
+    if previous is None:
+        if gpu_map is not None:
+            raise ValueError("gpu_map needs previous=, the placement in service on the old deployment")
+        return None
+    if not isinstance(previous, Placement):
+        if gpu_map is not None:
+            raise ValueError("previous on another deployment must be an eplb.Placement (it carries its deployment), "
+                             "or pass deployment=eplb.DeploymentChange(old, new, gpu_map)")
+        return None  # an array on the new deployment itself (checked by the plan)
+    if gpu_map is None and previous.topology == deployment.topology:
+        return None
+    old = Deployment(previous.num_experts, previous.topology, previous.num_groups, previous.num_groups is not None,
+                     deployment.dispatch)
+    found = DeploymentChange(old, deployment, gpu_map)
+    return None if found.is_identity else found
 
 
 def held_out(counts, *, folds: int = HELD_OUT_FOLDS, judge: str | None = None, **plan_options) -> np.ndarray:

@@ -61,7 +61,8 @@ class MoveResult:
 def _on_gpu(row: np.ndarray, num_experts: int, topology) -> np.ndarray:
     """``[E, G]`` replicas of each expert on each GPU."""
     out = np.zeros((num_experts, topology.num_gpus), np.int64)
-    np.add.at(out, (row, topology.gpu_of_slot), 1)
+    held = row >= 0  # -1: a hole of a placement carried across a deployment change
+    np.add.at(out, (row[held], topology.gpu_of_slot[held]), 1)
     return out
 
 

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import time
 import warnings
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -68,6 +69,30 @@ def as_previous(previous, num_experts: int, deployment: Deployment, num_layers: 
     return np.require(phy2log, dtype=np.int64, requirements="CW")
 
 
+@dataclass(frozen=True)
+class Carried:
+    """The placement in service carried across a deployment change
+    (:meth:`eplb.model.change.DeploymentChange.carry`), as the search sees it.
+
+    Attributes:
+        slots: ``[L, S]`` int64 with ``-1`` holes: what changed slots are counted against.
+        recover_to: ``[L]`` the max GPU load the placement in service reached before the change,
+            scaled to the GPUs after it (the same balancedness): the search does not spend copies
+            to get below it, only to get within the tolerance of a plan from scratch where that is
+            higher (a relaxed hierarchy can balance far better than the deployment in service did).
+        groups: the expert groups of a hierarchical deployment whose groups no longer all fit
+            (planned without the rule): the search still puts no expert on a node that holds no
+            expert of its group. ``None``: the deployment's own rule.
+    """
+
+    slots: np.ndarray
+    recover_to: np.ndarray
+    groups: int | None = None
+
+    def rows(self, rows) -> "Carried":
+        return Carried(np.ascontiguousarray(self.slots[rows]), self.recover_to[rows], self.groups)
+
+
 RESTARTS = ("steepest", "recount", "regroup")  # the searches tried where the first one stalls
 SPREAD_WARNING = "previous spreads expert groups over nodes"  # opens the warning that max_moves cannot gather them
 TINY_MIGRATION_SLOTS = 16  # layers with at most this many slots also get an exhaustive search for fewer changes
@@ -82,7 +107,8 @@ TINY_WORK = 1_300_000  # placements that search checks per layer at most (~40 ms
 
 
 def migrate(weights: np.ndarray, deployment: Deployment, previous: np.ndarray, scratch: np.ndarray, *,
-            tolerance: float | None = PLAN_TOLERANCE, max_moves=None, exact: dict | None = None) -> tuple[np.ndarray, dict]:
+            tolerance: float | None = PLAN_TOLERANCE, max_moves=None, exact: dict | None = None,
+            carried: Carried | None = None) -> tuple[np.ndarray, dict]:
     """Choose, per layer, a placement close to ``previous`` and about as balanced as ``scratch``.
 
     Args:
@@ -97,6 +123,8 @@ def migrate(weights: np.ndarray, deployment: Deployment, previous: np.ndarray, s
         exact: ``None``, or the options (``time_limit``, ``workers``) of the CP-SAT model of
             :mod:`eplb.planning.exact_migration`, warm-started from the search's result: the fewest changed
             slots within the tolerance (and the budget), proven per layer where the solver finishes.
+        carried: across a deployment change, the placement in service carried (:class:`Carried`):
+            changes are counted against it (``previous``: its repair, where the search starts).
     Returns:
         ``phy2log [L, S]`` and info: ``slots_changed [L]``, ``scratch_max_load [L]``,
         ``from_scratch [L]`` bool (the layer took the relabelled fresh plan: the local search
@@ -105,28 +133,28 @@ def migrate(weights: np.ndarray, deployment: Deployment, previous: np.ndarray, s
         within the tolerance; 0 where unknown).
     """
     topology = deployment.topology
-    num_layers, num_experts = weights.shape
-    num_slots = topology.num_slots
+    (num_layers, num_experts), num_slots = weights.shape, topology.num_slots
     tolerance, budget = check_trade_off(tolerance, max_moves, num_slots)
 
     scratch_peak = _peaks(weights, scratch, topology)
     target = np.full(num_layers, -1.0) if tolerance is None else scratch_peak * (1.0 + tolerance)
-    layout = search_layout(deployment, num_experts)
+    if carried is not None and tolerance is not None:  # across a change: recover, never spend copies to improve
+        target = np.maximum(target, carried.recover_to)
+    layout = search_layout(deployment, num_experts, None if carried is None else carried.groups)
     budgets = np.full(num_layers, budget, np.int64)
-    # a layer whose previous placement spreads a group over nodes cannot be searched from: the
-    # search keeps groups where they are. It takes the relabelled fresh plan (hierarchical) below.
+    # a layer whose previous placement spreads a group over nodes takes the relabelled fresh plan (below)
     spread = groups_spread(previous, deployment, num_experts)
-    kept = np.flatnonzero(~spread)
-    local, local_changes = previous.copy(), np.zeros(num_layers, np.int64)
+    kept, reference = np.flatnonzero(~spread), previous if carried is None else carried.slots
+    local, local_changes = previous.copy(), (previous != reference).sum(axis=1)
     local_peak = np.full(num_layers, np.inf)
     if kept.size:
         # per_change given (True, the default) in every call: one compiled specialization
         local[kept], local_changes[kept], _ = search_near_previous(
             np.ascontiguousarray(weights[kept]), np.ascontiguousarray(previous[kept]),
-            np.ascontiguousarray(previous[kept]), layout, target[kept], budgets[kept], 2 * num_slots, True)
+            np.ascontiguousarray(reference[kept]), layout, target[kept], budgets[kept], 2 * num_slots, True)
         local_peak[kept] = _peaks(weights[kept], local[kept], topology)
     _restart_where_missed(weights, deployment, previous, scratch, layout=layout, target=target, budget=budget,
-                          budgets=budgets, spread=spread, best=(local, local_changes, local_peak))
+                          budgets=budgets, spread=spread, best=(local, local_changes, local_peak), reference=reference)
     # the relabelled fresh plan is only needed where the local search missed the target
     missed = np.flatnonzero(local_peak > target)
     relabelled = local.copy()
@@ -138,7 +166,8 @@ def migrate(weights: np.ndarray, deployment: Deployment, previous: np.ndarray, s
                                   topology.slot_offsets, topology.gpus_per_node, deployment.hierarchical, num_experts)
         # then give slots back their previous expert wherever the target allows (no search steps)
         relabelled[missed], fresh_changes[missed], _ = search_near_previous(
-            weights[missed], matched, before, layout, target[missed], budgets[missed], 0, True)
+            weights[missed], matched, np.ascontiguousarray(reference[missed]), layout, target[missed],
+            budgets[missed], 0, True)
         fresh_peak[missed] = _peaks(weights[missed], relabelled[missed], topology)
 
     use_fresh = spread.copy()
@@ -153,7 +182,8 @@ def migrate(weights: np.ndarray, deployment: Deployment, previous: np.ndarray, s
             RuntimeWarning, stacklevel=5)  # the caller of eplb.plan
     phy2log = np.where(use_fresh[:, None], relabelled, local)
     changes = np.where(use_fresh, fresh_changes, local_changes)
-    if topology.num_slots <= TINY_MIGRATION_SLOTS and not deployment.hierarchical and tolerance is not None:
+    if (topology.num_slots <= TINY_MIGRATION_SLOTS and not deployment.hierarchical and tolerance is not None
+            and reference is previous):  # (that search counts changes against a whole placement)
         _fewer_changes_on_small_layers(weights, previous, topology, target=target, budget=budget, phy2log=phy2log,
                                        changes=changes, chosen_peak=np.where(use_fresh, fresh_peak, local_peak))
     info = {}
@@ -161,7 +191,7 @@ def migrate(weights: np.ndarray, deployment: Deployment, previous: np.ndarray, s
         from .exact_migration import fewest_changes
 
         options = {k: v for k, v in exact.items() if k in ("time_limit", "workers")}
-        phy2log, solved = fewest_changes(weights, deployment, previous, np.ascontiguousarray(phy2log),
+        phy2log, solved = fewest_changes(weights, deployment, reference, np.ascontiguousarray(phy2log),
                                          cap=None if tolerance is None else target,
                                          max_moves=max_moves if max_moves is None else budget, **options)
         changes = solved["slots_changed"]
@@ -179,12 +209,13 @@ def migrate(weights: np.ndarray, deployment: Deployment, previous: np.ndarray, s
 
 
 def _restart_where_missed(weights, deployment, previous, scratch, *, layout, target, budget, budgets, spread,
-                          best) -> None:
+                          best, reference) -> None:
     """Where the search from the previous placement stalls above the target, search again: (a) by
     steepest descent, (b) from the previous placement with the fresh plan's replica counts, and in
     hierarchical mode (c) with whole groups moved to the nodes the fresh plan gives them. A restart
     replaces a layer of ``best = (local [L, S], local_changes [L], local_peak [L])`` (updated in
-    place) where it is better and within the layer's budget."""
+    place) where it is better and within the layer's budget; changes are counted against
+    ``reference [L, S]`` (:func:`migrate`)."""
     local, local_changes, local_peak = best
     topology = deployment.topology
     num_slots = topology.num_slots
@@ -205,7 +236,7 @@ def _restart_where_missed(weights, deployment, previous, scratch, *, layout, tar
         if starts:
             rows = np.array([layer for layer, _ in starts])
             tried, tried_changes, _ = search_near_previous(
-                weights[rows], np.stack([row for _, row in starts]), np.ascontiguousarray(previous[rows]), layout,
+                weights[rows], np.stack([row for _, row in starts]), np.ascontiguousarray(reference[rows]), layout,
                 target[rows], budgets[rows], 2 * num_slots, restart != "steepest")
             tried_peak = _peaks(weights[rows], tried, topology)
             for i, layer in enumerate(rows):
@@ -232,33 +263,34 @@ def _fewer_changes_on_small_layers(weights, previous, topology, *, target, budge
 
 def plan_near(weights: np.ndarray, deployment: Deployment, previous: np.ndarray | None, *, method: str,
               tolerance: float | None = PLAN_TOLERANCE, max_moves=None, options: dict | None = None,
-              threads: int = 1) -> tuple[np.ndarray, dict]:
+              threads: int = 1, carried: Carried | None = None) -> tuple[np.ndarray, dict]:
     """``phy2log [L, S]`` and info for ``weights [L, E]``: from scratch with ``method``, then (with
     ``previous [L, S]``) close to ``previous`` via :func:`migrate`. No bounds are computed: this is
     the fast path for serving engines (:class:`eplb.Balancer`, the engine adapters).
 
     ``threads > 1`` plans contiguous chunks of layers on that many threads (the kernels release
     the GIL). Every layer's row depends on that layer alone, so the result is the same for any
-    number of threads (property-tested); only the wall time changes.
+    number of threads (property-tested); only the wall time changes. ``carried``: across a
+    deployment change, the placement in service carried (:func:`migrate`), ``previous`` its repair.
     """
     start = time.perf_counter()
     threads = as_int(threads, "threads", minimum=1)
     chunks = np.array_split(np.arange(weights.shape[0]), min(threads, weights.shape[0]))
     if len(chunks) == 1:
-        phy2log, info = _plan_layers(weights, deployment, previous, method, tolerance, max_moves, options)
+        phy2log, info = _plan_layers(weights, deployment, previous, method, tolerance, max_moves, options, carried)
     else:
         from concurrent.futures import ThreadPoolExecutor
 
         with ThreadPoolExecutor(len(chunks)) as pool:
             parts = list(pool.map(lambda rows: _plan_layers(
                 weights[rows], deployment, None if previous is None else previous[rows], method, tolerance, max_moves,
-                options), chunks))
+                options, None if carried is None else carried.rows(rows)), chunks))
         phy2log = np.concatenate([part for part, _ in parts])
         info = _merge_infos([part_info for _, part_info in parts])
     return phy2log, {**info, "time_s": time.perf_counter() - start}
 
 
-def _plan_layers(weights, deployment, previous, method, tolerance, max_moves, options):
+def _plan_layers(weights, deployment, previous, method, tolerance, max_moves, options, carried=None):
     """:func:`plan_near` on one chunk of layers (no timing)."""
     options = options or {}
     if previous is None:
@@ -267,13 +299,15 @@ def _plan_layers(weights, deployment, previous, method, tolerance, max_moves, op
     within = np.zeros(num_layers, bool)
     if _bound_first(deployment, tolerance, method):
         tolerance, budget = check_trade_off(tolerance, max_moves, deployment.topology.num_slots)
-        near, near_changes, within = near_bound(weights, deployment, previous, tolerance=tolerance, budget=budget)
+        near, near_changes, within = near_bound(weights, deployment, previous, tolerance=tolerance, budget=budget,
+                                                carried=carried)
     rows = np.flatnonzero(~within)
     # the other layers: plan from scratch (the reference), then migrate towards it
     scratch, info = get_method(method)(np.ascontiguousarray(weights[rows]), deployment, **options)
     phy2log, moved = migrate(np.ascontiguousarray(weights[rows]), deployment, np.ascontiguousarray(previous[rows]),
                              scratch, tolerance=tolerance, max_moves=max_moves,
-                             exact=options if method == "exact" else None)
+                             exact=options if method == "exact" else None,
+                             carried=None if carried is None else carried.rows(rows))
     if rows.size == num_layers:
         return phy2log, {**info, **moved, "within_bound": within}
     changes, scratch_peak, from_scratch = near_changes.copy(), np.full(num_layers, np.nan), np.zeros(num_layers, bool)
@@ -320,17 +354,18 @@ def check_trade_off(tolerance, max_moves, num_slots: int) -> tuple[float | None,
     return tolerance, num_slots if max_moves is None else as_int(max_moves, "max_moves", minimum=0)
 
 
-def search_layout(deployment: Deployment, num_experts: int) -> SearchLayout:
-    """The deployment as :func:`eplb.kernels.few_changes.search_near_previous` takes it."""
+def search_layout(deployment: Deployment, num_experts: int, groups: int | None = None) -> SearchLayout:
+    """The deployment as :func:`eplb.kernels.few_changes.search_near_previous` takes it; ``groups``:
+    keep experts on nodes holding their group, ``groups`` of them, whatever the deployment's rule."""
     topology = deployment.topology
-    if deployment.hierarchical:
-        group_of_expert = np.arange(num_experts, dtype=np.int64) // (num_experts // deployment.num_groups)
-        num_groups = deployment.num_groups
+    if deployment.hierarchical or groups is not None:
+        num_groups = deployment.num_groups if groups is None else groups
+        group_of_expert = np.arange(num_experts, dtype=np.int64) // (num_experts // num_groups)
     else:
         group_of_expert = np.zeros(num_experts, np.int64)
         num_groups = 1
     return SearchLayout(topology.gpu_of_slot, topology.slot_offsets, topology.node_of_gpu, group_of_expert,
-                        bool(deployment.hierarchical), int(num_groups))
+                        bool(deployment.hierarchical or groups is not None), int(num_groups))
 
 
 def reference_bound(weights: np.ndarray, deployment: Deployment) -> np.ndarray:
@@ -346,27 +381,35 @@ def reference_bound(weights: np.ndarray, deployment: Deployment) -> np.ndarray:
 
 
 def near_bound(weights: np.ndarray, deployment: Deployment, previous: np.ndarray, *, tolerance: float,
-               budget: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+               budget: int, carried: Carried | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The first search of :func:`migrate` with a lower bound as the reference: improve ``previous``
     until its max load is within ``(1 + tolerance)`` of :func:`reference_bound`, at most ``budget``
-    changed slots per layer.
+    changed slots per layer (across a deployment change, counted against ``carried``, the target
+    no lower than its ``recover_to``: :func:`migrate`).
 
     A layer that gets there is within the tolerance of any plan from scratch (none is lighter than
     the bound), so it needs none. Returns ``phy2log [L, S]``, ``slots_changed [L]`` and
     ``within [L]`` bool (the layers that got there).
     """
     num_layers, num_experts = weights.shape
-    near, changes, within = previous.copy(), np.zeros(num_layers, np.int64), np.zeros(num_layers, bool)
+    reference = previous if carried is None else carried.slots
+    near, changes, within = previous.copy(), (previous != reference).sum(axis=1), np.zeros(num_layers, bool)
     rows = np.flatnonzero(~groups_spread(previous, deployment, num_experts))  # the others must move groups: see migrate
     if rows.size == 0:
         return near, changes, within
     if rows.size < num_layers:
         weights, previous = np.ascontiguousarray(weights[rows]), np.ascontiguousarray(previous[rows])
+        reference = np.ascontiguousarray(reference[rows])
+        carried = carried.rows(rows) if carried is not None else None
     # writable, as in migrate's calls (a placement's arrays are read-only): one compiled specialization
     previous = np.require(previous, np.int64, "CW")
+    reference = np.require(reference, np.int64, "CW")
     target = reference_bound(weights, deployment) * (1.0 + tolerance)
+    if carried is not None:
+        target = np.maximum(target, carried.recover_to)
     near[rows], changes[rows], _ = search_near_previous(
-        weights, previous, previous, search_layout(deployment, num_experts), target,
+        weights, previous, reference, search_layout(deployment, num_experts, None if carried is None else carried.groups),
+        target,
         np.full(rows.size, budget, np.int64), 2 * deployment.topology.num_slots, True)
     within[rows] = _peaks(weights, near[rows], deployment.topology) <= target
     return near, changes, within

@@ -48,12 +48,14 @@ from ..analysis.windows import check_window_weights
 from ..model._validation import as_fraction, validated_counts
 from ..model.counts import power_of_two_scale, summed_2d
 from ..model.defaults import PLAN_TOLERANCE
+from ..model.change import DeploymentChange
 from ..model.deployment import Deployment
 from ..engines import dispatch_rule, rule_shares
 from .engine_planning import plan_for_rule
 from .locality import capped_lower_bound, home_nodes, plan_locality
 from .methods import get_method
-from .migration import as_previous, check_trade_off, groups_spread, plan_near
+from .migration import Carried, as_previous, check_trade_off, groups_spread, plan_near
+from .replan import aligned, carried_across, change_info
 from .objectives import (DEFAULT_OBJECTIVE, SEARCHES, combine, hedge_info, hedge_windows, made_for_dispatch,
                          plan_estimated)
 
@@ -179,7 +181,9 @@ class Capped:
 @dataclass(frozen=True)
 class Near:
     """Close to ``previous [L, S]``, the placement in service: within ``tolerance`` of planning from
-    scratch, at most ``max_moves`` changed slots per layer."""
+    scratch, at most ``max_moves`` changed slots per layer. Across a deployment change
+    (:mod:`eplb.planning.replan`), ``previous`` is the carried placement repaired and ``carried``
+    the carried one with its holes, what changed slots are counted against."""
 
     previous: np.ndarray
     method: str
@@ -187,16 +191,19 @@ class Near:
     max_moves: int | None = None
     threads: int = 1
     options: dict = field(default_factory=dict)
+    carried: Carried | None = None
+    change: DeploymentChange | None = None
     name = "near"
 
     def __call__(self, windows: Windows, deployment: Deployment, planned=None) -> Planned:
         return Planned(*plan_near(windows.weights, deployment, self.previous, method=self.method,
                                   tolerance=self.tolerance, max_moves=self.max_moves, options=self.options,
-                                  threads=self.threads))
+                                  threads=self.threads, carried=self.carried))
 
     def refit(self, deployment: Deployment, summed: np.ndarray, layers: np.ndarray) -> np.ndarray:
+        carried = None if self.carried is None else self.carried.rows(layers)
         return plan_near(summed, deployment, self.previous[layers], method=self.method, tolerance=self.tolerance,
-                         options=self.options)[0]
+                         options=self.options, carried=carried)[0]
 
 
 # -- stage 2: the hedge ----------------------------------------------------------------------------
@@ -329,11 +336,13 @@ def combination_error(dispatch: str, *, objective: str | None, previous: bool, m
 
 def build(windows: Windows, deployment: Deployment, *, method: str, objective: str, previous=None,
           tolerance: float | None = PLAN_TOLERANCE, max_moves=None, max_off_node=None, copy_cost: float = 0.0,
-          threads: int = 1, options: dict | None = None) -> list:
+          threads: int = 1, options: dict | None = None, change: DeploymentChange | None = None) -> list:
     """The stages of one call, in order (module notes), after checking that its options combine.
 
     ``windows`` and ``objective`` as :func:`windows_of` gives them; ``previous``: a placement in
-    service (``Placement`` or ``phy2log [L, S]``); the rest as :func:`eplb.plan`."""
+    service (``Placement`` or ``phy2log [L, S]``), on ``change.old`` when ``change`` (a
+    :class:`~eplb.model.change.DeploymentChange` to ``deployment``) is given: then the start is the
+    re-plan across the change (:mod:`eplb.planning.replan`); the rest as :func:`eplb.plan`."""
     options = dict(options or {})
     kind = dispatch_rule(deployment.dispatch).kind
     searched = windows.is_series and objective in SEARCHES
@@ -345,10 +354,14 @@ def build(windows: Windows, deployment: Deployment, *, method: str, objective: s
     if max_off_node is not None:
         max_off_node = as_fraction(max_off_node, "max_off_node")
     if previous is not None:
-        previous = as_previous(previous, windows.weights.shape[1], deployment, windows.weights.shape[0])
+        previous = as_previous(previous, windows.weights.shape[1], change.old if change else deployment,
+                               windows.weights.shape[0])
     if tolerance is not None or max_moves is not None:  # checked even where unused (no previous=)
         tolerance, _ = check_trade_off(tolerance, max_moves, deployment.num_slots)
-    if previous is not None:
+    if previous is not None and change is not None:
+        start_row, carried = carried_across(windows.weights, change, previous, deployment)
+        start = Near(start_row, method, tolerance, max_moves, threads, options, carried=carried, change=change)
+    elif previous is not None:
         start = Near(previous, method, tolerance, max_moves, threads, options)
     elif max_off_node is not None:
         start = Capped(max_off_node, method, options)
@@ -374,10 +387,11 @@ def plan_arrays(windows: Windows, deployment: Deployment, stages: list) -> Plann
     return planned
 
 
-def run(windows: Windows, deployment: Deployment, stages: list, method: str) -> Placement:
+def run(windows: Windows, deployment: Deployment, stages: list, method: str, notes: dict | None = None) -> Placement:
     """Run ``stages`` and build the :class:`Placement` (with ``home_node`` when hierarchical) whose
     ``max_load``, ``lower_bound`` and ``gap`` on ``windows.weights`` are computed on first access;
-    ``info["stages"]`` names the stages, ``info["time_s"]`` is their time."""
+    ``info["stages"]`` names the stages, ``info["time_s"]`` is their time; ``notes`` are added to
+    ``info`` as they are."""
     start = time.perf_counter()
     rule = stages[-1] if isinstance(stages[-1], ForEngineRule) else None
     planned = plan_arrays(windows, deployment, stages[:-1] if rule else stages)
@@ -385,6 +399,12 @@ def run(windows: Windows, deployment: Deployment, stages: list, method: str) -> 
     if rule:
         planned = rule(windows, deployment, planned)
     weights, phy2log, shares = windows.weights, planned.phy2log, planned.shares
+    if isinstance(stages[0], Near) and stages[0].change is not None:  # what the change cost, slot order kept
+        carried = stages[0].carried.slots
+        phy2log = aligned(phy2log, carried, deployment)
+        planned = replace(planned, phy2log=phy2log, info={
+            **planned.info, **change_info(stages[0].change, carried, phy2log),
+            "slots_changed": (phy2log != carried).sum(axis=1)})
     home = planned.home
     if deployment.hierarchical and home is None:
         home = home_nodes(even_split, deployment.num_groups, weights.shape[1], deployment.topology)
@@ -398,7 +418,7 @@ def run(windows: Windows, deployment: Deployment, stages: list, method: str) -> 
     return Placement(
         phy2log=phy2log, num_experts=weights.shape[1], topology=deployment.topology,
         num_groups=deployment.num_groups, method=method,
-        info={**planned.info, "time_s": elapsed, "stages": tuple(stage.name for stage in stages)},
+        info={**planned.info, "time_s": elapsed, "stages": tuple(stage.name for stage in stages), **(notes or {})},
         max_load=peaks, lower_bound=bound, shares=shares, home_node=home, dispatch=deployment.dispatch,
     )
 

@@ -132,11 +132,13 @@ def test_a_deployment_value_is_checked_against_the_counts_and_the_keywords():
         eplb.plan(series, eplb.Deployment.of(32, num_slots=40, num_gpus=8, dispatch="round-robin"))
 
 
-def test_a_previous_placement_on_another_topology_is_refused_naming_both():
+def test_a_previous_placement_on_another_topology_is_re_planned_across_the_change():
     series = _series()
     previous = eplb.plan(series.sum(axis=0), num_slots=48, num_gpus=8)
-    with pytest.raises(ValueError, match=r"same topology .* got \[6, 6, 6, 6, 6, 6, 6, 6\] vs \[5, 5"):
-        eplb.plan(series, previous=previous, num_slots=40, num_gpus=8)
+    shrunk = eplb.plan(series, previous=previous, num_slots=40, num_gpus=8)  # 6 -> 5 slots per GPU
+    assert shrunk.info["change"].startswith("8 GPUs with 40 slots (were 8 with 48)")
+    assert (shrunk.info["copies"] >= shrunk.info["copy_floor"]).all()
+    assert all(set(row) == set(range(32)) for row in shrunk.phy2log)
 
 
 @pytest.mark.parametrize("flags, message", [

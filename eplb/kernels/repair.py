@@ -1,0 +1,164 @@
+"""Kernel of re-planning across a deployment change: make a carried placement whole again.
+
+A carried placement (:meth:`eplb.model.change.DeploymentChange.carry`) has holes (``-1``, new slots
+that hold nothing yet) and may miss experts (orphans, every replica lost). :func:`repair_carried`
+places every orphan and fills every hole, one weight copy each, choosing where by the GPU loads
+they leave, so the search that follows starts from a valid, already fairly balanced placement
+with the fewest copies a re-plan can make.
+
+Shapes: ``L`` layers, ``E`` experts, ``S`` slots, ``G`` GPUs.
+"""
+
+import numpy as np
+from numba import njit
+
+from .common import INTERNAL, stable_argsort
+
+
+@njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
+def _loads(w, row, cnt, gpu_of_slot, x):
+    """``x [G]``: each GPU's load, every replica of ``e`` carrying ``w[e] / cnt[e]`` (holes nothing)."""
+    x[:] = 0.0
+    for s in range(row.shape[0]):
+        e = row[s]
+        if e >= 0:
+            x[gpu_of_slot[s]] += w[e] / cnt[e]
+
+
+@njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
+def _place_orphan(w, row, e, cnt, x, lay, allowed):
+    """The slot for orphan ``e``: a hole, or a slot of an expert with two or more replicas (its
+    donor), whichever leaves the lowest load on the GPUs it touches (holes first on ties, then the
+    lowest slot). ``lay``: ``(gpu_of_slot, node_of_gpu)``; ``allowed``: the node ``e`` must be on
+    (``-1``: any). Returns the slot, ``-1`` if there is none."""
+    gpu_of_slot, node_of_gpu = lay
+    num_slots = row.shape[0]
+    # the two heaviest holders of each expert, to price a donor's other replicas
+    num_experts = cnt.shape[0]
+    top = np.full((num_experts, 2), -1.0)
+    top_gpu = np.full(num_experts, -1, np.int64)
+    for s in range(num_slots):
+        f = row[s]
+        if f < 0:
+            continue
+        load = x[gpu_of_slot[s]]
+        if load > top[f, 0]:
+            top[f, 1] = top[f, 0]
+            top[f, 0] = load
+            top_gpu[f] = gpu_of_slot[s]
+        elif load > top[f, 1]:
+            top[f, 1] = load
+    best, best_value, best_hole = np.int64(-1), np.inf, False
+    for s in range(num_slots):
+        g = gpu_of_slot[s]
+        if allowed >= 0 and node_of_gpu[g] != allowed:
+            continue
+        f = row[s]
+        if f < 0:
+            value, hole = x[g] + w[e], True
+        elif cnt[f] >= 2:
+            others = top[f, 1] if top_gpu[f] == g else top[f, 0]
+            gain = w[f] / (cnt[f] - 1) - w[f] / cnt[f]
+            value, hole = max(x[g] - w[f] / cnt[f] + w[e], others + gain), False
+        else:
+            continue
+        if value < best_value or (value == best_value and hole and not best_hole):
+            best, best_value, best_hole = s, value, hole
+    return best
+
+
+@njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
+def _fill_hole(w, row, cnt, has, x, lay, expert_node):
+    """Fill one hole, on the lightest GPU that has one, with a replica of the expert of the
+    largest per-replica load it may take (on its node, not yet on that GPU; a second replica on
+    the GPU only when every allowed expert is there already). Returns False if no expert may go."""
+    gpu_of_slot, node_of_gpu = lay
+    hole = np.int64(-1)
+    for s in range(row.shape[0]):
+        if row[s] < 0 and (hole < 0 or x[gpu_of_slot[s]] < x[gpu_of_slot[hole]]):
+            hole = s
+    g = gpu_of_slot[hole]
+    best, doubled = np.int64(-1), np.int64(-1)
+    for f in range(w.shape[0]):
+        if expert_node[f] >= 0 and expert_node[f] != node_of_gpu[g]:
+            continue
+        if has[g, f] == 0 and (best < 0 or w[f] / cnt[f] > w[best] / cnt[best]):
+            best = f
+        if doubled < 0 or w[f] / cnt[f] > w[doubled] / cnt[doubled]:
+            doubled = f
+    f = best if best >= 0 else doubled
+    if f < 0:
+        return False
+    row[hole] = f
+    cnt[f] += 1
+    has[g, f] += 1
+    return True
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def repair_carried(weights, carried, gpu_of_slot, node_of_gpu, num_gpus, expert_node, spill):
+    """Every orphan placed and every hole filled, per layer.
+
+    Orphans go heaviest first, each to the slot that leaves the lowest load (a hole, or a replica
+    of an expert that keeps another); then each remaining hole takes a replica of the expert with
+    the largest per-replica load. A slot of ``carried`` holding an expert that ``expert_node`` puts
+    on another node becomes a hole first, unless ``spill``: then ``expert_node`` is where an orphan
+    goes when that node has room, and an orphan it has no room for goes anywhere.
+
+    Args:
+        weights: ``[L, E]`` float64 loads; carried: ``[L, S]`` int64 with ``-1`` holes.
+        gpu_of_slot: ``[S]``; node_of_gpu: ``[G]``; num_gpus: ``G``.
+        expert_node: ``[L, E]`` int64, the node each expert must be on (``-1``: any).
+        spill: bool, orphans may leave their node when it has no room (and carried slots stay).
+    Returns:
+        ``phy2log [L, S]`` int64 (every expert present) and ``ok [L]`` bool (False: a layer where an
+        orphan had no slot on its node; its row is left incomplete).
+    """
+    num_layers, num_slots = carried.shape
+    num_experts = weights.shape[1]
+    out = carried.copy()
+    ok = np.ones(num_layers, np.bool_)
+    cnt = np.zeros(num_experts, np.int64)
+    has = np.zeros((num_gpus, num_experts), np.int64)
+    x = np.zeros(num_gpus)
+    lay = (gpu_of_slot, node_of_gpu)
+    for layer in range(num_layers):
+        w, row, allowed = weights[layer], out[layer], expert_node[layer]
+        cnt[:] = 0
+        has[:, :] = 0
+        for s in range(num_slots):
+            e = row[s]
+            if e >= 0 and not spill and allowed[e] >= 0 and node_of_gpu[gpu_of_slot[s]] != allowed[e]:
+                row[s] = -1
+            elif e >= 0:
+                cnt[e] += 1
+                has[gpu_of_slot[s], e] += 1
+        _loads(w, row, cnt, gpu_of_slot, x)
+        for e in stable_argsort(-w):
+            if cnt[e] > 0:
+                continue
+            s = _place_orphan(w, row, e, cnt, x, lay, allowed[e])
+            if s < 0 and spill:
+                s = _place_orphan(w, row, e, cnt, x, lay, np.int64(-1))
+            if s < 0:
+                ok[layer] = False
+                break
+            f = row[s]
+            if f >= 0:
+                cnt[f] -= 1
+                has[gpu_of_slot[s], f] -= 1
+            row[s] = e
+            cnt[e] = 1
+            has[gpu_of_slot[s], e] = 1
+            _loads(w, row, cnt, gpu_of_slot, x)
+        if not ok[layer]:
+            continue
+        holes = 0
+        for s in range(num_slots):
+            holes += row[s] < 0
+        for _ in range(holes):
+            if not _fill_hole(w, row, cnt, has, x, lay, allowed):
+                ok[layer] = False
+                break
+            _loads(w, row, cnt, gpu_of_slot, x)
+    return out, ok
