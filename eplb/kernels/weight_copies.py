@@ -1,9 +1,10 @@
-"""Kernel of transfer plans: which old slot each new replica's weights are copied from."""
+"""Kernels of transfer plans: which old slot each new replica's weights are copied from (or host
+memory, across a deployment change)."""
 
 import numpy as np
 from numba import njit
 
-INTRA_GPU, INTRA_NODE, CROSS_NODE = 0, 1, 2
+INTRA_GPU, INTRA_NODE, CROSS_NODE, FROM_HOST = 0, 1, 2, 3
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
@@ -67,6 +68,75 @@ def weight_copies(old, new, gpu_of_slot, node_of_gpu, num_gpus, num_experts):
             copies[c, 3] = d
             copies[c, 4] = src_gpu
             copies[c, 5] = dst_gpu
+            kind[c] = best_kind
+            c += 1
+    return copies, kind
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def copies_across(carried, new, gpu_of_slot, node_of_gpu, num_gpus, num_experts):
+    """The weight copies that turn a placement carried across a deployment change into ``new``.
+
+    As :func:`weight_copies`, with ``carried`` holding ``-1`` holes: a slot needs nothing when it
+    keeps its carried expert; else its expert comes from a carried slot holding it (same GPU, then
+    node, then another node, the least busy sender first); an expert no carried slot holds (an
+    orphan) is loaded from host memory into its first new slot (:data:`FROM_HOST`, source ``-1``),
+    and its other new slots copy from that one, after the load.
+
+    Args:
+        carried, new: ``[L, S]`` int64 on the new topology (``carried`` with ``-1`` holes).
+        gpu_of_slot: ``[S]``; node_of_gpu: ``[G]``.
+    Returns:
+        ``copies [C, 7]`` int64 rows ``(layer, expert, src_slot, dst_slot, src_gpu, dst_gpu,
+        after_load)`` (``after_load`` 1: the source is a slot a load from host fills) in layer then
+        destination-slot order, and ``kind [C]`` int64 (0-2 as :func:`weight_copies`, 3 from host).
+    """
+    num_layers, num_slots = carried.shape
+    total = 0
+    for layer in range(num_layers):
+        for s in range(num_slots):
+            if carried[layer, s] != new[layer, s]:
+                total += 1
+    copies = np.empty((total, 7), np.int64)
+    kind = np.empty(total, np.int64)
+    held = np.zeros(num_experts, np.int64)
+    slots_of = np.empty((num_experts, num_slots), np.int64)
+    loaded = np.empty(num_experts, np.int64)
+    sends = np.zeros(num_gpus, np.int64)
+    c = 0
+    for layer in range(num_layers):
+        held[:] = 0
+        sends[:] = 0
+        loaded[:] = -1
+        for s in range(num_slots):
+            e = carried[layer, s]
+            if e >= 0:
+                slots_of[e, held[e]] = s
+                held[e] += 1
+        for d in range(num_slots):
+            e = new[layer, d]
+            if e == carried[layer, d]:
+                continue
+            dst_gpu = gpu_of_slot[d]
+            dst_node = node_of_gpu[dst_gpu]
+            best, best_kind, after = np.int64(-1), np.int64(FROM_HOST), 0
+            for i in range(held[e]):
+                s = slots_of[e, i]
+                g = gpu_of_slot[s]
+                k = INTRA_GPU if g == dst_gpu else (INTRA_NODE if node_of_gpu[g] == dst_node else CROSS_NODE)
+                if k < best_kind or (k == best_kind and k != INTRA_GPU and sends[g] < sends[gpu_of_slot[best]]):
+                    best, best_kind = s, k
+            if best < 0 and loaded[e] >= 0:  # an orphan's further replicas: from its loaded slot
+                best, after = loaded[e], 1
+                g = gpu_of_slot[best]
+                best_kind = INTRA_GPU if g == dst_gpu else (INTRA_NODE if node_of_gpu[g] == dst_node else CROSS_NODE)
+            elif best < 0:
+                loaded[e] = d
+            src_gpu = gpu_of_slot[best] if best >= 0 else -1
+            if best_kind == INTRA_NODE or best_kind == CROSS_NODE:
+                sends[src_gpu] += 1
+            copies[c, 0], copies[c, 1], copies[c, 2], copies[c, 3] = layer, e, best, d
+            copies[c, 4], copies[c, 5], copies[c, 6] = src_gpu, dst_gpu, after
             kind[c] = best_kind
             c += 1
     return copies, kind

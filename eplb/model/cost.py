@@ -74,6 +74,7 @@ class Hardware:
     flops_fp8: float
     nvlink_bandwidth: float
     network_bandwidth: float
+    host_bandwidth: float = 0.0  # host memory to one GPU (PCIe), bytes/s; 0: PCIE_GEN5
 
 
 @dataclass(frozen=True)
@@ -112,6 +113,7 @@ class MoEModel:
 
 TB, GB, TFLOP = 1e12, 1e9, 1e12
 NIC_400G = 50 * GB
+PCIE_GEN5 = 64 * GB  # x16, per direction: every preset GPU's link to host memory
 
 HARDWARE = {
     "H100": Hardware("H100 SXM", 3.35 * TB, 989 * TFLOP, 1979 * TFLOP, 450 * GB, NIC_400G),
@@ -151,6 +153,8 @@ class CostModel:
         hbm_bandwidth: achievable HBM bytes/s of one GPU.
         nvlink_bandwidth: achievable NVLink bytes/s per GPU per direction.
         network_bandwidth: achievable network bytes/s per GPU per direction (inter-node).
+        host_bandwidth: achievable bytes/s from host memory to one GPU (PCIe): how fast an expert
+            whose every replica was lost is loaded again (:meth:`transfer_time`).
         layer_overhead_s: fixed time per MoE layer and GPU (kernel launches), added to every GPU.
         regime: ``"roofline"`` (max of compute and memory), ``"compute"`` or ``"memory"``.
         copy_mode: ``"stall"``, ``"overlap"`` or ``"free"`` (see the module docstring).
@@ -168,15 +172,16 @@ class CostModel:
     regime: str = "roofline"
     copy_mode: str = "stall"
     name: str = "custom"
+    host_bandwidth: float = PCIE_GEN5 * 0.8
 
     def __post_init__(self):
         for name in ("expert_bytes", "flops_per_token", "token_bytes", "layer_overhead_s"):
             object.__setattr__(self, name, _positive(getattr(self, name), name, allow_zero=True))
-        for name in ("flops", "hbm_bandwidth", "nvlink_bandwidth", "network_bandwidth"):
+        for name in ("flops", "hbm_bandwidth", "nvlink_bandwidth", "network_bandwidth", "host_bandwidth"):
             object.__setattr__(self, name, _positive(getattr(self, name), name))
         for top, bottom in (("flops_per_token", "flops"), ("token_bytes", "hbm_bandwidth"),
                             ("expert_bytes", "hbm_bandwidth"), ("expert_bytes", "nvlink_bandwidth"),
-                            ("expert_bytes", "network_bandwidth")):
+                            ("expert_bytes", "network_bandwidth"), ("expert_bytes", "host_bandwidth")):
             with np.errstate(over="ignore"):
                 ratio = getattr(self, top) / getattr(self, bottom)
             if not np.isfinite(ratio):
@@ -216,6 +221,7 @@ class CostModel:
             hbm_bandwidth=hw.hbm_bandwidth * efficiency["memory_efficiency"],
             nvlink_bandwidth=hw.nvlink_bandwidth * efficiency["link_efficiency"],
             network_bandwidth=hw.network_bandwidth * efficiency["link_efficiency"],
+            host_bandwidth=(hw.host_bandwidth or PCIE_GEN5) * efficiency["link_efficiency"],
             name=f"{mo.name} on {hw.name}",
         )
         known = {f.name for f in fields(cls)}
@@ -277,7 +283,9 @@ class CostModel:
         return float(per_gpu.max()) if per_gpu.size else 0.0
 
     def transfer_time(self, transfer) -> float:
-        """Seconds the copies of a :class:`eplb.TransferPlan` take (all layers at once)."""
+        """Seconds the copies of a :class:`eplb.TransferPlan` take (all layers at once). Across a
+        deployment change, the loads from host memory come first (each GPU's at ``host_bandwidth``),
+        then the copies between GPUs, which may read what was loaded."""
         num_gpus = transfer.topology.num_gpus
         per_kind = []
         for kind in range(3):
@@ -285,7 +293,9 @@ class CostModel:
             sends = np.bincount(transfer.src_gpu[keep], minlength=num_gpus)
             receives = np.bincount(transfer.dst_gpu[keep], minlength=num_gpus)
             per_kind.append(receives if kind == 0 else np.maximum(sends, receives))
-        return self.copy_time(*per_kind)
+        loads = np.bincount(transfer.dst_gpu[transfer.kind == 3], minlength=num_gpus)  # kind 3: from host memory
+        host = float(loads.max()) * self.expert_bytes / self.host_bandwidth if loads.size else 0.0
+        return host + self.copy_time(*per_kind)
 
     def replica_bytes(self, num_slots: int, num_experts: int, num_layers: int) -> float:
         """HBM bytes the redundant replicas take in all (``(S - E) * L`` expert weights)."""

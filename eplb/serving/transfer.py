@@ -5,6 +5,12 @@ the old placement: from the same GPU when it holds the expert elsewhere (a local
 GPU of the same node (NVLink), else from another node; senders are spread evenly. Copies read the
 old weights, so an engine can run them all at once (or chunk by chunk of layers, see
 :meth:`TransferPlan.chunks`) before switching to the new placement.
+
+Across a deployment change (:class:`eplb.DeploymentChange`) the plan is on the new deployment: its
+sources are the slots the surviving GPUs carried (``change.slot_map`` gives each one's old slot),
+never a lost GPU. An expert whose every replica was lost is loaded from host memory once (kind
+``"from_host"``, source ``-1``) and its further replicas copy from that slot once it is loaded
+(``after_load``): run the loads first.
 """
 
 from __future__ import annotations
@@ -15,15 +21,16 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..model._validation import as_int
-from ..kernels.weight_copies import CROSS_NODE, INTRA_GPU, INTRA_NODE, weight_copies
+from ..kernels.weight_copies import CROSS_NODE, FROM_HOST, INTRA_GPU, INTRA_NODE, copies_across, weight_copies
+from ..model.change import DeploymentChange
 from ..analysis.placement import Placement, check_placement
 from ..model.deployment import Deployment
 from ..model.topology import Topology
 
-KINDS = ("intra_gpu", "intra_node", "cross_node")
+KINDS = ("intra_gpu", "intra_node", "cross_node", "from_host")
 
 
-_FIELDS = ("layer", "expert", "src_slot", "dst_slot", "src_gpu", "dst_gpu", "kind")
+_FIELDS = ("layer", "expert", "src_slot", "dst_slot", "src_gpu", "dst_gpu", "kind", "after_load")
 
 
 @dataclass(frozen=True, eq=False)
@@ -32,13 +39,16 @@ class TransferPlan:
 
     Attributes:
         layer, expert: ``[C]`` int64, the MoE layer and the logical expert copied.
-        src_slot, dst_slot: ``[C]`` int64, the old slot read and the new slot written.
-        src_gpu, dst_gpu: ``[C]`` int64, the GPUs holding those slots.
-        kind: ``[C]`` int64, 0 intra-GPU (local copy), 1 intra-node, 2 cross-node.
+        src_slot, dst_slot: ``[C]`` int64, the old slot read and the new slot written (``-1``:
+            loaded from host memory).
+        src_gpu, dst_gpu: ``[C]`` int64, the GPUs holding those slots (``-1``: host memory).
+        kind: ``[C]`` int64, 0 intra-GPU (local copy), 1 intra-node, 2 cross-node, 3 from host.
         num_layers: ``L`` of the placements; topology: their topology.
         expert_bytes: bytes of one expert's weights in one layer (``None``: unknown).
         layers: ``(start, stop)``, the layers this plan covers (all of them unless it is one of
             :meth:`chunks`; pass it to :meth:`eplb.Balancer.commit` once the chunk is applied).
+        after_load: ``[C]`` bool, the copy reads a slot a load from host memory of this plan fills
+            (run it after the loads); all False but across a deployment change.
     """
 
     layer: np.ndarray
@@ -52,10 +62,13 @@ class TransferPlan:
     topology: Topology
     expert_bytes: int | None = None
     layers: tuple = field(default=None)
+    after_load: np.ndarray = field(default=None)
 
     def __post_init__(self):
         if self.layers is None:
             object.__setattr__(self, "layers", (0, self.num_layers))
+        if self.after_load is None:
+            object.__setattr__(self, "after_load", np.zeros(np.shape(self.layer), bool))
         layer = np.asarray(self.layer)
         if layer.ndim == 1 and layer.size and not bool(np.all(layer[1:] >= layer[:-1])):
             order = np.argsort(layer, kind="stable")  # copies in layer order: chunks are slices
@@ -67,8 +80,8 @@ class TransferPlan:
 
     # -- totals ----------------------------------------------------------------------------------
     def counts(self) -> dict[str, int]:
-        """Copies of each kind: ``{"intra_gpu", "intra_node", "cross_node", "total"}``."""
-        per_kind = np.bincount(self.kind, minlength=3)
+        """Copies of each kind: ``{"intra_gpu", "intra_node", "cross_node", "from_host", "total"}``."""
+        per_kind = np.bincount(self.kind, minlength=len(KINDS))
         result = {name: int(per_kind[i]) for i, name in enumerate(KINDS)}
         result["total"] = len(self)
         return result
@@ -82,12 +95,12 @@ class TransferPlan:
     def sends_per_gpu(self) -> np.ndarray:
         """``[L, G]`` int64: copies each GPU sends to another GPU, per layer."""
         out = np.zeros((self.num_layers, self.topology.num_gpus), np.int64)
-        remote = self.kind != INTRA_GPU
+        remote = (self.kind == INTRA_NODE) | (self.kind == CROSS_NODE)
         np.add.at(out, (self.layer[remote], self.src_gpu[remote]), 1)
         return out
 
     def receives_per_gpu(self) -> np.ndarray:
-        """``[L, G]`` int64: copies each GPU receives from another GPU, per layer."""
+        """``[L, G]`` int64: copies each GPU receives from another GPU or host memory, per layer."""
         out = np.zeros((self.num_layers, self.topology.num_gpus), np.int64)
         remote = self.kind != INTRA_GPU
         np.add.at(out, (self.layer[remote], self.dst_gpu[remote]), 1)
@@ -163,20 +176,26 @@ def _topology_and_experts(deployment, deprecated: dict, placements: list) -> tup
     return deployment.topology, deployment.num_experts
 
 
-def transfer_plan(old, new, deployment: Deployment | None = None, *, expert_bytes: int | None = None,
-                  **deprecated) -> TransferPlan:
+def transfer_plan(old, new, deployment: Deployment | DeploymentChange | None = None, *,
+                  expert_bytes: int | None = None, gpu_map=None, **deprecated) -> TransferPlan:
     """The weight copies from placement ``old`` to placement ``new``.
 
     Args:
         old, new: :class:`Placement` objects, or ``phy2log [L, S]`` arrays (then ``deployment`` is
             required: its topology and number of experts read the arrays). Both on the same
-            topology with the same number of layers.
+            topology with the same number of layers, unless across a deployment change.
         deployment: an :class:`eplb.Deployment`; by default the placements'. The keywords
-            ``topology=`` and ``num_experts=`` still work, deprecated.
+            ``topology=`` and ``num_experts=`` still work, deprecated. Or an
+            :class:`eplb.DeploymentChange`: ``old`` is on its old deployment, ``new`` on its new one.
         expert_bytes: bytes of one expert's weights in one layer, for :meth:`TransferPlan.bytes`.
+        gpu_map: with placements on two deployments, the new index of each old GPU (``-1``: gone;
+            ``None``: by index), as :func:`eplb.plan` takes it.
     Returns:
-        A :class:`TransferPlan`.
+        A :class:`TransferPlan` (on the new deployment across a change).
     """
+    change = _change_of(old, new, deployment, gpu_map, deprecated)
+    if change is not None:
+        return _transfer_across(old, new, change, expert_bytes)
     placements = [p for p in (old, new) if isinstance(p, Placement)]
     topology, num_experts = _topology_and_experts(deployment, deprecated, placements)
     if any(p.topology != topology for p in placements):
@@ -207,4 +226,45 @@ def transfer_plan(old, new, deployment: Deployment | None = None, *, expert_byte
     )
 
 
-__all__ = ["TransferPlan", "transfer_plan", "INTRA_GPU", "INTRA_NODE", "CROSS_NODE"]
+def _change_of(old, new, deployment, gpu_map, deprecated: dict) -> DeploymentChange | None:
+    """The deployment change between ``old`` and ``new`` (``None``: the same deployment)."""
+    if isinstance(deployment, DeploymentChange):
+        if gpu_map is not None or deprecated:
+            raise ValueError("transfer_plan: give gpu_map in the DeploymentChange, not beside it")
+        return None if deployment.is_identity else deployment
+    both = isinstance(old, Placement) and isinstance(new, Placement)
+    if not both or (gpu_map is None and old.topology == new.topology):
+        if gpu_map is not None:
+            raise ValueError("transfer_plan: gpu_map needs old and new as eplb.Placement (they carry their "
+                             "deployments), or deployment=eplb.DeploymentChange(old, new, gpu_map)")
+        return None
+    change = DeploymentChange(old.deployment, new.deployment, gpu_map)
+    return None if change.is_identity else change
+
+
+def _transfer_across(old, new, change: DeploymentChange, expert_bytes) -> TransferPlan:
+    """:func:`transfer_plan` across ``change``: ``old`` on ``change.old``, ``new`` on ``change.new``."""
+    num_experts = change.new.num_experts
+    arrays = []
+    for name, p, side in (("old", old, change.old), ("new", new, change.new)):
+        array = p.phy2log if isinstance(p, Placement) else p
+        try:
+            array, _ = check_placement(np.asarray(array), num_experts, side.topology)
+        except ValueError as exc:
+            raise ValueError(f"{name} (on the {name} deployment of the change): {exc}") from None
+        arrays.append(np.ascontiguousarray(array, dtype=np.int64))
+    if arrays[0].shape[0] != arrays[1].shape[0]:
+        raise ValueError(f"old and new must have the same layers, got {arrays[0].shape[0]} and {arrays[1].shape[0]}")
+    if expert_bytes is not None:
+        expert_bytes = as_int(expert_bytes, "expert_bytes", minimum=0)
+    topology = change.new.topology
+    copies, kind = copies_across(change.carry(arrays[0]), arrays[1], topology.gpu_of_slot, topology.node_of_gpu,
+                                 topology.num_gpus, num_experts)
+    return TransferPlan(
+        layer=copies[:, 0], expert=copies[:, 1], src_slot=copies[:, 2], dst_slot=copies[:, 3],
+        src_gpu=copies[:, 4], dst_gpu=copies[:, 5], kind=kind, num_layers=arrays[0].shape[0],
+        topology=topology, expert_bytes=expert_bytes, after_load=copies[:, 6].astype(bool),
+    )
+
+
+__all__ = ["TransferPlan", "transfer_plan", "INTRA_GPU", "INTRA_NODE", "CROSS_NODE", "FROM_HOST"]

@@ -141,7 +141,7 @@ class SimulationResult:
     def bytes_moved(self) -> dict[str, float]:
         """Bytes copied of each kind (``intra_gpu``, ``intra_node``, ``cross_node``, ``total``)."""
         totals = self.copies.sum(axis=0) * self.cost_model.expert_bytes
-        result = {name: float(totals[i]) for i, name in enumerate(KINDS)}
+        result = {name: float(totals[i]) for i, name in enumerate(KINDS[:totals.shape[0]])}
         result["total"] = float(totals.sum())
         return result
 

@@ -107,8 +107,8 @@ def test_bad_input_is_refused():
     topology = eplb.Topology.uniform(8, 2)
     a = eplb.Placement(np.array([[0, 1, 2, 3, 0, 1, 2, 3]]), 4, topology)
     other = eplb.Placement(np.array([[0, 1, 2, 3, 0, 1, 2, 3]]), 4, eplb.Topology.uniform(8, 4))
-    with pytest.raises(ValueError, match="same topology"):
-        eplb.transfer_plan(a, other)
+    # placements on two deployments are a deployment change (tests/serving/test_transfer_across.py)
+    assert eplb.transfer_plan(a, other).topology == other.topology
     with pytest.raises(ValueError, match="the deployment is required"):
         eplb.transfer_plan(a.phy2log, a.phy2log)
     with pytest.raises(ValueError, match="deployment must be an eplb.Deployment"):
