@@ -39,6 +39,7 @@ import numpy as np
 from .planning.api import plan, rebalance_experts
 from .serving.balancer import warm_kernels
 from .planning.methods import DEFAULT_METHOD, METHODS
+from .model.change import DeploymentChange
 from .model.deployment import Deployment, deployment_argument, make_deployment
 from .simulation.synthetic import skewed_counts
 from .kernels._cache import MANIFEST, cache_dir, shipped_tag
@@ -67,7 +68,8 @@ def warm_public_calls(loads: np.ndarray, later: np.ndarray, hierarchical: bool, 
     slots and GPUs (when the configuration is hierarchical), a capped off-node plan
     (``max_off_node``), a series ``[T, L, E]`` planned hedged (from scratch, near a placement, capped),
     ``dispatch="optimal"``, :func:`eplb.dispatch`, every engine's shares
-    (:mod:`eplb.analysis.engine_dispatch`), transfer plans and :func:`eplb.simulate`."""
+    (:mod:`eplb.analysis.engine_dispatch`), transfer plans, a re-plan across a lost GPU and
+    :func:`eplb.simulate`."""
     series = np.stack([loads, later, loads[::-1].copy()])
     scratch = plan(loads, **config)
     placements = [scratch]
@@ -97,10 +99,26 @@ def warm_public_calls(loads: np.ndarray, later: np.ndarray, hierarchical: bool, 
         if hierarchical:
             shared.off_node_fraction(later)
     deployment = make_deployment(loads.shape[1], **config)
+    _warm_change(later, deployment, scratch)
     simulate(series, deployment)
     with warnings.catch_warnings():  # a 3-step series is too short for the timer to act: it need not
         warnings.simplefilter("ignore", RuntimeWarning)
         simulate(series, deployment, policy=vllm_like())
+
+
+def _warm_change(later: np.ndarray, deployment: Deployment, scratch) -> None:
+    """A re-plan across a deployment change (the last GPU with slots lost, the survivors given the
+    slots that hold every expert) and its transfer plan with loads from host memory."""
+    slots = deployment.topology.slots_per_gpu
+    active = np.flatnonzero(slots > 0)
+    if active.size < 2:
+        return
+    need = -(-deployment.num_experts // (active.size - 1))
+    with warnings.catch_warnings():  # a hierarchical deployment may be relaxed: that is what is warmed
+        warnings.simplefilter("ignore", RuntimeWarning)
+        change = DeploymentChange.lose(deployment, [int(active[-1])], slots_per_gpu=max(need, int(slots.max())))
+        moved = plan(later, change, previous=scratch)
+    transfer_plan(scratch, moved, change).counts()
 
 
 def _timed(steps: dict, name: str, fn) -> None:

@@ -196,6 +196,8 @@ def transfer_plan(old, new, deployment: Deployment | DeploymentChange | None = N
     change = _change_of(old, new, deployment, gpu_map, deprecated)
     if change is not None:
         return _transfer_across(old, new, change, expert_bytes)
+    if isinstance(deployment, DeploymentChange):  # one that changes nothing
+        deployment = deployment.new
     placements = [p for p in (old, new) if isinstance(p, Placement)]
     topology, num_experts = _topology_and_experts(deployment, deprecated, placements)
     if any(p.topology != topology for p in placements):
