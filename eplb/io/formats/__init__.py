@@ -157,7 +157,7 @@ def read_counts(path, format: str | None = None, *, transpose: bool = False, all
     if transpose:
         counts = np.ascontiguousarray(np.swapaxes(data.counts, 1, 2))
         data = CountsFile(counts, np.arange(counts.shape[1], dtype=np.int64), data.format, data.path,
-                          {**data.metadata, "transposed": True}, data.phases)
+                          {**data.metadata, "transposed": True}, data.phases, layer_ids_recorded=False)
     if not allow_shape:
         check_plausible_shape(data)
     return data
@@ -213,7 +213,16 @@ def detect_placement_format(path) -> str:
     suffix = path.suffix.lower()
     claiming = [f for f in _PLACEMENTS_BY_NAME.values() if f.read_placement is not None and suffix in f.suffixes]
     if not claiming:
-        return placement_format_for_output(path)
+        named = named_output_format(path)
+        if named is not None:
+            return named
+        readable = dict.fromkeys(s for f in _PLACEMENTS_BY_NAME.values() if f.read_placement is not None
+                                 for s in f.suffixes)
+        counts = next((f.title for f in _COUNTS_BY_NAME.values() if suffix in f.suffixes), None)
+        raise FormatError(path, f"cannot tell a placement format from the suffix {suffix!r} (placement files end in "
+                                f"{', '.join(readable)})"
+                                + (f"; {suffix} is a counts file ({counts}), not a placement" if counts else
+                                   f": pass its format (one of {', '.join(PLACEMENT_FORMATS)})"))
     if len(claiming) == 1:
         return claiming[0].name
     default = next((f for f in _PLACEMENTS_BY_NAME.values() if suffix in f.writes_to), None)
