@@ -271,6 +271,21 @@ def _with_timer(work, description: str):
     return outcome["value"]
 
 
+def _deployed_plan(previous, fmt, data, engine, *, slots, gpus, nodes):
+    """``eplb plan --previous``: ``(prev, engine, rule_lines)``, the deployed placement on the
+    counts' layers (checked against the deployment; ``None`` without ``--previous``), and the rule
+    every figure is judged under: ``--engine``, else the one the deployed plan records it was made
+    for (the engine serves the next plan by it too), with the line that says so."""
+    if previous is None:
+        return None, engine, []
+    prev = _read_previous(previous, fmt, gpus, nodes, data.num_experts, data)
+    _check_previous(prev, dict(layers=data.num_layers, experts=data.num_experts, slots=slots, gpus=gpus,
+                               nodes=nodes), previous, data.layer_ids)
+    engine, rule_lines = _recorded_engine(engine, prev.placement, previous,
+                                          also="; the new plan is judged under it too and written recording it")
+    return prev, engine, rule_lines
+
+
 def _read_previous(path, fmt, num_gpus, num_nodes, num_experts, data=None):
     """The deployed placement as its file records it; the flags only fill in what the file does not
     record (SGLang's map, a YAML without eplb's comment), and a flag that disagrees with the file's
@@ -464,15 +479,8 @@ def plan(counts, slots, gpus, nodes, groups, method, previous, previous_format, 
     data, model_layers = _model_layers(data, layer_ids, model_preset, num_layers, output_format)
     _check_experts_fit(data, slots)
     weights = data.weights
-    num_layers, num_experts = weights.shape
-    prev, rule_lines = None, []
-    if previous is not None:
-        prev = _read_previous(previous, previous_format, gpus, nodes, num_experts, data)
-        _check_previous(prev, dict(layers=num_layers, experts=num_experts, slots=slots, gpus=gpus, nodes=nodes), previous,
-                        data.layer_ids)
-        # the deployed plan was made for an engine's rule: the engine serves the next one by it too
-        engine, rule_lines = _recorded_engine(engine, prev.placement, previous,
-                                              also="; the new plan is judged under it too and written recording it")
+    prev, engine, rule_lines = _deployed_plan(previous, previous_format, data, engine, slots=slots, gpus=gpus,
+                                              nodes=nodes)
 
     with warnings.catch_warnings(record=True) as caught:  # said in one line each below, not raw
         warnings.simplefilter("always", RuntimeWarning)
@@ -879,22 +887,19 @@ def _plan_output_format(output, output_format, num_layers, quiet: bool) -> str:
 
 
 def _check_experts_fit(data, slots: int) -> None:
-    """Every expert needs a slot: counts read as more experts than ``--slots`` are refused naming
-    the shape they were read as; a flat array (read as one layer) is told the shapes expected and,
-    when a model's expert count divides it, the layers x experts it may hold."""
-    if data.num_experts <= slots:
+    """Every expert needs a slot: a flat array (read as one layer of experts) with more numbers
+    than ``--slots`` is refused saying so, the shapes counts take and, when a model's expert count
+    divides it, the layers x experts it may hold (other shapes get the planner's message)."""
+    if data.num_experts <= slots or data.num_layers > 1 or data.num_windows > 1:
         return
-    shape = f"{data.num_windows} windows x " if data.num_windows > 1 else ""
-    message = (f"{data.path} is read as {shape}{data.num_layers} layer{'s' if data.num_layers > 1 else ''} of "
-               f"{data.num_experts} experts, more experts than --slots {slots} (every expert needs a slot)")
-    if data.num_layers == 1 and data.num_windows == 1:
-        per_layer = sorted({m.num_experts for m in COST_MODELS.values()
-                            if m.num_experts <= slots and data.num_experts % m.num_experts == 0})
-        guess = (f" (e.g. [{data.num_experts // per_layer[-1]}, {per_layer[-1]}] for {per_layer[-1]} experts a layer)"
-                 if per_layer else "")
-        message += (f": counts are [E] (one layer), [L, E] or [T, L, E]; if its {data.num_experts} numbers are "
-                    f"several layers flattened, save them as [layers, experts]{guess}")
-    raise Failure(message)
+    per_layer = sorted({m.num_experts for m in COST_MODELS.values()
+                        if m.num_experts <= slots and data.num_experts % m.num_experts == 0})
+    guess = (f" (e.g. [{data.num_experts // per_layer[-1]}, {per_layer[-1]}] for {per_layer[-1]} experts a layer)"
+             if per_layer else "")
+    raise Failure(f"{data.path} holds one row of {data.num_experts} numbers, read as one layer of "
+                  f"{data.num_experts} experts: more experts than --slots {slots} (every expert needs a slot). "
+                  f"Counts are [E] (one layer), [L, E] or [T, L, E]: if the numbers are several layers flattened, "
+                  f"save them as [layers, experts]{guess}")
 
 
 def _model_layers(data, layer_ids, model_preset, num_layers, output_format):
