@@ -16,16 +16,18 @@ Counts in (``read_counts``), detected from the path unless a format is given:
 ``trtllm-stats``       a folder with ``meta_info.json`` + ``rank{r}.safetensors`` (TensorRT-LLM)
 =====================  =====================================================================
 
-Placements out (``write_placement``) and back in (``read_placement``):
+Placements out (``write_placement``) and back in (``read_placement``); every one records the
+dispatch rule its plan was made for (:attr:`eplb.Placement.dispatch`), which it is judged under once
+read back:
 
 ==========  =========================================================================
 ``eplb``    eplb's JSON: placement, configuration, diagnostics, version (``.json``)
 ``npz``     arrays ``phy2log``, ``log2phy``, ``logcnt``, topology... (``.npz``)
 ``sglang``  ``{"physical_to_logical_map": [[...]]}`` for ``--init-expert-location`` (``.json``; a row
             per model layer, by layer id), plus ``<name>.eplb.json`` beside it with GPUs, nodes,
-            groups, experts and the planned layers
+            groups, experts, the planned layers and the dispatch rule
 ``trtllm``  TensorRT-LLM's load-balancer YAML (``.yaml`` / ``.yml``), with a ``# eplb:`` comment
-            recording GPUs, nodes, groups and experts
+            recording GPUs, nodes, groups, experts and the dispatch rule
 ==========  =========================================================================
 
 Both SGLang dumps end in ``.pt``: the reader tells them apart by their keys (``records`` is a
