@@ -8,6 +8,7 @@ dependency). Errors are one line naming the file and the problem, never a traceb
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib
 import inspect
@@ -68,6 +69,20 @@ def friendly_errors(command):
             raise Failure(f"input too large or too deeply nested to process ({type(exc).__name__}: {exc})") from None
 
     return wrapper
+
+
+class NamedChoice(click.Choice):
+    """A choice of registered names taken in any case (``h100``, ``H100``), whose help, errors and
+    value spell each name as registered (``H100``): the same spelling in the list and the default."""
+
+    def __init__(self, choices):
+        super().__init__(choices, case_sensitive=True)
+        self._by_folded = {str(choice).casefold(): choice for choice in choices}
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, str):
+            value = self._by_folded.get(value.casefold(), value)
+        return super().convert(value, param, ctx)
 
 
 def show_progress(quiet: bool) -> bool:
@@ -256,24 +271,52 @@ def _with_timer(work, description: str):
     return outcome["value"]
 
 
-def _read_previous(path, fmt, num_gpus, num_nodes, num_experts, layer_ids=None):
+def _deployed_plan(previous, fmt, data, engine, *, slots, gpus, nodes):
+    """``eplb plan --previous``: ``(prev, engine, rule_lines)``, the deployed placement on the
+    counts' layers (checked against the deployment; ``None`` without ``--previous``), and the rule
+    every figure is judged under: ``--engine``, else the one the deployed plan records it was made
+    for (the engine serves the next plan by it too), with the line that says so."""
+    if previous is None:
+        return None, engine, []
+    prev = _read_previous(previous, fmt, gpus, nodes, data.num_experts, data)
+    _check_previous(prev, dict(layers=data.num_layers, experts=data.num_experts, slots=slots, gpus=gpus,
+                               nodes=nodes), previous, data.layer_ids)
+    engine, rule_lines = _recorded_engine(engine, prev.placement, previous,
+                                          also="; the new plan is judged under it too and written recording it")
+    return prev, engine, rule_lines
+
+
+def _read_previous(path, fmt, num_gpus, num_nodes, num_experts, data=None):
     """The deployed placement as its file records it; the flags only fill in what the file does not
     record (SGLang's map, a YAML without eplb's comment), and a flag that disagrees with the file's
-    record is an error naming both. With ``layer_ids`` (the counts' model layers), a file of more
-    layers gives its rows of those (:func:`_previous_on_layers`)."""
-    from .io.formats import read_placement
+    record is an error naming both. With ``data`` (the counts), a file of more layers gives its rows
+    of the counts' model layers (:func:`_previous_on_layers`)."""
+    from .io.formats import FormatError, detect_placement_format, read_placement
 
+    if fmt is None:
+        try:
+            fmt = detect_placement_format(path)
+        except FormatError as exc:
+            raise FormatError(path, f"--previous must be the placement deployed now: {exc.problem}") from None
     loaded = read_placement(path, fmt, num_gpus=num_gpus, num_nodes=num_nodes, num_experts=num_experts)
-    return loaded if layer_ids is None else _previous_on_layers(loaded, layer_ids)
+    return loaded if data is None else _previous_on_layers(loaded, data)
 
 
-def _previous_on_layers(previous, layer_ids):
-    """The previous placement on the counts' layers (``layer_ids [L]``, the model's index of each):
-    its rows of those layers when it covers more of them (SGLang's map has a row per model layer,
-    counts may hold the MoE layers only); else as it is."""
-    from .io.formats import PlacementFile
+def _previous_on_layers(previous, data):
+    """The previous placement on the layers of the counts ``data`` (``data.layer_ids [L]``, the
+    model's index of each): its rows of those layers when it covers more of them (SGLang's map has
+    a row per model layer, counts may hold the MoE layers only); else as it is. Counts that do not
+    record their layers (a ``.npy``) cannot say which rows are theirs: refused, asking for them."""
+    from .io.formats import FormatError, PlacementFile
+    from .io.formats.data import layer_ranges
 
-    old_ids, new_ids = previous.layer_ids.tolist(), [int(i) for i in layer_ids]
+    old_ids, new_ids = previous.layer_ids.tolist(), [int(i) for i in data.layer_ids]
+    if len(old_ids) > len(new_ids) and not data.layer_ids_recorded:
+        dense = len(old_ids) - len(new_ids)
+        raise FormatError(previous.path, f"holds {len(old_ids)} layers (model layers {layer_ranges(old_ids)}), the "
+                                         f"counts {data.path} {len(new_ids)}, which do not record which model layers "
+                                         f"they are: pass --layer-ids (--layer-ids {old_ids[dense]}..{old_ids[-1]} "
+                                         "if they are its last layers) or --model NAME")
     if old_ids == new_ids or len(old_ids) <= len(new_ids) or not set(new_ids) <= set(old_ids):
         return previous
     rows = [old_ids.index(i) for i in new_ids]
@@ -307,7 +350,9 @@ def _check_previous_layers(previous, layer_ids, path) -> None:
 
     if previous.layer_ids.tolist() != [int(i) for i in layer_ids]:
         raise FormatError(path, f"incompatible configuration: the previous placement covers model layers "
-                                f"{layer_ranges(previous.layer_ids)}, the counts layers {layer_ranges(layer_ids)}")
+                                f"{layer_ranges(previous.layer_ids)}, the counts layers {layer_ranges(layer_ids)} "
+                                "(rows of counts that do not record their layers are 0 .. L-1: --layer-ids names "
+                                "them)")
 
 
 @main.command()
@@ -362,24 +407,31 @@ def _check_previous_layers(previous, layer_ids, path) -> None:
 @click.option("--num-layers", type=click.IntRange(min=1), default=None,
               help="SGLang and TensorRT-LLM output: the model's layer count (num_hidden_layers, dense layers "
                    "included: 61 for DeepSeek-V3). Rows are placed by the counts' layer ids; SGLang's map has a "
-                   "row per model layer (default: the largest layer id + 1), the layers the counts leave out "
-                   "holding SGLang's trivial placement.")
+                   "row per model layer (default: --model's, else the largest layer id + 1), the layers the counts "
+                   "leave out holding SGLang's trivial placement. Counts that do not record their layers (a .npy) "
+                   "with fewer rows need --layer-ids or --model.")
+@click.option("--layer-ids", default=None,
+              help="The model layer of each row of COUNTS, as ranges (3..60 for DeepSeek-V3's MoE layers), when "
+                   "the file does not record them (a .npy, a CSV matrix): an engine's file places rows by model "
+                   "layer, and --previous is matched by it.")
 @click.option("--expert-bytes", type=click.IntRange(min=1), default=None,
               help="With --previous: bytes of one expert's weights in one layer; prints the bytes the moves copy "
                    "and how long the copies take (--hardware).")
-@click.option("--model", "model_preset", type=click.Choice(sorted(COST_MODELS)), default=None,
-              help="With --previous: take the expert size from this model (eplb.model.cost.MODELS) and print the bytes "
-                   "and copy time as --expert-bytes does.")
-@click.option("--hardware", type=click.Choice(sorted(COST_HARDWARE)), default="H100", show_default=True,
-              help="With --expert-bytes or --model: the GPUs whose NVLink and network price the copies.")
+@click.option("--model", "model_preset", type=NamedChoice(sorted(COST_MODELS)), default=None,
+              help="The model the counts come from (eplb.model.cost.MODELS). Its layers name rows the file does "
+                   "not (deepseek-v3: 58 rows are its MoE layers 3..60, 61 rows all its layers) and give "
+                   "--num-layers; with --previous, its expert size prices the moves as --expert-bytes does.")
+@click.option("--hardware", type=NamedChoice(sorted(COST_HARDWARE)), default="H100", show_default=True,
+              help="With --expert-bytes or --model and --previous: the GPUs whose NVLink and network price the "
+                   "copies (any case).")
 @transpose_option
 @allow_shape_option
 @quiet_option
 @friendly_errors
 def plan(counts, slots, gpus, nodes, groups, method, previous, previous_format, tolerance, max_moves, time_limit,
          deterministic_time, max_off_node, input_format, objective, passes_per_window, no_held_out, dispatch, engine,
-         phase, output_format, output, layer_updates_per_iter, num_layers, expert_bytes, model_preset, hardware,
-         transpose, allow_shape, quiet):
+         phase, output_format, output, layer_updates_per_iter, num_layers, layer_ids, expert_bytes, model_preset,
+         hardware, transpose, allow_shape, quiet):
     """Plan a placement from recorded expert COUNTS and write it for your engine.
 
     COUNTS is a file or a TensorRT-LLM statistics folder. A series [T, L, E] is planned hedged over
@@ -415,24 +467,20 @@ def plan(counts, slots, gpus, nodes, groups, method, previous, previous_format, 
     if layer_updates_per_iter and output_format != "trtllm":
         raise click.BadParameter(f"applies to TensorRT-LLM YAML output only, not to {output_format} output",
                                  param_hint="--layer-updates-per-iter")
-    _check_flag_sizes(slots=slots, gpus=gpus, nodes=nodes, groups=groups)
+    _check_flag_sizes(slots=slots, gpus=gpus, nodes=nodes, groups=groups, **{"num-layers": num_layers})
     _refuse_input_as_output(output, [counts, previous])
     if output_format == "sglang":
         from .io.formats.sglang import sidecar_path
 
         _refuse_input_as_output(sidecar_path(output), [counts, previous], what="the SGLang side file of -o")
 
-    _note_global_groups(groups, nodes, quiet)
     start = time.perf_counter()
     data = _read_plan_counts(counts, input_format, transpose, allow_shape, phase, passes_per_window)
+    data, model_layers = _model_layers(data, layer_ids, model_preset, num_layers, output_format)
+    _check_experts_fit(data, slots)
     weights = data.weights
-    model_layers = _check_model_layers(num_layers, data)
-    num_layers, num_experts = weights.shape
-    prev = None
-    if previous is not None:
-        prev = _read_previous(previous, previous_format, gpus, nodes, num_experts, data.layer_ids)
-        _check_previous(prev, dict(layers=num_layers, experts=num_experts, slots=slots, gpus=gpus, nodes=nodes), previous,
-                        data.layer_ids)
+    prev, engine, rule_lines = _deployed_plan(previous, previous_format, data, engine, slots=slots, gpus=gpus,
+                                              nodes=nodes)
 
     with warnings.catch_warnings(record=True) as caught:  # said in one line each below, not raw
         warnings.simplefilter("always", RuntimeWarning)
@@ -441,11 +489,14 @@ def plan(counts, slots, gpus, nodes, groups, method, previous, previous_format, 
             previous=None if prev is None else prev.placement, migration=migration, progress=show_progress(quiet),
             **options)
     elapsed = time.perf_counter() - start
+    _note_global_groups(groups, nodes, quiet)  # once the plan is made: never before a real error
     _note_plan_warnings(caught, quiet)
+    if rule_lines:  # written recording the rule it is judged and served under
+        placement = dataclasses.replace(placement, dispatch=engine)
     deployment = dict(num_slots=slots, num_gpus=gpus, num_nodes=nodes, num_groups=groups,
                       previous=None if prev is None else prev.placement)
-    held = None if data.num_windows == 1 or no_held_out else _held_out_estimates(data.counts, method, options,
-                                                                                 deployment)
+    held = None if data.num_windows == 1 or no_held_out else _held_out_estimates(
+        data.counts, method, options, deployment, judge=engine if rule_lines else None)
 
     judge = engine or "shares"  # every figure splits an expert's tokens as the engine does (else as the plan does)
     before = metrics.balancedness(metrics.static_gpu_loads(weights, gpus))  # one replica each: the same under any rule
@@ -459,7 +510,7 @@ def plan(counts, slots, gpus, nodes, groups, method, previous, previous_format, 
         slots=slots, gpus=gpus, nodes=nodes, groups=groups, method=method, options=options, counts=counts, data=data,
         phase=phase, previous=previous, used_previous=used_previous, migration=migration, before=before, after=after,
         gap=gap, bound=bound, placement=placement, weights=weights, global_bal=global_bal, deployed_bal=deployed_bal,
-        elapsed=elapsed, held=held, moves=moves)
+        elapsed=elapsed, held=held, moves=moves, judge=engine if rule_lines else None)
     diagnostics["judged_under"] = judge  # the split behind every balancedness and gap: an engine's rule or the plan's
     _note_overwrite(output, quiet)
     write_placement(placement, output, output_format, layer_ids=data.layer_ids, configuration=configuration,
@@ -473,7 +524,8 @@ def plan(counts, slots, gpus, nodes, groups, method, previous, previous_format, 
                     max_off_node=max_off_node, output_format=output_format, bound=bound, moves=moves,
                     used_previous=used_previous, prev=prev, expert_bytes=expert_bytes, model_preset=model_preset,
                     hardware=hardware, diagnostics=diagnostics, migration=migration),
-        elapsed=elapsed, command_start=command_start, output=output, model_layers=model_layers)))
+        elapsed=elapsed, command_start=command_start, output=output, model_layers=model_layers,
+        rule_lines=rule_lines)))
 
 
 def _read_plan_counts(counts, input_format, transpose, allow_shape, phase, passes_per_window):
@@ -498,8 +550,8 @@ def _plan_options(method, previous, tolerance, max_moves, time_limit, determinis
     checked against the others it needs or excludes (a usage error naming them)."""
     if previous is None and (tolerance is not None or max_moves is not None):
         raise click.UsageError("--tolerance and --max-moves apply only with --previous")
-    if previous is None and (expert_bytes is not None or model_preset is not None):
-        raise click.UsageError("--expert-bytes and --model price the moves: they apply only with --previous")
+    if previous is None and expert_bytes is not None:
+        raise click.UsageError("--expert-bytes prices the moves: flags that price them apply only with --previous")
     migration = {k: v for k, v in (("tolerance", tolerance), ("max_moves", max_moves)) if v is not None}
     options = {}
     if time_limit is not None:
@@ -531,23 +583,29 @@ _PLAN_FLAGS = {"previous": "--previous", "max_off_node": "--max-off-node", "disp
 
 
 def _plan_summary(*, data, phase, method, slots, gpus, nodes, groups, before, after, placement, weights, options,
-                  engine, gap, detail, elapsed, command_start, output, model_layers) -> list[str]:
-    """The lines ``eplb plan`` prints: the counts, the plan, balancedness, the details of
-    :func:`_plan_detail_lines` (``detail``: its other keywords), the time and what was written."""
+                  engine, gap, detail, elapsed, command_start, output, model_layers, rule_lines=()) -> list[str]:
+    """The lines ``eplb plan`` prints: the counts, the plan, the rule a deployed plan records
+    (``rule_lines``), for a series the held-out estimate first (what the engine will see), then
+    balancedness in sample, the details of :func:`_plan_detail_lines` (``detail``: its other
+    keywords), the time and what was written."""
     num_layers, num_experts = weights.shape
     output_format = detail["output_format"]
     moe = moe_layers(weights)
     finite = gap[np.isfinite(gap) & moe] if moe.any() else gap[np.isfinite(gap)]
+    detail = dict(detail)
+    held = detail.pop("held")
     lines = [
         f"counts   {data.path} ({data.format}): {_shape_text(data)}",
         *([f"phase    {phase}: {data.metadata['windows_selected']} of {data.metadata['windows_total']} passes "
            "selected"] if phase is not None else []),
         f"plan     {method}: {num_layers} layers x {num_experts} experts -> {slots} slots on {gpus} GPUs"
         f" in {nodes} node{'s' if nodes > 1 else ''}" + _groups_text(groups, nodes),
+        *rule_lines,
+        *([] if held is None else _held_out_lines(held, placement)),
         _balance_line(before, after, placement, weights, data.num_windows, options, engine),
     ]
     lines += _plan_detail_lines(data=data, placement=placement, weights=weights, options=options, engine=engine,
-                                finite=finite, **detail)
+                                finite=finite, held=None, **detail)
     lines.append(f"time     {elapsed:.2f} s reading and planning; {time.perf_counter() - command_start:.2f} s for the "
                  "whole command (with the estimates, the bound and writing; Python's start-up not included)")
     lines.append(f"wrote    {output} ({output_format})")
@@ -577,21 +635,32 @@ def _global_balancedness(weights, method, engine, *, slots, gpus, nodes, groups)
 
 
 def _balance_line(before, after, placement, weights, num_windows: int, options: dict, engine) -> str:
-    """The headline of ``eplb plan``: balancedness without rebalancing and with the plan (``[L]``
-    each), and the rule it is judged under."""
+    """The in-sample line of ``eplb plan``: balancedness without rebalancing and with the plan
+    (``[L]`` each), and the rule it is judged under."""
     moe = moe_layers(weights)
     return (f"balance  {moe_mean(before, weights):.4f} without rebalancing -> {moe_mean(after, weights):.4f} with the "
             f"plan (mean over {moe_note(weights)}; worst layer {after[moe].min() if moe.any() else after.min():.4f})"
             + ("; on the summed windows, in sample" if num_windows > 1 else "")
-            + (f"; even split, {moe_mean(placement.balancedness(weights, 'optimal'), weights):.4f} with optimal "
-               "dispatch" if options.get("dispatch") == "optimal" else "")
-            + ("" if engine is None else f"; under {DISPATCH_RULES[engine].label}"))
+            + f"; under {_rule_name(engine or 'shares', placement)}"
+            + (f", {moe_mean(placement.balancedness(weights, 'optimal'), weights):.4f} with optimal "
+               "dispatch" if options.get("dispatch") == "optimal" else ""))
+
+
+def _rule_name(judge: str, placement=None) -> str:
+    """What a figure judged under ``judge`` is judged under, for the line that prints it: a rule of
+    :data:`eplb.engines.DISPATCH_RULES` by its label (``"SGLang static dispatch"``), or ``"shares"``,
+    the plan's own split: ``"the plan's shares"`` when ``placement`` carries shares, else ``"an even split"``."""
+    if judge == "shares":
+        return "the plan's shares" if placement is not None and placement.shares is not None else \
+            DISPATCH_RULES["uniform"].label
+    return DISPATCH_RULES[judge].label
 
 
 def _plan_records(*, slots, gpus, nodes, groups, method, options, counts, data, phase, previous, used_previous,
                   migration, before, after, gap, bound, placement, weights, global_bal, deployed_bal, elapsed, held,
-                  moves) -> tuple[dict, dict]:
-    """The ``configuration`` and ``diagnostics`` ``eplb plan`` writes beside the placement."""
+                  moves, judge=None) -> tuple[dict, dict]:
+    """The ``configuration`` and ``diagnostics`` ``eplb plan`` writes beside the placement; the
+    windows judged under ``judge`` (``None``: the plan's own rule, :func:`_judge`)."""
     configuration = {
         "num_slots": slots, "num_gpus": gpus, "num_nodes": nodes, "num_groups": groups, "method": method,
         "options": options, "counts_file": str(counts), "counts_format": data.format,
@@ -607,7 +676,8 @@ def _plan_records(*, slots, gpus, nodes, groups, method, options, counts, data, 
         "replicas_sharing_a_gpu": placement.replicas_sharing_a_gpu(), "time_s": elapsed,
     }
     if data.num_windows > 1:
-        per_window = placement.balancedness(data.counts, _judge(options))
+        diagnostics["windows_judged_under"] = judge or _judge(options)
+        per_window = placement.balancedness(data.counts, diagnostics["windows_judged_under"])
         diagnostics["balancedness_per_window"] = moe_mean(per_window, data.counts)
     if held is not None:
         diagnostics["held_out"] = held
@@ -621,23 +691,26 @@ def _plan_records(*, slots, gpus, nodes, groups, method, options, counts, data, 
 def _plan_detail_lines(*, data, placement, weights, options, objective, held, global_bal, deployed_bal, max_off_node,
                        output_format, engine, bound, finite, moves, used_previous, prev, expert_bytes, model_preset,
                        hardware, diagnostics, migration=None) -> list[str]:
-    """The summary lines of ``eplb plan`` after the balance line: the windows (in sample and held
-    out), what the groups, the deployed plan and the cap cost, the engine's rule, the bound and
-    gap, and the moves."""
+    """The summary lines of ``eplb plan`` after the balance line: the windows in sample (``held``:
+    the held-out lines, when the caller has not printed them first), what the groups, the deployed
+    plan and the cap cost, the engine's rule, the bound and gap, and the moves; each figure with
+    the rule it is judged under."""
     lines = []
+    under = f"under {_rule_name(engine or 'shares', placement)}"
     if data.num_windows > 1:
         window_bal = diagnostics["balancedness_per_window"]
         how = "their sum" if (objective or "") == "sum" else f"the windows ({placement.info.get('objective', 'hedged')})"
-        lines.append(f"windows  planned from {how}; in sample, each window: "
-                     f"{np.nanmean(window_bal):.4f} mean, {np.nanmin(window_bal):.4f} worst{_judge_note(options)}")
+        lines.append(f"windows  planned from {how}; in sample, each window: {np.nanmean(window_bal):.4f} mean, "
+                     f"{np.nanmin(window_bal):.4f} worst; under "
+                     f"{_rule_name(diagnostics['windows_judged_under'], placement)}")
     if held is not None:
-        lines += _held_out_lines(held, options)
+        lines += _held_out_lines(held, placement)
     if global_bal is not None:
         lines.append(f"global   {moe_mean(global_bal, weights):.4f} with a plan free of groups on the same counts "
-                     f"(what keeping each group on one node costs)")
+                     f"(what keeping each group on one node costs); under {_rule_name(engine or 'uniform')}")
     if deployed_bal is not None:
         deployed, new = moe_mean(deployed_bal, weights), moe_mean(diagnostics["balancedness"], weights)
-        lines.append(f"deployed {deployed:.4f} with the previous placement on these counts")
+        lines.append(f"deployed {deployed:.4f} with the previous placement on these counts; {under}")
         if deployed > new + DEPLOYED_BETTER_BY:
             regrouped = np.asarray(placement.info.get("regrouped", False))
             why = [reason for reason, applies in (
@@ -662,7 +735,7 @@ def _plan_detail_lines(*, data, placement, weights, options, objective, held, gl
     lines += [
         f"bound    {bound.description}",
         f"gap      {100 * finite.mean():.2f}% mean, {100 * finite.max():.2f}% max above the proven lower bound"
-        f" ({bound.kind})" if finite.size else "gap      n/a",
+        f" ({bound.kind}); {under}" if finite.size else "gap      n/a",
     ]
     if moves is not None:
         total = placement.num_layers * placement.num_slots
@@ -713,14 +786,15 @@ def _regrouped_lines(placement, migration: dict) -> list[str]:
     return [line]
 
 
-def _recorded_engine(engine, placement, plan_file) -> tuple[str | None, list[str]]:
-    """``--engine``, else the engine rule the placement file records the plan was made for (eplb
-    JSON), with the line that says so: a plan made for SGLang's static table is judged under it."""
+def _recorded_engine(engine, placement, plan_file, also: str = "") -> tuple[str | None, list[str]]:
+    """``--engine``, else the rule the placement file records the plan was made for (eplb JSON and
+    ``.npz``, the SGLang side file, the YAML's ``# eplb:`` comment) when it is not an even split,
+    with the line that says so (and ``also``): a plan made for SGLang's static table is judged under it."""
     recorded = placement.dispatch
-    if engine is not None or DISPATCH_RULES[recorded].kind != "engine":
+    if engine is not None or DISPATCH_RULES[recorded].kind == "uniform":
         return engine, []
     return recorded, [f"rule     judged under {DISPATCH_RULES[recorded].label}, the rule {plan_file} records the plan "
-                      "was made for (--engine NAME judges under another; --engine vllm: an even split)"]
+                      f"was made for{also} (--engine NAME judges under another; --engine vllm: an even split)"]
 
 
 def _judge(options: dict) -> str:
@@ -730,30 +804,25 @@ def _judge(options: dict) -> str:
     return rule if DISPATCH_RULES[rule].kind in ("optimal", "engine") else "shares"
 
 
-def _judge_note(options: dict) -> str:
-    """`` (<the rule>)`` when a plan made with ``options`` is judged under a rule other than its
-    own even split or shares (optimal dispatch, an engine's rule), else ``""``."""
-    rule = options.get("dispatch", "uniform")
-    return "" if rule == "uniform" else f" ({DISPATCH_RULES[rule].label})"
-
-
-def _held_out_estimates(counts, method, options, deployment) -> dict | None:
+def _held_out_estimates(counts, method, options, deployment, judge=None) -> dict | None:
     """Leave one window out (:func:`eplb.held_out`) for this plan's options and for the summed
     plan on ``deployment`` (:func:`eplb.plan`'s keywords: slots or a topology, GPUs, nodes,
-    groups, previous), both judged under the plan's rule: ``{"folds", "plan": [F], "summed": [F],
-    "empty": int}``, leaving out the held-out blocks whose windows carry no load (an idle pass has
-    nothing to balance; :func:`eplb.held_out` scores them NaN), ``"empty"`` of them; ``None`` for
-    the exact method (one exact plan per fold would take too long: say so instead)."""
+    groups, previous), both judged under ``judge`` (``None``: the plan's rule, :func:`_judge`):
+    ``{"folds", "plan": [F], "summed": [F], "empty": int, "judge": str}``, leaving out the held-out
+    blocks whose windows carry no load (an idle pass has nothing to balance; :func:`eplb.held_out`
+    scores them NaN), ``"empty"`` of them; ``None`` for the exact method (one exact plan per fold
+    would take too long: say so instead)."""
     if method == "exact":
         return None
+    judge = judge or _judge(options)
     deployment = {**deployment, "method": method}
-    mine = eplb.held_out(counts, **deployment, **options)
+    mine = eplb.held_out(counts, **deployment, **options, judge=judge)
     summed_options = {k: v for k, v in options.items() if k not in ("objective", "dispatch")}
     summed = mine if options.get("objective") == "sum" and "dispatch" not in options else \
-        eplb.held_out(counts, **deployment, **summed_options, objective="sum", judge=_judge(options))
+        eplb.held_out(counts, **deployment, **summed_options, objective="sum", judge=judge)
     loaded = ~np.isnan(mine)  # the same blocks in both: a block's load does not depend on the plan
     return {"folds": int(loaded.sum()), "plan": mine[loaded], "summed": summed[loaded],
-            "empty": int((~loaded).sum())}
+            "empty": int((~loaded).sum()), "judge": judge}
 
 
 def _left_out_note(held: dict) -> str:
@@ -762,15 +831,18 @@ def _left_out_note(held: dict) -> str:
     return f"; {empty} block{'s' if empty > 1 else ''} of windows carrying no load left out" if empty else ""
 
 
-def _held_out_lines(held: dict, options: dict) -> list[str]:
-    """The summary lines of the held-out estimate, with a recommendation only from held-out figures."""
+def _held_out_lines(held: dict, placement) -> list[str]:
+    """The summary lines of the held-out estimate (what windows the plan was not made from get:
+    what the engine will see), with a recommendation only from held-out figures."""
     mine, summed = held["plan"], held["summed"]
     skipped = _left_out_note(held)
+    under = f"under {_rule_name(held['judge'], placement)}"
     if mine.size == 0:
-        return [f"held out n/a: every held-out block of windows carries no load{_judge_note(options)}"]
-    lines = [f"held out {mine.mean():.4f} mean, {mine.min():.4f} worst window with this plan's options{_judge_note(options)}; "
+        return [f"held out n/a: every held-out block of windows carries no load; {under}"]
+    lines = [f"held out {mine.mean():.4f} mean, {mine.min():.4f} worst window with this plan's options; "
              f"{summed.mean():.4f} / {summed.min():.4f} planned on the summed windows "
-             f"(each of {held['folds']} blocks of windows served by the plan made from the others{skipped})"]
+             f"(each of {held['folds']} blocks of windows served by the plan made from the others{skipped}); "
+             f"{under}"]
     if mine.mean() < summed.mean() - 0.002:
         lines.append("note     held out, the summed plan serves unseen windows better here: consider --objective sum")
     return lines
@@ -814,13 +886,78 @@ def _plan_output_format(output, output_format, num_layers, quiet: bool) -> str:
     return output_format
 
 
-def _check_model_layers(num_layers, data):
-    """``--num-layers`` (or ``None``), checked against the model layer ids of the counts ``data``."""
+def _check_experts_fit(data, slots: int) -> None:
+    """Every expert needs a slot: a flat array (read as one layer of experts) with more numbers
+    than ``--slots`` is refused saying so, the shapes counts take and, when a model's expert count
+    divides it, the layers x experts it may hold (other shapes get the planner's message)."""
+    if data.num_experts <= slots or data.num_layers > 1 or data.num_windows > 1:
+        return
+    per_layer = sorted({m.num_experts for m in COST_MODELS.values()
+                        if m.num_experts <= slots and data.num_experts % m.num_experts == 0})
+    guess = (f" (e.g. [{data.num_experts // per_layer[-1]}, {per_layer[-1]}] for {per_layer[-1]} experts a layer)"
+             if per_layer else "")
+    raise Failure(f"{data.path} holds one row of {data.num_experts} numbers, read as one layer of "
+                  f"{data.num_experts} experts: more experts than --slots {slots} (every expert needs a slot). "
+                  f"Counts are [E] (one layer), [L, E] or [T, L, E]: if the numbers are several layers flattened, "
+                  f"save them as [layers, experts]{guess}")
+
+
+def _model_layers(data, layer_ids, model_preset, num_layers, output_format):
+    """``(data, model_layers)``: the counts with the model layer of each row, and the model's layer
+    count for an engine's file (``--num-layers``, else ``--model``'s; ``None``: the largest id + 1).
+
+    A file that records its layers (a layer column, an ``.npz``'s ``layer_ids``, SGLang's and
+    TensorRT-LLM's files) says which they are; ``--layer-ids`` says it for one that does not (and
+    must agree with one that does); else ``--model`` does, when the rows are its MoE layers
+    (DeepSeek-V3: 58 rows are layers 3..60) or all its layers. Rows no one names are layers
+    ``0 .. L-1``, which an engine's file of more layers (``--num-layers``) would put on the wrong
+    rows: refused, asking which model layers they are."""
+    from dataclasses import replace
+
+    from .io.formats import FormatError
+    from .io.formats.data import layer_ranges, parse_layer_ranges
+
+    if layer_ids is not None:
+        try:
+            ids = parse_layer_ranges(layer_ids, None, "--layer-ids")
+        except FormatError as exc:
+            raise click.BadParameter(exc.problem, param_hint="--layer-ids") from None
+        if ids.size != data.num_layers:
+            raise click.BadParameter(f"{layer_ranges(ids)} names {ids.size} layers, but {data.path} holds "
+                                     f"{data.num_layers} rows of counts", param_hint="--layer-ids")
+        if data.layer_ids_recorded and not np.array_equal(ids, data.layer_ids):
+            raise click.BadParameter(f"{data.path} records its rows as model layers {layer_ranges(data.layer_ids)}, "
+                                     f"not {layer_ranges(ids)}", param_hint="--layer-ids")
+        data = replace(data, layer_ids=ids, layer_ids_recorded=True)
+    model = None if model_preset is None else COST_MODELS[model_preset]
+    fits = model is not None and data.num_experts == model.num_experts and \
+        data.num_layers in (model.num_moe_layers, model.num_layers)
+    if fits and not data.layer_ids_recorded:
+        ids = model.moe_layer_ids if data.num_layers == model.num_moe_layers else np.arange(model.num_layers)
+        data = replace(data, layer_ids=ids, layer_ids_recorded=True)
+    if output_format not in ENGINE_ROWS:
+        return data, num_layers
+    if model is not None and not fits:
+        raise click.BadParameter(
+            f"{model.name} has {model.num_layers} layers ({model.num_moe_layers} MoE layers "
+            f"{layer_ranges(model.moe_layer_ids)}) of {model.num_experts} experts, but {data.path} holds "
+            f"{data.num_layers} layers x {data.num_experts} experts: for another model pass --num-layers and "
+            "--layer-ids", param_hint="--model")
+    if model is not None and num_layers is not None and num_layers != model.num_layers:
+        raise click.BadParameter(f"{num_layers}, but {model.name} has {model.num_layers} layers",
+                                 param_hint="--num-layers")
+    num_layers = model.num_layers if model is not None else num_layers
     if num_layers is not None and data.layer_ids.max() >= num_layers:
         raise click.BadParameter(f"{num_layers} layers, but {data.path} holds counts of model layer "
                                  f"{int(data.layer_ids.max())}: the model's layer count must exceed every layer id",
                                  param_hint="--num-layers")
-    return num_layers
+    if num_layers is not None and num_layers > data.num_layers and not data.layer_ids_recorded:
+        dense = num_layers - data.num_layers
+        raise click.BadParameter(
+            f"{num_layers} layers, but {data.path} holds {data.num_layers} rows of counts and does not record which "
+            f"model layers they are: pass --layer-ids (--layer-ids {dense}..{num_layers - 1} if the first {dense} "
+            "layers are dense) or --model NAME", param_hint="--num-layers")
+    return data, num_layers
 
 
 def _engine_rows_line(layer_ids, output_format: str, num_layers) -> str:
@@ -903,7 +1040,8 @@ def _check_flag_sizes(**values) -> None:
     """Refuse sizes on the command line beyond the documented limits before anything is allocated."""
     from .io.formats.limits import check_size
 
-    names = {"slots": "slots", "gpus": "slots", "nodes": "slots", "groups": "experts"}
+    names = {"slots": "slots", "gpus": "gpus", "nodes": "gpus", "groups": "experts", "deployed-slots": "slots",
+             "num-layers": "layers"}
     for flag, value in values.items():
         if value is not None:
             try:
@@ -1010,7 +1148,7 @@ def validate(plan_file, counts_file, plan_format, input_format, gpus, nodes, gro
         lines += recorded_line
         weights = data.weights
         judge = engine or "shares"  # the engine's split, else the plan's own (its shares when it carries them)
-        under = "" if engine is None else f"; under {DISPATCH_RULES[engine].label}"
+        under = f"; under {_rule_name(judge, p)}"
         loads = p.gpu_loads(weights, judge)
         bal = metrics.balancedness(loads, p.topology)
         before = metrics.balancedness(metrics.static_gpu_loads(weights, p.num_gpus))
@@ -1025,7 +1163,7 @@ def validate(plan_file, counts_file, plan_format, input_format, gpus, nodes, gro
             f"imbalance {moe_mean(metrics.imbalance(loads), weights):.4f} mean (max - mean) / mean{under}",
             f"bound    {bound.description}",
             f"gap      {100 * finite.mean():.2f}% mean, {100 * finite.max():.2f}% max above the proven lower bound"
-            f" ({bound.kind})" if finite.size else "gap      n/a",
+            f" ({bound.kind}){under}" if finite.size else "gap      n/a",
         ]
         unrecorded = (loaded.format == "sglang" and "sidecar" not in loaded.metadata) or \
             (loaded.format == "trtllm" and not loaded.metadata.get("eplb_comment"))
@@ -1111,23 +1249,24 @@ def report(counts, plan_file, output, previous, input_format, plan_format, gpus,
         return
     lines = recorded_line + ([] if engine is None else [engine_line(p, data.weights, engine)])
     judge = engine or "shares"
-    under = "" if engine is None else f"; under {DISPATCH_RULES[engine].label}"
+    under = f"; under {_rule_name(judge, p)}"
     if data.num_windows > 1:
-        per_window = moe_mean(p.balancedness(data.counts, judge), data.counts)
-        lines.append(f"in sample {moe_mean(p.balancedness(data.weights, judge), data.weights):.4f} on the summed "
-                     f"windows; each of the {data.num_windows} windows: {np.nanmean(per_window):.4f} mean, "
-                     f"{np.nanmin(per_window):.4f} worst (the plan may have been made from these windows){under}")
-        # the plan `eplb plan` makes from these windows (for the engine's rule with --engine), judged under it
+        # first what the engine will see: the plan `eplb plan` makes from these windows (for the engine's
+        # rule with --engine), each window served by the plan made from the others, judged under it
         held = _held_out_estimates(data.counts, DEFAULT_METHOD, {} if engine is None else {"dispatch": engine},
                                    dict(topology=p.topology, num_groups=p.num_groups))
         skipped = _left_out_note(held)
         if held["plan"].size == 0:
-            lines.append("held out  n/a: every held-out block of windows carries no load")
+            lines.append(f"held out  n/a: every held-out block of windows carries no load{under}")
         else:
             lines.append(f"held out  planning from these windows, each served by the plan made from the others: "
                          f"{held['plan'].mean():.4f} mean, {held['plan'].min():.4f} worst hedged over them "
                          f"(eplb's default); {held['summed'].mean():.4f} / {held['summed'].min():.4f} from their sum"
-                         f"{skipped}{under}")
+                         f"{skipped}; under {_rule_name(held['judge'])}")
+        per_window = moe_mean(p.balancedness(data.counts, judge), data.counts)
+        lines.append(f"in sample {moe_mean(p.balancedness(data.weights, judge), data.weights):.4f} on the summed "
+                     f"windows; each of the {data.num_windows} windows: {np.nanmean(per_window):.4f} mean, "
+                     f"{np.nanmin(per_window):.4f} worst (the plan may have been made from these windows){under}")
     lines.append(f"wrote    {result.html}")
     lines += [f"         {figure}" for figure in result.figures]
     click.echo("\n".join(lines))
@@ -1173,9 +1312,10 @@ def _simulation_policy(name: str, method, check_every: int):
                    "num_nodes, num_gpus) signature, used by the fixed-interval policies instead of --method.")
 @click.option("--check-every", type=click.IntRange(min=1), default=100, show_default=True,
               help="Steps between the Balancer's decisions.")
-@click.option("--hardware", type=click.Choice(["H100", "H200", "H20", "B200"]), default="H100", show_default=True)
-@click.option("--model", type=click.Choice(["deepseek-v3", "mixtral-8x7b", "gpt-oss-20b", "olmoe-1b-7b"]),
-              default="deepseek-v3", show_default=True, help="Expert size and format for the cost model.")
+@click.option("--hardware", type=NamedChoice(sorted(COST_HARDWARE)), default="H100", show_default=True,
+              help="The GPUs of the cost model (any case).")
+@click.option("--model", type=NamedChoice(sorted(COST_MODELS)), default="deepseek-v3", show_default=True,
+              help="Expert size and format for the cost model.")
 @click.option("--regime", type=click.Choice(["roofline", "compute", "memory"]), default="roofline", show_default=True,
               help="Layer time: max of compute and weight reads, or one of them.")
 @click.option("--copy-mode", type=click.Choice(["stall", "overlap", "free"]), default="stall", show_default=True,
@@ -1212,8 +1352,8 @@ def simulate(counts, slots, gpus, nodes, groups, policies, method, rebalance_fn,
 
     _check_flag_sizes(slots=slots, gpus=gpus, nodes=nodes, groups=groups)
     _refuse_input_as_output(output, [counts])
-    _note_global_groups(groups, nodes, quiet)
     data = read_counts(counts, input_format, transpose=transpose, allow_shape=allow_shape)
+    _check_experts_fit(data, slots)
     plan_with = _load_function(rebalance_fn) if rebalance_fn else method
     cost = CostModel.preset(hardware, model, regime=regime, copy_mode=copy_mode)
     results = []
@@ -1231,6 +1371,7 @@ def simulate(counts, slots, gpus, nodes, groups, policies, method, rebalance_fn,
         for warning in caught:
             if not quiet:
                 click.echo(f"note: {warning.message}", err=True)
+    _note_global_groups(groups, nodes, quiet)  # once the runs are done: never before a real error
     written = write_simulation_report(results, output, title=f"eplb simulate {data.path.name}")
     if written.get("missing"):
         click.echo(f"note: {written['missing']}", err=True)
@@ -1313,9 +1454,10 @@ def _check_sweep_slots(num_experts: int, gpu_counts, extras) -> None:
               help="Dispatch modes (repeatable; default uniform).")
 @click.option("--policy", "-p", "policies", multiple=True, type=click.Choice(SIMULATE_POLICIES),
               help="Policies (repeatable; default none and balancer).")
-@click.option("--hardware", type=click.Choice(["H100", "H200", "H20", "B200"]), default="H100", show_default=True)
-@click.option("--model", type=click.Choice(["deepseek-v3", "mixtral-8x7b", "gpt-oss-20b", "olmoe-1b-7b"]),
-              default="deepseek-v3", show_default=True, help="Expert size and format for the cost model.")
+@click.option("--hardware", type=NamedChoice(sorted(COST_HARDWARE)), default="H100", show_default=True,
+              help="The GPUs of the cost model (any case).")
+@click.option("--model", type=NamedChoice(sorted(COST_MODELS)), default="deepseek-v3", show_default=True,
+              help="Expert size and format for the cost model.")
 @click.option("--regime", type=click.Choice(["roofline", "compute", "memory"]), default="roofline", show_default=True)
 @click.option("--copy-mode", type=click.Choice(["stall", "overlap", "free"]), default="stall", show_default=True)
 @click.option("--check-every", type=click.IntRange(min=1), default=100, show_default=True,
@@ -1407,12 +1549,12 @@ _RECOMMEND_FLAGS = {"num_gpus": "--gpus", "num_nodes": "--nodes", "num_groups": 
 @click.argument("counts", type=click.Path(path_type=Path))
 @click.option("--gpus", "-g", type=click.IntRange(min=1), required=True, help="GPUs of the pool.")
 @click.option("--phase", type=click.Choice(["decode", "prefill"]), default="decode", show_default=True)
-@click.option("--batch", "-b", type=click.IntRange(min=1), required=True,
+@click.option("--batch", "-b", type=click.IntRange(min=1, max=2 ** 40), required=True,
               help="Decode: sequences per GPU; prefill: tokens per GPU (per forward pass).")
-@click.option("--hardware", type=click.Choice(sorted(COST_HARDWARE), case_sensitive=False), default="H100",
-              show_default=True)
-@click.option("--model", type=click.Choice(sorted(COST_MODELS), case_sensitive=False), default="deepseek-v3",
-              show_default=True, help="The pool's model (its experts must match the counts).")
+@click.option("--hardware", type=NamedChoice(sorted(COST_HARDWARE)), default="H100", show_default=True,
+              help="The pool's GPUs (any case).")
+@click.option("--model", type=NamedChoice(sorted(COST_MODELS)), default="deepseek-v3", show_default=True,
+              help="The pool's model (its experts must match the counts).")
 @click.option("--extra-slots", default="0,1,2", show_default=True,
               help="Redundant slots per GPU the engine allows, comma-separated.")
 @click.option("--slots", "-s", default=None, help="Instead of --extra-slots: slot counts in all, comma-separated.")
@@ -1426,8 +1568,8 @@ _RECOMMEND_FLAGS = {"num_gpus": "--gpus", "num_nodes": "--nodes", "num_groups": 
 @click.option("--output", "-o", type=click.Path(path_type=Path), default=None,
               help="Write the recommended placement here (format from the name, as eplb plan).")
 @click.option("--deployed-slots", type=click.IntRange(min=1), default=None,
-              help="Slots the pool runs now: the layout every option is compared with. Default: E + G, the "
-                   "engines' default.")
+              help="Slots the pool runs now: the layout every option is compared with. Default: the experts "
+                   "plus one slot per GPU (256 experts on 32 GPUs: 288), the engines' default.")
 @click.option("--report", "report_dir", type=click.Path(path_type=Path, file_okay=False), default=None,
               help="Write recommend.csv and recommend.png (every option's held-out step time) into this folder.")
 @transpose_option
@@ -1439,11 +1581,11 @@ def recommend(counts, gpus, phase, batch, hardware, model, extra_slots, slots, n
     """Recommend the redundant experts and the plan for one serving pool from its COUNTS [T, L, E]
     (T >= 2 windows), judged held out: each window is served by plans made from the others, and
     every slot count is priced in predicted MoE step time beside the engine's layout (the
-    published greedy at --deployed-slots, by default E + G slots).
+    published greedy at --deployed-slots, by default the experts plus one slot per GPU).
 
     \b
     Example:
-      eplb recommend decode_pool.npz --gpus 32 --phase decode --batch 16 --hardware h100 \\
+      eplb recommend decode_pool.npz --gpus 32 --phase decode --batch 16 --hardware H100 \\
           --model deepseek-v3 --extra-slots 0,1,2 -o plan.json
     """
     from .io.formats import placement_format_for_output, read_counts, write_placement
@@ -1453,12 +1595,15 @@ def recommend(counts, gpus, phase, batch, hardware, model, extra_slots, slots, n
 
     extras = _int_list(extra_slots, "--extra-slots")
     slot_counts = None if slots is None else _int_list(slots, "--slots", 1)
-    _check_flag_sizes(gpus=gpus, nodes=nodes, groups=groups, **({"slots": max(slot_counts)} if slot_counts else {}))
+    _check_flag_sizes(gpus=gpus, nodes=nodes, groups=groups, **({"slots": max(slot_counts)} if slot_counts else {}),
+                      **{"deployed-slots": deployed_slots})
     output_format = None
     if output is not None:
         _refuse_input_as_output(output, [counts])
         output_format = _output_format(output, placement_format_for_output)
     data = read_counts(counts, input_format, transpose=transpose, allow_shape=allow_shape)
+    if slot_counts is None:
+        _check_sweep_slots(data.counts.shape[-1], [gpus], extras)
     try:
         num_experts = data.counts.shape[-1]
         deployed = slots_for(num_experts, gpus, 1) if deployed_slots is None else deployed_slots

@@ -59,19 +59,32 @@ def _cell(value, digits: int = 4) -> str:
     return str(value)
 
 
+#: the columns a person reads as percentages (the CSV keeps the fractions)
+PERCENT_COLUMNS = ("gap", "worst_gap")
+
+
+def _percent(fraction) -> str:
+    """A fraction as the percentage ``eplb plan`` prints (``0.0046`` -> ``"0.46%"``), ``"-"`` when unknown."""
+    if fraction is None or (isinstance(fraction, float) and math.isnan(fraction)):
+        return "-"
+    return f"{100 * fraction:.2f}%"
+
+
 def format_table(results: Sequence[MethodResult]) -> str:
-    """The terminal table: one line a row, broken rows with their reason."""
-    header = (f"{'workload':<26} {'deployment':<34} {'method':<28} {'balanced':>8} {'gap':>8} {'held out':>8} "
+    """The terminal table: one line a row, broken rows with their reason. The gap is a percentage
+    (as ``eplb plan`` prints it); the deployment column is as wide as its longest entry."""
+    wide = max([len("deployment"), *(len(r.deployment) for r in results)])
+    header = (f"{'workload':<26} {'deployment':<{wide}} {'method':<28} {'balanced':>8} {'gap':>8} {'held out':>8} "
               f"{'step ms':>8} {'lost':>7} {'copies':>6} {'doubled':>7} {'off-node':>8} {'first s':>8} {'warm ms':>8}")
     lines = [header]
     for r in results:
-        head = f"{r.workload[:26]:<26} {r.deployment[:34]:<34} {r.method[-28:]:<28}"
+        head = f"{r.workload[:26]:<26} {r.deployment:<{wide}} {r.method[-28:]:<28}"
         if r.status != OK:
             lines.append(f"{head} BROKEN: {r.reason}")
             continue
         f = r.figures
         warm = None if f["warm_call_s"] is None else 1e3 * f["warm_call_s"]
-        lines.append(f"{head} {_cell(f['balancedness']):>8} {_cell(f['gap']):>8} {_cell(f['held_out']):>8} "
+        lines.append(f"{head} {_cell(f['balancedness']):>8} {_percent(f['gap']):>8} {_cell(f['held_out']):>8} "
                      f"{_cell(f['step_ms'], 3):>8} {_cell(f['lost'], 4):>7} {_cell(f['copies']):>6} "
                      f"{_cell(f['doubled']):>7} {_cell(f['groups_off_node']):>8} {_cell(f['first_call_s'], 3):>8} "
                      f"{_cell(warm, 3):>8}")
@@ -180,7 +193,8 @@ def _time_quality(plt, out_dir: Path, results) -> Path | None:
 
 def _html(title: str, results, figures, config: dict) -> str:
     head = "".join(f"<th>{html.escape(c)}</th>" for c in COLUMNS)
-    body = "\n".join("<tr>" + "".join(f"<td>{html.escape(_cell(r.row().get(c)))}</td>" for c in COLUMNS) + "</tr>"
+    shown = lambda r, c: _percent(r.row().get(c)) if c in PERCENT_COLUMNS else _cell(r.row().get(c))  # noqa: E731
+    body = "\n".join("<tr>" + "".join(f"<td>{html.escape(shown(r, c))}</td>" for c in COLUMNS) + "</tr>"
                      for r in results)
     blocks = []
     for path in figures:
@@ -200,8 +214,8 @@ img {{ max-width: 100%; border: 1px solid #eee; }} figcaption {{ color: #555; fo
 <body>
 <h1>{html.escape(title)}</h1>
 <p>Every figure is computed from each plan's phy2log alike: balancedness = mean / max GPU load (mean over MoE
-layers, even split); gap = max load / eplb's proven lower bound - 1; held out = each block of windows served by
-the plan made from the other windows' sum; step time from the cost model {html.escape(str(config.get("cost_model", "")))}.
+layers, even split); gap = max load / eplb's proven lower bound - 1 (in percent); held out = each block of
+windows served by the plan made from the other windows' sum; step time from the cost model {html.escape(str(config.get("cost_model", "")))}.
 Versions, seeds and the configuration are in run.json.</p>
 {f"<p>Rerun: <code>{rerun}</code></p>" if rerun else ""}
 <table id="rows"><tr>{head}</tr>

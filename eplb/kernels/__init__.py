@@ -6,7 +6,13 @@ the checking model). The checks cost more than the arithmetic: refreshing the pe
 256 experts took 20x longer with them, and the migration search ran 10-25% slower.
 """
 
-from ._cache import register as _register_cache_locator
+import os as _os
+
+from ._cache import PACKAGE_DIR as _PACKAGE_DIR, SHIPPED_ROOT as _SHIPPED_ROOT
+from ._cache import register as _register_cache_locator, shipped_id as _shipped_id, shipped_tag as _shipped_tag
+from ._compile_notice import install as _install_compile_notice
 
 # before any kernel module is imported: Numba picks a function's cache folder when it is decorated
 _register_cache_locator()
+# one line on stderr when compiling on first use takes more than a couple of seconds (a checkout)
+_install_compile_notice(_shipped_id(_os.path.join(_SHIPPED_ROOT, _shipped_tag())) is not None, _PACKAGE_DIR)

@@ -90,6 +90,17 @@ class MoEModel:
     bytes_per_param: float
     precision: str  # "fp8" or "bf16": the tensor-core rate its expert GEMMs run at
     activation_bytes: float = 2.0  # bytes per activation value (BF16)
+    first_dense_layers: int = 0  # dense layers before the MoE ones (DeepSeek-V3's first_k_dense_replace)
+
+    @property
+    def num_layers(self) -> int:
+        """Every layer of the model (``num_hidden_layers``): the dense ones first, then the MoE ones."""
+        return self.first_dense_layers + self.num_moe_layers
+
+    @property
+    def moe_layer_ids(self) -> np.ndarray:
+        """``[num_moe_layers]`` int64: the model's index of each MoE layer (DeepSeek-V3: 3 .. 60)."""
+        return np.arange(self.first_dense_layers, self.num_layers, dtype=np.int64)
 
     @property
     def expert_params(self) -> int:
@@ -123,7 +134,7 @@ HARDWARE = {
 }
 
 MODELS = {
-    "deepseek-v3": MoEModel("DeepSeek-V3", 7168, 2048, 256, 8, 58, 1.0, "fp8"),
+    "deepseek-v3": MoEModel("DeepSeek-V3", 7168, 2048, 256, 8, 58, 1.0, "fp8", first_dense_layers=3),
     "mixtral-8x7b": MoEModel("Mixtral-8x7B", 4096, 14336, 8, 2, 32, 2.0, "bf16"),
     "gpt-oss-20b": MoEModel("gpt-oss-20b", 2880, 2880, 32, 4, 24, 4.25 / 8, "bf16"),
     "olmoe-1b-7b": MoEModel("OLMoE-1B-7B", 2048, 1024, 64, 8, 16, 2.0, "bf16"),

@@ -208,3 +208,87 @@ def test_unreadable_input_exits_1(tmp_path, name, monkeypatch):
             ["plan", name, "-s", "16", "-g", "4", "--method", "greedy", "-o", "out.json"])
     _, err = invoke(*args, cwd=tmp_path, expect=1)
     assert name in err and "ermission denied" in err and err.count("\n") == 1
+
+
+# -- issue 44, item 12: every size flag has its documented limit --------------------------------------
+
+SIZE_FLAGS = [  # (command line after COUNTS, the flag named, the variable that raises its limit)
+    (["recommend", "s.npy", "--gpus", "100000", "--batch", "4"], "--gpus", "EPLB_MAX_GPUS"),
+    (["recommend", "s.npy", "--gpus", "8", "--batch", "4", "--deployed-slots", "10000000"], "--deployed-slots",
+     "EPLB_MAX_SLOTS"),
+    (["recommend", "s.npy", "--gpus", "32", "--batch", "4", "--extra-slots", "200000"], "--extra-slots",
+     "EPLB_MAX_SLOTS"),
+    (["recommend", "s.npy", "--gpus", "8", "--batch", "4", "--slots", "40,100000000"], "--slots", "EPLB_MAX_SLOTS"),
+    (["recommend", "s.npy", "--gpus", "8", "--nodes", "8192", "--batch", "4"], "--nodes", "EPLB_MAX_GPUS"),
+    (["recommend", "s.npy", "--gpus", "8", "--batch", str(2 ** 41)], "--batch", "2199023255552"),
+    (["plan", "s.npy", "-s", "48", "-g", "5000", "-o", "p.json"], "--gpus", "EPLB_MAX_GPUS"),
+    (["plan", "s.npy", "-s", "48", "-g", "8", "--num-layers", "100000", "-f", "sglang", "-o", "p.json"],
+     "--num-layers", "EPLB_MAX_LAYERS"),
+    (["plan", "s.npy", "-s", "48", "-g", "8", "--layer-ids", "0..99999", "-o", "p.json"], "--layer-ids",
+     "EPLB_MAX_LAYERS"),
+    (["simulate", "s.npy", "-s", "2000000", "-g", "8", "-o", "sim"], "--slots", "EPLB_MAX_SLOTS"),
+    (["simulate", "s.npy", "-s", "48", "-g", "8", "-n", "10000", "-o", "sim"], "--nodes", "EPLB_MAX_GPUS"),
+    (["sweep", "s.npy", "--gpus", "8,100000", "-o", "sw"], "--gpus", "EPLB_MAX_GPUS"),
+    (["sweep", "s.npy", "--gpus", "8", "--extra-slots", "0,1000000", "-o", "sw"], "--extra-slots", "EPLB_MAX_SLOTS"),
+    (["warmup", "--experts", "16", "--slots", "16", "--gpus", "100000"], "--gpus", "EPLB_MAX_GPUS"),
+]
+
+
+@pytest.mark.parametrize("args, flag, limit", SIZE_FLAGS, ids=[f"{a[0]} {f}" for a, f, _ in SIZE_FLAGS])
+def test_item12_a_size_flag_beyond_its_limit_is_a_usage_error_on_one_line(tmp_path, args, flag, limit):
+    np.save(tmp_path / "s.npy", np.random.default_rng(1).integers(0, 100, (3, 2, 64)))
+    _, err = invoke(*args, cwd=tmp_path, expect=2)
+    errors = [line for line in err.splitlines() if line.startswith("Error:")]
+    assert len(errors) == 1 and flag in errors[0] and limit in errors[0], err
+    assert not any((tmp_path / name).exists() for name in ("p.json", "sim", "sw"))
+
+
+def test_item12_the_gpu_limit_can_be_raised(tmp_path, monkeypatch):
+    np.save(tmp_path / "s.npy", np.random.default_rng(1).integers(0, 100, (2, 64)))
+    monkeypatch.setenv("EPLB_MAX_GPUS", "2")
+    _, err = invoke("plan", "s.npy", "-s", "64", "-g", "4", "-o", "p.json", cwd=tmp_path, expect=2)
+    assert "--gpus is 4, above the limit of 2" in err
+
+
+# -- issue 44, item 13: a sparse logical_count in a .pt dump --------------------------------------------
+
+def _sparse_dump(path, counts, layout="coo"):
+    torch = pytest.importorskip("torch")
+    dense = torch.tensor(counts)
+    torch.save({"logical_count": dense.to_sparse() if layout == "coo" else dense.to_sparse_csr()}, path)
+
+
+@pytest.mark.filterwarnings("ignore:Sparse CSR tensor support is in beta")
+@pytest.mark.parametrize("layout", ["coo", "csr"])
+def test_item13_plan_simulate_and_recommend_read_a_sparse_dump_as_its_dense_counts(tmp_path, layout):
+    counts = np.random.default_rng(2).integers(0, 100, (3, 2, 64))
+    counts[:, :, ::3] = 0  # sparse for real
+    np.save(tmp_path / "dense.npy", counts)
+    if layout == "coo":
+        _sparse_dump(tmp_path / "dump.pt", counts, layout)
+    else:  # a CSR tensor is two-dimensional: one window
+        counts = counts[0]
+        np.save(tmp_path / "dense.npy", counts)
+        _sparse_dump(tmp_path / "dump.pt", counts, layout)
+    for name in ("dump.pt", "dense.npy"):
+        invoke("plan", name, "-s", "72", "-g", "8", "--method", "greedy", "-o", f"{name}.json", "-q", cwd=tmp_path)
+    a, b = (read_placement(tmp_path / f"{name}.json").placement for name in ("dump.pt", "dense.npy"))
+    np.testing.assert_array_equal(a.phy2log, b.phy2log)
+    if layout == "coo":
+        out, err = invoke("simulate", "dump.pt", "-s", "72", "-g", "8", "-p", "none", "-o", "sim", cwd=tmp_path)
+        assert "3 steps x 2 layers x 64 experts" in out and "wrote    sim/index.html" in out
+        out, err = invoke("recommend", "dump.pt", "--gpus", "8", "--batch", "2", "--model", "olmoe-1b-7b",
+                          "--extra-slots", "0,1", "--passes", "2", cwd=tmp_path)
+        assert "3 windows x 2 layers x 64 experts" in out and "choice" in out
+
+
+@pytest.mark.parametrize("command", [["plan", "dump.pt", "-s", "24", "-g", "4", "-o", "p.json"],
+                                     ["simulate", "dump.pt", "-s", "24", "-g", "4", "-o", "sim"],
+                                     ["recommend", "dump.pt", "--gpus", "4", "--batch", "2"]])
+def test_item13_a_sparse_dump_with_indices_outside_its_shape_is_refused_on_one_line(tmp_path, command):
+    torch = pytest.importorskip("torch")
+    tampered = torch.sparse_coo_tensor(torch.tensor([[0, 9], [1, 2], [0, 1]]), torch.tensor([3.0, 4.0]), (2, 4, 16),
+                                       check_invariants=False)
+    torch.save({"logical_count": tampered}, tmp_path / "dump.pt")
+    _, err = invoke(*command, cwd=tmp_path, expect=1)
+    assert err.startswith("Error: dump.pt:") and err.count("\n") == 1 and "size is inconsistent with indices" in err

@@ -23,7 +23,8 @@ import pytest
 
 from eplb.kernels import _cache
 
-pytestmark = pytest.mark.slow  # each test compiles kernels in fresh processes and cache folders
+# Marked slow test by test (each compiles kernels in fresh processes and cache folders); the
+# unmarked tests check this module in the fast tier (pytest -m "not slow").
 
 ROOT = Path(__file__).resolve().parents[2]
 OTHER_UID = 65534  # "nobody": a user other than this one
@@ -106,6 +107,7 @@ def copy_cache(filled: Path, to: Path) -> Path:
 # 8. Planted pickles never run
 
 
+@pytest.mark.slow
 @needs_root
 @pytest.mark.parametrize("given", ["configured folder", "kernel folder"])
 def test_a_folder_of_another_user_is_never_loaded(filled, tmp_path, given):
@@ -126,6 +128,7 @@ def test_a_folder_of_another_user_is_never_loaded(filled, tmp_path, given):
     assert f"{foreign} is owned by uid {OTHER_UID}" in stderr and str(out["dir"]) in stderr
 
 
+@pytest.mark.slow
 @needs_posix_owners
 @pytest.mark.parametrize("given, bits", [("configured folder", 0o002), ("configured folder", 0o020),
                                          ("numba folder", 0o002), ("kernel folder", 0o020)])
@@ -142,6 +145,7 @@ def test_a_folder_group_or_others_can_write_is_never_loaded(filled, tmp_path, gi
     assert f"{folder} is writable by group or others" in stderr and stderr.count(WARNING) == 1
 
 
+@pytest.mark.slow
 @needs_root
 @pytest.mark.parametrize("planted_as", ["folder", "link"])
 def test_a_temp_fallback_another_user_made_first_is_never_loaded(filled, tmp_path, planted_as):
@@ -168,6 +172,7 @@ def test_a_temp_fallback_another_user_made_first_is_never_loaded(filled, tmp_pat
     assert "compiling kernels in memory" in stderr and stderr.count(WARNING) == 1
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs /proc, a folder nothing can be created in")
 def test_a_read_only_home_warns_once_and_caches_in_a_private_temp_folder(tmp_path):
     """``HOME`` where nothing can be created (``/proc``: read-only even for root): one warning naming
@@ -183,6 +188,7 @@ def test_a_read_only_home_warns_once_and_caches_in_a_private_temp_folder(tmp_pat
     assert again["hits"] == 1 and again["counts"] == RIGHT
 
 
+@pytest.mark.slow
 @needs_posix_owners
 def test_folders_eplb_makes_are_private_and_so_are_its_files(tmp_path):
     cache = tmp_path / "new" / "cache"
@@ -194,6 +200,7 @@ def test_folders_eplb_makes_are_private_and_so_are_its_files(tmp_path):
     assert files and all(stat.S_IMODE(p.stat().st_mode) & 0o077 == 0 for p in files)
 
 
+@pytest.mark.slow
 @needs_posix_owners
 def test_a_linked_cache_folder_this_user_owns_is_used(tmp_path):
     """A cache folder that is a link (a home too small, the cache on scratch) to a private folder
@@ -268,6 +275,7 @@ print(json.dumps({"value": probe(1), "misses": len(probe.stats.cache_misses), "h
 """
 
 
+@pytest.mark.slow
 def test_a_changed_helper_in_another_kernel_file_recompiles_its_callers(tmp_path):
     """An upgrade in place that changes only the file of a helper (as ``kernels/common.py`` for
     ``linked_placement``): the caller, whose own file is unchanged, runs the new helper."""
@@ -326,6 +334,7 @@ def corrupt(path: Path, how: str) -> None:
         (path / "inside").write_text("x")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("file", ["nbi", "nbc"])
 @pytest.mark.parametrize("how", ["truncated", "empty", "garbage", "folder"])
 def test_a_corrupt_entry_recompiles_and_later_calls_load_the_replacement(filled, tmp_path, file, how):

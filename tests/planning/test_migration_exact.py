@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 import eplb
 from eplb.planning.api import make_deployment
 
-pytestmark = pytest.mark.slow  # CP-SAT models and brute force
+# Marked slow test by test (CP-SAT models and brute force); the unmarked tests check
+# this module in the fast tier (pytest -m "not slow").
 
 pytest.importorskip("ortools", reason="the fewest-changes model is CP-SAT: pip install 'eplb[exact]'")
 from eplb.planning.exact_migration import fewest_changes_layer  # noqa: E402
@@ -74,6 +75,7 @@ tiny = st.sampled_from([
 ])
 
 
+@pytest.mark.slow
 @settings(max_examples=25, deadline=None)
 @given(tiny, st.integers(0, 2**32 - 1), st.sampled_from([0.0, 0.005, 0.1]), st.booleans())
 def test_fewest_changes_match_brute_force(config, seed, tolerance, shared):
@@ -112,6 +114,7 @@ def drifting(seed, num_layers=2, num_experts=8):
 CONFIG = dict(num_slots=12, num_gpus=4, num_nodes=1)
 
 
+@pytest.mark.slow
 @settings(max_examples=10, deadline=None)
 @given(st.integers(0, 2**32 - 1), st.sampled_from([0.005, 0.05]))
 def test_exact_plan_is_within_tolerance_and_no_worse_than_the_heuristic(seed, tolerance):
@@ -135,6 +138,7 @@ def test_exact_plan_is_within_tolerance_and_no_worse_than_the_heuristic(seed, to
         "scratch_max_load"]).any()
 
 
+@pytest.mark.slow
 @settings(max_examples=10, deadline=None)
 @given(st.integers(0, 2**32 - 1), st.integers(0, 4))
 def test_budget_of_moves_is_never_exceeded_and_max_load_is_lowest(seed, budget):
@@ -149,6 +153,7 @@ def test_budget_of_moves_is_never_exceeded_and_max_load_is_lowest(seed, budget):
         assert (exact.max_load <= exact.info["fewest_changes_bound"] * (1 + 1e-9)).all()
 
 
+@pytest.mark.slow
 def test_exact_migration_is_deterministic():
     old, new = drifting(7, num_layers=2, num_experts=16)
     config = dict(num_slots=24, num_gpus=4, num_nodes=2)
@@ -165,6 +170,7 @@ def test_exact_migration_needs_a_cap_or_a_budget():
         fewest_changes_layer(w, deployment, np.array([0, 1, 2, 0]), np.array([0, 1, 2, 0]), cap=None, max_moves=None)
 
 
+@pytest.mark.slow
 def test_balancer_with_the_exact_method_rebalances_with_the_fewest_changes():
     old, new = drifting(3)
     balancer = eplb.Balancer(2, eplb.Deployment.of(8, **CONFIG), window=1, method="exact", options={"time_limit": 5.0, "progress": False})
@@ -176,6 +182,7 @@ def test_balancer_with_the_exact_method_rebalances_with_the_fewest_changes():
     assert len(transfer) == int(placement.info["slots_changed"].sum())
 
 
+@pytest.mark.slow
 @settings(max_examples=25, deadline=None)
 @given(tiny.filter(lambda c: c[3] is None), st.integers(0, 2**32 - 1), st.sampled_from([0.0, 0.005, 0.1]))
 def test_exhaustive_search_of_small_layers_finds_the_fewest_changes(config, seed, tolerance):
@@ -199,6 +206,7 @@ def test_exhaustive_search_of_small_layers_finds_the_fewest_changes(config, seed
         assert (np.bincount(row, minlength=num_experts) > 0).all()
 
 
+@pytest.mark.slow
 def test_small_layers_change_no_more_than_the_exhaustive_search_allows():
     old, new = drifting(11, num_layers=3)
     previous = eplb.plan(old, **CONFIG)

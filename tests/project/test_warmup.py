@@ -19,7 +19,8 @@ import pytest
 import eplb
 from eplb.precompile import synthetic_loads, warmup
 
-pytestmark = pytest.mark.slow  # each test compiles every kernel of a deployment in fresh processes
+# Marked slow test by test (each compiles every kernel of a deployment in fresh processes); the
+# unmarked tests check this module in the fast tier (pytest -m "not slow").
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -106,6 +107,7 @@ print(json.dumps(report))
 """
 
 
+@pytest.mark.slow
 def test_after_warmup_serving_compiles_nothing(tmp_path):
     configs = [
         dict(num_experts=64, num_slots=80, num_gpus=8, num_nodes=2, num_groups=4),  # hierarchical

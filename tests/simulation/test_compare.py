@@ -18,7 +18,8 @@ from eplb.simulation.method_runner import parse_method
 from eplb.model.deployment import make_deployment
 from cli_runner import invoke
 
-pytestmark = pytest.mark.slow  # each comparison runs its methods in fresh worker processes
+# Marked slow test by test (each comparison runs its methods in fresh worker processes); the
+# unmarked tests check this module in the fast tier (pytest -m "not slow").
 
 HERE = Path(__file__).resolve().parents[1]  # tests/, where the helper modules are
 PUBLISHED = str(HERE / "published_eplb.py")
@@ -82,6 +83,7 @@ def mixed():
                         for r in comparison.results}
 
 
+@pytest.mark.slow
 def test_figures_agree_with_an_independent_computation_from_phy2log(mixed):
     comparison, rows = mixed
     counts = read_workload(WORKLOAD).counts
@@ -90,6 +92,7 @@ def test_figures_agree_with_an_independent_computation_from_phy2log(mixed):
         check_row_independently(rows[name], counts, SMALL)
 
 
+@pytest.mark.slow
 def test_held_out_of_eplb_methods_is_eplb_held_out_from_the_sum(mixed):
     _, rows = mixed
     counts = read_workload(WORKLOAD).counts
@@ -109,6 +112,7 @@ def test_held_out_of_eplb_methods_is_eplb_held_out_from_the_sum(mixed):
     ("dies", "the worker process died (exit code 3)"),
     ("no_such_file.py", "could not load: FileNotFoundError"),
 ])
+@pytest.mark.slow
 def test_a_broken_method_gets_a_row_with_its_reason(mixed, name, reason):
     _, rows = mixed
     assert rows[name].status == BROKEN
@@ -116,6 +120,7 @@ def test_a_broken_method_gets_a_row_with_its_reason(mixed, name, reason):
     assert rows[name].placement is None
 
 
+@pytest.mark.slow
 def test_doubled_replicas_and_groups_off_their_node_are_flagged_not_refused(mixed):
     _, rows = mixed
     doubled, spread, greedy = rows["doubled"], rows["round_robin"], rows["greedy"]
@@ -126,6 +131,7 @@ def test_doubled_replicas_and_groups_off_their_node_are_flagged_not_refused(mixe
     assert greedy.figures["groups_off_node"] == 0 and greedy.figures["bound"] == "hierarchical"
 
 
+@pytest.mark.slow
 def test_a_hanging_method_is_killed_at_the_time_limit():
     comparison = compare([foreign("loops"), foreign("round_robin")], [WORKLOAD], [SMALL], folds=2, warm_calls=0,
                          time_limit=10, array_type="numpy")
@@ -134,6 +140,7 @@ def test_a_hanging_method_is_killed_at_the_time_limit():
     assert fine.status == OK
 
 
+@pytest.mark.slow
 def test_the_published_algorithm_from_a_torch_file_equals_eplb_greedy_on_a_real_trace():
     """The target: the published greedy as a user has it (torch in and out, loaded from its file)
     beside greedy, balanced and best on the gpt-oss-20b trace, at a DeepSeek-V3-sized deployment
@@ -167,6 +174,7 @@ def test_the_published_algorithm_from_a_torch_file_equals_eplb_greedy_on_a_real_
 
 # -- the command ------------------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_cli_writes_every_output_and_exits_0_with_a_broken_row(tmp_path):
     counts = read_workload(WORKLOAD).counts
     np.save(tmp_path / "counts.npy", counts)
@@ -187,6 +195,7 @@ def test_cli_writes_every_output_and_exits_0_with_a_broken_row(tmp_path):
     assert "broken" in (report / "compare.csv").read_text()
 
 
+@pytest.mark.slow
 def test_a_file_named_eplb_py_in_the_working_folder_shadows_nothing(tmp_path):
     """DeepSeek's file is eplb.py: compared from its own folder, it must not stand in for the
     package in the workers (every row broke with "'eplb' is not a package")."""
@@ -202,11 +211,13 @@ def test_a_file_named_eplb_py_in_the_working_folder_shadows_nothing(tmp_path):
     assert len(rows) == 2 and not any("BROKEN" in row for row in rows), out
 
 
+@pytest.mark.slow
 def test_cli_refuses_a_bad_deployment_spec_in_one_line(tmp_path):
     _, err = invoke("compare", WORKLOAD, "--deployment", "40:x", cwd=tmp_path, expect=1)
     assert "--deployment must be SLOTS:GPUS[:NODES[:GROUPS]]" in err and "Traceback" not in err
 
 
+@pytest.mark.slow
 def test_cli_notes_a_deployment_that_does_not_fit_and_fails_when_nothing_does(tmp_path):
     _, err = invoke("compare", WORKLOAD, "-m", "greedy", "--deployment", "16:8", cwd=tmp_path, expect=1)
     assert "nothing to compare" in err and "num_slots (16) must be >= the number of experts (32)" in err
@@ -214,6 +225,7 @@ def test_cli_notes_a_deployment_that_does_not_fit_and_fails_when_nothing_does(tm
 
 # -- reruns and inputs -----------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_a_rerun_gives_the_same_figures_bit_for_bit():
     def figures(comparison):
         return [{k: v for k, v in row.items() if k not in TIMING} for row in comparison.rows()]

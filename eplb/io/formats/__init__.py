@@ -16,16 +16,18 @@ Counts in (``read_counts``), detected from the path unless a format is given:
 ``trtllm-stats``       a folder with ``meta_info.json`` + ``rank{r}.safetensors`` (TensorRT-LLM)
 =====================  =====================================================================
 
-Placements out (``write_placement``) and back in (``read_placement``):
+Placements out (``write_placement``) and back in (``read_placement``); every one records the
+dispatch rule its plan was made for (:attr:`eplb.Placement.dispatch`), which it is judged under once
+read back:
 
 ==========  =========================================================================
 ``eplb``    eplb's JSON: placement, configuration, diagnostics, version (``.json``)
 ``npz``     arrays ``phy2log``, ``log2phy``, ``logcnt``, topology... (``.npz``)
 ``sglang``  ``{"physical_to_logical_map": [[...]]}`` for ``--init-expert-location`` (``.json``; a row
             per model layer, by layer id), plus ``<name>.eplb.json`` beside it with GPUs, nodes,
-            groups, experts and the planned layers
+            groups, experts, the planned layers and the dispatch rule
 ``trtllm``  TensorRT-LLM's load-balancer YAML (``.yaml`` / ``.yml``), with a ``# eplb:`` comment
-            recording GPUs, nodes, groups and experts
+            recording GPUs, nodes, groups, experts and the dispatch rule
 ==========  =========================================================================
 
 Both SGLang dumps end in ``.pt``: the reader tells them apart by their keys (``records`` is a
@@ -157,7 +159,7 @@ def read_counts(path, format: str | None = None, *, transpose: bool = False, all
     if transpose:
         counts = np.ascontiguousarray(np.swapaxes(data.counts, 1, 2))
         data = CountsFile(counts, np.arange(counts.shape[1], dtype=np.int64), data.format, data.path,
-                          {**data.metadata, "transposed": True}, data.phases)
+                          {**data.metadata, "transposed": True}, data.phases, layer_ids_recorded=False)
     if not allow_shape:
         check_plausible_shape(data)
     return data
@@ -213,7 +215,16 @@ def detect_placement_format(path) -> str:
     suffix = path.suffix.lower()
     claiming = [f for f in _PLACEMENTS_BY_NAME.values() if f.read_placement is not None and suffix in f.suffixes]
     if not claiming:
-        return placement_format_for_output(path)
+        named = named_output_format(path)
+        if named is not None:
+            return named
+        readable = dict.fromkeys(s for f in _PLACEMENTS_BY_NAME.values() if f.read_placement is not None
+                                 for s in f.suffixes)
+        counts = next((f.title for f in _COUNTS_BY_NAME.values() if suffix in f.suffixes), None)
+        raise FormatError(path, f"cannot tell a placement format from the suffix {suffix!r} (placement files end in "
+                                f"{', '.join(readable)})"
+                                + (f"; {suffix} is a counts file ({counts}), not a placement" if counts else
+                                   f": pass its format (one of {', '.join(PLACEMENT_FORMATS)})"))
     if len(claiming) == 1:
         return claiming[0].name
     default = next((f for f in _PLACEMENTS_BY_NAME.values() if suffix in f.writes_to), None)

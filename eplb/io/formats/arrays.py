@@ -15,7 +15,7 @@ import numpy as np
 
 from ...analysis.placement import Placement
 from ...model.topology import Topology
-from .data import CountsFile, PlacementFile, check_counts, check_layer_ids, check_phy2log, config_int
+from .data import CountsFile, PlacementFile, check_counts, check_layer_ids, check_phy2log, config_int, recorded_dispatch
 from .errors import FormatError
 from .limits import MAX_ID, check_counts_shape, check_size
 from .spec import Format
@@ -53,7 +53,7 @@ def _npz_array(archive, key: str, path: Path) -> np.ndarray:
 def read_npy_counts(path: Path) -> CountsFile:
     """``.npy`` holding ``[L, E]`` or ``[T, L, E]`` counts."""
     counts = check_counts(_load_npy(path), path)
-    return CountsFile(counts, check_layer_ids(None, counts.shape[1], path), "npy", path)
+    return CountsFile(counts, check_layer_ids(None, counts.shape[1], path), "npy", path, layer_ids_recorded=False)
 
 
 def read_npz_counts(path: Path) -> CountsFile:
@@ -66,7 +66,8 @@ def read_npz_counts(path: Path) -> CountsFile:
             raise FormatError(path, f"no counts array: expected one of {list(NPZ_COUNTS_KEYS)}, found {keys}")
         counts = check_counts(_npz_array(archive, key, path), path, f"'{key}'")
         layer_ids = _npz_array(archive, "layer_ids", path) if "layer_ids" in keys else None
-    return CountsFile(counts, check_layer_ids(layer_ids, counts.shape[1], path), "npz", path, {"key": key})
+    return CountsFile(counts, check_layer_ids(layer_ids, counts.shape[1], path), "npz", path, {"key": key},
+                      layer_ids_recorded=layer_ids is not None)
 
 
 #: header spellings recognised in a CSV (compared lower-case, stripped)
@@ -128,7 +129,8 @@ def read_csv_counts(path: Path) -> CountsFile:
             layer_ids = ids
         matrix, layout = matrix[:, 1:], "matrix with " + ("index" if layer_ids is None else "layer") + " column"
     counts = check_counts(matrix, path)
-    return CountsFile(counts, check_layer_ids(layer_ids, counts.shape[1], path), "csv", path, {"layout": layout})
+    return CountsFile(counts, check_layer_ids(layer_ids, counts.shape[1], path), "csv", path, {"layout": layout},
+                      layer_ids_recorded=layer_ids is not None)
 
 
 def _long_columns(header: list[str]) -> list[int] | None:
@@ -196,7 +198,8 @@ def _parse_numbers(path: Path, rows: list[list[str]]) -> np.ndarray:
 def write_npz_placement(placement: Placement, path: Path, layer_ids=None) -> None:
     """Write a placement as ``.npz``: ``phy2log [L, S]``, ``log2phy [L, E, R]``, ``logcnt [L, E]``,
     ``slots_per_gpu [G]``, ``num_nodes``, ``num_groups`` (-1 for none), ``num_experts``,
-    ``layer_ids [L]``, ``method`` and, when known, ``lower_bound [L]`` / ``max_load [L]``.
+    ``layer_ids [L]``, ``method``, ``dispatch`` (the rule it was planned for) and, when known,
+    ``lower_bound [L]`` / ``max_load [L]``.
     No object arrays: it reads back with ``allow_pickle=False``."""
     arrays = {
         "phy2log": placement.phy2log,
@@ -208,6 +211,7 @@ def write_npz_placement(placement: Placement, path: Path, layer_ids=None) -> Non
         "num_experts": np.int64(placement.num_experts),
         "layer_ids": check_layer_ids(layer_ids, placement.num_layers, path),
         "method": np.str_(placement.method),
+        "dispatch": np.str_(placement.dispatch),
     }
     if placement.lower_bound is not None:
         arrays["lower_bound"] = placement.lower_bound
@@ -219,7 +223,7 @@ def write_npz_placement(placement: Placement, path: Path, layer_ids=None) -> Non
 
 def read_npz_placement(path: Path) -> PlacementFile:
     """Read a placement written by :func:`write_npz_placement` (``phy2log`` and ``slots_per_gpu``
-    are required; the rest has defaults)."""
+    are required; the rest has defaults: ``dispatch``, the rule its metrics judge under, an even split)."""
     with _open_npz(path) as archive:
         keys = set(archive.files)
         for key in ("phy2log", "slots_per_gpu"):
@@ -237,11 +241,15 @@ def read_npz_placement(path: Path) -> PlacementFile:
         num_experts = config_int(get("num_experts", phy2log.max() + 1), path, "num_experts", limit_name="experts")
         layer_ids = get("layer_ids", None)
         method = str(get("method", "unknown"))
+        dispatch = get("dispatch", None)
+        dispatch = recorded_dispatch(str(dispatch) if dispatch is not None and np.ndim(dispatch) == 0 else dispatch,
+                                     path, "its array 'dispatch'")
         bounds = get("lower_bound", None), get("max_load", None)
     try:
         topology = Topology(slots, num_nodes)
         placement = Placement(phy2log, num_experts, topology, num_groups, method,
-                              *(b if b is None or np.shape(b) == (phy2log.shape[0],) else None for b in bounds))
+                              *(b if b is None or np.shape(b) == (phy2log.shape[0],) else None for b in bounds),
+                              dispatch=dispatch)
     except ValueError as exc:
         raise FormatError(path, f"invalid placement: {exc}") from None
     return PlacementFile(placement, check_layer_ids(layer_ids, phy2log.shape[0], path), "npz", path)

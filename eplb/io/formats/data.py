@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from ...analysis.placement import Placement
+from ...engines import DISPATCH_RULES
 from .errors import FormatError
 from .limits import MAX_ID, check_counts_shape, check_size, limit
 
@@ -37,6 +38,10 @@ class CountsFile:
         metadata: anything else the file said (top-k, ranks, ...).
         phases: ``[T]`` str, the phase of each window's forward pass: ``"prefill"``, ``"decode"``
             or :data:`OTHER_PHASE`; ``None`` when the file does not record one.
+        layer_ids_recorded: whether the file says which model layer each row is (a layer column,
+            an ``.npz``'s ``layer_ids``, TensorRT-LLM's keys, SGLang's dumps, which have a row per
+            model layer); ``False`` when ``layer_ids`` are only the rows' order (a plain ``.npy``
+            or matrix): MoE-only rows of a model with dense layers are then not its layers 0 .. L-1.
     """
 
     counts: np.ndarray
@@ -45,6 +50,7 @@ class CountsFile:
     path: Path
     metadata: dict[str, Any] = field(default_factory=dict)
     phases: np.ndarray | None = None
+    layer_ids_recorded: bool = True
 
     def __post_init__(self):
         if self.phases is None:
@@ -81,7 +87,7 @@ class CountsFile:
         metadata = {**self.metadata, "phase": phase, "windows_selected": int(keep.sum()),
                     "windows_total": self.num_windows}
         return CountsFile(np.ascontiguousarray(self.counts[keep]), self.layer_ids, self.format, self.path, metadata,
-                          self.phases[keep])
+                          self.phases[keep], self.layer_ids_recorded)
 
     def in_windows(self, passes: int) -> CountsFile:
         """The recording cut into windows of ``passes`` consecutive windows (passes or iterations)
@@ -98,7 +104,7 @@ class CountsFile:
         starts = np.arange(0, self.num_windows, int(passes))
         counts = np.add.reduceat(self.counts, starts, axis=0)
         return CountsFile(counts, self.layer_ids, self.format, self.path,
-                          {**self.metadata, "passes_per_window": int(passes)})
+                          {**self.metadata, "passes_per_window": int(passes)}, layer_ids_recorded=self.layer_ids_recorded)
 
     @property
     def weights(self) -> np.ndarray:
@@ -205,6 +211,22 @@ def recorded_or_given(recorded, given, path, what: str, flag: str, source: str):
         raise FormatError(path, f"records {recorded} {what} ({source}), not {flag} {given}: the file describes the "
                                 "deployment it was planned for, which a flag cannot change")
     return recorded if recorded is not None else given
+
+
+def recorded_dispatch(value, path, source: str) -> str:
+    """The dispatch rule a file records its plan was made for (a name of
+    :data:`eplb.engines.DISPATCH_RULES`): what :attr:`eplb.Placement.dispatch` becomes, so the file is
+    judged under that rule. ``None`` (a file written before eplb recorded it) is ``"uniform"``.
+
+    Raises:
+        FormatError: naming ``source`` (``"its side file x.eplb.json"``) and the rules accepted.
+    """
+    if value is None:
+        return "uniform"
+    if not isinstance(value, str) or value not in DISPATCH_RULES:
+        raise FormatError(path, f"{source} records the dispatch rule {value!r:.40}, not one of "
+                                f"{', '.join(DISPATCH_RULES)}")
+    return value
 
 
 def layer_ranges(layer_ids) -> str:

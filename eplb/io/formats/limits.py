@@ -8,7 +8,8 @@ above any real deployment and can be raised with an environment variable:
 variable               default       what it bounds
 =====================  ============  ======================================================
 ``EPLB_MAX_EXPERTS``   65,536        logical experts per layer (an expert id is < this)
-``EPLB_MAX_SLOTS``     1,048,576     physical slots per layer (and GPUs)
+``EPLB_MAX_SLOTS``     1,048,576     physical slots per layer (and GPUs a file implies)
+``EPLB_MAX_GPUS``      4,096         GPUs (and nodes) a command line names (``--gpus``, ``--nodes``)
 ``EPLB_MAX_LAYERS``    4,096         layers (a layer id in a file is < 2^31 whatever the limit)
 ``EPLB_MAX_WINDOWS``   1,048,576     recording windows of a series
 ``EPLB_MAX_CELLS``     134,217,728   numbers in one counts array (windows x layers x experts)
@@ -25,6 +26,7 @@ from .errors import FormatError
 DEFAULTS = {
     "experts": 1 << 16,
     "slots": 1 << 20,
+    "gpus": 1 << 12,
     "layers": 1 << 12,
     "windows": 1 << 20,
     "cells": 1 << 27,

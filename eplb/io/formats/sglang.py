@@ -46,6 +46,7 @@ Dumps are untrusted: ``.pt`` files are loaded with ``torch.load(..., weights_onl
 from __future__ import annotations
 
 import json
+import warnings
 from functools import partial
 from pathlib import Path
 
@@ -54,7 +55,7 @@ import numpy as np
 from ...analysis.placement import Placement
 from ...model.topology import Topology
 from .data import (OTHER_PHASE, CountsFile, PlacementFile, check_counts, check_layer_ids, check_phy2log, config_int,
-                   recorded_or_given)
+                   recorded_dispatch, recorded_or_given)
 from .eplb_json import load_json
 from .errors import FormatError, require
 from .limits import MAX_ID, check_counts_shape, check_size
@@ -103,14 +104,44 @@ SIDECAR_SUFFIX = ".eplb.json"
 SIDECAR_FORMAT = "eplb-sglang-configuration"
 
 
-def _load_torch(path: Path):
+def _load_torch(path: Path, what: str = "a SGLang dump"):
     """The object saved in ``path`` by ``torch.save``, loaded with ``weights_only=True`` (tensors and
-    plain containers only) onto the CPU."""
-    torch = require("torch", "torch", f"reading the SGLang dump {path}")
+    plain containers only) onto the CPU. Sparse tensors are checked as they load (indices within
+    their shape: a crafted one would make densifying write out of bounds)."""
+    torch = require("torch", "torch", f"reading {what} {path}")
     try:
-        return torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:  # pickle / zip errors, or an object weights_only refuses
-        raise FormatError(path, f"not a SGLang dump readable with torch.load(weights_only=True): {exc}") from None
+        with torch.sparse.check_sparse_tensor_invariants(), warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # torch's note that sparse CSR support is in beta
+            return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # pickle / zip errors, an object weights_only refuses, an invalid sparse tensor
+        raise FormatError(path, f"not {what} readable with torch.load(weights_only=True): {exc}") from None
+
+
+def _is_tensor(value) -> bool:
+    return type(value).__module__.split(".")[0] == "torch" and hasattr(value, "layout")
+
+
+def tensor_array(value, path: Path, what: str) -> np.ndarray:
+    """A tensor read from a ``.pt`` file as a numpy array of real numbers (float64, or the tensor's
+    integer type): a sparse tensor (COO, CSR, ...) is densified, after its dense size is checked
+    against :mod:`eplb.io.formats.limits`; a tensor numpy cannot hold (complex, quantized, on the
+    meta device) is a :class:`FormatError` naming ``what``."""
+    if value.is_complex():
+        raise FormatError(path, f"{what} must be real numbers, got {value.dtype}")
+    value = value.detach()
+    try:
+        if str(value.layout) != "torch.strided":  # sparse: tokens of the experts it lists, 0 elsewhere
+            cells = 1
+            for n in value.shape:
+                cells *= int(n)
+            check_size(cells, "cells", f"{what} densified ({' x '.join(str(int(n)) for n in value.shape)} numbers)",
+                       path)
+            value = value.to_dense()
+        value = value.cpu()
+        return value.numpy() if not value.is_floating_point() else value.double().numpy()
+    except (RuntimeError, TypeError, NotImplementedError) as exc:
+        raise FormatError(path, f"{what} cannot be read as an array of numbers ({value.layout}, {value.dtype}: "
+                                f"{' '.join(str(exc).split())[:120]})") from None
 
 
 def _keys(document) -> str:
@@ -139,10 +170,8 @@ def read_sglang_dump(path: Path, as_json: bool | None = None) -> CountsFile:
         raise FormatError(path, f"expected a dict with '{COUNTS_KEY}' ([T, L, E], [L, E] or [E]){detail}, "
                                 f"found {_keys(document)}")
     counts = document[COUNTS_KEY]
-    if type(counts).__module__.split(".")[0] == "torch":
-        if counts.is_complex():
-            raise FormatError(path, f"'{COUNTS_KEY}' must be real numbers, got {counts.dtype}")
-        counts = counts.detach().cpu().double().numpy()
+    if _is_tensor(counts):
+        counts = tensor_array(counts, path, f"'{COUNTS_KEY}'")
     else:
         try:
             counts = np.array(counts, dtype=np.float64)
@@ -242,11 +271,8 @@ def detail_counts(document: dict, path: Path) -> CountsFile:
 
 def _numbers(value, path: Path, what: str) -> np.ndarray:
     """A tensor (or nested list) read from a dump as a numpy array of real numbers."""
-    if type(value).__module__.split(".")[0] == "torch" and hasattr(value, "is_complex"):
-        if value.is_complex():
-            raise FormatError(path, f"{what} must be real numbers, got {value.dtype}")
-        value = value.detach().cpu()
-        return value.numpy() if not value.is_floating_point() else value.double().numpy()
+    if _is_tensor(value):
+        return tensor_array(value, path, what)
     if not isinstance(value, (list, tuple)):
         raise FormatError(path, f"{what} must be a tensor, got a {type(value).__name__}")
     try:
@@ -352,7 +378,8 @@ def write_sglang_placement(placement: Placement, path: Path, *, layer_ids=None, 
     """Write ``{"physical_to_logical_map": [[...]]}`` for ``--init-expert-location`` (the file must
     hold that key alone), one row per layer of the model (:func:`model_layer_map`: row ``l`` is
     model layer ``l``), and the configuration (GPUs, nodes, groups, experts, method, the planned
-    layers) into the side file :func:`sidecar_path`, which :func:`read_sglang_placement` reads back."""
+    layers, the dispatch rule it was planned for) into the side file :func:`sidecar_path`, which
+    :func:`read_sglang_placement` reads back."""
     if not placement.topology.is_uniform:
         raise FormatError(path, "SGLang needs the same number of slots on every GPU "
                                 f"(this placement has {placement.topology.slots_per_gpu.tolist()})")
@@ -362,7 +389,7 @@ def write_sglang_placement(placement: Placement, path: Path, *, layer_ids=None, 
     sidecar = {"format": SIDECAR_FORMAT, "placement_file": Path(path).name, "num_gpus": placement.num_gpus,
                "num_nodes": placement.num_nodes, "num_groups": placement.num_groups,
                "num_experts": placement.num_experts, "method": placement.method,
-               "num_layers": int(table.shape[0]), "layer_ids": layer_ids.tolist()}
+               "num_layers": int(table.shape[0]), "layer_ids": layer_ids.tolist(), "dispatch": placement.dispatch}
     sidecar_path(path).write_text(json.dumps(sidecar) + "\n")
 
 
@@ -390,6 +417,7 @@ def read_sidecar(path: Path) -> dict:
         "num_layers": config_int(document.get("num_layers"), side, "num_layers", limit_name="layers",
                                  allow_none=True),
         "layer_ids": _sidecar_layer_ids(document.get("layer_ids"), side),
+        "dispatch": recorded_dispatch(document.get("dispatch"), side, "it"),
         "path": side,
     }
 
@@ -417,22 +445,21 @@ def read_sglang_placement(path: Path, *, num_gpus=None, num_nodes=None, num_expe
 
     The map has a row per model layer; with a side file that records the planned layers
     (``layer_ids``) the placement is those rows (the others are SGLang's trivial rows of dense
-    layers), with those layer ids; without one, every row, layers ``0 .. N-1``.
+    layers), with those layer ids; without one, every row, layers ``0 .. N-1``. The side file's
+    ``dispatch`` (the rule the plan was made for, e.g. SGLang's static table) becomes the placement's
+    :attr:`~eplb.Placement.dispatch`, so its metrics judge under that rule (no side file, or one
+    written before eplb recorded the rule: an even split).
     """
     if document is None:
         if path.suffix == ".pt":
-            torch = require("torch", "torch", f"reading {path}")
-            try:
-                document = torch.load(path, map_location="cpu", weights_only=True)
-            except Exception as exc:
-                raise FormatError(path, f"not readable with torch.load(weights_only=True): {exc}") from None
+            document = _load_torch(path, "a SGLang placement")
         else:
             document = load_json(path)
     if not isinstance(document, dict) or PLACEMENT_KEY not in document:
         raise FormatError(path, f"not a SGLang placement: expected a JSON object with '{PLACEMENT_KEY}'")
     table = document[PLACEMENT_KEY]
-    if type(table).__module__.split(".")[0] == "torch":
-        table = table.cpu().numpy()
+    if _is_tensor(table):
+        table = tensor_array(table, path, f"'{PLACEMENT_KEY}'")
     phy2log = check_phy2log(table, path)
     side = read_sidecar(path)
     source = f"its side file {sidecar_path(path).name}"
@@ -456,7 +483,7 @@ def read_sglang_placement(path: Path, *, num_gpus=None, num_nodes=None, num_expe
     try:
         topology = Topology.uniform(phy2log.shape[1], num_gpus, num_nodes)
         placement = Placement(phy2log, num_experts, topology, num_groups=num_groups,
-                              method=side.get("method", "sglang file"))
+                              method=side.get("method", "sglang file"), dispatch=side.get("dispatch", "uniform"))
     except ValueError as exc:
         raise FormatError(path, f"invalid placement: {exc}") from None
     metadata = {"sidecar": str(side["path"])} if side else {}

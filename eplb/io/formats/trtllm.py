@@ -35,7 +35,7 @@ import numpy as np
 from ...analysis.placement import Placement
 from ...model.topology import Topology
 from .data import (CountsFile, PlacementFile, check_counts, check_layer_ids, check_phy2log, config_int, layer_ranges,
-                   parse_layer_ranges, recorded_or_given)
+                   parse_layer_ranges, recorded_dispatch, recorded_or_given)
 from .errors import FormatError, require
 from .limits import MAX_ID, check_size, limit
 from .spec import READ_KEYWORDS, Format
@@ -102,7 +102,8 @@ def write_trtllm_yaml(placement: Placement, path: Path, *, layer_ids=None, layer
     TensorRT-LLM's own script does. Each MoE layer looks its row up by its layer index (a missing
     one is a ``KeyError`` in the engine), so the keys are the model's, whatever layers the counts
     held; ``num_layers`` (the model's layer count), when given, must exceed every layer id. The
-    ``# eplb:`` comment records the deployment and the layers written (``layers=3..60``)."""
+    ``# eplb:`` comment records the deployment, the layers written (``layers=3..60``) and the dispatch
+    rule the plan was made for (``dispatch=uniform``)."""
     yaml = require("yaml", "trtllm", "writing TensorRT-LLM's load-balancer YAML")
     if not placement.topology.is_uniform:
         raise FormatError(path, "TensorRT-LLM needs the same number of slots on every rank "
@@ -125,7 +126,7 @@ def write_trtllm_yaml(placement: Placement, path: Path, *, layer_ids=None, layer
     body = yaml.dump(config, Dumper=InlineLists, sort_keys=False, width=float("inf"))
     hint = (f"# eplb: num_gpus={placement.num_gpus} num_nodes={placement.num_nodes} "
             f"num_experts={placement.num_experts} num_groups={placement.num_groups or 'none'} "
-            f"method={placement.method} layers={layer_ranges(layer_ids)}\n")
+            f"method={placement.method} layers={layer_ranges(layer_ids)} dispatch={placement.dispatch}\n")
     Path(path).write_text("# TensorRT-LLM MoE load balancer config (moe_config.load_balancer), written by eplb\n"
                           + hint + body)
 
@@ -212,7 +213,8 @@ def read_trtllm_yaml(path: Path, *, num_gpus=None, num_nodes=None, num_experts=N
     ``# eplb:`` comment of a file eplb wrote, which records the deployment it was planned for (a
     given value that disagrees is refused), else from the arguments. Read with ``yaml.safe_load``
     semantics under a budget on alias expansion; a key written twice is refused, and so are layers
-    other than those the comment records (``layers=``)."""
+    other than those the comment records (``layers=``). The comment's ``dispatch=`` (the rule the plan
+    was made for) becomes the placement's :attr:`~eplb.Placement.dispatch` (none: an even split)."""
     yaml = require("yaml", "trtllm", f"reading the YAML file {path}")
     try:
         text = Path(path).read_text()
@@ -274,10 +276,11 @@ def read_trtllm_yaml(path: Path, *, num_gpus=None, num_nodes=None, num_experts=N
     if num_gpus is None:
         raise FormatError(path, "this YAML does not record the number of GPUs (ranks): pass --gpus")
     num_experts = int(phy2log.max()) + 1 if num_experts is None else num_experts
+    dispatch = recorded_dispatch(hint.get("dispatch"), path, source)
     try:
         topology = Topology.uniform(phy2log.shape[1], num_gpus, num_nodes)
         placement = Placement(phy2log, num_experts, topology, num_groups=num_groups,
-                              method=hint.get("method", "trtllm file"))
+                              method=hint.get("method", "trtllm file"), dispatch=dispatch)
     except ValueError as exc:
         raise FormatError(path, f"invalid placement: {exc}") from None
     metadata = {"layer_updates_per_iter": updates}
