@@ -107,7 +107,7 @@ def compare(methods=("greedy", DEFAULT_METHOD), workloads=("trace:gpt-oss-20b",)
     Args:
         methods: ``eplb.METHODS`` names, ``"module:function"`` / ``"file.py[:function]"`` strings or
             importable functions with the published ``rebalance_experts`` signature (numpy or torch
-            in and out; a tuple starting with ``phy2log [L, S]`` or ``phy2log`` alone).
+            in and out; ``phy2log [L, S]`` alone or a tuple of at most three starting with it).
         workloads: paths (any counts format eplb reads), ``"synthetic:FAMILY[:LxExT]"``,
             ``"trace:NAME"`` (skipped with a note when absent), :class:`Workload` objects or arrays
             ``[T, L, E]`` / ``[L, E]``.
