@@ -31,6 +31,7 @@ from .planning.objectives import OBJECTIVES
 from .planning.pipeline import combination_error
 from .serving.policy import POLICY_NAMES as SIMULATE_POLICIES
 from .analysis.metrics import moe_layers, moe_mean
+from .io.progress import Progress, offset
 from .io.report import Bound, bound_for, moe_note
 
 # the registry's names (eplb.io.formats.FORMATS), for --format / --input-format / --previous-format
@@ -1357,20 +1358,25 @@ def simulate(counts, slots, gpus, nodes, groups, policies, method, rebalance_fn,
     plan_with = _load_function(rebalance_fn) if rebalance_fn else method
     cost = CostModel.preset(hardware, model, regime=regime, copy_mode=copy_mode)
     results = []
-    for name in policies or DEFAULT_SIMULATE_POLICIES:
-        policy = _simulation_policy(name, plan_with, check_every)
-        try:
-            with warnings.catch_warnings(record=True) as caught:
-                warnings.simplefilter("always", RuntimeWarning)
-                deployment = eplb.Deployment.of(data.counts.shape[-1], num_slots=slots, num_gpus=gpus,
-                                                num_nodes=nodes, num_groups=groups, dispatch=dispatch)
-                results.append(run_simulation(data.counts, deployment, policy=policy, cost_model=cost,
-                                              layers_per_step=layers_per_step))
-        except PolicyError as exc:  # the user's planning function: its error, not the configuration's
-            raise Failure(str(exc)) from None
-        for warning in caught:
-            if not quiet:
-                click.echo(f"note: {warning.message}", err=True)
+    names, num_steps = policies or DEFAULT_SIMULATE_POLICIES, data.counts.shape[0]
+    caught = []
+    with Progress("simulate", quiet=quiet) as progress:  # every policy's steps, one after the other
+        for index, name in enumerate(names):
+            policy = _simulation_policy(name, plan_with, check_every)
+            part = offset(progress, index * num_steps, len(names) * num_steps, f"policy {name}")
+            try:
+                with warnings.catch_warnings(record=True) as raised:
+                    warnings.simplefilter("always", RuntimeWarning)
+                    deployment = eplb.Deployment.of(data.counts.shape[-1], num_slots=slots, num_gpus=gpus,
+                                                    num_nodes=nodes, num_groups=groups, dispatch=dispatch)
+                    results.append(run_simulation(data.counts, deployment, policy=policy, cost_model=cost,
+                                                  layers_per_step=layers_per_step, progress=part))
+            except PolicyError as exc:  # the user's planning function: its error, not the configuration's
+                raise Failure(str(exc)) from None
+            caught += raised
+    for warning in caught:  # after the progress bar is gone
+        if not quiet:
+            click.echo(f"note: {warning.message}", err=True)
     _note_global_groups(groups, nodes, quiet)  # once the runs are done: never before a real error
     written = write_simulation_report(results, output, title=f"eplb simulate {data.path.name}")
     if written.get("missing"):
@@ -1502,12 +1508,13 @@ def sweep(counts, extra_slots, gpus, nodes, groups, dispatches, policies, hardwa
     notes = _check_sweep_deployments(gpu_counts, node_counts, groups, data.counts.shape[-1])
     _check_sweep_slots(data.counts.shape[-1], gpu_counts, extras)
     cost = CostModel.preset(hardware, model, regime=regime, copy_mode=copy_mode)
-    with warnings.catch_warnings(record=True) as caught:  # each run's warning once (the sweep gathers them)
+    # each run's warning once (the sweep gathers them)
+    with warnings.catch_warnings(record=True) as caught, Progress("sweep", unit="runs", quiet=quiet) as progress:
         warnings.simplefilter("always")
         grid = Deployment.grid(data.counts.shape[-1], extra_slots_per_gpu=extras, num_gpus=gpu_counts,
                                num_nodes=node_counts, num_groups=groups, dispatch=dispatches or ("uniform",))
         rows = run_sweep(data.counts, grid, policies=policies or ("none", "balancer"), cost_model=cost,
-                         workers=workers, check_every=check_every)
+                         workers=workers, check_every=check_every, progress=progress)
     notes += list(dict.fromkeys(str(w.message) for w in caught))
     if not quiet:
         for note in notes:
@@ -1608,8 +1615,10 @@ def recommend(counts, gpus, phase, batch, hardware, model, extra_slots, slots, n
         num_experts = data.counts.shape[-1]
         deployed = slots_for(num_experts, gpus, 1) if deployed_slots is None else deployed_slots
         deployment = Deployment.of(num_experts, num_slots=deployed, num_gpus=gpus, num_nodes=nodes, num_groups=groups)
-        result = run_recommend(data.counts, deployment, batch=batch, phase=phase, hardware=hardware, model=model,
-                               extra_slots_per_gpu=extras, slot_counts=slot_counts, passes=passes, seed=seed)
+        with Progress("recommend", quiet=quiet) as progress:
+            result = run_recommend(data.counts, deployment, batch=batch, phase=phase, hardware=hardware, model=model,
+                                   extra_slots_per_gpu=extras, slot_counts=slot_counts, passes=passes, seed=seed,
+                                   progress=progress)
     except ValueError as exc:
         flag = next((f for name, f in _RECOMMEND_FLAGS.items() if str(exc).startswith(name)), None)
         if flag is None:

@@ -12,6 +12,7 @@ written is described in :mod:`eplb.io.comparison_report`.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from .io.comparison_report import format_table, write_comparison_report
+from .io.progress import Progress
 from .io.workloads import TRACE_DEPLOYMENTS, WorkloadMissing, read_workload, tile_experts as tiled
 from .model.cost import CostModel
 from .model.deployment import make_deployment
@@ -97,6 +99,26 @@ def _workload(value, seed: int, input_format: str | None) -> Workload:
     return Workload("array", array, tuple(f"window {t}" for t in range(array.shape[0])), "an array")
 
 
+def _fitting_pairs(loaded: list[Workload], given, notes: list[str]) -> list[tuple[Workload, DeploymentSpec]]:
+    """Every (workload, deployment) to compare on: ``given`` deployments, or a trace's own; one that
+    does not fit its workload is left out with a note in ``notes``."""
+    pairs = []
+    for workload in loaded:
+        key = workload.name.partition(":")[2].split(" ")[0] if workload.name.startswith("trace:") else None
+        if given is None and key not in TRACE_DEPLOYMENTS:
+            raise ValueError(f"deployments are needed for workload {workload.name} (only traces have their own)")
+        chosen = given if given is not None else [DeploymentSpec(**TRACE_DEPLOYMENTS[key])]
+        for deployment in chosen:
+            try:
+                make_deployment(workload.counts.shape[2], deployment.num_slots, deployment.num_gpus,
+                                deployment.num_nodes, deployment.num_groups)
+            except ValueError as exc:
+                notes.append(f"skipped {workload.name} on {deployment_label(deployment)}: {exc}")
+                continue
+            pairs.append((workload, deployment))
+    return pairs
+
+
 def compare(methods=("greedy", DEFAULT_METHOD), workloads=("trace:gpt-oss-20b",), deployments=None, *,
             cost_model: CostModel | None = None, previous=None, folds: int = 16, time_limit: float = 120.0,
             warm_calls: int = 3, array_type: str | None = None, seed: int = 0, tile_experts: int | None = None,
@@ -107,7 +129,7 @@ def compare(methods=("greedy", DEFAULT_METHOD), workloads=("trace:gpt-oss-20b",)
     Args:
         methods: ``eplb.METHODS`` names, ``"module:function"`` / ``"file.py[:function]"`` strings or
             importable functions with the published ``rebalance_experts`` signature (numpy or torch
-            in and out; a tuple starting with ``phy2log [L, S]`` or ``phy2log`` alone).
+            in and out; ``phy2log [L, S]`` alone or a tuple of at most three starting with it).
         workloads: paths (any counts format eplb reads), ``"synthetic:FAMILY[:LxExT]"``,
             ``"trace:NAME"`` (skipped with a note when absent), :class:`Workload` objects or arrays
             ``[T, L, E]`` / ``[L, E]``.
@@ -124,7 +146,9 @@ def compare(methods=("greedy", DEFAULT_METHOD), workloads=("trace:gpt-oss-20b",)
             (:func:`eplb.io.workloads.tile_experts`). step_routings: routed tokens per layer and
             simulated step. quick: at most :data:`QUICK_FOLDS` blocks and :data:`QUICK_WARM_CALLS` repeats.
         output: a folder to write the report into (:func:`eplb.io.comparison_report.write_comparison_report`).
-        progress: called with a line before each method runs. command: the command line, for the record.
+        progress: ``None``, or called as ``progress(methods done, methods in all, what runs now)``
+            before each method runs and once at the end (:class:`eplb.io.progress.Progress` shows
+            it). command: the command line, for the record.
     Returns:
         A :class:`Comparison`. A method that fails (raises, hangs, returns a malformed plan) gets a
         ``"broken"`` row with a one-line reason; the others are unaffected.
@@ -157,24 +181,19 @@ def compare(methods=("greedy", DEFAULT_METHOD), workloads=("trace:gpt-oss-20b",)
             notes.append(f"skipped {exc}")
             continue
         loaded.append(tiled(workload, tile_experts) if tile_experts else workload)
+    pairs = _fitting_pairs(loaded, given, notes)
     results = []
-    for workload in loaded:
-        key = workload.name.partition(":")[2].split(" ")[0] if workload.name.startswith("trace:") else None
-        if given is None and key not in TRACE_DEPLOYMENTS:
-            raise ValueError(f"deployments are needed for workload {workload.name} (only traces have their own)")
-        chosen = given if given is not None else [DeploymentSpec(**TRACE_DEPLOYMENTS[key])]
-        for deployment in chosen:
-            try:
-                make_deployment(workload.counts.shape[2], deployment.num_slots, deployment.num_gpus,
-                             deployment.num_nodes, deployment.num_groups)
-            except ValueError as exc:
-                notes.append(f"skipped {workload.name} on {deployment_label(deployment)}: {exc}")
-                continue
-            announce = None if progress is None else (
-                lambda label, w=workload, d=deployment: progress(f"{label} on {w.name}, {d.num_slots} slots"))
-            results += compare_on(workload, deployment, specs, cost_model=cost_model, previous=previous,
-                                  folds=folds, time_limit=time_limit, warm_calls=warm_calls, array_type=array_type,
-                                  step_routings=step_routings, progress=announce)
+    total = len(pairs) * len(specs)
+    for workload, deployment in pairs:
+        announce = None
+        if progress is not None:  # called before each method: the ones before it are done
+            def announce(label, w=workload, d=deployment, started=itertools.count(len(results))):
+                progress(next(started), total, f"{label} on {w.name}, {d.num_slots} slots")
+        results += compare_on(workload, deployment, specs, cost_model=cost_model, previous=previous,
+                              folds=folds, time_limit=time_limit, warm_calls=warm_calls, array_type=array_type,
+                              step_routings=step_routings, progress=announce)
+    if progress is not None and results:
+        progress(total, total, "")
     if not results:
         raise ValueError("nothing to compare: " + ("; ".join(notes) if notes else "no workloads"))
     config = {
@@ -260,13 +279,13 @@ def _run_compare(**given) -> None:
     workloads, seed, quiet = given["workloads"], given["seed"], given["quiet"]
     deployments = _given_deployments(given)
     previous_plan = _previous_plan(given, deployments)
-    echo = None if quiet else (lambda line: click.echo(f"running {line}", err=True))
-    result = compare(given["methods"] or ("greedy", DEFAULT_METHOD), workloads, deployments or None,
-                     cost_model=CostModel.preset(given["hardware"], given["model"], regime=given["regime"]),
-                     previous=previous_plan, folds=given["folds"], time_limit=given["time_limit"],
-                     warm_calls=given["warm_calls"], array_type=given["array_type"], seed=seed,
-                     tile_experts=given["tile_experts"], quick=given["quick"], input_format=given["input_format"],
-                     output=given["output"], progress=echo, command=_command_line(click.get_current_context()))
+    with Progress("compare", unit="methods", quiet=quiet) as progress:
+        result = compare(given["methods"] or ("greedy", DEFAULT_METHOD), workloads, deployments or None,
+                         cost_model=CostModel.preset(given["hardware"], given["model"], regime=given["regime"]),
+                         previous=previous_plan, folds=given["folds"], time_limit=given["time_limit"],
+                         warm_calls=given["warm_calls"], array_type=given["array_type"], seed=seed,
+                         tile_experts=given["tile_experts"], quick=given["quick"], input_format=given["input_format"],
+                         output=given["output"], progress=progress, command=_command_line(click.get_current_context()))
     for note in result.notes:
         click.echo(f"note: {note}", err=True)
     if result.written.get("missing"):

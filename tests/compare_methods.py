@@ -59,3 +59,40 @@ def loops(weight, num_replicas, num_groups, num_nodes, num_gpus):
 
 def dies(weight, num_replicas, num_groups, num_nodes, num_gpus):
     os._exit(3)
+
+
+def _start_lingering_child() -> None:
+    """Start a process that inherits this one's stderr and outlives the method by a minute: it
+    writes its pid to ``$EPLB_TEST_CHILDREN/<pid>.pid`` at once and ``<pid>.outlived`` if nobody
+    killed it in that minute."""
+    import subprocess
+    import sys
+    import time
+
+    folder = os.environ["EPLB_TEST_CHILDREN"]
+    code = ("import os, sys, time; folder = sys.argv[1]; pid = os.getpid(); "
+            "open(os.path.join(folder, f'{pid}.pid'), 'w').close(); time.sleep(60); "
+            "open(os.path.join(folder, f'{pid}.outlived'), 'w').close()")
+    child = subprocess.Popen([sys.executable, "-c", code, folder])  # stderr inherited
+    while not os.path.exists(os.path.join(folder, f"{child.pid}.pid")):  # started: its pid is on record
+        time.sleep(0.01)
+
+
+def spawns_and_hangs(weight, num_replicas, num_groups, num_nodes, num_gpus):
+    """Starts a child that holds stderr open, then never returns."""
+    _start_lingering_child()
+    while True:
+        pass
+
+
+def spawns_and_returns(weight, num_replicas, num_groups, num_nodes, num_gpus):
+    """Starts a child that holds stderr open, then returns a valid plan at once."""
+    _start_lingering_child()
+    return _round_robin(weight, num_replicas)
+
+
+def six_values(weight, num_replicas, num_groups, num_nodes, num_gpus):
+    """A valid plan followed by three more values: not the published return value."""
+    phy2log = _round_robin(weight, num_replicas)
+    logcnt = np.stack([np.bincount(row, minlength=np.shape(weight)[1]) for row in phy2log])
+    return phy2log, None, logcnt, 0.0, "extra", None

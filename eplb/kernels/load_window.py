@@ -27,8 +27,9 @@ def memory_fence():
 
 
 @njit(cache=True, error_model="numpy")
-def first_bad_count(counts):
-    """Index (flattened) of the first negative, NaN or infinite entry of ``counts [L, X]``, or -1.
+def first_bad_count(counts, limit):
+    """Index (flattened) of the first entry of ``counts [L, X]`` that is negative, NaN or above
+    ``limit`` (float64; ``inf`` allows any finite value, a finite limit refuses ``inf`` too), or -1.
 
     Keeps the GIL (microseconds of work, on the engine's thread every pass): releasing it would
     hand a busy scheduler thread the interpreter for up to a switch interval (5 ms) per pass."""
@@ -36,7 +37,7 @@ def first_bad_count(counts):
     for i in range(rows):
         for j in range(cols):
             v = counts[i, j]
-            if not (v >= 0) or v == np.inf:
+            if not (v >= 0) or v > limit or v == np.inf:
                 return i * cols + j
     return -1
 
@@ -47,9 +48,10 @@ STAGED_DTYPES = tuple(np.dtype(name) for name in ("int16", "int32", "int64", "ui
 
 
 @njit(cache=True, error_model="numpy")
-def copy_counts(counts, out):
+def copy_counts(counts, out, limit):
     """``out [L, X]`` float64 ``= counts [L, X]`` (a C-contiguous array of a :data:`STAGED_DTYPES`
-    dtype); returns whether a value is negative, NaN or infinite (:func:`first_bad_count` finds it).
+    dtype); returns whether a value is negative, NaN or above ``limit`` (float64, finite)
+    (:func:`first_bad_count` finds it).
 
     One pass and no early exit, so the loop vectorises: a pass's counts at DeepSeek-V3 size are
     staged in a tenth of the time of a numpy cast followed by the check. Keeps the GIL, as
@@ -60,15 +62,15 @@ def copy_counts(counts, out):
         for j in range(cols):
             value = np.float64(counts[i, j])
             out[i, j] = value
-            bad |= (not (value >= 0)) | (value == np.inf)
+            bad |= (not (value >= 0)) | (value > limit)
     return bad
 
 
 @njit(cache=True, error_model="numpy")
-def stage_pass(counts, out, header, field, value):
+def stage_pass(counts, out, header, field, value, limit):
     """``out [L, X] = counts [L, X]`` (the same dtype, one of :data:`STAGED_DTYPES`) and, unless a
-    value is negative, NaN or infinite, ``header[field] = value`` (``header`` int64: the shared
-    counter that hands the pass over); returns whether a value was bad.
+    value is negative, NaN or above ``limit`` (float64, finite), ``header[field] = value``
+    (``header`` int64: the shared counter that hands the pass over); returns whether a value was bad.
 
     The caller's whole per-pass work in one call: after the engine's GPU step the caller's core
     runs cold, and each further NumPy call costs microseconds. Keeps the GIL, as
@@ -79,7 +81,7 @@ def stage_pass(counts, out, header, field, value):
         for j in range(cols):
             v = counts[i, j]
             out[i, j] = v
-            bad |= (not (v >= 0)) | (v == np.inf)
+            bad |= (not (v >= 0)) | (v > limit)
     if not bad:
         _fence()  # the row before the counter, on every CPU
         header[field] = value
@@ -90,11 +92,11 @@ def warm_copy_counts() -> None:
     """Compile (or load from the cache) :func:`copy_counts` and :func:`stage_pass` for every
     :data:`STAGED_DTYPES` dtype and :func:`first_bad_count`: what a balancer's ``record`` calls on
     the caller's thread."""
-    out = np.zeros((1, 1))
+    out, limit = np.zeros((1, 1)), np.finfo(np.float64).max
     for dtype in STAGED_DTYPES:
-        copy_counts(np.zeros((1, 1), dtype), out)
-        stage_pass(np.zeros((1, 1), dtype), np.zeros((1, 1), dtype), np.zeros(1, np.int64), 0, 0)
-        first_bad_count(np.zeros((1, 1), dtype))
+        copy_counts(np.zeros((1, 1), dtype), out, limit)
+        stage_pass(np.zeros((1, 1), dtype), np.zeros((1, 1), dtype), np.zeros(1, np.int64), 0, 0, limit)
+        first_bad_count(np.zeros((1, 1), dtype), limit)
     memory_fence()
 
 

@@ -36,6 +36,7 @@ rare calls that need the worker's answer (:meth:`~BackgroundBalancer.state_dict`
 from __future__ import annotations
 
 import collections
+import functools
 import multiprocessing
 import multiprocessing.connection
 import os
@@ -49,18 +50,15 @@ from multiprocessing import shared_memory
 import numpy as np
 
 from ..analysis.placement import Placement
-from ..kernels.load_window import (STAGED_DTYPES, first_bad_count, memory_fence, stage_pass,
-                                   warm_copy_counts)
-from .balancer import Balancer, check_counts, commit_range, merged_placement
+from ..kernels.load_window import STAGED_DTYPES, memory_fence, stage_pass, warm_copy_counts
+from .balancer import Balancer, bad_count_error, check_counts, commit_range, merged_placement
 from .transfer import TransferPlan
 from .worker import (CONTEXTS, balancer_arguments, PROTOCOL, UNGUARDED_MAIN, UNGUARDED_MAIN_EXIT, build_balancer, dumps,
-                     eplb_file, error_message, exit_code, exit_now, plain_state, raise_remote, stop_unguarded_worker)
+                     eplb_file, error_message, exit_code, exit_now, plain_state, raise_remote, refuse_copy,
+                     stop_unguarded_worker)
 
 STAGING_BYTES = 32 << 20
 """Bytes of shared memory for staged passes unless ``staging_rows`` says otherwise."""
-
-KEPT_PROPOSALS = 8
-"""Proposals the worker keeps for a later :meth:`BackgroundBalancer.commit` (the newest ones)."""
 
 KEPT_DECISIONS = 1000
 """Decisions kept in :attr:`BackgroundBalancer.decisions` (the newest ones)."""
@@ -76,7 +74,7 @@ WAIT_S = 0.0005
 (_EVENTS_POSTED, _EVENTS_DONE, _PASSES_POSTED, _PASSES_DONE, _MESSAGES_SENT, _MESSAGES_TAKEN, _MESSAGE_LEN,
  _QUEUED) = range(8)
 _HEADER_FIELDS = 16
-_STAGING, _CHECK, _COMMIT, _STATE, _CLOSE = range(5)
+_STAGING, _CHECK, _COMMIT, _STATE, _CLOSE, _RELEASE = range(6)
 _EVENT_FIELDS = 5  # kind, passes staged before the event, then up to three integer arguments
 _IN_PIPE = -1  # a message length meaning "too large for the area: read it from the pipe"
 _FLOAT64 = STAGED_DTYPES.index(np.dtype(np.float64))  # the staging code of input widened by the caller
@@ -234,16 +232,24 @@ class BackgroundBalancer:
     the passes, checks and commits in the order they were posted. A proposal is planned from the
     placement in service at its check; if the caller commits anything after that check, the
     proposal's transfer plan no longer starts from what is in service and :meth:`poll` drops it
-    (``last_decision["stale"]``). :attr:`last_decision` is the newest decision :meth:`poll` read
+    (``last_decision["stale"]``). The worker keeps every proposal :meth:`poll` handed out for as long
+    as the caller holds its placement (the caller tells it when one is garbage-collected), so any
+    proposal the caller still holds can be committed, however many checks came since. :attr:`last_decision` is the newest decision :meth:`poll` read
     (``should_rebalance``'s details, with the ``"check"`` number and ``"stale"``), :attr:`decisions`
     the newest :data:`KEPT_DECISIONS` of them; :attr:`steps` and :attr:`rebalances` count the passes
     recorded and the proposals committed.
 
     Costs: a process start (importing eplb and building the balancer there, about 2-4 s with
-    Numba's cache filled), the window in the worker's memory, the staging ring and a message area
-    in shared memory. An exception in the worker is raised by the caller's next call (its type and
-    message, the worker's traceback as its cause); a worker that died makes every call raise
-    ``RuntimeError``. Use one thread for the loop's calls (as for a ``Balancer``'s :meth:`record`).
+    Numba's cache filled), the window in the worker's memory (and the proposals the caller holds),
+    the staging ring and a message area in shared memory. A check that raises in the worker (as
+    ``Balancer.should_rebalance`` or ``rebalance`` may) is raised by the :meth:`poll` that reads its
+    outcome (its type and message, the worker's traceback as its cause; ``last_decision["reason"]``
+    names it), and the balancer goes on as a ``Balancer`` would; so does one raised by the worker's
+    ``state_dict``, in :meth:`state_dict`. A worker that died, or one whose recording or commit
+    raised (the caller's checks leave nothing for these to refuse, so its state is unknown), makes
+    every call raise ``RuntimeError``. Use one thread for the loop's calls (as for a ``Balancer``'s
+    :meth:`record`). A ``BackgroundBalancer`` cannot be copied or pickled (:func:`copy.copy` raises
+    ``TypeError``): start another with :meth:`from_state_dict`.
     """
 
     def __init__(self, num_layers, deployment=None, *, context: str = "spawn", staging_rows: int | None = None,
@@ -311,6 +317,7 @@ class BackgroundBalancer:
         self._header = link.block.header  # the same, for record()'s compiled call
         self._ring_rows, self._event_slots = rows, link.block.layout["events"]
         self._num_slots = num_slots
+        self._count_limit = attributes["count_limit"]  # the largest count record() takes (the worker's balancer's)
         self._stagers: dict[tuple[int, bool], _Stager] = {}  # (dtype code, physical) -> its staging rows
         self._stager = _Stager.none()  # the kind of input record() saw last (none yet)
         self._staging: tuple[int, bool] | None = None  # the kind of rows the worker was last told of
@@ -324,7 +331,10 @@ class BackgroundBalancer:
         self._commits = 0  # commits posted in all
         self._check_commits: dict[int, int] = {}  # check id -> commits posted before it
         self._inbox: collections.deque = collections.deque()  # messages read, not yet handed out
-        self._proposals: dict[int, Placement] = {}  # check id -> placement proposed (the newest ones)
+        # id(placement) -> (check id, weak reference) of every proposal poll() handed out and the caller
+        # still holds; the reference's callback queues (id, check id) in _released when the caller drops it
+        self._proposals: dict[int, tuple[int, weakref.ref]] = {}
+        self._released: collections.deque = collections.deque()  # (id, check id) to tell the worker to drop
         self._in_service = attributes["placement"]  # the placement in service, after the pending commits
         self._pending_commits: list[tuple[Placement, int, int]] = []
         self._committing: Placement | None = None
@@ -348,6 +358,9 @@ class BackgroundBalancer:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+    def __reduce_ex__(self, protocol):
+        refuse_copy("BackgroundBalancer")
 
     @property
     def steps(self) -> int:
@@ -379,9 +392,8 @@ class BackgroundBalancer:
             self._wait_for_room(_PASSES_DONE, index)
         row = stager.rows[index % self._ring_rows]
         # one call copies the pass and, if every value is good, hands it to the worker (_PASSES_POSTED)
-        if stager.stage(counts, row, self._header, _PASSES_POSTED, index + 1):
-            bad = first_bad_count(row)
-            raise ValueError(f"counts must be finite and non-negative, found {counts.flat[bad]} at flat index {bad}")
+        if stager.stage(counts, row, self._header, _PASSES_POSTED, index + 1, self._count_limit):
+            raise bad_count_error(counts, row, self._count_limit)
         self._passes = index = index + 1
         if index - self._woken >= WAKE_EVERY:
             self._wake(link)
@@ -415,6 +427,7 @@ class BackgroundBalancer:
         (``rebalance(commit=False)``). Returns at once with the check's number; :meth:`poll` hands
         the plan over when it is ready, :attr:`last_decision` tells each check's outcome."""
         self._live()
+        self._post_releases()
         check_id = self._checks
         self._post(_CHECK, check_id)
         self._check_commits[check_id] = self._commits
@@ -437,6 +450,8 @@ class BackgroundBalancer:
                 proposal = self._take_decision(message)
                 if proposal is not None:
                     return proposal
+            elif message[0] == "check_error":
+                self._take_check_error(message)  # raises
 
     def _take_decision(self, message: tuple):
         _, check_id, decision, placement, transfer = message
@@ -444,25 +459,47 @@ class BackgroundBalancer:
         stale = placement is not None and commits_before != self._commits
         self.last_decision = {**decision, "check": check_id, "stale": stale}
         self.decisions.append(self.last_decision)
-        if placement is None or stale:
+        if placement is None:
             return None
-        self._proposals[check_id] = placement
-        while len(self._proposals) > KEPT_PROPOSALS:
-            del self._proposals[next(iter(self._proposals))]
+        if stale:  # the worker holds it for a commit that will not come
+            self._released.append((None, check_id))
+            return None
+        key = id(placement)
+        self._proposals[key] = (check_id, weakref.ref(placement, functools.partial(_dropped, self._released, key,
+                                                                                   check_id)))
         return placement, transfer
+
+    def _take_check_error(self, message: tuple):
+        """Record that check ``message[1]`` raised in the worker, and raise its exception here."""
+        _, check_id, exc, text = message
+        self._check_commits.pop(check_id, None)
+        self.last_decision = {"rebalance": False, "reason": f"the check raised {type(exc).__name__}: {exc}",
+                              "check": check_id, "stale": False}
+        self.decisions.append(self.last_decision)
+        raise_remote(exc, text)
+
+    def _post_releases(self) -> None:
+        """Tell the worker which proposals the caller dropped (it keeps the others for a commit)."""
+        released = self._released
+        while released:
+            key, check_id = released.popleft()
+            held = self._proposals.get(key)
+            if held is not None and held[0] == check_id:
+                del self._proposals[key]
+            self._post(_RELEASE, check_id)
 
     def commit(self, placement: Placement, layers: tuple[int, int] | None = None) -> None:
         """Make a proposed ``placement`` (or its ``layers = (start, stop)``) the one in service, once
         the engine has moved those weights (as :meth:`eplb.Balancer.commit`; per-slot counts
-        recorded afterwards are mapped through it). Takes a placement :meth:`poll` returned (one of
-        the newest :data:`KEPT_PROPOSALS`). Never waits."""
+        recorded afterwards are mapped through it). Takes a placement :meth:`poll` returned, however
+        long ago. Never waits."""
         self._live()
         start, stop = commit_range(layers, self.num_layers)
-        check_id = next((key for key, value in self._proposals.items() if value is placement), None)
-        if check_id is None:
-            raise ValueError("placement must be one that this BackgroundBalancer's poll() returned (one of its "
-                             f"newest {KEPT_PROPOSALS} proposals)")
-        self._post(_COMMIT, check_id, start, stop)
+        held = self._proposals.get(id(placement))
+        if held is None or held[1]() is not placement:
+            raise ValueError("placement must be one that this BackgroundBalancer's poll() returned")
+        self._post_releases()
+        self._post(_COMMIT, held[0], start, stop)
         self._commits += 1
         self._pending_commits.append((placement, start, stop))
         if placement is not self._committing:
@@ -503,8 +540,10 @@ class BackgroundBalancer:
         self._post(_STATE, 0)
         while True:
             for index, message in enumerate(self._inbox):
-                if message[0] == "state":
+                if message[0] in ("state", "state_error"):
                     del self._inbox[index]
+                    if message[0] == "state_error":
+                        raise_remote(*message[1:])
                     return message[1]
             if not self._receive(link):
                 self._wait_once()
@@ -557,7 +596,9 @@ class BackgroundBalancer:
 
     def _receive(self, link: _Link) -> bool:
         """Read the worker's next message into the inbox if one is there (never waits for one);
-        raise the worker's error if it is one. Returns whether a message was read."""
+        raise the worker's error if it is one that leaves its state unknown (a check's or a state
+        request's error goes to the inbox, for the call that reads its outcome). Returns whether a
+        message was read."""
         words = self._words
         if words[_MESSAGES_SENT] == self._taken:  # written after the message (and its length)
             return False
@@ -594,8 +635,9 @@ class BackgroundBalancer:
 class _Stager:
     """How :meth:`BackgroundBalancer.record` stages one kind of input: numpy arrays of ``dtype`` and
     ``shape`` passed with ``physical`` (the argument as given), copied into one of ``rows`` (the
-    ring's ``[L, X]`` views) by ``stage(counts, row, header, field, value)``, which sets
-    ``header[field] = value`` unless a value is bad, and returns whether one is."""
+    ring's ``[L, X]`` views) by ``stage(counts, row, header, field, value, limit)``, which sets
+    ``header[field] = value`` unless a value is bad (negative, NaN or above ``limit``), and returns
+    whether one is."""
 
     __slots__ = ("dtype", "shape", "physical", "stage", "rows")
 
@@ -608,14 +650,21 @@ class _Stager:
         return cls(None, None, object(), None, [])
 
 
-def _stage_widened(counts: np.ndarray, row: np.ndarray, header: np.ndarray, field: int, value: int) -> bool:
+def _stage_widened(counts: np.ndarray, row: np.ndarray, header: np.ndarray, field: int, value: int,
+                   limit: float) -> bool:
     """As :func:`~eplb.kernels.load_window.stage_pass` for a dtype the worker does not take as it is
     (float16, longdouble, big-endian, bool): ``row [L, X]`` float64 ``= counts`` (values beyond
     float64's range become inf), then ``header[field] = value`` unless a value is negative, NaN or
-    infinite; returns whether one is."""
+    above ``limit``; returns whether one is."""
     with np.errstate(over="ignore", invalid="ignore"):
         np.copyto(row, counts, casting="unsafe")
-    return stage_pass(row, row, header, field, value)  # checks the row, then fences and hands it over
+    return stage_pass(row, row, header, field, value, limit)  # checks the row, then fences and hands it over
+
+
+def _dropped(released: collections.deque, key: int, check_id: int, reference) -> None:
+    """A proposal's placement was garbage-collected: queue its release (posted to the worker at the
+    caller's next check or commit; a callback of the garbage collector posts nothing itself)."""
+    released.append((key, check_id))
 
 
 # -- the worker's end ----------------------------------------------------------------------------
@@ -630,7 +679,7 @@ class _Worker:
         self.staging = (_FLOAT64, False)  # the kind of the staged rows: (dtype code, per slot)
         self.sent = 0
         self.queue: collections.deque = collections.deque()  # answers not sent yet
-        self.proposals: dict[int, Placement] = {}  # check id -> placement proposed (the newest ones)
+        self.proposals: dict[int, Placement] = {}  # check id -> placement proposed, until the caller drops it
 
     def take_passes(self, upto: int) -> None:
         """Record the staged passes before pass number ``upto`` into the balancer (the row's values,
@@ -654,17 +703,25 @@ class _Worker:
         if kind == _STAGING:
             self.staging = (a, bool(b))
         elif kind == _CHECK:
-            placement = transfer = None
-            if balancer.should_rebalance():
-                placement, transfer = balancer.rebalance(commit=False)
-                self.proposals[a] = placement
-                while len(self.proposals) > KEPT_PROPOSALS:
-                    del self.proposals[next(iter(self.proposals))]
-            self.queue.append(("decision", a, balancer.last_decision, placement, transfer))
+            try:
+                placement = transfer = None
+                if balancer.should_rebalance():
+                    placement, transfer = balancer.rebalance(commit=False)
+                    self.proposals[a] = placement
+                self.queue.append(("decision", a, balancer.last_decision, placement, transfer))
+            except Exception as exc:  # noqa: BLE001 (the caller's poll raises it; the balancer goes on)
+                self.queue.append(("check_error", a, *error_message(exc)[1:]))
         elif kind == _COMMIT:
+            if a not in self.proposals:  # the caller posts commits of the proposals it holds only
+                raise RuntimeError(f"the worker holds no proposal of check {a} to commit")
             balancer.commit(self.proposals[a], (b, c))
+        elif kind == _RELEASE:
+            self.proposals.pop(a, None)
         elif kind == _STATE:
-            self.queue.append(("state", balancer.state_dict()))
+            try:
+                self.queue.append(("state", balancer.state_dict()))
+            except Exception as exc:  # noqa: BLE001 (the caller's state_dict raises it)
+                self.queue.append(("state_error", *error_message(exc)[1:]))
         elif kind == _CLOSE:
             return False
         return True
@@ -724,7 +781,7 @@ def _serve(conn, wake) -> None:
         balancer = build_balancer(pickle.loads(conn.recv_bytes()))
         attributes = {name: getattr(balancer, name) for name in
                       ("num_layers", "num_experts", "topology", "num_groups", "window", "placement", "steps",
-                       "rebalances")}
+                       "rebalances", "count_limit")}
         conn.send_bytes(dumps(("ok", {**attributes, "eplb_file": eplb_file()})))
         name, layout = pickle.loads(conn.recv_bytes())
         block = _Block(shared_memory.SharedMemory(name=name), layout)

@@ -251,6 +251,12 @@ class Balancer:
         return self.deployment.num_groups
 
     @property
+    def count_limit(self) -> float:
+        """The largest count :meth:`record` takes (:func:`pass_count_limit` of this balancer's
+        window, forecast, experts and slots): above it the window's sums could overflow float64."""
+        return pass_count_limit(self.window, self.forecast, self.num_experts, self.topology.num_slots)
+
+    @property
     def compiled(self) -> bool:
         """Whether every kernel of decisions and rebalances is compiled (always True unless
         ``compile="background"`` is still running)."""
@@ -275,11 +281,14 @@ class Balancer:
             counts: ``[L, E]`` tokens per logical expert, or ``[L, S]`` tokens per physical slot
                 (mapped back through the placement in service); numpy or torch, any numeric dtype.
             physical: which of the two ``counts`` is; inferred from the shape unless ``E == S``.
+
+        A negative, NaN or infinite count, or one above :attr:`count_limit`, is a ``ValueError``
+        and leaves the window as it was.
         """
         counts, physical = check_counts(counts, self.num_layers, self.num_experts, self.topology.num_slots, physical)
         with self._lock:
             staged = self._physical if physical else self._logical
-            stage_counts(counts, staged)
+            stage_counts(counts, staged, self.count_limit)
             row = self._buffer[self._position]
             if physical:
                 store_physical(staged, self.placement.phy2log, row)
@@ -582,10 +591,17 @@ class Balancer:
                                  f"this balancer has {mine[key]!r}")
         if buffer.shape != self._buffer.shape:
             raise ValueError(f"state window_buffer has shape {buffer.shape}, expected {self._buffer.shape}")
-        bad = first_bad_count(np.ascontiguousarray(buffer).reshape(-1, self.num_experts))
+        bad = first_bad_count(np.ascontiguousarray(buffer).reshape(-1, self.num_experts), np.inf)
         if bad >= 0:
             raise ValueError(f"state window_buffer must be finite and non-negative, found {buffer.flat[bad]} at "
                              f"flat index {bad}")
+        # a pass's layer total at most what record() lets in (count_limit per expert or slot)
+        most = self.count_limit * max(self.num_experts, self.topology.num_slots)
+        with np.errstate(over="ignore"):
+            largest = float(buffer.sum(axis=2).max(initial=0.0))
+        if not largest <= most:
+            raise ValueError(f"state window_buffer holds a pass whose layer total is {largest:.3g}, above the "
+                             f"{most:.3g} record() lets in: the window's sums would overflow float64")
         if not (0 <= position < self.window and 0 <= filled <= self.window):
             raise ValueError("state position/filled are out of range for the window")
         placement = Placement(phy2log, self.num_experts, self.topology, self.num_groups, method="restored")
@@ -763,20 +779,48 @@ def check_counts(counts, num_layers: int, num_experts: int, num_slots: int, phys
     return counts, bool(physical)
 
 
-def stage_counts(counts: np.ndarray, staged: np.ndarray) -> None:
+FLOAT64_MAX = float(np.finfo(np.float64).max)
+
+COUNT_HEADROOM = 1024.0
+"""Room :func:`pass_count_limit` leaves above the largest sum of a window: what is computed from
+the sums (a forecast along a trend, the hedged plan's sub-window peaks, prices) stays finite."""
+
+
+def pass_count_limit(window: int, forecast: int, num_experts: int, num_slots: int) -> float:
+    """The largest count a balancer's ``record`` takes: float64's largest value over
+    ``COUNT_HEADROOM * (window + forecast) * max(E, S)``, so a layer's total over the window, carried
+    ``forecast`` passes along its trend, cannot overflow (about 1e300 at DeepSeek-V3 size; counts are
+    scale-free, so only values no engine records are refused)."""
+    return FLOAT64_MAX / (COUNT_HEADROOM * (window + forecast) * max(num_experts, num_slots))
+
+
+def bad_count_error(counts: np.ndarray, staged: np.ndarray, limit: float) -> ValueError:
+    """The ``ValueError`` for a pass ``counts`` whose staged copy ``staged`` (the same shape) holds a
+    value :func:`~eplb.kernels.load_window.first_bad_count` refuses under ``limit``."""
+    bad = first_bad_count(staged, limit)
+    value = staged.flat[bad]
+    if value >= 0 and np.isfinite(value):  # finite and non-negative: too large
+        return ValueError(f"counts must be at most {limit:.3g} (beyond it the window's sums overflow float64; "
+                          f"counts are scale-free: divide them by a common factor), found {counts.flat[bad]} at "
+                          f"flat index {bad}")
+    return ValueError(f"counts must be finite and non-negative, found {counts.flat[bad]} at flat index {bad}")
+
+
+def stage_counts(counts: np.ndarray, staged: np.ndarray, limit: float) -> None:
     """Copy ``counts`` (any real dtype) into ``staged``, float64 of the same shape, and refuse
-    (``ValueError``) a value that is not finite and non-negative."""
+    (``ValueError``) a value that is not finite and non-negative or is above ``limit``
+    (:func:`pass_count_limit`)."""
     if counts.dtype in STAGED_DTYPES and counts.flags.c_contiguous and counts.flags.writeable:
-        if not copy_counts(counts, staged):  # the engine's case: one compiled pass
+        if not copy_counts(counts, staged, limit):  # the engine's case: one compiled pass
             return
     else:
         # any other real dtype (float16, longdouble, big-endian, any integer width) or layout to
         # float64 in place: values beyond float64's range become inf and are refused just below
         with np.errstate(over="ignore", invalid="ignore"):
             np.copyto(staged, counts, casting="unsafe")
-    bad = first_bad_count(staged)
-    if bad >= 0:
-        raise ValueError(f"counts must be finite and non-negative, found {counts.flat[bad]} at flat index {bad}")
+        if first_bad_count(staged, limit) < 0:
+            return
+    raise bad_count_error(counts, staged, limit)
 
 
 def _counts_array(counts) -> np.ndarray:

@@ -55,7 +55,7 @@ import numpy as np
 from ..analysis.placement import Placement
 from ..kernels.load_window import warm_copy_counts
 from ..model.deployment import DEPLOYMENT_KEYWORDS, deployment_argument
-from .balancer import Balancer, check_counts, stage_counts
+from .balancer import Balancer, check_counts, pass_count_limit, stage_counts
 from .transfer import TransferPlan
 
 CONTEXTS = ("spawn", "forkserver")
@@ -94,6 +94,17 @@ def exit_code(process, timeout: float) -> int | None:
         process.join(0.05)
         code = process.exitcode
     return code
+
+
+def refuse_copy(kind: str):
+    """Raise the ``TypeError`` that :func:`copy.copy`, :func:`copy.deepcopy` and :mod:`pickle` of a
+    ``kind`` (a balancer with a worker process) get.
+
+    Refused, not copied: a copy would share the worker process and its shared memory (closing either
+    would stop the other's worker while it still says ``closed == False``), and a copy with a worker
+    of its own would have to start a process and replay the state, which a copy must not do unasked."""
+    raise TypeError(f"a {kind} cannot be copied or pickled: it owns a worker process and shared memory, which a "
+                    f"copy would share. Start another from its state: {kind}.from_state_dict(balancer.state_dict())")
 
 
 def stop_unguarded_worker(kind: str) -> None:
@@ -450,6 +461,8 @@ class BalancerProcess:
     forwarded to the child and answered with a copy. Thread safety as for ``Balancer``: record on
     one thread while another rebalances. Call :meth:`close` (or use it as a context manager) to stop
     the child and free the shared memory; it also happens when the object is collected and at exit.
+    It cannot be copied or pickled (:func:`copy.copy` raises ``TypeError``): start another with
+    :meth:`from_state_dict`.
     """
 
     def __init__(self, num_layers, deployment=None, *, context: str = "spawn", staging_rows: int | None = None,
@@ -498,6 +511,7 @@ class BalancerProcess:
         initial = construct[2].get("placement") if construct[0] == "init" else None
         self.__dict__.update(attributes)
         self._num_slots = self.topology.num_slots
+        self._count_limit = pass_count_limit(self.window, self.forecast, self.num_experts, self._num_slots)
         width = max(self.num_experts, self._num_slots)
         row_bytes = self.num_layers * width * 8
         rows = int(staging_rows) if staging_rows is not None else max(2, min(256, STAGING_BYTES // row_bytes))
@@ -566,7 +580,7 @@ class BalancerProcess:
             if index - int(shared.header[_INGESTED]) >= shared.layout["rows"]:
                 self._call("sync")  # the ring is full: wait until the child took the staged passes in
             width = self._num_slots if physical else self.num_experts
-            stage_counts(counts, shared.row(index, self.num_layers, width))
+            stage_counts(counts, shared.row(index, self.num_layers, width), self._count_limit)
             shared.kinds[index % shared.layout["rows"]] = physical
             self._recorded = index + 1
             shared.header[_RECORDED] = index + 1
@@ -670,6 +684,9 @@ class BalancerProcess:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+    def __reduce_ex__(self, protocol):
+        refuse_copy("BalancerProcess")
 
 
 def plain_state(state):

@@ -3,13 +3,15 @@
 A method is named by a string: an ``eplb.METHODS`` name, ``package.module:function``, or a Python
 file ``path/to/file.py`` (its ``rebalance_experts``) or ``path/to/file.py:function``. A foreign
 function has the published signature ``rebalance_experts(weight, num_replicas, num_groups,
-num_nodes, num_gpus)`` and returns ``phy2log [L, S]`` or a tuple starting with it (the published
-``(phy2log, log2phy, logcnt)``), numpy or torch.
+num_nodes, num_gpus)`` and returns ``phy2log [L, S]`` or a tuple of at most three starting with it
+(the published ``(phy2log, log2phy, logcnt)``), numpy or torch; anything longer is refused. A file's
+path may hold ``:`` (``d:ir/meth.py``): a spec ending in ``.py`` is a file, and ``FILE.py:FUNCTION``
+splits at the last ``:``.
 
 Each method runs in its own fresh interpreter (nothing compiled or imported is inherited),
 so its first call is what a new serving process pays, a crash or a hang costs only that method's
-outcome (the process is killed at the time limit), and a function's module is imported there,
-never in the caller's process. The worker sends back what the function returned, converted to
+outcome (its whole process group is killed at the time limit), and a function's module is
+imported there, never in the caller's process. The worker sends back what the function returned, converted to
 numpy with its dtype kept, in ``.npz`` files read without pickles;
 :func:`eplb.simulation.comparison.check_plan` judges it in the caller.
 """
@@ -20,6 +22,7 @@ import importlib
 import importlib.util
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -67,10 +70,10 @@ def parse_method(spec: str) -> MethodSpec:
         raise ValueError(f"method must be a non-empty string, got {spec!r}")
     if spec in METHODS:
         return MethodSpec(spec, method=spec)
+    if spec.endswith(".py"):  # a file, its rebalance_experts (a ':' before is part of the path: d:ir/meth.py)
+        return MethodSpec(spec, file=spec)
     head, colon, tail = spec.rpartition(":")
-    if not colon:  # no colon: a file, its rebalance_experts
-        head, tail = spec, ""
-    if head.endswith(".py"):
+    if colon and head.endswith(".py") and (tail.isidentifier() or not tail):  # a file and a function (the last ':')
         return MethodSpec(spec, file=head, function=tail or "rebalance_experts")
     if colon and head and tail and all(part.isidentifier() for part in head.split(".")) and tail.isidentifier():
         return MethodSpec(spec, module=head, function=tail)
@@ -140,6 +143,9 @@ def _unpack(result) -> tuple:
     if not parts or parts[0] is None:
         raise ValueError(f"returned {type(result).__name__} {result!r:.80}: expected phy2log [L, S] or a tuple "
                          "starting with it")
+    if len(parts) > 3:  # not the published return value: refused rather than read as its first three
+        raise ValueError(f"returned a {type(result).__name__} of {len(parts)} values: expected phy2log [L, S] or "
+                         "a tuple of at most 3, (phy2log, log2phy, logcnt) as the published rebalance_experts returns")
     arrays = [None if p is None else _as_numpy(p) for p in parts[:3]]
     for name, array in zip(("phy2log", "log2phy", "logcnt"), arrays):
         if array is not None and array.dtype.kind not in "biuf":
@@ -277,16 +283,60 @@ def run_method(spec: MethodSpec, deployment: DeploymentSpec, weights: list, *, t
         # once eplb is imported (for the methods given as module:function)
         command = [sys.executable, "-c", f"import sys; here = sys.path.pop(0); from {__name__} import serve; "
                    f"sys.path.append(here); serve({job_path!r}, {result_path!r})"]
-        with subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                              stderr=subprocess.PIPE, cwd=os.getcwd()) as process:
-            try:
-                _, stderr = process.communicate(timeout=time_limit)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.communicate()
-                return MethodRun(error=f"timed out after {time_limit:g} s (killed)")
+        stderr_path = os.path.join(folder, "stderr.txt")
+        with open(stderr_path, "wb") as stderr_file:
+            returncode = _run_in_own_group(command, stderr_file, time_limit)
+        if returncode is None:
+            return MethodRun(error=f"timed out after {time_limit:g} s (killed)")
         if not os.path.exists(result_path):
-            lines = [line for line in stderr.decode(errors="replace").splitlines() if line.strip()]
-            last = f": {lines[-1].strip()[:200]}" if lines else ""
-            return MethodRun(error=f"the worker process died (exit code {process.returncode}){last}")
+            return MethodRun(error=f"the worker process died (exit code {returncode}){_last_line(stderr_path)}")
         return _read_run(result_path)
+
+
+def _run_in_own_group(command: list, stderr_file, time_limit: float) -> int | None:
+    """Run ``command`` in a new session (its own process group) with stderr to ``stderr_file``;
+    return its exit code, or ``None`` when it outlived ``time_limit`` seconds. Either way every
+    process still in the group (the method's own children) is killed before this returns.
+
+    Stderr goes to a file, not a pipe: a child the method starts inherits it, and reading a pipe
+    to its end would wait for that child too, past any time limit."""
+    grouped = hasattr(os, "killpg") and hasattr(os, "waitid")
+    process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=stderr_file,
+                               cwd=os.getcwd(), start_new_session=grouped)
+    ended = False
+    try:
+        if grouped:
+            ended = _wait_unreaped(process.pid, time_limit)
+        else:
+            try:
+                process.wait(timeout=time_limit)
+                ended = True
+            except subprocess.TimeoutExpired:
+                pass
+    finally:
+        if grouped:
+            try:  # the worker is not reaped yet, so the group's id is still its group's: nothing else is hit
+                os.killpg(process.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        process.kill()
+        returncode = process.wait()  # ended or killed: no wait
+    return returncode if ended else None
+
+
+def _wait_unreaped(pid: int, timeout: float) -> bool:
+    """Whether process ``pid`` (a child) ended within ``timeout`` seconds, leaving it unreaped."""
+    deadline = time.monotonic() + timeout
+    while os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None:
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
+def _last_line(path: str) -> str:
+    """``": <the last non-empty line of the file>"`` (at most 200 characters), or ``""``."""
+    with open(path, "rb") as file:
+        file.seek(max(0, os.path.getsize(path) - 4096))
+        lines = [line for line in file.read().decode(errors="replace").splitlines() if line.strip()]
+    return f": {lines[-1].strip()[:200]}" if lines else ""

@@ -450,8 +450,9 @@ def plan_for_step_time(counts, deployment=None, *, batch: int, hardware="H100", 
 
 # ------------------------------------------------------------------------------------ held out
 
-def _fold_scores(lo: int, hi: int, pool: _Pool) -> tuple[np.ndarray, float]:
-    """One fold: windows ``[lo, hi)`` served by plans made from the others.
+def _fold_scores(lo: int, hi: int, pool: _Pool, tell=None) -> tuple[np.ndarray, float]:
+    """One fold: windows ``[lo, hi)`` served by plans made from the others (``tell(slot counts
+    done)`` after each slot count, when given).
 
     Returns:
         ``[len(slots), 2]`` mean held-out step time (s) of the token and the step-time plan at each
@@ -470,9 +471,30 @@ def _fold_scores(lo: int, hi: int, pool: _Pool) -> tuple[np.ndarray, float]:
         held = _times(placements, out_ids, pool)  # [C, w, L]
         scores[i, 0] = held[0].sum(axis=1).mean()
         scores[i, 1] = held[choice, :, np.arange(held.shape[2])].sum(axis=0).mean()
+        if tell is not None:
+            tell(i + 1)
     default = plan(kept, pool.deployment, method="greedy", objective="sum")
     default_time = float(_times([default], out_ids, pool)[0].sum(axis=1).mean())
     return scores, default_time
+
+
+def _held_out_folds(edges: np.ndarray, pool: _Pool, progress) -> list[tuple[np.ndarray, float]]:
+    """:func:`_fold_scores` of every block ``[edges[f], edges[f + 1])``, telling ``progress`` (or
+    ``None``) after each slot count of each fold (of ``F * len(slots) + 1`` steps: the last is the
+    recommended plan's)."""
+    folds, per_fold = len(edges) - 1, len(pool.slots)
+    total = folds * per_fold + 1
+    done = []
+    for fold, (lo, hi) in enumerate(zip(edges[:-1], edges[1:])):
+        tell = None
+        if progress is not None:
+            before, note = fold * per_fold, f"fold {fold + 1} of {folds}"
+            progress(before, total, note)
+
+            def tell(slots_done: int, before: int = before, note: str = note) -> None:
+                progress(before + slots_done, total, note)
+        done.append(_fold_scores(int(lo), int(hi), pool, tell))
+    return done
 
 
 def _options(scores: np.ndarray, default_ms: float, pool: _Pool) -> tuple[PoolOption, ...]:
@@ -494,7 +516,7 @@ def _options(scores: np.ndarray, default_ms: float, pool: _Pool) -> tuple[PoolOp
 
 def recommend(counts, deployment=None, *, batch: int, phase: str = "decode", hardware="H100",
               model="deepseek-v3", extra_slots_per_gpu=(0, 1, 2), slot_counts=None, passes: int = 16, seed: int = 0,
-              folds: int = HELD_OUT_FOLDS, **deployment_keywords) -> Recommendation:
+              folds: int = HELD_OUT_FOLDS, progress=None, **deployment_keywords) -> Recommendation:
     """Recommend the number of redundant experts (and the plan) for a serving pool, judged held out.
 
     Args:
@@ -516,6 +538,9 @@ def recommend(counts, deployment=None, *, batch: int, phase: str = "decode", har
         passes: passes sampled per window; seed: their seed (same inputs, same answer).
         folds: at most this many held-out blocks of windows (``>= 2``; leave one window out when
             ``T <= folds``).
+        progress: ``None``, or called as ``progress(steps done, steps in all, what)``: a step is one
+            slot count in one fold, and the last the recommended plan from every window
+            (:class:`eplb.io.progress.Progress` shows it).
     Returns:
         A :class:`Recommendation`.
     """
@@ -526,7 +551,7 @@ def recommend(counts, deployment=None, *, batch: int, phase: str = "decode", har
                     passes=passes, seed=seed, folds=folds, min_windows=2)
     num_windows = len(pool.windows)
     edges = np.linspace(0, num_windows, min(pool.folds, num_windows) + 1).round().astype(np.int64)
-    done = [_fold_scores(int(lo), int(hi), pool) for lo, hi in zip(edges[:-1], edges[1:])]
+    done = _held_out_folds(edges, pool, progress)
     scores = np.stack([s for s, _ in done])  # [F, len(slots), 2]
     default_ms = 1e3 * float(np.mean([d for _, d in done]))
     gpus = pool.deployment.num_gpus
@@ -534,12 +559,16 @@ def recommend(counts, deployment=None, *, batch: int, phase: str = "decode", har
                                              for t in range(lo, hi)]) for lo, hi in zip(edges[:-1], edges[1:])]))
     options = _options(scores, default_ms, pool)
     best = options[int(np.argmin([o.step_ms for o in options]))]
+    if progress is not None:
+        progress(len(done) * len(pool.slots), len(done) * len(pool.slots) + 1, f"the plan at {best.num_slots} slots")
     placements = _candidates(pool.windows, best.num_slots, pool)
     everything = range(num_windows)
     times = _times(placements, everything, pool)  # [C, T, L]
     choice = _choose(times) if best.planner == "step-time" else np.zeros(times.shape[2], np.int64)
     placement = _mixed(placements, choice) if best.planner == "step-time" else placements[0]
     in_sample = times[choice, :, np.arange(times.shape[2])].sum(axis=0).mean()
+    if progress is not None:
+        progress(len(done) * len(pool.slots) + 1, len(done) * len(pool.slots) + 1, "")
     return Recommendation(
         options=options, recommended=best, placement=placement, in_sample_step_ms=1e3 * float(in_sample),
         tokens_in_sample_step_ms=1e3 * float(times[0].sum(axis=1).mean()), default_slots=pool.deployment.num_slots,

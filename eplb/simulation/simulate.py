@@ -300,8 +300,9 @@ class _Replay:
     def _new_pricing(self) -> _Pricing:
         return _Pricing(self.serving, self.deployment.topology, self.deployment.num_experts, self.dispatch)
 
-    def run(self, series, policy, num_steps: int) -> None:
-        """Serve every step of ``series``, block by block, showing each to ``policy``."""
+    def run(self, series, policy, num_steps: int, progress=None) -> None:
+        """Serve every step of ``series``, block by block, showing each to ``policy`` (and telling
+        ``progress(steps done, num_steps, "")`` after each block)."""
         for chunk_start in range(0, num_steps, CHUNK):
             block = _series_block(series, chunk_start, min(chunk_start + CHUNK, num_steps))
             self.chunk_start = self.priced_until = chunk_start
@@ -311,6 +312,8 @@ class _Replay:
             if self.priced_until < end:
                 self.price(block[self.priced_until - chunk_start:], self.priced_until)
                 self.clock += self.layer_time[self.priced_until:end].sum()
+            if progress is not None:
+                progress(end, num_steps, "")
 
     def step(self, block: np.ndarray, i: int, policy) -> None:
         """Step ``chunk_start + i`` (block row ``i``): land the copies that finished, show the step to
@@ -404,7 +407,7 @@ class _Replay:
 
 
 def simulate(counts, deployment: Deployment | None = None, *, policy=None, cost_model: CostModel | None = None,
-             initial=None, initial_steps: int = 1, layers_per_step: int | None = None,
+             initial=None, initial_steps: int = 1, layers_per_step: int | None = None, progress=None,
              **deployment_keywords) -> SimulationResult:
     """Replay ``counts`` (a series of steps) through a deployment and a rebalancing policy.
 
@@ -422,6 +425,8 @@ def simulate(counts, deployment: Deployment | None = None, *, policy=None, cost_
         layers_per_step: ``None`` (default): a new placement's layers switch all at once. An integer
             ``k >= 1``: the engine applies it ``k`` layers per step, in layer order (see "Applying
             a rebalance in chunks of layers" in the module docstring); ``k >= L`` is all at once.
+        progress: ``None``, or called as ``progress(steps done, T, "")`` at the start and after
+            every block of :data:`CHUNK` steps (:class:`eplb.io.progress.Progress` shows it).
     Returns:
         A :class:`SimulationResult`.
     """
@@ -442,6 +447,8 @@ def simulate(counts, deployment: Deployment | None = None, *, policy=None, cost_
     deployment = PolicyContext(given, num_layers, cost_model)
     policy = NoRebalance() if policy is None else check_policy(policy)
     _warn_if_too_short(policy, num_steps)
+    if progress is not None:
+        progress(0, num_steps, "")
     if initial is None:
         steps = as_int(initial_steps, "initial_steps", minimum=1)
         initial = deployment.plan(_series_block(series, 0, min(steps, num_steps)).sum(axis=0), "greedy")
@@ -449,7 +456,7 @@ def simulate(counts, deployment: Deployment | None = None, *, policy=None, cost_
     step_layers = num_layers if layers_per_step is None else layers_per_step
     replay = _Replay(deployment, target, dispatch, num_steps, step_layers)
     _call_policy(policy, "start", target, deployment)
-    replay.run(series, policy, num_steps)
+    replay.run(series, policy, num_steps, progress)
     return SimulationResult(
         layer_time=replay.layer_time, balanced_time=replay.balanced, stall_time=replay.stall, copies=replay.copies,
         copy_time=replay.copy_time, rebalance_steps=np.asarray(replay.rebalance_steps, np.int64),

@@ -22,7 +22,7 @@ from __future__ import annotations
 import itertools
 import os
 import warnings
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, as_completed
 
 from ..model._validation import as_int
 from ..model.cost import CostModel
@@ -62,6 +62,12 @@ def _run_point(args) -> tuple[dict, list]:
     return row, [(w.category, str(w.message)) for w in caught]
 
 
+def _point_label(row: dict) -> str:
+    """What a sweep run was, for progress: ``"policy at S slots on G GPUs / N nodes"``."""
+    return (f"{row['policy']} at {row['num_slots']} slots on {row['num_gpus']} GPUs / {row['num_nodes']} nodes, "
+            f"{row['dispatch']}")
+
+
 def _deployments(deployments, grid_keywords: dict, num_experts: int) -> list[Deployment]:
     """The deployments a :func:`sweep` was given: one value, a list of them, or (deprecated) the
     grid's keywords, which build :meth:`Deployment.grid` and warn with the call to write."""
@@ -93,7 +99,7 @@ def _deployments(deployments, grid_keywords: dict, num_experts: int) -> list[Dep
 
 
 def sweep(counts, deployments=None, *, policies=("balancer",), cost_model: CostModel | None = None,
-          workers: int | None = None, check_every: int = 100, **grid_keywords) -> list[dict]:
+          workers: int | None = None, check_every: int = 100, progress=None, **grid_keywords) -> list[dict]:
     """Simulate the same series through every deployment and policy.
 
     Args:
@@ -110,6 +116,8 @@ def sweep(counts, deployments=None, *, policies=("balancer",), cost_model: CostM
         workers: processes (default: every core; 1 runs in this process).
         check_every: steps between the Balancer's decisions (policy ``"balancer"``; as
             :func:`eplb.serving.policy.policy_by_name` and ``eplb simulate --check-every``).
+        progress: ``None``, or called as ``progress(runs done, runs in all, what)`` at the start and
+            as each run ends (:class:`eplb.io.progress.Progress` shows it).
     Returns:
         Rows (dicts) in the order of the product deployments x policies: the deployment
         (``num_slots``, ``redundant_slots``, ``extra_slots_per_gpu``, ``num_gpus``, ``num_nodes``,
@@ -134,11 +142,19 @@ def sweep(counts, deployments=None, *, policies=("balancer",), cost_model: CostM
     jobs = [(series, deployment, policy, cost_model, check_every)
             for deployment, policy in itertools.product(listed, policies)]
     workers = (os.cpu_count() or 1) if workers is None else as_int(workers, "workers", minimum=1)
+    tell = progress if progress is not None else (lambda done, total, note: None)
+    tell(0, len(jobs), "")
     if workers == 1 or len(jobs) == 1:
-        done = [_run_point(job) for job in jobs]
+        done = []
+        for job in jobs:
+            done.append(_run_point(job))
+            tell(len(done), len(jobs), _point_label(done[-1][0]))
     else:
         with ProcessPoolExecutor(max_workers=min(workers, len(jobs))) as pool:
-            done = list(pool.map(_run_point, jobs))
+            futures = [pool.submit(_run_point, job) for job in jobs]
+            for finished, future in enumerate(as_completed(futures), 1):
+                tell(finished, len(jobs), _point_label(future.result()[0]))
+            done = [future.result() for future in futures]
     for category, message in dict.fromkeys(w for _, caught in done for w in caught):  # each once, in order
         warnings.warn(message, category, stacklevel=2)
     return [row for row, _ in done]

@@ -388,6 +388,29 @@ def test_record_refuses_longdouble_beyond_float64():
     assert balancer.steps == 0
 
 
+@settings(max_examples=25, deadline=None)
+@given(window=st.integers(1, 64), forecast=st.integers(0, 1000), physical=st.booleans(), seed=st.integers(0, 2**32 - 1))
+def test_record_refuses_counts_whose_window_sums_would_overflow(window, forecast, physical, seed):
+    """Issue 44 item 9: a count above ``count_limit`` (1e308 is finite, but a window of it overflows)
+    is refused by record(), leaving the window as it was; a window of passes at the limit, per
+    expert or per slot, keeps its sums, forecast and decision finite."""
+    balancer = make(window=window, forecast=forecast, compile="lazy")
+    limit = balancer.count_limit
+    width = 80 if physical else 64
+    over = np.ones((6, width))
+    over[2, 5] = np.nextafter(limit, np.inf)
+    with pytest.raises(ValueError, match=r"counts must be at most .* at flat index " + str(2 * width + 5)):
+        balancer.record(over, physical=physical)
+    assert balancer.steps == 0
+    rng = np.random.default_rng(seed)
+    for _ in range(window):
+        load = rng.pareto(1.0, (6, width))
+        balancer.record(load / load.max() * limit, physical=physical)
+    assert np.isfinite(balancer.window_counts()).all() and np.isfinite(balancer.planning_counts()).all()
+    balancer.should_rebalance()  # plans on the window as it is: no overflow, no exception
+    assert np.isfinite(balancer.last_decision["balancedness"])
+
+
 def test_record_takes_torch_half_and_bfloat16():
     torch = pytest.importorskip("torch")
     counts = np.random.default_rng(6).integers(0, 100, (6, 64))

@@ -6,6 +6,7 @@ worker that died or a closed balancer refused. Small sizes; each worker costs a 
 from __future__ import annotations
 
 import os
+import re
 import signal
 import time
 
@@ -240,13 +241,137 @@ def test_the_pass_is_handed_over_after_a_memory_fence():
 
     from eplb.kernels.load_window import memory_fence, stage_pass
 
-    row, header = np.zeros((2, 3), np.uint16), np.zeros(4, np.int64)
-    assert not stage_pass(np.arange(6, dtype=np.uint16).reshape(2, 3), row, header, 2, 7)
+    row, header, limit = np.zeros((2, 3), np.uint16), np.zeros(4, np.int64), 1e300
+    assert not stage_pass(np.arange(6, dtype=np.uint16).reshape(2, 3), row, header, 2, 7, limit)
     assert header[2] == 7 and row.ravel().tolist() == list(range(6))
-    assert stage_pass(np.array([[1.0, -1.0]]), np.zeros((1, 2)), header, 2, 8) and header[2] == 7  # bad: not handed
+    assert stage_pass(np.array([[1.0, -1.0]]), np.zeros((1, 2)), header, 2, 8, limit) and header[2] == 7  # bad: not handed
+    assert stage_pass(np.array([[1.0, 5.0]]), np.zeros((1, 2)), header, 2, 8, 4.0) and header[2] == 7  # above the limit
     fresh = numba.njit(stage_pass.py_func)  # compiled here: a cached kernel cannot show its code
-    fresh(row, row.copy(), header, 2, 9)
+    fresh(row, row.copy(), header, 2, 9, limit)
     fence = numba.njit(memory_fence.py_func)
     fence()
     for kernel in (fresh, fence):
         assert all("fence seq_cst" in ir for ir in kernel.inspect_llvm().values())
+
+
+def test_a_proposal_polled_after_twenty_checks_can_be_committed():
+    """Issue 44 item 8: 20 checks, then poll(), then commit() of the placement it returned (the
+    worker kept only its newest 8 proposals: ``KeyError: 0``, then every call failed). Any proposal
+    the caller still holds can be committed, those it dropped are released in the worker, and the
+    balancer goes on."""
+    import gc
+
+    counts = passes(40, seed=5)
+    synchronous = eplb.Balancer(LAYERS, DEPLOYMENT, **CONFIG)
+    with eplb.BackgroundBalancer(LAYERS, DEPLOYMENT, **CONFIG) as background:
+        for load in counts[:20]:
+            background.record(load)
+            synchronous.record(load)
+        checks = [background.check() for _ in range(20)]
+        assert background.wait(60)
+        proposals = [background.poll() for _ in checks]  # no commit between the checks: none is stale
+        assert all(p is not None for p in proposals) and background.poll() is None
+        assert [d["check"] for d in background.decisions] == checks
+        first, last = proposals[0][0], proposals[-1][0]
+        del proposals
+        gc.collect()  # the caller keeps two of the twenty: the worker may drop the others
+        background.commit(first)  # check 0's, planned 19 checks before the newest
+        background.commit(last, (0, 3))  # another one the caller held, in part
+        expected, _ = synchronous.rebalance(commit=False)
+        synchronous.commit(expected)
+        assert_same_placement(first, expected)
+        np.testing.assert_array_equal(last.phy2log, expected.phy2log)
+        assert background.rebalances == 2 and background.placement.phy2log.tolist() == expected.phy2log.tolist()
+        state = background.state_dict()
+        assert state["rebalances"] == 2 and state["phy2log"].tolist() == expected.phy2log.tolist()
+        for load in counts[20:]:  # and it goes on: record, check, poll, commit
+            background.record(load)
+            synchronous.record(load)
+        background.check()
+        assert background.wait(60)
+        proposal = background.poll()
+        if synchronous.should_rebalance():
+            assert_same_placement(proposal[0], synchronous.rebalance(commit=False)[0])
+            background.commit(proposal[0])
+        else:
+            assert proposal is None
+        assert background.wait(60) and background.state_dict()["steps"] == 40
+
+
+def test_record_refuses_counts_whose_window_sums_would_overflow():
+    """Issue 44 item 9: a finite count so large that the window's sums overflow (1e308) is refused
+    by record() with a ValueError naming the limit, as by a Balancer; the largest count taken keeps
+    every check working, and the worker goes on."""
+    synchronous = eplb.Balancer(LAYERS, DEPLOYMENT, **CONFIG)
+    with eplb.BackgroundBalancer(LAYERS, DEPLOYMENT, **CONFIG) as background:
+        limit = synchronous.count_limit
+        assert 1e290 < limit < 1e308
+        for dtype in (np.float64, np.float32, np.float16):  # the compiled and the widened staging
+            huge = np.ones((LAYERS, EXPERTS))
+            huge[1, 2] = min(1e308, float(np.finfo(dtype).max))
+            if huge[1, 2] <= limit:
+                continue  # float32, float16: their largest value is far below the limit
+            for balancer in (background, synchronous):
+                with pytest.raises(ValueError, match=re.escape(f"counts must be at most {limit:.3g} (beyond it the "
+                                                               "window's sums overflow float64")
+                                   + f".* found 1e\\+308 at flat index {EXPERTS + 2}"):
+                    balancer.record(huge.astype(dtype))
+        rng = np.random.default_rng(4)
+        for _ in range(CONFIG["window"]):  # a window of passes at the limit
+            load = rng.pareto(1.0, (LAYERS, EXPERTS))
+            load = load / load.max() * limit
+            background.record(load)
+            synchronous.record(load)
+        background.check()
+        assert background.wait(60)
+        proposal = background.poll()  # no exception: the window's sums stayed finite
+        assert (proposal is not None) == synchronous.should_rebalance()
+        assert np.isfinite(synchronous.planning_counts()).all()
+        assert_same_state(background.state_dict(), synchronous.state_dict())
+
+
+def test_an_exception_in_a_check_is_raised_by_poll_and_the_worker_goes_on():
+    """Issue 44 item 9: an exception in one check (here the planning method refuses an option, which
+    it reads only when a check plans) is raised by the poll() that reads that check's outcome, with
+    the worker's traceback, and named in last_decision; later passes, checks and state work, as
+    they do for a Balancer (every call failed after it)."""
+    config = {**CONFIG, "options": {"no_such_option": 1}}
+    synchronous = eplb.Balancer(LAYERS, DEPLOYMENT, **config)
+    even = 10.0 * eplb.Balancer(LAYERS, DEPLOYMENT, **CONFIG).placement.logcnt  # every slot the same load
+    with eplb.BackgroundBalancer(LAYERS, DEPLOYMENT, **config) as background:
+        for load in passes(CONFIG["window"], seed=2):  # skewed: the check plans, and the method raises
+            background.record(load)
+            synchronous.record(load)
+        failing = background.check()
+        with pytest.raises(ValueError, match="unknown option") as raised:
+            synchronous.should_rebalance()
+        assert background.wait(60)
+        with pytest.raises(ValueError, match="unknown option") as remote:
+            background.poll()
+        assert str(remote.value) == str(raised.value) and "in the eplb worker process" in str(remote.value.__cause__)
+        assert background.last_decision["check"] == failing and not background.last_decision["rebalance"]
+        assert "the check raised ValueError" in background.last_decision["reason"]
+        assert background.pending_checks == 0 and background.poll() is None
+        for _ in range(CONFIG["window"]):  # balanced loads: no plan needed, so no error
+            background.record(even)
+            synchronous.record(even)
+        background.check()
+        assert background.wait(60) and background.poll() is None
+        assert not synchronous.should_rebalance()
+        assert background.last_decision["reason"] == synchronous.last_decision["reason"]
+        assert_same_state(background.state_dict(), synchronous.state_dict())
+
+
+def test_a_background_balancer_cannot_be_copied_and_stays_usable():
+    """Issue 44 item 14: copy.copy(balancer) shared the worker, so close() on the copy left the
+    original saying closed == False while every call failed. Copying (and deepcopy, pickle) is
+    refused with a TypeError that says how to get a second one; the original is untouched."""
+    import copy
+    import pickle
+
+    with eplb.BackgroundBalancer(LAYERS, DEPLOYMENT, **CONFIG) as background:
+        for attempt in (copy.copy, copy.deepcopy, pickle.dumps):
+            with pytest.raises(TypeError, match=r"cannot be copied or pickled.*BackgroundBalancer.from_state_dict"):
+                attempt(background)
+        background.record(np.ones((LAYERS, EXPERTS)))
+        assert not background.closed and background.wait(60) and background.state_dict()["steps"] == 1

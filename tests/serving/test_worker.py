@@ -167,6 +167,35 @@ def test_bad_input_raises_the_same_value_error(worker):
     assert isinstance(worker.should_rebalance(), bool)
 
 
+def test_record_refuses_counts_whose_window_sums_would_overflow_as_the_balancer_does(worker):
+    """Issue 44 item 9: 1e308 is finite, but a window of such passes overflows: refused by record()
+    in the caller, with the limit the child's Balancer has."""
+    limit = eplb.Balancer(LAYERS, DEPLOYMENT, **CONFIG).count_limit
+    assert worker.count_limit == limit
+    huge = np.ones((LAYERS, EXPERTS))
+    huge[0, 3] = 1e308
+    steps = worker.steps
+    with pytest.raises(ValueError, match=r"counts must be at most .* found 1e\+308 at flat index 3"):
+        worker.record(huge)
+    huge[0, 3] = limit
+    worker.record(huge)  # the limit itself is taken
+    assert worker.steps == steps + 1 and np.isfinite(worker.planning_counts()).all()
+
+
+def test_a_balancer_process_cannot_be_copied_and_stays_usable(worker):
+    """Issue 44 item 14: a copy shared the child, so close() on it stopped the original's child while
+    the original said closed == False. Copying, deepcopy and pickle are refused with a TypeError."""
+    import copy
+    import pickle
+
+    for attempt in (copy.copy, copy.deepcopy, pickle.dumps):
+        with pytest.raises(TypeError, match=r"cannot be copied or pickled.*BalancerProcess.from_state_dict"):
+            attempt(worker)
+    steps = worker.steps
+    worker.record(np.ones((LAYERS, EXPERTS)))
+    assert not worker.closed and worker.state_dict()["steps"] == steps + 1
+
+
 def test_bad_configuration_is_refused():
     with pytest.raises(TypeError, match=r"unexpected keyword arguments \['windows'\]"):
         eplb.BalancerProcess(LAYERS, DEPLOYMENT, windows=3)
