@@ -12,7 +12,7 @@ import io
 import numpy as np
 import pytest
 from brute_force import fewest_doubled, optimum
-from checks import avoidable_doubled
+from checks import assert_valid, avoidable_doubled
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -270,3 +270,55 @@ def test_interrupt_while_building_a_model_keeps_the_solved_layers(monkeypatch):
     assert placement.info["interrupted"]
     assert placement.info["status"][1:] == ["INTERRUPTED", "SKIPPED"]
     assert placement.info["optimal"][0] and not placement.info["optimal"][1:].any()
+
+
+# -- the spread rule and the budget -----------------------------------------------------------------
+
+GREEDY_DOUBLES = np.array([[27481.2, 2791.8, 2183, 3020.3, 4568.7, 18017, 19920, 4664.7, 4583.9, 3533.4, 12763.6,
+                            1303.1]])  # greedy doubles a replica here that the counts let others spread (issue 22)
+GREEDY_DOUBLES_CONFIG = dict(num_slots=24, num_gpus=8, num_nodes=2, num_groups=4)
+
+
+def test_when_the_budget_ends_before_a_proof_the_plan_keeps_the_rule_and_says_so():
+    counts = skewed_counts(2, 24, tokens=4096, seed=7)
+    config = dict(num_slots=36, num_gpus=6)
+    placement = eplb.plan(counts, method="exact", deterministic_time=1e-3, **config)
+    info = placement.info
+    assert not info["optimal"].any() and set(info["status"]) <= {"FEASIBLE", "UNKNOWN"}
+    assert (placement.replicas_sharing_a_gpu() == 0).all() and (info["doubled"] == 0).all()
+    assert (placement.max_load <= eplb.plan(counts, **config).max_load * (1 + REL)).all()  # the warm start at worst
+    assert (placement.lower_bound <= placement.max_load * (1 + REL)).all()
+
+
+def test_a_time_limit_spent_building_the_model_keeps_the_warm_start_and_says_so():
+    counts = skewed_counts(2, 12, tokens=1024, seed=3)
+    placement = eplb.plan(counts, method="exact", time_limit=1e-9, **GREEDY_DOUBLES_CONFIG)
+    info = placement.info
+    assert info["status"] == ["UNKNOWN", "UNKNOWN"] and info["source"] == ["warm start", "warm start"]
+    assert not info["optimal"].any()
+    assert placement == eplb.plan(counts, method=DEFAULT_METHOD, **GREEDY_DOUBLES_CONFIG)
+    assert (avoidable_doubled(placement, True) == 0).all()
+
+
+def test_a_warm_start_that_breaks_the_rule_is_rearranged_to_keep_it():
+    deployment = eplb.Deployment.of(12, **GREEDY_DOUBLES_CONFIG)
+    greedy = eplb.plan(GREEDY_DOUBLES, deployment, method="greedy")
+    assert avoidable_doubled(greedy, True)[0] > 0
+    for budget in (1e-6, 1.0):  # before the search finds anything, and after
+        phy2log, info = exact.solve(GREEDY_DOUBLES, deployment, greedy.phy2log, time_limit=None, workers=1,
+                                    deterministic_time=budget, progress=False)
+        assert info["warm_start_rearranged"][0]
+        placement = eplb.Placement(phy2log, 12, deployment.topology, 4)
+        assert (avoidable_doubled(placement, True) == 0).all()
+        assert_groups_on_one_node(placement, 4)
+        assert_valid(placement, 12)
+
+
+def test_exact_reports_its_doubled_replicas_and_where_its_plan_came_from():
+    counts = skewed_counts(3, 6, tokens=256, seed=9)
+    topology = eplb.Topology(np.array([1, 3, 4]))  # uneven: some replica counts fit only doubled
+    placement = eplb.plan(counts, topology=topology, method="exact", deterministic_time=1.0)
+    info = placement.info
+    np.testing.assert_array_equal(info["doubled"], placement.replicas_sharing_a_gpu())
+    assert set(info["source"]) <= {"search", "warm start"} and len(info["source"]) == 3
+    assert (avoidable_doubled(placement, False) == 0).all()
