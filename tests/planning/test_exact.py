@@ -12,6 +12,7 @@ import io
 import numpy as np
 import pytest
 from brute_force import fewest_doubled, optimum
+from checks import assert_valid, avoidable_doubled
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -61,12 +62,16 @@ def tiny_instances(draw, hierarchical: bool):
 
 
 def check_against_brute_force(counts, topology, num_groups):
-    """The brute-force optimum equals the exact plan's load; bounds below, heuristics above it."""
+    """The exact plan's load is the brute-force optimum among the placements that keep the spread
+    rule, and keeps it; bounds below the optimum of every placement, the methods that keep the rule
+    at or above the exact plan's load, and the published greedy above the unconstrained optimum."""
     best = float(optimum(counts, topology.slots_per_gpu, topology.num_nodes, num_groups))
+    spread = float(optimum(counts, topology.slots_per_gpu, topology.num_nodes, num_groups, spread_rule=True))
     placement = eplb.plan(counts, topology=topology, num_groups=num_groups, method="exact", time_limit=20)
     assert placement.info["optimal"][0], placement.info["status"]
-    assert placement.max_load[0] == pytest.approx(best, rel=REL, abs=1e-12)
-    assert placement.lower_bound[0] == pytest.approx(best, rel=REL, abs=1e-12)
+    assert placement.max_load[0] == pytest.approx(spread, rel=REL, abs=1e-12)
+    assert placement.lower_bound[0] == pytest.approx(spread, rel=REL, abs=1e-12)
+    assert (avoidable_doubled(placement, placement.deployment.hierarchical) == 0).all()
     if num_groups is not None:
         assert_groups_on_one_node(placement, num_groups)
     for bound_name, bound in eplb.lower_bounds(counts[None, :], eplb.Deployment.of(counts.shape[-1], topology=topology)).items():
@@ -81,8 +86,10 @@ def check_against_brute_force(counts, topology, num_groups):
             assert "slots" in str(exc)
             continue
         assert other.max_load[0] >= best * (1 - REL) - 1e-12, method
+        if method != "greedy":  # the others keep the rule, so the exact plan certifies them
+            assert other.max_load[0] >= spread * (1 - REL) - 1e-12, method
         if method == DEFAULT_METHOD:
-            assert other.max_load[0] <= best * (1 + DEFAULT_TOLERANCE[topology.is_uniform]) + 1e-12
+            assert other.max_load[0] <= spread * (1 + DEFAULT_TOLERANCE[topology.is_uniform]) + 1e-12
 
 
 def assert_groups_on_one_node(placement, num_groups):
@@ -109,27 +116,41 @@ def test_exact_matches_brute_force_hierarchical(instance):
 @pytest.mark.slow
 @settings(max_examples=25, deadline=None)
 @given(st.lists(st.integers(1, 60), min_size=6, max_size=6))
-def test_exact_spreads_replicas_over_gpus_wherever_its_max_load_allows(weights):
-    """A second replica of an expert on the GPU that holds the first serves nothing the first does
-    not: among plans of the optimum max load, exact keeps the fewest (brute force says how few)."""
+def test_exact_spreads_replicas_over_gpus_wherever_the_counts_allow(weights):
+    """6 experts on 4 GPUs of 2 slots: every replica count the cap allows fits spread, so the exact
+    plan holds no expert twice on a GPU, at the brute-force optimum of the plans that keep the rule."""
     counts = np.array([weights], dtype=np.float64)
     placement = eplb.plan(counts, num_slots=8, num_gpus=4, method="exact", time_limit=10)
     assert placement.info["status"] == ["OPTIMAL"]
-    per_gpu = placement.phy2log.reshape(4, 2)
-    doubled = sum(2 - len(set(row)) for row in per_gpu)
-    assert doubled == fewest_doubled(weights, [2] * 4, placement.max_load[0])
+    assert placement.replicas_sharing_a_gpu()[0] == 0
+    assert placement.max_load[0] == pytest.approx(float(optimum(weights, [2] * 4, spread_rule=True)), rel=1e-12)
 
 
 @pytest.mark.slow
-def test_exact_spreads_the_replicas_it_doubled_before():
-    # 8 experts on 12 slots / 4 GPUs: the first stage's optimum put two replicas of an expert on one GPU
+def test_exact_spreads_the_replicas_its_unconstrained_optimum_doubles():
+    # 8 experts on 12 slots / 4 GPUs: every plan of the unconstrained optimum, 154/3, doubles a
+    # replica (tests/brute_force.py); the exact plan keeps the rule at the optimum of those that do
     counts = np.array([[49.0, 20.0, 27.0, 47.0, 8.0, 18.0, 8.0, 27.0]])
     placement = eplb.plan(counts, num_slots=12, num_gpus=4, method="exact", time_limit=10)
-    doubled = sum(3 - len(set(row)) for row in placement.phy2log.reshape(4, 3))
-    # tests/brute_force.py (about a minute here): the optimum is 154/3 and a plan of that load
-    # doubles at least 1 replica; the first stage alone returned a plan doubling 2
-    assert placement.max_load[0] == pytest.approx(154 / 3, rel=1e-12)
-    assert doubled == 1
+    assert placement.replicas_sharing_a_gpu()[0] == 0
+    assert placement.info["optimal"][0]
+    assert placement.max_load[0] == pytest.approx(float(optimum(counts[0], [3] * 4, spread_rule=True)), rel=1e-12)
+    assert placement.max_load[0] > 154 / 3
+
+
+@pytest.mark.slow
+@settings(max_examples=15, deadline=None)
+@given(st.lists(st.integers(1, 60), min_size=4, max_size=4))
+def test_where_the_counts_force_a_doubled_replica_exact_keeps_the_fewest(weights):
+    """4 experts on GPUs of 1, 3 and 4 slots: some replica counts fit no spread arrangement, and the
+    rule then lets an expert sit twice on a GPU; among the plans of the exact plan's load that keep
+    the rule, it doubles the fewest (the spreading search, with the budget the first left)."""
+    counts = np.array([weights], dtype=np.float64)
+    topology = eplb.Topology(np.array([1, 3, 4]))
+    placement = eplb.plan(counts, topology=topology, method="exact", time_limit=10)
+    assert placement.info["status"] == ["OPTIMAL"]
+    assert placement.info["doubled"][0] == placement.replicas_sharing_a_gpu()[0]
+    assert placement.info["doubled"][0] == fewest_doubled(weights, [1, 3, 4], placement.max_load[0], spread_rule=True)
 
 
 def test_fractional_counts_use_rounded_loads_and_stay_exact_within_precision():
@@ -249,3 +270,55 @@ def test_interrupt_while_building_a_model_keeps_the_solved_layers(monkeypatch):
     assert placement.info["interrupted"]
     assert placement.info["status"][1:] == ["INTERRUPTED", "SKIPPED"]
     assert placement.info["optimal"][0] and not placement.info["optimal"][1:].any()
+
+
+# -- the spread rule and the budget -----------------------------------------------------------------
+
+GREEDY_DOUBLES = np.array([[27481.2, 2791.8, 2183, 3020.3, 4568.7, 18017, 19920, 4664.7, 4583.9, 3533.4, 12763.6,
+                            1303.1]])  # greedy doubles a replica here that the counts let others spread (issue 22)
+GREEDY_DOUBLES_CONFIG = dict(num_slots=24, num_gpus=8, num_nodes=2, num_groups=4)
+
+
+def test_when_the_budget_ends_before_a_proof_the_plan_keeps_the_rule_and_says_so():
+    counts = skewed_counts(2, 24, tokens=4096, seed=7)
+    config = dict(num_slots=36, num_gpus=6)
+    placement = eplb.plan(counts, method="exact", deterministic_time=1e-3, **config)
+    info = placement.info
+    assert not info["optimal"].any() and set(info["status"]) <= {"FEASIBLE", "UNKNOWN"}
+    assert (placement.replicas_sharing_a_gpu() == 0).all() and (info["doubled"] == 0).all()
+    assert (placement.max_load <= eplb.plan(counts, **config).max_load * (1 + REL)).all()  # the warm start at worst
+    assert (placement.lower_bound <= placement.max_load * (1 + REL)).all()
+
+
+def test_a_time_limit_spent_building_the_model_keeps_the_warm_start_and_says_so():
+    counts = skewed_counts(2, 12, tokens=1024, seed=3)
+    placement = eplb.plan(counts, method="exact", time_limit=1e-9, **GREEDY_DOUBLES_CONFIG)
+    info = placement.info
+    assert info["status"] == ["UNKNOWN", "UNKNOWN"] and info["source"] == ["warm start", "warm start"]
+    assert not info["optimal"].any()
+    assert placement == eplb.plan(counts, method=DEFAULT_METHOD, **GREEDY_DOUBLES_CONFIG)
+    assert (avoidable_doubled(placement, True) == 0).all()
+
+
+def test_a_warm_start_that_breaks_the_rule_is_rearranged_to_keep_it():
+    deployment = eplb.Deployment.of(12, **GREEDY_DOUBLES_CONFIG)
+    greedy = eplb.plan(GREEDY_DOUBLES, deployment, method="greedy")
+    assert avoidable_doubled(greedy, True)[0] > 0
+    for budget in (1e-6, 1.0):  # before the search finds anything, and after
+        phy2log, info = exact.solve(GREEDY_DOUBLES, deployment, greedy.phy2log, time_limit=None, workers=1,
+                                    deterministic_time=budget, progress=False)
+        assert info["warm_start_rearranged"][0]
+        placement = eplb.Placement(phy2log, 12, deployment.topology, 4)
+        assert (avoidable_doubled(placement, True) == 0).all()
+        assert_groups_on_one_node(placement, 4)
+        assert_valid(placement, 12)
+
+
+def test_exact_reports_its_doubled_replicas_and_where_its_plan_came_from():
+    counts = skewed_counts(3, 6, tokens=256, seed=9)
+    topology = eplb.Topology(np.array([1, 3, 4]))  # uneven: some replica counts fit only doubled
+    placement = eplb.plan(counts, topology=topology, method="exact", deterministic_time=1.0)
+    info = placement.info
+    np.testing.assert_array_equal(info["doubled"], placement.replicas_sharing_a_gpu())
+    assert set(info["source"]) <= {"search", "warm start"} and len(info["source"]) == 3
+    assert (avoidable_doubled(placement, False) == 0).all()

@@ -12,6 +12,7 @@ from hypothesis import given, strategies as st
 
 import eplb
 from eplb.method_comparison import compare
+from eplb.io.comparison_report import format_table
 from eplb.io.workloads import read_workload, tile_experts
 from eplb.simulation.comparison import BROKEN, OK, Workload, check_plan, fold_edges
 from eplb.simulation.method_runner import parse_method
@@ -69,6 +70,9 @@ def check_row_independently(result, counts: np.ndarray, deployment: dict) -> Non
         per_window = [mean_balance(loads_from_phy2log(plan, counts[t], k)) for t in range(lo, hi)]
         scores.append(np.nanmean(per_window))
     assert f["held_out"] == pytest.approx(float(np.mean(scores)), abs=1e-9)
+    # doubled replicas: per layer and GPU, its slots minus the distinct experts it holds
+    per_gpu = result.placement.phy2log.reshape(-1, k)
+    assert f["doubled"] == sum(k - len(set(block.tolist())) for block in per_gpu)
 
 
 # -- one comparison with every kind of method -------------------------------------------------------
@@ -129,6 +133,19 @@ def test_doubled_replicas_and_groups_off_their_node_are_flagged_not_refused(mixe
     assert doubled.figures["doubled"] == 4 * (2 + 4)
     assert spread.figures["groups_off_node"] == 4 and spread.figures["bound"] == "global"
     assert greedy.figures["groups_off_node"] == 0 and greedy.figures["bound"] == "hierarchical"
+
+
+def test_the_table_shows_every_methods_doubled_replicas_beside_the_gap(mixed):
+    comparison, rows = mixed
+    table = format_table(comparison.results).splitlines()
+    head = table[0].index("method") + 28  # workload, deployment and method columns
+    figures = table[0][head:].replace("held out", "held_out").replace("step ms", "step_ms").split()
+    for name in ("greedy", "balanced", "round_robin", "doubled"):  # eplb's methods and foreign ones
+        line = next(line for line in table[1:] if line[:head].rstrip().endswith(name))
+        cells = dict(zip(figures, line[head:].split()))
+        assert cells["gap"] == f"{100 * rows[name].figures['gap']:.2f}%"
+        assert int(cells["doubled"]) == rows[name].figures["doubled"]
+    assert figures.index("doubled") > figures.index("gap")
 
 
 @pytest.mark.slow

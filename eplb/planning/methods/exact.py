@@ -39,13 +39,23 @@ def load_solver():
 def exact_method(weights: np.ndarray, deployment: Deployment, *, time_limit: float | None = None,
                  deterministic_time: float | None = None, workers: int = 1, progress: bool | None = None
                  ) -> tuple[np.ndarray, dict]:
-    """Options:
-        time_limit: per layer, in wall-clock seconds (model building included), > 0. Default
-            :data:`DEFAULT_TIME_LIMIT` unless ``deterministic_time`` is given. Where the search
-            stops then depends on the machine's speed and load.
-        deterministic_time: per layer, in CP-SAT deterministic time units (a count of work, about
-            one second of one core), > 0: the same input then gives the same plan on every run and
-            machine. With both options the search stops at whichever comes first.
+    """The lowest max load among the placements that keep the spread rule (no two replicas of an
+    expert on one GPU where the replica counts allow otherwise), warm-started from the default
+    method's plan, which keeps it too: when the budget ends before a proof, the plan is the best
+    found so far (``info["status"]`` FEASIBLE or UNKNOWN, ``info["optimal"]`` False) and still
+    keeps the rule. ``info`` also has ``doubled`` ``[L]`` and ``source`` ``[L]``
+    (:func:`eplb.planning.methods.exact_model.solve`).
+
+    Options:
+        time_limit: per layer, in wall-clock seconds, > 0: every stage of the layer (building the
+            model, the search, the spreading search) ends within it (the up-front warm start and
+            bound take milliseconds once compiled). Default :data:`DEFAULT_TIME_LIMIT` unless
+            ``deterministic_time`` is given. Where the search stops then depends on the machine's
+            speed and load.
+        deterministic_time: per layer, every stage included, in CP-SAT deterministic time units
+            (a count of work, about one second of one core), > 0: the same input then gives the
+            same plan on every run and machine. With both options the search stops at whichever
+            comes first.
         workers: CP-SAT search workers, >= 1 and <= :data:`CP_SAT_INT_MAX` (several workers run
             interleaved, still deterministic).
         progress: per-layer progress bar on stderr; None (default) shows it when stderr is a terminal.

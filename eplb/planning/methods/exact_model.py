@@ -22,15 +22,32 @@ proven bound stays a valid lower bound (the plan's true load is recomputed from 
 Hierarchical mode (``deployment.hierarchical``) adds a boolean ``a[q, n]`` per group and node: each
 group sits on exactly one node, and its experts' replicas only on that node's GPUs.
 
+The spread rule every method keeps (:mod:`eplb.planning.spread`): in each domain ``d`` (every GPU,
+or one node when hierarchical) with ``n_d`` GPUs holding slots, whose ``j`` largest slot counts
+sum to ``K[d, j]``::
+
+    r_e <= n_d                  the cap, where it applies (global: a bound on r_e; hierarchical:
+                                enforced by a[q, n] and cap[n], cap[n] <=> the node's groups are
+                                enough experts for it)
+    not double[d]  =>  x[e, g] <= 1 for the GPUs g of d
+    double[d]      =>  OR_j  sum_{e in d} min(r_e, j) <= K[d, j] - 1
+
+so GPUs of a domain hold an expert twice only where its experts' replica counts cannot be spread
+(``min(r_e, j) = sum_r min(r, j) * y[e, r]`` is linear; in hierarchical mode the sum over the
+node's experts is ``sum_q`` of the group's sum where ``a[q, n]``, else 0). The optimum, the bound
+and "optimal" are then over the placements that keep the rule: the ones every method returns
+(the published greedy's may break it, and may then be lighter than that bound).
+
 Symmetry breaking: GPUs that are interchangeable (same slot count, and same node in hierarchical
 mode) are ordered by non-increasing load; in hierarchical mode with identical nodes, group ``q``
 may only use nodes ``0 .. q`` (the first group on node 0, and so on). The warm start (a solution
 hint) comes from the default method, relabelled to satisfy the same order.
 
-Time: ``time_limit`` is wall-clock seconds per layer (model building included);
-``deterministic_time`` is CP-SAT's deterministic time (a count of work, about one second on one
-core per unit). The search runs with a fixed seed: with ``deterministic_time`` alone the same input
-gives the same placement on every run; a wall-clock limit can stop it at a different point.
+Time: ``time_limit`` is wall-clock seconds per layer, every stage included (building the model, the
+search, the spreading search); ``deterministic_time`` is CP-SAT's deterministic time per layer (a
+count of work, about one second on one core per unit), shared the same way. The search runs with a
+fixed seed: with ``deterministic_time`` alone the same input gives the same placement on every run;
+a wall-clock limit can stop it at a different point.
 """
 
 from __future__ import annotations
@@ -49,12 +66,22 @@ from ...analysis.loads import slot_order_peaks
 from ...model.deployment import Deployment
 from ...model.counts import power_of_two_scale
 from ...model.topology import Topology
+from ..spread import capped, domains, largest_slot_sums, spread_row
 
 # Largest scaled total load of a layer. CP-SAT computes in int64 but multiplies coefficients in places
 # (linearisation, cuts): measured on a 24-expert instance, totals of 2**37 gave false INFEASIBLE / OPTIMAL
 # answers, 2**34 and below did not; 2**31 keeps a wide margin.
 _SCALED_TOTAL = 2**31
 OPTIMALITY_TOLERANCE = 1e-6  # relative, only when the loads had to be rounded
+
+
+class OutOfTime(Exception):
+    """The layer's wall-clock budget ran out while the model was being built."""
+
+
+def _check_deadline(deadline: float | None) -> None:
+    if deadline is not None and time.perf_counter() > deadline:
+        raise OutOfTime
 
 
 @dataclass(frozen=True)
@@ -127,6 +154,17 @@ def _identical_nodes(topology: Topology) -> bool:
     return bool((per_node == per_node[0]).all())
 
 
+def _most_replicas(num_experts: int, deployment: Deployment) -> int:
+    """The largest replica count an expert may get: every other expert on one slot, and in a
+    global placement where the cap applies, no more than the GPUs with slots."""
+    most = deployment.num_slots - num_experts + 1
+    if not deployment.hierarchical:
+        active = deployment.topology.slots_per_gpu[deployment.topology.slots_per_gpu > 0]
+        if capped(num_experts, active):
+            most = min(most, len(active))
+    return most
+
+
 def _lower_bound_scaled(bound: float, scale: float, exact: bool, max_slots: int) -> int:
     """A closed-form bound in the model's integer units, rounded so it never cuts the optimum."""
     scaled = math.floor(bound * scale * (1.0 - 1e-9))
@@ -141,16 +179,19 @@ class LayerModel:
         deployment: topology, groups, hierarchical flag.
         levers: which strengthenings to use.
         closed_form_bound: ``eplb.analysis.bounds.lower_bound`` of the layer (a float in count units).
+        deadline: ``time.perf_counter()`` value past which building stops with :class:`OutOfTime`
+            (``None``: none).
     Attributes:
         table: ``[E, R]`` int64 per-replica loads ``P[e, r - 1]``; ``scale``: ``P / scale`` is in count
         units; ``exact``: whether ``P`` is exact (else rounded down).
     """
 
-    def __init__(self, w: np.ndarray, deployment: Deployment, levers: Levers, closed_form_bound: float):
+    def __init__(self, w: np.ndarray, deployment: Deployment, levers: Levers, closed_form_bound: float,
+                 deadline: float | None = None):
         topology = deployment.topology
         self.w, self.deployment, self.levers = w, deployment, levers
         num_experts, slots = len(w), topology.slots_per_gpu
-        self.max_count = max_count = topology.num_slots - num_experts + 1
+        self.max_count = max_count = _most_replicas(num_experts, deployment)
         self.table, self.scale, self.exact = load_table(w, max_count, levers.exact_loads)
         table = self.table
         self.gpus = gpus = [g for g in range(topology.num_gpus) if slots[g] > 0]
@@ -169,6 +210,7 @@ class LayerModel:
         self.x = x = {}
         c = {}
         for e in experts:
+            _check_deadline(deadline)
             for g in gpus:
                 most = min(int(slots[g]), max_count)
                 x[e, g] = model.new_int_var(0, most, f"x[{e},{g}]")
@@ -201,6 +243,8 @@ class LayerModel:
 
         if deployment.hierarchical:
             self._add_groups_on_nodes()
+        _check_deadline(deadline)
+        self._add_spread_rule(deadline)
         if levers.symmetry_breaking:
             for same in interchangeable_gpus(topology, deployment.hierarchical):
                 for a, b in zip(same, same[1:]):
@@ -229,6 +273,92 @@ class LayerModel:
                     model.add(self.x[e, g] == 0).only_enforce_if(a[q, int(node_of_gpu[g])].Not())
         for n in range(num_nodes):
             model.add(sum(group_size * a[q, n] for q in range(num_groups)) <= int(topology.slots_per_node[n]))
+
+    def _held_within(self, j: int) -> list:
+        """``[E]`` linear expressions ``min(r_e, j)``."""
+        return [sum(min(n, j) * var for n, var in enumerate(self.y[e], start=1)) for e in range(len(self.w))]
+
+    def _held_on_node(self, node: int, j: int):
+        """``sum_e min(r_e, j)`` over the experts of the groups on ``node``: per group an integer
+        variable equal to its experts' sum where ``a[q, node]``, else 0."""
+        model, size = self.model, len(self.w) // self.deployment.num_groups
+        held = self._held_within(j)
+        parts = []
+        for q in range(self.deployment.num_groups):
+            part = model.new_int_var(0, size * j, f"held[{q},{node},{j}]")
+            model.add(part == sum(held[q * size:(q + 1) * size])).only_enforce_if(self.a[q, node])
+            model.add(part == 0).only_enforce_if(self.a[q, node].Not())
+            self.held_parts[q, node, j] = part
+            parts.append(part)
+        return sum(parts)
+
+    def _add_spread_rule(self, deadline: float | None) -> None:
+        """The spread rule of the module docstring: ``double[d]`` per domain, true only where the
+        replica counts of the domain's experts break a condition ``j``. Conditions that no replica
+        counts can break are left out: ``j >= max_count`` (then ``min(r_e, j) = r_e`` and the sum is
+        the domain's slots) and ``K[d, j]`` at most the experts the domain surely holds."""
+        model, slots = self.model, self.deployment.topology.slots_per_gpu
+        hierarchical = self.deployment.hierarchical
+        fewest_held = len(self.w) // self.deployment.num_groups if hierarchical else len(self.w)
+        self.double, self.breaks, self.held_parts, self.node_cap = {}, {}, {}, {}
+        for d, domain in enumerate(domains(self.deployment)):
+            _check_deadline(deadline)
+            node = int(self.deployment.topology.node_of_gpu[domain[0]])
+            if hierarchical:
+                self._add_node_cap(node, domain)
+            conditions = []
+            for j, largest in enumerate(largest_slot_sums(slots[domain]).tolist(), start=1):
+                if j >= self.max_count or largest <= fewest_held:
+                    continue
+                held = self._held_on_node(node, j) if hierarchical else sum(self._held_within(j))
+                broken = model.new_bool_var(f"breaks[{d},{j}]")
+                model.add(held <= largest - 1).only_enforce_if(broken)
+                self.breaks[d, j] = broken
+                conditions.append(broken)
+            double = self.double[d] = model.new_bool_var(f"double[{d}]")
+            if conditions:
+                model.add_bool_or(conditions).only_enforce_if(double)
+            else:
+                model.add(double == 0)
+            for g in domain.tolist():
+                for e in range(len(self.w)):
+                    model.add(self.x[e, g] <= 1).only_enforce_if(double.Not())
+
+    def _add_node_cap(self, node: int, domain: np.ndarray) -> None:
+        """The cap on ``node`` (GPUs ``domain`` with slots): ``cap[node]`` iff its groups hold enough
+        experts for it, and then every expert of a group on it has at most ``len(domain)`` replicas."""
+        model, size = self.model, len(self.w) // self.deployment.num_groups
+        node_slots = int(self.deployment.topology.slots_per_gpu[domain].sum())
+        fewest_groups = -(-node_slots // (size * len(domain)))  # the cap applies from this many groups on
+        if len(domain) >= self.max_count:
+            return  # no expert can exceed it
+        cap = self.node_cap[node] = model.new_bool_var(f"cap[{node}]")
+        groups_on = sum(self.a[q, node] for q in range(self.deployment.num_groups))
+        model.add(groups_on >= fewest_groups).only_enforce_if(cap)
+        model.add(groups_on <= fewest_groups - 1).only_enforce_if(cap.Not())
+        for q in range(self.deployment.num_groups):
+            for e in range(q * size, (q + 1) * size):
+                model.add(self.r[e] <= len(domain)).only_enforce_if([self.a[q, node], cap])
+
+    def _hint_spread_rule(self, counts: np.ndarray, on_gpu: np.ndarray) -> None:
+        """Hints for the spread rule's variables from a plan's ``counts [E]`` and ``on_gpu [E, G]``."""
+        model, slots = self.model, self.deployment.topology.slots_per_gpu
+        size = len(self.w) // self.deployment.num_groups if self.deployment.hierarchical else len(self.w)
+        for d, domain in enumerate(domains(self.deployment)):
+            present = on_gpu[:, domain].sum(axis=1) > 0  # [E] experts of the domain
+            largest = largest_slot_sums(slots[domain])
+            for (dd, j), var in self.breaks.items():
+                if dd == d:
+                    model.add_hint(var, bool(np.minimum(counts[present], j).sum() <= largest[j - 1] - 1))
+            model.add_hint(self.double[d], bool((on_gpu[:, domain] > 1).any()))
+        for node, var in self.node_cap.items():
+            groups_on = sum(on_gpu[q * size, self.deployment.topology.node_of_gpu == node].sum() > 0
+                            for q in range(self.deployment.num_groups))
+            domain = self.deployment.topology.slots_per_gpu * (self.deployment.topology.node_of_gpu == node)
+            model.add_hint(var, bool(capped(groups_on * size, domain[domain > 0])))
+        for (q, node, j), var in self.held_parts.items():
+            on_node = on_gpu[q * size, self.deployment.topology.node_of_gpu == node].sum() > 0
+            model.add_hint(var, int(np.minimum(counts[q * size:(q + 1) * size], j).sum()) if on_node else 0)
 
     def spread_replicas(self, slots_row: np.ndarray) -> None:
         """Make the model the second stage: every GPU's load at most that of the plan ``[S]`` (the
@@ -306,6 +436,7 @@ class LayerModel:
         for g in self.gpus:
             model.add_hint(self.load[g], loads[g])
         model.add_hint(self.peak, max(loads.values()))
+        self._hint_spread_rule(counts, on_gpu)
         if self.deployment.hierarchical:
             group_size = len(self.w) // self.deployment.num_groups
             node_of_gpu = self.deployment.topology.node_of_gpu
@@ -343,7 +474,7 @@ class _KeepBest(cp_model.CpSolverSolutionCallback):
 def _wait(thread: threading.Thread) -> None:
     """Wait for the solver thread; Ctrl-C (KeyboardInterrupt) arrives here, in the main thread."""
     while thread.is_alive():
-        thread.join(0.05)
+        thread.join(0.01)
 
 
 def solver_parameters(time_limit: float | None, workers: int, *, wall_seconds: float | None = None
@@ -377,9 +508,39 @@ def _configure_search(solver: cp_model.CpSolver, levers: Levers) -> None:
         solver.parameters.search_branching = cp_model.PARTIAL_FIXED_SEARCH
 
 
-SPREAD_SHARE = 0.25
-"""The second stage (spreading replicas among plans of the first stage's max load) may take this
-share of the layer's ``time_limit`` and ``deterministic_time`` on top of the first."""
+MIN_STAGE_BUDGET = 0.01
+"""The spreading search runs only when at least this much of the layer's budget is left (seconds of
+the wall clock, and units of deterministic time)."""
+
+
+@dataclass
+class Budget:
+    """What one layer may still spend, every stage included: a wall-clock ``deadline`` (a
+    ``time.perf_counter()`` value) and CP-SAT ``deterministic`` time, each ``None`` when unbounded."""
+
+    deadline: float | None
+    deterministic: float | None
+
+    def wall_left(self) -> float | None:
+        return None if self.deadline is None else self.deadline - time.perf_counter()
+
+    def left(self) -> bool:
+        """Whether enough is left for another search (:data:`MIN_STAGE_BUDGET` of each bound)."""
+        wall = self.wall_left()
+        return ((wall is None or wall > MIN_STAGE_BUDGET)
+                and (self.deterministic is None or self.deterministic > MIN_STAGE_BUDGET))
+
+    def solver(self, workers: int, levers: Levers) -> cp_model.CpSolver:
+        """A solver bounded by what is left."""
+        wall = self.wall_left()
+        solver = solver_parameters(self.deterministic, workers, wall_seconds=None if wall is None else max(1e-3, wall))
+        _configure_search(solver, levers)
+        return solver
+
+    def spend(self, solver: cp_model.CpSolver) -> None:
+        """Count the deterministic time ``solver`` used (the same on every run, unlike the wall clock)."""
+        if self.deterministic is not None:
+            self.deterministic -= float(solver.response_proto.deterministic_time)
 
 
 def _search(layer_model: LayerModel, solver: cp_model.CpSolver) -> tuple[int, np.ndarray | None, bool, bool]:
@@ -418,39 +579,53 @@ def _doubled(row: np.ndarray, topology: Topology) -> int:
     return len(row) - pairs
 
 
+def _peak(w: np.ndarray, row: np.ndarray, deployment: Deployment) -> float:
+    return float(slot_order_peaks(w[None], row[None], deployment.topology)[0])
+
+
 def solve_layer(w: np.ndarray, deployment: Deployment, warm: np.ndarray, closed_form_bound: float, *,
                 time_limit: float | None, workers: int, levers: Levers = Levers(),
                 deterministic_time: float | None = None) -> tuple[LayerResult, bool]:
-    """Solve one layer in two stages: the lowest max load, then, keeping it, the fewest replicas
-    of an expert sharing a GPU (a GPU holding two replicas of an expert serves both halves, where
-    spreading them splits the expert's tokens over two GPUs; the other methods never double
-    replicas where they can spread them). Returns ``(result, interrupted)``.
+    """Solve one layer: the lowest max load among the placements that keep the spread rule (the
+    model's constraint, see the module docstring), then, where the rule lets that plan hold an
+    expert twice on a GPU and the layer's budget is not spent, the fewest such replicas among plans
+    as light. Returns ``(result, interrupted)``.
 
     Args:
-        w: ``[E]`` loads; warm: ``[S]`` the warm-start plan (also the fallback).
+        w: ``[E]`` loads; warm: ``[S]`` the warm-start plan. Rearranged first where it breaks the
+            rule (:func:`eplb.planning.spread.spread_row`), it is the hint and the fallback: the
+            returned plan keeps the rule whatever the budget.
         closed_form_bound: ``lower_bound`` of the layer.
-        time_limit: wall-clock seconds for the first stage, model building included (``None``: none);
-            the second takes at most :data:`SPREAD_SHARE` of it more.
-        deterministic_time: CP-SAT deterministic time for the first stage (``None``: none); the
-            second, at most :data:`SPREAD_SHARE` of it.
+        time_limit: wall-clock seconds for the whole layer, every stage included (``None``: none).
+        deterministic_time: CP-SAT deterministic time for the whole layer (``None``: none); the
+            spreading search gets what the first left.
     """
     start = time.perf_counter()
+    budget = Budget(None if time_limit is None else start + time_limit, deterministic_time)
+    warm = spread_row(warm, deployment)
+    info = {"source": "warm start"}
     if not w.any():  # a dense layer: every plan is optimal
-        return LayerResult(warm.copy(), True, 0.0, 0.0, "TRIVIAL", 0.0), False
-    layer_model = LayerModel(w, deployment, levers, closed_form_bound)
-    if levers.warm_start:
-        layer_model.add_hint(warm)
-    wall = None if time_limit is None else max(1e-3, time_limit - (time.perf_counter() - start))
-    solver = solver_parameters(deterministic_time, workers, wall_seconds=wall)
-    _configure_search(solver, levers)
+        return LayerResult(warm.copy(), True, 0.0, 0.0, "TRIVIAL", 0.0, {**info, "doubled": 0}), False
+    try:
+        layer_model = LayerModel(w, deployment, levers, closed_form_bound, deadline=budget.deadline)
+        if levers.warm_start:
+            layer_model.add_hint(warm)
+    except OutOfTime:  # the budget went on building the model: the warm start, nothing proven
+        info.update(exact_arithmetic=False, doubled=_doubled(warm, deployment.topology), built=False)
+        return LayerResult(warm.copy(), False, 0.0, time.perf_counter() - start, "UNKNOWN", _peak(w, warm, deployment),
+                           info), False
+    solver = budget.solver(workers, levers)
     status, row, ran, interrupted = _search(layer_model, solver)
+    budget.spend(solver)
     bound = 0.0
     if ran and status in (cp_model.OPTIMAL, cp_model.FEASIBLE, cp_model.UNKNOWN):
         bound = solver.best_objective_bound / layer_model.scale
     bound = max(bound, 0.0)
-    if row is None or slot_order_peaks(w[None], row[None], deployment.topology)[0] > slot_order_peaks(w[None], warm[None], deployment.topology)[0]:
+    if row is not None and _peak(w, row, deployment) <= _peak(w, warm, deployment):
+        info["source"] = "search"
+    else:
         row = warm.copy()  # never worse than the warm start (matters only for rounded loads)
-    peak = slot_order_peaks(w[None], row[None], deployment.topology)[0]
+    peak = _peak(w, row, deployment)
     # with exact integer loads the model's optimum must be the plan's load, to the unit
     consistent = (status != cp_model.OPTIMAL or not layer_model.exact
                   or abs(solver.objective_value - peak * layer_model.scale) <= 0.5)
@@ -463,26 +638,24 @@ def solve_layer(w: np.ndarray, deployment: Deployment, warm: np.ndarray, closed_
         optimal = peak <= bound * (1.0 + OPTIMALITY_TOLERANCE)
     name = "INTERRUPTED" if interrupted else solver.status_name(status)
     doubled = _doubled(row, deployment.topology)
-    info = {"exact_arithmetic": layer_model.exact, "doubled_before_spreading": doubled}
-    if doubled and not interrupted and consistent:
-        row, interrupted = _spread(layer_model, row, doubled, w, deployment, peak, time_limit, deterministic_time,
-                                   workers)
+    info.update(exact_arithmetic=layer_model.exact, doubled_before_spreading=doubled, built=True)
+    if doubled and not interrupted and consistent and budget.left():
+        row, interrupted = _spread(layer_model, row, doubled, w, deployment, peak, budget, workers)
     info["doubled"] = _doubled(row, deployment.topology)
     elapsed = time.perf_counter() - start
     return LayerResult(row, bool(optimal), float(min(bound, peak)), elapsed, name, peak, info), interrupted
 
 
 def _spread(layer_model: LayerModel, row: np.ndarray, doubled: int, w: np.ndarray, deployment: Deployment, peak: float,
-            time_limit: float | None, deterministic_time: float | None, workers: int) -> tuple[np.ndarray, bool]:
+            budget: Budget, workers: int) -> tuple[np.ndarray, bool]:
     """The second stage of :func:`solve_layer` from the first stage's plan ``row [S]`` (max load
-    ``peak``, ``doubled`` slots doubling a replica): a plan as light with fewer doubled replicas,
-    else ``row``; and whether Ctrl-C came."""
+    ``peak``, ``doubled`` slots doubling a replica, as the rule lets it), within what is left of
+    ``budget``: a plan as light with fewer doubled replicas, else ``row``; and whether Ctrl-C came."""
     layer_model.spread_replicas(row)
-    solver = solver_parameters(None if deterministic_time is None else SPREAD_SHARE * deterministic_time, workers,
-                               wall_seconds=None if time_limit is None else max(1e-3, SPREAD_SHARE * time_limit))
+    solver = budget.solver(workers, layer_model.levers)
     _, spread, _, interrupted = _search(layer_model, solver)
-    if spread is None or slot_order_peaks(w[None], spread[None], deployment.topology)[0] > peak \
-            or _doubled(spread, deployment.topology) >= doubled:
+    budget.spend(solver)
+    if spread is None or _peak(w, spread, deployment) > peak or _doubled(spread, deployment.topology) >= doubled:
         return row, interrupted  # with rounded loads the stage may not keep the true max load: keep row
     return spread, interrupted
 
@@ -519,11 +692,17 @@ def solve(weights: np.ndarray, deployment: Deployment, warm: np.ndarray, *, time
         time_limit, deterministic_time: per layer, see :func:`solve_layer`.
         progress: show a per-layer progress bar on stderr (None: only when stderr is a terminal).
     Returns:
-        ``phy2log [L, S]`` int64 and the diagnostics: ``optimal`` ``[L]`` bool, ``proven_bound`` ``[L]``
-        float64 (count units), ``solve_time_s`` ``[L]``, ``status`` (``[L]`` names: OPTIMAL, FEASIBLE,
-        UNKNOWN, TRIVIAL, INTERRUPTED, SKIPPED), ``interrupted``, ``exact_arithmetic`` ``[L]``.
+        ``phy2log [L, S]`` int64 and the diagnostics: ``optimal`` ``[L]`` bool and ``proven_bound``
+        ``[L]`` float64 (count units), both among the placements that keep the spread rule;
+        ``solve_time_s`` ``[L]`` (every stage of the layer); ``status`` (``[L]`` names: OPTIMAL,
+        FEASIBLE: the budget ended before a proof; UNKNOWN: nothing better than the warm start was
+        found, or the budget ended while building the model; TRIVIAL, INTERRUPTED, SKIPPED);
+        ``source`` ``[L]`` (``"search"``, or ``"warm start"`` when the plan is the warm start's);
+        ``doubled`` ``[L]`` int64 (slots holding a second replica of an expert on one GPU: 0 wherever
+        the replica counts allow); ``warm_start_rearranged`` ``[L]`` bool (the warm start broke the
+        rule and was rearranged); ``interrupted``; ``exact_arithmetic`` ``[L]``.
         After a Ctrl-C, the interrupted layer keeps its best plan so far and later layers are
-        ``SKIPPED`` (the warm-start plan, bound = the closed-form lower bound).
+        ``SKIPPED`` (the warm-start plan, rearranged to keep the rule; bound = the closed-form lower bound).
     """
     from tqdm import tqdm
 
@@ -535,7 +714,9 @@ def solve(weights: np.ndarray, deployment: Deployment, warm: np.ndarray, *, time
     shift = np.where((peak >= 2.0**-60) & (peak <= 2.0**60), 0, shift)
     scaled = np.ldexp(weights, shift[:, None].astype(np.int32))
     bounds = strongest_bound(scaled, deployment)
-    phy2log = warm.copy()
+    phy2log = np.stack([spread_row(row, deployment) for row in warm])  # every layer keeps the rule, solved or not
+    rearranged = (phy2log != warm).any(axis=1)
+    source = ["warm start"] * num_layers
     optimal = np.zeros(num_layers, bool)
     proven = bounds.astype(np.float64).copy()
     times = np.zeros(num_layers)
@@ -560,6 +741,7 @@ def solve(weights: np.ndarray, deployment: Deployment, warm: np.ndarray, *, time
             times[layer] = result.solve_time_s
             exact[layer] = result.info.get("exact_arithmetic", True)
             status[layer] = result.status
+            source[layer] = result.info["source"]
             bar.update(1)
             bar.set_postfix(optimal=f"{int(optimal[:layer + 1].sum())}/{layer + 1}")
             if interrupted:
@@ -567,6 +749,8 @@ def solve(weights: np.ndarray, deployment: Deployment, warm: np.ndarray, *, time
     finally:
         bar.close()
     proven = np.ldexp(proven, -shift)
+    doubled = np.asarray([_doubled(row, deployment.topology) for row in phy2log], np.int64)
     info = {"optimal": optimal, "proven_bound": proven, "solve_time_s": times, "status": status,
+            "source": source, "doubled": doubled, "warm_start_rearranged": rearranged,
             "interrupted": interrupted, "exact_arithmetic": exact}
     return phy2log, info
