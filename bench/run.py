@@ -60,6 +60,7 @@ SECTIONS = (
     ("host_loop", "Host loop", "the README's serving loop: the caller's time in eplb per pass, p99 and max"),
     ("compare_quick", "eplb compare", "eplb compare --quick timed; the published algorithm from a file beside greedy"),
     ("pools", "Pools", "eplb.recommend: redundant experts and plans per pool, in predicted step time, held out"),
+    ("elastic", "Elastic", "re-planned across a lost or added GPU: copies and balance beside from scratch and donor repair"),
 )
 
 README_ROWS = 12

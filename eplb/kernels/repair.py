@@ -103,7 +103,10 @@ def repair_carried(weights, carried, gpu_of_slot, node_of_gpu, num_gpus, expert_
     of an expert that keeps another); then each remaining hole takes a replica of the expert with
     the largest per-replica load. A slot of ``carried`` holding an expert that ``expert_node`` puts
     on another node becomes a hole first, unless ``spill``: then ``expert_node`` is where an orphan
-    goes when that node has room, and an orphan it has no room for goes anywhere.
+    goes when that node has room, and an orphan it has no room for goes anywhere (so does a hole
+    on a node that is no expert's home). A second replica of
+    an expert on one GPU becomes a hole too (the hole is filled with another expert where one may go,
+    else with a replica again).
 
     Args:
         weights: ``[L, E]`` float64 loads; carried: ``[L, S]`` int64 with ``-1`` holes.
@@ -122,6 +125,7 @@ def repair_carried(weights, carried, gpu_of_slot, node_of_gpu, num_gpus, expert_
     has = np.zeros((num_gpus, num_experts), np.int64)
     x = np.zeros(num_gpus)
     lay = (gpu_of_slot, node_of_gpu)
+    anywhere = np.full(num_experts, -1, np.int64)
     for layer in range(num_layers):
         w, row, allowed = weights[layer], out[layer], expert_node[layer]
         cnt[:] = 0
@@ -130,6 +134,8 @@ def repair_carried(weights, carried, gpu_of_slot, node_of_gpu, num_gpus, expert_
             e = row[s]
             if e >= 0 and not spill and allowed[e] >= 0 and node_of_gpu[gpu_of_slot[s]] != allowed[e]:
                 row[s] = -1
+            elif e >= 0 and has[gpu_of_slot[s], e] > 0:
+                row[s] = -1  # a second replica on one GPU (a rule the new deployment drops): a hole to fill
             elif e >= 0:
                 cnt[e] += 1
                 has[gpu_of_slot[s], e] += 1
@@ -157,7 +163,9 @@ def repair_carried(weights, carried, gpu_of_slot, node_of_gpu, num_gpus, expert_
         for s in range(num_slots):
             holes += row[s] < 0
         for _ in range(holes):
-            if not _fill_hole(w, row, cnt, has, x, lay, allowed):
+            # spilled: a hole on a node that is no group's home takes any expert
+            if not _fill_hole(w, row, cnt, has, x, lay, allowed) and not (spill and _fill_hole(
+                    w, row, cnt, has, x, lay, anywhere)):
                 ok[layer] = False
                 break
             _loads(w, row, cnt, gpu_of_slot, x)

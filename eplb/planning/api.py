@@ -8,7 +8,7 @@ import inspect
 
 import numpy as np
 
-from ..model.defaults import COPY_COST, PLAN_TOLERANCE
+from ..model.defaults import CHANGE_TOLERANCE, COPY_COST, PLAN_TOLERANCE
 from ..analysis.metrics import moe_mean
 from ..analysis.placement import Placement
 from ..kernels.layout import replica_counts, slots_of_experts
@@ -53,6 +53,9 @@ def plan(counts, deployment: Deployment | None = None, *, num_slots=None, num_gp
             costs little balance; ``info["slots_changed"]`` gives the changed slots per layer.
         tolerance: with ``previous``, accept a max GPU load up to ``(1 + tolerance)`` times the one
             of planning from scratch with ``method`` (``None``: as balanced as ``max_moves`` allows).
+            Across a deployment change (``gpu_map`` below), up to ``(1 + tolerance)`` times the higher
+            of that and the peak the placement in service reached, scaled to the GPUs after the
+            change; not given, 0.01 there (:data:`eplb.model.defaults.CHANGE_TOLERANCE`).
         max_moves: with ``previous``, at most this many slots change per layer (``None``: no limit).
             With ``method="exact"`` and ``previous``, the fewest changed slots within the tolerance
             (and budget), from a CP-SAT model (:mod:`eplb.planning.exact_migration`); ``info`` then has
@@ -116,6 +119,8 @@ def plan(counts, deployment: Deployment | None = None, *, num_slots=None, num_gp
             if value != default}
         deployment = deployment_argument(deployment, spelled, "plan", num_experts=counts.shape[-1])
     change = change_of(previous, deployment, gpu_map, change)
+    if change is not None and tolerance is PLAN_TOLERANCE:  # the default object itself: no tolerance given
+        tolerance = CHANGE_TOLERANCE
     deployment, relaxed = fit_groups(deployment, spill=change is not None)
     warn_relaxed(relaxed)
     dispatch = deployment.dispatch

@@ -201,3 +201,22 @@ def test_engine_planning_bench_judges_plans_under_sglang_static(tmp_path):
     assert "## Engine planning" in text and "at commit" in text
     assert (tmp_path / "engine_planning.md").read_text().strip() == text.strip()
     assert len(engine_planning.headline(tmp_path)) == 2
+
+
+def test_elastic_measures_every_change_beside_the_engines_answers(tmp_path):
+    elastic = importlib.import_module("elastic")
+    text = elastic.run(True, tmp_path)
+    rows = read(tmp_path / "elastic.csv")
+    assert {"before the change", "from scratch", "donor repair"} <= {r["plan"] for r in rows}
+    assert sum(r["plan"].endswith("(default)") for r in rows) == len({(r["configuration"], r["family"]) for r in rows})
+    assert all(r["valid"] == "True" for r in rows)
+    for r in rows:
+        if r["plan"] == "donor repair":  # the engines' repair copies exactly the floor
+            assert r["copies"] == r["floor"]
+        elif r["plan"].startswith("eplb"):
+            assert int(r["copies"]) >= int(r["floor"]) and float(r["balance_in_sample"]) > 0
+    steps = read(tmp_path / "elastic_sequence.csv")
+    assert len(steps) == 4 * len({r["family"] for r in steps}) and all(r["valid"] == "True" for r in steps)
+    assert len(read(tmp_path / "elastic_time.csv")) == 4
+    assert "## Elastic" in text and "### The tolerance across a change" in text
+    assert any("Warm re-plan" in figure for figure, _, _ in elastic.headline(tmp_path))
