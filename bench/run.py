@@ -60,6 +60,7 @@ SECTIONS = (
     ("host_loop", "Host loop", "the README's serving loop: the caller's time in eplb per pass, p99 and max"),
     ("compare_quick", "eplb compare", "eplb compare --quick timed; the published algorithm from a file beside greedy"),
     ("pools", "Pools", "eplb.recommend: redundant experts and plans per pool, in predicted step time, held out"),
+    ("elastic_serving", "Elastic serving", "rebalance(deployment=) across a lost or joining GPU, DeepSeek-V3 size"),
 )
 
 README_ROWS = 12

@@ -438,7 +438,8 @@ class BackgroundBalancer:
         worker serves on the deployment as it was. With ``commit=True`` the new deployment is in
         service when this returns (per-slot counts recorded afterwards are on its slots; proposals
         of earlier checks are dropped as stale); with ``commit=False`` :meth:`commit` the placement
-        whole once the weights are moved, before any other commit."""
+        whole once the weights are moved, before any other commit. The deployment in service itself
+        is a plain rebalance made now (``rebalance(commit=...)``; commit it per chunk as a proposal)."""
         link = self._live()
         change = change_for(self.deployment, deployment, gpu_map)
         proposal = self._checks

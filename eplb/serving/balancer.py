@@ -359,10 +359,14 @@ class Balancer:
         :meth:`planning_windows` (``plan``'s pipeline from the placement in service; its bounds are computed only if read).
         Across ``change`` (from the balancer's deployment), the re-plan for ``change.new`` as
         :func:`eplb.plan` makes it (a hierarchical deployment whose groups no longer fit is relaxed as
-        there: :func:`eplb.planning.replan.fit_groups`); with no pass recorded, for ``load`` alone.
+        there: :func:`eplb.planning.replan.fit_groups`), for ``load`` alone: a change is not chosen for
+        its gain, so its plan makes the copies recovery takes and no hedging swaps (on drifting
+        DeepSeek-V3-sized traffic the hedge made about four times the copies for no balance on ``load``,
+        ``bench/elastic_serving.py``).
         Later plans on such a deployment are global, close to the placement in service (regrouping it
         into units of groups, as a plan from scratch does, would move many slots again; ``info["relaxed"]``)."""
-        windows, objective = windows_of(self.planning_windows() if self._filled else load[None], weights=load)
+        windows, objective = windows_of(self.planning_windows() if self._filled and change is None else load[None],
+                                        weights=load)
         deployment, relaxed = fit_groups(self.deployment if change is None else change.new, spill=True)
         if relaxed and change is None:  # after such a change: global near the placement in service, not regrouped
             relaxed = relaxed.split(";")[0] + "; planned without the groups' rule, close to the placement in service"
@@ -508,16 +512,18 @@ class Balancer:
                 per GPU changed): the :class:`eplb.Deployment` to serve next, or an
                 :class:`eplb.DeploymentChange` from the balancer's deployment. The placement in
                 service is re-planned across the change at once, as :func:`eplb.plan` re-plans it
-                (``previous=``; :mod:`eplb.planning.replan`), for the window's loads (recorded per
-                logical expert, so the window carries over; with nothing recorded, for no load: the
-                fewest copies). Committed, the deployment is the balancer's: physical counts are
+                (``previous=``; :mod:`eplb.planning.replan`), for :meth:`planning_counts` (the
+                window is recorded per logical expert, so it carries over; not hedged over
+                sub-windows: the copies recovery takes, no more; with nothing recorded, for no load:
+                the fewest copies). Committed, the deployment is the balancer's: physical counts are
                 then on its slots and :meth:`state_dict` saves it. The placement's ``info`` has the
                 re-plan's ``change``, ``orphans``, ``copy_floor`` and ``copies`` (per layer) and
                 ``recovery`` (:func:`recovery_summary`: orphans, copies, bytes and the estimated
                 seconds at the cost model's bandwidths); the :class:`TransferPlan` loads each orphan
                 from host memory once and never reads a lost GPU. Committed later, it is committed
                 whole (``commit(placement)``), before any other commit. Bad input (see
-                :func:`change_for`) is a ``ValueError`` and changes nothing.
+                :func:`change_for`) is a ``ValueError`` and changes nothing; the deployment in
+                service itself (a change that changes nothing) is a plain rebalance.
             gpu_map: with ``deployment`` an :class:`eplb.Deployment`: the new index of each GPU of
                 the balancer's deployment (``-1``: gone; vLLM's ``rank_mapping``); ``None``: by index.
         Returns:
