@@ -444,7 +444,7 @@ class BackgroundBalancer:
         change = change_for(self.deployment, deployment, gpu_map)
         proposal = self._checks
         self._checks = proposal + 1
-        link.send(dumps((deployment, gpu_map)))  # read by the worker when it takes the event
+        link.send(dumps((proposal, deployment, gpu_map)))  # read by the worker when it takes the event
         self._post(_CHANGE, proposal, int(bool(commit)))
         _, _, placement, transfer, error = self._answer("change", proposal)
         if error is not None:
@@ -749,7 +749,9 @@ class _Worker:
         elif kind == _COMMIT:
             balancer.commit(self.proposals[a], (b, c))
         elif kind == _CHANGE:
-            deployment, gpu_map = pickle.loads(self.conn.recv_bytes())
+            number = None
+            while number != a:  # (a payload whose event was never posted, the caller interrupted, is skipped)
+                number, deployment, gpu_map = pickle.loads(self.conn.recv_bytes())
             try:
                 placement, transfer = balancer.rebalance(commit=bool(b), deployment=deployment, gpu_map=gpu_map)
             except Exception as exc:  # noqa: BLE001 (raised by the caller; the balancer serves on as it was)
