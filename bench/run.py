@@ -61,6 +61,7 @@ SECTIONS = (
     ("compare_quick", "eplb compare", "eplb compare --quick timed; the published algorithm from a file beside greedy"),
     ("pools", "Pools", "eplb.recommend: redundant experts and plans per pool, in predicted step time, held out"),
     ("elastic", "Elastic", "re-planned across a lost or added GPU: copies and balance beside from scratch and donor repair"),
+    ("elastic_serving", "Elastic serving", "rebalance(deployment=) across a lost or joining GPU, DeepSeek-V3 size"),
 )
 
 README_ROWS = 12

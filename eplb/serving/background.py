@@ -51,7 +51,7 @@ import numpy as np
 
 from ..analysis.placement import Placement
 from ..kernels.load_window import STAGED_DTYPES, memory_fence, stage_pass, warm_copy_counts
-from .balancer import Balancer, bad_count_error, check_counts, commit_range, merged_placement
+from .balancer import Balancer, bad_count_error, change_for, check_counts, commit_range, fold_pass, merged_placement
 from .transfer import TransferPlan
 from .worker import (CONTEXTS, balancer_arguments, PROTOCOL, UNGUARDED_MAIN, UNGUARDED_MAIN_EXIT, build_balancer, dumps,
                      eplb_file, error_message, exit_code, exit_now, plain_state, raise_remote, refuse_copy,
@@ -75,6 +75,7 @@ WAIT_S = 0.0005
  _QUEUED) = range(8)
 _HEADER_FIELDS = 16
 _STAGING, _CHECK, _COMMIT, _STATE, _CLOSE, _RELEASE = range(6)
+_CHANGE = 6  # a rebalance across a deployment change: its deployment and gpu_map follow through the pipe
 _EVENT_FIELDS = 5  # kind, passes staged before the event, then up to three integer arguments
 _IN_PIPE = -1  # a message length meaning "too large for the area: read it from the pipe"
 _FLOAT64 = STAGED_DTYPES.index(np.dtype(np.float64))  # the staging code of input widened by the caller
@@ -296,6 +297,7 @@ class BackgroundBalancer:
             raise RuntimeError("the worker process imported another eplb than this process: pass the same sys.path")
         self.num_layers, self.num_experts = attributes["num_layers"], attributes["num_experts"]
         self.topology, self.num_groups = attributes["topology"], attributes["num_groups"]
+        self.deployment = attributes["deployment"]
         self.window = attributes["window"]
         num_slots = self.topology.num_slots
         width = max(self.num_experts, num_slots)
@@ -338,6 +340,8 @@ class BackgroundBalancer:
         self._in_service = attributes["placement"]  # the placement in service, after the pending commits
         self._pending_commits: list[tuple[Placement, int, int]] = []
         self._committing: Placement | None = None
+        self._changing = None  # (placement, DeploymentChange) of a plan across a change not committed yet
+        self._row_bytes = row_bytes  # a staged pass holds at most this many bytes (wider ones are folded)
         self._steps_before = attributes["steps"]  # passes the worker's balancer had recorded when built
         self.rebalances = attributes["rebalances"]
         self.last_decision: dict = {}
@@ -406,9 +410,11 @@ class BackgroundBalancer:
         self._live()
         staged = array.dtype in STAGED_DTYPES  # and native: a big-endian dtype is not among them
         key = (STAGED_DTYPES.index(array.dtype) if staged else _FLOAT64, is_physical)
+        if is_physical and self.num_layers * self._num_slots * 8 > self._row_bytes:
+            key = (_FLOAT64, False)  # the deployment grew past the staging rows: passes are folded (_stage_folded)
         rows = self._stagers.get(key)
         if rows is None:
-            block, width = self._link.block, self._num_slots if is_physical else self.num_experts
+            block, width = self._link.block, self._num_slots if key[1] else self.num_experts
             rows = self._stagers[key] = [block.row(index, self.num_layers, width, STAGED_DTYPES[key[0]])
                                          for index in range(self._ring_rows)]
         if key != self._staging:
@@ -416,10 +422,78 @@ class BackgroundBalancer:
             self._staging = key
         # a dtype the worker takes as it is: one compiled call (for any layout: a layout not seen
         # before, e.g. Fortran order, compiles once), else widened to float64 here
-        stager = _Stager(array.dtype, array.shape, physical, stage_pass if staged else _stage_widened, rows)
+        stage = stage_pass if staged else _stage_widened
+        if is_physical and not key[1]:
+            stage = self._stage_folded
+        stager = _Stager(array.dtype, array.shape, physical, stage, rows)
         if type(counts) is np.ndarray:  # other input (torch, lists) comes here every pass
             self._stager = stager
         return array, stager
+
+    def _stage_folded(self, counts: np.ndarray, row: np.ndarray, header: np.ndarray, field: int, value: int,
+                      limit: float) -> bool:
+        """Stage a pass per slot ``counts [L, S]`` of a deployment grown past the staging rows as the
+        per-expert counts ``row [L, E]`` the worker's Balancer would keep of it (:func:`fold_pass`,
+        through the placement in service; a bad value raises its ``ValueError`` here), then hand it
+        over (``header[field] = value``). Returns False (no bad value left)."""
+        staged = np.empty(counts.shape)
+        fold_pass(counts, self.placement.phy2log, staged, row, limit)
+        return stage_pass(row, row, header, field, value, limit)
+
+    def rebalance(self, *, deployment, gpu_map=None, commit: bool = True) -> tuple[Placement, TransferPlan]:
+        """Serve another deployment (GPUs lost, added or renumbered): the worker re-plans the
+        placement in service across the change at once (:meth:`eplb.Balancer.rebalance` with
+        ``deployment=``, ``gpu_map=``, after every pass recorded so far) and this call returns its
+        ``(placement, transfer)``: the caller's thread waits for that plan alone.
+
+        Bad input (:func:`eplb.serving.balancer.change_for`) is a ``ValueError`` raised here before
+        the worker is asked, and so is an error of the re-plan (raised from the worker's): the
+        worker serves on the deployment as it was. With ``commit=True`` the new deployment is in
+        service when this returns (per-slot counts recorded afterwards are on its slots; proposals
+        of earlier checks are dropped as stale); with ``commit=False`` :meth:`commit` the placement
+        whole once the weights are moved, before any other commit. The deployment in service itself
+        is a plain rebalance made now (``rebalance(commit=...)``; commit it per chunk as a proposal)."""
+        link = self._live()
+        change = change_for(self.deployment, deployment, gpu_map)
+        proposal = self._checks
+        self._checks = proposal + 1
+        link.send(dumps((proposal, deployment, gpu_map)))  # read by the worker when it takes the event
+        self._post(_CHANGE, proposal, int(bool(commit)))
+        _, _, placement, transfer, error = self._answer("change", proposal)
+        if error is not None:
+            raise_remote(*error[1:])
+        key = id(placement)
+        self._proposals[key] = (proposal, weakref.ref(placement, functools.partial(_dropped, self._released, key,
+                                                                                   proposal)))
+        if commit:
+            self._commits += 1  # a commit: proposals of earlier checks no longer start from what is in service
+            self._pending_commits.append((placement, 0, self.num_layers))
+            self.rebalances += 1
+            self._committing = placement
+            if change is not None:
+                self._serve_deployment(change.new)
+            self._changing = None
+        elif change is not None:
+            self._changing = (placement, change)
+        return placement, transfer
+
+    def _serve_deployment(self, deployment) -> None:
+        """Mirror the worker balancer's deployment after a change: its slots are what record() takes."""
+        self.deployment, self.topology, self.num_groups = deployment, deployment.topology, deployment.num_groups
+        self._num_slots = deployment.topology.num_slots
+        self._stagers.clear()  # rows per slot were laid out for the old slots
+        self._stager = _Stager.none()
+
+    def _answer(self, kind: str, number: int) -> tuple:
+        """Wait for the worker's message ``(kind, number, ...)``; the others stay for :meth:`poll`."""
+        link = self._live()
+        while True:
+            for index, message in enumerate(self._inbox):
+                if message[0] == kind and message[1] == number:
+                    del self._inbox[index]
+                    return message
+            if not self._receive(link):
+                self._wait_once()
 
     def check(self) -> int:
         """Ask the worker whether a rebalance now is worth its copies (:meth:`eplb.Balancer.should_rebalance`
@@ -497,7 +571,16 @@ class BackgroundBalancer:
         start, stop = commit_range(layers, self.num_layers)
         held = self._proposals.get(id(placement))
         if held is None or held[1]() is not placement:
-            raise ValueError("placement must be one that this BackgroundBalancer's poll() returned")
+            raise ValueError("placement must be one that this BackgroundBalancer's poll() or rebalance() returned")
+        changing = self._changing
+        across = changing is not None and placement is changing[0]
+        if placement.topology != self.topology and not across:
+            raise ValueError("placement is planned for another topology than the deployment in service: a plan "
+                             "across a deployment change (rebalance(deployment=..., commit=False)) is committed "
+                             "whole, before any other commit")
+        if across and (start, stop) != (0, self.num_layers):
+            raise ValueError("a plan across a deployment change is committed whole (layers=None): the slots of the "
+                             "deployment in service are not the plan's")
         self._post_releases()
         self._post(_COMMIT, held[0], start, stop)
         self._commits += 1
@@ -505,6 +588,9 @@ class BackgroundBalancer:
         if placement is not self._committing:
             self.rebalances += 1
             self._committing = placement
+        self._changing = None
+        if across:
+            self._serve_deployment(changing[1].new)
 
     @property
     def placement(self) -> Placement:
@@ -717,6 +803,17 @@ class _Worker:
             balancer.commit(self.proposals[a], (b, c))
         elif kind == _RELEASE:
             self.proposals.pop(a, None)
+        elif kind == _CHANGE:
+            number = None
+            while number != a:  # (a payload whose event was never posted, the caller interrupted, is skipped)
+                number, deployment, gpu_map = pickle.loads(self.conn.recv_bytes())
+            try:
+                placement, transfer = balancer.rebalance(commit=bool(b), deployment=deployment, gpu_map=gpu_map)
+            except Exception as exc:  # noqa: BLE001 (raised by the caller; the balancer serves on as it was)
+                self.queue.append(("change", a, None, None, error_message(exc)))
+            else:
+                self.proposals[a] = placement
+                self.queue.append(("change", a, placement, transfer, None))
         elif kind == _STATE:
             try:
                 self.queue.append(("state", balancer.state_dict()))
@@ -781,7 +878,7 @@ def _serve(conn, wake) -> None:
         balancer = build_balancer(pickle.loads(conn.recv_bytes()))
         attributes = {name: getattr(balancer, name) for name in
                       ("num_layers", "num_experts", "topology", "num_groups", "window", "placement", "steps",
-                       "rebalances", "count_limit")}
+                       "rebalances", "count_limit", "deployment")}
         conn.send_bytes(dumps(("ok", {**attributes, "eplb_file": eplb_file()})))
         name, layout = pickle.loads(conn.recv_bytes())
         block = _Block(shared_memory.SharedMemory(name=name), layout)

@@ -36,14 +36,17 @@ import time
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 
 import numpy as np
 
 from ..model.defaults import BALANCER_TOLERANCE, COPY_COST
 from ..model._validation import as_int
+from ..model.change import DeploymentChange
 from ..model.deployment import Deployment, deployment_argument, make_deployment
 from ..engines import dispatch_rule
 from ..planning.pipeline import build, run, windows_of
+from ..planning.replan import RELAXED_WARNING, fit_groups, warn_relaxed
 from ..analysis.bounds import average_bound, replica_bound
 from ..model.cost import CostModel
 from ..analysis.loads import RANDOM_SPLIT, gpu_work
@@ -197,6 +200,7 @@ class Balancer:
         self.last_decision: dict = {}
         self._candidate: tuple[int, int, Placement] | None = None  # (steps, rebalances, plan)
         self._committing: Placement | None = None  # the placement last committed (whole or in part)
+        self._changing: tuple[Placement, DeploymentChange] | None = None  # a plan across a change, not committed
         self._lock = threading.Lock()
         # every recorded pass is converted into one of these first, so the window kernels see
         # float64 [L, E] / [L, S] arrays only (one compiled specialization, any input dtype)
@@ -288,6 +292,9 @@ class Balancer:
         counts, physical = check_counts(counts, self.num_layers, self.num_experts, self.topology.num_slots, physical)
         with self._lock:
             staged = self._physical if physical else self._logical
+            if staged.shape != counts.shape:  # the deployment changed since the check (another thread)
+                raise ValueError(f"counts per slot must have shape {list(staged.shape)} after the deployment change, "
+                                 f"got {list(counts.shape)}")
             stage_counts(counts, staged, self.count_limit)
             row = self._buffer[self._position]
             if physical:
@@ -356,14 +363,26 @@ class Balancer:
         return np.maximum(predicted, mean / 20.0) * mass
 
     # -- deciding and planning -------------------------------------------------------------------
-    def _plan(self, load: np.ndarray) -> Placement:
+    def _plan(self, load: np.ndarray, change: DeploymentChange | None = None) -> Placement:
         """Migration-aware plan for ``load [L, E]`` from the placement in service, hedged over
-        :meth:`planning_windows` (``plan``'s pipeline from the placement in service; its bounds are computed only if read)."""
-        windows, objective = windows_of(self.planning_windows(), weights=load)
-        stages = build(windows, self.deployment, method=self.method, objective=objective,
+        :meth:`planning_windows` (``plan``'s pipeline from the placement in service; its bounds are computed only if read).
+        Across ``change`` (from the balancer's deployment), the re-plan for ``change.new`` as
+        :func:`eplb.plan` makes it (a hierarchical deployment whose groups no longer fit is relaxed as
+        there: :func:`eplb.planning.replan.fit_groups`), for ``load`` alone: a change is not chosen for
+        its gain, so its plan makes the copies recovery takes and no hedging swaps (one GPU of 32 lost
+        on drifting DeepSeek-V3-sized traffic: hedged, 1.7x the copies global and 6x hierarchical,
+        for no better balance on ``load``; ``bench/elastic_serving.py``).
+        Later plans on such a deployment are global, close to the placement in service (regrouping it
+        into units of groups, as a plan from scratch does, would move many slots again; ``info["relaxed"]``)."""
+        windows, objective = windows_of(self.planning_windows() if self._filled and change is None else load[None],
+                                        weights=load)
+        deployment, relaxed = fit_groups(self.deployment if change is None else change.new, spill=True)
+        if relaxed and change is None:  # after such a change: global near the placement in service, not regrouped
+            relaxed = relaxed.split(";")[0] + "; planned without the groups' rule, close to the placement in service"
+        stages = build(windows, deployment, method=self.method, objective=objective,
                        previous=self.placement.phy2log, tolerance=self.tolerance, max_moves=self.max_moves,
-                       copy_cost=self.copy_cost, threads=self.threads, options=self.options)
-        return run(windows, self.deployment, stages, self.method)
+                       copy_cost=self.copy_cost, threads=self.threads, options=self.options, change=change)
+        return run(windows, deployment, stages, self.method, notes={"relaxed": relaxed} if relaxed else None)
 
     def planning_windows(self) -> np.ndarray:
         """``[K, L, E]`` float64: the window's passes in ``K = min(subwindows, passes recorded)``
@@ -490,19 +509,41 @@ class Balancer:
         """Predicted seconds of one pass of ``per_pass [L, E]`` counts under ``placement`` (even split)."""
         return float(self._layer_times(placement, per_pass).sum())
 
-    def rebalance(self, *, commit: bool = True) -> tuple[Placement, TransferPlan]:
+    def rebalance(self, *, commit: bool = True, deployment: Deployment | DeploymentChange | None = None,
+                  gpu_map=None) -> tuple[Placement, TransferPlan]:
         """Plan a new placement close to the one in service, for the window's loads.
 
         Args:
             commit: make it the placement in service now (physical counts recorded afterwards are
                 mapped through it). With ``commit=False`` call :meth:`commit` once the engine has
                 moved the weights.
+            deployment: serve another deployment from now on (GPUs lost, added or renumbered, slots
+                per GPU changed): the :class:`eplb.Deployment` to serve next, or an
+                :class:`eplb.DeploymentChange` from the balancer's deployment. The placement in
+                service is re-planned across the change at once, as :func:`eplb.plan` re-plans it
+                (``previous=``; :mod:`eplb.planning.replan`), for :meth:`planning_counts` (the
+                window is recorded per logical expert, so it carries over; not hedged over
+                sub-windows: the copies recovery takes, no more; with nothing recorded, for no load:
+                the fewest copies). Committed, the deployment is the balancer's: physical counts are
+                then on its slots and :meth:`state_dict` saves it. The placement's ``info`` has the
+                re-plan's ``change``, ``orphans``, ``copy_floor`` and ``copies`` (per layer) and
+                ``recovery`` (:func:`recovery_summary`: orphans, copies, bytes and the estimated
+                seconds at the cost model's bandwidths); the :class:`TransferPlan` loads each orphan
+                from host memory once and never reads a lost GPU. Committed later, it is committed
+                whole (``commit(placement)``), before any other commit. Bad input (see
+                :func:`change_for`) is a ``ValueError`` and changes nothing; the deployment in
+                service itself (a change that changes nothing) is a plain rebalance.
+            gpu_map: with ``deployment`` an :class:`eplb.Deployment`: the new index of each GPU of
+                the balancer's deployment (``-1``: gone; vLLM's ``rank_mapping``); ``None``: by index.
         Returns:
             The new :class:`Placement` (``info["slots_changed"]`` per layer) and the
             :class:`TransferPlan` of weight copies from the current placement.
         """
         start = time.perf_counter()
         self.wait_compiled()
+        change = change_for(self.deployment, deployment, gpu_map)
+        if change is not None:
+            return self._rebalance_across(change, commit, start)
         cached = self._candidate
         if cached is not None and cached[0] == self.steps and cached[1] == self.rebalances:
             candidate = cached[2]
@@ -522,6 +563,37 @@ class Balancer:
             self.commit(candidate)
         return candidate, transfer
 
+    def _rebalance_across(self, change: DeploymentChange, commit: bool, start: float) -> tuple[Placement, TransferPlan]:
+        """:meth:`rebalance` across ``change`` (checked by :func:`change_for`)."""
+        candidate = self._plan(self.planning_counts(), change)
+        warn_relaxed(candidate.info.get("relaxed"), stacklevel=4)
+        transfer = transfer_plan(self.placement, candidate, change, expert_bytes=self.expert_bytes)
+        recovery = recovery_summary(candidate, transfer, self.cost_model)
+        # the placement was just planned here and not handed out yet: its info gains the summary
+        object.__setattr__(candidate, "info", MappingProxyType({**candidate.info, "recovery": recovery}))
+        moved = int(np.sum(candidate.info["slots_changed"]))
+        self.history.append({
+            "step": self.steps, "slots_changed": moved, "moved_fraction": moved / candidate.phy2log.size,
+            "plan_time_s": float(candidate.info["time_s"]), "time_s": time.perf_counter() - start,
+            "copies": transfer.counts(), "change": change.describe(), "recovery": recovery,
+        })
+        if commit:
+            self._switch(change, candidate)
+        else:
+            self._changing = (candidate, change)
+        return candidate, transfer
+
+    def _switch(self, change: DeploymentChange, placement: Placement) -> None:
+        """Serve ``change.new`` with ``placement`` from now on (the window's logical counts stay)."""
+        with self._lock:
+            self.deployment = change.new
+            self.placement = placement
+            self._physical = np.zeros((self.num_layers, change.new.topology.num_slots))
+            self.rebalances += 1
+            self._committing = placement
+            self._candidate = None
+            self._changing = None
+
     def commit(self, placement: Placement, layers: tuple[int, int] | None = None) -> None:
         """Make ``placement`` the one in service (after the engine moved the weights).
 
@@ -533,8 +605,21 @@ class Balancer:
                 (``balancer.commit(placement, chunk.layers)`` for ``chunk`` in
                 ``transfer.chunks(k)``), so per-slot counts recorded meanwhile are mapped through
                 what each layer really holds. A rebalance counts once, at the first commit of its
-                placement.
+                placement. A plan across a deployment change (``rebalance(deployment=...,
+                commit=False)``) is committed whole, before any other commit: the balancer then
+                serves its deployment.
         """
+        changing = self._changing
+        if changing is not None and placement is changing[0]:
+            if commit_range(layers, self.num_layers) != (0, self.num_layers):
+                raise ValueError("a plan across a deployment change is committed whole (layers=None): the slots of "
+                                 "the deployment in service are not the plan's")
+            self._switch(changing[1], placement)
+            return
+        if isinstance(placement, Placement) and placement.topology != self.topology:
+            raise ValueError("placement is planned for another topology than the deployment in service: a plan "
+                             "across a deployment change (rebalance(deployment=..., commit=False)) is committed "
+                             "whole, before any other commit")
         self._check_placement(placement)
         start, stop = commit_range(layers, self.num_layers)
         with self._lock:
@@ -543,6 +628,7 @@ class Balancer:
                 self.rebalances += 1
                 self._committing = placement
             self._candidate = None
+            self._changing = None  # a plan across a change no longer starts from what is in service
 
     def _check_placement(self, placement) -> None:
         if not isinstance(placement, Placement):
@@ -649,6 +735,60 @@ def commit_range(layers, num_layers: int) -> tuple[int, int]:
     if not 0 <= start < stop <= num_layers:
         raise ValueError(f"layers must satisfy 0 <= start < stop <= {num_layers}, got {layers!r}")
     return start, stop
+
+
+def change_for(current: Deployment, deployment, gpu_map) -> DeploymentChange | None:
+    """The deployment change a rebalance crosses from ``current`` (the deployment in service), or
+    ``None`` (``deployment=None``, or a change that changes nothing).
+
+    ``deployment``: the :class:`Deployment` to serve next (``gpu_map``: the new index of each GPU
+    of ``current``, ``-1`` gone; ``None``: by index) or a :class:`DeploymentChange` from
+    ``current``. ``ValueError`` naming the argument and the rule: ``gpu_map`` without
+    ``deployment`` or beside a change, of the wrong length, out of range or mapping two GPUs to one
+    (:class:`DeploymentChange`), another number of experts, fewer slots than experts, a dispatch
+    rule that is not an even split, a change that does not start from ``current``."""
+    if deployment is None:
+        if gpu_map is not None:
+            raise ValueError("gpu_map needs deployment=, the deployment to serve next")
+        return None
+    if isinstance(deployment, DeploymentChange):
+        if gpu_map is not None:
+            raise ValueError("give gpu_map in the DeploymentChange or as gpu_map=, not both")
+        change = deployment
+        if change.old.topology != current.topology or change.old.num_experts != current.num_experts:
+            raise ValueError("deployment: the DeploymentChange must start from the deployment in service "
+                             f"({current.num_experts} experts, slots per GPU {current.topology.slots_per_gpu.tolist()})")
+    elif isinstance(deployment, Deployment):
+        change = DeploymentChange(current, deployment, gpu_map)
+    else:
+        raise ValueError(f"deployment must be an eplb.Deployment or eplb.DeploymentChange, got "
+                         f"{type(deployment).__name__}")
+    new = change.new
+    if dispatch_rule(new.dispatch).kind != "uniform":
+        raise ValueError(f"deployment: the Balancer plans for an even split; dispatch={new.dispatch!r} plans from "
+                         "scratch (eplb.plan)")
+    if new.num_slots < new.num_experts:
+        survivors = max(int((new.topology.slots_per_gpu > 0).sum()), 1)
+        raise ValueError(f"deployment: {new.num_slots} slots for {new.num_experts} experts after the change "
+                         f"({change.describe()}); every expert needs a slot: give the {survivors} GPUs "
+                         f"{-(-new.num_experts // survivors)} slots each")
+    return None if change.is_identity else change
+
+
+def recovery_summary(placement: Placement, transfer: TransferPlan, cost_model: CostModel | None = None) -> dict:
+    """What putting a plan across a deployment change in service takes, summed over layers:
+    ``orphans`` (experts with no replica left, loaded from host memory once each), ``copy_floor``
+    (the fewest copies any re-plan makes), ``copies`` (:meth:`TransferPlan.counts`, by kind),
+    ``bytes`` (:meth:`TransferPlan.bytes`, or with the cost model's ``expert_bytes``; ``None``
+    without either) and ``recovery_s`` (:meth:`eplb.CostModel.transfer_time`: host loads, then the
+    GPU copies, at its bandwidths; ``None`` without a cost model). ``placement``: planned across the
+    change (``info`` with ``orphans [L]`` and ``copy_floor [L]``); ``transfer``: its copies."""
+    counts = transfer.counts()
+    size = transfer.expert_bytes if transfer.expert_bytes is not None else (
+        None if cost_model is None else cost_model.expert_bytes)
+    return {"orphans": int(np.sum(placement.info["orphans"])), "copy_floor": int(np.sum(placement.info["copy_floor"])),
+            "copies": counts, "bytes": None if size is None else {k: int(v * size) for k, v in counts.items()},
+            "recovery_s": None if cost_model is None else float(cost_model.transfer_time(transfer))}
 
 
 def merged_placement(in_service: Placement, placement: Placement, start: int, stop: int, num_groups) -> Placement:
@@ -823,6 +963,16 @@ def stage_counts(counts: np.ndarray, staged: np.ndarray, limit: float) -> None:
     raise bad_count_error(counts, staged, limit)
 
 
+def fold_pass(counts: np.ndarray, phy2log: np.ndarray, staged: np.ndarray, out: np.ndarray, limit: float) -> None:
+    """One pass's counts per slot ``counts [L, S]``, checked and copied into ``staged [L, S]``
+    float64 (:func:`stage_counts`), summed per expert into ``out [L, E]`` float64 through
+    ``phy2log [L, S]``: what :meth:`Balancer.record` keeps of a pass per slot. A worker whose
+    staging rows are narrower than a grown deployment's slots hands the pass over so. ``limit``: the
+    largest count accepted (:func:`pass_count_limit`)."""
+    stage_counts(counts, staged, limit)
+    store_physical(staged, phy2log, out)
+
+
 def _counts_array(counts) -> np.ndarray:
     """One forward pass's counts as a numpy array of real numbers (not copied when already one).
 
@@ -890,6 +1040,7 @@ def _throwaway_warnings_hidden():
         return
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=SPREAD_WARNING, category=RuntimeWarning)
+        warnings.filterwarnings("ignore", message=RELAXED_WARNING, category=RuntimeWarning)  # its change (_warm_change)
         yield
 
 
@@ -924,11 +1075,27 @@ def warm_kernels(deployment: Deployment, *, method: str = DEFAULT_METHOD, tolera
             transfer.counts()
             balancer.record(np.ones((2, num_slots)), physical=True)
             balancer.rebalance(commit=False)  # planned again: not the cached candidate
+        _warm_change(balancer)
     _WARMED.add(key)
     return time.perf_counter() - start
 
 
 _WARMED: set[str] = set()  # configurations warm_kernels has run in this process
+
+
+def _warm_change(balancer: Balancer) -> None:
+    """Take a throw-away ``balancer`` across a deployment change, so the kernels of the re-plan and
+    of its transfer plan are compiled before a GPU is lost in service: one more slot on every GPU
+    with slots (the kernels are the same for any change; this one keeps a uniform deployment
+    uniform, which every method plans)."""
+    deployment = balancer.deployment
+    slots = deployment.topology.slots_per_gpu
+    grown = Topology(slots + (slots > 0), deployment.topology.num_nodes)
+    change = DeploymentChange(deployment, make_deployment(deployment.num_experts, topology=grown,
+                                                          num_groups=deployment.num_groups,
+                                                          dispatch=deployment.dispatch))
+    placement, transfer = balancer.rebalance(deployment=change)
+    transfer.counts()
 
 
 def _non_negative(value, name: str) -> float:

@@ -55,7 +55,7 @@ import numpy as np
 from ..analysis.placement import Placement
 from ..kernels.load_window import warm_copy_counts
 from ..model.deployment import DEPLOYMENT_KEYWORDS, deployment_argument
-from .balancer import Balancer, check_counts, pass_count_limit, stage_counts
+from .balancer import Balancer, change_for, check_counts, fold_pass, pass_count_limit, stage_counts
 from .transfer import TransferPlan
 
 CONTEXTS = ("spawn", "forkserver")
@@ -123,7 +123,7 @@ _HEADER_FIELDS = 16
 _IN_PIPE = -1  # a message length meaning "too large for the area: read it from the pipe"
 _CONFIG_ATTRIBUTES = ("num_layers", "num_experts", "topology", "num_groups", "window", "decay", "forecast",
                       "subwindows", "copy_cost", "method", "tolerance", "max_moves", "min_gain", "move_cost",
-                      "expert_bytes", "options", "threads", "cost_model", "horizon", "compile")
+                      "expert_bytes", "options", "threads", "cost_model", "horizon", "compile", "deployment")
 
 
 # -- messages ----------------------------------------------------------------------------------
@@ -534,6 +534,7 @@ class BalancerProcess:
         self._placement = (0, initial if isinstance(initial, Placement) else placement)  # (serial, placement)
         self._committing: Placement | None = None  # twin of the child balancer's placement last committed
         self._result: Placement | None = None  # twin of the child's last rebalance result
+        self._changing = None  # (placement, DeploymentChange) of a plan across a change not committed yet
 
     # -- plumbing ------------------------------------------------------------------------------
     def _call(self, name: str, *args, **kwargs):
@@ -580,7 +581,13 @@ class BalancerProcess:
             if index - int(shared.header[_INGESTED]) >= shared.layout["rows"]:
                 self._call("sync")  # the ring is full: wait until the child took the staged passes in
             width = self._num_slots if physical else self.num_experts
-            stage_counts(counts, shared.row(index, self.num_layers, width), self._count_limit)
+            if physical and self.num_layers * width > shared.layout["row_size"]:  # grown past the staging rows
+                staged = np.empty((self.num_layers, width))
+                fold_pass(counts, self.placement.phy2log, staged, shared.row(index, self.num_layers, self.num_experts),
+                          self._count_limit)
+                physical = False  # handed over per expert, as the child's Balancer would keep it
+            else:
+                stage_counts(counts, shared.row(index, self.num_layers, width), self._count_limit)
             shared.kinds[index % shared.layout["rows"]] = physical
             self._recorded = index + 1
             shared.header[_RECORDED] = index + 1
@@ -590,15 +597,28 @@ class BalancerProcess:
         """:meth:`eplb.Balancer.should_rebalance`, decided in the child (details in :attr:`last_decision`)."""
         return self._call("call", "should_rebalance", (), {})
 
-    def rebalance(self, *, commit: bool = True) -> tuple[Placement, TransferPlan]:
+    def rebalance(self, *, commit: bool = True, deployment=None, gpu_map=None) -> tuple[Placement, TransferPlan]:
         """:meth:`eplb.Balancer.rebalance`, planned in the child: the new :class:`~eplb.Placement`
-        and the :class:`~eplb.TransferPlan` of its weight copies."""
-        placement, transfer, same = self._call("rebalance", commit=commit)
+        and the :class:`~eplb.TransferPlan` of its weight copies. Across a deployment change
+        (``deployment=``, ``gpu_map=``) the caller waits for the re-plan alone; bad input is refused
+        here, before the child is asked, and changes nothing."""
+        change = change_for(self.deployment, deployment, gpu_map)
+        placement, transfer, same = self._call("rebalance", commit=commit, deployment=deployment, gpu_map=gpu_map)
         placement = self._result if same else placement
         self._result = placement
         if commit:
             self._committing = placement
+            if change is not None:
+                self._serve_deployment(change.new)
+        elif change is not None:
+            self._changing = (placement, change)
         return placement, transfer
+
+    def _serve_deployment(self, deployment) -> None:
+        """Mirror the child balancer's deployment after a change (its slots are what record() takes)."""
+        self.__dict__.update(deployment=deployment, topology=deployment.topology, num_groups=deployment.num_groups)
+        self._num_slots = deployment.topology.num_slots
+        self._changing = None
 
     def commit(self, placement: Placement, layers: tuple[int, int] | None = None) -> None:
         """:meth:`eplb.Balancer.commit`: make ``placement`` (or its ``layers = (start, stop)``) the one in
@@ -610,6 +630,9 @@ class BalancerProcess:
         else:
             self._call("commit", placement, layers)
         self._committing = placement
+        changing, self._changing = self._changing, None
+        if changing is not None and placement is changing[0]:
+            self._serve_deployment(changing[1].new)
 
     @property
     def placement(self) -> Placement:

@@ -337,3 +337,124 @@ def test_facts_and_adapter_against_vllms_own_files(version):
         phy2log = result[0] if interface == "triple" else result
     assert phy2log.shape == (L, S) and phy2log.dtype == torch.int64
     eplb.Placement(phy2log.numpy(), E, eplb.Topology.uniform(S, RANKS, NODES))  # a valid placement
+
+
+# ---- a resize: vLLM's elastic expert parallelism -------------------------------------------------
+
+ELASTIC = FACTS["elastic_ep"]
+
+
+def _stand_in_state(monkeypatch, group_size: int, physical_experts: int):
+    """``vllm.distributed.eplb.eplb_state`` with an ``EplbState`` whose ``rearrange`` calls the
+    registered policy as the facts say vLLM's does (``elastic_ep``): on a scale-down (a mapping as
+    long as the group) the surviving ranks with the old slots per rank, else the group's ranks and
+    the model's physical experts; the placement in service last, the rank mapping kept to itself."""
+    facts = ELASTIC["rearrange"]
+    module = types.ModuleType(facts["module"])
+
+    class EplbState:
+        def __init__(self, old, weight):
+            self.physical_to_logical_map, self.weight = old, weight
+
+        def rearrange(self, is_profile=False, rank_mapping=None):
+            policy = sys.modules[_POLICY].EPLB_POLICIES["default"]
+            if rank_mapping is not None and len(rank_mapping) == group_size:  # scale down
+                ranks = sum(new != -1 for new in rank_mapping.values())
+                replicas = self.physical_to_logical_map.shape[1] // group_size * ranks
+            else:
+                ranks, replicas = group_size, physical_experts
+            return policy.rebalance_experts(self.weight, replicas, GROUPS, NODES, ranks, self.physical_to_logical_map)
+
+    assert facts["parameter"] in inspect.signature(EplbState.rearrange).parameters
+    setattr(module, facts["class"], EplbState)
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    return EplbState
+
+
+_POLICY = "vllm.distributed.eplb.policy"
+PER_RANK = 12  # slots per rank, kept across a resize (64 experts fit on 6 ranks)
+
+
+def _in_service(seed: int) -> np.ndarray:
+    """A placement in service ``[L, 96]`` on 8 ranks of 12 slots."""
+    return eplb.plan(_series(seed=seed).sum(axis=0), num_slots=8 * PER_RANK, num_gpus=8, num_nodes=NODES,
+                     num_groups=GROUPS).phy2log
+
+
+@pytest.mark.parametrize("interface", ["triple", "phy2log"])
+@pytest.mark.parametrize("resize", ["scale down", "scale up", "removed in the middle"])
+def test_a_resize_is_replanned_from_the_placement_in_service_with_the_rank_mapping(monkeypatch, interface, resize):
+    _fake_vllm(monkeypatch, interface)
+    weight = _series(seed=8).sum(axis=0)
+    old = _in_service(7)
+    mapping, ranks, group = {
+        "scale down": ({r: r if r < 6 else -1 for r in range(8)}, 6, 8),  # _eplb_before_scale_down
+        "scale up": ({r: r for r in range(8)}, 12, 12),  # _eplb_after_scale_up: 4 ranks appended
+        "removed in the middle": ({0: 0, 1: 1, 2: -1, 3: -1, 4: 2, 5: 3, 6: 4, 7: 5}, 6, 8),
+    }[resize]
+    state_class = _stand_in_state(monkeypatch, group, PER_RANK * ranks)
+    adapter.install()
+    result = state_class(torch.tensor(old), torch.tensor(weight)).rearrange(rank_mapping=mapping)
+    phy2log = (result[0] if interface == "triple" else result).numpy()
+    change = eplb.DeploymentChange(eplb.Deployment.of(E, num_slots=8 * PER_RANK, num_gpus=8),
+                                   eplb.Deployment.of(E, num_slots=PER_RANK * ranks, num_gpus=ranks, num_nodes=NODES,
+                                                      num_groups=GROUPS),
+                                   [mapping[r] for r in range(8)])
+    expected = eplb.plan(weight, change, previous=old)
+    np.testing.assert_array_equal(phy2log, expected.phy2log)
+    # the survivors keep what they held: far fewer copies than vLLM's plan from scratch
+    fresh = eplb.plan(weight, change.new)
+    carried = change.carry(old)
+    assert (phy2log != carried).sum() < (fresh.phy2log != carried).sum()
+    if resize != "scale up":
+        assert expected.info["orphans"].sum() > 0  # some experts lived only on the removed ranks
+
+
+def test_without_a_rank_mapping_a_resize_maps_ranks_by_index_as_vllm_does():
+    weight = torch.tensor(_series(seed=9).sum(axis=0))
+    old = torch.tensor(_in_service(10))
+    plain = adapter.EplbPolicy.rebalance_experts(weight, 6 * PER_RANK, GROUPS, NODES, 6, old)
+    with adapter.rank_mapping({r: r if r < 6 else -1 for r in range(8)}):  # vLLM's scale-down mapping
+        mapped = adapter.EplbPolicy.rebalance_experts(weight, 6 * PER_RANK, GROUPS, NODES, 6, old)
+    assert torch.equal(plain, mapped)
+    with adapter.rank_mapping({r: (r + 3) % 8 for r in range(8)}):  # the same ranks, renumbered: a change too
+        renumbered = adapter.EplbPolicy.rebalance_experts(weight, 8 * PER_RANK, GROUPS, NODES, 8, old)
+    change = eplb.DeploymentChange(eplb.Deployment.of(E, num_slots=8 * PER_RANK, num_gpus=8),
+                                   eplb.Deployment.of(E, num_slots=8 * PER_RANK, num_gpus=8, num_nodes=NODES,
+                                                      num_groups=GROUPS),
+                                   [(r + 3) % 8 for r in range(8)])
+    np.testing.assert_array_equal(renumbered.numpy(), eplb.plan(weight.numpy(), change, previous=old.numpy()).phy2log)
+
+
+def test_the_context_interface_plans_a_resize_from_the_placement_in_service():
+    module = stand_in_module("context")
+    policy = adapter.policy_for(module.AbstractEplbPolicy)()
+    window = _series(seed=11)
+    old = _in_service(12)
+    context = module.EplbRebalanceContext(
+        load_window_cpu=torch.tensor(window), physical_to_logical_map_cpu=torch.tensor(old),
+        topology=module.EplbTopology(num_groups=GROUPS, num_nodes=NODES, num_ranks=10), num_replicas=10 * PER_RANK,
+        cpu_group=None)
+    plan = policy.rebalance_experts(context, policy.create_state(L))
+    change = eplb.DeploymentChange(eplb.Deployment.of(E, num_slots=8 * PER_RANK, num_gpus=8),
+                                   eplb.Deployment.of(E, num_slots=10 * PER_RANK, num_gpus=10, num_nodes=NODES,
+                                                      num_groups=GROUPS))
+    np.testing.assert_array_equal(plan.physical_to_logical_map.numpy(), eplb.plan(window, change, previous=old).phy2log)
+
+
+def test_a_rank_mapping_that_does_not_fit_the_placement_in_service_is_refused():
+    weight = torch.tensor(_series(seed=13).sum(axis=0))
+    old = torch.tensor(_in_service(14))  # 96 slots
+    with adapter.rank_mapping({r: r for r in range(5)}), pytest.raises(ValueError, match="do not divide the 96 slots"):
+        adapter.EplbPolicy.rebalance_experts(weight, 72, GROUPS, NODES, 6, old)
+    with adapter.rank_mapping({0: 0, 2: 1}), pytest.raises(ValueError, match="every old rank"):
+        adapter.EplbPolicy.rebalance_experts(weight, 72, GROUPS, NODES, 6, old)
+
+
+def test_install_wraps_rearrange_once(monkeypatch):
+    _fake_vllm(monkeypatch, "phy2log")
+    state_class = _stand_in_state(monkeypatch, 8, S)
+    adapter.install()
+    wrapped = state_class.rearrange
+    adapter.install()
+    assert state_class.rearrange is wrapped and wrapped.eplb_rank_mapping

@@ -33,21 +33,41 @@ and :func:`install` registers it before the engine starts::
 
 Every adapter plans with :func:`eplb.plan`: the default method, hedged over the samples of the
 load window when vLLM passes one (the ``"context"`` interface), and, when vLLM passes the
-placement in service, a plan close to it (``previous=``) so few expert weights move. A placement
-in service of another shape (the EP size changed) is ignored: the plan starts from scratch. As
-vLLM's own policy does, expert groups are used only when they divide among the nodes.
+placement in service, a plan close to it (``previous=``) so few expert weights move. As vLLM's own
+policy does, expert groups are used only when they divide among the nodes.
+
+Across a resize (vLLM's elastic expert parallelism, ``tests/engine_interfaces/vllm.json``
+``elastic_ep``), vLLM's ``EplbState.rearrange(..., rank_mapping=...)`` calls the policy with the
+placement in service on the old ranks (``[L, S_old]``) and the new ``num_replicas`` and
+``num_ranks``; the rank mapping (old rank -> new rank, ``-1``: removed) stays in ``rearrange``.
+The adapter re-plans from that placement across the change (:class:`eplb.DeploymentChange`,
+:mod:`eplb.planning.replan`): survivors keep what they hold, experts whose every replica is on a
+removed rank are placed once, new ranks are filled. ``gpu_map`` is the rank mapping: :func:`install`
+wraps ``rearrange`` so that the policy sees its ``rank_mapping`` (:func:`rank_mapping`, for callers
+of their own); without one it is by index, which is the mapping vLLM builds (a scale-down keeps the
+ranks below the new size, a scale-up appends ranks). The old ranks hold ``S_old / G_old`` slots
+each, ``G_old`` the mapping's length or, without one, ``S_old`` over the new ranks' slots per rank
+(vLLM keeps the slots per rank across a resize). A placement in service that cannot be read so
+(its layers differ, or its slots do not divide among the old ranks) is ignored: the plan starts
+from scratch.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+import functools
 import importlib
 import inspect
 import sys
 
 import numpy as np
 
+from ...analysis.placement import Placement
+from ...model.change import DeploymentChange
 from ...model.defaults import PLAN_TOLERANCE
 from ...model._validation import as_counts
+from ...model.deployment import make_deployment
 from ...planning.api import plan
 from ...planning.methods import DEFAULT_METHOD, get_method
 
@@ -56,6 +76,10 @@ INTERFACES = ("function", "triple", "phy2log", "context")
 
 _POLICY_MODULE = "vllm.distributed.eplb.policy"
 _FUNCTION_MODULES = ("vllm.distributed.eplb.eplb_state", "vllm.distributed.eplb.async_worker")
+_STATE_MODULE = "vllm.distributed.eplb.eplb_state"
+
+_RANK_MAPPING: contextvars.ContextVar = contextvars.ContextVar("eplb_vllm_rank_mapping", default=None)
+"""The rank mapping of the resize being planned on this thread (set by :func:`rank_mapping`)."""
 
 
 def _torch():
@@ -78,7 +102,10 @@ def _placement(settings, weight, num_replicas: int, num_groups, num_nodes: int, 
     Args:
         weight: ``[L, E]`` load of each logical expert, or a series ``[T, L, E]`` (vLLM's load
             window), planned hedged over its windows as :func:`eplb.plan` does with a series.
-        old: ``[L, S]`` placement in service or ``None``; ignored when its shape is not ``[L, S]``.
+        old: ``[L, S_old]`` placement in service or ``None``. With ``S_old == num_replicas`` and no
+            rank mapping that moves a rank (:func:`rank_mapping`), the plan stays close to it; else it
+            is re-planned across the resize (:func:`resize_change`); ignored when it cannot be read
+            as a placement on the old ranks.
     Returns:
         the :class:`eplb.Placement` (``phy2log [L, S]``, ``log2phy [L, E, R]``, ``logcnt [L, E]``).
     """
@@ -88,14 +115,92 @@ def _placement(settings, weight, num_replicas: int, num_groups, num_nodes: int, 
     groups = int(num_groups) if num_groups else None
     if groups is not None and groups % num_nodes != 0:
         groups = None  # vLLM's own policy then plans globally too
-    previous = None
+    deployment = make_deployment(weights.shape[-1], int(num_replicas), int(num_ranks), num_nodes, groups)
+    previous, change = None, None
     if old is not None:
         old = _to_numpy(old, torch)
-        if old.shape == (weights.shape[-2], int(num_replicas)):
+        if old.ndim == 2 and old.shape[0] == weights.shape[-2]:
             previous = old.astype(np.int64, copy=False)
-    return plan(weights, num_slots=int(num_replicas), num_gpus=int(num_ranks), num_nodes=num_nodes,
-                num_groups=groups, method=settings.method, previous=previous, tolerance=settings.tolerance,
-                max_moves=settings.max_moves, **settings.options)
+            change = resize_change(previous.shape[1], deployment, _RANK_MAPPING.get())
+            if change is None and previous.shape[1] != deployment.num_slots:
+                previous = None  # not a placement on the old ranks eplb can read: from scratch
+    return plan(weights, change if change is not None else deployment, method=settings.method, previous=previous,
+                tolerance=settings.tolerance, max_moves=settings.max_moves, **settings.options)
+
+
+def resize_change(old_slots: int, deployment, mapping=None) -> DeploymentChange | None:
+    """The change from vLLM's ranks before a resize to ``deployment`` (after it), or ``None`` when
+    nothing changes or the old ranks cannot be told from what vLLM passes.
+
+    Args:
+        old_slots: ``S_old``, the slots of the placement in service (its width).
+        deployment: the deployment after the resize (``num_replicas`` slots on ``num_ranks`` ranks).
+        mapping: vLLM's ``rank_mapping``, ``{old rank: new rank or -1}`` for every old rank, or
+            ``None`` (by index: vLLM's own mappings keep the surviving ranks' indices).
+    Returns:
+        ``DeploymentChange(old, deployment, gpu_map)``, the old ranks holding ``S_old / G_old`` slots
+        each on one node (``G_old``: the mapping's length, else ``S_old`` over the new slots per rank).
+    Raises:
+        ValueError: the mapping is not one new rank (or -1) for each old rank ``0 .. G_old - 1``, or
+            its ranks do not divide the old slots.
+    """
+    per_rank = deployment.num_slots // deployment.num_gpus
+    if mapping is None:
+        if old_slots == deployment.num_slots or old_slots % per_rank:
+            return None
+        old_ranks, gpu_map = old_slots // per_rank, None
+    else:
+        try:
+            old_ranks = len(mapping)
+            gpu_map = [int(mapping[rank]) for rank in range(old_ranks)]
+        except (KeyError, TypeError, ValueError):
+            raise ValueError(f"rank_mapping must map every old rank 0 .. G-1 to a new rank or -1, got {mapping!r:.200}") \
+                from None
+        if old_ranks == 0 or old_slots % old_ranks:
+            raise ValueError(f"rank_mapping has {old_ranks} old ranks, which do not divide the {old_slots} slots of the "
+                             "placement in service")
+    old = make_deployment(deployment.num_experts, old_slots, old_ranks)
+    change = DeploymentChange(old, deployment, gpu_map)
+    return None if change.is_identity else change
+
+
+@contextlib.contextmanager
+def rank_mapping(mapping):
+    """Within this block, the policies of this module plan a resize with ``mapping`` (vLLM's
+    ``rank_mapping``: ``{old rank: new rank, -1 for a removed rank}``) as the change's ``gpu_map``.
+    :func:`install` wraps vLLM's ``EplbState.rearrange`` in it; call it yourself when you call a
+    policy across a resize another way."""
+    token = _RANK_MAPPING.set(None if mapping is None else dict(mapping))
+    try:
+        yield
+    finally:
+        _RANK_MAPPING.reset(token)
+
+
+def _with_rank_mapping(rearrange):
+    """vLLM's ``EplbState.rearrange`` run within :func:`rank_mapping` of its ``rank_mapping`` argument."""
+    signature = inspect.signature(rearrange)
+
+    @functools.wraps(rearrange)
+    def wrapper(*args, **kwargs):
+        with rank_mapping(signature.bind_partial(*args, **kwargs).arguments.get("rank_mapping")):
+            return rearrange(*args, **kwargs)
+
+    wrapper.eplb_rank_mapping = True
+    return wrapper
+
+
+def _wrap_rearrange() -> bool:
+    """Wrap the installed vLLM's ``EplbState.rearrange`` (when it takes a ``rank_mapping``) so the
+    policy sees the mapping of a resize; returns whether it is wrapped."""
+    module = sys.modules.get(_STATE_MODULE) or _import_if_present(_STATE_MODULE)
+    state = getattr(module, "EplbState", None)
+    rearrange = getattr(state, "rearrange", None)
+    if rearrange is None or "rank_mapping" not in inspect.signature(rearrange).parameters:
+        return False
+    if not getattr(rearrange, "eplb_rank_mapping", False):
+        state.rearrange = _with_rank_mapping(rearrange)
+    return True
 
 
 def _tensor(array, like, torch):
@@ -338,7 +443,9 @@ def install(name: str = "default", **settings):
     """Make vLLM plan with eplb: call before the engine starts (in every process that plans).
 
     For policy interfaces, registers :func:`policy_for`'s class as ``EPLB_POLICIES[name]`` (the
-    policy chosen by ``--eplb-config '{"policy": ...}'``; ``"default"`` unless configured). For
+    policy chosen by ``--eplb-config '{"policy": ...}'``; ``"default"`` unless configured) and wraps
+    ``EplbState.rearrange`` when it takes a ``rank_mapping`` (elastic EP), so a resize is planned
+    with that mapping (:func:`rank_mapping`). For
     the ``"function"`` interface (vLLM <= 0.12) it replaces ``rebalance_experts`` where vLLM's
     EPLB modules imported it (``name`` is unused there).
 
@@ -356,6 +463,7 @@ def install(name: str = "default", **settings):
         return function
     policy = policy_for(abstract, **settings)
     importlib.import_module(_POLICY_MODULE).EPLB_POLICIES[name] = policy
+    _wrap_rearrange()
     return policy
 
 
