@@ -60,6 +60,7 @@ SECTIONS = (
     ("host_loop", "Host loop", "the README's serving loop: the caller's time in eplb per pass, p99 and max"),
     ("compare_quick", "eplb compare", "eplb compare --quick timed; the published algorithm from a file beside greedy"),
     ("pools", "Pools", "eplb.recommend: redundant experts and plans per pool, in predicted step time, held out"),
+    ("survive", "Survive", "survive= against the plain plan: a lost GPU or node, in and out of sample; the exposure's cost"),
 )
 
 README_ROWS = 12

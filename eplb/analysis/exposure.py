@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..kernels.failure_domains import domain_range, orphaned_per_domain
+from ..kernels.failure_domains import domain_range, orphaned_per_domain, orphaned_per_gpu_and_node
 from ..model.topology import Topology
 
 __all__ = ["loss_shares", "orphaned_tokens", "sole_domain", "worst_loss"]
@@ -64,8 +64,15 @@ def worst_loss(weights: np.ndarray, phy2log: np.ndarray, topology: Topology) -> 
     """The exposure every plan reports: ``{"worst_gpu_loss": float, "worst_node_loss": float}``,
     the largest share of the tokens of ``weights [L, E]`` (all layers) that losing one GPU / one
     node orphans under ``phy2log [L, S]`` (0.0: no single loss orphans anything; 1.0 with one GPU
-    or one node: everything)."""
-    gpu_of_slot = topology.gpu_of_slot
-    gpu = loss_shares(weights, phy2log, gpu_of_slot, topology.num_gpus)
-    node = loss_shares(weights, phy2log, topology.node_of_gpu[gpu_of_slot], topology.num_nodes)
-    return {"worst_gpu_loss": float(gpu.max()), "worst_node_loss": float(node.max())}
+    or one node: everything; 0.0 for both without tokens). One kernel pass for both
+    (:func:`eplb.kernels.failure_domains.orphaned_per_gpu_and_node`)."""
+    weights = np.ascontiguousarray(weights, dtype=np.float64)
+    total = float(weights.sum())
+    if not np.isfinite(total):  # huge counts: their shares, from counts divided by the largest
+        weights = weights / weights.max()
+        total = float(weights.sum())
+    if total <= 0.0:
+        return {"worst_gpu_loss": 0.0, "worst_node_loss": 0.0}
+    gpu, node = orphaned_per_gpu_and_node(weights, np.ascontiguousarray(phy2log, dtype=np.int64),
+                                          topology.gpu_of_slot, topology.node_of_gpu, topology.num_nodes)
+    return {"worst_gpu_loss": min(float(gpu.max()) / total, 1.0), "worst_node_loss": min(float(node.max()) / total, 1.0)}

@@ -10,8 +10,8 @@ They work on the packing state of one layer (:mod:`eplb.kernels.packing`, a ``Pa
 - ``need [E]`` int64: domains each expert must span (2: it survives one loss; 1: no rule);
 - ``counts [E]`` int64: replicas of each expert.
 
-No move ever puts a second replica of an expert on a GPU, or leaves an expert spanning fewer
-domains than ``min(its span before, its need)``.
+No move ever adds a doubled replica (a second replica of an expert on a GPU), or leaves an
+expert spanning fewer domains than ``min(its span before, its need)``.
 """
 
 from collections import namedtuple
@@ -56,11 +56,16 @@ def span_after(e, source, target, spread):
 
 @njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
 def may_swap(a, h, b, g, pack, spread):
-    """Whether replica ``a`` on GPU ``h`` and replica ``b`` on GPU ``g`` may change places: no expert
-    doubled on a GPU, no expert's span below ``min(span, need)``."""
+    """Whether replica ``a`` on GPU ``h`` and replica ``b`` on GPU ``g`` may change places: no more
+    replicas doubled on a GPU than before (where a GPU has more slots than there are experts some
+    must be), no expert's span below ``min(span, need)``."""
     item_expert, holds = pack.item_expert, pack.holds
     ea, eb = item_expert[a], item_expert[b]
-    if ea == eb or holds[g, ea] > 0 or holds[h, eb] > 0:
+    if ea == eb:
+        return False
+    doubled = ((1 if holds[h, eb] > 0 else 0) + (1 if holds[g, ea] > 0 else 0)
+               - (1 if holds[h, ea] > 1 else 0) - (1 if holds[g, eb] > 1 else 0))
+    if doubled > 0:
         return False
     dh, dg = spread.gpu_domain[h], spread.gpu_domain[g]
     if dh == dg:

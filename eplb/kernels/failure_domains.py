@@ -60,3 +60,31 @@ def orphaned_per_domain(weights, phy2log, domain_of_slot, num_domains):
             if lowest[e] == highest[e]:
                 out[layer, lowest[e]] += weights[layer, e]
     return out
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def orphaned_per_gpu_and_node(weights, phy2log, gpu_of_slot, node_of_gpu, num_nodes):
+    """``(gpu [G], node [N])`` float64: the summed ``weights [L, E]`` over all layers of the experts
+    whose every replica sits on GPU ``g`` / node ``n`` under ``phy2log [L, S]``, in one pass.
+    ``gpu_of_slot [S]``, ``node_of_gpu [G]`` int64 (nodes are contiguous blocks of GPUs, so an
+    expert's lowest and highest GPU on one node puts all its GPUs there)."""
+    num_layers, num_experts = weights.shape
+    gpu = np.zeros(node_of_gpu.shape[0])
+    node = np.zeros(num_nodes)
+    lowest = np.empty(num_experts, np.int64)
+    highest = np.empty(num_experts, np.int64)
+    for layer in range(num_layers):
+        lowest[:] = node_of_gpu.shape[0]
+        highest[:] = -1
+        for s in range(phy2log.shape[1]):
+            e = phy2log[layer, s]
+            lowest[e] = min(lowest[e], gpu_of_slot[s])
+            highest[e] = max(highest[e], gpu_of_slot[s])
+        for e in range(num_experts):
+            if highest[e] < 0:
+                continue
+            if lowest[e] == highest[e]:
+                gpu[lowest[e]] += weights[layer, e]
+            if node_of_gpu[lowest[e]] == node_of_gpu[highest[e]]:
+                node[node_of_gpu[lowest[e]]] += weights[layer, e]
+    return gpu, node

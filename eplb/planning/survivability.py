@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..analysis.exposure import orphaned_tokens
+from ..analysis.exposure import loss_shares, orphaned_tokens
 from ..kernels.domain_spread import SpreadState, load_spread, spread_layer
 from ..kernels.pack_descend import balanced_placement
 from ..kernels.packing import PackState, new_state, store_state
@@ -129,9 +129,11 @@ def survivable(weights: np.ndarray, phy2log: np.ndarray, deployment: Deployment,
     ``survive`` and, with ``renumber``, its GPUs numbered to even out the exposure (module notes).
 
     Without ``renumber`` (near a placement in service) each zone's descents stop at the plan's own
-    peak. Returns ``phy2log [L, S]`` int64 and info: ``survive`` (the domain), ``survive_short [L]``
-    (experts per layer left in one domain although the zone's slots could spread every expert;
-    0 on uniform deployments) and, hierarchical, ``survive_regrouped`` (layers re-placed with the
+    peak. The plan given is returned instead when the spread one would leave a single loss more
+    exposed (``survive_kept_plan``), so the exposure is never worse than the plan's. Returns
+    ``phy2log [L, S]`` int64 and info: ``survive`` (the domain), ``survive_short [L]`` (experts per
+    layer the spread left in one domain although the zone's slots could spread every expert; 0 on
+    uniform deployments), ``survive_kept_plan`` and, hierarchical, ``survive_regrouped`` (layers re-placed with the
     groups spread evenly over the nodes, :func:`even_groups`)."""
     topology = deployment.topology
     num_layers, num_experts = weights.shape
@@ -144,7 +146,7 @@ def survivable(weights: np.ndarray, phy2log: np.ndarray, deployment: Deployment,
     (pack, spread), backup = make(), make()
     offsets = np.ascontiguousarray(topology.slot_offsets)
     zones = _zones(deployment)
-    regrouped = 0
+    given, regrouped = phy2log, 0
     if renumber and deployment.hierarchical and survive == "gpu":
         phy2log, regrouped = even_groups(weights, phy2log, deployment)
     out = np.empty_like(phy2log)
@@ -165,7 +167,13 @@ def survivable(weights: np.ndarray, phy2log: np.ndarray, deployment: Deployment,
         store_state(pack.item_expert, pack.gpu_items, pack.gpu_fill, offsets, out[layer])
     if renumber:
         out = renumbered(weights, out, deployment, survive)
-    info = {"survive": survive, "survive_short": short}
+    # never more exposed than the plan given (a move can leave another domain holding a lone expert)
+    domain_of_slot = domain[topology.gpu_of_slot]
+    worst = lambda rows: loss_shares(weights, rows, domain_of_slot, num_domains).max()  # noqa: E731
+    kept = bool(worst(out) > worst(given))
+    if kept:
+        out = given
+    info = {"survive": survive, "survive_short": short, "survive_kept_plan": kept}
     return out, {**info, "survive_regrouped": regrouped} if deployment.hierarchical else info
 
 
@@ -203,22 +211,26 @@ def even_groups(weights: np.ndarray, phy2log: np.ndarray, deployment: Deployment
 
 def _even_assignment(w: np.ndarray, size: int, gpu_slots: list[np.ndarray]) -> np.ndarray:
     """``[E]`` int64 node of each expert: groups of ``size`` experts, heaviest first, each on the
-    lightest node (lowest index on ties) whose GPUs (``gpu_slots[n]``: their slots) can still hold
-    two replicas of all its experts on two GPUs; all ``-1`` when a group finds no such node or a
-    node with slots is left without a group."""
+    lightest node (fewest experts, then lowest index, on ties) that is below its fair share of the
+    groups (in proportion to its slots, rounded up) and whose GPUs (``gpu_slots[n]``: their slots)
+    can still hold two replicas of all its experts on two GPUs, else on any node with that room;
+    all ``-1`` when a group finds no such node or a node with slots is left without a group."""
     group_load = w.reshape(-1, size).sum(axis=1)
-    nodes = len(gpu_slots)
+    nodes, groups = len(gpu_slots), group_load.size
+    slots = np.array([g.sum() for g in gpu_slots], np.int64)
+    fair = -(-groups * slots // max(1, int(slots.sum()))) * size
     load, held = np.zeros(nodes), np.zeros(nodes, np.int64)
-    node_of_group = np.empty(group_load.size, np.int64)
+    node_of_group = np.empty(groups, np.int64)
     for g in np.argsort(-group_load, kind="stable"):
         room = [n for n in range(nodes) if survivable_slots(int(held[n]) + size, gpu_slots[n])]
+        room = [n for n in room if held[n] < fair[n]] or room
         if not room:
             return np.full(w.size, -1, np.int64)
-        n = min(room, key=lambda n: (load[n], n))
+        n = min(room, key=lambda n: (load[n], held[n], n))
         node_of_group[g] = n
         load[n] += group_load[g]
         held[n] += size
-    if any(held[n] == 0 and gpu_slots[n].sum() > 0 for n in range(nodes)):
+    if ((held == 0) & (slots > 0)).any():
         return np.full(w.size, -1, np.int64)
     return np.repeat(node_of_group, size)
 
