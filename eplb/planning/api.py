@@ -32,7 +32,7 @@ def plan(counts, deployment: Deployment | None = None, *, num_slots=None, num_gp
          num_groups=None, method: str = DEFAULT_METHOD, topology: Topology | None = None, previous=None,
          tolerance: float | None = PLAN_TOLERANCE, max_moves=None, max_off_node: float | None = None,
          objective: str | None = None, window_weights=None, dispatch: str = "uniform",
-         copy_cost: float = COPY_COST, gpu_map=None, **options) -> Placement:
+         copy_cost: float = COPY_COST, gpu_map=None, survive: str | None = None, **options) -> Placement:
     """Plan a replicated expert placement for every layer.
 
     Args:
@@ -99,6 +99,16 @@ def plan(counts, deployment: Deployment | None = None, *, num_slots=None, num_gp
             gpu_map). The plan is re-planned from the placement in service across the change
             (:mod:`eplb.planning.replan`): every expert present on the surviving GPUs, close to what
             they hold; ``info`` gives ``change``, ``orphans``, ``copies`` and ``copy_floor`` per layer.
+        survive: ``"gpu"`` or ``"node"``: place replicas so that losing any one GPU (node) orphans as
+            few tokens as possible (:mod:`eplb.planning.survivability`): with slots for it (``S >=
+            2 E`` on a uniform deployment), every expert on two GPUs (nodes), whatever the balance
+            costs; otherwise the heaviest experts, while the max GPU load stays within
+            :data:`~eplb.planning.survivability.SURVIVE_TOLERANCE` of the plan's. Combines with
+            series, ``previous=`` (GPUs keep their numbers) and every dispatch rule; not with
+            ``max_off_node`` or ``max_moves``, and ``"node"`` not with a hierarchical deployment.
+            ``None``: no such stage. Every plan's ``info`` reports ``worst_gpu_loss`` and
+            ``worst_node_loss``: the largest share of ``counts``' tokens (all layers) whose expert
+            loses every replica when one GPU / one node is lost (:mod:`eplb.analysis.exposure`).
         **options: passed to the method.
     Returns:
         A :class:`Placement` (with ``home_node`` when hierarchical); its ``max_load``, ``lower_bound`` and ``gap`` on ``counts`` are
@@ -126,7 +136,8 @@ def plan(counts, deployment: Deployment | None = None, *, num_slots=None, num_gp
     dispatch = deployment.dispatch
     windows, objective = windows_of(counts, dispatch, objective, window_weights)
     stages = build(windows, deployment, method=method, objective=objective, previous=previous, tolerance=tolerance,
-                   max_moves=max_moves, max_off_node=max_off_node, copy_cost=copy_cost, options=options, change=change)
+                   max_moves=max_moves, max_off_node=max_off_node, copy_cost=copy_cost, options=options, change=change,
+                   survive=survive)
     return run(windows, deployment, stages, method, notes={"relaxed": relaxed} if relaxed else None)
 
 

@@ -23,9 +23,21 @@ call once, in this order, and that order is what decides what combines with what
    alike. Near the placement in service, each changed slot is charged ``copy_cost`` and a move
    budget (``max_moves``) is the start's to keep (no hedge).
 
-3. **for the deployment's rule**: :class:`ForOptimalDispatch` after an :class:`Estimated` start
+3. **survive** (:class:`Survive`, ``survive="gpu" | "node"``): the plan so far with its replicas
+   spread over failure domains, so that one lost GPU (node) orphans as few tokens as possible
+   (:mod:`eplb.planning.survivability`: every expert on two domains when the slots allow it, else
+   the heaviest while balance stays within its tolerance; from scratch, each layer's GPUs
+   renumbered to even out the exposure). It follows the start and the hedge (series, estimates,
+   the placement in service: there GPUs keep their numbers and each slot changed is counted in
+   ``slots_changed``), and precedes the rule's stage, which moves only single replicas or a
+   replica alone on its node within that node, so the spread stays. Not with ``max_off_node=``
+   (its shares and home nodes are planned for the replicas it placed), not with ``max_moves=`` (the
+   spread is not held to a move budget), and ``"node"`` not on a hierarchical deployment (every
+   group on one node is the opposite rule).
+
+4. **for the deployment's rule**: :class:`ForOptimalDispatch` after an :class:`Estimated` start
    (the plan made for the split of each batch), :class:`ForEngineRule` for an engine's fixed
-   shares (SGLang: the even-split plan of stages 1-2, made for the rule's shares). Engine rules
+   shares (SGLang: the even-split plan of stages 1-3, made for the rule's shares). Engine rules
    plan from scratch: not with ``previous=`` or ``max_off_node=``.
 
 :func:`run` runs the stages and builds the :class:`~eplb.Placement`; :func:`plan_arrays` returns
@@ -42,6 +54,7 @@ from typing import Callable
 import numpy as np
 
 from ..analysis.bounds import strongest_bound
+from ..analysis.exposure import worst_loss
 from ..analysis.loads import peak_loads
 from ..analysis.placement import Placement
 from ..analysis.windows import check_window_weights
@@ -56,11 +69,12 @@ from .locality import capped_lower_bound, home_nodes, plan_locality
 from .methods import get_method
 from .migration import Carried, as_previous, check_trade_off, groups_spread, plan_near
 from .replan import aligned, carried_across, change_info
+from .survivability import check_survive, survivable
 from .objectives import (DEFAULT_OBJECTIVE, SEARCHES, combine, hedge_info, hedge_windows, made_for_dispatch,
                          plan_estimated)
 
 __all__ = ["Capped", "Estimated", "ForEngineRule", "ForOptimalDispatch", "FromScratch", "Hedge", "Near", "Planned",
-           "Windows", "build", "hedge_near", "plan_arrays", "run", "windows_of"]
+           "Survive", "Windows", "build", "hedge_near", "plan_arrays", "run", "windows_of"]
 
 OPTIMAL_ITERATIONS = 300  # swaps tried per layer when a plan is made for optimal dispatch
 
@@ -258,7 +272,26 @@ def hedge_near(windows: np.ndarray, window_weights, deployment: Deployment, prev
                      "hedge_steps": np.stack([c.steps for c in candidates])[pick, layers]}
 
 
-# -- stage 3: for the deployment's rule --------------------------------------------------------------
+# -- stage 3: survive a lost GPU or node -------------------------------------------------------------
+@dataclass(frozen=True)
+class Survive:
+    """Replicas spread over the failure domains of ``domain`` (``"gpu"`` or ``"node"``,
+    :func:`eplb.planning.survivability.survivable`); near the placement in service (``previous [L,
+    S]`` given) the GPUs keep their numbers and ``info["slots_changed"]`` counts against it."""
+
+    domain: str
+    previous: np.ndarray | None = None
+    name = "survive"
+
+    def __call__(self, windows: Windows, deployment: Deployment, planned: Planned) -> Planned:
+        phy2log, info = survivable(windows.weights, planned.phy2log, deployment, self.domain,
+                                   renumber=self.previous is None)
+        if self.previous is not None:
+            info["slots_changed"] = (phy2log != self.previous).sum(axis=1)
+        return replace(planned, phy2log=phy2log, info={**planned.info, **info})
+
+
+# -- stage 4: for the deployment's rule --------------------------------------------------------------
 @dataclass(frozen=True)
 class ForOptimalDispatch:
     """Swaps of single-replica experts that lower the mean optimal-dispatch peak over the windows
@@ -301,20 +334,33 @@ class ForEngineRule:
 
 # -- building and running ----------------------------------------------------------------------------
 KEYWORDS = {"previous": "previous=", "max_off_node": "max_off_node=", "dispatch": "dispatch=", "objective": "objective=",
-            "num_groups": "num_groups", "num_nodes": "num_nodes"}
+            "num_groups": "num_groups", "num_nodes": "num_nodes", "survive": "survive=", "max_moves": "max_moves="}
 # a name ending in "=" is followed by the value (dispatch='sglang-static'); a flag by a space
 """How :func:`combination_error` names the options (the CLI passes its flags instead)."""
 
 
 def combination_error(dispatch: str, *, objective: str | None, previous: bool, max_off_node: bool,
-                      hierarchical: bool, is_series: bool | None, names: dict = KEYWORDS) -> str | None:
+                      hierarchical: bool, is_series: bool | None, names: dict = KEYWORDS, survive: str | None = None,
+                      max_moves: bool = False) -> str | None:
     """Which options of one plan combine, stated once: ``None`` when they do, else why not.
 
     ``dispatch``: the rule's name; ``objective``: how a series combines (``None``: the default);
-    ``previous`` / ``max_off_node``: whether those are given; ``is_series``: whether the counts are a
-    series (``None``: not known yet, so the rules that depend on it are not checked). ``names``:
-    what to call the options in the message (keyword -> name)."""
+    ``previous`` / ``max_off_node`` / ``max_moves``: whether those are given; ``is_series``: whether
+    the counts are a series (``None``: not known yet, so the rules that depend on it are not
+    checked); ``survive``: the failure domain to survive (``None``: none). ``names``: what to call
+    the options in the message (keyword -> name; :data:`KEYWORDS` for a name missing there)."""
     kind = dispatch_rule(dispatch).kind
+    names = {**KEYWORDS, **names}
+    if survive is not None:
+        spelled = f"{names['survive']}{survive!r}" if names["survive"].endswith("=") else f"{names['survive']} {survive}"
+        if max_off_node:
+            return (f"{spelled} cannot be combined with {names['max_off_node']} (the capped plan's shares and home "
+                    "nodes are made for the replicas it placed)")
+        if max_moves:
+            return f"{spelled} cannot be combined with {names['max_moves']} (the spread over domains has no move budget)"
+        if survive == "node" and hierarchical:
+            return (f"{spelled} needs replicas on two nodes, but {names['num_groups']} a multiple of "
+                    f"{names['num_nodes']} keeps every group on one node: plan global (no groups) to survive a node")
     searched = bool(is_series) and objective in SEARCHES
     spell = {k: v if v.endswith("=") else v + " " for k, v in names.items()}  # before a value
     start = " or ".join(names[k] for k, given in (("previous", previous), ("max_off_node", max_off_node)) if given)
@@ -336,19 +382,22 @@ def combination_error(dispatch: str, *, objective: str | None, previous: bool, m
 
 def build(windows: Windows, deployment: Deployment, *, method: str, objective: str, previous=None,
           tolerance: float | None = PLAN_TOLERANCE, max_moves=None, max_off_node=None, copy_cost: float = 0.0,
-          threads: int = 1, options: dict | None = None, change: DeploymentChange | None = None) -> list:
+          threads: int = 1, options: dict | None = None, change: DeploymentChange | None = None,
+          survive: str | None = None) -> list:
     """The stages of one call, in order (module notes), after checking that its options combine.
 
     ``windows`` and ``objective`` as :func:`windows_of` gives them; ``previous``: a placement in
     service (``Placement`` or ``phy2log [L, S]``), on ``change.old`` when ``change`` (a
     :class:`~eplb.model.change.DeploymentChange` to ``deployment``) is given: then the start is the
-    re-plan across the change (:mod:`eplb.planning.replan`); the rest as :func:`eplb.plan`."""
+    re-plan across the change (:mod:`eplb.planning.replan`); ``survive``: ``"gpu"``, ``"node"``
+    or ``None`` (:class:`Survive`); the rest as :func:`eplb.plan`."""
     options = dict(options or {})
     kind = dispatch_rule(deployment.dispatch).kind
     searched = windows.is_series and objective in SEARCHES
+    survive = check_survive(survive, deployment)
     refusal = combination_error(deployment.dispatch, objective=objective, previous=previous is not None,
                                 max_off_node=max_off_node is not None, hierarchical=deployment.hierarchical,
-                                is_series=windows.is_series)
+                                is_series=windows.is_series, survive=survive, max_moves=max_moves is not None)
     if refusal:
         raise ValueError(refusal)
     if max_off_node is not None:
@@ -372,6 +421,8 @@ def build(windows: Windows, deployment: Deployment, *, method: str, objective: s
     stages = [start]
     if searched and not (isinstance(start, Near) and max_moves is not None):  # a move budget is the start's to keep
         stages.append(Hedge(start, objective, copy_cost))
+    if survive is not None:
+        stages.append(Survive(survive, start.previous if isinstance(start, Near) else None))
     if kind == "optimal" and isinstance(start, Estimated):
         stages.append(ForOptimalDispatch())
     elif kind == "engine":
@@ -390,8 +441,9 @@ def plan_arrays(windows: Windows, deployment: Deployment, stages: list) -> Plann
 def run(windows: Windows, deployment: Deployment, stages: list, method: str, notes: dict | None = None) -> Placement:
     """Run ``stages`` and build the :class:`Placement` (with ``home_node`` when hierarchical) whose
     ``max_load``, ``lower_bound`` and ``gap`` on ``windows.weights`` are computed on first access;
-    ``info["stages"]`` names the stages, ``info["time_s"]`` is their time; ``notes`` are added to
-    ``info`` as they are."""
+    ``info["stages"]`` names the stages, ``info["time_s"]`` is their time; ``info["worst_gpu_loss"]``
+    and ``info["worst_node_loss"]`` the exposure (:func:`eplb.analysis.exposure.worst_loss`, on
+    ``windows.weights``); ``notes`` are added to ``info`` as they are."""
     start = time.perf_counter()
     rule = stages[-1] if isinstance(stages[-1], ForEngineRule) else None
     planned = plan_arrays(windows, deployment, stages[:-1] if rule else stages)
@@ -408,6 +460,7 @@ def run(windows: Windows, deployment: Deployment, stages: list, method: str, not
     home = planned.home
     if deployment.hierarchical and home is None:
         home = home_nodes(even_split, deployment.num_groups, weights.shape[1], deployment.topology)
+    exposure = worst_loss(weights, phy2log, deployment.topology)  # what one lost GPU / node orphans
     elapsed = time.perf_counter() - start
     if shares is not None:
         peaks = lambda: _peaks(weights, phy2log, deployment, shares)  # noqa: E731
@@ -418,7 +471,8 @@ def run(windows: Windows, deployment: Deployment, stages: list, method: str, not
     return Placement(
         phy2log=phy2log, num_experts=weights.shape[1], topology=deployment.topology,
         num_groups=deployment.num_groups, method=method,
-        info={**planned.info, "time_s": elapsed, "stages": tuple(stage.name for stage in stages), **(notes or {})},
+        info={**planned.info, **exposure, "time_s": elapsed, "stages": tuple(stage.name for stage in stages),
+              **(notes or {})},
         max_load=peaks, lower_bound=bound, shares=shares, home_node=home, dispatch=deployment.dispatch,
     )
 

@@ -8,6 +8,11 @@ with :func:`eplb.plan` serves the window left out), beside the engine's layout (
 greedy from the summed counts at the deployment's slot count, e.g. ``E + G``), and returns the option with the
 shortest predicted MoE step time and its placement planned from all windows.
 
+It also says what a lost node costs the recommended layout (the share of tokens whose expert loses
+every replica, :mod:`eplb.analysis.exposure`) and how many slots make a node loss survivable for
+the pool's deployment (every expert on two nodes: :func:`node_loss_slots`, the fewest multiple of
+the GPUs with ``S >= 2 E``, planned with ``eplb.plan(..., survive="node")``).
+
 Step time of a placement on a window
 ------------------------------------
 A pass serves ``batch`` tokens per GPU (decode: one token per sequence, so ``batch`` sequences per
@@ -65,10 +70,12 @@ from ..analysis.placement import Placement
 from ..model._validation import as_counts, as_int
 from ..model.cost import MODELS, CostModel, MoEModel
 from ..model.deployment import Deployment, deployment_argument, slots_for
+from ..analysis.exposure import worst_loss
 from ..planning.api import HELD_OUT_FOLDS, plan
+from ..planning.survivability import survivable_slots
 
 __all__ = ["CANDIDATES", "NOISE_MARGIN", "PHASES", "PLANNERS", "PoolOption", "Recommendation", "cold_replicas", "layer_times",
-           "layer_time_bound", "plan_for_step_time", "recommend", "sample_passes"]
+           "layer_time_bound", "node_loss_note", "node_loss_slots", "plan_for_step_time", "recommend", "sample_passes"]
 
 PHASES = ("decode", "prefill")
 PLANNERS = ("tokens", "step-time")
@@ -127,6 +134,15 @@ class Recommendation:
         phase, batch: the pool's; routed_per_pass: ``n = batch * G * top_k`` routed tokens per
             layer and pass; passes: passes sampled per window; folds: held-out folds.
         cost_model: the :class:`CostModel` that priced the passes.
+        worst_node_loss, worst_gpu_loss: the recommended placement's exposure on the pool's summed
+            windows: the largest share of the routed tokens whose expert loses every replica when
+            one node / one GPU is lost (:func:`eplb.analysis.exposure.worst_loss`).
+        node_loss_slots: the fewest slots (a multiple of ``G``) that make a node loss survivable
+            for the pool's deployment, every expert on two nodes (``eplb.plan(...,
+            survive="node")``, planned global: a hierarchical layout keeps each group on one
+            node); ``None`` with a single node (no slot count helps). node_loss_redundant:
+            ``node_loss_slots - E`` (``None`` likewise).
+        node_loss_note: one line saying the above.
     """
 
     options: tuple[PoolOption, ...]
@@ -143,6 +159,11 @@ class Recommendation:
     passes: int
     folds: int
     cost_model: CostModel
+    worst_node_loss: float
+    worst_gpu_loss: float
+    node_loss_slots: int | None
+    node_loss_redundant: int | None
+    node_loss_note: str
 
     def rows(self) -> list[dict]:
         """The options table as dicts (``recommended`` marks the chosen row), for printing or CSV."""
@@ -569,11 +590,41 @@ def recommend(counts, deployment=None, *, batch: int, phase: str = "decode", har
     in_sample = times[choice, :, np.arange(times.shape[2])].sum(axis=0).mean()
     if progress is not None:
         progress(len(done) * len(pool.slots) + 1, len(done) * len(pool.slots) + 1, "")
+    exposure = worst_loss(pool.windows.sum(axis=0), placement.phy2log, placement.topology)
+    survivable = node_loss_slots(pool.deployment)
     return Recommendation(
         options=options, recommended=best, placement=placement, in_sample_step_ms=1e3 * float(in_sample),
         tokens_in_sample_step_ms=1e3 * float(times[0].sum(axis=1).mean()), default_slots=pool.deployment.num_slots,
         default_step_ms=default_ms, bound_step_ms=bound_ms, phase=phase, batch=int(batch), routed_per_pass=pool.routed, passes=int(passes),
-        folds=len(done), cost_model=pool.cost)
+        folds=len(done), cost_model=pool.cost, **exposure, node_loss_slots=survivable,
+        node_loss_redundant=None if survivable is None else survivable - pool.deployment.num_experts,
+        node_loss_note=node_loss_note(pool.deployment, best.num_slots, exposure["worst_node_loss"], survivable))
+
+
+def node_loss_slots(deployment: Deployment) -> int | None:
+    """The fewest slots, a multiple of the GPUs spread evenly over them, with which every expert
+    can be on two nodes (:func:`eplb.planning.survivability.survivable_slots` per node: ``S >= 2 E``
+    with two nodes or more); ``None`` with one node."""
+    experts, gpus, nodes = deployment.num_experts, deployment.num_gpus, deployment.num_nodes
+    if nodes < 2:
+        return None
+    per_gpu = -(-experts // gpus)
+    while not survivable_slots(experts, np.full(nodes, per_gpu * gpus // nodes)):
+        per_gpu += 1
+    return per_gpu * gpus
+
+
+def node_loss_note(deployment: Deployment, num_slots: int, worst_node_loss: float, survivable: int | None) -> str:
+    """One line: what the worst node loss orphans at the recommended ``num_slots``, and the slots
+    (``survivable``, :func:`node_loss_slots`) that make a node loss survivable."""
+    now = f"at {num_slots} slots the worst node loss orphans {worst_node_loss:.1%} of the tokens"
+    if survivable is None:
+        return f"{now}; with one node no slot count survives its loss"
+    extra = survivable // deployment.num_gpus - -(-deployment.num_experts // deployment.num_gpus)
+    how = "plan(..., survive='node')" + (" without groups (a hierarchical layout keeps each group on one node)"
+                                          if deployment.hierarchical else "")
+    return (f"{now}; a node loss is survivable (every expert on two nodes) from {survivable} slots "
+            f"({survivable - deployment.num_experts} redundant, {extra} more per GPU than the fewest), with {how}")
 
 
 # ------------------------------------------------------------------------------------ inputs

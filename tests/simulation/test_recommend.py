@@ -361,3 +361,38 @@ def test_cli_names_the_flag_of_a_deployed_layout_that_does_not_fit(tmp_path, ser
     _, err = invoke("recommend", "pool.npy", "--gpus", str(GPUS), "--batch", str(BATCH), "--model", "olmoe-1b-7b",
                     "--deployed-slots", "60", cwd=tmp_path, expect=2)
     assert "--deployed-slots" in err
+
+
+def test_the_recommendation_reports_its_exposure_and_one_node_survives_nothing(series, result):
+    from eplb.analysis.exposure import worst_loss
+
+    expected = worst_loss(series.sum(axis=0), result.placement.phy2log, result.placement.topology)
+    assert (result.worst_gpu_loss, result.worst_node_loss) == (expected["worst_gpu_loss"], expected["worst_node_loss"])
+    assert result.worst_node_loss == 1.0  # one node: its loss orphans every token
+    assert result.node_loss_slots is None and result.node_loss_redundant is None
+    assert "with one node no slot count survives its loss" in result.node_loss_note
+
+
+def test_the_slots_that_make_a_node_loss_survivable_do(series):
+    pool = eplb.Deployment.of(64, num_slots=72, num_gpus=GPUS, num_nodes=2)
+    found = eplb.recommend(series, pool, batch=BATCH, model="olmoe-1b-7b", passes=2, seed=SEED,
+                           extra_slots_per_gpu=(1,))
+    assert (found.node_loss_slots, found.node_loss_redundant) == (128, 64)
+    assert "from 128 slots (64 redundant, 8 more per GPU than the fewest)" in found.node_loss_note
+    assert found.worst_node_loss > 0  # 72 slots cannot put every expert on two nodes
+    survived = eplb.plan(series, pool.with_slots(found.node_loss_slots), survive="node")
+    assert survived.info["worst_node_loss"] == 0.0
+    fewer = eplb.plan(series, pool.with_slots(found.node_loss_slots - GPUS), survive="node")
+    assert fewer.info["worst_node_loss"] > 0  # and no fewer slots do
+
+
+@pytest.mark.parametrize("experts, gpus, nodes, groups, slots", [
+    (64, 8, 2, None, 128), (64, 12, 2, None, 132), (256, 32, 4, 8, 512), (8, 4, 4, None, 16), (64, 8, 1, None, None)])
+def test_node_loss_slots(experts, gpus, nodes, groups, slots):
+    from eplb.simulation.pools import node_loss_note, node_loss_slots
+
+    deployment = eplb.Deployment.of(experts, num_slots=gpus * -(-experts // gpus), num_gpus=gpus, num_nodes=nodes,
+                                    num_groups=groups)
+    assert node_loss_slots(deployment) == slots
+    note = node_loss_note(deployment, deployment.num_slots, 0.25, slots)
+    assert ("without groups" in note) == bool(groups)
