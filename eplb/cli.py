@@ -980,8 +980,8 @@ CHANGE_FLAGS = {"lost_gpus": "--lost-gpus", "gpu_map": "--gpu-map", "slots_per_g
 
 def _plans_across_change(params: dict) -> bool:
     """Whether ``eplb plan`` re-plans across a deployment change: ``--previous`` with a change flag
-    (:data:`CHANGE_FLAGS`), without ``--slots``/``--gpus`` (taken from it), or with a deployment that
-    differs from the one the file records. Without ``--previous``, a change flag is refused and
+    (:data:`CHANGE_FLAGS`), without ``--slots``/``--gpus`` (taken from it), or with slots or GPUs
+    other than the file records. Without ``--previous``, a change flag is refused and
     ``--slots``/``--gpus`` are required."""
     given = [flag for name, flag in CHANGE_FLAGS.items() if params[name] is not None]
     if params["previous"] is None:
@@ -997,8 +997,8 @@ def _plans_across_change(params: dict) -> bool:
     recorded = _recorded_topology(params["previous"], params["previous_format"])
     if recorded is None:  # unreadable here: the usual path says why
         return False
-    nodes = params["nodes"] if _flag_given("nodes") else recorded.num_nodes
-    return (params["slots"], params["gpus"], nodes) != (recorded.num_slots, recorded.num_gpus, recorded.num_nodes)
+    # other slots or GPUs; other nodes alone are a mismatch the usual path names (a flag forgotten)
+    return (params["slots"], params["gpus"]) != (recorded.num_slots, recorded.num_gpus)
 
 
 def _flag_given(name: str) -> bool:
@@ -1099,6 +1099,8 @@ def _deployment_change(old, params: dict) -> "eplb.DeploymentChange":
     :class:`ChangeRefused` naming the flag and the rule."""
     sizes = dict(slots_per_gpu=params["slots_per_gpu"], slots=params["slots"], gpus=params["gpus"],
                  nodes_given=_flag_given("nodes"), nodes=params["nodes"])
+    if params["lost_gpus"] is not None and params["gpu_map"] is not None:
+        raise ChangeRefused("--lost-gpus and --gpu-map: give one (-1 in --gpu-map loses that GPU)")
     gpu_map = None if params["gpu_map"] is None else _index_list(params["gpu_map"], "--gpu-map", minimum=-1)
     if gpu_map is not None and len(gpu_map) != old.num_gpus:
         raise ChangeRefused(f"--gpu-map: one new index per GPU of --previous: {old.num_gpus} entries, got {len(gpu_map)}")
@@ -1107,8 +1109,6 @@ def _deployment_change(old, params: dict) -> "eplb.DeploymentChange":
         twice = sorted({g for g in kept if kept.count(g) > 1})
         raise ChangeRefused(f"--gpu-map maps two GPUs of --previous to one new GPU ({', '.join(map(str, twice))})")
     if params["lost_gpus"] is not None:
-        if gpu_map is not None:
-            raise ChangeRefused("--lost-gpus and --gpu-map: give one (-1 in --gpu-map loses that GPU)")
         topology = _lost_deployment(old, params["lost_gpus"], **sizes)
     else:
         topology = _resized_deployment(old, gpu_map, **sizes)
@@ -1174,6 +1174,11 @@ def _plan_across_change(params: dict, command_start: float) -> None:
     weights = data.weights
     model_layers = _check_model_layers(p["num_layers"], data)
     prev = _read_previous(p["previous"], p["previous_format"], None, None, None, data.layer_ids)
+    old = prev.placement
+    if all(p[name] is None for name in CHANGE_FLAGS) and (old.num_layers, old.num_experts) != weights.shape:
+        # flags that differ from a placement of other experts or layers: not a change, a mismatch (exit 1)
+        _check_previous(prev, dict(layers=weights.shape[0], experts=weights.shape[1], slots=p["slots"] or old.num_slots,
+                                   gpus=p["gpus"] or old.num_gpus, nodes=p["nodes"]), p["previous"])
     if prev.placement.num_experts != weights.shape[1]:
         raise ChangeRefused(f"--previous {p['previous']} places {prev.placement.num_experts} experts and the counts have "
                             f"{weights.shape[1]}: a deployment change keeps the experts")
@@ -1197,7 +1202,9 @@ def _plan_across_change(params: dict, command_start: float) -> None:
     _note_plan_warnings(caught, quiet)
     overrides = {} if p["expert_bytes"] is None else {"expert_bytes": p["expert_bytes"]}
     cost = CostModel.preset(p["hardware"], p["model_preset"] or "deepseek-v3", **overrides)
-    transfer = transfer_plan(prev.placement, placement, change, expert_bytes=int(cost.expert_bytes))
+    # (an identity change as its deployment: transfer_plan refuses a DeploymentChange that changes nothing)
+    transfer = transfer_plan(prev.placement, placement, change.new if change.is_identity else change,
+                             expert_bytes=int(cost.expert_bytes))
     judge = p["engine"] or "shares"
     figures = {"before": prev.placement.balancedness(weights, judge), "after": placement.balancedness(weights, judge),
                "bound": _plan_bound(placement, weights, p["engine"], p["max_off_node"]), "transfer": transfer,

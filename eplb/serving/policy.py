@@ -360,9 +360,11 @@ class BalancerPolicy(Policy):
         options = dict(self.options)
         options.setdefault("expert_bytes", int(deployment.cost_model.expert_bytes))
         options.setdefault("cost_model", deployment.cost_model)
-        # the Balancer plans for an even split whatever split the run is priced with
-        self.balancer = Balancer(deployment.num_layers, replace(deployment.deployment, dispatch="uniform"),
-                                 placement=placement, **options)
+        # the Balancer plans for an even split whatever split the run is priced with, and (after a
+        # deployment change) with groups that fit the nodes
+        fitting, _ = fit_groups(deployment.deployment)
+        self.balancer = Balancer(deployment.num_layers, replace(fitting, dispatch="uniform"), placement=placement,
+                                 **options)
 
     def observe(self, step: int, counts: np.ndarray):
         self.balancer.record(counts, physical=False)

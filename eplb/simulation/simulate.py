@@ -388,7 +388,9 @@ class _Replay:
             answer = donor_repair(in_service, change)
         answered = time.perf_counter() - called
         new = as_placement(answer, new_context, f"the placement policy.redeploy returned at step {t}")
-        recovery = transfer_plan(self.held, new, change, expert_bytes=int(self.cost_model.expert_bytes))
+        # (an identity change as its deployment: transfer_plan refuses a DeploymentChange that changes nothing)
+        recovery = transfer_plan(self.held, new, change.new if change.is_identity else change,
+                                 expert_bytes=int(self.cost_model.expert_bytes))
         seconds = self.cost_model.transfer_time(recovery)
         stall = 0.0 if self.cost_model.copy_mode == "free" else seconds
         self.copies[t] += np.bincount(recovery.kind, minlength=len(KINDS))
