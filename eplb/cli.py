@@ -199,9 +199,10 @@ def deployment_arguments(command):
     """COUNTS and the deployment flags (--slots, --gpus, --nodes, --groups) of plan and simulate."""
     options = [
         click.argument("counts", type=click.Path(path_type=Path)),
-        click.option("--slots", "-s", type=click.IntRange(min=1), required=True,
-                     help="Physical expert slots in all (S >= E)."),
-        click.option("--gpus", "-g", type=click.IntRange(min=1), required=True, help="GPUs (ranks); S must divide by it."),
+        click.option("--slots", "-s", type=click.IntRange(min=1), default=None,
+                     help="Physical expert slots in all (S >= E). Required but for eplb plan --previous (from the file)."),
+        click.option("--gpus", "-g", type=click.IntRange(min=1), default=None,
+                     help="GPUs (ranks); S must divide by it. Required but for eplb plan --previous (from the file)."),
         click.option("--nodes", "-n", type=click.IntRange(min=1), default=1, show_default=True,
                      help="Nodes; GPUs must divide by it."),
         click.option("--groups", "-k", type=click.IntRange(min=1), default=None,
@@ -364,6 +365,14 @@ def _check_previous_layers(previous, layer_ids, path) -> None:
               help="The placement now deployed (any placement format): plan close to it and count the moves.")
 @click.option("--previous-format", type=click.Choice(PLACEMENT_FORMATS), default=None,
               help="Format of --previous (default: detected).")
+@click.option("--lost-gpus", default=None,
+              help="With --previous: its GPUs that are gone, comma-separated (e.g. 5,6). They keep their index with "
+                   "no slots; the survivors keep their slots and weights. Re-plans across the change.")
+@click.option("--gpu-map", default=None,
+              help="With --previous on other GPUs: the new index of each of its GPUs, comma-separated, -1 for a GPU "
+                   "that is gone (vLLM's rank_mapping); default by index (with --gpus above its count: growth).")
+@click.option("--slots-per-gpu", type=click.IntRange(min=1), default=None,
+              help="With --previous: slots on every GPU after the change (default: as before).")
 @click.option("--tolerance", type=click.FloatRange(min=0), default=None,
               help="With --previous: accept a max GPU load up to (1 + tolerance) x planning from scratch, "
                    "to keep more experts in place (default: eplb.plan's).")
@@ -432,7 +441,7 @@ def _check_previous_layers(previous, layer_ids, path) -> None:
 def plan(counts, slots, gpus, nodes, groups, method, previous, previous_format, tolerance, max_moves, time_limit,
          deterministic_time, max_off_node, input_format, objective, passes_per_window, no_held_out, dispatch, engine,
          phase, output_format, output, layer_updates_per_iter, num_layers, layer_ids, expert_bytes, model_preset,
-         hardware, transpose, allow_shape, quiet):
+         hardware, transpose, allow_shape, quiet, **across):
     """Plan a placement from recorded expert COUNTS and write it for your engine.
 
     COUNTS is a file or a TensorRT-LLM statistics folder. A series [T, L, E] is planned hedged over
@@ -460,6 +469,8 @@ def plan(counts, slots, gpus, nodes, groups, method, previous, previous_format, 
     from .io.formats import write_placement
 
     command_start = time.perf_counter()
+    if _plans_across_change(click.get_current_context().params):
+        return _plan_across_change(click.get_current_context().params, command_start)
     migration, options = _plan_options(method, previous, tolerance, max_moves, time_limit, deterministic_time,
                                        engine=engine, dispatch=dispatch, objective=objective,
                                        max_off_node=max_off_node, expert_bytes=expert_bytes,
@@ -1092,6 +1103,344 @@ def _shape_text(data) -> str:
     return text
 
 
+# -- plan across a deployment change (--lost-gpus, --gpu-map, --slots-per-gpu, --gpus) ----------------
+
+
+class ChangeRefused(Failure):
+    """Exit 2 with ``Error: <message>`` on one line: flags that describe a deployment change that
+    cannot be made (nothing is written)."""
+
+    exit_code = 2
+
+
+CHANGE_FLAGS = {"lost_gpus": "--lost-gpus", "gpu_map": "--gpu-map", "slots_per_gpu": "--slots-per-gpu"}
+"""``eplb plan``'s flags that describe a change from the deployment of ``--previous``."""
+
+
+def _plans_across_change(params: dict) -> bool:
+    """Whether ``eplb plan`` re-plans across a deployment change: ``--previous`` with a change flag
+    (:data:`CHANGE_FLAGS`), without ``--slots``/``--gpus`` (taken from it), or with slots or GPUs
+    other than the file records. Without ``--previous``, a change flag is refused and
+    ``--slots``/``--gpus`` are required."""
+    given = [flag for name, flag in CHANGE_FLAGS.items() if params[name] is not None]
+    if params["previous"] is None:
+        if given:
+            raise ChangeRefused(f"{given[0]} describes a change from the deployed placement: give --previous")
+        missing = [f"--{name}" for name in ("slots", "gpus") if params[name] is None]
+        if missing:
+            raise click.UsageError(f"Missing option '{missing[0]}' (or give --previous: the deployment is then "
+                                   "taken from it)")
+        return False
+    if given or params["slots"] is None or params["gpus"] is None:
+        return True
+    recorded = _recorded_topology(params["previous"], params["previous_format"])
+    if recorded is None:  # unreadable here: the usual path says why
+        return False
+    # other slots or GPUs; other nodes alone are a mismatch the usual path names (a flag forgotten)
+    return (params["slots"], params["gpus"]) != (recorded.num_slots, recorded.num_gpus)
+
+
+def _flag_given(name: str) -> bool:
+    """Whether the command line set parameter ``name`` (not its default)."""
+    from click.core import ParameterSource
+
+    return click.get_current_context().get_parameter_source(name) not in (ParameterSource.DEFAULT, None)
+
+
+def _recorded_topology(path, fmt):
+    """The topology a placement file records, or ``None`` when it records none or cannot be read."""
+    from .io.formats import FormatError, read_placement
+
+    try:
+        return read_placement(path, fmt).placement.topology
+    except (FormatError, ValueError, OSError):
+        return None
+
+
+def _index_list(text: str, flag: str, minimum: int = 0) -> list[int]:
+    """``"5,6"`` -> ``[5, 6]`` (whole numbers ``>= minimum``), else :class:`ChangeRefused` naming ``flag``."""
+    try:
+        values = [int(v) for v in text.split(",")]
+    except ValueError:
+        values = []
+    if not values or min(values) < minimum:
+        raise ChangeRefused(f"{flag}: expected whole numbers >= {minimum} separated by commas, got {text!r}")
+    return values
+
+
+def _lost_deployment(old, lost_text: str, *, slots_per_gpu, slots, gpus, nodes_given, nodes) -> "eplb.Topology":
+    """The topology of ``old`` (an :class:`eplb.Deployment`) with the GPUs of ``--lost-gpus`` holding
+    no slots, the survivors ``--slots-per-gpu`` each (default: theirs)."""
+    topology = old.topology
+    if gpus is not None and gpus != topology.num_gpus:
+        raise ChangeRefused(f"--gpus {gpus} with --lost-gpus: lost GPUs keep their index, so the deployment keeps "
+                            f"{topology.num_gpus} GPUs; to renumber the survivors give --gpu-map instead")
+    if nodes_given and nodes != topology.num_nodes:
+        raise ChangeRefused(f"--nodes {nodes} with --lost-gpus: the GPUs keep their nodes ({topology.num_nodes})")
+    lost = np.unique(_index_list(lost_text, "--lost-gpus"))
+    if lost.max() >= topology.num_gpus:
+        raise ChangeRefused(f"--lost-gpus: the GPUs of --previous are 0 ... {topology.num_gpus - 1}, got "
+                            f"{', '.join(map(str, lost[lost >= topology.num_gpus].tolist()))}")
+    empty = lost[topology.slots_per_gpu[lost] == 0]
+    if empty.size:
+        raise ChangeRefused(f"--lost-gpus: GPU {', '.join(map(str, empty.tolist()))} holds no slots in --previous already")
+    new = topology.slots_per_gpu.copy()
+    if slots_per_gpu is not None:
+        new[new > 0] = slots_per_gpu
+    new[lost] = 0
+    survivors = int((new > 0).sum())
+    if survivors == 0:
+        raise ChangeRefused(f"--lost-gpus: every GPU lost, no slot left for {old.num_experts} experts")
+    if new.sum() < old.num_experts:
+        raise ChangeRefused(f"{lost.size} GPU{'s' if lost.size > 1 else ''} lost: {int(new.sum())} slots for "
+                            f"{old.num_experts} experts; give the survivors --slots-per-gpu "
+                            f"{-(-old.num_experts // survivors)}")
+    if slots is not None and slots != int(new.sum()):
+        raise ChangeRefused(f"--slots {slots}: after the loss the survivors hold {int(new.sum())} slots (--slots-per-gpu "
+                            "sets theirs)")
+    return eplb.Topology(new, topology.num_nodes)
+
+
+def _resized_deployment(old, gpu_map, *, slots_per_gpu, slots, gpus, nodes_given, nodes) -> "eplb.Topology":
+    """The uniform topology of ``--gpus`` GPUs (default: as many as ``--gpu-map`` reaches, else
+    ``old``'s), ``--slots-per-gpu`` each (else ``--slots / --gpus``, else ``old``'s), in ``--nodes``
+    nodes (default: nodes of as many GPUs as ``old``'s)."""
+    topology = old.topology
+    count = gpus if gpus is not None else (max(gpu_map) + 1 if gpu_map is not None else topology.num_gpus)
+    if count < 1:
+        raise ChangeRefused("--gpu-map: every GPU gone (-1): give --gpus for the new deployment")
+    if slots_per_gpu is None and slots is not None:
+        if slots % count:
+            raise ChangeRefused(f"--slots {slots} does not divide over {count} GPUs")
+        slots_per_gpu = slots // count
+    if slots_per_gpu is None:
+        serving = np.unique(topology.slots_per_gpu[topology.slots_per_gpu > 0])
+        if serving.size > 1:
+            raise ChangeRefused(f"--previous holds {serving.tolist()} slots on its GPUs: give --slots-per-gpu for the "
+                                "new deployment")
+        slots_per_gpu = int(serving[0])
+    if slots is not None and slots != slots_per_gpu * count:
+        raise ChangeRefused(f"--slots {slots} is not {count} GPUs x --slots-per-gpu {slots_per_gpu}")
+    per_node = topology.gpus_per_node
+    if not nodes_given and count % per_node:
+        raise ChangeRefused(f"{count} GPUs do not fill nodes of {per_node} GPUs (those of --previous): give --nodes")
+    node_count = nodes if nodes_given else count // per_node
+    if count % node_count:
+        raise ChangeRefused(f"--nodes {node_count}: {count} GPUs do not divide over them")
+    if slots_per_gpu * count < old.num_experts:
+        raise ChangeRefused(f"{count} GPUs x {slots_per_gpu} slots: {slots_per_gpu * count} slots for {old.num_experts} "
+                            f"experts; give --slots-per-gpu {-(-old.num_experts // count)}")
+    return eplb.Topology.uniform(slots_per_gpu * count, count, node_count)
+
+
+def _deployment_change(old, params: dict) -> "eplb.DeploymentChange":
+    """The change ``eplb plan``'s flags describe from ``old`` (the deployment of ``--previous``), or
+    :class:`ChangeRefused` naming the flag and the rule."""
+    sizes = dict(slots_per_gpu=params["slots_per_gpu"], slots=params["slots"], gpus=params["gpus"],
+                 nodes_given=_flag_given("nodes"), nodes=params["nodes"])
+    if params["lost_gpus"] is not None and params["gpu_map"] is not None:
+        raise ChangeRefused("--lost-gpus and --gpu-map: give one (-1 in --gpu-map loses that GPU)")
+    gpu_map = None if params["gpu_map"] is None else _index_list(params["gpu_map"], "--gpu-map", minimum=-1)
+    if gpu_map is not None and len(gpu_map) != old.num_gpus:
+        raise ChangeRefused(f"--gpu-map: one new index per GPU of --previous: {old.num_gpus} entries, got {len(gpu_map)}")
+    kept = [g for g in gpu_map or () if g >= 0]
+    if len(set(kept)) < len(kept):
+        twice = sorted({g for g in kept if kept.count(g) > 1})
+        raise ChangeRefused(f"--gpu-map maps two GPUs of --previous to one new GPU ({', '.join(map(str, twice))})")
+    if params["lost_gpus"] is not None:
+        topology = _lost_deployment(old, params["lost_gpus"], **sizes)
+    else:
+        topology = _resized_deployment(old, gpu_map, **sizes)
+    groups = params["groups"] if params["groups"] is not None else old.num_groups
+    try:
+        new = eplb.Deployment.of(old.num_experts, topology=topology, num_groups=groups)
+    except ValueError as exc:
+        raise ChangeRefused(f"--groups: {exc}") from None
+    try:
+        return eplb.DeploymentChange(old, new, gpu_map)
+    except ValueError as exc:
+        raise ChangeRefused(f"--gpu-map: {exc}") from None
+
+
+def _check_engine_layout(change, output_format: str) -> None:
+    """Refuse an engine's format for a deployment whose GPUs hold different slot counts (a lost GPU
+    holds none), saying how to renumber the survivors for the engine restarted on them."""
+    topology = change.new.topology
+    if output_format not in ENGINE_ROWS or topology.is_uniform:
+        return
+    serving = np.flatnonzero(topology.slots_per_gpu > 0)
+    ranks = np.full(topology.num_gpus, -1)
+    ranks[serving] = np.arange(serving.size)
+    mapped = np.where(change.gpu_map >= 0, ranks[np.maximum(change.gpu_map, 0)], -1)
+    slots = np.unique(topology.slots_per_gpu[serving])
+    per_node = change.old.topology.gpus_per_node
+    hint = (f"--gpus {serving.size} --gpu-map {','.join(map(str, mapped.tolist()))}"
+            + (f" --slots-per-gpu {int(slots[0])}" if slots.size == 1 else "")
+            + (" --nodes 1" if serving.size % per_node else ""))
+    raise ChangeRefused(f"--format {output_format}: the engine needs the same slots on every GPU and the new deployment "
+                        f"holds {topology.slots_per_gpu.tolist()}: write eplb JSON (.json) or .npz, or renumber the "
+                        f"survivors for the engine restarted on them: {hint}")
+
+
+def _plan_across_change(params: dict, command_start: float) -> None:
+    """``eplb plan --previous FILE`` across a deployment change: the placement in service re-planned
+    for the deployment the flags describe (:func:`_deployment_change`), its transfer plan priced,
+    written and summarised."""
+    from .analysis import metrics
+    from .io.formats import FormatError, write_placement
+    from .model.cost import CostModel
+    from .serving.transfer import transfer_plan
+
+    p, quiet = params, params["quiet"]
+    migration, options = _plan_options(p["method"], p["previous"], p["tolerance"], p["max_moves"], p["time_limit"],
+                                       p["deterministic_time"], engine=p["engine"], dispatch=p["dispatch"],
+                                       objective=p["objective"], max_off_node=p["max_off_node"],
+                                       expert_bytes=p["expert_bytes"], model_preset=p["model_preset"], groups=p["groups"],
+                                       nodes=p["nodes"])
+    output_format = _plan_output_format(p["output"], p["output_format"], p["num_layers"], quiet)
+    if p["layer_updates_per_iter"] and output_format != "trtllm":
+        raise click.BadParameter(f"applies to TensorRT-LLM YAML output only, not to {output_format} output",
+                                 param_hint="--layer-updates-per-iter")
+    _check_flag_sizes(slots=p["slots"], gpus=p["gpus"], nodes=p["nodes"], groups=p["groups"])
+    _refuse_input_as_output(p["output"], [p["counts"], p["previous"]])
+    if output_format == "sglang":
+        from .io.formats.sglang import sidecar_path
+
+        _refuse_input_as_output(sidecar_path(p["output"]), [p["counts"], p["previous"]], what="the SGLang side file of -o")
+    start = time.perf_counter()
+    data = _read_plan_counts(p["counts"], p["input_format"], p["transpose"], p["allow_shape"], p["phase"],
+                             p["passes_per_window"])
+    weights = data.weights
+    model_layers = _check_model_layers(p["num_layers"], data)
+    prev = _read_previous(p["previous"], p["previous_format"], None, None, None, data.layer_ids)
+    old = prev.placement
+    if all(p[name] is None for name in CHANGE_FLAGS) and (old.num_layers, old.num_experts) != weights.shape:
+        # flags that differ from a placement of other experts or layers: not a change, a mismatch (exit 1)
+        _check_previous(prev, dict(layers=weights.shape[0], experts=weights.shape[1], slots=p["slots"] or old.num_slots,
+                                   gpus=p["gpus"] or old.num_gpus, nodes=p["nodes"]), p["previous"])
+    if prev.placement.num_experts != weights.shape[1]:
+        raise ChangeRefused(f"--previous {p['previous']} places {prev.placement.num_experts} experts and the counts have "
+                            f"{weights.shape[1]}: a deployment change keeps the experts")
+    if prev.placement.num_layers != weights.shape[0]:
+        raise FormatError(p["previous"], f"incompatible configuration: the previous placement has "
+                                         f"{prev.placement.num_layers} layers, the counts {weights.shape[0]}")
+    _check_previous_layers(prev, data.layer_ids, p["previous"])
+    change = _deployment_change(prev.placement.deployment, p)
+    _check_engine_layout(change, output_format)
+    _note_global_groups(p["groups"] or change.old.num_groups, change.new.num_nodes, quiet)
+    if _accepts(METHODS[p["method"]], "progress"):
+        options["progress"] = show_progress(quiet)
+    with warnings.catch_warnings(record=True) as caught:  # said in one line each below, not raw
+        warnings.simplefilter("always", RuntimeWarning)
+        work = functools.partial(eplb.plan, data.counts, change, previous=prev.placement, method=p["method"],
+                                 **migration, **options)
+        timed = show_progress(quiet) and p["method"] != "greedy" and "progress" not in options
+        placement = _with_timer(work, f"re-planning {weights.shape[0]} layers across the change") if timed else work()
+    options.pop("progress", None)
+    elapsed = time.perf_counter() - start
+    _note_plan_warnings(caught, quiet)
+    overrides = {} if p["expert_bytes"] is None else {"expert_bytes": p["expert_bytes"]}
+    cost = CostModel.preset(p["hardware"], p["model_preset"] or "deepseek-v3", **overrides)
+    # (an identity change as its deployment: transfer_plan refuses a DeploymentChange that changes nothing)
+    transfer = transfer_plan(prev.placement, placement, change.new if change.is_identity else change,
+                             expert_bytes=int(cost.expert_bytes))
+    judge = p["engine"] or "shares"
+    figures = {"before": prev.placement.balancedness(weights, judge), "after": placement.balancedness(weights, judge),
+               "bound": _plan_bound(placement, weights, p["engine"], p["max_off_node"]), "transfer": transfer,
+               "recovery_s": cost.transfer_time(transfer), "cost": cost, "elapsed": elapsed, "judge": judge}
+    figures["gap"] = metrics.gap(placement.gpu_loads(weights, judge).max(axis=-1), figures["bound"].values)
+    configuration, diagnostics = _change_records(p, data, change, placement, options, migration, figures)
+    _note_overwrite(p["output"], quiet)
+    write_placement(placement, p["output"], output_format, layer_ids=data.layer_ids, configuration=configuration,
+                    diagnostics=diagnostics, layer_updates_per_iter=p["layer_updates_per_iter"], num_layers=model_layers)
+    if not quiet:
+        lines = _change_summary(p, data, change, placement, figures)
+        lines.append(f"time     {elapsed:.2f} s reading and planning; {time.perf_counter() - command_start:.2f} s for "
+                     "the whole command")
+        lines.append(f"wrote    {p['output']} ({output_format})")
+        lines += [line for line in (_engine_rows_line(data.layer_ids, output_format, model_layers),
+                                    _dense_layers_note(weights, data.layer_ids, output_format)) if line]
+        click.echo("\n".join(lines))
+
+
+def _change_records(p: dict, data, change, placement, options: dict, migration: dict, figures: dict) -> tuple[dict, dict]:
+    """The ``configuration`` and ``diagnostics`` ``eplb plan`` writes beside a plan across a change."""
+    new, old, info = change.new, change.old, placement.info
+    configuration = {
+        "num_slots": new.num_slots, "num_gpus": new.num_gpus, "num_nodes": new.num_nodes, "num_groups": new.num_groups,
+        "slots_per_gpu": new.topology.slots_per_gpu.tolist(), "method": p["method"], "options": options,
+        "counts_file": str(p["counts"]), "counts_format": data.format, "counts_shape": list(data.counts.shape),
+        "phase": p["phase"], "previous": str(p["previous"]), "migration_aware": True, "migration": migration,
+        "command": "eplb " + shlex.join(sys.argv[1:]),
+        "change": {"description": change.describe(), "gpu_map": change.gpu_map.tolist(),
+                   "lost_gpus": change.lost_gpus.tolist(), "added_gpus": change.added_gpus.tolist(),
+                   "previous_slots_per_gpu": old.topology.slots_per_gpu.tolist(),
+                   "previous_num_nodes": old.num_nodes},
+    }
+    transfer = figures["transfer"]
+    diagnostics = {
+        "balancedness_previous": figures["before"], "balancedness": figures["after"], "gap": figures["gap"],
+        "lower_bound": figures["bound"].values, "bound": figures["bound"].description,
+        "max_load": placement.max_load, "moe_layers": moe_layers(data.weights), "orphans": info.get("orphans"),
+        "copy_floor": info.get("copy_floor"), "copies": info.get("copies"), "relaxed": info.get("relaxed"),
+        "transfer": transfer.summary(), "recovery_s": figures["recovery_s"], "hardware": figures["cost"].name,
+        "expert_bytes": int(figures["cost"].expert_bytes), "time_s": figures["elapsed"],
+        "judged_under": figures["judge"],
+    }
+    return configuration, diagnostics
+
+
+def _change_summary(p: dict, data, change, placement, figures: dict) -> list[str]:
+    """The lines ``eplb plan`` prints for a plan across a deployment change (the time and what was
+    written follow)."""
+    weights, new, info = data.weights, change.new, placement.info
+    moe = moe_layers(weights)
+    before, after = figures["before"], figures["after"]
+    serving = int((new.topology.slots_per_gpu > 0).sum())
+    orphans = int(np.sum(info.get("orphans", 0)))
+    floor = int(np.sum(info.get("copy_floor", 0)))
+    copies, moved = figures["transfer"].counts(), figures["transfer"].bytes()
+    cost = figures["cost"]
+    over_floor = f", {copies['total'] / floor:.2f}x the floor of {floor:,}" if floor else ", the floor is 0"
+    size = (f"{int(cost.expert_bytes):,} bytes per expert"
+            + (f", {p['model_preset'] or 'deepseek-v3'}'s: --model or --expert-bytes for yours"
+               if p["expert_bytes"] is None else ""))
+    gib = {kind: value / 2**30 for kind, value in moved.items()}
+    lines = [
+        f"counts   {data.path} ({data.format}): {_shape_text(data)}",
+        f"change   {change.describe()}",
+        f"plan     {p['method']}: {weights.shape[0]} layers x {weights.shape[1]} experts -> {new.num_slots} slots on "
+        f"{serving} GPUs in {new.num_nodes} node{'s' if new.num_nodes > 1 else ''}"
+        + _groups_text(new.num_groups, new.num_nodes)
+        + f", re-planned from the placement in service ({p['previous']})",
+        f"balance  {moe_mean(before, weights):.4f} in service before the change -> {moe_mean(after, weights):.4f} with "
+        f"the plan (mean over {moe_note(weights)}; worst layer {after[moe].min() if moe.any() else after.min():.4f})"
+        + ("" if p["engine"] is None else f"; under {DISPATCH_RULES[p['engine']].label}"),
+        f"orphans  {orphans:,} experts lost every replica ({orphans / weights.shape[0]:.1f} a layer): each loaded from "
+        "host memory once",
+        f"copies   {copies['total']:,} weight copies{over_floor} (the fewest any re-plan makes): {copies['from_host']:,} "
+        f"from host memory, {copies['intra_node']:,} over NVLink, {copies['cross_node']:,} across nodes, "
+        f"{copies['intra_gpu']:,} within GPUs",
+        f"bytes    {gib['total']:.3g} GiB: {gib['from_host']:.3g} from host, {gib['intra_node']:.3g} over NVLink, "
+        f"{gib['cross_node']:.3g} across nodes, {gib['intra_gpu']:.3g} within GPUs ({size})",
+        f"recovery {_seconds_text(figures['recovery_s'])} estimated on {p['hardware']}: the host loads first (PCIe, "
+        f"{cost.host_bandwidth / 1e9:.0f} GB/s per GPU), then the copies between GPUs (the busiest GPU's slowest link)",
+    ]
+    if info.get("relaxed"):
+        lines.append(f"relaxed  {info['relaxed']}")
+    gap = figures["gap"]
+    finite = gap[np.isfinite(gap) & moe] if moe.any() else gap[np.isfinite(gap)]
+    lines += [f"bound    {figures['bound'].description}",
+              f"gap      {100 * finite.mean():.2f}% mean, {100 * finite.max():.2f}% max above the proven lower bound"
+              f" ({figures['bound'].kind})" if finite.size else "gap      n/a"]
+    return lines
+
+
+def _seconds_text(seconds: float) -> str:
+    """``0.0856`` -> ``"85.6 ms"``; ``12.3`` -> ``"12.3 s"``."""
+    return f"{1e3 * seconds:.3g} ms" if seconds < 1 else f"{seconds:.3g} s"
+
+
 # -- validate --------------------------------------------------------------------------------------
 
 
@@ -1324,6 +1673,14 @@ def _simulation_policy(name: str, method, check_every: int):
 @click.option("--layers-per-step", type=click.IntRange(min=1), default=None,
               help="Apply a rebalance this many layers per step, in layer order (default: all layers at once).")
 @click.option("--dispatch", type=click.Choice(SCORING), default="uniform", show_default=True)
+@click.option("--fail-gpu", multiple=True, metavar="GPUS@STEP[:SLOTS]",
+              help="After step STEP these GPUs (comma-separated, e.g. 5 or 5,6) are lost; :SLOTS gives the survivors "
+                   "that many slots each. Repeatable, as the three below.")
+@click.option("--fail-node", multiple=True, metavar="NODE@STEP[:SLOTS]", help="After step STEP every GPU of NODE is lost.")
+@click.option("--add-nodes", multiple=True, metavar="N@STEP[:SLOTS]",
+              help="After step STEP, N nodes of empty GPUs join (as many GPUs as a node has, with the GPUs' slots).")
+@click.option("--remove-nodes", multiple=True, metavar="N@STEP[:SLOTS]",
+              help="After step STEP the last N nodes leave.")
 @click.option("--input-format", type=click.Choice(COUNTS_FORMATS), default=None,
               help="Format of COUNTS (default: detected from the name).")
 @click.option("--output", "-o", type=click.Path(path_type=Path), required=True,
@@ -1333,17 +1690,21 @@ def _simulation_policy(name: str, method, check_every: int):
 @quiet_option
 @friendly_errors
 def simulate(counts, slots, gpus, nodes, groups, policies, method, rebalance_fn, check_every, hardware, model, regime,
-             copy_mode, layers_per_step, dispatch, input_format, output, transpose, allow_shape, quiet):
+             copy_mode, layers_per_step, dispatch, input_format, output, transpose, allow_shape, quiet, **changes):
     """Replay recorded per-step COUNTS [T, L, E] through a deployment and rebalancing policies.
 
     Every policy starts from the greedy plan of the first step. Prints, per policy, the MoE time
     lost to imbalance (as a share of the perfectly balanced time; with the copies' stalls), the
     longest single stall, rebalances and expert-weight copies, and writes a table, per-step CSV,
-    PNG figures and an HTML page into -o.
+    PNG figures and an HTML page into -o. --fail-gpu, --fail-node, --add-nodes and --remove-nodes
+    change the deployment mid-series: each policy answers (default policies then: donor-repair,
+    from-scratch, replan) and, per change, the recovery's copies, host loads, bytes and time and the
+    token imbalance before, during (served by the answer) and after it are printed (events.csv).
 
     \b
     Example:
       eplb simulate steps.npz --slots 288 --gpus 32 --nodes 4 --groups 8 -p vllm -p balancer -o sim/
+      eplb simulate steps.npz --slots 288 --gpus 32 --nodes 4 --fail-gpu 5@2000 --add-nodes 1@3000 -o sim/
     """
     from .model.cost import CostModel
     from .io.formats import read_counts
@@ -1351,14 +1712,18 @@ def simulate(counts, slots, gpus, nodes, groups, policies, method, rebalance_fn,
     from .simulation.simulate import simulate as run_simulation
     from .io.simulation_report import write_simulation_report
 
+    _require_deployment_flags(slots, gpus)
     _check_flag_sizes(slots=slots, gpus=gpus, nodes=nodes, groups=groups)
     _refuse_input_as_output(output, [counts])
     data = read_counts(counts, input_format, transpose=transpose, allow_shape=allow_shape)
     _check_experts_fit(data, slots)
+    events = _simulation_events(changes, data.counts.shape, eplb.Deployment.of(
+        data.counts.shape[-1], num_slots=slots, num_gpus=gpus, num_nodes=nodes, num_groups=groups, dispatch=dispatch))
     plan_with = _load_function(rebalance_fn) if rebalance_fn else method
     cost = CostModel.preset(hardware, model, regime=regime, copy_mode=copy_mode)
     results = []
-    names, num_steps = policies or DEFAULT_SIMULATE_POLICIES, data.counts.shape[0]
+    names = policies or (CHANGE_SIMULATE_POLICIES if events else DEFAULT_SIMULATE_POLICIES)
+    num_steps = data.counts.shape[0]
     caught = []
     with Progress("simulate", quiet=quiet) as progress:  # every policy's steps, one after the other
         for index, name in enumerate(names):
@@ -1370,7 +1735,8 @@ def simulate(counts, slots, gpus, nodes, groups, policies, method, rebalance_fn,
                     deployment = eplb.Deployment.of(data.counts.shape[-1], num_slots=slots, num_gpus=gpus,
                                                     num_nodes=nodes, num_groups=groups, dispatch=dispatch)
                     results.append(run_simulation(data.counts, deployment, policy=policy, cost_model=cost,
-                                                  layers_per_step=layers_per_step, progress=part))
+                                                  layers_per_step=layers_per_step, progress=part,
+                                                  events=events))
             except PolicyError as exc:  # the user's planning function: its error, not the configuration's
                 raise Failure(str(exc)) from None
             caught += raised
@@ -1392,8 +1758,74 @@ def simulate(counts, slots, gpus, nodes, groups, policies, method, rebalance_fn,
                      f"{100 * s['lost_with_stalls_share']:6.2f}%  max stall {s['max_stall_s']:.3g} s  "
                      f"rebalances {s['rebalances']:4d}  copies {s['copies']}  host per step "
                      f"{s['host_ms_mean']:.3f} ms mean, {s['host_ms_p99']:.3f} p99, {s['host_ms_max']:.1f} max")
+    lines += _event_lines(results)
     lines.append(f"wrote    {written['html']}")
     click.echo("\n".join(lines))
+
+
+# -- simulate across deployment changes (--fail-gpu, --fail-node, --add-nodes, --remove-nodes) -----
+
+CHANGE_SIMULATE_POLICIES = ("donor-repair", "from-scratch", "replan")
+"""``eplb simulate``'s policies when the deployment changes and no ``--policy`` is given: the
+engines' answers to a change and eplb's, none rebalancing between changes."""
+
+
+def _require_deployment_flags(slots, gpus) -> None:
+    """``--slots`` and ``--gpus`` are required (a usage error naming the first missing)."""
+    missing = [flag for flag, value in (("--slots", slots), ("--gpus", gpus)) if value is None]
+    if missing:
+        raise click.UsageError(f"Missing option '{missing[0]}'.")
+
+
+def _simulation_events(changes: dict, shape: tuple, deployment) -> list:
+    """``eplb simulate``'s change flags (``changes``: flag name -> its values) as
+    :class:`eplb.simulation.events.Event` values in step order, each built on the deployment the one
+    before left; a flag that cannot be done is :class:`ChangeRefused` (exit 2) naming it."""
+    from .simulation.events import Event, TooFewSlots, parse_event
+
+    parsed = []
+    for name, texts in changes.items():
+        kind = name.replace("_", "-")
+        for text in texts:
+            try:
+                step, resize = parse_event(kind, text)
+            except ValueError as exc:
+                raise ChangeRefused(f"--{kind}: {exc}") from None
+            if step >= shape[0] - 1:
+                raise ChangeRefused(f"--{kind} {text}: the series has {shape[0]} steps; a change comes after a step "
+                                    f"below {shape[0] - 1}, so that a step is served after it")
+            parsed.append((step, kind, text, resize))
+    events, current = [], deployment
+    for step, kind, text, resize in sorted(parsed, key=lambda item: item[0]):
+        if events and events[-1].step == step:
+            raise ChangeRefused(f"--{kind} {text}: another change comes after step {step} too; make them one "
+                                "(--fail-gpu 5,6@STEP loses two GPUs at once)")
+        try:
+            change = resize(current, deployment.num_groups)
+        except TooFewSlots as exc:
+            raise ChangeRefused(f"--{kind} {text}: {exc} (--{kind} {text.split(':')[0]}:{exc.slots_per_gpu})") from None
+        except ValueError as exc:
+            raise ChangeRefused(f"--{kind} {text}: {exc}") from None
+        events.append(Event(step, change, resize.label))
+        current = change.new
+    return events
+
+
+def _event_lines(results) -> list[str]:
+    """Per deployment change, a line saying what changed, then one per policy: the recovery's copies
+    by source, bytes and time, and the token imbalance before, during and after it."""
+    lines = []
+    for k, first in enumerate(results[0].events if results else ()):
+        lines.append(f"change   after step {first['step']}: {first['label']}: {first['change'].split('; ')[-1]}")
+        for r in results:
+            e = r.events[k]
+            c = e["copies"]
+            lines.append(f"  {r.policy[:38]:<38} {c['total']:,} copies ({c['from_host']:,} from host, {c['intra_node']:,} "
+                         f"NVLink, {c['cross_node']:,} across nodes, {c['intra_gpu']:,} local), "
+                         f"{e['bytes']['total'] / 2**30:.3g} GiB, recovery {_seconds_text(e['recovery_s'])}; imbalance "
+                         f"{e['imbalance_before']:.3f} before, {e['imbalance_during']:.3f} during, "
+                         f"{e['imbalance_after']:.3f} after")
+    return lines
 
 
 # -- sweep -----------------------------------------------------------------------------------------

@@ -4,7 +4,10 @@
 
 - ``simulate.csv``: one row per policy (:meth:`SimulationResult.summary`, with the largest single
   stall, ``max_stall_s``);
-- ``steps.csv``: per step and policy, MoE time, balanced time, stall and copies;
+- ``steps.csv``: per step and policy, MoE time, balanced time, stall, copies of each kind and the
+  token imbalance;
+- ``events.csv`` (runs with deployment changes): per change and policy, what the recovery moved
+  and cost, and the imbalance before, during and after it;
 - ``time_lost.png``: time lost to imbalance per step (share of the balanced time, smoothed);
 - ``copies.png``: cumulative weight copies;
 - ``layer_balance.png``: per layer, balanced time / MoE time over the series (1.0 is perfect);
@@ -60,13 +63,32 @@ def write_tables(results: Sequence[SimulationResult], out_dir) -> list[Path]:
     with open(steps_path, "w", newline="") as handle:
         writer = csv.writer(handle)
         writer.writerow(["policy", "step", "moe_time_s", "balanced_time_s", "stall_s", "local_moves",
-                         "copies_intra_node", "copies_cross_node"])
+                         "copies_intra_node", "copies_cross_node", "host_loads", "imbalance"])
         for r in results:
             moe, ideal = r.step_time, r.ideal_time
+            imbalance = np.full(moe.size, np.nan) if r.imbalance is None else r.imbalance
             for t in range(moe.size):
                 writer.writerow([r.policy, t, f"{moe[t]:.6g}", f"{ideal[t]:.6g}", f"{r.stall_time[t]:.6g}",
-                                 *(int(c) for c in r.copies[t])])
-    return [summary_path, steps_path]
+                                 *(int(c) for c in r.copies[t]), f"{imbalance[t]:.6g}"])
+    if not any(r.events for r in results):
+        return [summary_path, steps_path]
+    events_path = out_dir / "events.csv"
+    with open(events_path, "w", newline="") as handle:
+        first = next(e for r in results for e in r.events)
+        writer = csv.DictWriter(handle, fieldnames=["policy", *_event_row(first)])
+        writer.writeheader()
+        writer.writerows({"policy": r.policy, **_event_row(e)} for r in results for e in r.events)
+    return [summary_path, steps_path, events_path]
+
+
+def _event_row(event: dict) -> dict:
+    """One deployment change's report (:func:`eplb.simulate`) as flat CSV columns."""
+    row = {k: v for k, v in event.items() if k not in ("copies", "bytes", "lost_gpus", "added_gpus")}
+    row["lost_gpus"] = " ".join(map(str, event["lost_gpus"]))
+    row["added_gpus"] = " ".join(map(str, event["added_gpus"]))
+    row.update({f"copies_{kind}": n for kind, n in event["copies"].items()})
+    row.update({f"bytes_{kind}": n for kind, n in event["bytes"].items()})
+    return row
 
 
 def write_simulation_report(results: Sequence[SimulationResult], out_dir, *, title: str = "eplb simulation") -> dict:

@@ -30,6 +30,17 @@ and :class:`BalancerPolicy`, which wraps :class:`eplb.Balancer`.
 
 Objects that are not subclasses but have callable ``start`` and ``observe`` methods of the same
 contract are accepted too (:func:`check_policy`), so existing duck-typed policies keep working.
+
+Deployment changes (GPUs lost, added or renumbered: a :class:`eplb.DeploymentChange`): the driver
+calls :meth:`Policy.redeploy` with the placement in service, and the policy answers with a
+placement on the new deployment. The base class answers with :func:`donor_repair` (what the
+engines' rank-failure handling does: every orphan into a donor slot, no rebalance). The engines'
+answers and eplb's are provided as policies, compared on the same series from the same start:
+:class:`FromScratch` (vLLM and SGLang after a resize: re-pack from nothing on the new deployment),
+:class:`DonorRepair`, and :class:`Replan` (eplb: re-plan across the change from the placement in
+service, :func:`eplb.plan` with ``previous=``); none of the three rebalances between changes.
+:class:`FixedInterval` answers a change from scratch (the engines' timers), :class:`BalancerPolicy`
+with eplb's re-plan from its window.
 """
 
 from __future__ import annotations
@@ -37,6 +48,7 @@ from __future__ import annotations
 import abc
 from collections import deque
 from dataclasses import dataclass, replace
+from functools import cached_property
 from math import gcd
 from typing import Callable
 
@@ -44,10 +56,14 @@ import numpy as np
 
 from ..analysis.placement import Placement
 from ..model._validation import as_int
+from ..model.change import HOLE, DeploymentChange
 from ..model.cost import CostModel
-from ..model.deployment import Deployment
+from ..model.defaults import PLAN_TOLERANCE
+from ..model.deployment import Deployment, make_deployment
+from ..model.topology import Topology
 from ..planning.api import plan
 from ..planning.methods import DEFAULT_METHOD, get_method
+from ..planning.replan import fit_groups, warn_relaxed
 from .balancer import Balancer
 
 
@@ -83,13 +99,14 @@ class PolicyContext:
     def plan(self, weights: np.ndarray, method: str | Callable = DEFAULT_METHOD) -> Placement:
         """A placement from scratch for ``weights [L, E]`` with an ``eplb.METHODS`` name or a
         function with the published ``rebalance_experts`` signature (returning ``phy2log`` or a
-        tuple starting with it)."""
+        tuple starting with it), made on :attr:`planned_on`."""
         weights = np.ascontiguousarray(weights, dtype=np.float64)
+        planned_on = self.planned_on
         if callable(method):
-            groups = self.num_groups if self.num_groups is not None else 1
+            groups = planned_on.num_groups if planned_on.num_groups is not None else 1
             name = getattr(method, "__name__", "custom")
             try:
-                result = method(weights, self.num_slots, groups, self.num_nodes, self.num_gpus)
+                result = method(weights, planned_on.num_slots, groups, planned_on.num_nodes, planned_on.num_gpus)
             except Exception as exc:  # a user's function: say whose error it is
                 raise PolicyError(f"the planning function {name} raised {type(exc).__name__}: {exc}") from exc
             phy2log = result[0] if isinstance(result, tuple) and result else result
@@ -98,8 +115,29 @@ class PolicyContext:
                                   "(or a tuple starting with it)")
             return as_placement(phy2log, self, f"the placement the planning function {name} returned",
                                 method=name)
-        phy2log, _ = get_method(method)(weights, self.deployment)
-        return Placement(phy2log, self.num_experts, self.topology, self.num_groups, method=method)
+        phy2log, _ = get_method(method)(weights, planned_on)
+        groups = self.num_groups if planned_on is self.deployment else planned_on.num_groups
+        return Placement(phy2log, self.num_experts, self.topology, groups, method=method)
+
+    @cached_property
+    def planned_on(self) -> Deployment:
+        """The deployment plans from scratch are made on: the deployment itself, or, once GPUs were
+        lost (masked: no slots), the GPUs with slots alone, in order, as the engines re-pack over
+        their surviving ranks (the slots keep their order, so a plan of it is a plan of the
+        deployment): in the nodes that keep GPUs when each keeps as many, else in one node. A
+        hierarchical deployment whose nodes then cannot hold every group whole has its groups split
+        into units or dropped (:func:`eplb.planning.replan.fit_groups`; one ``RuntimeWarning``)."""
+        deployment, topology = self.deployment, self.topology
+        serving = topology.slots_per_gpu > 0
+        if not serving.all():
+            per_node = serving.reshape(topology.num_nodes, -1).sum(axis=1)
+            kept = per_node[per_node > 0]
+            nodes = kept.size if (kept == kept[0]).all() else 1
+            deployment = make_deployment(deployment.num_experts, topology=Topology(topology.slots_per_gpu[serving], nodes),
+                                         num_groups=deployment.num_groups, dispatch=deployment.dispatch)
+        deployment, relaxed = fit_groups(deployment)
+        warn_relaxed(relaxed, stacklevel=3)
+        return deployment
 
 
 def as_placement(value, deployment: PolicyContext, what: str, method: str = "given") -> Placement:
@@ -167,6 +205,29 @@ class Policy(abc.ABC):
             The driver prices its weight copies and switches to it (all layers at once, or a few
             per step); a placement returned while another is being applied replaces it.
         """
+
+    def redeploy(self, step: int, change: DeploymentChange, placement: Placement,
+                 deployment: "PolicyContext") -> Placement | np.ndarray:
+        """Called when the deployment changes after step ``step`` was served (GPUs lost, added or
+        renumbered; slots per GPU changed), before step ``step + 1``.
+
+        Parameters:
+            step: the last step served on the old deployment.
+            change: the :class:`eplb.DeploymentChange`: ``change.old`` the deployment in service,
+                ``change.new`` the next one, ``change.gpu_map`` where each old GPU went.
+            placement: the :class:`eplb.Placement` in service on ``change.old`` (what each GPU holds).
+            deployment: the :class:`PolicyContext` of ``change.new``; later :meth:`observe` calls
+                are on it (plan for it from now on).
+        Returns:
+            The placement on ``change.new`` (a :class:`eplb.Placement` or ``phy2log [L, S_new]``),
+            every expert in every layer. The driver prices its copies across the change
+            (:func:`eplb.transfer_plan`: experts whose every replica was lost load from host memory
+            once, the rest copy from surviving GPUs, never from a lost one).
+
+        The base class answers with :func:`donor_repair` (no rebalance); override it to re-plan,
+        and to keep what the policy plans for in step with ``deployment``.
+        """
+        return donor_repair(placement, change)
 
 
 def policy_label(policy) -> str:
@@ -255,6 +316,13 @@ class FixedInterval(Policy):
         return plan(windows, topology=self._deployment.topology, num_groups=self._deployment.num_groups,
                     method=self.method)
 
+    def redeploy(self, step: int, change: DeploymentChange, placement: Placement, deployment: PolicyContext):
+        """Re-pack from scratch on the new deployment from the window so far, as the engines'
+        timers do after a resize; later rebalances plan for the new deployment."""
+        self._deployment = deployment
+        window = np.sum(self._sums, axis=0) + self._current if self._sums else self._current
+        return deployment.plan(window, self.method)
+
 
 def vllm_like(method: str | Callable = "greedy", subwindows: int = 1) -> FixedInterval:
     """vLLM's EPLB defaults: every 3000 steps from the last 1000, greedy from scratch (with
@@ -292,9 +360,11 @@ class BalancerPolicy(Policy):
         options = dict(self.options)
         options.setdefault("expert_bytes", int(deployment.cost_model.expert_bytes))
         options.setdefault("cost_model", deployment.cost_model)
-        # the Balancer plans for an even split whatever split the run is priced with
-        self.balancer = Balancer(deployment.num_layers, replace(deployment.deployment, dispatch="uniform"),
-                                 placement=placement, **options)
+        # the Balancer plans for an even split whatever split the run is priced with, and (after a
+        # deployment change) with groups that fit the nodes
+        fitting, _ = fit_groups(deployment.deployment)
+        self.balancer = Balancer(deployment.num_layers, replace(fitting, dispatch="uniform"), placement=placement,
+                                 **options)
 
     def observe(self, step: int, counts: np.ndarray):
         self.balancer.record(counts, physical=False)
@@ -302,6 +372,168 @@ class BalancerPolicy(Policy):
             return None
         placement, _ = self.balancer.rebalance()
         return placement
+
+    def redeploy(self, step: int, change: DeploymentChange, placement: Placement, deployment: PolicyContext):
+        """eplb's re-plan across the change from the placement in service, for the Balancer's
+        window (its method, tolerance and move budget); then a Balancer on the new deployment
+        serves on, its window empty."""
+        balancer = self.balancer
+        new = plan(balancer.window_counts(), change, previous=placement, method=balancer.method,
+                   tolerance=balancer.tolerance, max_moves=balancer.max_moves)
+        self.start(new, deployment)
+        return new
+
+
+# ------------------------------------------------------------------------------------ deployment changes
+
+CHANGE_WINDOW = 1000
+"""Steps of counts the provided answers to a deployment change plan from (:class:`FromScratch`,
+:class:`Replan`): the engines' load windows (vLLM and SGLang: 1000 passes)."""
+
+
+def donor_repair(placement, change: DeploymentChange) -> Placement:
+    """The placement in service carried across ``change`` and repaired with no rebalance, as the
+    engines' rank-failure handling does: every orphan (an expert whose every replica was lost), lowest
+    id first, goes into the first new slot nothing was carried into, else into the first slot of an
+    expert that still has two replicas or more (that expert keeps the others); new slots left over
+    (GPUs added) take, in slot order, the expert with the fewest replicas not on that GPU (lowest id
+    on ties). Needs no counts.
+
+    Args:
+        placement: the :class:`Placement` (or ``phy2log [L, S_old]``) in service on ``change.old``.
+        change: the :class:`eplb.DeploymentChange`.
+    Returns:
+        A :class:`Placement` on ``change.new`` (``method="donor repair"``, no groups kept).
+    """
+    phy2log = placement.phy2log if isinstance(placement, Placement) else placement
+    repaired = change.carry(phy2log)  # [L, S_new], HOLE where nothing is carried
+    gpu_of_slot = change.new.topology.gpu_of_slot
+    for row in repaired:
+        _repair_row(row, change.new.num_experts, gpu_of_slot)
+    return Placement(repaired, change.new.num_experts, change.new.topology, None, method="donor repair")
+
+
+def _repair_row(row: np.ndarray, num_experts: int, gpu_of_slot: np.ndarray) -> None:
+    """:func:`donor_repair` of one layer's carried ``row [S]`` in place (``HOLE``: nothing carried)."""
+    replicas = np.bincount(row[row != HOLE], minlength=num_experts)
+    for expert in np.flatnonzero(replicas == 0):
+        holes = np.flatnonzero(row == HOLE)
+        if holes.size:
+            slot = holes[0]
+        else:  # a slot exists: the slots hold every expert, so with one missing another is doubled
+            slot = np.flatnonzero(replicas[row] >= 2)[0]
+            replicas[row[slot]] -= 1
+        row[slot] = expert
+        replicas[expert] += 1
+    for slot in np.flatnonzero(row == HOLE):
+        on_gpu = row[gpu_of_slot == gpu_of_slot[slot]]
+        order = np.lexsort((np.arange(num_experts), replicas))  # fewest replicas, then lowest id
+        free = order[~np.isin(order, on_gpu)]
+        row[slot] = free[0] if free.size else order[0]
+        replicas[row[slot]] += 1
+
+
+class RecentCounts:
+    """The summed counts of the last ``window`` steps a policy observed, kept as sums of blocks of
+    ``max(1, window // 10)`` steps: :meth:`total` covers the newest steps and at most one block
+    beyond ``window``.
+
+    Args:
+        window: steps kept; shape: ``(L, E)``.
+    """
+
+    def __init__(self, window: int, shape: tuple[int, int]):
+        window = as_int(window, "window", minimum=1)
+        self.block = max(1, window // 10)
+        self._blocks: deque = deque(maxlen=-(-window // self.block))
+        self._current = np.zeros(shape)
+        self._in_block = 0
+
+    def add(self, counts: np.ndarray) -> None:
+        """Count one step's ``counts [L, E]``."""
+        self._current += counts
+        self._in_block += 1
+        if self._in_block == self.block:
+            self._blocks.append(self._current)
+            self._current = np.zeros_like(self._current)
+            self._in_block = 0
+
+    def total(self) -> np.ndarray:
+        """``[L, E]`` float64: the counts of the window."""
+        return np.sum(self._blocks, axis=0) + self._current if self._blocks else self._current.copy()
+
+
+class _ChangeAnswer(Policy):
+    """A policy that keeps the placement between deployment changes and answers a change from the
+    counts of the last ``window`` steps (:class:`RecentCounts`)."""
+
+    def __init__(self, window: int = CHANGE_WINDOW):
+        self.window = as_int(window, "window", minimum=1)
+
+    def start(self, placement: Placement, deployment: PolicyContext) -> None:
+        self._recent = RecentCounts(self.window, (deployment.num_layers, deployment.num_experts))
+
+    def observe(self, step: int, counts: np.ndarray):
+        self._recent.add(counts)
+        return None
+
+
+class FromScratch(_ChangeAnswer):
+    """vLLM's and SGLang's answer to a resize or a lost rank: re-pack from nothing on the new
+    deployment, from the last ``window`` steps' counts (nothing kept in place but by chance); no
+    rebalance between changes.
+
+    Args:
+        method: an ``eplb.METHODS`` name (default ``"greedy"``, the engines' algorithm).
+        hierarchical: keep each expert group on one node where the new deployment's nodes hold
+            them (vLLM); ``False`` plans globally, dropping the groups (SGLang's elastic EP).
+        window: steps of counts the plan is made from.
+    """
+
+    def __init__(self, method: str = "greedy", *, hierarchical: bool = True, window: int = CHANGE_WINDOW):
+        super().__init__(window)
+        get_method(method)
+        self.method, self.hierarchical = method, bool(hierarchical)
+        self.name = f"from scratch ({method}" + ("" if hierarchical else ", global") + ")"
+
+    def redeploy(self, step: int, change: DeploymentChange, placement: Placement, deployment: PolicyContext):
+        target = deployment if self.hierarchical else PolicyContext(
+            replace(deployment.deployment, num_groups=None, hierarchical=False), deployment.num_layers,
+            deployment.cost_model)
+        return target.plan(self._recent.total(), self.method)
+
+
+class DonorRepair(_ChangeAnswer):
+    """The engines' rank-failure repair (:func:`donor_repair`): each orphan into a donor slot, loaded
+    from host memory, no rebalance, then or later."""
+
+    name = "donor repair"
+
+    def redeploy(self, step: int, change: DeploymentChange, placement: Placement, deployment: PolicyContext):
+        return donor_repair(placement, change)
+
+
+class Replan(_ChangeAnswer):
+    """eplb's answer: re-plan across the change from the placement in service (:func:`eplb.plan`
+    with the change and ``previous=``: every orphan placed, the survivors' weights kept where that
+    costs little balance, ``tolerance`` the trade), for the last ``window`` steps' counts; no
+    rebalance between changes.
+
+    Args:
+        method: an ``eplb.METHODS`` name; tolerance, max_moves: as :func:`eplb.plan`'s.
+        window: steps of counts the plan is made from.
+    """
+
+    def __init__(self, method: str = DEFAULT_METHOD, *, tolerance: float | None = PLAN_TOLERANCE,
+                 max_moves: int | None = None, window: int = CHANGE_WINDOW):
+        super().__init__(window)
+        get_method(method)
+        self.method, self.tolerance, self.max_moves = method, tolerance, max_moves
+        self.name = f"eplb re-plan (tolerance {tolerance})"
+
+    def redeploy(self, step: int, change: DeploymentChange, placement: Placement, deployment: PolicyContext):
+        return plan(self._recent.total(), change, previous=placement, method=self.method, tolerance=self.tolerance,
+                    max_moves=self.max_moves)
 
 
 # ------------------------------------------------------------------------------------ registry
@@ -316,11 +548,16 @@ POLICIES: dict[str, Callable[[str | Callable, int], Policy]] = {
     "vllm-hedged": lambda method, check_every: vllm_like(DEFAULT_METHOD, subwindows=HEDGED_SUBWINDOWS),
     "sglang-hedged": lambda method, check_every: sglang_like(DEFAULT_METHOD, subwindows=HEDGED_SUBWINDOWS),
     "balancer": lambda method, check_every: BalancerPolicy(check_every=check_every),
+    "from-scratch": lambda method, check_every: FromScratch(method if isinstance(method, str) else "greedy"),
+    "donor-repair": lambda method, check_every: DonorRepair(),
+    "replan": lambda method, check_every: Replan(),
 }
 """The one registry of policy names (the simulator, :func:`eplb.sweep` and the CLI read it): name ->
 ``maker(method, check_every)`` returning a fresh :class:`Policy`. No rebalancing, the engines'
 timers (planning from their summed window with ``method``, or hedged over it with eplb's default
-method), and eplb's :class:`eplb.Balancer` deciding every ``check_every`` steps. Besides these names,
+method), eplb's :class:`eplb.Balancer` deciding every ``check_every`` steps, and the answers to a
+deployment change with no rebalance between changes (:class:`FromScratch` with ``method`` when it is a
+name, else greedy; :class:`DonorRepair`; eplb's :class:`Replan`). Besides these names,
 :func:`policy_by_name` reads ``every:N`` and ``every:N/W`` (a :class:`FixedInterval`)."""
 
 POLICY_NAMES: tuple[str, ...] = tuple(POLICIES)
@@ -356,5 +593,5 @@ def policy_by_name(name: str, method: str | Callable = "greedy", check_every: in
 
 
 __all__ = ["Policy", "PolicyContext", "PolicyError", "NoRebalance", "FixedInterval", "BalancerPolicy", "vllm_like",
-           "sglang_like", "POLICIES", "POLICY_NAMES", "HEDGED_SUBWINDOWS", "policy_by_name", "check_policy",
+           "sglang_like", "FromScratch", "DonorRepair", "Replan", "donor_repair", "RecentCounts", "CHANGE_WINDOW", "POLICIES", "POLICY_NAMES", "HEDGED_SUBWINDOWS", "policy_by_name", "check_policy",
            "policy_label", "as_placement"]

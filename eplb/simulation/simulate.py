@@ -32,6 +32,21 @@ at that moment (a layer whose copies are in flight, in ``"overlap"``, counted as
 being copied to, as when a whole placement is superseded; those in-flight copies are then replaced
 by the new plan's chunks).
 
+Deployment changes
+------------------
+``events`` are GPUs lost or nodes added or removed mid-series (:mod:`eplb.simulation.events`: an
+:class:`~eplb.simulation.events.Event` is a step and a :class:`eplb.DeploymentChange`). After the
+event's step is served (and the policy has seen it), the policy answers the change
+(:meth:`eplb.Policy.redeploy`) with a placement on the new deployment, from the placement every
+layer holds then; a rebalance still being applied is dropped (layers whose copies were in flight
+count as holding what they were copied to). The recovery's weights are priced across the change
+(:func:`eplb.transfer_plan`: each orphan loaded from host memory once, the rest copied from
+surviving GPUs, never from a lost one; :meth:`eplb.CostModel.transfer_time`) and stall serving in
+every copy mode but ``"free"`` (the engines pause to reconfigure), all layers at once. From the
+next step on, the new deployment serves: its GPUs are priced, and the perfectly balanced time
+spreads the work over them. :meth:`SimulationResult.summary` adds the host loads and the recovery
+time; ``result.events`` reports each change (see :func:`simulate`).
+
 Policies
 --------
 A policy is a subclass of :class:`eplb.Policy` (:mod:`eplb.serving.policy`: the contract, the
@@ -39,8 +54,10 @@ provided policies :class:`NoRebalance`, :class:`FixedInterval` with its presets 
 and :func:`sglang_like`, and :class:`BalancerPolicy`, and the one registry of names,
 :data:`POLICY_NAMES` / :func:`policy_by_name`). :func:`simulate` calls ``policy.start(placement,
 deployment)`` before step 0 and ``policy.observe(step, counts [L, E])`` after serving each step; a
-returned placement (:class:`Placement` or ``phy2log [L, S]``) is adopted as described above. Objects
-with the same two methods that do not subclass it are accepted too.
+returned placement (:class:`Placement` or ``phy2log [L, S]``) is adopted as described above; at a
+deployment change, ``policy.redeploy(step, change, placement, deployment)``. Objects with the same
+two methods that do not subclass it are accepted too (they answer a change with
+:func:`eplb.serving.policy.donor_repair`).
 
 Dispatch: ``"uniform"`` (each token goes to a replica of its expert picked at random: a slot is
 activated with probability ``1 - (1 - 1/r)^c``, counted as its expectation; exact for each GPU's
@@ -71,10 +88,11 @@ from ..analysis.loads import FIXED_SPLIT, RANDOM_SPLIT, gpu_work
 from ..analysis.placement import Placement
 from ..model.topology import Topology
 from ..serving.policy import (POLICY_NAMES, BalancerPolicy, PolicyContext, FixedInterval, NoRebalance,  # noqa: F401
-                              Policy, PolicyError, as_placement, check_policy, policy_by_name, policy_label,
-                              sglang_like, vllm_like)
+                              Policy, PolicyError, as_placement, check_policy, donor_repair, policy_by_name,
+                              policy_label, sglang_like, vllm_like)
 from ..serving.transfer import KINDS, TransferPlan, transfer_plan
 from ..engines import SCORING, dispatch_rule
+from .events import Event, check_starts_from, schedule
 
 CHUNK = 256  # steps priced at once
 _PLAN_FIELDS = ("layer", "expert", "src_slot", "dst_slot", "src_gpu", "dst_gpu", "kind")
@@ -95,9 +113,11 @@ class SimulationResult:
             series and GPUs is measured from the same baseline (the extra weight reads of
             replicas count as time lost).
         stall_time: ``[T]`` time serving waited for weight copies after step ``t``.
-        copies: ``[T, 3]`` slots whose expert changed after step ``t``, by where the weights come
-            from: the same GPU (a local move, not a copy between GPUs), the same node, another node.
-            Applied in chunks of layers, a rebalance's copies are spread over the steps of its chunks.
+        copies: ``[T, 4]`` slots whose expert changed after step ``t``, by where the weights come
+            from (:data:`eplb.serving.transfer.KINDS`): the same GPU (a local move, not a copy
+            between GPUs), the same node, another node, host memory (experts a deployment change
+            left with no replica). Applied in chunks of layers, a rebalance's copies are spread over
+            the steps of its chunks.
         copy_time: ``[T]`` duration of the copies started after step ``t`` (one chunk's, when chunked).
         rebalance_steps: ``[R]`` steps after which a policy's new placement was adopted (its first
             copies start).
@@ -109,6 +129,9 @@ class SimulationResult:
         extra: ``{"layers_per_step": k}`` when the simulation applied rebalances in chunks, else empty.
         host_time: ``[T]`` seconds the policy took on the simulator's thread at step ``t`` (its
             ``observe``: what an engine's own thread would spend in it; ``None`` when not measured).
+        imbalance: ``[T]`` each step's token imbalance ``(max - mean) / mean`` over the GPUs that
+            serve, averaged over the layers with tokens (NaN for a step without any).
+        events: one dict per deployment change (:func:`simulate` lists the keys).
     """
 
     layer_time: np.ndarray
@@ -123,6 +146,8 @@ class SimulationResult:
     wall_time_s: float
     extra: dict = field(default_factory=dict)
     host_time: np.ndarray | None = None
+    imbalance: np.ndarray | None = None
+    events: tuple = ()
 
     @property
     def step_time(self) -> np.ndarray:
@@ -139,7 +164,7 @@ class SimulationResult:
         return int(self.rebalance_steps.size)
 
     def bytes_moved(self) -> dict[str, float]:
-        """Bytes copied of each kind (``intra_gpu``, ``intra_node``, ``cross_node``, ``total``)."""
+        """Bytes copied of each kind (``intra_gpu``, ``intra_node``, ``cross_node``, ``from_host``, ``total``)."""
         totals = self.copies.sum(axis=0) * self.cost_model.expert_bytes
         result = {name: float(totals[i]) for i, name in enumerate(KINDS[:totals.shape[0]])}
         result["total"] = float(totals.sum())
@@ -150,7 +175,8 @@ class SimulationResult:
         largest single stall (``max_stall_s``: the latency spike requests in flight see),
         rebalances, and weight copies between GPUs (``copies``: a slot whose expert changes, unless
         its GPU already holds that expert; those are ``local_moves``, within one GPU's HBM) and the
-        bytes they move."""
+        bytes they move; across deployment changes, the experts loaded from host memory
+        (``host_loads``) and the recovery stalls (``recovery_s``)."""
         ideal = float(self.ideal_time.sum())
         moe = float(self.step_time.sum())
         stall = float(self.stall_time.sum())
@@ -165,6 +191,7 @@ class SimulationResult:
             "copies": int(copies[1] + copies[2]), "copies_intra_node": int(copies[1]),
             "copies_cross_node": int(copies[2]), "local_moves": int(copies[0]),
             "bytes_moved": float((copies[1] + copies[2]) * self.cost_model.expert_bytes),
+            "host_loads": int(copies[3]), "recovery_s": float(sum(e["stall_s"] for e in self.events)),
             "wall_time_s": self.wall_time_s,
             **self.host_summary(),
         }
@@ -205,6 +232,16 @@ class _Pricing:
         return gpu_work(counts, self.phy2log, self.topology, self.uniform, RANDOM_SPLIT)
 
 
+def _token_imbalance(tokens: np.ndarray) -> np.ndarray:
+    """``tokens [B, L, G]`` -> ``[B]``: ``(max - mean) / mean`` over the GPUs, averaged over the
+    layers with tokens (NaN for a step without any)."""
+    mean, peak = tokens.mean(axis=-1), tokens.max(axis=-1)
+    loaded = mean > 0
+    per_layer = np.divide(peak - mean, mean, out=np.zeros_like(mean), where=loaded)
+    layers = loaded.sum(axis=-1)
+    return np.divide(per_layer.sum(axis=-1), layers, out=np.full(layers.shape, np.nan), where=layers > 0)
+
+
 def _copies_of_layers(plan: TransferPlan, layers: np.ndarray) -> TransferPlan:
     """The copies of ``plan`` whose layer is in ``layers [n]`` (the whole plan when it has no other)."""
     wanted = np.zeros(plan.num_layers, bool)
@@ -238,7 +275,7 @@ def _call_policy(policy, name: str, *args):
         raise
     except Exception as exc:
         label = policy_label(policy)
-        where = f" at step {args[0]}" if name == "observe" else ""
+        where = f" at step {args[0]}" if name in ("observe", "redeploy") else ""
         raise PolicyError(f"policy {label!r} raised {type(exc).__name__} in {name}(){where}: {exc}") from exc
 
 
@@ -280,7 +317,10 @@ class _Replay:
         self.layer_time = np.empty((num_steps, num_layers))
         self.balanced = np.empty((num_steps, num_layers))
         self.stall = np.zeros(num_steps)
-        self.copies = np.zeros((num_steps, 3), np.int64)
+        self.copies = np.zeros((num_steps, len(KINDS)), np.int64)
+        self.imbalance = np.full(num_steps, np.nan)
+        self.events: list[Event] = []  # the changes still ahead, in step order
+        self.event_reports: list[dict] = []
         self.copy_time = np.zeros(num_steps)
         self.host_time = np.zeros(num_steps)
         self.rebalance_steps: list[int] = []
@@ -332,6 +372,45 @@ class _Replay:
                        block, i)
         if self.in_flight is None and self.queue.size:  # the next chunk of layers: its copies start now
             self.start_copies(block, i)
+        if self.events and self.events[0].step == t:
+            self.redeploy(block, i, self.events.pop(0), policy)
+
+    def redeploy(self, block: np.ndarray, i: int, event: Event, policy) -> None:
+        """The deployment changes after block row ``i``: the policy answers from what every layer
+        holds, the recovery's weights are priced (a stall but in ``"free"`` mode), the new
+        deployment serves from the next step."""
+        t = self.chunk_start + i
+        self.catch_up(block, i)
+        change, context = event.change, self.deployment
+        in_service = Placement(self.held, context.num_experts, context.topology, context.num_groups, method="in service")
+        new_context = PolicyContext(change.new, context.num_layers, self.cost_model)
+        called = time.perf_counter()
+        if callable(getattr(policy, "redeploy", None)):
+            answer = _call_policy(policy, "redeploy", t, change, in_service, new_context)
+        else:
+            answer = donor_repair(in_service, change)
+        answered = time.perf_counter() - called
+        new = as_placement(answer, new_context, f"the placement policy.redeploy returned at step {t}")
+        # (an identity change as its deployment: transfer_plan refuses a DeploymentChange that changes nothing)
+        recovery = transfer_plan(self.held, new, change.new if change.is_identity else change,
+                                 expert_bytes=int(self.cost_model.expert_bytes))
+        seconds = self.cost_model.transfer_time(recovery)
+        stall = 0.0 if self.cost_model.copy_mode == "free" else seconds
+        self.copies[t] += np.bincount(recovery.kind, minlength=len(KINDS))
+        self.copy_time[t] += seconds
+        self.stall[t] += stall
+        self.clock += stall
+        self.event_reports.append({
+            "step": t, "label": event.label, "change": change.describe(), "lost_gpus": change.lost_gpus.tolist(),
+            "added_gpus": change.added_gpus.tolist(), "orphans": int(change.orphans(self.held).sum()),
+            "copy_floor": int(change.floor(self.held).sum()), "copies": recovery.counts(), "bytes": recovery.bytes(),
+            "recovery_s": seconds, "stall_s": stall, "answer_s": answered, "answer": new.method})
+        self.deployment, self.target = new_context, new
+        self.serving = np.array(new.phy2log)
+        self.held = self.serving.copy()
+        self.pricing = self._new_pricing()
+        self.live = self.pricing.live
+        self.plan, self.queue, self.in_flight = None, np.empty(0, np.int64), None
 
     def adopt(self, new: Placement, block: np.ndarray, i: int) -> None:
         """Make ``new`` the target at block row ``i``: the layers that differ from it queue for copies."""
@@ -350,7 +429,7 @@ class _Replay:
         self.catch_up(block, i)
         layers, self.queue = self.queue[:self.step_layers], self.queue[self.step_layers:]
         part = _copies_of_layers(self.plan, layers)
-        self.copies[t] = np.bincount(part.kind, minlength=3)
+        self.copies[t] = np.bincount(part.kind, minlength=len(KINDS))
         duration = self.cost_model.transfer_time(part) if len(part) else 0.0
         self.copy_time[t] = duration
         self.held[layers] = self.target.phy2log[layers]
@@ -370,6 +449,7 @@ class _Replay:
         if not self.live.all():
             tokens, active = tokens[..., self.live], active[..., self.live]
         rows = slice(offset, offset + block.shape[0])
+        self.imbalance[rows] = _token_imbalance(tokens)
         with np.errstate(over="ignore", invalid="ignore"):  # refused below
             self.layer_time[rows] = self.cost_model.layer_time(tokens, active)
             self.balanced[rows] = self.balanced_time(block, tokens.shape[-1])
@@ -407,7 +487,7 @@ class _Replay:
 
 
 def simulate(counts, deployment: Deployment | None = None, *, policy=None, cost_model: CostModel | None = None,
-             initial=None, initial_steps: int = 1, layers_per_step: int | None = None, progress=None,
+             initial=None, initial_steps: int = 1, layers_per_step: int | None = None, progress=None, events=None,
              **deployment_keywords) -> SimulationResult:
     """Replay ``counts`` (a series of steps) through a deployment and a rebalancing policy.
 
@@ -427,8 +507,23 @@ def simulate(counts, deployment: Deployment | None = None, *, policy=None, cost_
             a rebalance in chunks of layers" in the module docstring); ``k >= L`` is all at once.
         progress: ``None``, or called as ``progress(steps done, T, "")`` at the start and after
             every block of :data:`CHUNK` steps (:class:`eplb.io.progress.Progress` shows it).
+        events: deployment changes mid-series (see "Deployment changes" in the module docstring):
+            :class:`eplb.simulation.events.Event` values, or ``{step: change}`` / ``[(step, change)]``
+            with :class:`eplb.simulation.events.Resize` or :class:`eplb.DeploymentChange` changes
+            (:func:`eplb.simulation.events.schedule`), each after a step in ``[0, T - 1)``.
     Returns:
-        A :class:`SimulationResult`.
+        A :class:`SimulationResult`; its ``events`` has one dict per change: ``step``, ``label``,
+        ``change`` (:meth:`eplb.DeploymentChange.describe`), ``lost_gpus`` and ``added_gpus``,
+        ``orphans`` and ``copy_floor`` (summed over layers), the recovery's ``copies`` and ``bytes``
+        of each kind (:meth:`eplb.TransferPlan.counts`), ``recovery_s`` (its copy time),
+        ``stall_s`` (what serving waited: 0 in ``"free"`` mode), ``answer_s`` (the policy's wall
+        time to answer, on this machine), ``answer`` (the method of the placement it answered
+        with), and the token imbalance (mean over steps of :attr:`SimulationResult.imbalance`) and
+        the time lost (a share of the balanced time) ``before`` (the steps since the last change),
+        ``during`` (the steps the answer served, until the policy's next placement or change) and
+        ``after`` (every step until the next change): ``imbalance_before``, ``imbalance_during``,
+        ``imbalance_after``, ``lost_share_before``, ... and ``steps_before``, ``steps_during``,
+        ``steps_after``.
     """
     start_wall = time.perf_counter()
     if layers_per_step is not None:
@@ -455,6 +550,7 @@ def simulate(counts, deployment: Deployment | None = None, *, policy=None, cost_
     target = as_placement(initial, deployment, "initial")
     step_layers = num_layers if layers_per_step is None else layers_per_step
     replay = _Replay(deployment, target, dispatch, num_steps, step_layers)
+    replay.events = _checked_events(events, given, num_steps)
     _call_policy(policy, "start", target, deployment)
     replay.run(series, policy, num_steps, progress)
     return SimulationResult(
@@ -463,7 +559,55 @@ def simulate(counts, deployment: Deployment | None = None, *, policy=None, cost_
         policy=policy_label(policy), cost_model=cost_model, final_placement=replay.final_placement(),
         wall_time_s=time.perf_counter() - start_wall,
         extra={} if layers_per_step is None else {"layers_per_step": layers_per_step}, host_time=replay.host_time,
+        imbalance=replay.imbalance, events=_event_reports(replay),
     )
+
+
+def _checked_events(events, deployment: Deployment, num_steps: int) -> list[Event]:
+    """``events`` (see :func:`simulate`) as :class:`Event` values in step order, each starting from
+    the deployment the one before left and after a step in ``[0, T - 1)``; ``ValueError`` otherwise."""
+    if events is None:
+        return []
+    if isinstance(events, dict) or not all(isinstance(e, Event) for e in events):
+        events = schedule(deployment, events)
+    events = sorted(events, key=lambda e: e.step)
+    current = deployment
+    for k, event in enumerate(events):
+        if k and event.step == events[k - 1].step:
+            raise ValueError(f"events: two deployment changes after step {event.step}: make them one change")
+        if event.step >= num_steps - 1:
+            raise ValueError(f"events: a change after step {event.step}, but the series has {num_steps} steps: a change "
+                             f"comes after a step in [0, {num_steps - 1}) so that a step is served after it")
+        check_starts_from(event.change, current, event.step)
+        current = event.change.new
+    return events
+
+
+def _event_reports(replay: "_Replay") -> tuple[dict, ...]:
+    """Each change's report with the imbalance and time lost before, during and after it."""
+    steps = replay.imbalance.size
+    adopted = np.asarray(replay.rebalance_steps, np.int64)
+    changes = [r["step"] for r in replay.event_reports]
+    reports = []
+    for k, report in enumerate(replay.event_reports):
+        t = report["step"]
+        previous = changes[k - 1] + 1 if k else 0
+        until = changes[k + 1] if k + 1 < len(changes) else steps - 1
+        answer_until = min([until] + adopted[adopted > t].tolist())
+        spans = {"before": (previous, t + 1), "during": (t + 1, answer_until + 1), "after": (t + 1, until + 1)}
+        for name, (start, stop) in spans.items():
+            report[f"imbalance_{name}"] = _mean_or_nan(replay.imbalance[start:stop])
+            moe, ideal = replay.layer_time[start:stop].sum(), replay.balanced[start:stop].sum()
+            report[f"lost_share_{name}"] = float((moe - ideal) / ideal) if ideal > 0 else float("nan")
+            report[f"steps_{name}"] = stop - start
+        reports.append(report)
+    return tuple(reports)
+
+
+def _mean_or_nan(values: np.ndarray) -> float:
+    """The mean of the values that are not NaN (NaN when none is)."""
+    values = values[~np.isnan(values)]
+    return float(values.mean()) if values.size else float("nan")
 
 
 # The policies live in eplb.serving.policy; these names stay importable from here.

@@ -70,7 +70,7 @@ def test_copy_modes_by_hand():
     stall = simulate(swap_series(), deployment, cost_model=COMPUTE, **options)
     np.testing.assert_allclose(stall.step_time, [1.0] + [0.5] * 14)
     np.testing.assert_allclose(stall.stall_time, [10.0] + [0.0] * 14)
-    np.testing.assert_array_equal(stall.copies[0], [0, 0, 2])
+    np.testing.assert_array_equal(stall.copies[0], [0, 0, 2, 0])  # intra-GPU, NVLink, network, host
     np.testing.assert_array_equal(stall.rebalance_steps, [0])
     assert stall.copy_time[0] == pytest.approx(10.0)
     assert stall.bytes_moved()["cross_node"] == 200
@@ -266,7 +266,9 @@ def test_report_tables_and_page(tmp_path):
     assert len(summary) == 3 and summary[2].startswith("swap once,15,")
     steps = steps_path.read_text().splitlines()
     assert len(steps) == 1 + 2 * 15
-    assert steps[16].split(",")[-3:] == ["0", "0", "2"]  # the swap's two cross-node copies after step 0
+    header = steps[0].split(",")
+    row = dict(zip(header, steps[16].split(",")))  # the swap's two cross-node copies after step 0
+    assert [row[k] for k in ("local_moves", "copies_intra_node", "copies_cross_node", "host_loads")] == ["0", "0", "2", "0"]
     pytest.importorskip("matplotlib")
     written = write_simulation_report(results, tmp_path / "report")
     page = written["html"].read_text()

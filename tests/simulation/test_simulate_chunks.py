@@ -71,7 +71,7 @@ def test_all_at_once_by_hand_is_the_default():
     result = run(None)
     np.testing.assert_allclose(result.step_time, [3.0] + [1.5] * 15)
     np.testing.assert_allclose(result.stall_time, [30.0] + [0.0] * 15)
-    np.testing.assert_array_equal(result.copies[0], [0, 0, 6])
+    np.testing.assert_array_equal(result.copies[0], [0, 0, 6, 0])
     assert result.copies[1:].sum() == 0
     assert result.summary()["max_stall_s"] == pytest.approx(30.0)
     assert result.extra == {}
@@ -114,7 +114,7 @@ def test_overlap_mode_starts_each_chunk_when_the_last_is_done():
     assert result.stall_time.sum() == 0
     np.testing.assert_array_equal(np.flatnonzero(result.copy_time), [0, 4, 8])
     np.testing.assert_allclose(result.copy_time[[0, 4, 8]], 10.0)
-    np.testing.assert_array_equal(result.copies[[0, 4, 8]], [[0, 0, 2]] * 3)
+    np.testing.assert_array_equal(result.copies[[0, 4, 8]], [[0, 0, 2, 0]] * 3)
     np.testing.assert_array_equal(result.final_placement.phy2log, [B, B, B])
 
 
@@ -148,7 +148,7 @@ def test_a_new_plan_mid_application_stall():
     result = run(1, plans={0: [B, B, B], 1: [C, B, A]})
     np.testing.assert_array_equal(result.rebalance_steps, [0, 1])
     np.testing.assert_allclose(result.stall_time[:4], [10.0, 4.0, 10.0, 0.0])
-    np.testing.assert_array_equal(result.copies[:4], [[0, 0, 2], [4, 0, 0], [0, 0, 2], [0, 0, 0]])
+    np.testing.assert_array_equal(result.copies[:4], [[0, 0, 2, 0], [4, 0, 0, 0], [0, 0, 2, 0], [0, 0, 0, 0]])
     np.testing.assert_allclose(result.layer_time[:4], [[1.0, 1.0, 1.0], [0.5, 1.0, 1.0], [0.5, 1.0, 1.0],
                                                        [0.5, 0.5, 1.0]])
     np.testing.assert_array_equal(result.final_placement.phy2log, [C, B, A])
@@ -161,7 +161,7 @@ def test_a_new_plan_mid_application_overlap():
     C directly; layer 1 A -> B starts then (12 s) and lands at 22 s, after step 7."""
     result = run(1, "overlap", plans={0: [B, B, B], 1: [C, B, A]})
     np.testing.assert_allclose(result.step_time[:10], [3.0] * 4 + [2.5] * 4 + [2.0] * 2)
-    np.testing.assert_array_equal(result.copies[[0, 1, 3]], [[0, 0, 2], [4, 0, 0], [0, 0, 2]])
+    np.testing.assert_array_equal(result.copies[[0, 1, 3]], [[0, 0, 2, 0], [4, 0, 0, 0], [0, 0, 2, 0]])
     assert result.copies.sum() == 8
     np.testing.assert_array_equal(result.final_placement.phy2log, [C, B, A])
 
@@ -176,11 +176,11 @@ def test_a_new_plan_keeping_layers_in_flight_still_switches_them(k):
     result = run(k, "overlap", plans={0: [B, B, B], 1: [B, B, C]})
     if k is None:
         np.testing.assert_allclose(result.step_time, [3.0] * 4 + [1.5] * 12)
-        np.testing.assert_array_equal(result.copies[:2], [[0, 0, 6], [4, 0, 0]])
+        np.testing.assert_array_equal(result.copies[:2], [[0, 0, 6, 0], [4, 0, 0, 0]])
     else:
         np.testing.assert_allclose(result.step_time, [3.0] * 2 + [2.5] * 5 + [2.0] * 5 + [1.5] * 4)
         np.testing.assert_array_equal(np.flatnonzero(result.copies.sum(axis=1)), [0, 2, 6])
-        np.testing.assert_array_equal(result.copies[[0, 2, 6]], [[0, 0, 2]] * 3)
+        np.testing.assert_array_equal(result.copies[[0, 2, 6]], [[0, 0, 2, 0]] * 3)
     np.testing.assert_array_equal(result.final_placement.phy2log, [B, B, C])
 
 
