@@ -116,29 +116,38 @@ def plan(counts, deployment: Deployment | None = None, *, num_slots=None, num_gp
     """
     _check_option_names(method, options)
     counts = as_counts(counts, "counts", ndims=(1, 2, 3))
-    change = deployment if isinstance(deployment, DeploymentChange) else None
-    if change is not None:
-        deployment = change.new
-    if deployment is None:
-        deployment = make_deployment(counts.shape[-1], num_slots, num_gpus, num_nodes, num_groups, topology,
-                                     dispatch=dispatch)
-    else:  # the value, with none of the keywords that would build it
-        spelled = {name: value for name, value, default in (
-            ("num_slots", num_slots, None), ("num_gpus", num_gpus, None), ("num_nodes", num_nodes, 1),
-            ("num_groups", num_groups, None), ("topology", topology, None), ("dispatch", dispatch, "uniform"))
-            if value != default}
-        deployment = deployment_argument(deployment, spelled, "plan", num_experts=counts.shape[-1])
-    change = change_of(previous, deployment, gpu_map, change)
+    keywords = dict(num_slots=num_slots, num_gpus=num_gpus, num_nodes=num_nodes, num_groups=num_groups,
+                    topology=topology, dispatch=dispatch)
+    deployment, change, relaxed = _deployment_of(counts, deployment, keywords, previous, gpu_map)
     if change is not None and tolerance is PLAN_TOLERANCE:  # the default object itself: no tolerance given
         tolerance = CHANGE_TOLERANCE
-    deployment, relaxed = fit_groups(deployment, spill=change is not None)
-    warn_relaxed(relaxed)
     dispatch = deployment.dispatch
     windows, objective = windows_of(counts, dispatch, objective, window_weights)
     stages = build(windows, deployment, method=method, objective=objective, previous=previous, tolerance=tolerance,
                    max_moves=max_moves, max_off_node=max_off_node, copy_cost=copy_cost, options=options, change=change,
                    survive=survive)
     return run(windows, deployment, stages, method, notes={"relaxed": relaxed} if relaxed else None)
+
+
+def _deployment_of(counts, deployment, keywords: dict, previous, gpu_map):
+    """:func:`plan`'s deployment (built from ``keywords`` when ``None``; a :class:`DeploymentChange`'s
+    new one), the change it crosses (or ``None``) and what :func:`fit_groups` relaxed (one warning)."""
+    change = deployment if isinstance(deployment, DeploymentChange) else None
+    if change is not None:
+        deployment = change.new
+    if deployment is None:
+        deployment = make_deployment(counts.shape[-1], keywords["num_slots"], keywords["num_gpus"],
+                                     keywords["num_nodes"], keywords["num_groups"], keywords["topology"],
+                                     dispatch=keywords["dispatch"])
+    else:  # the value, with none of the keywords that would build it
+        defaults = {"num_slots": None, "num_gpus": None, "num_nodes": 1, "num_groups": None, "topology": None,
+                    "dispatch": "uniform"}
+        spelled = {name: value for name, value in keywords.items() if value != defaults[name]}
+        deployment = deployment_argument(deployment, spelled, "plan", num_experts=counts.shape[-1])
+    change = change_of(previous, deployment, gpu_map, change)
+    deployment, relaxed = fit_groups(deployment, spill=change is not None)
+    warn_relaxed(relaxed, stacklevel=5)
+    return deployment, change, relaxed
 
 
 def change_of(previous, deployment: Deployment, gpu_map, change: DeploymentChange | None) -> DeploymentChange | None:

@@ -162,8 +162,7 @@ def migrate(weights: np.ndarray, deployment: Deployment, previous: np.ndarray, s
                           budgets=budgets, spread=spread, best=(local, local_changes, local_peak), reference=reference)
     # the relabelled fresh plan is only needed where the local search missed the target
     missed = np.flatnonzero(local_peak > target)
-    relabelled = local.copy()
-    fresh_changes = np.full(num_layers, num_slots + 1, np.int64)
+    relabelled, fresh_changes = local.copy(), np.full(num_layers, num_slots + 1, np.int64)
     fresh_peak = np.full(num_layers, np.inf)
     if missed.size:
         before = np.ascontiguousarray(previous[missed])
