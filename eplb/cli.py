@@ -1301,7 +1301,8 @@ def _plan_across_change(params: dict, command_start: float) -> None:
     if p["layer_updates_per_iter"] and output_format != "trtllm":
         raise click.BadParameter(f"applies to TensorRT-LLM YAML output only, not to {output_format} output",
                                  param_hint="--layer-updates-per-iter")
-    _check_flag_sizes(slots=p["slots"], gpus=p["gpus"], nodes=p["nodes"], groups=p["groups"])
+    _check_flag_sizes(slots=p["slots"], gpus=p["gpus"], nodes=p["nodes"], groups=p["groups"],
+                      **{"num-layers": p["num_layers"]})
     _refuse_input_as_output(p["output"], [p["counts"], p["previous"]])
     if output_format == "sglang":
         from .io.formats.sglang import sidecar_path
@@ -1311,7 +1312,7 @@ def _plan_across_change(params: dict, command_start: float) -> None:
     data = _read_plan_counts(p["counts"], p["input_format"], p["transpose"], p["allow_shape"], p["phase"],
                              p["passes_per_window"])
     weights = data.weights
-    model_layers = _check_model_layers(p["num_layers"], data)
+    data, model_layers = _model_layers(data, p["layer_ids"], p["model_preset"], p["num_layers"], output_format)
     prev = _read_previous(p["previous"], p["previous_format"], None, None, None, data.layer_ids)
     old = prev.placement
     if all(p[name] is None for name in CHANGE_FLAGS) and (old.num_layers, old.num_experts) != weights.shape:

@@ -70,12 +70,12 @@ def test_greedy_refuses_uneven_layouts_clearly():
         eplb.plan(counts, topology=topology, method="greedy")
 
 
-def test_previous_placement_from_another_layout_is_refused():
+def test_previous_placement_from_another_layout_is_re_planned_across_the_change():
     counts = drifting_counts(1, 2, 64, seed=0)[0]
     before = eplb.plan(counts, num_slots=72, num_gpus=8)
     drained = eplb.Topology.from_layout(72, 8, masked_gpus=[3])
-    with pytest.raises(ValueError, match="same topology"):
-        eplb.plan(counts, topology=drained, previous=before)
+    after = eplb.plan(counts, topology=drained, previous=before)
+    assert after.info["lost_gpus"] == [3] and (after.info["copies"] >= after.info["copy_floor"]).all()
 
 
 def test_balancer_on_a_masked_uneven_deployment_without_groups():
