@@ -1313,7 +1313,7 @@ def _plan_across_change(params: dict, command_start: float) -> None:
                              p["passes_per_window"])
     weights = data.weights
     data, model_layers = _model_layers(data, p["layer_ids"], p["model_preset"], p["num_layers"], output_format)
-    prev = _read_previous(p["previous"], p["previous_format"], None, None, None, data.layer_ids)
+    prev = _read_previous(p["previous"], p["previous_format"], None, None, None, data)
     old = prev.placement
     if all(p[name] is None for name in CHANGE_FLAGS) and (old.num_layers, old.num_experts) != weights.shape:
         # flags that differ from a placement of other experts or layers: not a change, a mismatch (exit 1)
