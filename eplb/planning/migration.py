@@ -97,7 +97,7 @@ class Carried:
         return Carried(np.ascontiguousarray(self.slots[rows]), self.recover_to[rows], self.groups)
 
 
-RESTARTS = ("steepest", "recount", "regroup")  # the searches tried where the first one stalls
+RESTARTS = ("steepest", "recount", "regroup", "ungrouped")  # the searches tried where the first one stalls
 SPREAD_WARNING = "previous spreads expert groups over nodes"  # opens the warning that max_moves cannot gather them
 TINY_MIGRATION_SLOTS = 16  # layers with at most this many slots also get an exhaustive search for fewer changes
 BOUND_FIRST_SLOTS = 128
@@ -127,9 +127,8 @@ def migrate(weights: np.ndarray, deployment: Deployment, previous: np.ndarray, s
         exact: ``None``, or the options (``time_limit``, ``workers``) of the CP-SAT model of
             :mod:`eplb.planning.exact_migration`, warm-started from the search's result: the fewest changed
             slots within the tolerance (and the budget), proven per layer where the solver finishes.
-        carried: across a deployment change, the placement in service carried (:class:`Carried`):
-            changes are counted against it (``previous``: its repair, where the search starts), and
-            the target is no lower than its ``recover_to * (1 + tolerance)``.
+        carried: across a deployment change, the placement in service carried (:class:`Carried`; the
+            target no lower than its ``recover_to * (1 + tolerance)``): changes are counted against it.
     Returns:
         ``phy2log [L, S]`` and info: ``slots_changed [L]``, ``scratch_max_load [L]``,
         ``from_scratch [L]`` bool (the layer took the relabelled fresh plan: the local search
@@ -159,7 +158,8 @@ def migrate(weights: np.ndarray, deployment: Deployment, previous: np.ndarray, s
             np.ascontiguousarray(reference[kept]), layout, target[kept], budgets[kept], 2 * num_slots, True)
         local_peak[kept] = _peaks(weights[kept], local[kept], topology)
     _restart_where_missed(weights, deployment, previous, scratch, layout=layout, target=target, budget=budget,
-                          budgets=budgets, spread=spread, best=(local, local_changes, local_peak), reference=reference)
+                          budgets=budgets, spread=spread, best=(local, local_changes, local_peak), reference=reference,
+                          ungrouped=getattr(carried, "groups", None) is not None)
     # the relabelled fresh plan is only needed where the local search missed the target
     missed = np.flatnonzero(local_peak > target)
     relabelled = local.copy()
@@ -174,7 +174,6 @@ def migrate(weights: np.ndarray, deployment: Deployment, previous: np.ndarray, s
             weights[missed], matched, np.ascontiguousarray(reference[missed]), layout, target[missed],
             budgets[missed], 0, True)
         fresh_peak[missed] = _peaks(weights[missed], relabelled[missed], topology)
-
     use_fresh = spread.copy()
     for layer in kept:
         use_fresh[layer] = fresh_changes[layer] <= budget and _better(
@@ -214,13 +213,17 @@ def migrate(weights: np.ndarray, deployment: Deployment, previous: np.ndarray, s
 
 
 def _restart_where_missed(weights, deployment, previous, scratch, *, layout, target, budget, budgets, spread,
-                          best, reference) -> None:
+                          best, reference, ungrouped=False) -> None:
     """Where the search from the previous placement stalls above the target, search again: (a) by
     steepest descent, (b) from the previous placement with the fresh plan's replica counts, and in
-    hierarchical mode (c) with whole groups moved to the nodes the fresh plan gives them. A restart
-    replaces a layer of ``best = (local [L, S], local_changes [L], local_peak [L])`` (updated in
-    place) where it is better and within the layer's budget; changes are counted against
-    ``reference [L, S]`` (:func:`migrate`)."""
+    hierarchical mode (c) with whole groups moved to the nodes the fresh plan gives them; (d) with
+    ``ungrouped`` (a relaxed hierarchy across a change, whose groups only the search keeps on their
+    home nodes: ``layout`` has them, ``deployment`` not), from the best so far with experts free to
+    leave their group's nodes, before the fresh plan, which keeps no group anywhere, is taken
+    (DeepSeek-V3 size, a GPU lost, 4 nodes / 8 groups: one layer took the relabelled fresh plan at
+    219 copies where this reaches the target at 41). A restart replaces a layer of ``best = (local [L, S], local_changes [L], local_peak
+    [L])`` (updated in place) where it is better and within the layer's budget; changes are counted
+    against ``reference [L, S]`` (:func:`migrate`)."""
     local, local_changes, local_peak = best
     topology = deployment.topology
     num_slots = topology.num_slots
@@ -228,9 +231,13 @@ def _restart_where_missed(weights, deployment, previous, scratch, *, layout, tar
     for restart in RESTARTS:
         if restart == "regroup" and not (deployment.hierarchical and topology.num_nodes > 1):
             continue
+        if restart == "ungrouped" and not ungrouped:
+            continue
         missed = np.flatnonzero((local_peak > target) & ~spread)
         if restart == "steepest":
             starts = [(layer, previous[layer]) for layer in missed]
+        elif restart == "ungrouped":
+            starts = [(layer, local[layer]) for layer in missed]
         elif restart == "recount":
             starts = [(layer, _recounted(weights[layer], previous[layer], scratch[layer], topology, group_of_expert,
                                          deployment.hierarchical)) for layer in missed]
@@ -241,8 +248,9 @@ def _restart_where_missed(weights, deployment, previous, scratch, *, layout, tar
         if starts:
             rows = np.array([layer for layer, _ in starts])
             tried, tried_changes, _ = search_near_previous(
-                weights[rows], np.stack([row for _, row in starts]), np.ascontiguousarray(reference[rows]), layout,
-                target[rows], budgets[rows], 2 * num_slots, restart != "steepest")
+                weights[rows], np.stack([row for _, row in starts]), np.ascontiguousarray(reference[rows]),
+                search_layout(deployment, weights.shape[1]) if restart == "ungrouped" else layout, target[rows],
+                budgets[rows], 2 * num_slots, restart != "steepest")
             tried_peak = _peaks(weights[rows], tried, topology)
             for i, layer in enumerate(rows):
                 if tried_changes[i] <= budget and _better(tried_peak[i], tried_changes[i], local_peak[layer],
