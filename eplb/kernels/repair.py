@@ -71,7 +71,8 @@ def _place_orphan(w, row, e, cnt, x, lay, allowed):
 def _fill_hole(w, row, cnt, has, x, lay, expert_node):
     """Fill one hole, on the lightest GPU that has one, with a replica of the expert of the
     largest per-replica load it may take (on its node, not yet on that GPU; a second replica on
-    the GPU only when every allowed expert is there already). Returns False if no expert may go."""
+    the GPU only when every allowed expert is there already); ``x [G]`` updated. Returns False if
+    no expert may go."""
     gpu_of_slot, node_of_gpu = lay
     hole = np.int64(-1)
     for s in range(row.shape[0]):
@@ -82,16 +83,21 @@ def _fill_hole(w, row, cnt, has, x, lay, expert_node):
     for f in range(w.shape[0]):
         if expert_node[f] >= 0 and expert_node[f] != node_of_gpu[g]:
             continue
-        if has[g, f] == 0 and (best < 0 or w[f] / cnt[f] > w[best] / cnt[best]):
+        # per-replica loads compared as w[f] / cnt[f] > w[b] / cnt[b], without a division per expert
+        if has[g, f] == 0 and (best < 0 or w[f] * cnt[best] > w[best] * cnt[f]):
             best = f
-        if doubled < 0 or w[f] / cnt[f] > w[doubled] / cnt[doubled]:
+        if doubled < 0 or w[f] * cnt[doubled] > w[doubled] * cnt[f]:
             doubled = f
     f = best if best >= 0 else doubled
     if f < 0:
         return False
     row[hole] = f
+    before, after = w[f] / cnt[f], w[f] / (cnt[f] + 1)
     cnt[f] += 1
     has[g, f] += 1
+    for s in range(row.shape[0]):  # the loads, updated: f's holders give up a share to the new replica
+        if row[s] == f:
+            x[gpu_of_slot[s]] += after - (before if s != hole else 0.0)
     return True
 
 
@@ -168,5 +174,4 @@ def repair_carried(weights, carried, gpu_of_slot, node_of_gpu, num_gpus, expert_
                     w, row, cnt, has, x, lay, anywhere)):
                 ok[layer] = False
                 break
-            _loads(w, row, cnt, gpu_of_slot, x)
     return out, ok

@@ -388,3 +388,22 @@ def test_cp_sat_proves_the_heuristic_copies_no_fewer_than_the_fewest_for_its_max
     check_step(exact, counts, change, old.phy2log, spread=False)
     proven = exact.info["fewest_changes_proven"]
     np.testing.assert_array_equal(exact.info["copies"][proven], exact.info["fewest_changes_bound"][proven])
+
+
+def test_a_sequence_of_changes_does_not_lose_a_tolerance_at_every_step():
+    # 2 -> 4 -> 8 -> 4 -> 2 nodes of 8 GPUs: each step re-planned from the last; a service already
+    # within the tolerance of a fresh plan is held to the fresh plan's target, not to its own balance
+    from eplb.simulation.synthetic import deepseek_v3_counts
+
+    counts = deepseek_v3_counts()[:6]
+    steps = [eplb.Deployment.of(256, num_slots=nodes * 8 * slots, num_gpus=nodes * 8, num_nodes=nodes)
+             for nodes, slots in ((2, 18), (4, 9), (8, 5), (4, 9), (2, 18))]
+    placement = eplb.plan(counts, steps[0])
+    for new in steps[1:]:
+        change = eplb.DeploymentChange(placement.deployment, new)
+        after = eplb.plan(counts, change, previous=placement, tolerance=0.01)
+        check_step(after, counts, change, placement.phy2log)
+        fresh = eplb.plan(counts, new).balancedness(counts)
+        assert (after.balancedness(counts) >= fresh / 1.01 - 1e-9).all()
+        assert after.info["copies"].sum() <= 1.4 * after.info["copy_floor"].sum()
+        placement = after
