@@ -99,16 +99,10 @@ def plan(counts, deployment: Deployment | None = None, *, num_slots=None, num_gp
             gpu_map). The plan is re-planned from the placement in service across the change
             (:mod:`eplb.planning.replan`): every expert present on the surviving GPUs, close to what
             they hold; ``info`` gives ``change``, ``orphans``, ``copies`` and ``copy_floor`` per layer.
-        survive: ``"gpu"`` or ``"node"``: place replicas so that losing any one GPU (node) orphans as
-            few tokens as possible (:mod:`eplb.planning.survivability`): with slots for it (``S >=
-            2 E`` on a uniform deployment), every expert on two GPUs (nodes), whatever the balance
-            costs; otherwise the heaviest experts, while the max GPU load stays within
-            :data:`~eplb.planning.survivability.SURVIVE_TOLERANCE` of the plan's. Combines with
-            series, ``previous=`` (GPUs keep their numbers) and every dispatch rule; not with
-            ``max_off_node`` or ``max_moves``, and ``"node"`` not with a hierarchical deployment.
-            ``None``: no such stage. Every plan's ``info`` reports ``worst_gpu_loss`` and
-            ``worst_node_loss``: the largest share of ``counts``' tokens (all layers) whose expert
-            loses every replica when one GPU / one node is lost (:mod:`eplb.analysis.exposure`).
+        survive: ``"gpu"`` / ``"node"``: losing any one GPU (node) orphans as few tokens as possible;
+            with ``S >= 2 E``, every expert on two GPUs (nodes) (:mod:`eplb.planning.survivability`,
+            and what it combines with). Every plan's ``info`` has ``worst_gpu_loss`` and
+            ``worst_node_loss``, the share of tokens one loss orphans (:mod:`eplb.analysis.exposure`).
         **options: passed to the method.
     Returns:
         A :class:`Placement` (with ``home_node`` when hierarchical); its ``max_load``, ``lower_bound`` and ``gap`` on ``counts`` are
