@@ -272,14 +272,13 @@ def _deployed(tmp_path, gpus: int):
 
 
 @pytest.mark.parametrize("previous", ["deployed.yaml", "deployed.json", "deployed_eplb.json"])
-def test_previous_planned_for_other_gpus_is_refused_in_every_format(tmp_path, previous):
+def test_previous_planned_for_other_gpus_is_re_planned_across_the_change_in_every_format(tmp_path, previous):
     pytest.importorskip("yaml", reason="pyyaml is an optional extra")
     _deployed(tmp_path, gpus=4)
-    _, err = invoke("plan", "counts.npy", "--slots", "48", "--gpus", "8", "--previous", previous, "-o", "new.json",
-                    cwd=tmp_path, expect=1)
-    assert err.startswith("Error: ") and err.count("\n") == 1, err
-    assert previous in err and "4" in err and "8" in err and "GPUs" in err
-    assert not (tmp_path / "new.json").exists()
+    out, _ = invoke("plan", "counts.npy", "--slots", "48", "--gpus", "8", "--previous", previous, "-o", "new.json",
+                    cwd=tmp_path)
+    assert "added" in out and (tmp_path / "new.json").exists()  # a deployment change: grown from 4 to 8 GPUs
+    (tmp_path / "new.json").unlink()
     # the same deployment is accepted, and its moves counted against it
     out, _ = invoke("plan", "counts.npy", "--slots", "48", "--gpus", "4", "--previous", previous, "-o", "new.json",
                     cwd=tmp_path)
