@@ -8,7 +8,6 @@ import json
 
 import numpy as np
 import pytest
-import yaml
 
 import eplb
 from eplb.io.formats import read_placement
@@ -123,6 +122,7 @@ def test_hardware_and_expert_size_price_the_recovery(deployed):
 # -- engine files for the new deployment --------------------------------------------------------------------
 
 def test_trtllm_yaml_and_npz_for_a_grown_deployment(deployed):
+    yaml = pytest.importorskip("yaml", reason="TensorRT-LLM's YAML needs the optional 'trtllm' extra")
     invoke("plan", "c.npy", "--previous", "dep.json", "--gpus", "24", "-o", "grown.yaml", cwd=deployed)
     config = yaml.safe_load((deployed / "grown.yaml").read_text())
     assert config["num_slots"] == 120 and sorted(config["initial_global_assignments"]) == list(range(6))
