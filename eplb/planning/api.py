@@ -125,7 +125,11 @@ def plan(counts, deployment: Deployment | None = None, *, num_slots=None, num_gp
 
 def _deployment_of(counts, deployment, keywords: dict, previous, gpu_map):
     """:func:`plan`'s deployment (built from ``keywords`` when ``None``; a :class:`DeploymentChange`'s
-    new one), the change it crosses (or ``None``) and what :func:`fit_groups` relaxed (one warning)."""
+    new one), the change it crosses (or ``None``) and what :func:`fit_groups` relaxed (one warning).
+    With ``previous``, a hierarchy whose groups no longer fit is planned without the rule, close to
+    the placement in service, as the :class:`eplb.Balancer` plans it: regrouping it into units, as a
+    plan from scratch does, moves most slots again (DeepSeek-V3 size, 4 nodes / 8 groups, a GPU
+    lost, drifted counts: 241 of 279 slots a layer, against 35 and a better balance)."""
     change = deployment if isinstance(deployment, DeploymentChange) else None
     if change is not None:
         deployment = change.new
@@ -139,7 +143,9 @@ def _deployment_of(counts, deployment, keywords: dict, previous, gpu_map):
         spelled = {name: value for name, value in keywords.items() if value != defaults[name]}
         deployment = deployment_argument(deployment, spelled, "plan", num_experts=counts.shape[-1])
     change = change_of(previous, deployment, gpu_map, change)
-    deployment, relaxed = fit_groups(deployment, spill=change is not None)
+    deployment, relaxed = fit_groups(deployment, spill=previous is not None)
+    if relaxed and previous is not None and change is None:
+        relaxed = relaxed.split(";")[0] + "; planned without the groups' rule, close to the placement in service"
     warn_relaxed(relaxed, stacklevel=5)
     return deployment, change, relaxed
 

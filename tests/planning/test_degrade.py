@@ -67,3 +67,25 @@ def test_every_hierarchical_deployment_that_holds_every_expert_is_planned(nodes,
     if placement.num_groups is not None:
         assert _units_on_one_node(placement, placement.num_groups)
     assert (placement.lower_bound <= placement.max_load * (1 + 1e-9)).all()
+
+
+def test_a_rebalance_on_a_relaxed_deployment_stays_close_to_the_placement_in_service():
+    # 4 nodes / 8 groups of 16 experts, 9 slots per GPU; GPU 1 lost: node 0 holds fewer than 2 whole groups.
+    # Regrouping into units, as a plan from scratch does, moved most slots; from the placement in
+    # service the plan moves few slots and balances about as well.
+    rng = np.random.default_rng(4)
+    counts = rng.gamma(0.7, 100.0, (4, 128))
+    old = eplb.plan(counts, num_slots=144, num_gpus=16, num_nodes=4, num_groups=8)
+    change = eplb.DeploymentChange.lose(old.deployment, [1])
+    with pytest.warns(RuntimeWarning, match=RELAXED_WARNING):
+        in_service = eplb.plan(counts, change, previous=old)
+    drifted = counts * rng.lognormal(0.0, 0.3, counts.shape)
+    with pytest.warns(RuntimeWarning, match=RELAXED_WARNING):
+        again = eplb.plan(drifted, change.new, previous=in_service)
+        scratch = eplb.plan(drifted, change.new)
+    changed = (again.phy2log != in_service.phy2log).sum(axis=1)
+    assert (changed <= 0.4 * change.new.num_slots).all(), changed
+    assert ((scratch.phy2log != in_service.phy2log).sum(axis=1) > changed).all()
+    assert again.max_load.mean() <= scratch.max_load.mean() * 1.02
+    assert "close to the placement in service" in again.info["relaxed"]
+    assert all(set(row) == set(range(128)) for row in again.phy2log)
