@@ -374,13 +374,14 @@ class BalancerPolicy(Policy):
         return placement
 
     def redeploy(self, step: int, change: DeploymentChange, placement: Placement, deployment: PolicyContext):
-        """eplb's re-plan across the change from the placement in service, for the Balancer's
-        window (its method, tolerance and move budget); then a Balancer on the new deployment
-        serves on, its window empty."""
+        """The Balancer's own re-plan across the change (``rebalance(deployment=...)``) from the
+        placement every layer holds: its window carries over, so its next decisions on the new
+        deployment are made from the traffic seen before the change too."""
         balancer = self.balancer
-        new = plan(balancer.window_counts(), change, previous=placement, method=balancer.method,
-                   tolerance=balancer.tolerance, max_moves=balancer.max_moves)
-        self.start(new, deployment)
+        if not np.array_equal(balancer.placement.phy2log, placement.phy2log):  # a rebalance was being applied
+            balancer.commit(placement)
+        new, _ = balancer.rebalance(deployment=DeploymentChange(
+            balancer.deployment, replace(change.new, dispatch="uniform"), change.gpu_map))
         return new
 
 

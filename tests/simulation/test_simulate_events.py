@@ -206,6 +206,19 @@ def test_the_engine_timers_and_the_balancer_plan_on_after_a_loss_in_a_hierarchic
         assert (result.rebalance_steps > 7).any()
 
 
+def test_the_balancer_policy_keeps_its_window_across_a_change():
+    """The Balancer re-plans across the change itself (``rebalance(deployment=)``): the traffic it
+    saw before the loss still counts in its decisions after it."""
+    deployment = eplb.Deployment.of(16, num_slots=24, num_gpus=4)
+    policy = eplb.BalancerPolicy(check_every=5, window=100, min_gain=0.0, cost_model=None)
+    series = _series(steps=30)
+    result = simulate(series, deployment, policy=policy, cost_model=COMPUTE, events={12: Resize("fail-gpu", 2)})
+    balancer = policy.balancer
+    assert balancer.topology.slots_per_gpu.tolist() == result.final_placement.topology.slots_per_gpu.tolist()
+    assert balancer.steps == 30  # one Balancer from the first step to the last
+    np.testing.assert_allclose(balancer.window_counts(), np.sum(series, axis=0), rtol=1e-9)
+
+
 def test_a_policy_without_redeploy_gets_the_donor_repair():
     class Quiet:
         def start(self, placement, deployment):
