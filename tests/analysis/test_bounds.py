@@ -3,6 +3,7 @@
 import itertools
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from strategies import problems
@@ -73,6 +74,7 @@ def tiny_weights(draw_seed, num_experts):
     return rng.random((2, num_experts)) * 100
 
 
+@pytest.mark.slow  # brute force over 40 cases: 26 s; the fast tier keeps the other bound checks
 @settings(max_examples=40)
 @given(tiny_cases(), st.integers(0, 2**32 - 1))
 def test_every_bound_is_at_most_the_brute_force_optimum(case, seed):

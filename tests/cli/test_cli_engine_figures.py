@@ -236,6 +236,7 @@ def test_sweep_flags_get_a_usage_error(steps, flags, named):
     assert named in err and "Traceback" not in err
 
 
+@pytest.mark.slow  # two simulated sweeps: 25 s
 def test_sweep_says_a_runs_warning_once_and_check_every_makes_the_balancer_act(steps):
     args = ("sweep", "steps.npy", "--extra-slots", "0,1", "--gpus", "8", "--nodes", "1,2", "-p", "balancer",
             "--model", "gpt-oss-20b", "--workers", "2")

@@ -53,6 +53,7 @@ def predicted_step_time(window, phy2log, cost, routed, seed, t) -> float:
     return float(cost.gpu_time(tokens, active).max(axis=2).sum(axis=1).mean())
 
 
+@pytest.mark.slow  # 25 sampled series: 18 s
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.integers(1, 4), st.integers(8, 24), st.integers(0, 2**16))
 def test_each_token_goes_to_one_replica_of_its_expert_at_random(num_gpus, extra, seed):
