@@ -451,6 +451,30 @@ def headline(results_dir: Path):
                f"{worst['median_ms']} / {worst['p99_ms']} ms ({worst['configuration']})", "<= 100 ms")
 
 
+def readme_rows(results_dir: Path) -> list[tuple[str, str, str]]:
+    """The README's rows: a GPU and a node lost at DeepSeek-V3 size (the synthetic counts), the
+    default re-plan beside the engines' answers (from scratch, donor repair): copies and
+    balancedness in sample."""
+    path = Path(results_dir) / "elastic.csv"
+    if not path.exists():
+        return []
+    rows = [r for r in read_csv(path) if r["family"].startswith("DeepSeek-V3 synthetic")]
+
+    def cell(configuration, plan):
+        r = next(r for r in rows if r["configuration"] == configuration and r["plan"].startswith(plan)
+                 and (plan != "eplb re-plan" or r["plan"].endswith("(default)")))
+        return f"{int(r['copies']):,} copies ({r['copies_per_floor']}x the floor), balancedness {r['balance_in_sample']}"
+
+    out = []
+    for configuration in (configurations(False, 256)[0].name, configurations(False, 256)[1].name):
+        if any(r["configuration"] == configuration for r in rows):
+            out.append((f"DeepSeek-V3 size, {configuration}: weight copies and balancedness after the change",
+                        f"`eplb.plan(counts, change, previous=in_service)`: {cell(configuration, 'eplb re-plan')}",
+                        f"from scratch (vLLM, SGLang): {cell(configuration, 'from scratch')}; donor repair: "
+                        f"{cell(configuration, 'donor repair')}"))
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
