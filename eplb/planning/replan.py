@@ -102,14 +102,11 @@ def unit_nodes(weights: np.ndarray, carried: np.ndarray, deployment: Deployment)
     out = np.empty((num_layers, num_experts), np.int64)
     for layer in range(num_layers):
         row = carried[layer]
-        held = row >= 0
-        votes = np.zeros((units, topology.num_nodes), np.int64)
-        np.add.at(votes, (row[held] // size, node_of_slot[held]), 1)
         unit_load = weights[layer].reshape(units, size).sum(axis=1)
         present = np.zeros(num_experts, bool)
-        present[row[held]] = True
+        present[row[row >= 0]] = True
         orphans = (~present).reshape(units, size).sum(axis=1)
-        node = np.where(votes.max(axis=1) > 0, votes.argmax(axis=1), -1)
+        node = _most_held(row, size, units, node_of_slot, topology.num_nodes)
         for n in range(topology.num_nodes):
             members = np.flatnonzero(node == n)
             # leave: most orphans first, then the lightest, then the highest index
@@ -138,17 +135,22 @@ def home_nodes_of(weights: np.ndarray, carried: np.ndarray, deployment: Deployme
     node_of_slot = topology.node_of_gpu[topology.gpu_of_slot]
     out = np.empty((num_layers, num_experts), np.int64)
     for layer in range(num_layers):
-        row = carried[layer]
-        held = row >= 0
-        votes = np.zeros((groups, topology.num_nodes), np.int64)
-        np.add.at(votes, (row[held] // size, node_of_slot[held]), 1)
-        node = np.where(votes.max(axis=1) > 0, votes.argmax(axis=1), -1)
+        node = _most_held(carried[layer], size, groups, node_of_slot, topology.num_nodes)
         load = weights[layer].reshape(groups, size).sum(axis=1)
         for g in sorted(np.flatnonzero(node < 0).tolist(), key=lambda g: (-load[g], g)):
             room = topology.slots_per_node - np.bincount(node[node >= 0], minlength=topology.num_nodes) * size
             node[g] = int(np.argmax(room))
         out[layer] = np.repeat(node, size)
     return out
+
+
+def _most_held(row: np.ndarray, size: int, units: int, node_of_slot: np.ndarray, num_nodes: int) -> np.ndarray:
+    """``[units]`` int64: the node holding most of each unit's (``size`` consecutive experts)
+    replicas in ``row [S]`` (``-1`` holes; lowest node on ties), ``-1`` for a unit with none."""
+    held = row >= 0
+    votes = np.zeros((units, num_nodes), np.int64)
+    np.add.at(votes, (row[held] // size, node_of_slot[held]), 1)
+    return np.where(votes.max(axis=1) > 0, votes.argmax(axis=1), -1)
 
 
 def _repair(weights: np.ndarray, carried: np.ndarray, deployment: Deployment, expert_node: np.ndarray, *,
