@@ -277,18 +277,36 @@ def hedge_near(windows: np.ndarray, window_weights, deployment: Deployment, prev
 class Survive:
     """Replicas spread over the failure domains of ``domain`` (``"gpu"`` or ``"node"``,
     :func:`eplb.planning.survivability.survivable`); near the placement in service (``previous [L,
-    S]`` given) the GPUs keep their numbers and ``info["slots_changed"]`` counts against it."""
+    S]`` given) the GPUs keep their numbers and ``info["slots_changed"]`` counts against it.
+
+    After a :class:`Hedge` from scratch (``hedge``), the spread plan is searched over the windows
+    as the hedge searches (cross-validated, each fold's start the hedge's start refitted and
+    spread), with its replica counts kept, then spread again without a descent on the summed
+    counts below its own peak: the spread's descent alone would fit the windows' sum and undo the
+    hedge (``info["survive_hedge_steps"] [L]``: the search's steps each layer kept)."""
 
     domain: str
     previous: np.ndarray | None = None
+    hedge: Hedge | None = None
     name = "survive"
 
     def __call__(self, windows: Windows, deployment: Deployment, planned: Planned) -> Planned:
+        hedge_of, steps = None, {}
+        if self.hedge is not None and self.previous is None and windows.is_series:
+            start = self.hedge.start
+
+            def hedge_of(rows, spread_of):
+                refit = lambda summed, layers: spread_of(summed, start.refit(deployment, summed, layers))  # noqa: E731
+                result = hedge_windows(windows.series, rows, deployment, windows.window_weights, start_of=refit,
+                                       replica_moves=False)
+                steps["survive_hedge_steps"] = result.steps
+                return result.phy2log
+
         phy2log, info = survivable(windows.weights, planned.phy2log, deployment, self.domain,
-                                   renumber=self.previous is None)
+                                   renumber=self.previous is None, hedge_of=hedge_of)
         if self.previous is not None:
             info["slots_changed"] = (phy2log != self.previous).sum(axis=1)
-        return replace(planned, phy2log=phy2log, info={**planned.info, **info})
+        return replace(planned, phy2log=phy2log, info={**planned.info, **info, **steps})
 
 
 # -- stage 4: for the deployment's rule --------------------------------------------------------------
@@ -422,7 +440,8 @@ def build(windows: Windows, deployment: Deployment, *, method: str, objective: s
     if searched and not (isinstance(start, Near) and max_moves is not None):  # a move budget is the start's to keep
         stages.append(Hedge(start, objective, copy_cost))
     if survive is not None:
-        stages.append(Survive(survive, start.previous if isinstance(start, Near) else None))
+        hedged = stages[-1] if isinstance(stages[-1], Hedge) and not isinstance(start, Near) else None
+        stages.append(Survive(survive, start.previous if isinstance(start, Near) else None, hedged))
     if kind == "optimal" and isinstance(start, Estimated):
         stages.append(ForOptimalDispatch())
     elif kind == "engine":

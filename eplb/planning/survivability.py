@@ -123,18 +123,58 @@ def _spread_order(w: np.ndarray, spread: SpreadState, pack: PackState, gpus: np.
 
 
 def survivable(weights: np.ndarray, phy2log: np.ndarray, deployment: Deployment, survive: str, *,
-               renumber: bool = True, tolerance: float = SURVIVE_TOLERANCE, max_steps: int = SPREAD_STEPS
-               ) -> tuple[np.ndarray, dict]:
+               renumber: bool = True, tolerance: float = SURVIVE_TOLERANCE, max_steps: int = SPREAD_STEPS,
+               hedge_of=None) -> tuple[np.ndarray, dict]:
     """The plan ``phy2log [L, S]`` for ``weights [L, E]`` spread over the failure domains of
     ``survive`` and, with ``renumber``, its GPUs numbered to even out the exposure (module notes).
 
     Without ``renumber`` (near a placement in service) each zone's descents stop at the plan's own
-    peak. The plan given is returned instead when the spread one would leave a single loss more
+    peak. ``hedge_of(phy2log, spread_of) -> phy2log``, if given (a series), searches the spread plan
+    over the windows keeping its replica counts (:meth:`eplb.planning.pipeline.Survive`;
+    ``spread_of(weights [C, E], phy2log [C, S])`` spreads another plan the same way, for the
+    search's cross-validation starts); the searched plan is spread again with descents that stop
+    at its own peak (so the descent on the summed counts does not undo the search) and a layer
+    keeps it where no more of its tokens sit in one domain than before (``survive_hedged [L]``).
+    The plan given is returned instead when the spread one would leave a single loss more
     exposed (``survive_kept_plan``), so the exposure is never worse than the plan's. Returns
     ``phy2log [L, S]`` int64 and info: ``survive`` (the domain), ``survive_short [L]`` (experts per
     layer the spread left in one domain although the zone's slots could spread every expert; 0 on
     uniform deployments), ``survive_kept_plan`` and, hierarchical, ``survive_regrouped`` (layers re-placed with the
     groups spread evenly over the nodes, :func:`even_groups`)."""
+    topology = deployment.topology
+    domain = failure_domains(deployment, survive)
+    num_domains = int(domain.max()) + 1
+    domain_of_slot = domain[topology.gpu_of_slot]
+    given, regrouped = phy2log, 0
+    if renumber and deployment.hierarchical and survive == "gpu":
+        phy2log, regrouped = even_groups(weights, phy2log, deployment)
+    spread = lambda w, rows, descend: _spread_rows(w, rows, deployment, survive, tolerance, max_steps, descend)  # noqa: E731
+    out, short = spread(weights, phy2log, renumber)
+    hedged = None
+    if hedge_of is not None:
+        searched, searched_short = spread(weights, hedge_of(out, lambda w, rows: spread(w, rows, renumber)[0]), False)
+        sole = lambda rows: orphaned_tokens(weights, rows, domain_of_slot, num_domains).sum(axis=1)  # noqa: E731
+        hedged = (searched_short <= short) & (sole(searched) <= sole(out))
+        out = np.where(hedged[:, None], searched, out)
+        short = np.where(hedged, searched_short, short)
+    if renumber:
+        out = renumbered(weights, out, deployment, survive)
+    # never more exposed than the plan given (a move can leave another domain holding a lone expert)
+    worst = lambda rows: loss_shares(weights, rows, domain_of_slot, num_domains).max()  # noqa: E731
+    kept = bool(worst(out) > worst(given))
+    if kept:
+        out = given
+    info = {"survive": survive, "survive_short": short, "survive_kept_plan": kept}
+    if hedged is not None:
+        info["survive_hedged"] = hedged
+    return out, {**info, "survive_regrouped": regrouped} if deployment.hierarchical else info
+
+
+def _spread_rows(weights: np.ndarray, phy2log: np.ndarray, deployment: Deployment, survive: str, tolerance: float,
+                 max_steps: int, descend: bool) -> tuple[np.ndarray, np.ndarray]:
+    """Step 1 of the module notes on every layer of ``phy2log [L, S]`` (``weights [L, E]``):
+    ``(phy2log [L, S], short [L])``. With ``descend`` the descents lower each zone's heaviest GPU
+    as far as swaps go, else they stop at the plan's own peak."""
     topology = deployment.topology
     num_layers, num_experts = weights.shape
     domain = failure_domains(deployment, survive)
@@ -146,9 +186,6 @@ def survivable(weights: np.ndarray, phy2log: np.ndarray, deployment: Deployment,
     (pack, spread), backup = make(), make()
     offsets = np.ascontiguousarray(topology.slot_offsets)
     zones = _zones(deployment)
-    given, regrouped = phy2log, 0
-    if renumber and deployment.hierarchical and survive == "gpu":
-        phy2log, regrouped = even_groups(weights, phy2log, deployment)
     out = np.empty_like(phy2log)
     short = np.zeros(num_layers, np.int64)
     for layer in range(num_layers):
@@ -162,19 +199,10 @@ def survivable(weights: np.ndarray, phy2log: np.ndarray, deployment: Deployment,
             peak = float(pack.gpu_load[gpus].max())
             cap = np.inf if every else peak * (1 + tolerance)
             left = spread_layer(w, _spread_order(w, spread, pack, gpus), gpus, pack, spread, backup, cap,
-                                int(max_steps), 0.0 if renumber else peak)
+                                int(max_steps), 0.0 if descend else peak)
             short[layer] += left if every else 0
         store_state(pack.item_expert, pack.gpu_items, pack.gpu_fill, offsets, out[layer])
-    if renumber:
-        out = renumbered(weights, out, deployment, survive)
-    # never more exposed than the plan given (a move can leave another domain holding a lone expert)
-    domain_of_slot = domain[topology.gpu_of_slot]
-    worst = lambda rows: loss_shares(weights, rows, domain_of_slot, num_domains).max()  # noqa: E731
-    kept = bool(worst(out) > worst(given))
-    if kept:
-        out = given
-    info = {"survive": survive, "survive_short": short, "survive_kept_plan": kept}
-    return out, {**info, "survive_regrouped": regrouped} if deployment.hierarchical else info
+    return out, short
 
 
 def even_groups(weights: np.ndarray, phy2log: np.ndarray, deployment: Deployment) -> tuple[np.ndarray, int]:

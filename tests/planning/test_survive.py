@@ -118,6 +118,36 @@ def test_survive_combines_with_series_previous_and_engine_rules():
     assert_every_expert_on_two(sglang, "gpu")  # the rule's swaps keep the spread
 
 
+def test_survive_on_a_drifting_series_keeps_the_hedge_on_held_out_windows():
+    """At S = 2 E every expert keeps two replicas on two nodes; searching the spread plan over the
+    windows (not only descending on their sum) serves the windows after the series better than
+    spreading the hedged plan alone did (held-out mean over four series; 0.8899 -> 0.8977 when
+    written), and no series much worse."""
+    from eplb.analysis.loads import peak_loads
+    from eplb.model.deployment import Deployment
+    from eplb.planning.survivability import survivable
+
+    keywords = dict(num_slots=128, num_gpus=16, num_nodes=4)
+    deployment = Deployment.of(64, **keywords)
+
+    def held_out(rows, future):  # mean over windows and layers of mean / peak GPU load
+        peaks = [peak_loads(w, np.ascontiguousarray(rows), deployment.topology) for w in future]
+        return float(np.mean([(w.sum(axis=1) / 16 / p).mean() for w, p in zip(future, peaks)]))
+
+    new, old = [], []
+    for seed in range(4):
+        series = drifting_counts(12, 8, 64, seed=seed).astype(float)
+        recorded, future = series[:8], series[8:]
+        survived = eplb.plan(recorded, **keywords, survive="node")
+        assert_every_expert_on_two(survived, "node")
+        assert (survived.logcnt == 2).all() and survived.info["survive_hedge_steps"].shape == (8,)
+        spread_only, _ = survivable(recorded.sum(axis=0), eplb.plan(recorded, **keywords).phy2log, deployment, "node")
+        new.append(held_out(survived.phy2log, future))
+        old.append(held_out(spread_only, future))
+    assert np.mean(new) >= np.mean(old) + 0.003, (new, old)
+    assert min(n - o for n, o in zip(new, old)) >= -0.01, (new, old)
+
+
 def test_survive_near_an_already_survivable_placement_changes_few_slots():
     counts = skewed_counts(4, 32, seed=7).astype(float)
     keywords = dict(num_slots=64, num_gpus=8, num_nodes=2, survive="node")
@@ -169,11 +199,14 @@ def test_masked_topologies_spread_where_the_nodes_allow_it():
 def test_survive_is_deterministic_across_processes():
     script = textwrap.dedent("""
         import hashlib, eplb
-        from eplb.simulation.synthetic import skewed_counts
+        from eplb.simulation.synthetic import drifting_counts, skewed_counts
         counts = skewed_counts(5, 48, seed=9).astype(float)
         for survive, slots in (("gpu", 72), ("node", 96)):
             p = eplb.plan(counts, num_slots=slots, num_gpus=8, num_nodes=2, survive=survive)
             print(hashlib.sha256(p.phy2log.tobytes()).hexdigest())
+        series = drifting_counts(6, 3, 32, seed=4).astype(float)  # the windowed search after the spread
+        p = eplb.plan(series, num_slots=64, num_gpus=8, num_nodes=2, survive="node")
+        print(hashlib.sha256(p.phy2log.tobytes()).hexdigest())
     """)
     runs = [subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout
             for _ in range(2)]
