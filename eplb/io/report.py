@@ -29,8 +29,8 @@ from pathlib import Path
 import numpy as np
 
 from ..analysis import metrics
-from ..analysis.bounds import replica_bound, strongest_bound
-from ..planning.locality import busiest_nodes, node_cap_bound, off_node_tokens
+from ..analysis.bounds import strongest_bound
+from ..planning.locality import any_split_bound, busiest_nodes, off_node_tokens
 from ..model.deployment import Deployment, make_deployment
 from ..analysis.metrics import moe_layers, moe_mean
 from ..engines import DISPATCH_RULES
@@ -135,20 +135,16 @@ def _split_bound(weights: np.ndarray, placement, dispatch: str) -> Bound:
     (:func:`eplb.planning.locality.node_cap_bound`). The placement is among those it ranges over, so
     its gap is never negative."""
     deployment = make_deployment(placement.num_experts, topology=placement.topology, num_groups=placement.num_groups)
-    values = replica_bound(weights, placement.topology)
     how = "its own shares" if dispatch == "shares" else DISPATCH_RULES[dispatch].label
     if not deployment.hierarchical:
-        # node_cap_bound with no home nodes is the average load
-        values = np.maximum(values, node_cap_bound(weights, deployment, 1.0))
-        return Bound(values, "any split", f"any split among replicas (the placement is judged with {how}, which "
-                                          "may split unevenly): average load and heaviest replica")
+        return Bound(any_split_bound(weights, deployment, 1.0), "any split",
+                     f"any split among replicas (the placement is judged with {how}, which may split unevenly): "
+                     "average load and heaviest replica")
     if placement.home_node is not None:
         away = placement.off_node_fraction(weights, dispatch)
     else:  # a layer keeping every group on one node serves nothing off it, whatever the split
         away = np.where(groups_on_one_node(placement), 0.0, 1.0)
-    capped = np.array([node_cap_bound(weights[layer:layer + 1], deployment, float(away[layer]))[0]
-                       for layer in range(weights.shape[0])])
-    values = np.maximum(values, capped)
+    values = any_split_bound(weights, deployment, away)
     kind = "capped" if dispatch == "shares" else "any split"
     return Bound(values, kind, f"{placement.num_groups} groups with home nodes; at most the placement's own off-node "
                                f"share of the tokens (up to {100 * float(away.max()):.1f}%) served off node, any "

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..analysis.bounds import average_bound, strongest_bound
+from ..analysis.bounds import average_bound, replica_bound, strongest_bound
 from ..analysis.dispatch import optimal_dispatch
 from ..kernels.layout import replica_counts
 from ..kernels.off_node import off_node_pieces
@@ -309,6 +309,23 @@ def node_cap_bound(weights: np.ndarray, deployment: Deployment, max_off_node: fl
         carried = heavy[:, m - 1] + light[:, held - m]
         bound = np.maximum(bound, (carried - cap) / gpus * (1.0 - 1e-12))
     return bound
+
+
+def any_split_bound(weights: np.ndarray, deployment: Deployment, off_node) -> np.ndarray:
+    """``[L]`` lower bound on the max GPU load of any placement whose experts' tokens may split
+    among their replicas in any proportion (SGLang's rules, a plan's own shares, optimal dispatch),
+    where the even-split bounds do not hold: the largest of the heaviest replica (one of an
+    expert's ``r`` replicas takes at least ``1 / r`` of its tokens, whatever the split), the
+    average load and, hierarchical, what the heaviest nodes keep when at most ``off_node`` (a
+    fraction of each layer's tokens: a number or ``[L]``) is served off their home node
+    (:func:`node_cap_bound`)."""
+    values = replica_bound(weights, deployment.topology)
+    away = np.broadcast_to(np.asarray(off_node, dtype=np.float64), (weights.shape[0],))
+    for fraction in np.unique(away):
+        rows = np.flatnonzero(away == fraction)
+        values[rows] = np.maximum(values[rows], node_cap_bound(np.ascontiguousarray(weights[rows]), deployment,
+                                                               float(fraction)))
+    return values
 
 
 def _mean_balancedness(loads: np.ndarray) -> float:

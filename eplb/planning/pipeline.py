@@ -65,7 +65,7 @@ from ..model.change import DeploymentChange
 from ..model.deployment import Deployment
 from ..engines import dispatch_rule, rule_shares
 from .engine_planning import plan_for_rule
-from .locality import capped_lower_bound, home_nodes, plan_locality
+from .locality import any_split_bound, capped_lower_bound, home_nodes, plan_locality
 from .methods import get_method
 from .migration import Carried, as_previous, check_trade_off, groups_spread, plan_near
 from .replan import aligned, carried_across, change_info
@@ -484,7 +484,10 @@ def run(windows: Windows, deployment: Deployment, stages: list, method: str, not
     if shares is not None:
         peaks = lambda: _peaks(weights, phy2log, deployment, shares)  # noqa: E731
         bound = lambda: _capped_bound(weights, deployment, stages[0].max_off_node)  # noqa: E731
-    else:  # an even split, or the loads under the engine's rule it was made for; the even split's bound
+    elif rule:  # the loads under the engine's rule, which may split unevenly: what holds for any split
+        peaks = planned.peaks
+        bound = lambda: _split_bound(weights, phy2log, deployment)  # noqa: E731
+    else:  # an even split: the even split's bound
         peaks = planned.peaks or (lambda: _peaks(weights, phy2log, deployment))  # noqa: E731
         bound = lambda: _bound(weights, even_split, deployment, planned.info.get("proven_bound"))  # noqa: E731
     return Placement(
@@ -511,6 +514,15 @@ def _capped_bound(weights: np.ndarray, deployment: Deployment, max_off_node: flo
     """``[L]`` :func:`eplb.planning.locality.capped_lower_bound` on scaled counts, scaled back."""
     scaled, shift = power_of_two_scale(weights)
     return np.ldexp(capped_lower_bound(scaled, deployment, max_off_node), -shift)
+
+
+def _split_bound(weights: np.ndarray, phy2log: np.ndarray, deployment: Deployment) -> np.ndarray:
+    """``[L]`` :func:`eplb.planning.locality.any_split_bound` on scaled counts, scaled back: an
+    engine's rule (SGLang's) may split an expert's tokens unevenly, so a plan judged under it can
+    be lighter than any even split; a layer keeping every group on its node serves nothing off it."""
+    scaled, shift = power_of_two_scale(weights)
+    away = groups_spread(phy2log, deployment, weights.shape[1]).astype(np.float64) if deployment.hierarchical else 1.0
+    return np.ldexp(any_split_bound(scaled, deployment, away), -shift)
 
 
 def _bound(weights: np.ndarray, phy2log: np.ndarray, deployment: Deployment, proven) -> np.ndarray:

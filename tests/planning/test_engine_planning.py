@@ -271,3 +271,14 @@ def test_cli_engine_errors_are_one_line(tmp_path):
     invoke("plan", "series.npy", *deployment, "-o", "p.json", cwd=tmp_path)
     _, err = invoke("validate", "p.json", "--engine", "sglang-static", cwd=tmp_path, expect=2)
     assert "--counts" in err
+
+
+@pytest.mark.parametrize("rule", ["sglang-static", "sglang-dynamic"])
+def test_the_lower_bound_of_a_plan_for_an_engine_rule_holds_for_any_split(rule):
+    # found by the contract test: under SGLang's static rule this plan serves 674 tokens at its
+    # heaviest GPU, below the best even split (711), so an even-split bound would exceed its max load
+    counts = np.array([[837.0, 261.0, 109.0, 298.0, 413.0]])
+    placement = eplb.plan(counts, topology=eplb.Topology(np.array([2, 2, 2]), 1), dispatch=rule)
+    assert (placement.lower_bound <= placement.max_load).all()
+    assert (placement.gap >= 0).all()
+    assert placement.lower_bound[0] >= counts.sum() / 3  # still the average load at least
