@@ -62,6 +62,7 @@ SECTIONS = (
     ("pools", "Pools", "eplb.recommend: redundant experts and plans per pool, in predicted step time, held out"),
     ("elastic", "Elastic", "re-planned across a lost or added GPU: copies and balance beside from scratch and donor repair"),
     ("elastic_serving", "Elastic serving", "rebalance(deployment=) across a lost or joining GPU, DeepSeek-V3 size"),
+    ("simulate_elastic", "Simulated changes", "a GPU lost mid-series and nodes joining and leaving in eplb.simulate, beside the engines' answers"),
     ("survive", "Survive", "survive= against the plain plan: a lost GPU or node, in and out of sample; the exposure's cost"),
     ("exact_contract", "Exact contract", "the exact method on issue 43's reproductions: avoidable doubled replicas, time per layer"),
 )
