@@ -1,7 +1,7 @@
 """Kernel of re-planning across a deployment change: make a carried placement whole again.
 
 A carried placement (:meth:`eplb.model.change.DeploymentChange.carry`) has holes (``-1``, new slots
-that hold nothing yet) and may miss experts (orphans, every replica lost). :func:`repair_carried`
+that hold nothing yet) and may miss experts (called orphans here: no carried slot holds them). :func:`repair_carried`
 places every orphan and fills every hole, one weight copy each, choosing where by the GPU loads
 they leave, so the search that follows starts from a valid, already fairly balanced placement
 with the fewest copies a re-plan can make.

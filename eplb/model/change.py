@@ -4,13 +4,17 @@ A :class:`DeploymentChange` is the one value every layer passes about a change: 
 service (``old``), the one to serve next (``new``), and ``gpu_map``, the new index of every old GPU
 (``-1``: gone; vLLM's ``rank_mapping``). A surviving GPU keeps the weights it holds: the first
 ``min(k_old, k_new)`` of its old slots become the first slots of its new index (slot order within a
-GPU is kept). A GPU mapped to ``-1``, or to a new GPU with no slots, is *lost*; a new GPU that no
-surviving GPU maps to is *added* and starts empty.
+GPU is kept); the slots a shrinking GPU *gives up* are read during the change (their weights are
+still in its memory until the copies are done) and then freed. A GPU mapped to ``-1``, or to a new
+GPU with no slots, is *lost*: nothing is read from it; a new GPU that no surviving GPU maps to is
+*added* and starts empty.
 
 Carried into the new deployment, the placement in service has *holes* (``-1``: new slots nothing
-was carried into) and may have *orphans* (experts with no replica left on a surviving GPU, whose
-weights must come from host memory). Every new slot must be filled and every orphan placed, so a
-re-plan copies at least ``max(orphans, holes)`` expert weights per layer: :meth:`DeploymentChange.floor`.
+was carried into) and *missing* experts (no carried slot holds them: every replica was lost or
+given up). Every new slot must be filled and every missing expert placed, so a re-plan copies at
+least ``max(missing, holes)`` expert weights per layer (:meth:`DeploymentChange.floor`). A missing
+expert a surviving GPU gave up is copied from that slot; one with no replica left on a surviving
+GPU is an *orphan*, loaded from host memory (:meth:`DeploymentChange.orphans`).
 """
 
 from __future__ import annotations
@@ -138,27 +142,42 @@ class DeploymentChange:
     def carry(self, phy2log: np.ndarray) -> np.ndarray:
         """``[L, S_new]`` int64: the old placement ``phy2log [L, S_old]`` in the new slots, with
         :data:`HOLE` where nothing is carried."""
-        phy2log = np.asarray(phy2log, dtype=np.int64)
-        if phy2log.ndim != 2 or phy2log.shape[1] != self.old.num_slots:
-            raise ValueError(f"previous must be phy2log [L, {self.old.num_slots}] on the old deployment, "
-                             f"got shape {phy2log.shape}")
+        phy2log = self._old_rows(phy2log)
         carried = np.full((phy2log.shape[0], self.new.num_slots), HOLE, np.int64)
         kept = self.slot_map >= 0
         carried[:, kept] = phy2log[:, self.slot_map[kept]]
         return carried
 
-    def orphans(self, phy2log: np.ndarray) -> np.ndarray:
-        """``[L, E]`` bool: experts with no replica carried into the new deployment (every replica
-        was on a lost GPU, or in slots a shrunken GPU gave up): their weights come from host memory."""
+    def given_up(self, phy2log: np.ndarray) -> np.ndarray:
+        """``[L, S_old]`` int64: the expert of each old slot a surviving GPU gives up (it shrank:
+        no new slot keeps it), :data:`HOLE` elsewhere. Read during the change, then freed."""
+        phy2log = self._old_rows(phy2log)
+        read = self.surviving[self.old.topology.gpu_of_slot]
+        read[self.slot_map[self.slot_map >= 0]] = False
+        return np.where(read[None, :], phy2log, HOLE)
+
+    def missing(self, phy2log: np.ndarray) -> np.ndarray:
+        """``[L, E]`` bool: experts no carried slot holds (every replica lost or given up); each
+        takes a copy into a new slot."""
         return _present(self.carry(phy2log), self.old.num_experts) == 0
 
+    def orphans(self, phy2log: np.ndarray) -> np.ndarray:
+        """``[L, E]`` bool: experts with no replica on a surviving GPU, not even in a slot it gives
+        up (every replica was on a lost GPU): their weights come from host memory."""
+        return self.missing(phy2log) & (_present(self.given_up(phy2log), self.old.num_experts) == 0)
+
     def floor(self, phy2log: np.ndarray) -> np.ndarray:
-        """``[L]`` int64: the fewest weight copies any re-plan makes per layer: each orphan needs a
-        slot and each hole an expert, one copy each, so ``max(orphans, holes)``."""
-        carried = self.carry(phy2log)
-        holes = (carried == HOLE).sum(axis=1)
-        orphans = (_present(carried, self.old.num_experts) == 0).sum(axis=1)
-        return np.maximum(holes, orphans).astype(np.int64)
+        """``[L]`` int64: the fewest weight copies any re-plan makes per layer: each missing expert
+        needs a slot and each hole an expert, one copy each, so ``max(missing, holes)``."""
+        holes = (self.carry(phy2log) == HOLE).sum(axis=1)
+        return np.maximum(holes, self.missing(phy2log).sum(axis=1)).astype(np.int64)
+
+    def _old_rows(self, phy2log: np.ndarray) -> np.ndarray:
+        phy2log = np.asarray(phy2log, dtype=np.int64)
+        if phy2log.ndim != 2 or phy2log.shape[1] != self.old.num_slots:
+            raise ValueError(f"previous must be phy2log [L, {self.old.num_slots}] on the old deployment, "
+                             f"got shape {phy2log.shape}")
+        return phy2log
 
 
 def _present(carried: np.ndarray, num_experts: int) -> np.ndarray:

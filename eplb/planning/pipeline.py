@@ -196,8 +196,9 @@ class Capped:
 class Near:
     """Close to ``previous [L, S]``, the placement in service: within ``tolerance`` of planning from
     scratch, at most ``max_moves`` changed slots per layer. Across a deployment change
-    (:mod:`eplb.planning.replan`), ``previous`` is the carried placement repaired and ``carried``
-    the carried one with its holes, what changed slots are counted against."""
+    (:mod:`eplb.planning.replan`), ``previous`` is the carried placement repaired, ``carried``
+    the carried one with its holes, what changed slots are counted against, and ``in_service``
+    the placement in service on the old deployment."""
 
     previous: np.ndarray
     method: str
@@ -207,6 +208,7 @@ class Near:
     options: dict = field(default_factory=dict)
     carried: Carried | None = None
     change: DeploymentChange | None = None
+    in_service: np.ndarray | None = None
     name = "near"
 
     def __call__(self, windows: Windows, deployment: Deployment, planned=None) -> Planned:
@@ -427,7 +429,8 @@ def build(windows: Windows, deployment: Deployment, *, method: str, objective: s
         tolerance, _ = check_trade_off(tolerance, max_moves, deployment.num_slots)
     if previous is not None and change is not None:
         start_row, carried = carried_across(windows.weights, change, previous, deployment)
-        start = Near(start_row, method, tolerance, max_moves, threads, options, carried=carried, change=change)
+        start = Near(start_row, method, tolerance, max_moves, threads, options, carried=carried, change=change,
+                     in_service=previous)
     elif previous is not None:
         start = Near(previous, method, tolerance, max_moves, threads, options)
     elif max_off_node is not None:
@@ -474,7 +477,7 @@ def run(windows: Windows, deployment: Deployment, stages: list, method: str, not
         carried = stages[0].carried.slots
         phy2log = aligned(phy2log, carried, deployment)
         planned = replace(planned, phy2log=phy2log, info={
-            **planned.info, **change_info(stages[0].change, carried, phy2log),
+            **planned.info, **change_info(stages[0].change, stages[0].in_service, phy2log),
             "slots_changed": (phy2log != carried).sum(axis=1)})
     home = planned.home
     if deployment.hierarchical and home is None:

@@ -1,23 +1,23 @@
 """Re-planning across a deployment change, and hierarchical deployments that degrade instead of refusing.
 
 Across a :class:`~eplb.model.change.DeploymentChange` the placement in service is carried into the
-new slots (surviving GPUs keep their weights; holes where nothing is carried; orphans where every
-replica was lost), then:
+new slots (surviving GPUs keep their weights; holes where nothing is carried; *missing* experts
+where no carried slot holds one: every replica lost, or given up by a shrinking GPU), then:
 
 1. :func:`fit_groups`: a hierarchical deployment whose nodes cannot hold every group whole (a node
    lost a GPU) keeps its groups as *units* of half, a quarter, ... of a group, the largest that
    fit, each unit on one node; global only when no unit size fits. The plan says what was relaxed;
 2. :func:`unit_nodes` (hierarchical): the node of every unit, where the carried placement has it
    when the node has room, else moved to the node with the most room (units with the most
-   orphans move first: their weights are copied anyway);
-3. :func:`carried_across` places every orphan and fills every hole at the fewest copies, balanced
+   missing experts move first: their weights are copied anyway);
+3. :func:`carried_across` places every missing expert and fills every hole at the fewest copies, balanced
    (:func:`eplb.kernels.repair.repair_carried`);
 4. the migration-aware search (:mod:`eplb.planning.migration`) goes on from the repair, counting
    every slot against the carried placement: the plan trades balance against copies across the
    change exactly as it does without one.
 
-Copies are at least :meth:`~eplb.model.change.DeploymentChange.floor` per layer; orphans come from
-host memory, once each (:func:`eplb.serving.transfer.transfer_plan`).
+Copies are at least :meth:`~eplb.model.change.DeploymentChange.floor` per layer; orphans (missing
+experts no surviving GPU holds) come from host memory, once each (:func:`eplb.serving.transfer.transfer_plan`).
 """
 
 from __future__ import annotations
@@ -88,8 +88,8 @@ def unit_nodes(weights: np.ndarray, carried: np.ndarray, deployment: Deployment)
     """``[L, E]`` int64: the node every expert must be on (``-1``: any, a global deployment).
 
     Each unit (group of the deployment) stays on the node that holds most of its carried replicas
-    while that node has room for its experts; the units of an overfull node leave, most orphans
-    first, then the lightest; units with nowhere to stay go, heaviest first, to the node with the
+    while that node has room for its experts; the units of an overfull node leave, most missing
+    experts first, then the lightest; units with nowhere to stay go, heaviest first, to the node with the
     most room (lowest index on ties); a node with slots and no unit takes the lightest unit of the
     node with the most units. ``weights [L, E]``, ``carried [L, S]`` with ``-1`` holes."""
     num_layers, num_experts = weights.shape
@@ -105,12 +105,12 @@ def unit_nodes(weights: np.ndarray, carried: np.ndarray, deployment: Deployment)
         unit_load = weights[layer].reshape(units, size).sum(axis=1)
         present = np.zeros(num_experts, bool)
         present[row[row >= 0]] = True
-        orphans = (~present).reshape(units, size).sum(axis=1)
+        missing = (~present).reshape(units, size).sum(axis=1)
         node = _most_held(row, size, units, node_of_slot, topology.num_nodes)
         for n in range(topology.num_nodes):
             members = np.flatnonzero(node == n)
-            # leave: most orphans first, then the lightest, then the highest index
-            for u in sorted(members.tolist(), key=lambda u: (-orphans[u], unit_load[u], -u)):
+            # leave: most missing experts first, then the lightest, then the highest index
+            for u in sorted(members.tolist(), key=lambda u: (-missing[u], unit_load[u], -u)):
                 if (node == n).sum() * size <= room[n]:
                     break
                 node[u] = -1
@@ -155,7 +155,7 @@ def _most_held(row: np.ndarray, size: int, units: int, node_of_slot: np.ndarray,
 
 def _repair(weights: np.ndarray, carried: np.ndarray, deployment: Deployment, expert_node: np.ndarray, *,
             spill: bool = False) -> np.ndarray:
-    """``[L, S]`` int64: ``carried [L, S]`` (``-1`` holes) with every orphan placed and every hole
+    """``[L, S]`` int64: ``carried [L, S]`` (``-1`` holes) with every missing expert placed and every hole
     filled (:func:`eplb.kernels.repair.repair_carried`), every expert on its node of ``expert_node
     [L, E]`` (or, with ``spill``, any node where its own has no room). ``weights [L, E]`` float64."""
     topology = deployment.topology
@@ -199,20 +199,16 @@ def aligned(phy2log: np.ndarray, carried: np.ndarray, deployment: Deployment) ->
     return out
 
 
-def change_info(change: DeploymentChange, carried: np.ndarray, phy2log: np.ndarray) -> dict:
-    """What a re-plan across ``change`` did, from the placement in service carried into the new
-    slots (``carried [L, S]``, ``-1`` holes) to ``phy2log [L, S]``: ``change`` (one line),
-    ``lost_gpus``, ``added_gpus``, and per layer ``orphans [L]`` (experts loaded from host memory),
-    ``copy_floor [L]`` (the fewest copies any re-plan makes: ``max(orphans, holes)``) and ``copies
-    [L]`` (new slots whose expert their GPU did not hold)."""
-    num_experts = change.new.num_experts
-    present = np.zeros((carried.shape[0], num_experts + 1), bool)
-    present[np.arange(carried.shape[0])[:, None], np.where(carried >= 0, carried, num_experts)] = True
-    orphans = (~present[:, :num_experts]).sum(axis=1)
-    holes = (carried == HOLE).sum(axis=1)
+def change_info(change: DeploymentChange, in_service: np.ndarray, phy2log: np.ndarray) -> dict:
+    """What a re-plan across ``change`` did, from the placement in service (``in_service [L,
+    S_old]``) to ``phy2log [L, S]``: ``change`` (one line), ``lost_gpus``, ``added_gpus``, and per
+    layer ``orphans [L]`` (experts loaded from host memory: no surviving GPU holds them),
+    ``copy_floor [L]`` (the fewest copies any re-plan makes: ``max(missing, holes)``,
+    :meth:`~eplb.model.change.DeploymentChange.floor`) and ``copies [L]`` (new slots whose expert
+    their GPU did not carry)."""
     return {"change": change.describe(), "lost_gpus": change.lost_gpus.tolist(),
-            "added_gpus": change.added_gpus.tolist(), "orphans": orphans,
-            "copy_floor": np.maximum(orphans, holes), "copies": copies_across(carried, phy2log, change.new)}
+            "added_gpus": change.added_gpus.tolist(), "orphans": change.orphans(in_service).sum(axis=1),
+            "copy_floor": change.floor(in_service), "copies": copies_across(change.carry(in_service), phy2log, change.new)}
 
 
 def copies_across(carried: np.ndarray, phy2log: np.ndarray, deployment: Deployment) -> np.ndarray:

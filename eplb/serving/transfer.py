@@ -7,10 +7,12 @@ old weights, so an engine can run them all at once (or chunk by chunk of layers,
 :meth:`TransferPlan.chunks`) before switching to the new placement.
 
 Across a deployment change (:class:`eplb.DeploymentChange`) the plan is on the new deployment: its
-sources are the slots the surviving GPUs carried (``change.slot_map`` gives each one's old slot),
-never a lost GPU. An expert whose every replica was lost is loaded from host memory once (kind
-``"from_host"``, source ``-1``) and its further replicas copy from that slot once it is loaded
-(``after_load``): run the loads first.
+sources are the slots of the placement in service on surviving GPUs (``src_old_slot``), those they
+carry into the new deployment (``src_slot``; ``change.slot_map`` gives each one's old slot) and those
+a shrinking GPU gives up (``src_slot`` -1: read them before freeing them), never a lost GPU. An
+expert whose every replica was lost is loaded from host memory once (kind ``"from_host"``, source
+``-1``) and its further replicas copy from that slot once it is loaded (``after_load``): run the
+loads first.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from ..model.topology import Topology
 KINDS = ("intra_gpu", "intra_node", "cross_node", "from_host")
 
 
-_FIELDS = ("layer", "expert", "src_slot", "dst_slot", "src_gpu", "dst_gpu", "kind", "after_load")
+_FIELDS = ("layer", "expert", "src_slot", "dst_slot", "src_gpu", "dst_gpu", "kind", "after_load", "src_old_slot")
 
 
 @dataclass(frozen=True, eq=False)
@@ -49,6 +51,10 @@ class TransferPlan:
             :meth:`chunks`; pass it to :meth:`eplb.Balancer.commit` once the chunk is applied).
         after_load: ``[C]`` bool, the copy reads a slot a load from host memory of this plan fills
             (run it after the loads); all False but across a deployment change.
+        src_old_slot: ``[C]`` int64, the slot of the placement in service read, in the old
+            deployment's numbering (``-1``: host memory, or a slot this plan loads first); the same
+            as ``src_slot`` but across a deployment change, where a shrinking GPU's given-up slots
+            are read too (``src_slot`` -1).
     """
 
     layer: np.ndarray
@@ -63,12 +69,15 @@ class TransferPlan:
     expert_bytes: int | None = None
     layers: tuple = field(default=None)
     after_load: np.ndarray = field(default=None)
+    src_old_slot: np.ndarray = field(default=None)
 
     def __post_init__(self):
         if self.layers is None:
             object.__setattr__(self, "layers", (0, self.num_layers))
         if self.after_load is None:
             object.__setattr__(self, "after_load", np.zeros(np.shape(self.layer), bool))
+        if self.src_old_slot is None:
+            object.__setattr__(self, "src_old_slot", np.asarray(self.src_slot))
         layer = np.asarray(self.layer)
         if layer.ndim == 1 and layer.size and not bool(np.all(layer[1:] >= layer[:-1])):
             order = np.argsort(layer, kind="stable")  # copies in layer order: chunks are slices
@@ -260,12 +269,16 @@ def _transfer_across(old, new, change: DeploymentChange, expert_bytes) -> Transf
     if expert_bytes is not None:
         expert_bytes = as_int(expert_bytes, "expert_bytes", minimum=0)
     topology = change.new.topology
-    copies, kind = copies_across(change.carry(arrays[0]), arrays[1], topology.gpu_of_slot, topology.node_of_gpu,
+    given_up_gpu = np.append(change.gpu_map, -1)[np.where(change.surviving, np.arange(change.old.num_gpus), -1)]
+    copies, kind = copies_across(change.carry(arrays[0]), arrays[1], change.given_up(arrays[0]),
+                                 np.ascontiguousarray(given_up_gpu[change.old.topology.gpu_of_slot]),
+                                 np.ascontiguousarray(change.slot_map), topology.gpu_of_slot, topology.node_of_gpu,
                                  topology.num_gpus, num_experts)
     return TransferPlan(
         layer=copies[:, 0], expert=copies[:, 1], src_slot=copies[:, 2], dst_slot=copies[:, 3],
         src_gpu=copies[:, 4], dst_gpu=copies[:, 5], kind=kind, num_layers=arrays[0].shape[0],
         topology=topology, expert_bytes=expert_bytes, after_load=copies[:, 6].astype(bool),
+        src_old_slot=copies[:, 7],
     )
 
 

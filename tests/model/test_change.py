@@ -37,6 +37,7 @@ def test_carry_keeps_each_survivors_first_slots_in_its_new_place():
     assert carried.tolist() == [[6, 7, 0, HOLE, HOLE, HOLE, 0, 1, 2]]
     assert change.added_gpus.tolist() == [1]
     assert change.orphans(previous)[0].tolist() == [False, False, False, True, True, True, False, False]
+    assert change.missing(previous).tolist() == change.orphans(previous).tolist()  # old GPU 1 was lost
     assert change.floor(previous).tolist() == [3]  # 3 holes, 3 orphans
     assert change.source_gpu.tolist() == [2, -1, 0]
 
@@ -45,7 +46,11 @@ def test_a_shrunken_gpu_gives_up_its_last_slots():
     change = DeploymentChange(_deployment([4, 4], experts=6), _deployment([3, 3], experts=6))
     previous = np.array([[0, 1, 2, 3, 4, 5, 0, 1]])
     assert change.carry(previous).tolist() == [[0, 1, 2, 4, 5, 0]]
-    assert np.flatnonzero(change.orphans(previous)[0]).tolist() == [3]
+    # expert 3 sat only in a slot GPU 0 gives up: missing (one copy), read from that slot, no orphan
+    assert change.given_up(previous).tolist() == [[-1, -1, -1, 3, -1, -1, -1, 1]]
+    assert np.flatnonzero(change.missing(previous)[0]).tolist() == [3]
+    assert not change.orphans(previous).any()
+    assert change.floor(previous).tolist() == [1]
 
 
 @pytest.mark.parametrize("gpu_map, message", [
@@ -80,7 +85,7 @@ def test_another_expert_count_is_refused():
        st.randoms(use_true_random=False))
 def test_the_carried_placement_is_the_old_one_on_surviving_gpus(old_slots, new_slots, rng):
     """Every carried slot holds what its old slot held; holes are the new slots nothing maps to;
-    the floor is max(orphans, holes)."""
+    the floor is max(missing, holes); orphans are the experts no surviving GPU holds."""
     if sum(old_slots) < 1 or sum(new_slots) < 1:
         return
     experts = max(1, min(sum(old_slots), sum(new_slots)) - 1)
@@ -95,9 +100,15 @@ def test_the_carried_placement_is_the_old_one_on_surviving_gpus(old_slots, new_s
     kept = change.slot_map >= 0
     assert np.array_equal(carried[kept], row[change.slot_map[kept]])
     assert (carried[~kept] == HOLE).all()
-    orphans = change.orphans(row[None])[0]
-    assert set(np.flatnonzero(orphans)) == set(range(experts)) - set(carried[kept].tolist())
-    assert change.floor(row[None])[0] == max(orphans.sum(), (~kept).sum())
+    missing = change.missing(row[None])[0]
+    assert set(np.flatnonzero(missing)) == set(range(experts)) - set(carried[kept].tolist())
+    assert change.floor(row[None])[0] == max(missing.sum(), (~kept).sum())
+    given_up = change.given_up(row[None])[0]  # old slots of surviving GPUs that no new slot keeps
+    read = change.surviving[old.topology.gpu_of_slot]
+    read[change.slot_map[kept]] = False
+    assert np.array_equal(given_up >= 0, read) and np.array_equal(given_up[read], row[read])
+    orphans = change.orphans(row[None])[0]  # on no surviving GPU at all
+    assert set(np.flatnonzero(orphans)) == set(range(experts)) - set(row[change.surviving[old.topology.gpu_of_slot]].tolist())
     for g_old, g_new in enumerate(gpu_map):  # a surviving GPU's slots land on its new index only
         if g_new >= 0:
             lo, hi = new.topology.slot_offsets[g_new], new.topology.slot_offsets[g_new + 1]

@@ -64,20 +64,28 @@ def check_across(change: DeploymentChange, old: np.ndarray, placement: eplb.Plac
     loaded = sorted(zip(transfer.layer[host].tolist(), transfer.expert[host].tolist()))
     assert loaded == sorted(map(tuple, np.argwhere(change.orphans(old)).tolist()))
     assert (transfer.src_slot[host] == -1).all() and (transfer.src_gpu[host] == -1).all()
-    # every other copy reads a surviving GPU: a slot it carried holding the expert, or a slot
-    # loaded from host memory by this plan first (after_load)
+    # every other copy reads a surviving GPU: a slot of the placement in service holding the
+    # expert (carried, or given up by a shrinking GPU), or a slot loaded from host memory by this
+    # plan first (after_load)
     assert (change.source_gpu[transfer.src_gpu[~host]] >= 0).all()
     loads_at = {(l, d): e for l, d, e in zip(transfer.layer[host].tolist(), transfer.dst_slot[host].tolist(),
                                                transfer.expert[host].tolist())}
-    for l, e, src, after in zip(transfer.layer[~host].tolist(), transfer.expert[~host].tolist(),
-                                transfer.src_slot[~host].tolist(), transfer.after_load[~host].tolist()):
-        assert topology.slots_per_gpu[topology.gpu_of_slot[src]] > 0
-        assert (loads_at.get((l, src)) == e) if after else (carried[l, src] == e)
+    for l, e, src, old_src, after in zip(transfer.layer[~host].tolist(), transfer.expert[~host].tolist(),
+                                         transfer.src_slot[~host].tolist(), transfer.src_old_slot[~host].tolist(),
+                                         transfer.after_load[~host].tolist()):
+        if after:
+            assert loads_at.get((l, src)) == e
+            continue
+        assert old[l, old_src] == e and change.surviving[change.old.topology.gpu_of_slot[old_src]]
+        assert src < 0 or carried[l, src] == e
     # what the plan says it cost
     info = placement.info
     np.testing.assert_array_equal(info["orphans"], change.orphans(old).sum(axis=1))
     np.testing.assert_array_equal(info["copy_floor"], change.floor(old))
-    remote = np.bincount(transfer.layer[transfer.kind != INTRA_GPU], minlength=num_layers)
+    # a copy is a new slot whose expert its GPU did not carry: from another GPU or host, or from a
+    # slot the GPU gives up (a local copy)
+    fetched = (transfer.kind != INTRA_GPU) | (transfer.src_slot < 0)
+    remote = np.bincount(transfer.layer[fetched], minlength=num_layers)
     if topology.slots_per_gpu.max() <= num_experts:  # (else a GPU holds an expert twice: a local copy counts)
         np.testing.assert_array_equal(info["copies"], remote)
     assert (remote <= info["copies"]).all() and (info["copies"] <= np.bincount(transfer.layer, minlength=num_layers)).all()

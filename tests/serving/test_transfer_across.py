@@ -31,16 +31,26 @@ def changes(draw):
 
 def apply(plan, change, old_phy2log):
     """The new slots after the copies: carried weights, then the host loads, then the copies that
-    read them, each copy reading a slot that holds its expert at that point."""
+    read them, each copy reading a slot that holds its expert at that point: a slot of the
+    placement in service on a surviving GPU (carried, or given up by a shrinking GPU), or a slot
+    a load fills."""
     slots = change.carry(old_phy2log)
     after = slots.copy()
+    old_gpu = change.old.topology.gpu_of_slot
     for c in np.argsort(plan.after_load, kind="stable"):  # loads and plain copies first
         layer, expert, src, dst = plan.layer[c], plan.expert[c], plan.src_slot[c], plan.dst_slot[c]
+        old_src = plan.src_old_slot[c]
         if plan.kind[c] == FROM_HOST:
-            assert src == -1 and plan.src_gpu[c] == -1
+            assert src == -1 and old_src == -1 and plan.src_gpu[c] == -1
+        elif plan.after_load[c]:
+            assert old_src == -1 and after[layer, src] == expert, "a copy after a load reads the loaded slot"
         else:
-            source = after if plan.after_load[c] else slots
-            assert source[layer, src] == expert, "a copy reads a slot that does not hold its expert"
+            assert old_phy2log[layer, old_src] == expert, "a copy reads a slot that does not hold its expert"
+            assert change.surviving[old_gpu[old_src]] and plan.src_gpu[c] == change.gpu_map[old_gpu[old_src]]
+            if src >= 0:  # a carried slot: the same weights in the new numbering
+                assert change.slot_map[src] == old_src and slots[layer, src] == expert
+            else:  # a slot its GPU gives up
+                assert change.given_up(old_phy2log)[layer, old_src] == expert
         after[layer, dst] = expert
     return after
 
@@ -88,6 +98,9 @@ def test_a_change_without_the_old_deployment_is_refused():
     b = eplb.Placement(np.array([[0, 1, 2, 3]]), 4, eplb.Topology.uniform(4, 2))
     with pytest.raises(ValueError, match="one new index per old GPU"):
         eplb.transfer_plan(a, b, gpu_map=[0])
-    # GPUs swapped and shrunk to 2 slots: each keeps its first two (experts 0, 1); 2 and 3 come from host
+    # GPUs swapped and shrunk to 2 slots: each keeps its first two (experts 0, 1); new GPU 1 (old
+    # GPU 0) reads 2 and 3 from the slots it gives up, nothing from host
     swapped = eplb.transfer_plan(a, b, gpu_map=[1, 0])
-    assert swapped.counts()["from_host"] == 2 and sorted(swapped.expert.tolist()) == [2, 3]
+    assert swapped.counts()["from_host"] == 0 and swapped.counts()["intra_gpu"] == 2
+    assert sorted(swapped.expert.tolist()) == [2, 3] and swapped.src_slot.tolist() == [-1, -1]
+    assert sorted(swapped.src_old_slot.tolist()) == [2, 3] and set(swapped.src_gpu.tolist()) == {1}
