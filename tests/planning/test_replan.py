@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 
 import eplb
 from eplb.planning.replan import RELAXED_WARNING
+from eplb.planning.spread import avoidable_doubled
 from strategies import counts_for
 
 
@@ -411,3 +412,21 @@ def test_a_sequence_of_changes_does_not_lose_a_tolerance_at_every_step():
         assert (after.balancedness(counts) >= fresh / 1.01 - 1e-9).all()
         assert after.info["copies"].sum() <= 1.4 * after.info["copy_floor"].sum()
         placement = after
+
+
+def test_a_re_plan_keeps_the_spread_rule_when_giving_slots_back_changes_the_replica_counts():
+    # found by the sequence property: the fresh plan (11, 11, 4, 1 replicas) had to put expert 1
+    # twice on a 3-slot GPU; giving slots back to the carried experts left counts (9, 9, 8, 1) that
+    # fit spread, with the double still there
+    topology = lambda slots, nodes: eplb.Topology(np.array(slots), nodes)  # noqa: E731
+    counts = np.array([[10.0, 0.0, 0.0, 0.0]])
+    first = eplb.Deployment.of(4, topology=topology([1] * 8, 2), num_groups=2)
+    placement = eplb.plan(counts, first)
+    steps = [(eplb.Deployment.of(4, topology=topology([1] * 8 + [3] * 8, 4)), None),
+             (eplb.Deployment.of(4, topology=topology([0] * 4 + [1] * 4 + [3] * 8, 4)), None),
+             (eplb.Deployment.of(4, topology=topology([0] * 4 + [1] * 3 + [0] + [3] * 8, 4)),
+              [0, 1, 2, 3, 4, 5, 6, -1, -1, 9, 10, 11, 12, 13, 14, 15])]
+    for new, gpu_map in steps:
+        placement = eplb.plan(counts, eplb.DeploymentChange(placement.deployment, new, gpu_map), previous=placement)
+        assert avoidable_doubled(placement.phy2log, new).sum() == 0
+        assert sorted(set(placement.phy2log[0].tolist())) == [0, 1, 2, 3]
