@@ -250,6 +250,7 @@ def test_sweep_says_a_runs_warning_once_and_check_every_makes_the_balancer_act(s
     assert all(n > 0 for n in rebalances("acting"))
 
 
+@pytest.mark.slow  # a simulated sweep (12 s on an empty cache)
 def test_sweep_raises_each_warning_once_in_the_caller():
     counts = drifting_counts(30, 2, 16, drift=0.1, tokens=256, seed=2)
     with warnings.catch_warnings(record=True) as caught:

@@ -36,6 +36,7 @@ def test_numpy_in_numpy_out_and_one_layer():
     assert phy2log.tolist() == README_PHY2LOG[0]
 
 
+@pytest.mark.slow  # a fresh interpreter (14 s on an empty cache)
 def test_torch_is_not_imported_for_numpy_callers():
     import subprocess
     import sys

@@ -175,6 +175,7 @@ def test_even_split_engines_get_the_even_split_plan():
         assert eplb.plan(counts, dispatch=rule, **config) == even
 
 
+@pytest.mark.slow  # compiles in a fresh process (35 s on an empty cache); the contract test covers every method in the fast tier
 def test_plans_are_deterministic_across_calls_and_processes():
     counts = series(4, 3, 32, seed=9)
     config = dict(num_slots=48, num_gpus=8, num_nodes=2)

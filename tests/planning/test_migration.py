@@ -201,6 +201,7 @@ def test_kernels_release_the_gil():
         assert kernel.targetoptions.get("nogil") is True
 
 
+@pytest.mark.slow  # compiles in a fresh process (9 s on an empty cache)
 def test_close_plan_is_the_same_in_another_process():
     """Every rank of an engine plans on its own: the migration-aware plan must agree everywhere."""
     import subprocess

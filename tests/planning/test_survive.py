@@ -196,6 +196,7 @@ def test_masked_topologies_spread_where_the_nodes_allow_it():
     assert (sole_domain(survived.phy2log, domain_of_slot(topology, "node"), 20) >= 0).sum(axis=1).min() >= 2
 
 
+@pytest.mark.slow  # compiles in a fresh process (8 s on an empty cache)
 def test_survive_is_deterministic_across_processes():
     script = textwrap.dedent("""
         import hashlib, eplb
