@@ -172,8 +172,7 @@ def migrate(weights: np.ndarray, deployment: Deployment, previous: np.ndarray, s
     # the relabelled fresh plan is only needed where the local search missed the target
     missed = np.flatnonzero(local_peak > target)
     relabelled, fresh_changes = local.copy(), np.full(num_layers, num_slots + 1, np.int64)
-    fresh_peak = np.full(num_layers, np.inf)
-    matched = np.empty((0, num_slots), np.int64)
+    fresh_peak, matched = np.full(num_layers, np.inf), np.empty((0, num_slots), np.int64)
     if missed.size:
         before = np.ascontiguousarray(previous[missed])
         matched, _ = relabel_like(np.ascontiguousarray(scratch[missed], dtype=np.int64), before,
@@ -195,8 +194,7 @@ def migrate(weights: np.ndarray, deployment: Deployment, previous: np.ndarray, s
             RuntimeWarning, stacklevel=5)  # the caller of eplb.plan
     phy2log = np.where(use_fresh[:, None], relabelled, local)
     changes = np.where(use_fresh, fresh_changes, local_changes)
-    fresh_rows = {layer: row for layer, row in zip(missed.tolist(), matched) if use_fresh[layer]}
-    _keep_spread(phy2log, changes, deployment, reference, fresh_rows, budget)
+    _keep_spread(phy2log, changes, deployment, reference, dict(zip(missed.tolist(), matched)), use_fresh, budget)
     if (topology.num_slots <= TINY_MIGRATION_SLOTS and not deployment.hierarchical and tolerance is not None
             and reference is previous):  # (that search counts changes against a whole placement)
         _fewer_changes_on_small_layers(weights, previous, topology, target=target, budget=budget, phy2log=phy2log,
@@ -223,18 +221,18 @@ def migrate(weights: np.ndarray, deployment: Deployment, previous: np.ndarray, s
     return phy2log, info
 
 
-def _keep_spread(phy2log, changes, deployment, reference, fresh_rows: dict, budget: int) -> None:
-    """Where a layer took the relabelled fresh plan (``fresh_rows``: layer -> row, before any slot
-    was given back; it keeps the spread rule of :mod:`eplb.planning.spread`) and giving slots back
-    broke the rule (rare: the new replica counts no longer force a doubled replica the fresh plan's
-    counts forced, on uneven slots or near-zero loads), take that row instead when it fits the
-    ``budget`` of changed slots. ``phy2log [L, S]`` and ``changes [L]`` (against ``reference [L,
+def _keep_spread(phy2log, changes, deployment, reference, fresh_rows: dict, use_fresh, budget: int) -> None:
+    """Where a layer took the relabelled fresh plan (``use_fresh [L]``; ``fresh_rows``: layer ->
+    row, before any slot was given back; it keeps the spread rule of :mod:`eplb.planning.spread`)
+    and giving slots back broke the rule (rare: the new replica counts no longer force a doubled
+    replica the fresh plan's counts forced, on uneven slots or near-zero loads), take that row
+    instead when it fits the ``budget`` of changed slots. ``phy2log [L, S]`` and ``changes [L]`` (against ``reference [L,
     S]``) are updated in place. A doubled replica carried from the placement in service is the
     search's to keep (its moves never add one). Costs one sort when nothing is doubled."""
     gpu = deployment.topology.gpu_of_slot
     keys = np.sort(gpu[None, :] * (deployment.num_experts + 1) + phy2log, axis=1)
     for layer in np.flatnonzero((np.diff(keys, axis=1) == 0).any(axis=1)):
-        row = fresh_rows.get(int(layer))
+        row = fresh_rows.get(int(layer)) if use_fresh[layer] else None
         if row is None or not avoidable_doubled(phy2log[layer:layer + 1], deployment)[0]:
             continue
         changed = int((row != reference[layer]).sum())
