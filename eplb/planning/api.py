@@ -143,9 +143,7 @@ def _deployment_of(counts, deployment, keywords: dict, previous, gpu_map):
         spelled = {name: value for name, value in keywords.items() if value != defaults[name]}
         deployment = deployment_argument(deployment, spelled, "plan", num_experts=counts.shape[-1])
     change = change_of(previous, deployment, gpu_map, change)
-    deployment, relaxed = fit_groups(deployment, spill=previous is not None)
-    if relaxed and previous is not None and change is None:
-        relaxed = relaxed.split(";")[0] + "; planned without the groups' rule, close to the placement in service"
+    deployment, relaxed = fit_groups(deployment, spill=previous is not None, near=previous is not None and change is None)
     warn_relaxed(relaxed, stacklevel=5)
     return deployment, change, relaxed
 

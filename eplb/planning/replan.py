@@ -37,11 +37,14 @@ from .migration import Carried
 RELAXED_WARNING = "hierarchical deployment relaxed"  # opens the warning of fit_groups
 
 
-def fit_groups(deployment: Deployment, *, spill: bool = False) -> tuple[Deployment, str | None]:
+def fit_groups(deployment: Deployment, *, spill: bool = False, near: bool = False) -> tuple[Deployment, str | None]:
     """The deployment itself when its groups fit its nodes; else, for a hierarchical deployment
     whose nodes cannot hold every group whole: with ``spill`` (a re-plan across a change), the
     deployment without the rule, the re-plan keeping every group on its home node where it fits and
-    spilling the rest (:func:`carried_across`); otherwise the same with groups split into units
+    spilling the rest (:func:`carried_across`); with ``near`` (a plan from the placement in service
+    on that deployment, no change), the deployment without the rule, the plan staying close to the
+    placement in service (regrouping it into units would move most slots again); otherwise the
+    same with groups split into units
     (half a group, a quarter, ...: the largest size that fits, each unit kept on one node), or
     global when none fits. Returns the deployment to plan on and a note of what was relaxed
     (``None``: nothing)."""
@@ -54,6 +57,8 @@ def fit_groups(deployment: Deployment, *, spill: bool = False) -> tuple[Deployme
         reason = str(exc).removeprefix("hierarchical placement: ")
     experts, nodes = deployment.num_experts, deployment.num_nodes
     flat = Deployment(experts, deployment.topology, None, False, deployment.dispatch)
+    if near:
+        return flat, f"{RELAXED_WARNING}: {reason}; planned without the groups' rule, close to the placement in service"
     if spill:
         return flat, (f"{RELAXED_WARNING}: {reason}; every group stays on its home node where it fits, the experts "
                       "a node has no room for go to other nodes")

@@ -376,9 +376,8 @@ class Balancer:
         into units of groups, as a plan from scratch does, would move many slots again; ``info["relaxed"]``)."""
         windows, objective = windows_of(self.planning_windows() if self._filled and change is None else load[None],
                                         weights=load)
-        deployment, relaxed = fit_groups(self.deployment if change is None else change.new, spill=True)
-        if relaxed and change is None:  # after such a change: global near the placement in service, not regrouped
-            relaxed = relaxed.split(";")[0] + "; planned without the groups' rule, close to the placement in service"
+        deployment, relaxed = fit_groups(self.deployment if change is None else change.new, spill=True,
+                                         near=change is None)
         stages = build(windows, deployment, method=self.method, objective=objective,
                        previous=self.placement.phy2log, tolerance=self.tolerance, max_moves=self.max_moves,
                        copy_cost=self.copy_cost, threads=self.threads, options=self.options, change=change)
