@@ -466,7 +466,7 @@ def readme_rows(results_dir: Path) -> list[tuple[str, str, str]]:
         return f"{int(r['copies']):,} copies ({r['copies_per_floor']}x the floor), balancedness {r['balance_in_sample']}"
 
     out = []
-    for configuration in (configurations(False, 256)[0].name, configurations(False, 256)[1].name):
+    for configuration in [c.name for c in configurations(False, 256)[:2]]:
         if any(r["configuration"] == configuration for r in rows):
             out.append((f"DeepSeek-V3 size, {configuration}: weight copies and balancedness after the change",
                         f"`eplb.plan(counts, change, previous=in_service)`: {cell(configuration, 'eplb re-plan')}",

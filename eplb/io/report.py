@@ -31,6 +31,7 @@ import numpy as np
 from ..analysis import metrics
 from ..analysis.bounds import strongest_bound
 from ..planning.locality import any_split_bound, busiest_nodes, off_node_tokens
+from ..planning.migration import groups_spread
 from ..model.deployment import Deployment, make_deployment
 from ..analysis.metrics import moe_layers, moe_mean
 from ..engines import DISPATCH_RULES
@@ -67,14 +68,8 @@ class Bound:
 
 def groups_on_one_node(placement) -> np.ndarray:
     """``[L]`` bool: the layers where every expert group (``e // (E / num_groups)``) sits on one node."""
-    topology = placement.topology
-    groups = placement.num_groups
-    node_of_slot = topology.node_of_gpu[topology.gpu_of_slot]                  # [S]
-    group_of_slot = placement.phy2log // (placement.num_experts // groups)       # [L, S]
-    held = np.zeros((placement.num_layers, groups, topology.num_nodes), bool)
-    layer = np.broadcast_to(np.arange(placement.num_layers)[:, None], group_of_slot.shape)
-    held[layer, group_of_slot, np.broadcast_to(node_of_slot, group_of_slot.shape)] = True
-    return (held.sum(axis=2) <= 1).all(axis=1)
+    grouped = Deployment(placement.num_experts, placement.topology, placement.num_groups, hierarchical=True)
+    return ~groups_spread(placement.phy2log, grouped, placement.num_experts)
 
 
 def bound_for(weights: np.ndarray, placement, dispatch: str | None = None) -> Bound:

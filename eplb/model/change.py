@@ -169,8 +169,9 @@ class DeploymentChange:
     def floor(self, phy2log: np.ndarray) -> np.ndarray:
         """``[L]`` int64: the fewest weight copies any re-plan makes per layer: each missing expert
         needs a slot and each hole an expert, one copy each, so ``max(missing, holes)``."""
-        holes = (self.carry(phy2log) == HOLE).sum(axis=1)
-        return np.maximum(holes, self.missing(phy2log).sum(axis=1)).astype(np.int64)
+        carried = self.carry(phy2log)
+        missing = (_present(carried, self.old.num_experts) == 0).sum(axis=1)
+        return np.maximum((carried == HOLE).sum(axis=1), missing).astype(np.int64)
 
     def _old_rows(self, phy2log: np.ndarray) -> np.ndarray:
         phy2log = np.asarray(phy2log, dtype=np.int64)

@@ -269,9 +269,9 @@ def _transfer_across(old, new, change: DeploymentChange, expert_bytes) -> Transf
     if expert_bytes is not None:
         expert_bytes = as_int(expert_bytes, "expert_bytes", minimum=0)
     topology = change.new.topology
-    given_up_gpu = np.append(change.gpu_map, -1)[np.where(change.surviving, np.arange(change.old.num_gpus), -1)]
+    new_gpu = np.where(change.surviving, change.gpu_map, -1)  # [G_old] where each old GPU's weights are read
     copies, kind = copies_across(change.carry(arrays[0]), arrays[1], change.given_up(arrays[0]),
-                                 np.ascontiguousarray(given_up_gpu[change.old.topology.gpu_of_slot]),
+                                 np.ascontiguousarray(new_gpu[change.old.topology.gpu_of_slot]),
                                  np.ascontiguousarray(change.slot_map), topology.gpu_of_slot, topology.node_of_gpu,
                                  topology.num_gpus, num_experts)
     return TransferPlan(
