@@ -150,7 +150,7 @@ def cpu_text(row: dict, which: str) -> str:
 
 def operations():
     """``(name, fn)``: single operations of the kind planning runs between kernels (58 x 288 arrays)."""
-    from eplb.kernels.layout import replica_counts
+    from eplb.kernels.plumbing.layout import replica_counts
 
     rng = np.random.default_rng(0)
     loads = rng.random((58, 288))

@@ -32,7 +32,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "eplb"
 class FunctionShape:
     """One function (or method, or nested function) of the package."""
 
-    module: str  # dotted module name, e.g. "eplb.kernels.shares"
+    module: str  # dotted module name, e.g. "eplb.kernels.split.shares"
     name: str  # qualified inside its module, e.g. "Balancer.observe" or "outer.<locals>.inner"
     lineno: int
     lines: int

@@ -1,7 +1,7 @@
 """Start-up cost: Numba's cold compile, and a fresh process with a warm on-disk cache.
 
 eplb's kernels are compiled on first use and cached on disk (``cache=True``, in the folder
-``$EPLB_CACHE_DIR`` names: :mod:`eplb.kernels._cache`). A serving engine pays the compile once per
+``$EPLB_CACHE_DIR`` names: :mod:`eplb.kernels.plumbing._cache`). A serving engine pays the compile once per
 machine (cold, or at ``eplb.warmup`` time) and, after that, only the cache load in every new
 process (warm). Each measurement runs in a fresh Python process on the DeepSeek-V3-sized example
 (58 layers x 256 experts, 288 slots, 32 GPUs, 4 nodes, 8 groups), timing ``import eplb`` and the
@@ -111,8 +111,8 @@ with open(os.path.join(os.environ["EPLB_CACHE_DIR"], "in_service.json")) as file
 
 def compiled():  # (specializations compiled, loaded from the cache) so far by eplb's kernels
     misses = hits = 0
-    for info in pkgutil.iter_modules(eplb.kernels.__path__):
-        module = importlib.import_module("eplb.kernels." + info.name)
+    for info in pkgutil.walk_packages(eplb.kernels.__path__, "eplb.kernels."):
+        module = importlib.import_module(info.name)
         for v in vars(module).values():
             if isinstance(v, CPUDispatcher) and v.py_func.__module__ == module.__name__:
                 misses += sum(v.stats.cache_misses.values())

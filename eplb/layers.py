@@ -10,7 +10,8 @@ from __future__ import annotations
 
 LAYERS: tuple[tuple[str, str], ...] = (
     ("model", "the deployment (one value: experts, topology, groups, dispatch rule), input checks, cost model"),
-    ("kernels", "Numba over plain arrays, each file named by what it computes"),
+    ("kernels", "Numba over plain arrays, each file named by what it computes, in sub-packages by what they "
+                "compute (KERNEL_PACKAGES)"),
     ("engines", "the serving engines, a package each (name, dispatch rules and the shares they give, files and "
                 "adapter by name, notes) behind one registry, which holds every dispatch rule"),
     ("analysis", "numbers about loads and placements: Placement, loads (the one load function), metrics, "
@@ -26,6 +27,23 @@ LAYERS: tuple[tuple[str, str], ...] = (
 )
 """``(folder, what it holds)`` for every layer, lowest first; a layer's rank is its index. The
 empty folder is the root of ``eplb/``."""
+
+KERNEL_PACKAGES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
+    ("plumbing", "the cache of compiled code, helpers every kernel shares, the views of a placement, the load window", ()),
+    ("bounds", "lower bounds on the max GPU load, the group -> node search that proves the hierarchical one",
+     ("plumbing",)),
+    ("search", "replication, packing and the searches over placements (best, tiny, capped, few changes, locality)",
+     ("plumbing",)),
+    ("split", "how tokens split among replicas (dispatch, fixed shares) and the loads and peaks that follow",
+     ("plumbing",)),
+    ("change", "what a deployment change or a failure asks: repair, weight copies, failure domains, spread",
+     ("plumbing", "search")),
+    ("engine_tables", "what an engine's own code computes: SGLang's dispatch table, DeepSeek's greedy", ("plumbing",)),
+)
+"""``(sub-package, what it holds, the sub-packages it may import)`` for every sub-package of
+``eplb/kernels/``. Every kernel module lives in one of them (``eplb/kernels/__init__.py`` only
+registers the cache); a module imports from its own sub-package and those listed, and the layers
+above may import any of them."""
 
 FOUNDATION: tuple[str, ...] = ("_version",)
 """Root modules every layer may import (rank 0): the version string, which file writers record."""

@@ -1,7 +1,7 @@
 """Compile, ahead of serving, every kernel a deployment will use: :func:`warmup`.
 
 eplb's kernels are compiled by Numba on their first call and cached on disk (see
-:mod:`eplb.kernels._cache`). An engine that plans inside its serving loop must not stall on that
+:mod:`eplb.kernels.plumbing._cache`). An engine that plans inside its serving loop must not stall on that
 compile: run :func:`warmup` (or ``eplb warmup``) once while building the container or starting the
 server, for the configuration the engine will serve. Later processes then load the compiled code
 from the cache (a fraction of a second) instead of compiling it.
@@ -19,7 +19,7 @@ a fresh process compiles nothing on any of those calls.
 
 :func:`ship` is the warm-up a wheel's build runs (``eplb/_build.py``): it compiles three
 deployments (:data:`SHIPPED_DEPLOYMENTS`) and puts Numba's cache files in the package, so a fresh install's first call loads
-compiled code (:mod:`eplb.kernels._cache`).
+compiled code (:mod:`eplb.kernels.plumbing._cache`).
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ from .planning.methods import DEFAULT_METHOD, METHODS
 from .model.change import DeploymentChange
 from .model.deployment import Deployment, deployment_argument, make_deployment
 from .simulation.synthetic import skewed_counts
-from .kernels._cache import MANIFEST, cache_dir, shipped_tag
+from .kernels.plumbing._cache import MANIFEST, cache_dir, shipped_tag
 from .serving.transfer import transfer_plan
 from .analysis.dispatch import dispatch
 from .analysis.engine_dispatch import ENGINES, with_engine_shares
@@ -193,7 +193,7 @@ hierarchical and global deployments."""
 def ship(folder) -> dict:
     """Compile the kernels of :data:`SHIPPED_DEPLOYMENTS` (:func:`warmup`, a Balancer included) in this
     process's cache, then copy Numba's cache files to ``folder/<tag>/<kernel folder>/`` with a
-    manifest (``<tag>`` is :func:`eplb.kernels._cache.shipped_tag`): what a wheel's build ships as
+    manifest (``<tag>`` is :func:`eplb.kernels.plumbing._cache.shipped_tag`): what a wheel's build ships as
     ``eplb/_precompiled``. Run it in a fresh process with an empty cache folder (``EPLB_CACHE_DIR``),
     so that only this source's entries are shipped.
 

@@ -17,7 +17,7 @@ from _common import load_note, median_time, write_csv
 
 import eplb
 from eplb import dispatch
-from eplb.kernels.shares import optimal_shares
+from eplb.kernels.split.shares import optimal_shares
 from eplb.simulation.synthetic import DEEPSEEK_V3, drifting_counts
 
 CASES = (

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..kernels.load_bounds import (min_max_replica_load, pigeonhole_bound, replica_and_pigeonhole_upper, threshold_bound,
+from ..kernels.bounds.load_bounds import (min_max_replica_load, pigeonhole_bound, replica_and_pigeonhole_upper, threshold_bound,
                              tier_bound)
-from ..kernels.budget import budget_tier_bound
-from ..kernels.hierarchy import node_load_bound
-from ..kernels.tiny import tiny_bound
+from ..kernels.bounds.budget import budget_tier_bound
+from ..kernels.bounds.hierarchy import node_load_bound
+from ..kernels.search.tiny import tiny_bound
 from ..model.deployment import Deployment, deployment_argument
 from ..model.counts import weights_2d
 from .searches import group_assignment
@@ -26,16 +26,16 @@ TINY_BUDGET = 50_000
 
 MEMO_GROUPS = 16
 """Up to this many groups the group -> node search of the hierarchical bound remembers node sets
-(:mod:`eplb.kernels.hierarchy`) and runs with its full budget."""
+(:mod:`eplb.kernels.bounds.hierarchy`) and runs with its full budget."""
 
 MANY_GROUPS_BUDGET = 2_000
 """Most steps of one feasibility test of that search with more groups, where no test finishes: at
-1024 experts / 32 groups / 16 nodes it proved nothing beyond :func:`~eplb.kernels.hierarchy.node_load_bound`
+1024 experts / 32 groups / 16 nodes it proved nothing beyond :func:`~eplb.kernels.bounds.hierarchy.node_load_bound`
 with 20,000, 2,000 or 200 steps (8 layers: 48 / 5 / 1 ms lognormal, 66 / 8 / 2 ms Zipf 1.0)."""
 
 BUDGET_TIERS = 4
 """Most tiers of heaviest experts the slot-budget tier bound tries per layer
-(:func:`eplb.kernels.budget.budget_tier_bound`)."""
+(:func:`eplb.kernels.bounds.budget.budget_tier_bound`)."""
 
 
 def average_bound(weights: np.ndarray, topology: Topology) -> np.ndarray:
@@ -84,7 +84,7 @@ def _cardinality(ascending: np.ndarray, topology: Topology, replica: np.ndarray)
 
 def pigeonhole(weights: np.ndarray, topology: Topology) -> np.ndarray:
     """Where the largest replicas must go, for every replication
-    (:func:`eplb.kernels.load_bounds.pigeonhole_bound`)."""
+    (:func:`eplb.kernels.bounds.load_bounds.pigeonhole_bound`)."""
     active = topology.slots_per_gpu > 0
     return pigeonhole_bound(_descending(weights), topology.num_slots, int(active.sum()),
                             int(topology.slots_per_gpu[active].min()), np.zeros(weights.shape[0]))
@@ -93,7 +93,7 @@ def pigeonhole(weights: np.ndarray, topology: Topology) -> np.ndarray:
 def threshold(weights: np.ndarray, topology: Topology, max_m: int = 3) -> np.ndarray:
     """Binary search on the target max load with necessary conditions that hold for one
     replication at once: no replica above what a GPU can hold, at most ``m`` per GPU above
-    ``1 / (m + 1)`` of it (:func:`eplb.kernels.load_bounds.threshold_bound`), from the other bounds up."""
+    ``1 / (m + 1)`` of it (:func:`eplb.kernels.bounds.load_bounds.threshold_bound`), from the other bounds up."""
     weights = np.ascontiguousarray(weights, dtype=np.float64)
     replica = replica_bound(weights, topology)
     start = np.maximum(np.maximum(average_bound(weights, topology), replica),
@@ -110,8 +110,8 @@ def _threshold(weights: np.ndarray, topology: Topology, start: np.ndarray, max_m
 
 def tier(weights: np.ndarray, topology: Topology) -> np.ndarray:
     """The GPUs holding the replicas of the heaviest experts also hold the lightest others
-    (:func:`eplb.kernels.load_bounds.tier_bound`), and those replicas, the other heavy experts' and
-    every replica's fillers share the slots (:func:`eplb.kernels.budget.budget_tier_bound`), from
+    (:func:`eplb.kernels.bounds.load_bounds.tier_bound`), and those replicas, the other heavy experts' and
+    every replica's fillers share the slots (:func:`eplb.kernels.bounds.budget.budget_tier_bound`), from
     the average and replica bounds up."""
     desc = _descending(weights)
     replica = min_max_replica_load(desc, topology.num_slots)
@@ -130,7 +130,7 @@ def _tier(desc: np.ndarray, topology: Topology, start: np.ndarray, replica: np.n
 
 def search(weights: np.ndarray, topology: Topology) -> np.ndarray:
     """The optimum itself on tiny instances (at most :data:`TINY_SLOTS` slots) where the exact
-    branch and bound (:mod:`eplb.kernels.tiny`) finishes within :data:`TINY_BUDGET` nodes; the
+    branch and bound (:mod:`eplb.kernels.search.tiny`) finishes within :data:`TINY_BUDGET` nodes; the
     average bound elsewhere."""
     weights = np.ascontiguousarray(weights, dtype=np.float64)
     return _search(weights, topology, average_bound(weights, topology))
@@ -179,10 +179,10 @@ def hierarchical_bound(weights: np.ndarray, topology: Topology, num_groups: int)
     Every node ``n`` reaching max load ``<= T`` needs the groups it holds to load it by at most
     ``T`` per GPU and to need at most its slots in replicas of ``<= T`` each, and its other experts
     to fit beside its heaviest expert's replicas or on its GPUs without one
-    (:mod:`eplb.kernels.hot_room`); an exhaustive search over group -> node assignments
-    (:mod:`eplb.kernels.hierarchy`) proves the largest ``T`` for which no assignment meets that.
+    (:mod:`eplb.kernels.bounds.hot_room`); an exhaustive search over group -> node assignments
+    (:mod:`eplb.kernels.bounds.hierarchy`) proves the largest ``T`` for which no assignment meets that.
     Where the search runs out of budget (many groups) the bound from the node loads alone stays
-    (:func:`eplb.kernels.hierarchy.node_load_bound`: pigeonhole and heavy-light pairings of the
+    (:func:`eplb.kernels.bounds.hierarchy.node_load_bound`: pigeonhole and heavy-light pairings of the
     groups over the nodes), with the global bound.
     """
     per_node = topology.slots_per_gpu.reshape(topology.num_nodes, -1)
@@ -238,7 +238,7 @@ def _strongest(weights: np.ndarray, topology: Topology) -> np.ndarray:
     """The largest of :data:`BOUNDS` per layer, ``[L]``: the same values as the maximum over
     :func:`lower_bounds`, faster. The weights are sorted once for every kernel, the replica bound
     comes from the D'Hondt replication that also gives the pigeonhole bound's cheap upper bound
-    (:func:`eplb.kernels.load_bounds.replica_and_pigeonhole_upper`), and the pigeonhole bound (the
+    (:func:`eplb.kernels.bounds.load_bounds.replica_and_pigeonhole_upper`), and the pigeonhole bound (the
     costliest) runs only on the layers where that upper bound (with a margin far above rounding)
     reaches the others: elsewhere it cannot be the largest, so the maximum is unchanged."""
     weights = np.ascontiguousarray(weights, dtype=np.float64)

@@ -4,7 +4,7 @@ A placement fixes which slots hold which expert; the serving engine then sends e
 to expert ``e`` to one of its replicas. *Shares* ``[L, S]`` give the fraction of its expert's tokens
 each slot takes (summing to 1 over an expert's replicas). Engines split uniformly (``1 / logcnt``)
 unless told otherwise; :func:`dispatch` gives the split that minimises the max GPU load for
-given counts (exact; a transportation LP per layer, solved by :mod:`eplb.kernels.shares`).
+given counts (exact; a transportation LP per layer, solved by :mod:`eplb.kernels.split.shares`).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..model._validation import as_counts
-from ..kernels.shares import optimal_shares
+from ..kernels.split.shares import optimal_shares
 from .placement import Placement, check_placement, check_shares, uniform_shares  # noqa: F401  (re-exported)
 from ..model.topology import Topology
 
@@ -63,7 +63,7 @@ def dispatch(counts, placement: Placement) -> np.ndarray:
 
     Only experts with replicas on two or more GPUs have a choice; the others keep ``1 / logcnt``.
     Among optimal splits the kernel keeps few experts split (see
-    :func:`eplb.kernels.shares.optimal_shares` for the method and why it is exact).
+    :func:`eplb.kernels.split.shares.optimal_shares` for the method and why it is exact).
 
     Args:
         counts: ``[L, E]`` tokens per expert (or a series ``[T, L, E]``: shares per window).

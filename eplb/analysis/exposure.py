@@ -8,7 +8,7 @@ orphaned tokens over the layers.
 
 Shapes: ``L`` layers, ``E`` logical experts, ``S`` slots, ``G`` GPUs, ``N`` nodes, ``D`` failure
 domains (GPUs or nodes). One pass of a small kernel over ``phy2log``
-(:func:`eplb.kernels.failure_domains.orphaned_per_domain`): a fraction of a
+(:func:`eplb.kernels.change.failure_domains.orphaned_per_domain`): a fraction of a
 millisecond at DeepSeek-V3 size, so every plan reports it (``bench/survive.py`` measures it).
 """
 
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..kernels.failure_domains import domain_range, orphaned_per_domain, orphaned_per_gpu_and_node
+from ..kernels.change.failure_domains import domain_range, orphaned_per_domain, orphaned_per_gpu_and_node
 from ..model.topology import Topology
 
 __all__ = ["loss_shares", "orphaned_tokens", "sole_domain", "worst_loss"]
@@ -65,7 +65,7 @@ def worst_loss(weights: np.ndarray, phy2log: np.ndarray, topology: Topology) -> 
     the largest share of the tokens of ``weights [L, E]`` (all layers) that losing one GPU / one
     node orphans under ``phy2log [L, S]`` (0.0: no single loss orphans anything; 1.0 with one GPU
     or one node: everything; 0.0 for both without tokens). One kernel pass for both
-    (:func:`eplb.kernels.failure_domains.orphaned_per_gpu_and_node`)."""
+    (:func:`eplb.kernels.change.failure_domains.orphaned_per_gpu_and_node`)."""
     weights = np.ascontiguousarray(weights, dtype=np.float64)
     total = float(weights.sum())
     if not np.isfinite(total):  # huge counts: their shares, from counts divided by the largest

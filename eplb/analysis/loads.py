@@ -13,9 +13,9 @@ same for every window. A *split* says which fraction of its expert's tokens each
 Summation order is part of the contract (outputs are compared byte for byte): the even split sums
 each GPU's slots with NumPy after scaling each layer by a power of two (:func:`gpu_loads`, exact
 scaling keeps denormal and huge counts finite); given shares are summed slot by slot in slot order
-by the kernel :func:`eplb.kernels.shares.share_gpu_loads`. :func:`gpu_work` adds the activated slots
+by the kernel :func:`eplb.kernels.split.shares.share_gpu_loads`. :func:`gpu_work` adds the activated slots
 (expected under random choice, or at least half a token under a fixed split) that the cost model
-prices, with the kernel :func:`eplb.kernels.gpu_work.gpu_work`.
+prices, with the kernel :func:`eplb.kernels.split.gpu_work.gpu_work`.
 
 This module is the only one that turns a placement and counts into GPU loads; metrics, dispatch,
 placements, planning, the Balancer and the simulator call it.
@@ -25,10 +25,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..kernels.gpu_work import FIXED_SPLIT, RANDOM_SPLIT, gpu_work as _gpu_work_kernel
-from ..kernels.layout import replica_counts
-from ..kernels.packing import max_gpu_loads
-from ..kernels.shares import share_gpu_loads
+from ..kernels.split.gpu_work import FIXED_SPLIT, RANDOM_SPLIT, gpu_work as _gpu_work_kernel
+from ..kernels.plumbing.layout import replica_counts
+from ..kernels.search.packing import max_gpu_loads
+from ..kernels.split.shares import share_gpu_loads
 from ..model.topology import Topology
 
 __all__ = ["slot_loads", "sum_per_gpu", "gpu_loads", "peak_loads", "node_loads", "gpu_work",

@@ -10,8 +10,8 @@ import numpy as np
 
 from . import loads, metrics
 from ..model._validation import as_counts, as_int
-from ..kernels.shares import optimal_shares
-from ..kernels.layout import replica_counts, slots_of_experts
+from ..kernels.split.shares import optimal_shares
+from ..kernels.plumbing.layout import replica_counts, slots_of_experts
 from ..model.deployment import Deployment
 from ..model.topology import Topology
 from ..engines import DISPATCH_RULES, SCORING, rule_shares

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..kernels.capped import descend
-from ..kernels.hierarchy import NodeTable, assign_groups
+from ..kernels.search.capped import descend
+from ..kernels.bounds.hierarchy import NodeTable, assign_groups
 from ..model.deployment import Deployment
 from ..model.topology import Topology
 
@@ -62,7 +62,7 @@ def group_assignment(weights: np.ndarray, deployment: Deployment, lower: np.ndar
     Args:
         weights: ``[L, E]`` float64. lower: ``[L]`` valid lower bounds to start from.
         strong: every node of an assignment must also leave its heaviest expert's replicas room for
-            the others (:func:`eplb.kernels.hot_room.hot_room_fits`): a stronger bound, a slower search.
+            the others (:func:`eplb.kernels.bounds.hot_room.hot_room_fits`): a stronger bound, a slower search.
     Returns:
         ``node_of_group [L, K]`` int64 and ``[L]`` float64 lower bound on the max load of any
         placement that keeps every group on one node.
@@ -94,7 +94,7 @@ def improve_layer(w: np.ndarray, row: np.ndarray, num_gpus: int, slots: int, low
                   neighbours: bool = True, spread: bool = True, budget: int = 20_000,
                   max_attempts: int = 20_000):
     """The lightest placement of one layer the capped search finds from ``row``
-    (:func:`eplb.kernels.capped.descend`).
+    (:func:`eplb.kernels.search.capped.descend`).
 
     Args:
         w: ``[E]`` float64 expert loads; row: ``[S]`` int64 starting placement (``S = G k``).

@@ -11,7 +11,7 @@ import numpy as np
 from ..model.defaults import CHANGE_TOLERANCE, COPY_COST, PLAN_TOLERANCE
 from ..analysis.metrics import moe_mean
 from ..analysis.placement import Placement
-from ..kernels.layout import replica_counts, slots_of_experts
+from ..kernels.plumbing.layout import replica_counts, slots_of_experts
 from ..model._validation import as_counts, as_fraction
 from ..engines import DISPATCH_RULES, dispatch_rule
 from ..model.change import DeploymentChange

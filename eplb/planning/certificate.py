@@ -2,7 +2,7 @@
 
 :func:`certify` brackets the optimum of every layer between the package's lower bound
 (:func:`eplb.analysis.bounds.lower_bound`) and the max load of a placement it finds with an exact packing
-search under a load cap (:mod:`eplb.kernels.capped`):
+search under a load cap (:mod:`eplb.kernels.search.capped`):
 
 1. start from a placement (by default ``method="best"``) and its replica counts;
 2. bisect the cap between the lower bound and the start's max load: the search packs the replicas
@@ -30,7 +30,7 @@ import numpy as np
 
 from ..analysis.bounds import strongest_bound
 from ..analysis.placement import check_placement
-from ..kernels.layout import replica_counts
+from ..kernels.plumbing.layout import replica_counts
 from ..analysis.searches import RELATIVE_STEP, improve_layer
 from ..model.deployment import Deployment, make_deployment
 from ..model.counts import weights_2d

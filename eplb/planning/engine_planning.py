@@ -13,13 +13,13 @@ layer to the next) and, per layer, tries two layouts:
 
 - the even-split plan as it is;
 - (global deployments) the same with each replicated expert's replicas spread over distinct
-  nodes (:func:`eplb.kernels.fixed_shares.spread_over_nodes`): every rank of a node holding a
+  nodes (:func:`eplb.kernels.split.fixed_shares.spread_over_nodes`): every rank of a node holding a
   replica then picks it, so the deterministic part of the split is even and fewer ranks draw.
 
 For each, it computes the rule's exact shares (its engine's ``layer_shares``, :mod:`eplb.engines`) and swaps slots
 between GPUs in ways that keep every slot's share (single-replica experts anywhere they may go, a
 replica that is alone on its node within that node), lowering the weighted mean over the windows
-of each window's peak GPU load (:func:`eplb.kernels.fixed_shares.balance_fixed_loads`), with the
+of each window's peak GPU load (:func:`eplb.kernels.split.fixed_shares.balance_fixed_loads`), with the
 windows' sum as one more window of weight ``anchor``. The layout with the lower objective is kept
 and its draws advance the streams. Finally the whole plan is compared with the even-split plan
 under the rule on the planning windows (mean balancedness) and the even-split plan is returned
@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..kernels.fixed_shares import ANYWHERE, FIXED, balance_fixed_loads, spread_over_nodes
+from ..kernels.split.fixed_shares import ANYWHERE, FIXED, balance_fixed_loads, spread_over_nodes
 from ..engines import PLACEMENT_RULES as RULES
 from ..engines import dispatch_rule, engine_of, rule_shares
 from ..analysis.metrics import balancedness

@@ -31,8 +31,8 @@ import numpy as np
 
 from ..analysis.bounds import average_bound, replica_bound, strongest_bound
 from ..analysis.dispatch import optimal_dispatch
-from ..kernels.layout import replica_counts
-from ..kernels.off_node import off_node_pieces
+from ..kernels.plumbing.layout import replica_counts
+from ..kernels.search.off_node import off_node_pieces
 from .methods import get_method
 from ..analysis.searches import group_assignment
 from ..analysis.loads import gpu_loads, slot_loads
@@ -97,7 +97,7 @@ def _place_nodes(weights: np.ndarray, home: np.ndarray, pieces: tuple, deploymen
     """Plan every node's items as a global placement on its GPUs (step 3); ``[L, S]`` phy2log and shares.
 
     ``pieces``: ``(expert [L, P], node [L, P], tokens [L, P], count [L])`` from
-    :func:`eplb.kernels.off_node.off_node_pieces`. A node's layers are planned in one call of the
+    :func:`eplb.kernels.search.off_node.off_node_pieces`. A node's layers are planned in one call of the
     method when they have as many items; to make that so, a layer with fewer pieces than the node's
     most splits its heaviest items in two (an item split in two halves needs two replicas, which
     a heavy item gets anyway).

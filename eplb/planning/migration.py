@@ -14,7 +14,7 @@ layer:
 2. improve the previous placement by local search (swap two slots, give a slot to another expert),
    best balance gain per changed slot first, until its max load is at most ``(1 + tolerance) * M``
    or the budget of changed slots is spent; then give back every changed slot the target does not
-   need (:func:`eplb.kernels.few_changes.search_near_previous`);
+   need (:func:`eplb.kernels.search.few_changes.search_near_previous`);
 3. where that stalls above the target, search again: by steepest descent, from the previous
    placement with the fresh plan's replica counts, and (hierarchical) with whole groups moved to
    the fresh plan's nodes;
@@ -37,7 +37,7 @@ import numpy as np
 from ..model.defaults import PLAN_TOLERANCE
 from ..model._validation import as_int
 from ..analysis.bounds import average_bound
-from ..kernels.few_changes import (SearchLayout, fewest_changes_search, min_cost_assignment, relabel_like,
+from ..kernels.search.few_changes import (SearchLayout, fewest_changes_search, min_cost_assignment, relabel_like,
                                 search_near_previous)
 from ..analysis.loads import peak_loads
 from .methods import Deployment, get_method
@@ -396,7 +396,7 @@ def check_trade_off(tolerance, max_moves, num_slots: int) -> tuple[float | None,
 
 
 def search_layout(deployment: Deployment, num_experts: int, groups: int | None = None) -> SearchLayout:
-    """The deployment as :func:`eplb.kernels.few_changes.search_near_previous` takes it; ``groups``:
+    """The deployment as :func:`eplb.kernels.search.few_changes.search_near_previous` takes it; ``groups``:
     keep experts on nodes holding their group, ``groups`` of them, whatever the deployment's rule."""
     topology = deployment.topology
     if deployment.hierarchical or groups is not None:

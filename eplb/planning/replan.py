@@ -11,7 +11,7 @@ where no carried slot holds one: every replica lost, or given up by a shrinking 
    when the node has room, else moved to the node with the most room (units with the most
    missing experts move first: their weights are copied anyway);
 3. :func:`carried_across` places every missing expert and fills every hole at the fewest copies, balanced
-   (:func:`eplb.kernels.repair.repair_carried`);
+   (:func:`eplb.kernels.change.repair.repair_carried`);
 4. the migration-aware search (:mod:`eplb.planning.migration`) goes on from the repair, counting
    every slot against the carried placement: the plan trades balance against copies across the
    change exactly as it does without one.
@@ -28,8 +28,8 @@ import numpy as np
 
 from ..analysis.loads import peak_loads
 from ..analysis.searches import check_hierarchical
-from ..kernels.few_changes import align_slots
-from ..kernels.repair import repair_carried
+from ..kernels.search.few_changes import align_slots
+from ..kernels.change.repair import repair_carried
 from ..model.change import HOLE, DeploymentChange
 from ..model.deployment import Deployment
 from .migration import Carried
@@ -161,7 +161,7 @@ def _most_held(row: np.ndarray, size: int, units: int, node_of_slot: np.ndarray,
 def _repair(weights: np.ndarray, carried: np.ndarray, deployment: Deployment, expert_node: np.ndarray, *,
             spill: bool = False) -> np.ndarray:
     """``[L, S]`` int64: ``carried [L, S]`` (``-1`` holes) with every missing expert placed and every hole
-    filled (:func:`eplb.kernels.repair.repair_carried`), every expert on its node of ``expert_node
+    filled (:func:`eplb.kernels.change.repair.repair_carried`), every expert on its node of ``expert_node
     [L, E]`` (or, with ``spill``, any node where its own has no room). ``weights [L, E]`` float64."""
     topology = deployment.topology
     out, ok = repair_carried(np.ascontiguousarray(weights, dtype=np.float64), np.ascontiguousarray(carried),

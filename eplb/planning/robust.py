@@ -4,9 +4,9 @@ An engine that splits each expert's tokens evenly among its replicas (vLLM, Tens
 in every window, for its most loaded GPU. :func:`improve_expected_peak` takes a placement (e.g.
 the plan of the summed counts) and searches, per layer, for one whose weighted mean over the
 windows of ``peak / mean`` GPU load is lower: first the best swaps between each window's most
-loaded GPU and a light one (:func:`eplb.kernels.expected_peak.pair_descent`, the bulk of the gain in
+loaded GPU and a light one (:func:`eplb.kernels.split.expected_peak.pair_descent`, the bulk of the gain in
 milliseconds), then random swaps and redundant replicas moved from one expert to another
-(:func:`eplb.kernels.expected_peak.improve_expected_peak`).
+(:func:`eplb.kernels.split.expected_peak.improve_expected_peak`).
 
 Held out (leave one workload out, next window), the search serves windows whose hot experts differ
 in structure (workloads of real traces, drifting popularity) much better than the plan of the
@@ -26,9 +26,9 @@ from typing import NamedTuple
 import numpy as np
 
 from ..model._validation import as_counts, validated_counts
-from ..kernels.expected_peak import improve_expected_peak as _improve
-from ..kernels.expected_peak import InService, pair_descent
-from ..kernels.layout import replica_counts
+from ..kernels.split.expected_peak import improve_expected_peak as _improve
+from ..kernels.split.expected_peak import InService, pair_descent
+from ..kernels.plumbing.layout import replica_counts
 from ..analysis.loads import peak_loads
 from ..analysis.placement import uniform_shares
 from ..analysis.windows import check_window_weights
@@ -117,10 +117,10 @@ def hedge(series, phy2log, deployment, window_weights=None, *, shares=None, prev
     each slot taking a fixed fraction of its expert's tokens (``1 / logcnt``, an even split, or the
     given ``shares``); windows are compared at the same total, so a long window does not outweigh a
     short one. Moves: first ``swaps`` best swaps between a window's most loaded GPU and a light GPU
-    (:func:`eplb.kernels.expected_peak.pair_descent`; a slot's share moves with its expert); then, under
+    (:func:`eplb.kernels.split.expected_peak.pair_descent`; a slot's share moves with its expert); then, under
     an even split and with no ``previous``, ``iterations`` random moves: swaps and, with
     ``replica_moves``, a redundant replica given from one expert to another
-    (:func:`eplb.kernels.expected_peak.improve_expected_peak`). Every expert keeps at least one replica,
+    (:func:`eplb.kernels.split.expected_peak.improve_expected_peak`). Every expert keeps at least one replica,
     every GPU its slot count, no GPU gets a second replica of an expert it already holds, and with
     a hierarchical ``deployment`` every slot stays on its node (so no token changes node: a capped
     plan keeps its off-node traffic). The result is never worse than ``phy2log`` on the objective
@@ -232,8 +232,8 @@ def _with_anchor(windows, weights, anchor):
 
 def search_steps(swaps: int, iterations: int) -> tuple[tuple[str, int], ...]:
     """The steps of the search, smallest first: ``("swaps", n)`` (``n`` best swaps,
-    :func:`eplb.kernels.expected_peak.pair_descent`) or ``("moves", n)`` (``n`` random moves,
-    :func:`eplb.kernels.expected_peak.improve_expected_peak`). A quarter of the best swaps first:
+    :func:`eplb.kernels.split.expected_peak.pair_descent`) or ``("moves", n)`` (``n`` random moves,
+    :func:`eplb.kernels.split.expected_peak.improve_expected_peak`). A quarter of the best swaps first:
     where the evidence is weak the decision can keep only the first, largest-gain swaps."""
     first = (swaps + 3) // 4
     steps = (("swaps", first), ("swaps", swaps - first), ("moves", iterations))

@@ -7,7 +7,7 @@ share). The survive stage of :func:`eplb.plan` (:mod:`eplb.planning.pipeline`) t
 so far and, per layer and per *zone* (the whole cluster, or each node of a hierarchical deployment,
 whose groups stay on their node):
 
-1. **spreads** replicas over domains (:func:`eplb.kernels.domain_spread.spread_layer`): heaviest
+1. **spreads** replicas over domains (:func:`eplb.kernels.change.domain_spread.spread_layer`): heaviest
    first, each expert that sits in one domain gets a second replica from a *donor* (the expert with
    three or more replicas whose load per replica stays lowest once it gives one) and, if needed, a
    swap that takes one replica into another domain; moves never double an expert on a GPU nor
@@ -37,9 +37,9 @@ from __future__ import annotations
 import numpy as np
 
 from ..analysis.exposure import loss_shares, orphaned_tokens
-from ..kernels.domain_spread import SpreadState, load_spread, spread_layer
-from ..kernels.pack_descend import balanced_placement
-from ..kernels.packing import PackState, new_state, store_state
+from ..kernels.change.domain_spread import SpreadState, load_spread, spread_layer
+from ..kernels.search.pack_descend import balanced_placement
+from ..kernels.search.packing import PackState, new_state, store_state
 from ..model.deployment import Deployment
 
 __all__ = ["SURVIVE", "SURVIVE_TOLERANCE", "balanced_numbering", "check_survive", "exposure_floor",
@@ -210,7 +210,7 @@ def even_groups(weights: np.ndarray, phy2log: np.ndarray, deployment: Deployment
     replicas of its experts on two GPUs where the nodes allow it: a layer whose group -> node
     assignment crowds a node (its experts cannot all be on two GPUs) while another assignment
     would not is re-placed by the default method's kernel
-    (:func:`eplb.kernels.pack_descend.balanced_placement`) with the groups, heaviest first, each on
+    (:func:`eplb.kernels.search.pack_descend.balanced_placement`) with the groups, heaviest first, each on
     the lightest node that still has that room. Returns the plan and the number of layers re-placed."""
     topology = deployment.topology
     num_layers, num_experts = weights.shape

@@ -50,7 +50,7 @@ from multiprocessing import shared_memory
 import numpy as np
 
 from ..analysis.placement import Placement
-from ..kernels.load_window import STAGED_DTYPES, memory_fence, stage_pass, warm_copy_counts
+from ..kernels.plumbing.load_window import STAGED_DTYPES, memory_fence, stage_pass, warm_copy_counts
 from .balancer import Balancer, bad_count_error, change_for, check_counts, commit_range, fold_pass, merged_placement
 from .transfer import TransferPlan
 from .worker import (CONTEXTS, balancer_arguments, PROTOCOL, UNGUARDED_MAIN, UNGUARDED_MAIN_EXIT, build_balancer, dumps,
@@ -738,7 +738,7 @@ class _Stager:
 
 def _stage_widened(counts: np.ndarray, row: np.ndarray, header: np.ndarray, field: int, value: int,
                    limit: float) -> bool:
-    """As :func:`~eplb.kernels.load_window.stage_pass` for a dtype the worker does not take as it is
+    """As :func:`~eplb.kernels.plumbing.load_window.stage_pass` for a dtype the worker does not take as it is
     (float16, longdouble, big-endian, bool): ``row [L, X]`` float64 ``= counts`` (values beyond
     float64's range become inf), then ``header[field] = value`` unless a value is negative, NaN or
     above ``limit``; returns whether one is."""

@@ -50,7 +50,7 @@ from ..planning.replan import RELAXED_WARNING, fit_groups, warn_relaxed
 from ..analysis.bounds import average_bound, replica_bound
 from ..model.cost import CostModel
 from ..analysis.loads import RANDOM_SPLIT, gpu_work
-from ..kernels.load_window import (STAGED_DTYPES, copy_counts, first_bad_count, store_logical, store_physical,
+from ..kernels.plumbing.load_window import (STAGED_DTYPES, copy_counts, first_bad_count, store_logical, store_physical,
                                    warm_copy_counts, weighted_window, window_residuals)
 from ..planning.methods import DEFAULT_METHOD, get_method
 from ..planning.migration import SPREAD_WARNING, warm_search_kernels
@@ -935,7 +935,7 @@ def pass_count_limit(window: int, forecast: int, num_experts: int, num_slots: in
 
 def bad_count_error(counts: np.ndarray, staged: np.ndarray, limit: float) -> ValueError:
     """The ``ValueError`` for a pass ``counts`` whose staged copy ``staged`` (the same shape) holds a
-    value :func:`~eplb.kernels.load_window.first_bad_count` refuses under ``limit``."""
+    value :func:`~eplb.kernels.plumbing.load_window.first_bad_count` refuses under ``limit``."""
     bad = first_bad_count(staged, limit)
     value = staged.flat[bad]
     if value >= 0 and np.isfinite(value):  # finite and non-negative: too large

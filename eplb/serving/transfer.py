@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..model._validation import as_int
-from ..kernels.weight_copies import CROSS_NODE, FROM_HOST, INTRA_GPU, INTRA_NODE, copies_across, weight_copies
+from ..kernels.change.weight_copies import CROSS_NODE, FROM_HOST, INTRA_GPU, INTRA_NODE, copies_across, weight_copies
 from ..model.change import DeploymentChange
 from ..analysis.placement import Placement, check_placement
 from ..model.deployment import Deployment

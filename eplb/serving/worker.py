@@ -53,7 +53,7 @@ from multiprocessing import shared_memory
 import numpy as np
 
 from ..analysis.placement import Placement
-from ..kernels.load_window import warm_copy_counts
+from ..kernels.plumbing.load_window import warm_copy_counts
 from ..model.deployment import DEPLOYMENT_KEYWORDS, deployment_argument
 from .balancer import Balancer, change_for, check_counts, fold_pass, pass_count_limit, stage_counts
 from .transfer import TransferPlan

@@ -38,7 +38,7 @@ from ..analysis.bounds import strongest_bound
 from ..analysis.metrics import balancedness as layer_balancedness, gap as layer_gap, moe_mean, moves, \
     replicas_sharing_a_gpu
 from ..analysis.placement import Placement, build_log2phy
-from ..kernels.layout import replica_counts
+from ..kernels.plumbing.layout import replica_counts
 from ..model.cost import CostModel
 from ..model.deployment import Deployment, make_deployment
 from ..planning.migration import groups_spread

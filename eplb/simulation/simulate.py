@@ -83,7 +83,7 @@ from ..model._validation import as_int, check_layer_totals
 from ..model.deployment import Deployment, deployment_argument
 from ..model.cost import CostModel
 from ..analysis.dispatch import optimal_dispatch, uniform_shares
-from ..kernels.layout import replica_counts
+from ..kernels.plumbing.layout import replica_counts
 from ..analysis.loads import FIXED_SPLIT, RANDOM_SPLIT, gpu_work
 from ..analysis.placement import Placement
 from ..model.topology import Topology

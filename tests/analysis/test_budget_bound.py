@@ -1,4 +1,4 @@
-"""The slot-budget tier bound (eplb/kernels/budget.py): never above the optimum (exact rational brute
+"""The slot-budget tier bound (eplb/kernels/bounds/budget.py): never above the optimum (exact rational brute
 force on tiny instances, CP-SAT-proven optima on small ones), and tight where one expert carries a
 large share of the load (Zipf 1.5), where the tier bound alone sat ~2% below the optimum."""
 
@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 import eplb
 import eplb.analysis.bounds as bounds
 from eplb.analysis.bounds import lower_bound, lower_bounds
-from eplb.kernels.budget import budget_tier_bound
+from eplb.kernels.bounds.budget import budget_tier_bound
 
 
 def zipf_weights(num_experts, skew, jitter, scale=1000.0):

@@ -8,7 +8,7 @@ import pytest
 
 import eplb
 from eplb.analysis import loads
-from eplb.kernels.layout import replica_counts
+from eplb.kernels.plumbing.layout import replica_counts
 
 
 def small():

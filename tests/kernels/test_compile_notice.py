@@ -13,8 +13,8 @@ import numba
 import pytest
 from numba.core import event
 
-from eplb.kernels import _compile_notice
-from eplb.kernels._compile_notice import CompileNotice, notice_text
+from eplb.kernels.plumbing import _compile_notice
+from eplb.kernels.plumbing._compile_notice import CompileNotice, notice_text
 
 ROOT = Path(__file__).resolve().parents[2]
 

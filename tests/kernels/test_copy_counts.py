@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from eplb.kernels.load_window import STAGED_DTYPES, copy_counts, first_bad_count
+from eplb.kernels.plumbing.load_window import STAGED_DTYPES, copy_counts, first_bad_count
 
 
 @settings(max_examples=200, deadline=None)

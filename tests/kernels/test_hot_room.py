@@ -1,4 +1,4 @@
-"""The hot-room condition (eplb/kernels/hot_room.py) and the hierarchical bound built on it: it holds
+"""The hot-room condition (eplb/kernels/bounds/hot_room.py) and the hierarchical bound built on it: it holds
 at the optimum (exact rational brute force; CP-SAT-proven hierarchical optima), and it lifts the
 bound where one expert carries ~40% of a layer's load (Zipf 1.5, DeepSeek-V3 hierarchical)."""
 
@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 import eplb
 from eplb.analysis.bounds import hierarchical_bound, lower_bound
-from eplb.kernels.hot_room import HotRoomScratch, hot_room_fits
+from eplb.kernels.bounds.hot_room import HotRoomScratch, hot_room_fits
 from eplb.simulation.synthetic import skewed_counts
 
 

@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import eplb
-from eplb.kernels.layout import replica_counts, slots_of_experts
+from eplb.kernels.plumbing.layout import replica_counts, slots_of_experts
 
 from checks import assert_valid, assert_valid_arrays
 

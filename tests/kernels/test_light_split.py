@@ -1,4 +1,4 @@
-"""The light-split replications (:func:`eplb.kernels.multistart.light_split`): the light experts'
+"""The light-split replications (:func:`eplb.kernels.search.multistart.light_split`): the light experts'
 extra replicas moved to the lightest experts, tried by the default and ``best`` next to the aligned
 replications; what they buy with one very hot expert per node (Zipf 1.5, hierarchical)."""
 
@@ -7,8 +7,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import eplb
-from eplb.kernels.multistart import light_split
-from eplb.kernels.replication import replicate_capped
+from eplb.kernels.search.multistart import light_split
+from eplb.kernels.search.replication import replicate_capped
 from eplb.simulation.synthetic import skewed_counts
 
 

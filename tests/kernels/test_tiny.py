@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 import eplb
 from eplb.analysis.bounds import lower_bounds
-from eplb.kernels.tiny import tiny_optimum
+from eplb.kernels.search.tiny import tiny_optimum
 
 sys.path.insert(0, str(Path(__file__).parent.parent))
 from brute_force import optimum as brute_force_optimum  # noqa: E402

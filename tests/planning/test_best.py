@@ -1,4 +1,4 @@
-"""Aligned replications (:func:`eplb.kernels.multistart.aligned_counts`) and what they buy the
+"""Aligned replications (:func:`eplb.kernels.search.multistart.aligned_counts`) and what they buy the
 default and ``best`` on loads with a few heavy experts, globally and in hierarchical mode."""
 
 import numpy as np
@@ -9,8 +9,8 @@ from hypothesis import strategies as st
 from strategies import problems
 
 import eplb
-from eplb.kernels.multistart import aligned_counts
-from eplb.kernels.replication import replicate_capped
+from eplb.kernels.search.multistart import aligned_counts
+from eplb.kernels.search.replication import replicate_capped
 from eplb.simulation.synthetic import skewed_counts
 
 

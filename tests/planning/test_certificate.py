@@ -1,4 +1,4 @@
-"""The capped packing search (eplb.kernels.capped) and the certificates built on it (eplb.planning.certificate)."""
+"""The capped packing search (eplb.kernels.search.capped) and the certificates built on it (eplb.planning.certificate)."""
 
 import itertools
 
@@ -10,7 +10,7 @@ import eplb
 from brute_force import optimum
 from eplb.planning.certificate import certify, improve_layer
 from eplb.simulation.synthetic import skewed_counts
-from eplb.kernels.capped import EXHAUSTED, FOUND, pack_under_cap
+from eplb.kernels.search.capped import EXHAUSTED, FOUND, pack_under_cap
 from eplb.model.topology import Topology
 
 

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from strategies import configs, counts_for, problems
 
 import eplb
-from eplb.kernels.local_search import improve_placement
+from eplb.kernels.search.local_search import improve_placement
 from eplb.planning.methods import DEFAULT_METHOD
 
 QUALITY_METHODS = ["balanced", "best"]

@@ -23,8 +23,8 @@ from eplb.engines import DISPATCH_RULES, ENGINE_RULES, PLACEMENT_RULES, rule_sha
 from eplb.analysis.engine_dispatch import with_engine_shares
 from eplb.io.formats import read_placement
 from eplb.planning.engine_planning import _scaled_windows, plan_for_rule
-from eplb.kernels.fixed_shares import spread_over_nodes
-from eplb.kernels.sglang_table import fair_pick, next_uint32, rand_below, seeded_state
+from eplb.kernels.split.fixed_shares import spread_over_nodes
+from eplb.kernels.engine_tables.sglang_table import fair_pick, next_uint32, rand_below, seeded_state
 from eplb.analysis.placement import Placement
 from eplb.model.deployment import make_deployment
 from sglang_reference import reference_shares

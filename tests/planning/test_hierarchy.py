@@ -1,4 +1,4 @@
-"""The group -> node search of hierarchical placement (:mod:`eplb.kernels.hierarchy`) and the
+"""The group -> node search of hierarchical placement (:mod:`eplb.kernels.bounds.hierarchy`) and the
 bound it proves: never above the optimum (brute force on tiny instances dominated by one hot
 expert, where the hot-expert condition binds), and tight where a hand argument gives the optimum."""
 
@@ -118,7 +118,7 @@ def test_bound_on_nodes_of_different_shapes_is_not_taken_from_the_other_node():
 @settings(max_examples=80, deadline=None)
 @given(node_instances())
 def test_node_load_bound_never_exceeds_the_best_group_assignment(instance):
-    from eplb.kernels.hierarchy import node_load_bound
+    from eplb.kernels.bounds.hierarchy import node_load_bound
 
     weights, topology, num_groups = instance
     per_node = topology.slots_per_gpu.reshape(topology.num_nodes, -1)
@@ -140,7 +140,7 @@ def test_node_load_bound_never_exceeds_the_best_group_assignment(instance):
 
 
 def test_node_load_bound_is_the_optimal_pairing_with_two_groups_per_node():
-    from eplb.kernels.hierarchy import node_load_bound
+    from eplb.kernels.bounds.hierarchy import node_load_bound
 
     rng = np.random.default_rng(5)
     weights = rng.random((3, 32 * 4)) * rng.random((3, 1))

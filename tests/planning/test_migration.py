@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 from strategies import problems
 
 import eplb
-from eplb.kernels.few_changes import SearchLayout, min_cost_assignment, relabel_like, search_near_previous
+from eplb.kernels.search.few_changes import SearchLayout, min_cost_assignment, relabel_like, search_near_previous
 from eplb.analysis.metrics import moves
 from eplb.simulation.synthetic import drifting_counts
 
@@ -263,7 +263,7 @@ def test_swaps_stay_inside_the_kernel_arrays_when_every_expert_has_one_slot(tmp_
 
     code = """
 import numpy as np
-from eplb.kernels.few_changes import SearchLayout, search_near_previous
+from eplb.kernels.search.few_changes import SearchLayout, search_near_previous
 w = np.array([[850., 636., 511., 269., 307., 40., 75., 16.]])
 previous = np.array([[3, 6, 0, 7, 5, 1, 2, 4]], dtype=np.int64)
 layout = SearchLayout(np.repeat(np.arange(2), 4), np.array([0, 4, 8]), np.zeros(2, np.int64), np.arange(8) // 2,

@@ -239,7 +239,7 @@ def test_a_layer_searched_after_one_with_more_active_windows_is_still_searched()
     own active windows: a layer searched after one with more active windows (here 3 of 8 windows
     route tokens in it) must not count the earlier layer's windows. That stale sum once made the
     search refuse nearly every swap of such a layer."""
-    from eplb.kernels.expected_peak import InService, pair_descent
+    from eplb.kernels.split.expected_peak import InService, pair_descent
     from eplb.simulation.synthetic import drifting_counts
 
     base = drifting_counts(8, 3, 32, drift=0.5, tokens=2048, seed=1).astype(np.float64)

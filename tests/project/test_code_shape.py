@@ -1,7 +1,7 @@
 """The code conventions of ARCHITECTURE section 5, measured by ``bench/code_shape.py``: no function
 in ``eplb/`` over 100 lines, none with over 10 positional parameters outside the CLI's click
 commands, and no private helper imported from one kernel file into another (shared helpers live in
-``eplb/kernels/common.py``)."""
+``eplb/kernels/plumbing/common.py``)."""
 
 from __future__ import annotations
 
@@ -16,9 +16,9 @@ MAX_POSITIONAL = 10
 def test_measures_the_whole_package():
     shapes = code_shape.all_functions()
     modules = {s.module for s in shapes}
-    assert "eplb.kernels.shares" in modules and "eplb.cli" in modules
+    assert "eplb.kernels.split.shares" in modules and "eplb.cli" in modules
     names = {(s.module, s.name) for s in shapes}
-    assert ("eplb.kernels.shares", "optimal_shares") in names
+    assert ("eplb.kernels.split.shares", "optimal_shares") in names
 
 
 def test_no_function_over_100_lines():

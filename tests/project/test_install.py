@@ -51,8 +51,8 @@ def numba_files(folder: Path) -> dict[str, tuple[float, int]]:
 # new specialisation, so the process must write a cache entry somewhere.
 CALL_KERNEL = """
 import json, numpy as np
-from eplb.kernels.layout import replica_counts
-from eplb.kernels._cache import cache_dir
+from eplb.kernels.plumbing.layout import replica_counts
+from eplb.kernels.plumbing._cache import cache_dir
 counts = replica_counts(np.array([[0, 1, 1, 2]], dtype=np.int32), 3)
 assert counts.tolist() == [[1, 2, 1]]
 print(json.dumps({"stats": replica_counts.stats.cache_misses.__len__(),

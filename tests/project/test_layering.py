@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from eplb.layers import FOLDERS, LAYERS, layer_of
+from eplb.layers import FOLDERS, KERNEL_PACKAGES, LAYERS, layer_of
 
 PACKAGE = Path(__file__).resolve().parents[2] / "eplb"
 
@@ -62,7 +62,7 @@ def test_every_folder_is_a_layer():
 
 
 def test_layer_of_reads_the_folder():
-    assert layer_of("eplb.kernels.shares") == FOLDERS["kernels"]
+    assert layer_of("eplb.kernels.split.shares") == FOLDERS["kernels"]
     assert layer_of("eplb.planning.methods.best") == FOLDERS["planning"] > FOLDERS["analysis"]
     assert layer_of("eplb.cli") == layer_of("eplb") == len(LAYERS) - 1
     with pytest.raises(ValueError, match="module must be a module of eplb"):
@@ -89,6 +89,30 @@ def test_no_public_name_shadows_a_module():
     clashes = [name for name in eplb.__all__
                if (PACKAGE / f"{name}.py").exists() or (PACKAGE / name / "__init__.py").exists()]
     assert clashes == []
+
+
+KERNEL_IMPORTS = {name: {name, *allowed} for name, _, allowed in KERNEL_PACKAGES}
+
+
+def test_every_kernel_module_is_in_a_kernel_package():
+    """``eplb/kernels/`` holds sub-packages only (:data:`eplb.layers.KERNEL_PACKAGES`), each a
+    package whose docstring says what it holds and what may use it; no kernel file lies flat."""
+    kernels = PACKAGE / "kernels"
+    assert sorted(p.name for p in kernels.glob("*.py")) == ["__init__.py"]
+    folders = {p.parent.relative_to(kernels).parts[0] for p in kernels.rglob("*.py") if p.parent != kernels}
+    assert folders == set(KERNEL_IMPORTS)
+    for folder in folders:
+        doc = ast.get_docstring(ast.parse((kernels / folder / "__init__.py").read_text()))
+        assert doc and "May use it" in doc, folder
+
+
+@pytest.mark.parametrize("module", sorted(m for m in MODULES if m.startswith("eplb.kernels.")))
+def test_a_kernel_package_imports_only_the_kernel_packages_it_may(module):
+    own = module.split(".")[2]
+    outside = sorted(other for other in GRAPH[module]
+                     if other.count(".") < 2 or other.split(".")[1] != "kernels"
+                     or other == "eplb.kernels" or other.split(".")[2] not in KERNEL_IMPORTS[own])
+    assert outside == [], f"{module} ({own}) may import only {sorted(KERNEL_IMPORTS[own])}: {outside}"
 
 
 @pytest.mark.parametrize("module", sorted(MODULES))
@@ -129,7 +153,7 @@ def test_no_import_circles():
 
 def test_the_checker_sees_imports_inside_functions(tmp_path):
     path = PACKAGE / "analysis" / "bounds.py"
-    assert "eplb.kernels.load_bounds" in imported_modules("eplb.analysis.bounds", path)
+    assert "eplb.kernels.bounds.load_bounds" in imported_modules("eplb.analysis.bounds", path)
     source = tmp_path / "probe.py"
     source.write_text("def f():\n    from .methods.balanced import x\n")
     assert imported_modules("eplb.planning.probe", source) == {"eplb.planning.methods.balanced"}

@@ -1,6 +1,6 @@
 """Kernels shipped compiled: a wheel's build compiles the DeepSeek-V3 deployment's kernels and ships
 Numba's cache files, so a fresh install's first call loads compiled code instead of compiling
-(:mod:`eplb.kernels._cache`, ``eplb/_build.py``, :func:`eplb.precompile.ship`).
+(:mod:`eplb.kernels.plumbing._cache`, ``eplb/_build.py``, :func:`eplb.precompile.ship`).
 
 The end-to-end checks build a real wheel from a copy of the source (about a minute: the build
 compiles), install it into a folder of its own and run fresh interpreters on it with an empty
@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 import eplb
-from eplb.kernels import _cache
+from eplb.kernels.plumbing import _cache
 from eplb.simulation.synthetic import DEEPSEEK_V3, deepseek_v3_counts
 
 pytestmark = pytest.mark.slow  # builds a wheel and compiles the shipped kernels
@@ -126,11 +126,11 @@ def test_ranks_starting_together_on_one_empty_cache_all_load_and_agree(installed
 def test_an_edited_kernel_file_is_compiled_not_loaded_stale(installed, tmp_path):
     site = tmp_path / "site"
     shutil.copytree(installed, site)
-    layout = site / "eplb" / "kernels" / "layout.py"
+    layout = site / "eplb" / "kernels" / "plumbing" / "layout.py"
     layout.write_text(layout.read_text() + "\n# edited after the build\n")
     out = run_installed(site, tmp_path / "empty-cache", """
         import json, numpy as np
-        from eplb.kernels.layout import replica_counts
+        from eplb.kernels.plumbing.layout import replica_counts
         counts = replica_counts(np.array([[0, 1, 1, 2]], dtype=np.int64), 3)
         print(json.dumps({"counts": counts.tolist(), "misses": len(replica_counts.stats.cache_misses),
                           "hits": len(replica_counts.stats.cache_hits)}))
@@ -185,5 +185,6 @@ def test_without_a_readable_manifest_nothing_is_seeded(tmp_path, monkeypatch, ma
     monkeypatch.setattr(_cache, "SHIPPED_ROOT", str(tmp_path / "shipped"))
     monkeypatch.setenv("EPLB_CACHE_DIR", str(tmp_path / "cache"))
     folder = Path(_cache.cache_dir(str(Path(_cache.__file__).with_name("layout.py"))))
-    assert folder.name == _cache._CacheLocator.get_suitable_cache_subpath(str(Path(_cache.__file__).with_name("layout.py")))
+    kernels_init = str(Path(_cache.KERNELS_DIR) / "__init__.py")  # every kernel file's cache folder
+    assert folder.name == _cache._CacheLocator.get_suitable_cache_subpath(kernels_init)
     assert not folder.exists() or not any(folder.iterdir())

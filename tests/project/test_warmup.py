@@ -36,8 +36,8 @@ from eplb.simulation.synthetic import skewed_counts
 
 def compiled():
     out = {}
-    for info in pkgutil.iter_modules(eplb.kernels.__path__):
-        module = importlib.import_module("eplb.kernels." + info.name)
+    for info in pkgutil.walk_packages(eplb.kernels.__path__, "eplb.kernels."):
+        module = importlib.import_module(info.name)
         for name, value in vars(module).items():
             if isinstance(value, CPUDispatcher) and value.py_func.__module__ == module.__name__:
                 out[module.__name__ + "." + name] = len(value.overloads)

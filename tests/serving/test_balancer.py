@@ -160,7 +160,7 @@ def test_planning_kernel_releases_the_gil():
     """With a huge switch interval the main thread can only run while the planner thread waits or
     sits in a GIL-free kernel: it makes progress during the migration search."""
     from eplb.planning.api import make_deployment
-    from eplb.kernels.few_changes import SearchLayout, search_near_previous
+    from eplb.kernels.search.few_changes import SearchLayout, search_near_previous
 
     series = drifting_counts(2, 58, 256, num_groups=8, drift=0.3, seed=8).astype(float)
     weights = np.concatenate([series[1]] * 4)

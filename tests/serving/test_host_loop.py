@@ -239,7 +239,7 @@ def test_the_pass_is_handed_over_after_a_memory_fence():
     Python code calls around the other counters is one too."""
     import numba
 
-    from eplb.kernels.load_window import memory_fence, stage_pass
+    from eplb.kernels.plumbing.load_window import memory_fence, stage_pass
 
     row, header, limit = np.zeros((2, 3), np.uint16), np.zeros(4, np.int64), 1e300
     assert not stage_pass(np.arange(6, dtype=np.uint16).reshape(2, 3), row, header, 2, 7, limit)

@@ -22,7 +22,7 @@ expert's candidate list when it has one (``_compute_logical_to_all_physical_map`
   it has one), so the random stream advances differently on each rank and the fair choices of
   different ranks are *not* coordinated: a replica can get well more or fewer than ``k / n`` of
   them. The choice is deterministic, and reproduced exactly (the kernels of
-  :mod:`eplb.kernels.sglang_table`). The streams run on from one layer to the next, so a layer's
+  :mod:`eplb.kernels.engine_tables.sglang_table`). The streams run on from one layer to the next, so a layer's
   shares depend on the layers before it: :class:`RuleShares` keeps them between layers.
 * ``dynamic`` with an all-to-all backend (``sglang-dynamic``): a token goes to the near replica
   when its rank has one, else to replica ``randint(0, 65536) % n`` of the expert's list (uniform
@@ -50,7 +50,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...kernels.sglang_table import (dynamic_layer_shares, near_replicas, seeded_state, static_layer_table,
+from ...kernels.engine_tables.sglang_table import (dynamic_layer_shares, near_replicas, seeded_state, static_layer_table,
                                      table_shares)
 from ..contract import DispatchRule, Engine
 

@@ -4,17 +4,17 @@ Per layer, and per node in hierarchical mode:
 
 1. hierarchical only: assign the expert groups to nodes with the smallest target max load that
    the node's load and replica needs allow (exhaustive search when the number of groups is small,
-   see :mod:`eplb.kernels.hierarchy`); a node's replica count is then its slot count;
+   see :mod:`eplb.kernels.bounds.hierarchy`); a node's replica count is then its slot count;
 2. replicate by the D'Hondt rule capped at one replica per GPU, so that no two replicas of an
    expert need to share a GPU;
 3. pack replicas largest-first onto the lightest GPU that does not yet hold the expert;
 4. swap replicas between the heaviest GPU and the others while that lowers the heaviest GPU
-   (:func:`eplb.kernels.local_search.swap_descent`);
+   (:func:`eplb.kernels.search.local_search.swap_descent`);
 5. on domains more than 0.2% above the bounds, try the aligned replication (the heavy experts get
    a multiple of the domain's GPUs in replicas, so that every GPU can carry as many heavy
-   replicas: :func:`eplb.kernels.multistart.aligned_counts`), and each of those and the start with
+   replicas: :func:`eplb.kernels.search.multistart.aligned_counts`), and each of those and the start with
    the light experts' extra replicas moved to the lightest experts
-   (:func:`eplb.kernels.multistart.light_split`), and keep the one that packs best;
+   (:func:`eplb.kernels.search.multistart.light_split`), and keep the one that packs best;
 6. on layers still above the simple bounds, try other replications (a replica or three moved
    between experts, each packed again: the seeded search of ``method="best"``), as many as a
    per-layer work budget affords (many on small models, none at DeepSeek-V3 size), and keep the
@@ -22,7 +22,7 @@ Per layer, and per node in hierarchical mode:
    planned with it;
 7. on tiny global instances (at most 16 slots, e.g. Mixtral's 8 experts on 12), replace every
    layer by the optimum over spread placements when the exact branch and bound
-   (:mod:`eplb.kernels.tiny`) finds one lighter within its node budget;
+   (:mod:`eplb.kernels.search.tiny`) finds one lighter within its node budget;
 8. on every layer keep the published greedy's placement instead if it has a strictly lower max
    load once its doubled replicas (two of an expert on one GPU, which the published greedy allows)
    are spread by swaps (a greedy layer that cannot be spread is not taken), so no layer taken from
@@ -35,11 +35,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...kernels.pack_descend import balanced_placement
-from ...kernels.deepseek_greedy import greedy_placement
-from ...kernels.multistart import (NO_MOVES, NO_PAIR_SWAPS, NO_STARTS, SEED, MoveSearch, aligned_placement,
+from ...kernels.search.pack_descend import balanced_placement
+from ...kernels.engine_tables.deepseek_greedy import greedy_placement
+from ...kernels.search.multistart import (NO_MOVES, NO_PAIR_SWAPS, NO_STARTS, SEED, MoveSearch, aligned_placement,
                                    best_placement)
-from ...kernels.tiny import SPREAD, tiny_optimum
+from ...kernels.search.tiny import SPREAD, tiny_optimum
 from ...analysis.bounds import TINY_BUDGET, TINY_SLOTS, average_bound
 from ...analysis.loads import slot_order_peaks
 from ...analysis.searches import group_assignment
@@ -157,7 +157,7 @@ def retry_starts(deployment: Deployment, num_starts: int, work: int = RETRY_WORK
 def retry_replication(weights: np.ndarray, deployment: Deployment, phy2log: np.ndarray, gpu_domain: np.ndarray,
                       bound: np.ndarray, num_starts: int, max_steps: int, tolerance: float = 2e-4,
                       work: int = RETRY_WORK) -> tuple[np.ndarray, int]:
-    """Try other replications (:func:`eplb.kernels.multistart.best_placement`) on the layers whose
+    """Try other replications (:func:`eplb.kernels.search.multistart.best_placement`) on the layers whose
     max load is more than ``tolerance`` above the average and heaviest-replica bounds (and
     ``bound [L]``, a valid bound the caller has): each such layer gets the starts its own work
     budget affords (``work // (domain slots x domain GPUs)``, at most 64, at least ``num_starts``
@@ -196,12 +196,12 @@ def retry_replication(weights: np.ndarray, deployment: Deployment, phy2log: np.n
 def align_replication(weights: np.ndarray, deployment: Deployment, phy2log: np.ndarray, gpu_domain: np.ndarray,
                       bound: np.ndarray, max_steps: int, tolerance: float = 2e-3,
                       retries: bool = True) -> tuple[np.ndarray, int]:
-    """Try the aligned replications (:func:`eplb.kernels.multistart.aligned_counts`: the heavy experts
+    """Try the aligned replications (:func:`eplb.kernels.search.multistart.aligned_counts`: the heavy experts
     of a domain get a multiple of its GPUs in replicas) on every domain whose heaviest GPU is more
     than ``tolerance`` above the average and heaviest-replica bounds and ``bound [L]``.
 
     ``retries``: whether :func:`retry_replication` may run on this deployment; if not, the search
-    runs in :func:`eplb.kernels.multistart.aligned_placement` (same result, less to compile), else in
+    runs in :func:`eplb.kernels.search.multistart.aligned_placement` (same result, less to compile), else in
     the kernel the retries use too (one compile for both, whichever loads call it first).
 
     Returns the placement and the number of layers tried.
@@ -223,7 +223,7 @@ def align_replication(weights: np.ndarray, deployment: Deployment, phy2log: np.n
 def solve_tiny(weights: np.ndarray, deployment: Deployment, phy2log: np.ndarray) -> tuple[np.ndarray, int]:
     """On tiny global instances (at most :data:`eplb.analysis.bounds.TINY_SLOTS` slots), replace every layer
     by the best placement with no two replicas of an expert on one GPU, when the exact branch and
-    bound (:func:`eplb.kernels.tiny.tiny_optimum`, :data:`eplb.analysis.bounds.TINY_BUDGET` nodes) finds one
+    bound (:func:`eplb.kernels.search.tiny.tiny_optimum`, :data:`eplb.analysis.bounds.TINY_BUDGET` nodes) finds one
     strictly lighter. Returns the placement and the number of layers replaced."""
     topology = deployment.topology
     if deployment.hierarchical or topology.num_slots > TINY_SLOTS:

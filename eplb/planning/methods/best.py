@@ -10,9 +10,9 @@ largest-first + swap descent) and keeps the best; on the domains more than
 experts (from the default's replication and again after the aligned ones: with one expert carrying
 ~40% of the load, the right replica counts of the next few experts decide whether their replicas
 fit beside the hot ones); a pair-swap descent (two replicas for two) finishes the best packing
-(:mod:`eplb.kernels.multistart`). On small global layers (at most :data:`CAPPED_SLOTS` slots on
+(:mod:`eplb.kernels.search.multistart`). On small global layers (at most :data:`CAPPED_SLOTS` slots on
 identical GPUs) an exact packing search under a load cap then bisects the max load and moves
-replicas between experts (:func:`eplb.kernels.capped.descend`). Fixed seed and node budgets: the
+replicas between experts (:func:`eplb.kernels.search.capped.descend`). Fixed seed and node budgets: the
 same input gives the same placement.
 
 Re-solving the heaviest GPU and a few partners exactly (CP-SAT) after this was measured and not
@@ -24,7 +24,7 @@ from __future__ import annotations
 import numpy as np
 
 from ...analysis.bounds import TINY_SLOTS, strongest_bound
-from ...kernels.multistart import PAIR_SWAPS, MoveSearch, best_placement
+from ...kernels.search.multistart import PAIR_SWAPS, MoveSearch, best_placement
 from ...analysis.searches import improve_layer
 from ...model._validation import INT64_MAX
 from . import Option, Deployment, register

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...kernels.deepseek_greedy import greedy_placement
+from ...kernels.engine_tables.deepseek_greedy import greedy_placement
 from . import Deployment, register
 
 

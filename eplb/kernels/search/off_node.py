@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from .common import stable_argsort
+from ..plumbing.common import stable_argsort
 
 
 @njit(cache=True, nogil=True, error_model="numpy")

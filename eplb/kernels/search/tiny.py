@@ -14,7 +14,7 @@ within its budget, the best value found is the proven optimum.
 import numpy as np
 from numba import njit
 
-from .common import stable_argsort
+from ..plumbing.common import stable_argsort
 
 SPREAD = True  # tiny_optimum's spread argument, named for callers: no two replicas of an expert on one GPU
 

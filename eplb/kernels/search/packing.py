@@ -1,6 +1,6 @@
 """Kernels that pack replicas onto GPUs.
 
-Working state of one layer, shared with :mod:`eplb.kernels.local_search`:
+Working state of one layer, shared with :mod:`eplb.kernels.search.local_search`:
 
 - ``item_expert [S]`` int64 and ``item_load [S]`` float64: the expert of each replica and the load
   it carries (``w_e / r_e``);
@@ -17,7 +17,7 @@ from collections import namedtuple
 import numpy as np
 from numba import njit
 
-from .common import INTERNAL, stable_argsort
+from ..plumbing.common import INTERNAL, stable_argsort
 
 PackState = namedtuple("PackState", ["item_expert", "item_load", "gpu_items", "gpu_fill", "gpu_load", "holds"])
 PackState.__doc__ = """The working state of one layer (module docstring), as :func:`new_state` returns it."""

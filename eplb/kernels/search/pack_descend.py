@@ -7,7 +7,7 @@ in hierarchical mode); every domain is placed on its own.
 import numpy as np
 from numba import njit
 
-from .common import INTERNAL, shared_replicas, stable_argsort
+from ..plumbing.common import INTERNAL, shared_replicas, stable_argsort
 from .local_search import spread_duplicates, swap_descent
 from .packing import (PackState, clear_gpus, new_state, pack_spread_by_free_slots, pack_spread_largest_first,
                       recompute_loads, store_state)

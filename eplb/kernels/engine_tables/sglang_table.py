@@ -14,7 +14,7 @@ index of the next word; a rank's streams are the rows of ``[G, 625]``.
 import numpy as np
 from numba import njit
 
-from .common import INTERNAL
+from ..plumbing.common import INTERNAL
 
 _N = 624
 _M = 397

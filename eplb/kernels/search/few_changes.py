@@ -22,7 +22,7 @@ from collections import namedtuple
 import numpy as np
 from numba import njit
 
-from .common import INTERNAL, shell_sort, stable_argsort
+from ..plumbing.common import INTERNAL, shell_sort, stable_argsort
 
 _EPS = 1e-12
 NO_MOVE, SWAP, REASSIGN = -1, 0, 1  # kinds of moves; REASSIGN covers moves (B) and (C) below

@@ -15,7 +15,7 @@ if the groups it holds satisfy two necessary conditions:
   Adding groups to a node only adds terms, so a node that fails stays failed.
 
 With ``strong`` (the bound), every node of a complete assignment must also pass the hot-room
-condition (:func:`eplb.kernels.hot_room.hot_room_fits`: the node's other experts fit beside its
+condition (:func:`eplb.kernels.bounds.hot_room.hot_room_fits`: the node's other experts fit beside its
 heaviest expert's replicas or on its GPUs without one), after a first bisection without it.
 
 A depth-first search over group -> node assignments (heaviest group first, nodes tried from the
@@ -30,7 +30,7 @@ from collections import namedtuple
 import numpy as np
 from numba import njit
 
-from .common import INTERNAL, fewest_replicas, shell_sort, stable_argsort
+from ..plumbing.common import INTERNAL, fewest_replicas, shell_sort, stable_argsort
 from .hot_room import HotRoomScratch, hot_room_fits
 
 GroupTable = namedtuple("GroupTable", ["weights", "size", "load", "need", "heaviest"])

@@ -16,7 +16,7 @@ from collections import namedtuple
 import numpy as np
 from numba import njit
 
-from .common import INTERNAL, stable_argsort
+from ..plumbing.common import INTERNAL, stable_argsort
 
 FOUND = 1
 EXHAUSTED = 0

@@ -1,6 +1,6 @@
 """One line on stderr when eplb's kernels take more than a couple of seconds to compile.
 
-Numba compiles a kernel on its first call and caches it on disk (:mod:`eplb.kernels._cache`). An
+Numba compiles a kernel on its first call and caches it on disk (:mod:`eplb.kernels.plumbing._cache`). An
 installed wheel ships the kernels of common deployments compiled, but Python started inside the
 repository imports the checkout, which ships none: its first plan compiles for tens of seconds. So
 that such a wait is never silent, the first time the compiles of eplb's kernels in a process have

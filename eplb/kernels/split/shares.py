@@ -5,7 +5,7 @@ from collections import namedtuple
 import numpy as np
 from numba import njit
 
-from .common import INTERNAL, next_random, stable_argsort
+from ..plumbing.common import INTERNAL, next_random, stable_argsort
 
 SlotTables = namedtuple("SlotTables", ["count", "first_gpu", "free", "fixed", "slot_start", "slot_list", "filled"])
 SlotTables.__doc__ = """One layer's slots as :func:`optimal_shares` sees them: ``count [E]`` replicas per

@@ -5,7 +5,7 @@ From a start placement, every layer and domain first tries the *aligned* replica
 GPU can carry the same number of heavy replicas) and the :func:`light_split` variants of those
 and of the start (the light experts' extra replicas moved to the lightest), then ``num_starts`` seeded ones, each one or a
 few replicas moved from one expert to another (a donor with several replicas, a receiver drawn
-by load per replica); it packs each with :func:`eplb.kernels.pack_descend.pack_domain` and keeps it
+by load per replica); it packs each with :func:`eplb.kernels.search.pack_descend.pack_domain` and keeps it
 when the domain's heaviest GPU gets lighter (and no more replicas share a GPU with their
 expert). The best packing then gets a pair-swap descent. The random numbers come from a
 fixed-seed generator, so the result is deterministic."""
@@ -15,7 +15,7 @@ from collections import namedtuple
 import numpy as np
 from numba import njit
 
-from .common import INTERNAL, shared_replicas, stable_argsort
+from ..plumbing.common import INTERNAL, shared_replicas, stable_argsort
 from .pack_descend import descend, domain_slots, pack_domain
 from .local_search import pair_swap_descent
 from .packing import PackState, clear_gpus, load_state, new_state, recompute_loads, store_state

@@ -12,7 +12,7 @@ Shapes: ``L`` layers, ``E`` experts, ``S`` slots, ``G`` GPUs.
 import numpy as np
 from numba import njit
 
-from .common import INTERNAL, stable_argsort
+from ..plumbing.common import INTERNAL, stable_argsort
 
 
 @njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)

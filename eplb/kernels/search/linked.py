@@ -3,7 +3,7 @@
 import numpy as np
 from numba import njit
 
-from .common import INTERNAL, stable_argsort
+from ..plumbing.common import INTERNAL, stable_argsort
 
 
 @njit(cache=True, nogil=True, error_model="numpy")

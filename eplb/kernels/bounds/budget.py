@@ -1,7 +1,7 @@
 """The tier bound with the slot budget: the heavy experts' replicas, the other experts' replicas and
 the fillers of the heavy GPUs all come out of the same ``S`` slots.
 
-The tier bound (:func:`eplb.kernels.load_bounds.tier_bound`) takes the minimum over the tier's replica
+The tier bound (:func:`eplb.kernels.bounds.load_bounds.tier_bound`) takes the minimum over the tier's replica
 count ``R`` of what the GPUs holding the tier must carry, and lets the other experts split into as
 many replicas as the remaining slots allow, so that the fillers of those GPUs can be tiny. When one
 expert carries a large share of the load (Zipf 1.5: ~40% on one expert), that minimum is reached
@@ -14,7 +14,7 @@ extra replicas to keep every replica ``<= T``, and only the slots left over can 
 import numpy as np
 from numba import njit
 
-from .common import INTERNAL, fewest_replicas, lightest_items, shell_sort
+from ..plumbing.common import INTERNAL, fewest_replicas, lightest_items, shell_sort
 
 
 @njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)

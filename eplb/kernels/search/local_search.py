@@ -1,6 +1,6 @@
 """Local search on a packing: swap replicas between the heaviest GPU and the others.
 
-The working state of a layer is described in :mod:`eplb.kernels.packing`. Every move keeps the
+The working state of a layer is described in :mod:`eplb.kernels.search.packing`. Every move keeps the
 replica counts and the number of replicas on each GPU, and never puts a second replica of an
 expert on a GPU that did not already hold one.
 """
@@ -8,7 +8,7 @@ expert on a GPU that did not already hold one.
 import numpy as np
 from numba import njit
 
-from .common import INTERNAL
+from ..plumbing.common import INTERNAL
 
 from .packing import load_state, new_state, recompute_loads, store_state
 

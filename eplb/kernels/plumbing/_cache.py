@@ -10,8 +10,9 @@ install cannot cache at all. So eplb's kernels are cached in the configured fold
    eplb's there too);
 3. else ``$XDG_CACHE_HOME/eplb`` (``~/.cache/eplb`` when unset);
 
-each followed by ``numba-<Numba version>/<folder name>_<hash of the source folder's path>``, so
-two installs (a wheel and a checkout) never share files.
+each followed by ``numba-<Numba version>/kernels_<hash of the kernel folder's path>`` (one folder
+for the kernels of every sub-package of ``eplb/kernels/``), so two installs (a wheel and a
+checkout) never share files.
 
 **Only private folders are used.** Numba's cache files are pickles: whoever can write them runs
 code in the process that loads them. So a folder is used only if every folder eplb uses, from the
@@ -78,7 +79,7 @@ import numba
 from numba.core import caching, config
 from numba.core.caching import CacheImpl, IndexDataCacheFile, _CacheLocator, _SourceFileBackedLocatorMixin
 
-PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # .../eplb
+PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # .../eplb
 KERNELS_DIR = os.path.join(PACKAGE_DIR, "kernels")
 SHIPPED_ROOT = os.path.join(PACKAGE_DIR, "_precompiled")
 MANIFEST = "manifest.json"
@@ -298,9 +299,21 @@ def _outside_stacklevel() -> int:
     return level if frame is not None else 1
 
 
+def cache_source(py_file: str) -> str:
+    """The file whose folder names the cache of ``py_file``'s kernels: ``eplb/kernels/__init__.py``
+    for every file under :data:`KERNELS_DIR` (the kernels of every sub-package share one folder, as
+    they share one stamp; Numba names each entry after its file, and no two files of eplb share a
+    name), else ``py_file`` itself."""
+    path = os.path.abspath(py_file)
+    if os.path.commonpath([path, KERNELS_DIR]) == KERNELS_DIR:
+        return os.path.join(KERNELS_DIR, "__init__.py")
+    return py_file
+
+
 def cache_dir(py_file: str) -> str | None:
     """The folder holding the compiled kernels of source file ``py_file`` (seeded from the shipped
     kernels, if any); ``None`` if no private, writable folder can be used (then a warning says why)."""
+    py_file = cache_source(py_file)
     sub = _CacheLocator.get_suitable_cache_subpath(py_file)
     shipped = shipped_dir(py_file)
     if shipped is not None:

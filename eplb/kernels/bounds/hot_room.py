@@ -1,7 +1,7 @@
 """A necessary condition for a max load ``<= T`` on one domain (a node) whose heaviest expert needs
 most of its GPUs: the other experts must fit beside the hot replicas or on the GPUs without one.
 
-Used by the hierarchical bound (:func:`eplb.kernels.hierarchy.assign_groups` with ``strong``) on
+Used by the hierarchical bound (:func:`eplb.kernels.bounds.hierarchy.assign_groups` with ``strong``) on
 every node of a complete group -> node assignment. With one expert carrying ~40% of a layer's load
 (Zipf 1.5), the node holding it is the heaviest, its average load is the old bound, and the optimum
 sits 1-4% higher: the next experts of the node are too big for the room the hot replicas leave.
@@ -12,7 +12,7 @@ from collections import namedtuple
 import numpy as np
 from numba import njit
 
-from .common import INTERNAL, fewest_replicas, lightest_items
+from ..plumbing.common import INTERNAL, fewest_replicas, lightest_items
 
 HotRoomScratch = namedtuple("HotRoomScratch", ["asc", "prefix", "gains", "loads", "keys"])
 HotRoomScratch.__doc__ = """Work space of :func:`hot_room_fits`, ``[>= num + 1]`` float64 each: the other

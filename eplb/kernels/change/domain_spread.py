@@ -1,7 +1,7 @@
 """Kernels that spread each expert's replicas over failure domains (GPUs or nodes), so that losing
 one domain orphans as few tokens as possible, while keeping the GPU loads balanced.
 
-They work on the packing state of one layer (:mod:`eplb.kernels.packing`, a ``PackState``) plus a
+They work on the packing state of one layer (:mod:`eplb.kernels.search.packing`, a ``PackState``) plus a
 :class:`SpreadState`:
 
 - ``gpu_domain [G]`` int64: the failure domain of each GPU (the GPU itself, or its node);
@@ -19,8 +19,8 @@ from collections import namedtuple
 import numpy as np
 from numba import njit
 
-from .common import INTERNAL
-from .packing import load_state, recompute_loads
+from ..plumbing.common import INTERNAL
+from ..search.packing import load_state, recompute_loads
 
 SpreadState = namedtuple("SpreadState", ["gpu_domain", "dholds", "span", "need", "counts"])
 SpreadState.__doc__ = """The failure-domain state of one layer (module docstring)."""

@@ -15,7 +15,7 @@ from collections import namedtuple
 import numpy as np
 from numba import njit
 
-from .common import INTERNAL, max_untouched, next_random, rank_window
+from ..plumbing.common import INTERNAL, max_untouched, next_random, rank_window
 
 TOP = 4  # most loaded GPUs remembered per window
 

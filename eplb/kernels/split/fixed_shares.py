@@ -9,7 +9,7 @@ per-window loads of a slot travel with it and a swap is scored in ``O(T)``.
 import numpy as np
 from numba import njit
 
-from .common import INTERNAL, max_untouched, rank_window, stable_argsort
+from ..plumbing.common import INTERNAL, max_untouched, rank_window, stable_argsort
 
 ANYWHERE = -2  # region of a slot that may go to any node
 FIXED = -1  # region of a slot that must stay where it is

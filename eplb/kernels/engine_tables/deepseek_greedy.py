@@ -8,7 +8,7 @@ per-GPU loads agree exactly.
 import numpy as np
 from numba import njit
 
-from .common import INTERNAL
+from ..plumbing.common import INTERNAL
 
 TOP = np.int64(0)
 """The heap's root position, as a typed int64: a literal ``0`` argument makes Numba compile a

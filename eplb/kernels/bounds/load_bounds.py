@@ -5,7 +5,7 @@ from collections import namedtuple
 import numpy as np
 from numba import njit
 
-from .common import INTERNAL, fewest_replicas, lightest_items, shell_sort
+from ..plumbing.common import INTERNAL, fewest_replicas, lightest_items, shell_sort
 
 BisectStack = namedtuple("BisectStack", ["lo", "hi", "a", "b", "it"])
 BisectStack.__doc__ = """The stack of :func:`_smallest_items_lower`'s bisection tree nodes, one entry a
