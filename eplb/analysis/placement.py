@@ -13,7 +13,7 @@ from ..model._validation import as_counts, as_int
 from ..kernels.split.shares import optimal_shares
 from ..kernels.plumbing.layout import replica_counts, slots_of_experts
 from ..model.deployment import Deployment
-from ..model.topology import Topology
+from ..model.topology import OnTopology, Topology
 from ..engines import DISPATCH_RULES, SCORING, rule_shares
 
 FORMAT_VERSION = 1
@@ -124,7 +124,7 @@ class _Lazy:
 
 
 @dataclass(frozen=True, eq=False)
-class Placement:
+class Placement(OnTopology):
     """A replicated placement of ``E`` experts into ``S`` slots, for ``L`` layers.
 
     Attributes:
@@ -201,18 +201,6 @@ class Placement:
     @property
     def num_layers(self) -> int:
         return self.phy2log.shape[0]
-
-    @property
-    def num_slots(self) -> int:
-        return self.topology.num_slots
-
-    @property
-    def num_gpus(self) -> int:
-        return self.topology.num_gpus
-
-    @property
-    def num_nodes(self) -> int:
-        return self.topology.num_nodes
 
     # -- quality -------------------------------------------------------------------------------
     @property

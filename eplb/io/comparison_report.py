@@ -11,7 +11,6 @@ Figures (need matplotlib, ``pip install 'eplb[report]'``; without it they are le
 
 from __future__ import annotations
 
-import base64
 import csv
 import html
 import json
@@ -26,6 +25,7 @@ import numpy as np
 
 from .._version import __version__
 from ..simulation.comparison import OK, MethodResult
+from .html_page import figure_blocks
 from .formats.errors import MissingExtraError, require
 
 COLUMNS = ("workload", "deployment", "method", "status", "balancedness", "worst_layer", "gap", "worst_gap", "bound",
@@ -196,12 +196,7 @@ def _html(title: str, results, figures, config: dict) -> str:
     shown = lambda r, c: _percent(r.row().get(c)) if c in PERCENT_COLUMNS else _cell(r.row().get(c))  # noqa: E731
     body = "\n".join("<tr>" + "".join(f"<td>{html.escape(shown(r, c))}</td>" for c in COLUMNS) + "</tr>"
                      for r in results)
-    blocks = []
-    for path in figures:
-        data = base64.b64encode(path.read_bytes()).decode("ascii")
-        caption = html.escape(_CAPTIONS.get(path.name, path.name))
-        blocks.append(f'<figure id="{path.stem}"><img src="data:image/png;base64,{data}" alt="{caption}">'
-                      f"<figcaption>{caption}</figcaption></figure>")
+    blocks = figure_blocks(figures, _CAPTIONS)
     rerun = html.escape(config.get("command", ""))
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>
@@ -221,7 +216,7 @@ Versions, seeds and the configuration are in run.json.</p>
 <table id="rows"><tr>{head}</tr>
 {body}
 </table>
-{''.join(blocks)}
+{blocks}
 </body></html>
 """
 

@@ -20,7 +20,6 @@ Needs matplotlib (``pip install 'eplb[report]'``); drawn with the Agg backend (n
 
 from __future__ import annotations
 
-import base64
 import html
 import sys
 from dataclasses import dataclass
@@ -36,6 +35,7 @@ from ..model.deployment import Deployment, make_deployment
 from ..analysis.metrics import moe_layers, moe_mean
 from ..engines import DISPATCH_RULES
 from .formats.data import CountsFile, PlacementFile
+from .html_page import figure_blocks
 from .formats.errors import require
 
 #: windows evaluated per step of the progress bar
@@ -502,13 +502,7 @@ _CAPTIONS = {
 
 def _html(summary: dict, figures: list[Path]) -> str:
     rows = "\n".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(str(v))}</td></tr>" for k, v in summary.items())
-    blocks = []
-    for path in figures:
-        data = base64.b64encode(path.read_bytes()).decode("ascii")
-        caption = html.escape(_CAPTIONS.get(path.name, path.name))
-        blocks.append(f'<figure id="{path.stem}"><img src="data:image/png;base64,{data}" alt="{caption}">'
-                      f'<figcaption>{caption} (<a href="{html.escape(path.name)}">{html.escape(path.name)}</a>)'
-                      "</figcaption></figure>")
+    blocks = figure_blocks(figures, _CAPTIONS, link=True)
     from .._version import __version__
 
     return f"""<!DOCTYPE html>
@@ -525,7 +519,7 @@ figcaption {{ color: #555; font-size: 0.9em; }}
 <table id="summary">
 {rows}
 </table>
-{''.join(blocks)}
+{blocks}
 <p style="color:#888;font-size:0.8em">balancedness = mean / max GPU load (1.0 is perfect); gap = max GPU load /
 proven lower bound - 1. Written by eplb {html.escape(__version__)}.</p>
 </body></html>

@@ -21,7 +21,6 @@ Needs matplotlib for the figures (``pip install 'eplb[report]'``); the CSV files
 
 from __future__ import annotations
 
-import base64
 import csv
 import html
 from pathlib import Path
@@ -29,6 +28,7 @@ from typing import Sequence
 
 import numpy as np
 
+from .html_page import figure_blocks
 from .formats.errors import MissingExtraError, require
 from ..simulation.simulate import SimulationResult
 
@@ -176,12 +176,7 @@ def _html(title: str, results, figures: list[Path]) -> str:
     body = "\n".join(
         f"<tr><th>{html.escape(key)}</th>" + "".join(f"<td>{html.escape(fmt.format(s[key]))}</td>" for s in summaries)
         + "</tr>" for key, fmt in shown if all(key in s for s in summaries))
-    blocks = []
-    for path in figures:
-        data = base64.b64encode(path.read_bytes()).decode("ascii")
-        caption = html.escape(_CAPTIONS.get(path.name, path.name))
-        blocks.append(f'<figure id="{path.stem}"><img src="data:image/png;base64,{data}" alt="{caption}">'
-                      f"<figcaption>{caption}</figcaption></figure>")
+    blocks = figure_blocks(figures, _CAPTIONS)
     cost = html.escape(results[0].cost_model.name)
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>
@@ -197,7 +192,7 @@ img {{ max-width: 100%; border: 1px solid #eee; }} figcaption {{ color: #555; fo
 <table id="summary"><tr><th></th>{head}</tr>
 {body}
 </table>
-{''.join(blocks)}
+{blocks}
 </body></html>
 """
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ._validation import as_int
-from .topology import Topology
+from .topology import OnTopology, Topology
 
 
 def slots_for(num_experts: int, num_gpus: int, extra_slots_per_gpu: int) -> int:
@@ -31,7 +31,7 @@ def slots_for(num_experts: int, num_gpus: int, extra_slots_per_gpu: int) -> int:
 
 
 @dataclass(frozen=True)
-class Deployment:
+class Deployment(OnTopology):
     """Where the experts of one model may live and how the engine serves them.
 
     Attributes:
@@ -101,18 +101,6 @@ class Deployment:
         """A JSON-ready description (the topology as :meth:`Topology.to_dict`)."""
         return {"num_experts": self.num_experts, "topology": self.topology.to_dict(), "num_groups": self.num_groups,
                 "hierarchical": self.hierarchical, "dispatch": self.dispatch}
-
-    @property
-    def num_slots(self) -> int:
-        return self.topology.num_slots
-
-    @property
-    def num_gpus(self) -> int:
-        return self.topology.num_gpus
-
-    @property
-    def num_nodes(self) -> int:
-        return self.topology.num_nodes
 
 
 def make_deployment(num_experts: int, num_slots=None, num_gpus=None, num_nodes=1, num_groups=None,

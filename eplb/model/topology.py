@@ -15,6 +15,23 @@ import numpy as np
 from ._validation import as_int
 
 
+class OnTopology:
+    """The sizes of a value laid out on a :class:`Topology` (its ``topology`` attribute): a
+    :class:`~eplb.model.deployment.Deployment` and a :class:`~eplb.Placement` read them the same way."""
+
+    @property
+    def num_slots(self) -> int:
+        return self.topology.num_slots
+
+    @property
+    def num_gpus(self) -> int:
+        return self.topology.num_gpus
+
+    @property
+    def num_nodes(self) -> int:
+        return self.topology.num_nodes
+
+
 @dataclass(frozen=True, eq=False)
 class Topology:
     """Slots per GPU and GPUs per node of an expert-parallel deployment.

@@ -37,15 +37,12 @@ from __future__ import annotations
 
 import collections
 import functools
-import multiprocessing
 import multiprocessing.connection
 import os
 import pickle
-import signal
 import threading
 import time
 import weakref
-from multiprocessing import shared_memory
 
 import numpy as np
 
@@ -53,9 +50,8 @@ from ..analysis.placement import Placement
 from ..kernels.plumbing.load_window import STAGED_DTYPES, memory_fence, stage_pass, warm_copy_counts
 from .balancer import Balancer, bad_count_error, change_for, check_counts, commit_range, fold_pass, merged_placement
 from .transfer import TransferPlan
-from .worker import (CONTEXTS, balancer_arguments, PROTOCOL, UNGUARDED_MAIN, UNGUARDED_MAIN_EXIT, build_balancer, dumps,
-                     eplb_file, error_message, exit_code, exit_now, plain_state, raise_remote, refuse_copy,
-                     stop_unguarded_worker)
+from .process_link import (SharedBlock, WorkerBalancer, WorkerLink, balancer_arguments, dumps, error_message,
+                           from_state_arguments, place, proposal_bytes, raise_remote, ring_rows, serve, take)
 
 STAGING_BYTES = 32 << 20
 """Bytes of shared memory for staged passes unless ``staging_rows`` says otherwise."""
@@ -73,11 +69,9 @@ WAIT_S = 0.0005
 # the shared block: a header of int64 fields, the event ring, the staging rows, the message area
 (_EVENTS_POSTED, _EVENTS_DONE, _PASSES_POSTED, _PASSES_DONE, _MESSAGES_SENT, _MESSAGES_TAKEN, _MESSAGE_LEN,
  _QUEUED) = range(8)
-_HEADER_FIELDS = 16
 _STAGING, _CHECK, _COMMIT, _STATE, _CLOSE, _RELEASE = range(6)
 _CHANGE = 6  # a rebalance across a deployment change: its deployment and gpu_map follow through the pipe
 _EVENT_FIELDS = 5  # kind, passes staged before the event, then up to three integer arguments
-_IN_PIPE = -1  # a message length meaning "too large for the area: read it from the pipe"
 _FLOAT64 = STAGED_DTYPES.index(np.dtype(np.float64))  # the staging code of input widened by the caller
 
 
@@ -85,125 +79,60 @@ def _layout(num_layers: int, width: int, rows: int, events: int, area: int) -> d
     """Byte offsets of the shared block: header ``int64 [16]``, events ``int64 [N, 5]``, staged rows
     of ``8 * L * width`` bytes each (``width = max(E, S)``: room for ``[L, E]`` or ``[L, S]`` in any
     dtype of :data:`STAGED_DTYPES`), message area ``uint8 [area]``."""
-    ring = _HEADER_FIELDS * 8 + events * _EVENT_FIELDS * 8
+    ring = SharedBlock.HEADER_FIELDS * 8 + events * _EVENT_FIELDS * 8
     message = ring + rows * num_layers * width * 8
     return {"rows": rows, "events": events, "row_size": num_layers * width, "ring": ring, "message": message,
             "area": area, "size": message + area}
 
 
-class _Block:
-    """Views of the shared block (both processes build them from the same :func:`_layout`)."""
+class _Block(SharedBlock):
+    """Views of the shared block (both processes build them from the same :func:`_layout`): the
+    :class:`SharedBlock`'s, the header again as ``words``, and the event ring."""
 
-    def __init__(self, shm: shared_memory.SharedMemory, layout: dict):
-        self.shm, self.layout = shm, layout
+    def __init__(self, shm, layout: dict):
+        super().__init__(shm, layout)
         buf = shm.buf
-        self.header = np.ndarray((_HEADER_FIELDS,), np.int64, buf, 0)
         # the same header as a memoryview of int64: a read or write of one field costs a tenth of numpy's
-        self.words = buf[:_HEADER_FIELDS * 8].cast("q")
-        self.events = np.ndarray((layout["events"], _EVENT_FIELDS), np.int64, buf, _HEADER_FIELDS * 8)
-        self.ring = np.ndarray((layout["rows"], layout["row_size"]), np.float64, buf, layout["ring"])
-        self.area = buf[layout["message"]:layout["message"] + layout["area"]]
+        self.words = buf[:self.HEADER_FIELDS * 8].cast("q")
+        self.events = np.ndarray((layout["events"], _EVENT_FIELDS), np.int64, buf, self.HEADER_FIELDS * 8)
 
     def row(self, index: int, num_layers: int, width: int, dtype=np.float64) -> np.ndarray:
         """Staging row ``index`` as a C-contiguous ``[L, width]`` view of ``dtype`` (8 bytes or fewer)."""
         return np.ndarray((num_layers, width), dtype, self.shm.buf, self.layout["ring"] + index * self.ring.strides[0])
 
-    def release(self, unlink: bool) -> None:
-        """Drop every view, then close (and ``unlink``: remove) the block."""
-        self.header = self.events = self.ring = None
-        for name in ("area", "words"):
-            if getattr(self, name) is not None:
-                getattr(self, name).release()
-                setattr(self, name, None)
-        try:
-            self.shm.close()
-        except BufferError:  # a view is still referenced somewhere: the mapping goes with it
-            pass
-        if unlink:
-            try:
-                self.shm.unlink()
-            except FileNotFoundError:
-                pass
-
 
 # -- the caller's end ----------------------------------------------------------------------------
-class _Link:
+class _Link(WorkerLink):
     """The caller's end of one worker: process, semaphore, pipe, shared block, and a watchdog
     thread that notices the worker's death without the caller asking (it blocks on the process's
     sentinel, holding no GIL, until the worker ends)."""
 
     def __init__(self, context: str):
-        ctx = multiprocessing.get_context(context)
-        self.wake = ctx.Semaphore(0)
-        self.conn, child_conn = ctx.Pipe()
-        self.process = ctx.Process(target=_serve, args=(child_conn, self.wake),
-                                   name="eplb-background-balancer", daemon=True)
-        self.process.start()
-        child_conn.close()
-        self.block: _Block | None = None
-        self.broken: str | None = None
+        self.wake = multiprocessing.get_context(context).Semaphore(0)
+        super().__init__(context, "BackgroundBalancer", _serve, (self.wake,), "eplb-background-balancer")
         threading.Thread(target=self._watch, daemon=True, name="eplb-background-watchdog").start()
 
     def _watch(self) -> None:
         multiprocessing.connection.wait([self.process.sentinel])
         if self.broken is None:
-            self.broken = str(self._died())
+            self.died()
 
     def check(self) -> None:
         if self.broken is not None:
             raise RuntimeError(self.broken)
 
-    def send(self, data: bytes) -> None:
-        try:
-            self.conn.send_bytes(data)
-        except (BrokenPipeError, ConnectionError, OSError):
-            raise self._died() from None
-
-    def receive(self) -> bytes:
-        while not self.conn.poll(0.25):
-            if not self.process.is_alive():
-                raise self._died()
-        try:
-            return self.conn.recv_bytes()
-        except (EOFError, ConnectionError, OSError):
-            raise self._died() from None
-
-    def _died(self) -> RuntimeError:
-        """The error for a worker that ended: what to add to an unguarded script, else its exit code."""
-        code = exit_code(self.process, 30.0)  # it closed its end: it is exiting (slowly on a busy machine)
-        if code == UNGUARDED_MAIN_EXIT:
-            return RuntimeError(UNGUARDED_MAIN.format(kind="BackgroundBalancer"))
-        return RuntimeError(f"the eplb worker process (pid {self.process.pid}) died (exit code {code}); this "
-                            "BackgroundBalancer cannot be used any more")
-
-    def shutdown(self) -> None:
-        """Stop the worker (asked, then terminated, then killed) and free the shared memory."""
-        alive = self.broken is None
-        self.broken = "this BackgroundBalancer is closed"
-        try:
-            block = self.block
-            if alive and block is not None and self.process.is_alive():
-                posted = int(block.header[_EVENTS_POSTED])
-                if posted - int(block.header[_EVENTS_DONE]) < block.layout["events"]:
-                    block.events[posted % block.layout["events"]] = (_CLOSE, 0, 0, 0, 0)
-                    memory_fence()
-                    block.header[_EVENTS_POSTED] = posted + 1
-                self.wake.release()
-            self.process.join(2.0)
-            if self.process.is_alive():
-                self.process.terminate()
-                self.process.join(2.0)
-            if self.process.is_alive():
-                self.process.kill()
-                self.process.join(2.0)
-        finally:
-            if self.block is not None:
-                self.block.release(unlink=True)
-                self.block = None
-            self.conn.close()
+    def ask_to_close(self) -> None:
+        """Post the close event (if the event ring has room) and wake the worker."""
+        block = self.shared
+        posted = int(block.header[_EVENTS_POSTED])
+        if posted - int(block.header[_EVENTS_DONE]) < block.layout["events"]:
+            block.events[posted % block.layout["events"]] = (_CLOSE, 0, 0, 0, 0)
+            memory_fence()
+            block.header[_EVENTS_POSTED] = posted + 1
+        self.wake.release()
 
 
-class BackgroundBalancer:
+class BackgroundBalancer(WorkerBalancer):
     """An :class:`eplb.Balancer` in a worker process whose caller never waits for a plan.
 
     The serving loop records every pass, asks for a decision now and then, and takes a proposal
@@ -263,38 +192,17 @@ class BackgroundBalancer:
                         context: str = "spawn", staging_rows: int | None = None) -> "BackgroundBalancer":
         """A new background balancer whose worker runs :meth:`eplb.Balancer.from_state_dict` of ``state``."""
         self = cls.__new__(cls)
-        self._start(("from_state", plain_state(state), dict(compile=compile, cost_model=cost_model, horizon=horizon)),
-                    context, staging_rows)
+        self._start(from_state_arguments(state, compile, cost_model, horizon), context, staging_rows)
         return self
 
     # -- starting and stopping -----------------------------------------------------------------
     def _start(self, construct: tuple, context: str, staging_rows) -> None:
-        if context not in CONTEXTS:
-            raise ValueError(f"context must be one of {CONTEXTS} (fork is unsafe beside threads and CUDA), "
-                             f"got {context!r}")
-        if staging_rows is not None and (isinstance(staging_rows, bool) or not isinstance(staging_rows, (int, np.integer))
-                                         or staging_rows < 2):
-            raise ValueError(f"staging_rows must be an integer >= 2 or None, got {staging_rows!r}")
-        self._link = None
-        stop_unguarded_worker("BackgroundBalancer")
-        link = _Link(context)
-        self._finalizer = weakref.finalize(self, link.shutdown)
-        try:
-            self._connect(link, construct, staging_rows)
-        except BaseException:
-            self._finalizer()
-            raise
-        self._link = link
+        self._check_start(context, staging_rows)
+        self._launch(_Link(context), construct, staging_rows)
 
     def _connect(self, link: _Link, construct: tuple, staging_rows) -> None:
         """Build the worker's balancer, mirror its configuration, share the block with it."""
-        link.send(dumps(construct))
-        kind, *rest = pickle.loads(link.receive())
-        if kind == "error":
-            raise_remote(*rest)
-        attributes = rest[0]
-        if attributes.pop("eplb_file") != eplb_file():
-            raise RuntimeError("the worker process imported another eplb than this process: pass the same sys.path")
+        attributes = self._handshake(link, construct)
         self.num_layers, self.num_experts = attributes["num_layers"], attributes["num_experts"]
         self.topology, self.num_groups = attributes["topology"], attributes["num_groups"]
         self.deployment = attributes["deployment"]
@@ -302,22 +210,13 @@ class BackgroundBalancer:
         num_slots = self.topology.num_slots
         width = max(self.num_experts, num_slots)
         row_bytes = self.num_layers * width * 8
-        rows = int(staging_rows) if staging_rows is not None else max(8, min(1024, STAGING_BYTES // row_bytes))
-        # a proposal: phy2log and a transfer plan [L, S] each, log2phy [L, E, R], R <= S - E + 1
-        estimate = 8 * self.num_layers * (9 * num_slots + self.num_experts * (num_slots - self.num_experts + 2))
-        area = max(1 << 20, min(16 << 20, 2 * estimate))
-        layout = _layout(self.num_layers, width, rows, 4 * rows + 64, area)
-        shm = shared_memory.SharedMemory(create=True, size=layout["size"])
-        link.block = _Block(shm, layout)
-        link.block.ring[...] = 0  # touch every page now, not on record()'s first pass through the ring
-        link.send(pickle.dumps((shm.name, layout), protocol=PROTOCOL))
-        kind, *rest = pickle.loads(link.receive())
-        if kind == "error":
-            raise_remote(*rest)
+        rows = ring_rows(staging_rows, row_bytes, STAGING_BYTES, 8, 1024)
+        area = max(1 << 20, min(16 << 20, 2 * proposal_bytes(self.num_layers, self.num_experts, num_slots)))
+        block = self._share(link, _Block, _layout(self.num_layers, width, rows, 4 * rows + 64, area))
         warm_copy_counts()  # record()'s kernels, compiled or loaded here once
-        self._words = link.block.words  # the shared header, for poll() (a memoryview: the cheapest reads)
-        self._header = link.block.header  # the same, for record()'s compiled call
-        self._ring_rows, self._event_slots = rows, link.block.layout["events"]
+        self._words = block.words  # the shared header, for poll() (a memoryview: the cheapest reads)
+        self._header = block.header  # the same, for record()'s compiled call
+        self._ring_rows, self._event_slots = rows, block.layout["events"]
         self._num_slots = num_slots
         self._count_limit = attributes["count_limit"]  # the largest count record() takes (the worker's balancer's)
         self._stagers: dict[tuple[int, bool], _Stager] = {}  # (dtype code, physical) -> its staging rows
@@ -347,25 +246,6 @@ class BackgroundBalancer:
         self.last_decision: dict = {}
         self.decisions: collections.deque = collections.deque(maxlen=KEPT_DECISIONS)
 
-    def close(self) -> None:
-        """Stop the worker process and free the shared memory (idempotent)."""
-        if self.__dict__.get("_link") is not None:
-            self._link = None
-            self._finalizer()
-
-    @property
-    def closed(self) -> bool:
-        return self.__dict__.get("_link") is None
-
-    def __enter__(self) -> "BackgroundBalancer":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def __reduce_ex__(self, protocol):
-        refuse_copy("BackgroundBalancer")
-
     @property
     def steps(self) -> int:
         """Passes recorded in all (those of a restored state included)."""
@@ -374,7 +254,7 @@ class BackgroundBalancer:
     @property
     def pid(self) -> int | None:
         """The worker process's id (``None`` once closed)."""
-        return None if self.closed else self._link.process.pid
+        return None if self.closed else self._channel.process.pid
 
     # -- the serving loop ------------------------------------------------------------------------
     def record(self, counts, *, physical: bool | None = None) -> None:
@@ -388,7 +268,7 @@ class BackgroundBalancer:
         if (type(counts) is not np.ndarray or counts.dtype is not stager.dtype or counts.shape != stager.shape
                 or physical is not stager.physical):
             counts, stager = self._restage(counts, physical)
-        link = self._link
+        link = self._channel
         if link is None or link.broken is not None:
             self._live()  # raises
         index = self._passes
@@ -414,7 +294,7 @@ class BackgroundBalancer:
             key = (_FLOAT64, False)  # the deployment grew past the staging rows: passes are folded (_stage_folded)
         rows = self._stagers.get(key)
         if rows is None:
-            block, width = self._link.block, self._num_slots if key[1] else self.num_experts
+            block, width = self._channel.shared, self._num_slots if key[1] else self.num_experts
             rows = self._stagers[key] = [block.row(index, self.num_layers, width, STAGED_DTYPES[key[0]])
                                          for index in range(self._ring_rows)]
         if key != self._staging:
@@ -513,7 +393,7 @@ class BackgroundBalancer:
         returns them, or ``None`` (no check answered yes since the last call). Never waits. A
         proposal planned before a later :meth:`commit` is dropped (its transfer plan would start
         from a placement no longer in service)."""
-        link = self._link
+        link = self._channel
         if link is None or link.broken is not None:
             self._live()  # raises
         while True:
@@ -610,7 +490,7 @@ class BackgroundBalancer:
         decisions are then ready for :meth:`poll`); returns whether it did within ``timeout``
         seconds; their answers are then read, so :meth:`poll` hands them out without the worker.
         For tests, shutdown and benchmarks: the serving loop does not need it."""
-        words = self._live().block.words
+        words = self._live().shared.words
         events, passes = self._events, self._passes
 
         def caught_up() -> bool:  # every pass and event handled, every answer read into the inbox
@@ -636,7 +516,7 @@ class BackgroundBalancer:
 
     # -- plumbing ------------------------------------------------------------------------------
     def _live(self) -> _Link:
-        link = self.__dict__.get("_link")
+        link = self.__dict__.get("_channel")
         if link is None:
             raise RuntimeError("this BackgroundBalancer is closed")
         link.check()
@@ -646,11 +526,11 @@ class BackgroundBalancer:
         """Append one event to the ring, with the number of passes staged before it (waiting for
         room only if the worker is that far behind); wake the worker unless it can wait for the
         next pass (a change of staging kind)."""
-        link = self._link
+        link = self._channel
         number = self._events
         if number >= self._events_room:
             self._wait_for_room(_EVENTS_DONE, number)
-        link.block.events[number % self._event_slots] = (kind, self._passes, a, b, c)
+        link.shared.events[number % self._event_slots] = (kind, self._passes, a, b, c)
         self._events = number + 1
         memory_fence()  # the event before its counter
         self._words[_EVENTS_POSTED] = number + 1
@@ -690,7 +570,7 @@ class BackgroundBalancer:
             return False
         memory_fence()  # the counter before the message
         size = words[_MESSAGE_LEN]
-        message = pickle.loads(link.receive() if size == _IN_PIPE else link.block.area[:size])
+        message = take(size, link.shared.area, link.receive)
         self._taken += 1
         words[_MESSAGES_TAKEN] = self._taken
         link.wake.release()  # the worker may send its next message
@@ -704,7 +584,7 @@ class BackgroundBalancer:
         """Wait until ``done()``, reading messages meanwhile (the worker may be waiting to send one)."""
         deadline = None if timeout is None else time.monotonic() + timeout
         if self._woken < self._passes:  # passes staged since the last wake-up: the worker's next work
-            self._wake(self._link)
+            self._wake(self._channel)
         while not done():
             if deadline is not None and time.monotonic() >= deadline:
                 return False
@@ -831,16 +711,12 @@ class _Worker:
             return
         data = dumps(self.queue.popleft())
         area = self.block.area
-        if len(data) <= len(area):
-            area[:len(data)] = data
-            header[_MESSAGE_LEN] = len(data)
-        else:
-            header[_MESSAGE_LEN] = _IN_PIPE
+        in_pipe = place(data, area, header, _MESSAGE_LEN)
         self.sent += 1
         header[_QUEUED] = len(self.queue)
         memory_fence()  # the message and its length before the counter
         header[_MESSAGES_SENT] = self.sent  # last: the caller reads the message once it sees this
-        if len(data) > len(area):
+        if in_pipe:
             self.conn.send_bytes(data)
 
     def run(self, wake, parent: int) -> None:
@@ -870,24 +746,8 @@ class _Worker:
 
 
 def _serve(conn, wake) -> None:
-    """The worker process: build the balancer, attach the shared block, run the event loop until
-    told to close or the caller is gone."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the caller's to handle
-    parent = os.getppid()
-    try:
-        balancer = build_balancer(pickle.loads(conn.recv_bytes()))
-        attributes = {name: getattr(balancer, name) for name in
-                      ("num_layers", "num_experts", "topology", "num_groups", "window", "placement", "steps",
-                       "rebalances", "count_limit", "deployment")}
-        conn.send_bytes(dumps(("ok", {**attributes, "eplb_file": eplb_file()})))
-        name, layout = pickle.loads(conn.recv_bytes())
-        block = _Block(shared_memory.SharedMemory(name=name), layout)
-    except BaseException as exc:  # noqa: BLE001 (handed to the caller)
-        conn.send_bytes(dumps(error_message(exc)))
-        exit_now()
-    conn.send_bytes(dumps(("ok", None)))
-    try:
-        _Worker(balancer, block, conn).run(wake, parent)
-    finally:
-        block.release(unlink=False)
-    exit_now()
+    """The worker process (:func:`~eplb.serving.process_link.serve`): run the event loop until told
+    to close or the caller is gone."""
+    serve(conn, ("num_layers", "num_experts", "topology", "num_groups", "window", "placement", "steps",
+                 "rebalances", "count_limit", "deployment"), _Block,
+          lambda balancer, block, parent: _Worker(balancer, block, conn).run(wake, parent))

@@ -36,30 +36,22 @@ wait, under a microsecond). A script that creates a ``BalancerProcess`` outside 
 
 from __future__ import annotations
 
-import copyreg
 import inspect
-import io
 import multiprocessing
 import os
-import pickle
-import signal
 import sys
 import threading
 import time
-import traceback
-import weakref
-from multiprocessing import shared_memory
 
 import numpy as np
 
 from ..analysis.placement import Placement
 from ..kernels.plumbing.load_window import warm_copy_counts
-from ..model.deployment import DEPLOYMENT_KEYWORDS, deployment_argument
 from .balancer import Balancer, change_for, check_counts, fold_pass, pass_count_limit, stage_counts
+from .process_link import (POLL_S, SharedBlock, WorkerBalancer, WorkerLink, balancer_arguments, dumps,
+                           error_message, from_state_arguments, place, plain_state, proposal_bytes, raise_remote,
+                           ring_rows, serve, take)
 from .transfer import TransferPlan
-
-CONTEXTS = ("spawn", "forkserver")
-"""The ``multiprocessing`` start methods a :class:`BalancerProcess` accepts (not ``fork``)."""
 
 GIL_INTERVAL = 0.0005
 """Seconds: the switch interval the caller's interpreter runs with while it waits for the child
@@ -68,151 +60,34 @@ GIL_INTERVAL = 0.0005
 STAGING_BYTES = 16 << 20
 """Bytes of shared memory for staged passes unless ``staging_rows`` says otherwise."""
 
-POLL_S = 0.25
-"""Seconds between checks that the other process is still alive while waiting for it."""
-
-PROTOCOL = 5
-
-UNGUARDED_MAIN_EXIT = 87
-"""Exit code of a worker whose import of the caller's main module would start another worker."""
-
-UNGUARDED_MAIN = ("a {kind} was created while its worker process imported the main module: with the "
-                  "'spawn' and 'forkserver' start methods the worker imports the caller's main script again, and "
-                  "creating a {kind} there would start workers without end. Put the script's code that "
-                  "creates it under  if __name__ == \"__main__\":  (see 'Safe importing of main module' in "
-                  "Python's multiprocessing documentation)")
-
-def exit_code(process, timeout: float) -> int | None:
-    """``process``'s exit code once it is known, waiting up to ``timeout`` seconds (``None`` after).
-
-    Read once into a local: a closed pipe or sentinel can come before the exit status is ready, and
-    a watchdog thread's ``join`` may reap the process first, in which case this thread's own
-    ``waitpid`` fails and ``exitcode`` reads ``None`` until the other thread has stored it."""
-    deadline = time.monotonic() + timeout
-    code = process.exitcode
-    while code is None and time.monotonic() < deadline:
-        process.join(0.05)
-        code = process.exitcode
-    return code
-
-
-def refuse_copy(kind: str):
-    """Raise the ``TypeError`` that :func:`copy.copy`, :func:`copy.deepcopy` and :mod:`pickle` of a
-    ``kind`` (a balancer with a worker process) get.
-
-    Refused, not copied: a copy would share the worker process and its shared memory (closing either
-    would stop the other's worker while it still says ``closed == False``), and a copy with a worker
-    of its own would have to start a process and replay the state, which a copy must not do unasked."""
-    raise TypeError(f"a {kind} cannot be copied or pickled: it owns a worker process and shared memory, which a "
-                    f"copy would share. Start another from its state: {kind}.from_state_dict(balancer.state_dict())")
-
-
-def stop_unguarded_worker(kind: str) -> None:
-    """In a worker importing the caller's unguarded main module (spawn, forkserver), stop that
-    worker with a code its parent turns into :data:`UNGUARDED_MAIN` (no multiprocessing
-    traceback); a forkserver's server (it has no channel to the caller) says it on stderr."""
-    if getattr(multiprocessing.current_process(), "_inheriting", False):
-        if "multiprocessing.forkserver" in sys.modules:
-            print(f"eplb: {UNGUARDED_MAIN.format(kind=kind)}", file=sys.stderr)
-        raise SystemExit(UNGUARDED_MAIN_EXIT)
-
-
 # the shared block: a header of int64 fields, the staged rows' kinds, the staged rows, the message area
 _REQUEST_SEQ, _REPLY_SEQ, _RECORDED, _INGESTED, _REQUEST_ROWS, _REQUEST_LEN, _REPLY_LEN = range(7)
-_HEADER_FIELDS = 16
-_IN_PIPE = -1  # a message length meaning "too large for the area: read it from the pipe"
 _CONFIG_ATTRIBUTES = ("num_layers", "num_experts", "topology", "num_groups", "window", "decay", "forecast",
                       "subwindows", "copy_cost", "method", "tolerance", "max_moves", "min_gain", "move_cost",
                       "expert_bytes", "options", "threads", "cost_model", "horizon", "compile", "deployment")
 
 
-# -- messages ----------------------------------------------------------------------------------
-def _reduce_placement(placement: Placement):
-    """Pickle a :class:`Placement` by its fields (its ``info`` is a read-only mapping, which pickle
-    refuses; lazily computed diagnostics not yet computed are dropped)."""
-    state = {key: (None if callable(value) else value) for key, value in placement.__dict__.items()}
-    state["info"] = dict(state["info"])
-    return _rebuild_placement, (state,)
-
-
-def _rebuild_placement(state: dict) -> Placement:
-    """The :class:`Placement` of :func:`_reduce_placement`'s ``state`` (arrays read-only, as built)."""
-    placement = Placement.__new__(Placement)
-    placement.__setstate__(state)
-    return placement
-
-
-def dumps(obj) -> bytes:
-    """``obj`` pickled (protocol 5), placements included."""
-    out = io.BytesIO()
-    pickler = pickle.Pickler(out, protocol=PROTOCOL)
-    pickler.dispatch_table = {**copyreg.dispatch_table, Placement: _reduce_placement}
-    pickler.dump(obj)
-    return out.getvalue()
-
-
-class _RemoteTraceback(Exception):
-    """The traceback of an exception raised in the worker process (the cause of the one raised here)."""
-
-    def __str__(self) -> str:
-        return self.args[0]
-
-
-def error_message(exc: BaseException) -> tuple:
-    """``("error", exc, traceback text)`` with ``exc`` replaced by a ``RuntimeError`` naming it when it
-    cannot be pickled."""
-    text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-    try:
-        pickle.loads(pickle.dumps(exc, protocol=PROTOCOL))
-    except Exception:
-        exc = RuntimeError(f"{type(exc).__name__}: {exc}")
-    return ("error", exc, text)
-
-
-def raise_remote(exc: BaseException, text: str):
-    raise exc from _RemoteTraceback(f"\n\nin the eplb worker process:\n{text}")
-
-
 def _layout(num_layers: int, width: int, rows: int, area: int) -> dict:
     """Byte offsets of the shared block: header ``int64 [16]``, row kinds ``int8 [C]``, staged rows
     ``float64 [C, L * width]``, message area ``uint8 [area]``; ``width = max(E, S)``."""
-    kinds = _HEADER_FIELDS * 8
+    kinds = SharedBlock.HEADER_FIELDS * 8
     ring = kinds + -(-rows // 64) * 64
     message = ring + rows * num_layers * width * 8
     return {"rows": rows, "row_size": num_layers * width, "kinds": kinds, "ring": ring, "message": message,
             "area": area, "size": message + area}
 
 
-class _Shared:
-    """Views of the shared block (both processes build them from the same :func:`_layout`)."""
+class _Shared(SharedBlock):
+    """Views of the shared block (both processes build them from the same :func:`_layout`): the
+    :class:`SharedBlock`'s and the staged rows' kinds (per slot or not)."""
 
-    def __init__(self, shm: shared_memory.SharedMemory, layout: dict):
-        self.shm, self.layout = shm, layout
-        buf = shm.buf
-        self.header = np.ndarray((_HEADER_FIELDS,), np.int64, buf, 0)
-        self.kinds = np.ndarray((layout["rows"],), np.int8, buf, layout["kinds"])
-        self.ring = np.ndarray((layout["rows"], layout["row_size"]), np.float64, buf, layout["ring"])
-        self.area = buf[layout["message"]:layout["message"] + layout["area"]]
+    def __init__(self, shm, layout: dict):
+        super().__init__(shm, layout)
+        self.kinds = np.ndarray((layout["rows"],), np.int8, shm.buf, layout["kinds"])
 
     def row(self, index: int, num_layers: int, width: int) -> np.ndarray:
         """The staging row of pass ``index`` as a C-contiguous ``[L, width]`` view."""
         return self.ring[index % self.layout["rows"], :num_layers * width].reshape(num_layers, width)
-
-    def release(self, unlink: bool) -> None:
-        """Drop every view, then close (and ``unlink``: remove) the block."""
-        self.header = self.kinds = self.ring = None
-        if self.area is not None:
-            self.area.release()
-            self.area = None
-        try:
-            self.shm.close()
-        except BufferError:  # a view is still referenced somewhere: the mapping goes with it
-            pass
-        if unlink:
-            try:
-                self.shm.unlink()
-            except FileNotFoundError:
-                pass
 
 
 # -- the switch interval while waiting ---------------------------------------------------------
@@ -244,63 +119,16 @@ def _restore_switch_interval() -> None:
 
 
 # -- the parent's end --------------------------------------------------------------------------
-class _Channel:
+class _Channel(WorkerLink):
     """The parent's end of one worker: the process, the semaphores, the pipe and the shared block."""
 
     def __init__(self, context: str, gil_interval: float | None):
         ctx = multiprocessing.get_context(context)
         self.requests, self.replies = ctx.Semaphore(0), ctx.Semaphore(0)
-        self.conn, child_conn = ctx.Pipe()
-        self.process = ctx.Process(target=_serve, args=(child_conn, self.requests, self.replies),
-                                   name="eplb-balancer", daemon=True)
-        self.process.start()
-        child_conn.close()
+        super().__init__(context, "BalancerProcess", _serve, (self.requests, self.replies), "eplb-balancer")
         self.gil_interval = gil_interval
         self.lock = threading.Lock()  # one request at a time
-        self.shared: _Shared | None = None
         self.seq = 0
-        self.broken: str | None = None
-
-    # construction, over the pipe
-    def handshake(self, construct: bytes) -> dict:
-        """Send the construction request; return the child's answer (its balancer's attributes)."""
-        self._send_pipe(construct)
-        kind, *rest = pickle.loads(self._recv_pipe())
-        if kind == "error":
-            raise_remote(*rest)
-        return rest[0]
-
-    def attach(self, shm: shared_memory.SharedMemory, layout: dict) -> None:
-        """Hand the shared block (laid out as ``layout``) to the child and wait until it mapped it."""
-        self.shared = _Shared(shm, layout)
-        self._send_pipe(pickle.dumps((shm.name, layout), protocol=PROTOCOL))
-        kind, *rest = pickle.loads(self._recv_pipe())
-        if kind == "error":
-            raise_remote(*rest)
-
-    def _send_pipe(self, data: bytes) -> None:
-        try:
-            self.conn.send_bytes(data)
-        except (BrokenPipeError, ConnectionError, OSError):
-            raise self._dead() from None
-
-    def _recv_pipe(self) -> bytes:
-        while not self.conn.poll(POLL_S):
-            if not self.process.is_alive():
-                raise self._dead()
-        try:
-            return self.conn.recv_bytes()
-        except (EOFError, ConnectionError, OSError):
-            raise self._dead() from None
-
-    def _dead(self) -> RuntimeError:
-        code = exit_code(self.process, 30.0)  # it closed its end: it is exiting (slowly on a busy machine)
-        if code == UNGUARDED_MAIN_EXIT:
-            self.broken = UNGUARDED_MAIN.format(kind="BalancerProcess")
-        else:
-            self.broken = (f"the eplb worker process (pid {self.process.pid}) died (exit code "
-                           f"{code}); this BalancerProcess cannot be used any more")
-        return RuntimeError(self.broken)
 
     def check(self) -> None:
         """Raise the channel's error if it is broken, or if the child died since the last call (a
@@ -308,7 +136,7 @@ class _Channel:
         if self.broken is not None:
             raise RuntimeError(self.broken)
         if not self.process.is_alive():
-            raise self._dead()
+            raise self.died()
 
     # requests, over shared memory
     def request(self, message: tuple, rows: int):
@@ -322,16 +150,12 @@ class _Channel:
             header, area = shared.header, shared.area
             self.seq += 1
             header[_REQUEST_ROWS] = rows
-            if len(data) <= len(area):
-                area[:len(data)] = data
-                header[_REQUEST_LEN] = len(data)
-            else:
-                header[_REQUEST_LEN] = _IN_PIPE
+            in_pipe = place(data, area, header, _REQUEST_LEN)
             header[_REQUEST_SEQ] = self.seq
             self.requests.release()
             try:
-                if len(data) > len(area):
-                    self._send_pipe(data)
+                if in_pipe:
+                    self.send(data)
                 lowered = self._wait_reply()
             except BaseException as exc:  # interrupted (Ctrl-C) or dead: the answer would come unasked
                 if self.broken is None:
@@ -342,8 +166,7 @@ class _Channel:
                 if int(header[_REPLY_SEQ]) != self.seq:
                     self.broken = "the eplb worker process answered out of turn; this BalancerProcess cannot be used"
                     raise RuntimeError(self.broken)
-                size = int(header[_REPLY_LEN])
-                reply = pickle.loads(self._recv_pipe() if size == _IN_PIPE else area[:size])
+                reply = take(int(header[_REPLY_LEN]), area, self.receive)
             finally:
                 if lowered:  # kept while reading the answer: a hand-over meanwhile costs the short interval
                     _restore_switch_interval()
@@ -370,44 +193,27 @@ class _Channel:
             _restore_switch_interval()
         while not self.replies.acquire(timeout=POLL_S):
             if not self.process.is_alive():
-                raise self._dead()
+                raise self.died()
         return False
 
     def nudge(self) -> None:
         """Tell the child that passes were staged."""
         self.requests.release()
 
-    def shutdown(self) -> None:
-        """Stop the child (asked, then terminated, then killed) and free the shared memory."""
-        process = self.process
-        try:
-            if process.is_alive() and self.broken is None and self.shared is not None \
-                    and self.lock.acquire(timeout=5.0):
-                try:
-                    self.broken = "this BalancerProcess is closed"
-                    header = self.shared.header
-                    self.seq += 1
-                    header[_REQUEST_ROWS] = header[_INGESTED]
-                    data = dumps(("close",))
-                    self.shared.area[:len(data)] = data
-                    header[_REQUEST_LEN] = len(data)
-                    header[_REQUEST_SEQ] = self.seq
-                    self.requests.release()
-                finally:
-                    self.lock.release()
-            self.broken = "this BalancerProcess is closed"
-            process.join(2.0)
-            if process.is_alive():
-                process.terminate()
-                process.join(2.0)
-            if process.is_alive():
-                process.kill()
-                process.join(2.0)
-        finally:
-            if self.shared is not None:
-                self.shared.release(unlink=True)
-                self.shared = None
-            self.conn.close()
+    def ask_to_close(self) -> None:
+        """Post the close request (once no other request is in flight, or after 5 s)."""
+        if self.lock.acquire(timeout=5.0):
+            try:
+                header = self.shared.header
+                self.seq += 1
+                header[_REQUEST_ROWS] = header[_INGESTED]
+                data = dumps(("close",))
+                self.shared.area[:len(data)] = data
+                header[_REQUEST_LEN] = len(data)
+                header[_REQUEST_SEQ] = self.seq
+                self.requests.release()
+            finally:
+                self.lock.release()
 
 
 class _Named:
@@ -428,7 +234,7 @@ class _RaiseLater:
         raise_remote(self.exc, self.text)
 
 
-class BalancerProcess:
+class BalancerProcess(WorkerBalancer):
     """An :class:`eplb.Balancer` that runs in a worker process: the same constructor arguments, the
     same methods and the same results, but the caller's threads never wait for the GIL while it
     plans (for an engine that rebalances on a background thread beside its scheduler).
@@ -478,54 +284,27 @@ class BalancerProcess:
         """A new worker whose balancer is :meth:`eplb.Balancer.from_state_dict` of ``state`` (a
         :meth:`state_dict`, as saved by ``np.savez`` and read back by ``np.load``, or from JSON)."""
         self = cls.__new__(cls)
-        self._start(("from_state", plain_state(state), dict(compile=compile, cost_model=cost_model, horizon=horizon)),
-                    context, staging_rows, gil_interval)
+        self._start(from_state_arguments(state, compile, cost_model, horizon), context, staging_rows, gil_interval)
         return self
 
     def _start(self, construct: tuple, context: str, staging_rows, gil_interval) -> None:
-        stop_unguarded_worker("BalancerProcess")
-        if context not in CONTEXTS:
-            raise ValueError(f"context must be one of {CONTEXTS} (fork is unsafe beside threads and CUDA), "
-                             f"got {context!r}")
-        if staging_rows is not None and (isinstance(staging_rows, bool) or not isinstance(staging_rows, (int, np.integer))
-                                         or staging_rows < 2):
-            raise ValueError(f"staging_rows must be an integer >= 2 or None, got {staging_rows!r}")
+        self._check_start(context, staging_rows)
         if gil_interval is not None and not (isinstance(gil_interval, (int, float)) and 0 < gil_interval <= 1):
             raise ValueError(f"gil_interval must be a number of seconds in (0, 1] or None, got {gil_interval!r}")
-        self._channel = None
-        channel = _Channel(context, gil_interval)
-        self._finalizer = weakref.finalize(self, channel.shutdown)
-        try:
-            self._connect(channel, construct, staging_rows)
-        except BaseException:
-            self._finalizer()
-            raise
-        self._channel = channel
+        self._launch(_Channel(context, gil_interval), construct, staging_rows)
 
     def _connect(self, channel: _Channel, construct: tuple, staging_rows) -> None:
         """Build the child's balancer, mirror its attributes, share the block with it."""
-        attributes = channel.handshake(dumps(construct))
-        if attributes.pop("eplb_file") != eplb_file():
-            raise RuntimeError("the worker process imported another eplb than this process: pass the same sys.path")
+        attributes = self._handshake(channel, construct)
         placement = attributes.pop("placement")
         initial = construct[2].get("placement") if construct[0] == "init" else None
         self.__dict__.update(attributes)
         self._num_slots = self.topology.num_slots
         self._count_limit = pass_count_limit(self.window, self.forecast, self.num_experts, self._num_slots)
         width = max(self.num_experts, self._num_slots)
-        row_bytes = self.num_layers * width * 8
-        rows = int(staging_rows) if staging_rows is not None else max(2, min(256, STAGING_BYTES // row_bytes))
-        area = max(1 << 20, min(8 << 20, 8 * self.num_layers * (9 * self._num_slots + self.num_experts
-                                                                * (self._num_slots - self.num_experts + 2))))
-        layout = _layout(self.num_layers, width, rows, area)
-        shm = shared_memory.SharedMemory(create=True, size=layout["size"])
-        try:
-            channel.attach(shm, layout)
-        except BaseException:
-            if channel.shared is None:  # else shutdown frees it
-                shm.close()
-                shm.unlink()
-            raise
+        rows = ring_rows(staging_rows, self.num_layers * width * 8, STAGING_BYTES, 2, 256)
+        area = max(1 << 20, min(8 << 20, proposal_bytes(self.num_layers, self.num_experts, self._num_slots)))
+        self._share(channel, _Shared, _layout(self.num_layers, width, rows, area))
         warm_copy_counts()  # record()'s kernels, compiled or loaded here once
         self._record_lock = threading.Lock()
         self._recorded = 0  # passes staged in all
@@ -692,51 +471,6 @@ class BalancerProcess:
         """:meth:`eplb.Balancer.load_state_dict` in the child."""
         self._call("call", "load_state_dict", (plain_state(state),), {})
 
-    def close(self) -> None:
-        """Stop the worker process and free the shared memory (idempotent)."""
-        if self.__dict__.get("_channel") is not None:
-            self._channel = None
-            self._finalizer()
-
-    @property
-    def closed(self) -> bool:
-        return self.__dict__.get("_channel") is None
-
-    def __enter__(self) -> "BalancerProcess":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def __reduce_ex__(self, protocol):
-        refuse_copy("BalancerProcess")
-
-
-def plain_state(state):
-    """A state dict as sent to the child: a mapping that is not a dict (``np.load``'s file) as a
-    dict of its arrays; anything else as it is (the child's balancer judges it)."""
-    if not isinstance(state, dict) and hasattr(state, "items"):
-        return dict(state.items())
-    return state
-
-
-BALANCER_KEYWORDS = tuple(name for name, parameter in inspect.signature(Balancer.__init__).parameters.items()
-                           if parameter.kind is inspect.Parameter.KEYWORD_ONLY)
-
-
-def balancer_arguments(caller: str, num_layers, deployment, kwargs: dict, own: str) -> tuple:
-    """What a worker builds its :class:`Balancer` from: ``("init", (num_layers, deployment),
-    keywords)``, the deployment resolved here (:func:`eplb.model.deployment.deployment_argument`: its
-    deprecated keywords warn in the caller's code, not the worker's) and a keyword neither the
-    Balancer nor ``caller`` takes (``own``: its own, for the message) a ``TypeError`` naming it."""
-    spelled = {name: kwargs.pop(name) for name in DEPLOYMENT_KEYWORDS if name in kwargs}
-    unknown = sorted(set(kwargs) - set(BALANCER_KEYWORDS))
-    if unknown:
-        raise TypeError(f"{caller}() got unexpected keyword arguments {unknown}; it takes eplb.Balancer's "
-                        f"keywords {sorted(BALANCER_KEYWORDS)} and {own}")
-    return "init", (num_layers, deployment_argument(deployment, spelled, caller, stacklevel=4)), kwargs
-
-
 def _signature() -> inspect.Signature:
     """``BalancerProcess.__init__``'s signature as documented: the Balancer's keywords, then its own."""
     base = inspect.signature(Balancer.__init__)
@@ -747,11 +481,6 @@ def _signature() -> inspect.Signature:
 
 
 BalancerProcess.__init__.__signature__ = _signature()
-
-
-def eplb_file() -> str:
-    """This module's file: the parent and the child must run the same copy of eplb."""
-    return os.path.realpath(__file__)
 
 
 # -- the child's end ---------------------------------------------------------------------------
@@ -814,43 +543,11 @@ class _Server:
                 "last_decision": balancer.last_decision, "cpu_s": time.process_time(), "call_s": self.call_s}
 
 
-def build_balancer(construct: tuple) -> Balancer:
-    kind, args, kwargs = construct
-    if kind == "init":
-        return Balancer(*args, **kwargs)
-    return Balancer.from_state_dict(args, **kwargs)
-
-
 def _serve(conn, requests, replies) -> None:
-    """The worker process: build the balancer, attach the shared block, answer requests until told
-    to close or the parent is gone."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
-    parent = os.getppid()
-    try:
-        balancer = build_balancer(pickle.loads(conn.recv_bytes()))
-        attributes = {name: getattr(balancer, name) for name in _CONFIG_ATTRIBUTES}
-        attributes.update(placement=balancer.placement, steps=balancer.steps, rebalances=balancer.rebalances,
-                          eplb_file=eplb_file())
-        conn.send_bytes(dumps(("ok", attributes)))
-        name, layout = pickle.loads(conn.recv_bytes())
-        shared = _Shared(shared_memory.SharedMemory(name=name), layout)
-    except BaseException as exc:  # noqa: BLE001 (handed to the parent)
-        conn.send_bytes(dumps(error_message(exc)))
-        exit_now()
-    conn.send_bytes(dumps(("ok", None)))
-    try:
-        _answer(_Server(balancer, shared), conn, requests, replies, parent)
-    finally:
-        shared.release(unlink=False)
-    exit_now()
-
-
-def exit_now() -> None:
-    """End the worker process now: the interpreter's own teardown (Numba's, LLVM's) takes half a
-    second, which :meth:`BalancerProcess.close` would wait for."""
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    """The worker process (:func:`~eplb.serving.process_link.serve`): answer requests until told to
+    close or the parent is gone."""
+    serve(conn, (*_CONFIG_ATTRIBUTES, "placement", "steps", "rebalances"), _Shared,
+          lambda balancer, shared, parent: _answer(_Server(balancer, shared), conn, requests, replies, parent))
 
 
 def _answer(server: _Server, conn, requests, replies, parent: int) -> None:
@@ -870,9 +567,8 @@ def _answer(server: _Server, conn, requests, replies, parent: int) -> None:
                 pass
             continue
         handled = seq
-        size = int(header[_REQUEST_LEN])
         try:
-            request = pickle.loads(conn.recv_bytes() if size == _IN_PIPE else area[:size])
+            request = take(int(header[_REQUEST_LEN]), area, conn.recv_bytes)
             if request[0] == "close":
                 reply = None
             else:
@@ -889,12 +585,8 @@ def _answer(server: _Server, conn, requests, replies, parent: int) -> None:
             data = dumps((kind, server.status(), *rest))
         except Exception as exc:  # noqa: BLE001 (an answer pickle refuses)
             data = dumps(("error", server.status(), *error_message(exc)[1:]))
-        if len(data) <= len(area):
-            area[:len(data)] = data
-            header[_REPLY_LEN] = len(data)
-        else:
-            header[_REPLY_LEN] = _IN_PIPE
+        in_pipe = place(data, area, header, _REPLY_LEN)
         header[_REPLY_SEQ] = seq
         replies.release()
-        if len(data) > len(area):
+        if in_pipe:
             conn.send_bytes(data)

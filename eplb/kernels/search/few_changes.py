@@ -220,6 +220,21 @@ def _better(score, local, best):
     return score > best[0] or (score == best[0] and local < best[1])
 
 
+@njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
+def _offer(best, limits, local, cost, kind, a, b):
+    """The better of the move ``best`` and the move ``(kind, a, b)``, which leaves ``local`` as the
+    largest load on the GPUs it touches and changes ``cost`` more slots; the offered move does not
+    count if ``local`` reaches ``limits.limit`` or ``cost`` exceeds ``limits.budget`` (a
+    :class:`MoveLimits`)."""
+    peak, limit, floor, budget, per_change = limits
+    if local >= limit or cost > budget:
+        return best
+    score = _score(peak, local, floor, cost, per_change)
+    if _better(score, local, best):
+        return (score, local, np.int64(kind), np.int64(a), np.int64(b))
+    return best
+
+
 # _best_move, its three scans and _undo_needless are compiled on their own, not inlined: Numba's IR
 # inliner copies a callee's whole IR (with its own inlined callees) per call site, so inlining these
 # large functions into search_near_previous cost ~10 s more of first-call compile; each runs once per
@@ -252,7 +267,7 @@ def _best_give_away(st, lay, heavy, limits, held, best):
     ``f``: the best ``f`` is the lightest new replica the GPU may take, or the slot's previous
     expert (cheaper). ``limits``: a :class:`MoveLimits`. Returns the better of ``best`` and the best
     such move."""
-    peak, limit, floor, budget, per_change = limits
+    peak, limit = limits.peak, limits.limit
     row, prev, cnt, has, x, expert_slots = st.row, st.prev, st.cnt, st.has, st.x, st.expert_slots
     share, share_up, gain_down, node_group = st.share, st.share_up, st.gain_down, st.node_group
     gpu_of_slot, group_of_expert, keep_groups = lay.gpu_of_slot, lay.group_of_expert, lay.keep_groups
@@ -290,15 +305,8 @@ def _best_give_away(st, lay, heavy, limits, held, best):
                     continue
             if f < 0:
                 continue
-            local = max(base + share_up[f], holders)
-            if local >= limit:
-                continue
-            cost = int(f != prev[a]) - int(e != prev[a])
-            if cost > budget:
-                continue
-            score = _score(peak, local, floor, cost, per_change)
-            if _better(score, local, best):
-                best = (score, local, np.int64(REASSIGN), np.int64(a), np.int64(f))
+            best = _offer(best, limits, max(base + share_up[f], holders), int(f != prev[a]) - int(e != prev[a]),
+                          REASSIGN, a, f)
     return best
 
 
@@ -308,7 +316,7 @@ def _give_away_relieving(st, lay, heavy, a, e, base, limits, held, best):
     holds can relieve it. Tries those experts ``f`` (in increasing order), each with the exact loads
     of ``e``'s holders (any other ``f`` leaves that holder at its load, >= limit). ``limits``: a
     :class:`MoveLimits`."""
-    peak, limit, floor, budget, per_change = limits
+    limit = limits.limit
     row, prev, cnt, has, x, expert_slots = st.row, st.prev, st.cnt, st.has, st.x, st.expert_slots
     share, share_up, node_group = st.share, st.share_up, st.node_group
     gpu_of_slot, group_of_expert, keep_groups = lay.gpu_of_slot, lay.group_of_expert, lay.keep_groups
@@ -337,14 +345,7 @@ def _give_away_relieving(st, lay, heavy, a, e, base, limits, held, best):
             g = gpu_of_slot[expert_slots[e, i]]
             if g != heavy:
                 local = max(local, x[g] + gain_e * has[g, e] - relief_f * has[g, f])
-        if local >= limit:
-            continue
-        cost = int(f != prev[a]) - int(e != prev[a])
-        if cost > budget:
-            continue
-        score = _score(peak, local, floor, cost, per_change)
-        if _better(score, local, best):
-            best = (score, local, np.int64(REASSIGN), np.int64(a), np.int64(f))
+        best = _offer(best, limits, local, int(f != prev[a]) - int(e != prev[a]), REASSIGN, a, f)
     return best
 
 
@@ -354,7 +355,7 @@ def _best_new_replica(st, lay, heavy, limits, most, spare, best):
     expert ``e`` of the heaviest GPU (at most ``most`` replicas). Only the experts whose extra replica
     relieves the heaviest GPU most are tried. ``limits``: a :class:`MoveLimits`. Returns the better of
     ``best`` and the best such move."""
-    peak, limit, floor, budget, per_change = limits
+    peak, limit = limits.peak, limits.limit
     row, prev, cnt, has, x = st.row, st.prev, st.cnt, st.has, st.x
     share, share_up, gain_down = st.share, st.share_up, st.gain_down
     expert_slots, node_group = st.expert_slots, st.node_group
@@ -404,14 +405,7 @@ def _best_new_replica(st, lay, heavy, limits, most, spare, best):
                 g = gpu_of_slot[expert_slots[g2, i]]
                 if g != heavy and g != gb:
                     local = max(local, x[g] + gain_g * has[g, g2])
-            if local >= limit:
-                continue
-            cost = int(e != prev[b]) - int(g2 != prev[b])
-            if cost > budget:
-                continue
-            score = _score(peak, local, floor, cost, per_change)
-            if _better(score, local, best):
-                best = (score, local, np.int64(REASSIGN), np.int64(b), np.int64(e))
+            best = _offer(best, limits, local, int(e != prev[b]) - int(g2 != prev[b]), REASSIGN, b, e)
     return best
 
 
@@ -422,7 +416,7 @@ def _best_swap(st, lay, heavy, limits, slot_share, undone, bar):
     visited; a slot ``b`` whose best possible swap cannot beat ``bar`` (the best (B)/(C) move) or an
     earlier swap is skipped. ``limits``: a :class:`MoveLimits`. Returns the best swap (kind
     :data:`NO_MOVE` if none)."""
-    peak, limit, floor, budget, per_change = limits
+    peak, limit, floor, per_change = limits.peak, limits.limit, limits.floor, limits.per_change
     row, prev, has, x, share, node_group = st.row, st.prev, st.has, st.x, st.share, st.node_group
     slot_offsets, node_of_gpu, group_of_expert, keep_groups = lay.slot_offsets, lay.node_of_gpu, lay.group_of_expert, \
         lay.keep_groups
@@ -488,11 +482,7 @@ def _best_swap(st, lay, heavy, limits, slot_share, undone, bar):
                 if other_node and node_group[node_of_gpu[gb], group_of_expert[e]] == 0:
                     continue
                 cost = (int(f != prev[a]) - int(e != prev[a]) + int(e != prev[b]) - int(f != prev[b]))
-                if cost > budget:
-                    continue
-                score = _score(peak, local, floor, cost, per_change)
-                if _better(score, local, best):
-                    best = (score, local, np.int64(SWAP), np.int64(a), np.int64(b))
+                best = _offer(best, limits, local, cost, SWAP, a, b)
     return best
 
 
