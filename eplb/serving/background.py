@@ -38,8 +38,6 @@ from __future__ import annotations
 import collections
 import functools
 import multiprocessing.connection
-import os
-import pickle
 import threading
 import time
 import weakref
@@ -49,9 +47,12 @@ import numpy as np
 from ..analysis.placement import Placement
 from ..kernels.plumbing.load_window import STAGED_DTYPES, memory_fence, stage_pass, warm_copy_counts
 from .balancer import Balancer, bad_count_error, change_for, check_counts, commit_range, fold_pass, merged_placement
+from .event_ring import (CHANGE, CHECK, CLOSE, COMMIT, EVENTS_DONE, EVENTS_POSTED, FLOAT64, MESSAGE_LEN,
+                         MESSAGES_SENT, MESSAGES_TAKEN, PASSES_DONE, PASSES_POSTED, QUEUED, RELEASE, STAGING,
+                         STATE, EventBlock, event_layout, serve_events)
+from .process_link import (WorkerBalancer, WorkerLink, balancer_arguments, dumps, from_state_arguments,
+                           proposal_bytes, raise_remote, ring_rows, take)
 from .transfer import TransferPlan
-from .process_link import (SharedBlock, WorkerBalancer, WorkerLink, balancer_arguments, dumps, error_message,
-                           from_state_arguments, place, proposal_bytes, raise_remote, ring_rows, serve, take)
 
 STAGING_BYTES = 32 << 20
 """Bytes of shared memory for staged passes unless ``staging_rows`` says otherwise."""
@@ -66,41 +67,6 @@ wake-up is a system call on the caller's thread, and the passes only matter at t
 WAIT_S = 0.0005
 """Seconds between looks at the worker's progress while a call waits for it."""
 
-# the shared block: a header of int64 fields, the event ring, the staging rows, the message area
-(_EVENTS_POSTED, _EVENTS_DONE, _PASSES_POSTED, _PASSES_DONE, _MESSAGES_SENT, _MESSAGES_TAKEN, _MESSAGE_LEN,
- _QUEUED) = range(8)
-_STAGING, _CHECK, _COMMIT, _STATE, _CLOSE, _RELEASE = range(6)
-_CHANGE = 6  # a rebalance across a deployment change: its deployment and gpu_map follow through the pipe
-_EVENT_FIELDS = 5  # kind, passes staged before the event, then up to three integer arguments
-_FLOAT64 = STAGED_DTYPES.index(np.dtype(np.float64))  # the staging code of input widened by the caller
-
-
-def _layout(num_layers: int, width: int, rows: int, events: int, area: int) -> dict:
-    """Byte offsets of the shared block: header ``int64 [16]``, events ``int64 [N, 5]``, staged rows
-    of ``8 * L * width`` bytes each (``width = max(E, S)``: room for ``[L, E]`` or ``[L, S]`` in any
-    dtype of :data:`STAGED_DTYPES`), message area ``uint8 [area]``."""
-    ring = SharedBlock.HEADER_FIELDS * 8 + events * _EVENT_FIELDS * 8
-    message = ring + rows * num_layers * width * 8
-    return {"rows": rows, "events": events, "row_size": num_layers * width, "ring": ring, "message": message,
-            "area": area, "size": message + area}
-
-
-class _Block(SharedBlock):
-    """Views of the shared block (both processes build them from the same :func:`_layout`): the
-    :class:`SharedBlock`'s, the header again as ``words``, and the event ring."""
-
-    def __init__(self, shm, layout: dict):
-        super().__init__(shm, layout)
-        buf = shm.buf
-        # the same header as a memoryview of int64: a read or write of one field costs a tenth of numpy's
-        self.words = buf[:self.HEADER_FIELDS * 8].cast("q")
-        self.events = np.ndarray((layout["events"], _EVENT_FIELDS), np.int64, buf, self.HEADER_FIELDS * 8)
-
-    def row(self, index: int, num_layers: int, width: int, dtype=np.float64) -> np.ndarray:
-        """Staging row ``index`` as a C-contiguous ``[L, width]`` view of ``dtype`` (8 bytes or fewer)."""
-        return np.ndarray((num_layers, width), dtype, self.shm.buf, self.layout["ring"] + index * self.ring.strides[0])
-
-
 # -- the caller's end ----------------------------------------------------------------------------
 class _Link(WorkerLink):
     """The caller's end of one worker: process, semaphore, pipe, shared block, and a watchdog
@@ -109,7 +75,7 @@ class _Link(WorkerLink):
 
     def __init__(self, context: str):
         self.wake = multiprocessing.get_context(context).Semaphore(0)
-        super().__init__(context, "BackgroundBalancer", _serve, (self.wake,), "eplb-background-balancer")
+        super().__init__(context, "BackgroundBalancer", serve_events, (self.wake,), "eplb-background-balancer")
         threading.Thread(target=self._watch, daemon=True, name="eplb-background-watchdog").start()
 
     def _watch(self) -> None:
@@ -124,11 +90,11 @@ class _Link(WorkerLink):
     def ask_to_close(self) -> None:
         """Post the close event (if the event ring has room) and wake the worker."""
         block = self.shared
-        posted = int(block.header[_EVENTS_POSTED])
-        if posted - int(block.header[_EVENTS_DONE]) < block.layout["events"]:
-            block.events[posted % block.layout["events"]] = (_CLOSE, 0, 0, 0, 0)
+        posted = int(block.header[EVENTS_POSTED])
+        if posted - int(block.header[EVENTS_DONE]) < block.layout["events"]:
+            block.events[posted % block.layout["events"]] = (CLOSE, 0, 0, 0, 0)
             memory_fence()
-            block.header[_EVENTS_POSTED] = posted + 1
+            block.header[EVENTS_POSTED] = posted + 1
         self.wake.release()
 
 
@@ -212,7 +178,7 @@ class BackgroundBalancer(WorkerBalancer):
         row_bytes = self.num_layers * width * 8
         rows = ring_rows(staging_rows, row_bytes, STAGING_BYTES, 8, 1024)
         area = max(1 << 20, min(16 << 20, 2 * proposal_bytes(self.num_layers, self.num_experts, num_slots)))
-        block = self._share(link, _Block, _layout(self.num_layers, width, rows, 4 * rows + 64, area))
+        block = self._share(link, EventBlock, event_layout(self.num_layers, width, rows, 4 * rows + 64, area))
         warm_copy_counts()  # record()'s kernels, compiled or loaded here once
         self._words = block.words  # the shared header, for poll() (a memoryview: the cheapest reads)
         self._header = block.header  # the same, for record()'s compiled call
@@ -273,10 +239,10 @@ class BackgroundBalancer(WorkerBalancer):
             self._live()  # raises
         index = self._passes
         if index >= self._passes_room:  # the ring may be full: look at the worker's progress
-            self._wait_for_room(_PASSES_DONE, index)
+            self._wait_for_room(PASSES_DONE, index)
         row = stager.rows[index % self._ring_rows]
-        # one call copies the pass and, if every value is good, hands it to the worker (_PASSES_POSTED)
-        if stager.stage(counts, row, self._header, _PASSES_POSTED, index + 1, self._count_limit):
+        # one call copies the pass and, if every value is good, hands it to the worker (PASSES_POSTED)
+        if stager.stage(counts, row, self._header, PASSES_POSTED, index + 1, self._count_limit):
             raise bad_count_error(counts, row, self._count_limit)
         self._passes = index = index + 1
         if index - self._woken >= WAKE_EVERY:
@@ -289,16 +255,16 @@ class BackgroundBalancer(WorkerBalancer):
         array, is_physical = check_counts(counts, self.num_layers, self.num_experts, self._num_slots, physical)
         self._live()
         staged = array.dtype in STAGED_DTYPES  # and native: a big-endian dtype is not among them
-        key = (STAGED_DTYPES.index(array.dtype) if staged else _FLOAT64, is_physical)
+        key = (STAGED_DTYPES.index(array.dtype) if staged else FLOAT64, is_physical)
         if is_physical and self.num_layers * self._num_slots * 8 > self._row_bytes:
-            key = (_FLOAT64, False)  # the deployment grew past the staging rows: passes are folded (_stage_folded)
+            key = (FLOAT64, False)  # the deployment grew past the staging rows: passes are folded (_stage_folded)
         rows = self._stagers.get(key)
         if rows is None:
             block, width = self._channel.shared, self._num_slots if key[1] else self.num_experts
             rows = self._stagers[key] = [block.row(index, self.num_layers, width, STAGED_DTYPES[key[0]])
                                          for index in range(self._ring_rows)]
         if key != self._staging:
-            self._post(_STAGING, *key)
+            self._post(STAGING, *key)
             self._staging = key
         # a dtype the worker takes as it is: one compiled call (for any layout: a layout not seen
         # before, e.g. Fortran order, compiles once), else widened to float64 here
@@ -338,7 +304,7 @@ class BackgroundBalancer(WorkerBalancer):
         proposal = self._checks
         self._checks = proposal + 1
         link.send(dumps((proposal, deployment, gpu_map)))  # read by the worker when it takes the event
-        self._post(_CHANGE, proposal, int(bool(commit)))
+        self._post(CHANGE, proposal, int(bool(commit)))
         _, _, placement, transfer, error = self._answer("change", proposal)
         if error is not None:
             raise_remote(*error[1:])
@@ -383,7 +349,7 @@ class BackgroundBalancer(WorkerBalancer):
         self._live()
         self._post_releases()
         check_id = self._checks
-        self._post(_CHECK, check_id)
+        self._post(CHECK, check_id)
         self._check_commits[check_id] = self._commits
         self._checks = check_id + 1
         return check_id
@@ -440,7 +406,7 @@ class BackgroundBalancer(WorkerBalancer):
             held = self._proposals.get(key)
             if held is not None and held[0] == check_id:
                 del self._proposals[key]
-            self._post(_RELEASE, check_id)
+            self._post(RELEASE, check_id)
 
     def commit(self, placement: Placement, layers: tuple[int, int] | None = None) -> None:
         """Make a proposed ``placement`` (or its ``layers = (start, stop)``) the one in service, once
@@ -462,7 +428,7 @@ class BackgroundBalancer(WorkerBalancer):
             raise ValueError("a plan across a deployment change is committed whole (layers=None): the slots of the "
                              "deployment in service are not the plan's")
         self._post_releases()
-        self._post(_COMMIT, held[0], start, stop)
+        self._post(COMMIT, held[0], start, stop)
         self._commits += 1
         self._pending_commits.append((placement, start, stop))
         if placement is not self._committing:
@@ -494,8 +460,8 @@ class BackgroundBalancer(WorkerBalancer):
         events, passes = self._events, self._passes
 
         def caught_up() -> bool:  # every pass and event handled, every answer read into the inbox
-            return (words[_EVENTS_DONE] >= events and words[_PASSES_DONE] >= passes and words[_QUEUED] == 0
-                    and words[_MESSAGES_SENT] == self._taken)
+            return (words[EVENTS_DONE] >= events and words[PASSES_DONE] >= passes and words[QUEUED] == 0
+                    and words[MESSAGES_SENT] == self._taken)
 
         return self._wait(caught_up, timeout)
 
@@ -503,7 +469,7 @@ class BackgroundBalancer(WorkerBalancer):
         """:meth:`eplb.Balancer.state_dict` of the worker's balancer after every event posted so far
         (waits for the worker; loadable by ``Balancer.from_state_dict`` and :meth:`from_state_dict`)."""
         link = self._live()
-        self._post(_STATE, 0)
+        self._post(STATE, 0)
         while True:
             for index, message in enumerate(self._inbox):
                 if message[0] in ("state", "state_error"):
@@ -529,21 +495,21 @@ class BackgroundBalancer(WorkerBalancer):
         link = self._channel
         number = self._events
         if number >= self._events_room:
-            self._wait_for_room(_EVENTS_DONE, number)
+            self._wait_for_room(EVENTS_DONE, number)
         link.shared.events[number % self._event_slots] = (kind, self._passes, a, b, c)
         self._events = number + 1
         memory_fence()  # the event before its counter
-        self._words[_EVENTS_POSTED] = number + 1
-        if kind != _STAGING:
+        self._words[EVENTS_POSTED] = number + 1
+        if kind != STAGING:
             self._wake(link)
 
     def _wait_for_room(self, field: int, number: int) -> None:
-        """Wait until the worker has handled enough of its ring (``field``: ``_PASSES_DONE`` for the
-        staging rows, ``_EVENTS_DONE`` for the events) for item ``number`` to fit. What fits as the
+        """Wait until the worker has handled enough of its ring (``field``: ``PASSES_DONE`` for the
+        staging rows, ``EVENTS_DONE`` for the events) for item ``number`` to fit. What fits as the
         worker's progress was last read is kept (``_passes_room``, ``_events_room``), so a call with
         room to spare reads no shared header."""
         words = self._words
-        passes = field == _PASSES_DONE
+        passes = field == PASSES_DONE
         capacity = self._ring_rows if passes else self._event_slots
 
         def room() -> bool:
@@ -566,13 +532,13 @@ class BackgroundBalancer(WorkerBalancer):
         request's error goes to the inbox, for the call that reads its outcome). Returns whether a
         message was read."""
         words = self._words
-        if words[_MESSAGES_SENT] == self._taken:  # written after the message (and its length)
+        if words[MESSAGES_SENT] == self._taken:  # written after the message (and its length)
             return False
         memory_fence()  # the counter before the message
-        size = words[_MESSAGE_LEN]
+        size = words[MESSAGE_LEN]
         message = take(size, link.shared.area, link.receive)
         self._taken += 1
-        words[_MESSAGES_TAKEN] = self._taken
+        words[MESSAGES_TAKEN] = self._taken
         link.wake.release()  # the worker may send its next message
         if message[0] == "error":
             link.broken = f"the eplb worker process raised {type(message[1]).__name__}: {message[1]}"
@@ -631,123 +597,3 @@ def _dropped(released: collections.deque, key: int, check_id: int, reference) ->
     """A proposal's placement was garbage-collected: queue its release (posted to the worker at the
     caller's next check or commit; a callback of the garbage collector posts nothing itself)."""
     released.append((key, check_id))
-
-
-# -- the worker's end ----------------------------------------------------------------------------
-class _Worker:
-    """The worker's loop: take the passes and events in order, send each answer as soon as the
-    message area is free."""
-
-    def __init__(self, balancer: Balancer, block: _Block, conn):
-        self.balancer, self.block, self.conn = balancer, block, conn
-        self.done = 0  # events handled
-        self.passes = 0  # passes recorded
-        self.staging = (_FLOAT64, False)  # the kind of the staged rows: (dtype code, per slot)
-        self.sent = 0
-        self.queue: collections.deque = collections.deque()  # answers not sent yet
-        self.proposals: dict[int, Placement] = {}  # check id -> placement proposed, until the caller drops it
-
-    def take_passes(self, upto: int) -> None:
-        """Record the staged passes before pass number ``upto`` into the balancer (the row's values,
-        widened to float64 by ``Balancer.record`` as the caller's own ``Balancer`` would)."""
-        balancer, block = self.balancer, self.block
-        code, physical = self.staging
-        width = balancer.topology.num_slots if physical else balancer.num_experts
-        while self.passes < upto:
-            row = block.row(self.passes % block.layout["rows"], balancer.num_layers, width, STAGED_DTYPES[code])
-            try:
-                balancer.record(row, physical=physical)
-            except BaseException as exc:  # noqa: BLE001 (handed to the caller)
-                self.queue.append(error_message(exc))
-            self.passes += 1
-            memory_fence()  # the row read before it is handed back
-            block.words[_PASSES_DONE] = self.passes  # the row is free for the caller
-
-    def handle(self, kind: int, a: int, b: int, c: int) -> bool:
-        """Do what one event asks; False for the close event."""
-        balancer = self.balancer
-        if kind == _STAGING:
-            self.staging = (a, bool(b))
-        elif kind == _CHECK:
-            try:
-                placement = transfer = None
-                if balancer.should_rebalance():
-                    placement, transfer = balancer.rebalance(commit=False)
-                    self.proposals[a] = placement
-                self.queue.append(("decision", a, balancer.last_decision, placement, transfer))
-            except Exception as exc:  # noqa: BLE001 (the caller's poll raises it; the balancer goes on)
-                self.queue.append(("check_error", a, *error_message(exc)[1:]))
-        elif kind == _COMMIT:
-            if a not in self.proposals:  # the caller posts commits of the proposals it holds only
-                raise RuntimeError(f"the worker holds no proposal of check {a} to commit")
-            balancer.commit(self.proposals[a], (b, c))
-        elif kind == _RELEASE:
-            self.proposals.pop(a, None)
-        elif kind == _CHANGE:
-            number = None
-            while number != a:  # (a payload whose event was never posted, the caller interrupted, is skipped)
-                number, deployment, gpu_map = pickle.loads(self.conn.recv_bytes())
-            try:
-                placement, transfer = balancer.rebalance(commit=bool(b), deployment=deployment, gpu_map=gpu_map)
-            except Exception as exc:  # noqa: BLE001 (raised by the caller; the balancer serves on as it was)
-                self.queue.append(("change", a, None, None, error_message(exc)))
-            else:
-                self.proposals[a] = placement
-                self.queue.append(("change", a, placement, transfer, None))
-        elif kind == _STATE:
-            try:
-                self.queue.append(("state", balancer.state_dict()))
-            except Exception as exc:  # noqa: BLE001 (the caller's state_dict raises it)
-                self.queue.append(("state_error", *error_message(exc)[1:]))
-        elif kind == _CLOSE:
-            return False
-        return True
-
-    def send(self) -> None:
-        """Write the next answer into the message area if the caller has taken the last one."""
-        header = self.block.header
-        if not self.queue or int(header[_MESSAGES_TAKEN]) < self.sent:
-            header[_QUEUED] = len(self.queue)
-            return
-        data = dumps(self.queue.popleft())
-        area = self.block.area
-        in_pipe = place(data, area, header, _MESSAGE_LEN)
-        self.sent += 1
-        header[_QUEUED] = len(self.queue)
-        memory_fence()  # the message and its length before the counter
-        header[_MESSAGES_SENT] = self.sent  # last: the caller reads the message once it sees this
-        if in_pipe:
-            self.conn.send_bytes(data)
-
-    def run(self, wake, parent: int) -> None:
-        block = self.block
-        words, capacity = block.words, block.layout["events"]
-        while True:
-            if not wake.acquire(timeout=1.0):
-                if os.getppid() != parent:
-                    return
-                continue
-            # passes before events: an event posted after this read has every pass read here before it
-            passes, posted = words[_PASSES_POSTED], words[_EVENTS_POSTED]
-            memory_fence()  # the counters before the rows and events they hand over
-            while self.done < posted:
-                kind, before, a, b, c = (int(value) for value in block.events[self.done % capacity])
-                self.take_passes(before)
-                try:
-                    if not self.handle(kind, a, b, c):
-                        return
-                except BaseException as exc:  # noqa: BLE001 (handed to the caller)
-                    self.queue.append(error_message(exc))
-                self.done += 1
-                self.send()  # before the event counts as done: wait() then finds its answer sent or queued
-                words[_EVENTS_DONE] = self.done
-            self.take_passes(passes)
-            self.send()
-
-
-def _serve(conn, wake) -> None:
-    """The worker process (:func:`~eplb.serving.process_link.serve`): run the event loop until told
-    to close or the caller is gone."""
-    serve(conn, ("num_layers", "num_experts", "topology", "num_groups", "window", "placement", "steps",
-                 "rebalances", "count_limit", "deployment"), _Block,
-          lambda balancer, block, parent: _Worker(balancer, block, conn).run(wake, parent))
