@@ -176,14 +176,33 @@ def fmt_ms(seconds: float) -> str:
     return f"{ms:.2f}" if ms < 10 else f"{ms:.1f}" if ms < 100 else f"{ms:.0f}"
 
 
-def run_alone(run: Callable[[bool, Path], str], doc: str) -> None:
-    """A section's script run by itself: ``--quick`` as ``bench/run.py`` takes it, results in
-    ``bench/results`` (``bench/results/quick`` with ``--quick``), the section's Markdown printed."""
+def rows_of(results_dir: Path, name: str) -> list[dict]:
+    """The rows of ``results_dir/<name>.csv`` a section wrote (none if it did not run): what a
+    section's ``headline`` and ``readme_rows`` read."""
+    path = Path(results_dir) / f"{name}.csv"
+    return read_csv(path) if path.exists() else []
+
+
+def write_section(results_dir: Path, name: str, text: str) -> str:
+    """Write a section's markdown to ``results_dir/<name>.md`` and return it (what ``run`` returns)."""
+    Path(results_dir).mkdir(parents=True, exist_ok=True)
+    (Path(results_dir) / f"{name}.md").write_text(text)
+    return text
+
+
+def run_alone(run: Callable[..., str], doc: str, **options) -> None:
+    """The ``__main__`` block of every section: its script run by itself, ``--quick`` as
+    ``bench/run.py`` takes it, results in ``--results`` (default ``bench/results``, or
+    ``bench/results/quick`` with ``--quick``), the section's Markdown printed. ``options``: a
+    section's own flags, ``{flag: help}``, passed to ``run`` as keywords when given."""
     import argparse
 
     parser = argparse.ArgumentParser(description=doc.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small sizes")
+    parser.add_argument("--results", "--out", type=Path, default=None, help="results folder")
+    for flag, text in options.items():
+        parser.add_argument(f"--{flag.replace('_', '-')}", action="store_true", help=text)
     args = parser.parse_args()
-    results = BENCH / "results" / ("quick" if args.quick else "")
+    results = args.results or BENCH / "results" / ("quick" if args.quick else "")
     results.mkdir(parents=True, exist_ok=True)
-    print(run(args.quick, results))
+    print(run(args.quick, results, **{flag: True for flag in options if getattr(args, flag)}))

@@ -27,14 +27,13 @@ Usage: ``python bench/background_thread.py [--repeats N] [--ops]``. Prints Markd
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 import threading
 import time
 
 import numpy as np
-from _common import load_note, markdown_table
+from _common import load_note, markdown_table, run_alone
 
 import eplb
 from eplb.simulation.synthetic import drifting_counts
@@ -165,32 +164,6 @@ def operations():
     yield "replica_counts kernel (nogil)", lambda: replica_counts(rows, 256)
 
 
-def ops_table() -> str:
-    rows = []
-    for name, fn in operations():
-        def twenty(fn=fn):
-            for _ in range(20):
-                fn()
-
-        alone = timed(twenty, 3, busy=False, interval=0.005)[0]
-        busy = timed(twenty, 3, busy=True, interval=0.005)[0]
-        rows.append([name, f"{alone * 1e3:.2f}", f"{busy * 1e3:.2f}"])
-    return markdown_table(["20 calls of", "alone ms", "busy thread ms"], rows)
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=7)
-    parser.add_argument("--ops", action="store_true", help="also time single operations")
-    args = parser.parse_args()
-    if args.ops:
-        print(ops_table())
-        print()
-    print(load_note())
-    rows = [measure(name, fn, worker, args.repeats) for name, fn, worker in cases()]
-    print(table(rows))
-
-
 def table(rows: list[dict]) -> str:
     """The Markdown table of :func:`measure`'s rows."""
     return markdown_table(
@@ -232,4 +205,4 @@ def headline(results_dir):
 
 
 if __name__ == "__main__":
-    main()
+    run_alone(run, __doc__)

@@ -18,7 +18,6 @@ Run: ``python bench/compare_quick.py [--quick]``.
 
 from __future__ import annotations
 
-import argparse
 import csv
 import statistics
 import subprocess
@@ -27,7 +26,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from _common import ROOT, load_note, markdown_table, traces_dir
+from _common import ROOT, load_note, markdown_table, run_alone, traces_dir
 
 PUBLISHED = str(ROOT / "tests" / "published_eplb.py")
 QUICK = ["trace:gpt-oss-20b", "-m", PUBLISHED, "-m", "greedy", "-m", "best", "--quick", "-q"]
@@ -76,7 +75,4 @@ def run(quick: bool, results_dir: Path) -> str:
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true")
-    options = parser.parse_args()
-    print(run(options.quick, ROOT / "bench" / "results"))
+    run_alone(run, __doc__)

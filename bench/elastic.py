@@ -47,7 +47,6 @@ plan), ``elastic_sequence.csv`` (one row per step of the node sequence), ``elast
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 import warnings
@@ -55,7 +54,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from _common import load_note, markdown_table, median_time, read_csv, trace_workloads, write_csv
+from _common import load_note, markdown_table, median_time, read_csv, run_alone, trace_workloads, write_csv
 
 import eplb
 from eplb.analysis.metrics import moe_mean
@@ -478,13 +477,5 @@ def readme_rows(results_dir: Path) -> list[tuple[str, str, str]]:
     return out
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true")
-    args = parser.parse_args()
-    results_dir = RESULTS / "quick" if args.quick else RESULTS
-    print(run(args.quick, results_dir))
-
-
 if __name__ == "__main__":
-    main()
+    run_alone(run, __doc__)

@@ -32,13 +32,12 @@ Run: ``python bench/engine_dispatch.py [--quick]`` (writes ``engine_dispatch.{cs
 
 from __future__ import annotations
 
-import argparse
 import time
 from pathlib import Path
 
 import numpy as np
 
-from _common import load_note, markdown_table, read_csv, trace_workloads, write_csv
+from _common import load_note, markdown_table, read_csv, run_alone, trace_workloads, write_csv
 
 import eplb
 from eplb.analysis.engine_dispatch import with_engine_shares
@@ -103,15 +102,23 @@ def scenarios(quick: bool):
         ("synthetic workloads sigma=0.2", "leave-one-out",
          synthetic_workloads(6 if quick else 12, 0.2, seed=1).astype(np.float64), SYNTHETIC_DEPLOYMENTS),
     ]
+    traces, missing = trace_scenarios()
+    out += [(label, "leave-one-out", counts, deployments) for label, counts, deployments in traces]
+    return out, missing
+
+
+def trace_scenarios():
+    """``(label, counts [K, L, E], {deployment: config})`` of each real trace the engine sections
+    serve (its workloads; global and hierarchical on :data:`TRACE_DEPLOYMENTS`), and notes on absent traces."""
     workloads, missing = trace_workloads()
+    out = []
     for key, names, counts, _ in workloads:
         if key not in TRACE_DEPLOYMENTS:
             continue
         base = TRACE_DEPLOYMENTS[key]
         label = f"{base['num_slots']}/{base['num_gpus']}/{base['num_nodes']}"
-        deployments = {f"global {label}": dict(base, num_groups=None),
-                       f"hierarchical {label}, 8 groups": dict(base, num_groups=8)}
-        out.append((f"{key} ({len(names)} workloads)", "leave-one-out", counts, deployments))
+        out.append((f"{key} ({len(names)} workloads)", counts, {f"global {label}": dict(base, num_groups=None),
+                                                                f"hierarchical {label}, 8 groups": dict(base, num_groups=8)}))
     return out, missing
 
 
@@ -181,7 +188,4 @@ def headline(results_dir: Path):
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="fewer windows and folds (well under two minutes)")
-    args = parser.parse_args()
-    print(run(args.quick, RESULTS / "quick" if args.quick else RESULTS))
+    run_alone(run, __doc__)

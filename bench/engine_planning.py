@@ -36,28 +36,20 @@ Run: ``python bench/engine_planning.py [--quick]`` (writes ``engine_planning.{cs
 
 from __future__ import annotations
 
-import argparse
 import subprocess
 import time
 from pathlib import Path
 
 import numpy as np
 
-from _common import ROOT, load_note, markdown_table, read_csv, trace_workloads, write_csv
+from _common import ROOT, load_note, markdown_table, read_csv, run_alone, write_csv
+from engine_dispatch import SYNTHETIC_DEPLOYMENTS, trace_scenarios
 
 import eplb
 from eplb.simulation.series import mixture_path, synthetic_workloads
 
 RESULTS = Path(__file__).resolve().parent / "results"
 DEEPSEEK = dict(num_layers=58, num_experts=256, num_groups=8, top_k=8, tokens=65536)
-DEEPSEEK_DEPLOYMENTS = {
-    "global 288/32/4": dict(num_slots=288, num_gpus=32, num_nodes=4, num_groups=None),
-    "hierarchical 288/32/4, 8 groups": dict(num_slots=288, num_gpus=32, num_nodes=4, num_groups=8),
-}
-TRACE_DEPLOYMENTS = {
-    "olmoe-1b-7b": dict(num_slots=80, num_gpus=16, num_nodes=2),
-    "gpt-oss-20b": dict(num_slots=48, num_gpus=8, num_nodes=2),
-}
 SHIFT = 0.25  # each workload moves every expert's log-popularity by N(0, (0.25 * 0.7)^2)
 COLUMNS = ("even plan / static", "made for static / static", "even plan / even split",
            "hedged plan / static", "made for static (hedged) / static", "hedged plan / even split",
@@ -93,20 +85,13 @@ def synthetic_series(shape: dict, windows: int, seed: int = 1):
 def scenarios(quick: bool, shape: dict | None = None, traces: bool = True):
     """``(series label, counts [T, L, E], {deployment: config})`` and notes on absent traces."""
     shape = dict(DEEPSEEK, **(shape or {}))
-    deployments = shape.pop("deployments", DEEPSEEK_DEPLOYMENTS)
+    deployments = shape.pop("deployments", SYNTHETIC_DEPLOYMENTS)
     windows = 6 if quick else 12
     out = [(label, counts, deployments) for label, counts in synthetic_series(shape, windows)]
     missing = []
     if traces:
-        workloads, missing = trace_workloads()
-        for key, names, counts, _ in workloads:
-            if key not in TRACE_DEPLOYMENTS:
-                continue
-            base = TRACE_DEPLOYMENTS[key]
-            label = f"{base['num_slots']}/{base['num_gpus']}/{base['num_nodes']}"
-            out.append((f"{key} ({len(names)} workloads)", counts,
-                        {f"global {label}": dict(base, num_groups=None),
-                         f"hierarchical {label}, 8 groups": dict(base, num_groups=8)}))
+        found, missing = trace_scenarios()
+        out += found
     return out, missing
 
 
@@ -213,7 +198,4 @@ def headline(results_dir: Path):
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="3 folds per series")
-    args = parser.parse_args()
-    print(run(args.quick, RESULTS / "quick" if args.quick else RESULTS))
+    run_alone(run, __doc__)

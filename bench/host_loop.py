@@ -24,13 +24,12 @@ Usage: ``python bench/host_loop.py [--quick]``. Prints Markdown.
 
 from __future__ import annotations
 
-import argparse
 import threading
 import time
 from pathlib import Path
 
 import numpy as np
-from _common import load_note, markdown_table, read_csv, write_csv
+from _common import load_note, markdown_table, read_csv, run_alone, write_csv
 from background_thread import busy_python
 
 import eplb
@@ -226,14 +225,5 @@ def readme_rows(results_dir) -> list[tuple[str, str, str]]:
              f"`Balancer` on the caller's thread: {spread(synchronous)}")]
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="300 passes, window=200")
-    parser.add_argument("--results", type=Path, default=None, help="folder for host_loop.csv")
-    args = parser.parse_args()
-    results = args.results or Path(__file__).resolve().parent / "results" / ("quick" if args.quick else "")
-    print(run(args.quick, results))
-
-
 if __name__ == "__main__":
-    main()
+    run_alone(run, __doc__)

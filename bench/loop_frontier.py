@@ -23,12 +23,11 @@ Run: ``python bench/loop_frontier.py [--quick]`` (results in ``bench/results/loo
 
 from __future__ import annotations
 
-import argparse
 import inspect
 from pathlib import Path
 
 import numpy as np
-from _common import load_note, markdown_table, read_csv, write_csv
+from _common import load_note, markdown_table, read_csv, run_alone, write_csv
 from simulate import BLOCK, DS, QUICK_BLOCKS, TARGETS, TOKENS, Cached, scenarios
 from simulate import policies as simulate_policies
 
@@ -213,10 +212,4 @@ def run(quick: bool, results_dir: Path, *, blocks: int | None = None, every: int
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true")
-    args = parser.parse_args()
-    default = Path(__file__).resolve().parent / "results"
-    out = default / "quick" if args.quick else default
-    out.mkdir(parents=True, exist_ok=True)
-    print(run(args.quick, out))
+    run_alone(run, __doc__)

@@ -26,19 +26,17 @@ Run: ``python bench/pools.py [--quick]`` (results in ``bench/results/pools.{md,c
 
 from __future__ import annotations
 
-import argparse
 import time
 from pathlib import Path
 
 import numpy as np
-from _common import load_note, load_trace, markdown_table, traces_dir, write_csv
+from _common import load_note, load_trace, markdown_table, run_alone, traces_dir, write_csv
 
 import eplb
 from eplb import CostModel
 from eplb.simulation.pools import layer_times, plan_for_step_time, sample_passes
 from eplb.simulation.series import mixture_windows, synthetic_workloads
 
-RESULTS = Path(__file__).resolve().parent / "results"
 DS_POOL = dict(deployment=eplb.Deployment.of(256, num_slots=288, num_gpus=32, num_nodes=4, num_groups=8),
                hardware="H100", model="deepseek-v3")
 H200_POOL = dict(deployment=eplb.Deployment.of(256, num_slots=264, num_gpus=8), hardware="H200", model="deepseek-v3")
@@ -244,8 +242,4 @@ def run(quick: bool, results_dir: Path) -> str:
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="small sizes (a smoke run)")
-    parser.add_argument("--out", type=Path, default=None, help="results folder (default bench/results)")
-    args = parser.parse_args()
-    print(run(args.quick, args.out or (RESULTS / "quick" if args.quick else RESULTS)))
+    run_alone(run, __doc__)

@@ -23,12 +23,11 @@ Writes ``quality.csv`` (one row per configuration x load x method) and ``quality
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
 import numpy as np
-from _common import BENCH, fmt_ms, load_note, markdown_table, median_time, pct, read_csv, trace_workloads, \
-    write_csv
+from _common import (BENCH, fmt_ms, load_note, markdown_table, median_time, pct, read_csv, run_alone, trace_workloads,
+                     write_csv)
 
 import eplb
 from eplb.planning.api import make_deployment
@@ -269,8 +268,4 @@ def readme_rows(results_dir: Path) -> list[tuple[str, str, str]]:
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="small sizes, well under a minute")
-    parser.add_argument("--results", type=Path, default=Path(__file__).resolve().parent / "results")
-    args = parser.parse_args()
-    print(run(args.quick, args.results if not args.quick else args.results / "quick"))
+    run_alone(run, __doc__)

@@ -47,8 +47,6 @@ SECTIONS = (
     ("research.dispatch", "Dispatch", "optimal dispatch per batch: speed and balancedness"),
     ("out_of_sample", "Out of sample", "held-out windows: objectives, even split and optimal dispatch"),
     ("research.locality", "Locality", "balancedness against off-node tokens (max_off_node), in and out of sample"),
-    ("research.node_assignment", "Node assignment", "hierarchical plans held out: node against GPU balancedness, every group pairing"),
-    ("research.fixed_layout_room", "Fixed-layout room", "8 H200, small decode batches: the step-time room a fixed layout can take"),
     ("research.split_bias", "Split bias", "a replica's activation as its expectation against the split drawn, per batch"),
     ("simulate", "Simulate", "rebalancing policies in step time and copies on drifting traffic"),
     ("decision_rule", "Decision rule", "Balancer settings chosen on tuning series, judged on held-out ones"),

@@ -22,12 +22,11 @@ Run: ``python bench/serving.py [--quick]`` (results in ``bench/results/``).
 
 from __future__ import annotations
 
-import argparse
 import statistics
 from pathlib import Path
 
 import numpy as np
-from _common import load_note, load_trace, markdown_table, median_time, pyplot, read_csv, write_csv
+from _common import load_note, load_trace, markdown_table, median_time, pyplot, read_csv, run_alone, write_csv
 
 import eplb
 from eplb.analysis.metrics import balancedness
@@ -467,8 +466,4 @@ def headline(results_dir: Path) -> list[tuple[str, str, str]]:
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="fewer windows and passes (well under a minute)")
-    args = parser.parse_args()
-    out = Path(__file__).resolve().parent / "results" / ("quick" if args.quick else "")
-    print(run(args.quick, out))
+    run_alone(run, __doc__)

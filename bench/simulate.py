@@ -31,13 +31,12 @@ Run: ``python bench/simulate.py [--quick]`` (results in ``bench/results/simulate
 
 from __future__ import annotations
 
-import argparse
 import os
 import time
 from pathlib import Path
 
 import numpy as np
-from _common import load_note, markdown_table, read_csv, traces_dir, write_csv
+from _common import load_note, markdown_table, read_csv, run_alone, traces_dir, write_csv
 
 import eplb
 from eplb import CostModel
@@ -317,11 +316,4 @@ def run(quick: bool, results_dir: Path, *, blocks: int | None = None, timing_ste
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--results", type=Path, default=None)
-    args = parser.parse_args()
-    default = Path(__file__).resolve().parent / "results"
-    out = args.results or (default / "quick" if args.quick else default)
-    out.mkdir(parents=True, exist_ok=True)
-    print(run(args.quick, out))
+    run_alone(run, __doc__)

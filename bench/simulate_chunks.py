@@ -14,11 +14,10 @@ Run: ``python bench/simulate_chunks.py [--quick]`` (results in ``bench/results/s
 
 from __future__ import annotations
 
-import argparse
 import os
 from pathlib import Path
 
-from _common import load_note, markdown_table, read_csv, write_csv
+from _common import load_note, markdown_table, read_csv, run_alone, write_csv
 from simulate import BLOCK, QUICK_BLOCKS, Cached, policies, scenarios
 
 from eplb import simulate
@@ -108,11 +107,4 @@ def run(quick: bool, results_dir: Path, *, blocks: int | None = None) -> str:
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--results", type=Path, default=None)
-    args = parser.parse_args()
-    default = Path(__file__).resolve().parent / "results"
-    out = args.results or (default / "quick" if args.quick else default)
-    out.mkdir(parents=True, exist_ok=True)
-    print(run(args.quick, out))
+    run_alone(run, __doc__)

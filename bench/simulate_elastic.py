@@ -33,7 +33,6 @@ import time
 import warnings
 from pathlib import Path
 
-import numpy as np
 from _common import load_note, markdown_table, read_csv, run_alone, write_csv
 from simulate import BLOCK, TOKENS, Cached
 

@@ -16,10 +16,10 @@ Run: ``python bench/speed.py [--quick]`` (results in ``bench/results/``).
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
-from _common import fmt_ms, load_note, markdown_table, median_time, planning_methods, pyplot, read_csv, write_csv
+from _common import (fmt_ms, load_note, markdown_table, median_time, planning_methods, pyplot, read_csv, run_alone,
+                     write_csv)
 
 import eplb
 import published_greedy
@@ -237,7 +237,4 @@ def readme_rows(results_dir: Path) -> list[tuple[str, str, str]]:
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="fewer points and repeats (well under a minute)")
-    args = parser.parse_args()
-    print(run(args.quick, Path(__file__).resolve().parent / "results" / ("quick" if args.quick else "")))
+    run_alone(run, __doc__)

@@ -20,12 +20,11 @@ Writes ``best_levers_gap.csv``, ``best_levers_speed.csv`` and ``best_levers_reso
 
 from __future__ import annotations
 
-import argparse
 import time
 from pathlib import Path
 
 import numpy as np
-from _common import BENCH, load_note, markdown_table, pct, trace_workloads, write_csv
+from _common import load_note, markdown_table, pct, run_alone, trace_workloads, write_csv
 from quality import FAMILIES, speed_rows
 
 import eplb.planning.methods.balanced as balanced_module
@@ -226,8 +225,4 @@ def run(quick: bool, results_dir: Path) -> str:
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="fewer layers, shorter CP-SAT limits")
-    parser.add_argument("--results", type=Path, default=BENCH / "results")
-    args = parser.parse_args()
-    print(run(args.quick, args.results if not args.quick else args.results / "quick"))
+    run_alone(run, __doc__)

@@ -13,14 +13,13 @@ for the closed-form lower bound. A lever study switches off one strengthening of
 
 from __future__ import annotations
 
-import argparse
 import math
 import time
 from pathlib import Path
 
 import numpy as np
 
-from _common import BENCH, load_note, markdown_table, planning_methods, pyplot, read_csv, write_csv
+from _common import load_note, markdown_table, planning_methods, pyplot, read_csv, run_alone, write_csv
 
 import eplb
 from eplb.planning.methods import exact_model as exact
@@ -269,9 +268,4 @@ def headline(results_dir: Path):
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="a few instances, well under a minute")
-    parser.add_argument("--results", type=Path, default=None, help="results folder (default bench/results[/quick])")
-    args = parser.parse_args()
-    folder = args.results or (BENCH / "results" / ("quick" if args.quick else ""))
-    print(run(args.quick, folder))
+    run_alone(run, __doc__)

@@ -20,11 +20,10 @@ expert it held). Writes ``fewest_changes.csv`` (per rebalance) and ``fewest_chan
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
 import numpy as np
-from _common import BENCH, load_note, load_trace, markdown_table, read_csv, write_csv
+from _common import load_note, load_trace, markdown_table, read_csv, run_alone, write_csv
 
 import eplb
 from eplb.planning.api import make_deployment
@@ -148,8 +147,4 @@ def headline(results_dir: Path) -> list[tuple[str, str, str]]:
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="2 rebalances, 6 layers, small budget")
-    args = parser.parse_args()
-    out = BENCH / "results" / ("quick" if args.quick else "")
-    print(run(args.quick, out))
+    run_alone(run, __doc__)

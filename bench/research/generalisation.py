@@ -18,12 +18,11 @@ Run: ``cd bench && python -m research.generalisation [--quick]``.
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
 import numpy as np
 
-from _common import BENCH, markdown_table, planning_methods, pyplot, read_csv, trace_workloads, write_csv
+from _common import markdown_table, planning_methods, pyplot, read_csv, run_alone, trace_workloads, write_csv
 
 import eplb
 from eplb.simulation.synthetic import DEEPSEEK_V3, drifting_counts
@@ -196,7 +195,4 @@ def headline(results_dir: Path) -> list[tuple[str, str, str]]:
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="fewer cases and layers")
-    args = parser.parse_args()
-    print(run(args.quick, BENCH / "results" / ("quick" if args.quick else "")))
+    run_alone(run, __doc__)

@@ -17,13 +17,12 @@ results folder and prints the markdown section.
 
 from __future__ import annotations
 
-import argparse
 import time
 from pathlib import Path
 
 import numpy as np
 
-from _common import BENCH, load_note, markdown_table, pct, trace_workloads, write_csv
+from _common import load_note, markdown_table, pct, run_alone, trace_workloads, write_csv
 
 import eplb
 from eplb.analysis.bounds import average_bound, lower_bound
@@ -123,8 +122,4 @@ def run(quick: bool, results_dir: Path) -> str:
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true")
-    args = parser.parse_args()
-    out = BENCH / "results" / ("quick" if args.quick else "")
-    print(run(args.quick, out))
+    run_alone(run, __doc__)

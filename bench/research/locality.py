@@ -19,13 +19,12 @@ Run: ``cd bench && python -m research.locality [--quick]``; ``bench/run.py`` run
 
 from __future__ import annotations
 
-import argparse
 import time
 from pathlib import Path
 
 import numpy as np
 
-from _common import BENCH, markdown_table, pyplot, read_csv, trace_workloads, write_csv
+from _common import markdown_table, pyplot, read_csv, run_alone, trace_workloads, write_csv
 
 import eplb
 from eplb.analysis.dispatch import optimal_dispatch
@@ -232,11 +231,4 @@ def headline(results_dir: Path):
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true")
-    args = parser.parse_args()
-    out = BENCH / "results" / ("quick" if args.quick else "")
-    out.mkdir(parents=True, exist_ok=True)
-    print(run(args.quick, out))
-    for row in headline(out):
-        print(" | ".join(row))
+    run_alone(run, __doc__)
