@@ -42,7 +42,7 @@ def _budget_feasible(desc, tier, target, num_slots, active_gpus, min_slots, max_
     Lightest replicas: with every replica ``<= T``, expert ``e`` has at least ``b_e`` replicas
     (the fewest of load ``<= T``), leaving ``F = S - E - sum (b_e - 1)`` free. Any ``m`` replicas
     weigh at least the ``m`` lightest of the *virtual* experts (each expert cut into its ``b_e``
-    equal parts) replicated with ``F`` extras (:func:`eplb.kernels.common.lightest_items`): equal
+    equal parts) replicated with ``F`` extras (:func:`eplb.kernels.plumbing.common.lightest_items`): equal
     replicas are the heaviest way to split an expert, since the ``j`` smallest of ``N`` values
     summing to ``w`` sum to at most ``j w / N``.
 

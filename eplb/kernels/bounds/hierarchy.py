@@ -124,7 +124,7 @@ def _hot_expert_fits(groups, order, chosen, depth, group, node, active, slots, t
 @njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
 def _nodes_fit(target, order, chosen, held, groups, nodes, memo, scratch):
     """Whether every node holding groups (``chosen[i]``: node of group ``order[i]``) passes
-    :func:`eplb.kernels.hot_room.hot_room_fits` at ``target``; ``groups`` a :class:`GroupTable`,
+    :func:`eplb.kernels.bounds.hot_room.hot_room_fits` at ``target``; ``groups`` a :class:`GroupTable`,
     ``nodes`` a :class:`NodeTable`; ``memo [kinds, 2^K]`` int8 remembers, for each kind of node,
     whether a set of groups fits it (``[1, 1]`` when ``K > 16``: no memo); ``scratch [6, E + 1]``
     float64 work space."""
@@ -238,7 +238,7 @@ def _searcher(hot_room, name):
             nodes: a :class:`NodeTable` (slots, active GPUs, kinds; fewest / most slots of an active GPU).
             budget: most search steps; assign: ``[K]`` int64 output, node of each group when feasible.
             strong: also require every node of a complete assignment to pass
-                :func:`eplb.kernels.hot_room.hot_room_fits`; checked on complete assignments only, where a
+                :func:`eplb.kernels.bounds.hot_room.hot_room_fits`; checked on complete assignments only, where a
                 node's experts are known (the condition need not hold for a part of them). memo:
                 ``[kinds, 2^K]`` int8 scratch (``[1, 1]``: no memo); scratch: ``[6, E + 1]`` float64 work space.
         Returns:

@@ -32,7 +32,7 @@ def hot_room_fits(desc, num, target, active, slots, min_slots, max_slots, scratc
     - room: a GPU holding a hot replica keeps ``<= T - p`` for the others; when ``m = 1`` (one hot
       replica per GPU) it also holds ``k_min - 2`` replicas besides the hot one and any other
       replica ``x``, weighing at least the lightest ``k_min - 2`` of the others
-      (:func:`eplb.kernels.common.lightest_items` with all ``S - r - (n - 1)`` extra replicas
+      (:func:`eplb.kernels.plumbing.common.lightest_items` with all ``S - r - (n - 1)`` extra replicas
       theirs), so ``x <= room = T - p - lightest``;
     - every other expert either has a replica beside a hot one, so all its replicas (equal loads)
       are ``<= room`` (``fewest(w, room)`` replicas), or sits wholly on the GPUs without one

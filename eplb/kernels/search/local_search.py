@@ -36,7 +36,7 @@ def spread_duplicates(item_load, item_expert, gpus, gpu_items, gpu_fill, gpu_loa
     keeps the larger of the two loads smallest. Replicas with no such partner stay.
 
     Args:
-        gpus: ``[m]`` int64 GPU ids the swaps may use. State arrays: :mod:`eplb.kernels.packing`.
+        gpus: ``[m]`` int64 GPU ids the swaps may use. State arrays: :mod:`eplb.kernels.search.packing`.
     Returns:
         the number of swaps made.
     """
@@ -99,7 +99,7 @@ def swap_descent(item_load, item_expert, gpus, gpu_items, gpu_fill, gpu_load, ho
     loads falls at every step, so the search ends; ``max_steps`` bounds it.
 
     Args:
-        gpus: ``[m]`` int64 GPU ids the search may use. State arrays: :mod:`eplb.kernels.packing`.
+        gpus: ``[m]`` int64 GPU ids the search may use. State arrays: :mod:`eplb.kernels.search.packing`.
         max_steps: most swaps.
     Returns:
         the number of swaps made.

@@ -268,8 +268,8 @@ def _is_new(row, n, counts, rows, found):
 
 @njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
 def _pack_and_keep(w, experts, counts, domain, pack, kept, best_max):
-    """Pack the replication ``counts`` on the :class:`Domain`'s GPUs (:func:`eplb.kernels.pack_descend.pack_domain`,
-    in the :class:`eplb.kernels.packing.PackState` ``pack``) and keep it in ``kept.counts`` / ``kept.expert`` (a
+    """Pack the replication ``counts`` on the :class:`Domain`'s GPUs (:func:`eplb.kernels.search.pack_descend.pack_domain`,
+    in the :class:`eplb.kernels.search.packing.PackState` ``pack``) and keep it in ``kept.counts`` / ``kept.expert`` (a
     :class:`Kept`) when the domain's heaviest GPU is lighter than ``best_max`` and no more replicas
     share a GPU with their expert than ``kept.shared``. Returns the best max load."""
     gpus, slots_per_gpu, slot_offsets, first_item, max_steps = domain

@@ -24,7 +24,7 @@ def pack_domain(w, experts, counts, gpus, slots_per_gpu, first_item, pack):
         w: ``[E]`` float64 loads of the layer; experts: ``[n]`` int64; counts: ``[n]`` int64 replicas
             (summing to the slots of ``gpus``); gpus: ``[m]`` int64 GPU ids (with slots).
         slots_per_gpu: ``[G]`` int64; first_item: first free replica id in the item arrays.
-        pack: the :class:`eplb.kernels.packing.PackState` (``gpu_fill``/``gpu_load``/``holds`` of
+        pack: the :class:`eplb.kernels.search.packing.PackState` (``gpu_fill``/``gpu_load``/``holds`` of
             ``gpus`` must be zero on entry).
     Returns:
         the next free replica id.
@@ -52,12 +52,12 @@ def pack_domain(w, experts, counts, gpus, slots_per_gpu, first_item, pack):
 
 @njit(cache=True, nogil=True, error_model="numpy")
 def descend(pack, gpus, max_steps):
-    """Swap descent on a packing of ``gpus`` in the :class:`eplb.kernels.packing.PackState` ``pack``
-    (:func:`eplb.kernels.local_search.swap_descent`, at most ``max_steps`` swaps), then the GPU
+    """Swap descent on a packing of ``gpus`` in the :class:`eplb.kernels.search.packing.PackState` ``pack``
+    (:func:`eplb.kernels.search.local_search.swap_descent`, at most ``max_steps`` swaps), then the GPU
     loads summed afresh.
 
     Kept apart from :func:`pack_domain`: a kernel compiles every kernel its body calls, and the
-    pair-swap descent that :mod:`eplb.kernels.multistart` runs instead is not compiled on the
+    pair-swap descent that :mod:`eplb.kernels.search.multistart` runs instead is not compiled on the
     default path.
     """
     item_expert, item_load, gpu_items, gpu_fill, gpu_load, holds = pack

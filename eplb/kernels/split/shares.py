@@ -658,7 +658,7 @@ def improve_for_dispatch(windows, window_weights, phy2log, gpu_of_slot, slot_off
     their node; else one zone), swap their experts, and keep the swap when the weighted mean of
     ``peak / mean load`` over the windows drops. Replica counts do not change; with
     ``keep_replicas`` only slots of experts with one replica move, so the replicated experts keep
-    their GPUs (the links a :func:`eplb.kernels.linked.linked_placement` laid out).
+    their GPUs (the links a :func:`eplb.kernels.search.linked.linked_placement` laid out).
 
     Args:
         windows: ``[T, L, E]`` float64 counts the placement should serve well.
