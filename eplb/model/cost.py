@@ -294,19 +294,28 @@ class CostModel:
         return float(per_gpu.max()) if per_gpu.size else 0.0
 
     def transfer_time(self, transfer) -> float:
-        """Seconds the copies of a :class:`eplb.TransferPlan` take (all layers at once). Across a
-        deployment change, the loads from host memory come first (each GPU's at ``host_bandwidth``),
-        then the copies between GPUs, which may read what was loaded."""
+        """Seconds the copies of a :class:`eplb.TransferPlan` take (all layers at once), in the
+        plan's order (:attr:`eplb.TransferPlan.phase`): the copies between GPUs that read the
+        placement in service, then the loads from host memory (each GPU's at ``host_bandwidth``),
+        then the copies that read a loaded slot. Without a change, only the first step."""
+        num_gpus = transfer.topology.num_gpus
+        phase = transfer.phase
+        loads = np.bincount(transfer.dst_gpu[phase == 1], minlength=num_gpus)  # step 1: from host memory
+        host = float(loads.max()) * self.expert_bytes / self.host_bandwidth if loads.size else 0.0
+        return self._gpu_copy_time(transfer, phase == 0) + host + self._gpu_copy_time(transfer, phase == 2)
+
+    def _gpu_copy_time(self, transfer, step: np.ndarray) -> float:
+        """:meth:`copy_time` of the copies of ``transfer`` in ``step`` (``[C]`` bool)."""
+        if not step.any():
+            return 0.0
         num_gpus = transfer.topology.num_gpus
         per_kind = []
         for kind in range(3):
-            keep = transfer.kind == kind
+            keep = step & (transfer.kind == kind)
             sends = np.bincount(transfer.src_gpu[keep], minlength=num_gpus)
             receives = np.bincount(transfer.dst_gpu[keep], minlength=num_gpus)
             per_kind.append(receives if kind == 0 else np.maximum(sends, receives))
-        loads = np.bincount(transfer.dst_gpu[transfer.kind == 3], minlength=num_gpus)  # kind 3: from host memory
-        host = float(loads.max()) * self.expert_bytes / self.host_bandwidth if loads.size else 0.0
-        return host + self.copy_time(*per_kind)
+        return self.copy_time(*per_kind)
 
     def replica_bytes(self, num_slots: int, num_experts: int, num_layers: int) -> float:
         """HBM bytes the redundant replicas take in all (``(S - E) * L`` expert weights)."""

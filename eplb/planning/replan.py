@@ -92,11 +92,13 @@ def warn_relaxed(note: str | None, stacklevel: int = 4) -> None:
 def unit_nodes(weights: np.ndarray, carried: np.ndarray, deployment: Deployment) -> np.ndarray:
     """``[L, E]`` int64: the node every expert must be on (``-1``: any, a global deployment).
 
-    Each unit (group of the deployment) stays on the node that holds most of its carried replicas
-    while that node has room for its experts; the units of an overfull node leave, most missing
-    experts first, then the lightest; units with nowhere to stay go, heaviest first, to the node with the
-    most room (lowest index on ties); a node with slots and no unit takes the lightest unit of the
-    node with the most units. ``weights [L, E]``, ``carried [L, S]`` with ``-1`` holes."""
+    Every node with slots holds a quota of units (:func:`unit_quotas`: as a plan from scratch
+    spreads them, so that no node has so many slots for its experts that one expert needs more
+    replicas than the node has GPUs). Each unit stays on the node that holds most of its carried
+    replicas while that node's quota has room for it; the units beyond a node's quota leave, most
+    missing experts first, then the lightest; units with nowhere to stay go, heaviest first, to the
+    node with quota left whose load per slot would be lowest (lowest index on ties).
+    ``weights [L, E]``, ``carried [L, S]`` with ``-1`` holes."""
     num_layers, num_experts = weights.shape
     if not deployment.hierarchical:
         return np.full((num_layers, num_experts), -1, np.int64)
@@ -104,6 +106,7 @@ def unit_nodes(weights: np.ndarray, carried: np.ndarray, deployment: Deployment)
     units, size = deployment.num_groups, num_experts // deployment.num_groups
     node_of_slot = topology.node_of_gpu[topology.gpu_of_slot]
     room = topology.slots_per_node
+    quota = unit_quotas(deployment)
     out = np.empty((num_layers, num_experts), np.int64)
     for layer in range(num_layers):
         row = carried[layer]
@@ -116,18 +119,37 @@ def unit_nodes(weights: np.ndarray, carried: np.ndarray, deployment: Deployment)
             members = np.flatnonzero(node == n)
             # leave: most missing experts first, then the lightest, then the highest index
             for u in sorted(members.tolist(), key=lambda u: (-missing[u], unit_load[u], -u)):
-                if (node == n).sum() * size <= room[n]:
+                if (node == n).sum() <= quota[n]:
                     break
                 node[u] = -1
+        load = np.bincount(node[node >= 0], weights=unit_load[node >= 0], minlength=topology.num_nodes)
         for u in sorted(np.flatnonzero(node < 0).tolist(), key=lambda u: (-unit_load[u], u)):
-            spare = room - np.bincount(node[node >= 0], minlength=topology.num_nodes) * size
-            node[u] = int(np.argmax(spare))  # fit_groups made sure the units fit
-        for n in np.flatnonzero((room > 0) & (np.bincount(node, minlength=topology.num_nodes) == 0)):
-            busiest = int(np.argmax(np.bincount(node, minlength=topology.num_nodes)))
-            members = np.flatnonzero(node == busiest)
-            node[members[np.argmin(unit_load[members])]] = n
+            left = quota - np.bincount(node[node >= 0], minlength=topology.num_nodes)
+            per_slot = np.where(left > 0, (load + unit_load[u]) / np.maximum(room, 1), np.inf)
+            node[u] = int(np.argmin(per_slot))  # the quotas sum to the units: one has room
+            load[node[u]] += unit_load[u]
         out[layer] = np.repeat(node, size)
     return out
+
+
+def unit_quotas(deployment: Deployment) -> np.ndarray:
+    """``[N]`` int64: how many units (groups of a hierarchical ``deployment``) each node holds.
+
+    One for every node with slots, then one at a time to the node whose experts would otherwise
+    have the most replicas per GPU (slots / (experts x GPUs); lowest index on ties) among those with
+    room for one more: with equal nodes, ``num_groups / num_nodes`` each, as a plan from scratch
+    places them. A node with more slots than its experts times its GPUs forces an expert beyond
+    one replica per GPU, so the quotas keep every node below that wherever the units allow."""
+    topology = deployment.topology
+    size = deployment.num_experts // deployment.num_groups
+    room = topology.slots_per_node.astype(np.int64)
+    gpus = np.bincount(topology.node_of_gpu[topology.slots_per_gpu > 0], minlength=topology.num_nodes)
+    quota = (room > 0).astype(np.int64)
+    most = room // size
+    for _ in range(deployment.num_groups - int(quota.sum())):
+        crowding = np.where(quota < most, room / np.maximum(quota * size * gpus, 1), -np.inf)
+        quota[int(np.argmax(crowding))] += 1
+    return quota
 
 
 def home_nodes_of(weights: np.ndarray, carried: np.ndarray, deployment: Deployment) -> np.ndarray:
@@ -232,4 +254,4 @@ def copies_across(carried: np.ndarray, phy2log: np.ndarray, deployment: Deployme
 
 
 __all__ = ["HOLE", "RELAXED_WARNING", "aligned", "carried_across", "change_info", "copies_across", "fit_groups",
-           "home_nodes_of", "unit_nodes", "warn_relaxed"]
+           "home_nodes_of", "unit_nodes", "unit_quotas", "warn_relaxed"]

@@ -12,7 +12,8 @@ Typical use inside an engine::
             pending = transfer.chunks(8)                  # 8 layers' copies per step
         if pending:
             chunk = pending.pop(0)
-            engine.copy_weights(chunk)
+            for step, copies in chunk.ordered():          # "copy" (all at once), "load", "after_load"
+                engine.copy_weights(copies)
             balancer.commit(placement, chunk.layers)      # those layers are now in service
 
 Thread safety: :meth:`record` and the window snapshot taken by planning share a lock; planning
@@ -779,8 +780,8 @@ def recovery_summary(placement: Placement, transfer: TransferPlan, cost_model: C
     ``orphans`` (experts with no replica left, loaded from host memory once each), ``copy_floor``
     (the fewest copies any re-plan makes), ``copies`` (:meth:`TransferPlan.counts`, by kind),
     ``bytes`` (:meth:`TransferPlan.bytes`, or with the cost model's ``expert_bytes``; ``None``
-    without either) and ``recovery_s`` (:meth:`eplb.CostModel.transfer_time`: host loads, then the
-    GPU copies, at its bandwidths; ``None`` without a cost model). ``placement``: planned across the
+    without either) and ``recovery_s`` (:meth:`eplb.CostModel.transfer_time`: the GPU copies, then the
+    host loads, then the copies that read them, at its bandwidths; ``None`` without a cost model). ``placement``: planned across the
     change (``info`` with ``orphans [L]`` and ``copy_floor [L]``); ``transfer``: its copies."""
     counts = transfer.counts()
     size = transfer.expert_bytes if transfer.expert_bytes is not None else (

@@ -2,19 +2,29 @@
 
 For every slot whose expert changes, one copy of that expert's weights from a slot holding it under
 the old placement: from the same GPU when it holds the expert elsewhere (a local copy), else from a
-GPU of the same node (NVLink), else from another node; senders are spread evenly. Copies read the
-old weights, so an engine can run them all at once (or chunk by chunk of layers, see
-:meth:`TransferPlan.chunks`) before switching to the new placement.
+GPU of the same node (NVLink), else from another node; senders are spread evenly.
 
 Across a deployment change (:class:`eplb.DeploymentChange`) the plan is on the new deployment: its
 sources are the slots of the placement in service on surviving GPUs (``src_old_slot``), those they
 carry into the new deployment (``src_slot``; ``change.slot_map`` gives each one's old slot) and those
 a shrinking GPU gives up (``src_slot`` -1: read them before freeing them), never a lost GPU. An
 expert whose every replica was lost is loaded from host memory once (kind ``"from_host"``, source
-``-1``) and its further replicas copy from that slot once it is loaded (``after_load``): run the
-loads first.
-"""
+``-1``) and its further replicas copy from that slot once it is loaded (``after_load``).
 
+The order (:attr:`TransferPlan.phase`, :meth:`TransferPlan.ordered`), the only one a plan is right in:
+
+1. ``"copy"``: every copy between GPU slots that reads the placement in service, as one bulk step:
+   read every source before writing any destination (a destination is often the source of
+   another copy: a slot whose expert moves away and is replaced). vLLM's rearrangement does this
+   per layer: it receives every copy into a buffer, then writes the buffer in place.
+2. ``"load"``: the loads from host memory, in any order. A load's destination is often a carried
+   slot whose old expert a ``"copy"`` reads: run the loads after the copies, never before.
+3. ``"after_load"``: the copies that read a loaded slot, in any order (their sources are written
+   only by step 2, their destinations are read by nobody).
+
+Each destination is written once. Per layer the steps are independent of other layers, so a chunk
+of layers (:meth:`TransferPlan.chunks`) is run the same way, its own three steps in order.
+"""
 from __future__ import annotations
 
 import warnings
@@ -30,6 +40,10 @@ from ..model.deployment import Deployment
 from ..model.topology import Topology
 
 KINDS = ("intra_gpu", "intra_node", "cross_node", "from_host")
+
+PHASES = ("copy", "load", "after_load")
+"""The steps of a transfer plan, in the order they run (:attr:`TransferPlan.phase` indexes them)."""
+COPY, LOAD, AFTER_LOAD = 0, 1, 2
 
 
 _FIELDS = ("layer", "expert", "src_slot", "dst_slot", "src_gpu", "dst_gpu", "kind", "after_load", "src_old_slot")
@@ -55,6 +69,10 @@ class TransferPlan:
             deployment's numbering (``-1``: host memory, or a slot this plan loads first); the same
             as ``src_slot`` but across a deployment change, where a shrinking GPU's given-up slots
             are read too (``src_slot`` -1).
+
+    Run the copies in the order of :attr:`phase` (:meth:`ordered` gives the three steps): every
+    ``"copy"`` at once (all sources read before any destination is written), then every ``"load"``,
+    then every ``"after_load"`` copy; see the module docstring for why no other order is right.
     """
 
     layer: np.ndarray
@@ -86,6 +104,31 @@ class TransferPlan:
 
     def __len__(self) -> int:
         return int(self.layer.size)
+
+    @property
+    def phase(self) -> np.ndarray:
+        """``[C]`` int64, the step each copy runs in: 0 ``"copy"`` (reads the placement in service;
+        all at once, every source read before any destination is written), 1 ``"load"`` (from host
+        memory), 2 ``"after_load"`` (reads a slot step 1 filled). :data:`PHASES` names them."""
+        return np.where(self.kind == FROM_HOST, LOAD, np.where(self.after_load, AFTER_LOAD, COPY)).astype(np.int64)
+
+    def ordered(self) -> list[tuple[str, "TransferPlan"]]:
+        """The plan as its three steps, in the order to run them: ``[("copy", plan), ("load",
+        plan), ("after_load", plan)]``, each a :class:`TransferPlan` of that step's copies (in layer
+        order; empty when the step has none). Run ``"copy"`` as one bulk step (read every source,
+        then write every destination: a destination may be another copy's source), then the loads,
+        then the copies that read them (either in any order)."""
+        phase = self.phase
+        steps = []
+        for index, name in enumerate(PHASES):
+            keep = phase == index
+            part = object.__new__(TransferPlan)
+            for field_name in _FIELDS:
+                object.__setattr__(part, field_name, getattr(self, field_name)[keep])
+            for field_name in ("num_layers", "topology", "expert_bytes", "layers"):
+                object.__setattr__(part, field_name, getattr(self, field_name))
+            steps.append((name, part))
+        return steps
 
     # -- totals ----------------------------------------------------------------------------------
     def counts(self) -> dict[str, int]:
@@ -154,8 +197,10 @@ class TransferPlan:
         return [self._slice(lo, hi, (start, stop)) for start, stop, lo, hi in zip(starts, stops, edges[:-1], edges[1:])]
 
     def to_dict(self) -> dict:
-        """JSON-ready: one list per field, plus the totals."""
+        """JSON-ready: one list per field and ``phase`` (the step of each copy, :data:`PHASES` in
+        ``phases``: run them in that order), plus the totals."""
         data = {name: getattr(self, name).tolist() for name in _FIELDS}
+        data.update(phase=self.phase.tolist(), phases=list(PHASES))
         data.update(num_layers=self.num_layers, layers=list(self.layers), expert_bytes=self.expert_bytes,
                     topology=self.topology.to_dict(), totals=self.summary())
         return data
@@ -282,4 +327,5 @@ def _transfer_across(old, new, change: DeploymentChange, expert_bytes) -> Transf
     )
 
 
-__all__ = ["TransferPlan", "transfer_plan", "INTRA_GPU", "INTRA_NODE", "CROSS_NODE", "FROM_HOST"]
+__all__ = ["TransferPlan", "transfer_plan", "INTRA_GPU", "INTRA_NODE", "CROSS_NODE", "FROM_HOST", "PHASES",
+           "COPY", "LOAD", "AFTER_LOAD"]

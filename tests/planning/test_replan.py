@@ -33,6 +33,11 @@ def deployment(num_experts: int, slots_per_gpu, num_nodes: int, num_groups=None)
                               num_groups=num_groups)
 
 
+def flat(deployment: eplb.Deployment) -> eplb.Deployment:
+    """``deployment`` without its groups' rule (what a relaxed hierarchy plans on)."""
+    return eplb.Deployment.of(deployment.num_experts, topology=deployment.topology)
+
+
 def kept_replicas(previous: np.ndarray, change: eplb.DeploymentChange) -> np.ndarray:
     """``[L, S_new]`` the test's own carry: each surviving old GPU's first ``min(k_old, k_new)``
     slots, in order, become the first slots of its new GPU (``-1`` elsewhere)."""
@@ -87,6 +92,11 @@ def check_step(placement: eplb.Placement, counts: np.ndarray, change: eplb.Deplo
             doubled = sum(hi - lo - len(set(row[lo:hi].tolist()))
                           for lo, hi in zip(topology.slot_offsets[:-1], topology.slot_offsets[1:]))
             assert doubled == 0 or not spread_exists(slots, placement.logcnt[layer]), (layer, row)
+    if spread:  # the rule of eplb.planning.spread on the deployment the plan keeps (issue 47 item 12):
+        # no expert beyond one replica per GPU of its domain (a node when hierarchical) nor twice on
+        # a GPU, unless the slots force it; hierarchical and relaxed re-plans included
+        kept = flat(new) if "relaxed" in placement.info or not new.hierarchical else new
+        np.testing.assert_array_equal(avoidable_doubled(phy2log, kept), 0)
     carried = kept_replicas(previous, change)
     np.testing.assert_array_equal(change.carry(previous), carried)
     missing = np.array([[not (carried[layer] == e).any() for e in range(num_experts)]
@@ -430,3 +440,109 @@ def test_a_re_plan_keeps_the_spread_rule_when_giving_slots_back_changes_the_repl
         placement = eplb.plan(counts, eplb.DeploymentChange(placement.deployment, new, gpu_map), previous=placement)
         assert avoidable_doubled(placement.phy2log, new).sum() == 0
         assert sorted(set(placement.phy2log[0].tolist())) == [0, 1, 2, 3]
+
+
+# -- issue 47 item 12: the replica cap and the spread rule across hierarchical changes -------------------
+def rule_breaks(placement: eplb.Placement, change: eplb.DeploymentChange) -> int:
+    """Slots that break the spread rule (:mod:`eplb.planning.spread`) on the deployment the re-plan
+    keeps: ``change.new``, or the same without groups when the hierarchy was relaxed."""
+    kept = flat(change.new) if "relaxed" in placement.info or not change.new.hierarchical else change.new
+    return int(avoidable_doubled(placement.phy2log, kept).sum())
+
+
+def most_replicas_per_node_gpu(phy2log: np.ndarray, topology: eplb.Topology) -> float:
+    """The largest replica count of one expert on one node, over that node's GPUs."""
+    node = topology.node_of_gpu[topology.gpu_of_slot]
+    gpus = np.bincount(topology.node_of_gpu[topology.slots_per_gpu > 0], minlength=topology.num_nodes)
+    return max(np.bincount(row[node == n]).max() / gpus[n] for row in phy2log for n in range(topology.num_nodes)
+               if gpus[n])
+
+
+def test_item12_hierarchical_growth_keeps_one_replica_per_gpu_of_a_node():
+    """16 experts in 4 groups on one node of 2 GPUs, grown to 2 nodes of 2 GPUs: the new node took one
+    group of 4 experts for its 14 slots and an expert 7 times on 2 GPUs; now each node takes two
+    groups, as a plan from scratch does, and no expert is twice on a GPU."""
+    rng = np.random.default_rng(5)
+    counts = rng.gamma(0.5, 100, (1, 16))
+    old = eplb.Deployment.of(16, num_slots=18, num_gpus=2, num_nodes=1, num_groups=4)
+    new = eplb.Deployment.of(16, num_slots=28, num_gpus=4, num_nodes=2, num_groups=4)
+    placement = eplb.plan(counts, new, previous=eplb.plan(counts, old))
+    assert placement.deployment.hierarchical and "relaxed" not in placement.info
+    assert rule_breaks(placement, eplb.DeploymentChange(old, new)) == 0
+    assert most_replicas_per_node_gpu(placement.phy2log, new.topology) <= 1
+    assert sorted(np.bincount(placement.home_node[0], minlength=2).tolist()) == [2, 2]
+
+
+def test_item12_deepseek_v3_growth_with_32_groups_keeps_the_replica_cap():
+    """DeepSeek-V3 size, 32 groups, 4 nodes of 8 GPUs grown to 8 nodes of 6 GPUs: the re-plan put 12
+    replicas of an expert on a node of 6 GPUs (80 avoidable doubled slots); now none, and the
+    re-plan serves the new counts no worse than the placement in service did."""
+    from eplb.simulation.synthetic import deepseek_v3_counts
+
+    before, after = deepseek_v3_counts(0), deepseek_v3_counts(1)
+    old = eplb.Deployment.of(256, num_slots=288, num_gpus=32, num_nodes=4, num_groups=32)
+    new = eplb.Deployment.of(256, num_slots=432, num_gpus=48, num_nodes=8, num_groups=32)
+    in_service = eplb.plan(before, old)
+    placement = eplb.plan(after, new, previous=in_service)
+    assert rule_breaks(placement, eplb.DeploymentChange(old, new)) == 0
+    assert most_replicas_per_node_gpu(placement.phy2log, new.topology) <= 1
+    assert placement.balancedness(after).mean() >= in_service.balancedness(after).mean()
+
+
+def test_item12_a_relaxed_re_plan_after_a_loss_does_not_double_an_expert_on_a_gpu():
+    """One GPU per node, 16 experts in 4 groups, 24 slots; GPU 2 lost and the survivors given 7
+    slots: the nodes hold 3 whole groups, the hierarchy is relaxed, and a node's GPU was filled with
+    second and third replicas of its group's experts although the counts fit with none."""
+    rng = np.random.default_rng(0)
+    old = eplb.Deployment.of(16, num_slots=24, num_gpus=4, num_nodes=4, num_groups=4)
+    in_service = eplb.plan(rng.gamma(0.5, 100, (2, 16)), old)
+    change = eplb.DeploymentChange.lose(old, [2], slots_per_gpu=7)
+    with pytest.warns(RuntimeWarning, match=RELAXED_WARNING):
+        placement = eplb.plan(rng.gamma(0.5, 100, (2, 16)), change, previous=in_service)
+    assert "relaxed" in placement.info and rule_breaks(placement, change) == 0
+    topology = change.new.topology
+    for row in placement.phy2log:  # 7 slots a GPU, 16 experts: every GPU holds 7 distinct ones
+        for g in np.flatnonzero(topology.slots_per_gpu):
+            assert len(set(row[topology.slot_offsets[g]:topology.slot_offsets[g + 1]].tolist())) == 7
+
+
+@st.composite
+def hierarchical_changes(draw):
+    """A hierarchical deployment and a change of it: nodes added (GPUs per node and slots per GPU
+    changed too), GPUs lost (survivors maybe given more slots), or GPUs renumbered."""
+    groups = draw(st.sampled_from([2, 4, 8]))
+    experts = groups * draw(st.sampled_from([1, 2, 4]))
+    nodes = draw(st.sampled_from([n for n in (1, 2, 4) if groups % n == 0]))
+    gpus = nodes * draw(st.integers(1, 3))
+    k = -(-experts // gpus) + draw(st.integers(0, 2))
+    assume(nodes * k * (gpus // nodes) >= experts and (k * (gpus // nodes)) >= experts // groups)
+    old = eplb.Deployment.of(experts, num_slots=gpus * k, num_gpus=gpus, num_nodes=nodes, num_groups=groups)
+    kind = draw(st.sampled_from(["grow", "grow", "lose", "renumber"]))
+    if kind == "lose" and gpus > 1:
+        lost = draw(st.lists(st.integers(0, gpus - 1), min_size=1, max_size=gpus - 1, unique=True))
+        need = -(-experts // (gpus - len(lost)))
+        return old, eplb.DeploymentChange.lose(old, lost, slots_per_gpu=max(need, k + draw(st.integers(0, 2))))
+    more = [n for n in (2, 4, 8) if groups % n == 0 and n > nodes]  # nodes added: they start empty
+    new_nodes = draw(st.sampled_from(more or [nodes]))
+    new_gpus = new_nodes * draw(st.integers(1, 3))
+    new_k = max(-(-experts // new_gpus), k + draw(st.integers(-2, 2)))
+    assume(new_k * (new_gpus // new_nodes) >= experts // groups)
+    new = eplb.Deployment.of(experts, num_slots=new_gpus * new_k, num_gpus=new_gpus, num_nodes=new_nodes,
+                             num_groups=groups)
+    gpu_map = None
+    if kind == "renumber":
+        order = draw(st.permutations(range(new_gpus)))
+        gpu_map = [order[g] if g < new_gpus else -1 for g in range(gpus)]
+    return old, eplb.DeploymentChange(old, new, gpu_map)
+
+
+@settings(max_examples=100, deadline=None)
+@given(hierarchical_changes(), st.integers(0, 2**16))
+def test_item12_re_plans_across_hierarchical_changes_keep_the_spread_rule(case, seed):
+    old, change = case
+    rng = np.random.default_rng(seed)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # relaxed hierarchies are checked on their rule
+        in_service = eplb.plan(rng.gamma(0.5, 100, (2, old.num_experts)), old)
+        placement = eplb.plan(rng.gamma(0.5, 100, (2, old.num_experts)), change, previous=in_service)
+    assert rule_breaks(placement, change) == 0

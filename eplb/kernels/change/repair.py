@@ -68,11 +68,11 @@ def _place_orphan(w, row, e, cnt, x, lay, allowed):
 
 
 @njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
-def _fill_hole(w, row, cnt, has, x, lay, expert_node):
+def _fill_hole(w, row, cnt, has, x, lay, expert_node, double):
     """Fill one hole, on the lightest GPU that has one, with a replica of the expert of the
-    largest per-replica load it may take (on its node, not yet on that GPU; a second replica on
-    the GPU only when every allowed expert is there already); ``x [G]`` updated. Returns False if
-    no expert may go."""
+    largest per-replica load it may take (on its node, not yet on that GPU; with ``double``, a
+    second replica on the GPU when every allowed expert is there already); ``x [G]`` updated.
+    Returns False if no expert may go."""
     gpu_of_slot, node_of_gpu = lay
     hole = np.int64(-1)
     for s in range(row.shape[0]):
@@ -88,7 +88,7 @@ def _fill_hole(w, row, cnt, has, x, lay, expert_node):
             best = f
         if doubled < 0 or w[f] * cnt[doubled] > w[doubled] * cnt[f]:
             doubled = f
-    f = best if best >= 0 else doubled
+    f = best if best >= 0 else (doubled if double else np.int64(-1))
     if f < 0:
         return False
     row[hole] = f
@@ -169,9 +169,12 @@ def repair_carried(weights, carried, gpu_of_slot, node_of_gpu, num_gpus, expert_
         for s in range(num_slots):
             holes += row[s] < 0
         for _ in range(holes):
-            # spilled: a hole on a node that is no group's home takes any expert
-            if not _fill_hole(w, row, cnt, has, x, lay, allowed) and not (spill and _fill_hole(
-                    w, row, cnt, has, x, lay, anywhere)):
+            # spilled: a hole whose node's experts are all on its GPU takes an expert of another node
+            # before a second replica of one on the GPU (issue 47 item 12)
+            if not (_fill_hole(w, row, cnt, has, x, lay, allowed, False)
+                    or (spill and _fill_hole(w, row, cnt, has, x, lay, anywhere, False))
+                    or _fill_hole(w, row, cnt, has, x, lay, allowed, True)
+                    or (spill and _fill_hole(w, row, cnt, has, x, lay, anywhere, True))):
                 ok[layer] = False
                 break
     return out, ok
