@@ -49,7 +49,11 @@ def _lost_deployment(old, lost_text: str, *, slots_per_gpu, slots, gpus, nodes_g
                             f"{topology.num_gpus} GPUs; to renumber the survivors give --gpu-map instead")
     if nodes_given and nodes != topology.num_nodes:
         raise ChangeRefused(f"--nodes {nodes} with --lost-gpus: the GPUs keep their nodes ({topology.num_nodes})")
-    lost = np.unique(_index_list(lost_text, "--lost-gpus"))
+    listed = _index_list(lost_text, "--lost-gpus")
+    if len(set(listed)) < len(listed):
+        twice = sorted({g for g in listed if listed.count(g) > 1})
+        raise ChangeRefused(f"--lost-gpus names GPU {', '.join(map(str, twice))} twice: each lost GPU once")
+    lost = np.unique(listed)
     if lost.max() >= topology.num_gpus:
         raise ChangeRefused(f"--lost-gpus: the GPUs of --previous are 0 ... {topology.num_gpus - 1}, got "
                             f"{', '.join(map(str, lost[lost >= topology.num_gpus].tolist()))}")
@@ -81,6 +85,12 @@ def _resized_deployment(old, gpu_map, *, slots_per_gpu, slots, gpus, nodes_given
     count = gpus if gpus is not None else (max(gpu_map) + 1 if gpu_map is not None else topology.num_gpus)
     if count < 1:
         raise ChangeRefused("--gpu-map: every GPU gone (-1): give --gpus for the new deployment")
+    from ..io.formats.limits import check_size
+
+    try:
+        check_size(count, "gpus", "GPUs --gpu-map reaches")
+    except ValueError as exc:
+        raise ChangeRefused(f"--gpu-map: {exc}") from None
     if slots_per_gpu is None and slots is not None:
         if slots % count:
             raise ChangeRefused(f"--slots {slots} does not divide over {count} GPUs")
@@ -105,9 +115,22 @@ def _resized_deployment(old, gpu_map, *, slots_per_gpu, slots, gpus, nodes_given
     return eplb.Topology.uniform(slots_per_gpu * count, count, node_count)
 
 
-def _deployment_change(old, params: dict) -> "eplb.DeploymentChange":
-    """The change ``eplb plan``'s flags describe from ``old`` (the deployment of ``--previous``), or
-    :class:`ChangeRefused` naming the flag and the rule."""
+def _check_slots_per_gpu(slots_per_gpu, num_gpus: int) -> None:
+    """``--slots-per-gpu`` on ``num_gpus`` GPUs within the slot limit, before any array is made
+    (:class:`ChangeRefused`)."""
+    from ..io.formats.limits import check_size
+
+    if slots_per_gpu is None:
+        return
+    try:
+        check_size(int(slots_per_gpu) * int(num_gpus), "slots", f"--slots-per-gpu {slots_per_gpu} on {num_gpus} GPUs")
+    except ValueError as exc:
+        raise ChangeRefused(f"--slots-per-gpu: {exc}") from None
+
+
+def _deployment_change(old, params: dict, dispatch: str = "uniform") -> "eplb.DeploymentChange":
+    """The change ``eplb plan``'s flags describe from ``old`` (the deployment of ``--previous``) to a
+    deployment planned for ``dispatch``, or :class:`ChangeRefused` naming the flag and the rule."""
     sizes = dict(slots_per_gpu=params["slots_per_gpu"], slots=params["slots"], gpus=params["gpus"],
                  nodes_given=_flag_given("nodes"), nodes=params["nodes"])
     if params["lost_gpus"] is not None and params["gpu_map"] is not None:
@@ -119,13 +142,14 @@ def _deployment_change(old, params: dict) -> "eplb.DeploymentChange":
     if len(set(kept)) < len(kept):
         twice = sorted({g for g in kept if kept.count(g) > 1})
         raise ChangeRefused(f"--gpu-map maps two GPUs of --previous to one new GPU ({', '.join(map(str, twice))})")
+    _check_slots_per_gpu(params["slots_per_gpu"], max(old.num_gpus, params["gpus"] or 0, len(gpu_map or ())))
     if params["lost_gpus"] is not None:
         topology = _lost_deployment(old, params["lost_gpus"], **sizes)
     else:
         topology = _resized_deployment(old, gpu_map, **sizes)
     groups = params["groups"] if params["groups"] is not None else old.num_groups
     try:
-        new = eplb.Deployment.of(old.num_experts, topology=topology, num_groups=groups)
+        new = eplb.Deployment.of(old.num_experts, topology=topology, num_groups=groups, dispatch=dispatch)
     except ValueError as exc:
         raise ChangeRefused(f"--groups: {exc}") from None
     try:

@@ -21,7 +21,7 @@ from ..io.formats import COUNTS_FORMATS, PLACEMENT_FORMATS
 from .change_flags import _plans_across_change
 from .group import main
 from .plan_change import _plan_across_change
-from .plan_inputs import _model_layers, _plan_options, _plan_output_format, _read_plan_counts
+from .plan_inputs import _model_layers, _plan_options, _planned_for_line, _plan_output_format, _read_plan_counts
 from .plan_summary import _global_balancedness, _held_out_estimates, _plan_bound, _plan_records, _plan_summary
 from .shared import (
     NamedChoice, _accepts, _check_experts_fit, _check_flag_sizes, _check_previous, _note_global_groups,
@@ -90,6 +90,12 @@ def _deployed_plan(previous, fmt, data, engine, *, slots, gpus, nodes):
                    "that is gone (vLLM's rank_mapping); default by index (with --gpus above its count: growth).")
 @click.option("--slots-per-gpu", type=click.IntRange(min=1), default=None,
               help="With --previous: slots on every GPU after the change (default: as before).")
+@click.option("--rebalance", is_flag=True,
+              help="Across a deployment change from a series: re-plan hedged over its windows (the rebalance) "
+                   "instead of the recovery on their sum (the default); the summary shows both.")
+@click.option("--transfer", type=click.Path(path_type=Path), default=None,
+              help="Across a deployment change: write the transfer plan here as JSON, every copy in its order "
+                   "with its source (kind, slot, GPU), destination and bytes.")
 @click.option("--tolerance", type=click.FloatRange(min=0), default=None,
               help="With --previous: accept a max GPU load up to (1 + tolerance) x planning from scratch, "
                    "to keep more experts in place (default: eplb.plan's).")
@@ -186,8 +192,13 @@ def plan(counts, slots, gpus, nodes, groups, method, previous, previous_format, 
     from ..io.formats import write_placement
 
     command_start = time.perf_counter()
-    if _plans_across_change(click.get_current_context().params):
-        return _plan_across_change(click.get_current_context().params, command_start)
+    params = click.get_current_context().params
+    if _plans_across_change(params):
+        return _plan_across_change(params, command_start)
+    given = [flag for flag, name in (("--rebalance", "rebalance"), ("--transfer", "transfer")) if across.get(name)]
+    if given:
+        raise click.UsageError(f"{given[0]} applies across a deployment change only (--previous with --lost-gpus, "
+                               "--gpu-map, --slots-per-gpu or other --slots/--gpus)")
     migration, options = _plan_options(method, previous, tolerance, max_moves, time_limit, deterministic_time,
                                        engine=engine, dispatch=dispatch, objective=objective,
                                        max_off_node=max_off_node, expert_bytes=expert_bytes,
@@ -220,7 +231,8 @@ def plan(counts, slots, gpus, nodes, groups, method, previous, previous_format, 
     elapsed = time.perf_counter() - start
     _note_global_groups(groups, nodes, quiet)  # once the plan is made: never before a real error
     _note_plan_warnings(caught, quiet)
-    if rule_lines:  # written recording the rule it is judged and served under
+    if engine is not None and placement.dispatch != engine:  # written recording the rule it is judged and served under
+        rule_lines = rule_lines + _planned_for_line(engine, placement.dispatch)
         placement = dataclasses.replace(placement, dispatch=engine)
     deployment = dict(num_slots=slots, num_gpus=gpus, num_nodes=nodes, num_groups=groups,
                       previous=None if prev is None else prev.placement)
@@ -240,7 +252,8 @@ def plan(counts, slots, gpus, nodes, groups, method, previous, previous_format, 
         phase=phase, previous=previous, used_previous=used_previous, migration=migration, before=before, after=after,
         gap=gap, bound=bound, placement=placement, weights=weights, global_bal=global_bal, deployed_bal=deployed_bal,
         elapsed=elapsed, held=held, moves=moves, judge=engine if rule_lines else None)
-    diagnostics["judged_under"] = judge  # the split behind every balancedness and gap: an engine's rule or the plan's
+    # the split behind every balancedness and gap: an engine's rule, the plan's shares, or an even split
+    diagnostics["judged_under"] = judge if judge != "shares" or placement.shares is not None else "uniform"
     _note_overwrite(output, quiet)
     write_placement(placement, output, output_format, layer_ids=data.layer_ids, configuration=configuration,
                     diagnostics=diagnostics, layer_updates_per_iter=layer_updates_per_iter, num_layers=model_layers)

@@ -12,6 +12,7 @@ import numpy as np
 
 from ..model.cost import MODELS as COST_MODELS
 from ..planning.methods import METHODS
+from ..engines import DISPATCH_RULES
 from ..planning.pipeline import combination_error
 from .shared import _accepts, _output_format
 from .wording import ENGINE_ROWS
@@ -55,7 +56,7 @@ def _plan_options(method, previous, tolerance, max_moves, time_limit, determinis
         options["deterministic_time"] = deterministic_time
     if engine is not None and dispatch != "uniform":
         raise click.UsageError("--engine sets the dispatch rule: not with --dispatch optimal")
-    rule = engine or dispatch
+    rule = _planning_rule(engine or dispatch, previous=previous is not None)
     refusal = combination_error(rule, objective=objective, previous=previous is not None,
                                 max_off_node=max_off_node is not None, is_series=None,
                                 hierarchical=groups is not None and groups % nodes == 0, names=_PLAN_FLAGS)
@@ -64,6 +65,28 @@ def _plan_options(method, previous, tolerance, max_moves, time_limit, determinis
     options.update({k: v for k, v in (("dispatch", None if rule == "uniform" else rule), ("objective", objective),
                                       ("max_off_node", max_off_node)) if v is not None})
     return migration, options
+
+
+def _planning_rule(rule: str, *, previous: bool) -> str:
+    """The rule a plan is made for: ``rule`` (``--engine`` or ``--dispatch``), except near the
+    placement in service (``previous``) for an engine's rule that :func:`eplb.plan` makes from
+    scratch only (SGLang's): then an even split, the closest rule the re-plan is made for, and the
+    plan is judged and written under ``rule`` (the rule the engine serves it by)."""
+    if not previous or DISPATCH_RULES[rule].kind != "engine":
+        return rule
+    refused = combination_error(rule, objective=None, previous=True, max_off_node=False, hierarchical=False,
+                                is_series=None)
+    return "uniform" if refused else rule
+
+
+def _planned_for_line(rule: str, planned: str) -> list[str]:
+    """The summary line saying a plan served by ``rule`` was made near the placement in service for
+    ``planned`` (:func:`_planning_rule`), or nothing when they are the same rule."""
+    if planned == rule:
+        return []
+    return [f"rule     planned near the placement in service for {DISPATCH_RULES[planned].label} (eplb.plan makes a "
+            f"plan for {DISPATCH_RULES[rule].label} from scratch only), then judged and written under "
+            f"{DISPATCH_RULES[rule].label}, the rule the engine serves it by"]
 
 
 _PLAN_FLAGS = {"previous": "--previous", "max_off_node": "--max-off-node", "dispatch": "--engine",

@@ -76,6 +76,7 @@ def validate(plan_file, counts_file, plan_format, input_format, gpus, nodes, gro
         under = f"; under {_rule_name(judge, p)}"
         loads = p.gpu_loads(weights, judge)
         bal = metrics.balancedness(loads, p.topology)
+        live = int((p.topology.slots_per_gpu > 0).sum())
         before = metrics.balancedness(metrics.static_gpu_loads(weights, p.num_gpus))
         bound = bound_for(weights, p, engine)
         gap = metrics.gap(loads.max(axis=-1), bound.values)
@@ -85,7 +86,8 @@ def validate(plan_file, counts_file, plan_format, input_format, gpus, nodes, gro
             f"balance  {moe_mean(bal, weights):.4f} mean over {moe_note(weights)}, "
             f"{bal[moe].min() if moe.any() else bal.min():.4f} worst layer "
             f"(no rebalancing: {moe_mean(before, weights):.4f}){under}",
-            f"imbalance {moe_mean(metrics.imbalance(loads), weights):.4f} mean (max - mean) / mean{under}",
+            f"imbalance {moe_mean(metrics.imbalance(loads, p.topology), weights):.4f} mean (max - mean) / mean over "
+            f"the {live} GPUs that hold slots{under}",
             f"bound    {bound.description}",
             f"gap      {100 * finite.mean():.2f}% mean, {100 * finite.max():.2f}% max above the proven lower bound"
             f" ({bound.kind}){under}" if finite.size else "gap      n/a",
@@ -97,7 +99,7 @@ def validate(plan_file, counts_file, plan_format, input_format, gpus, nodes, gro
                          "is judged against the global bound: pass --nodes and --groups for a hierarchical deployment")
         if data.num_windows > 1:
             window_loads = p.gpu_loads(data.counts, judge)                              # [T, L, G]
-            series = moe_mean(metrics.balancedness(window_loads), window_loads)  # [T]
+            series = moe_mean(metrics.balancedness(window_loads, p.topology), window_loads)  # [T], live GPUs only
             lines.append(f"windows  {data.num_windows}: balancedness per window {np.nanmin(series):.4f}.."
                          f"{np.nanmax(series):.4f} (mean over each window's MoE layers){under}")
         if engine is not None:

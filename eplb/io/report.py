@@ -194,8 +194,9 @@ def make_report(counts: CountsFile, plan: PlacementFile, out_dir, *, previous: P
     try:
         greedy = make_plan(weights, method="greedy", topology=placement.topology, num_groups=placement.num_groups)
         greedy_bal = greedy.balancedness(weights, judge)
-    except ValueError:
-        greedy, greedy_bal = None, None
+        greedy_why = ""
+    except ValueError as exc:  # e.g. a changed deployment (a GPU lost) the published greedy cannot plan
+        greedy, greedy_bal, greedy_why = None, None, str(exc)
     bound = bound_for(weights, placement, engine)
     gap = metrics.gap(loads.max(axis=-1), bound.values)
     moe = moe_layers(weights)
@@ -230,7 +231,8 @@ def make_report(counts: CountsFile, plan: PlacementFile, out_dir, *, previous: P
                          + (f", {placement.num_groups} groups" if placement.num_groups else ", no expert groups"),
         f"balancedness{under} (mean over layers)":
             f"over {moe_note(weights)}: plan {moe_mean(plan_bal, weights):.4f} · greedy on the same configuration "
-            + ("n/a" if greedy_bal is None else f"{moe_mean(greedy_bal, weights):.4f}")
+            + (f"n/a (the published greedy cannot plan this configuration: {greedy_why})" if greedy_bal is None
+               else f"{moe_mean(greedy_bal, weights):.4f}")
             + f" · no rebalancing {moe_mean(none_bal, weights):.4f}",
         "worst layer": f"layer {layer_ids[worst]}: balancedness {plan_bal[worst]:.4f}",
         "lower bound": bound.description,
@@ -307,9 +309,10 @@ def _heatmap_figure(plt, out_dir, layer_ids, loads, topology, moe, under="") -> 
     """GPU load / layer mean on a scale from 0 (white at 1.0); node boundaries drawn; dense layers grey."""
     from matplotlib.colors import TwoSlopeNorm
 
-    mean = loads.mean(axis=1, keepdims=True)
+    live = topology.slots_per_gpu > 0                                      # [G]: a lost GPU is no idle GPU
+    mean = loads[:, live].mean(axis=1, keepdims=True)
     relative = np.divide(loads, mean, out=np.ones_like(loads), where=mean > 0)
-    relative = np.where(moe[:, None], relative, np.nan)
+    relative = np.where(moe[:, None] & live[None, :], relative, np.nan)
     num_layers, num_gpus = loads.shape
     fig, ax = plt.subplots(figsize=(min(14, 4 + 0.18 * num_gpus), min(12, 2.5 + 0.14 * num_layers)))
     finite = relative[np.isfinite(relative)]
@@ -327,7 +330,9 @@ def _heatmap_figure(plt, out_dir, layer_ids, loads, topology, moe, under="") -> 
     ax.set_yticklabels([str(i) for i in layer_ids[::step]])
     fig.colorbar(image, ax=ax, label="GPU load / layer mean")
     title = f"GPU load / layer mean under the plan{under}\n(red: above the mean"
-    title += "; grey: all-zero layers)" if not moe.all() else ")"
+    greys = [what for what, shown in (("all-zero layers", not moe.all()), ("GPUs holding no slots", not live.all()))
+             if shown]
+    title += f"; grey: {' and '.join(greys)})" if greys else ")"
     ax.set_title(title, fontsize=10)
     return _save(plt, fig, out_dir / "gpu_loads.png")
 
@@ -429,11 +434,11 @@ def _window_balancedness(counts: CountsFile, placement, greedy, progress: bool, 
     starts = range(0, counts.num_windows, WINDOW_CHUNK)
     for start in tqdm(starts, desc="windows", unit="chunk", disable=not progress, file=sys.stderr):
         chunk = counts.counts[start:start + WINDOW_CHUNK]                    # [t, L, E]
-        per_window = lambda loads: moe_mean(metrics.balancedness(loads), chunk)  # noqa: E731  [t], MoE layers
-        series["plan"].append(per_window(placement.gpu_loads(chunk, judge)))
+        per_window = lambda loads, top=None: moe_mean(metrics.balancedness(loads, top), chunk)  # noqa: E731  [t]
+        series["plan"].append(per_window(placement.gpu_loads(chunk, judge), placement.topology))  # live GPUs only
         series["no rebalancing"].append(per_window(metrics.static_gpu_loads(chunk, placement.num_gpus)))
         if greedy is not None:
-            series["greedy"].append(per_window(greedy.gpu_loads(chunk, judge)))
+            series["greedy"].append(per_window(greedy.gpu_loads(chunk, judge), greedy.topology))
     return {name: np.concatenate(parts) for name, parts in series.items()}
 
 

@@ -1,0 +1,170 @@
+"""The command line on the failure path (issue 47): one rule across a change, the recovery by
+default with the rebalance beside it, dense layers out of every count, live GPUs only in the
+judging commands, the transfer plan as a file, and sizes and lists checked before anything is
+made. Each test names the item of the issue it covers."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+import eplb
+from eplb.analysis import metrics
+from eplb.io.formats import read_placement
+from eplb.simulation.synthetic import drifting_counts, skewed_counts
+
+from cli_runner import invoke
+
+COUNTS = skewed_counts(6, 64, num_groups=8, seed=2)                    # [L, E]
+SERIES = drifting_counts(4, 6, 64, num_groups=8, seed=5)               # [T, L, E]
+DEPLOY = ["--slots", "80", "--gpus", "16", "--nodes", "2", "--groups", "8"]
+
+
+def _line(out: str, key: str) -> str:
+    return next(line for line in out.splitlines() if line.startswith(key))
+
+
+@pytest.fixture
+def folder(tmp_path):
+    """Counts ``c.npy`` ([L, E]) and ``s.npy`` (a series), the placement in service ``dep.json``
+    (even split) and ``static.json`` (made for SGLang's static table), 80 slots on 16 GPUs, 2 nodes."""
+    np.save(tmp_path / "c.npy", COUNTS)
+    np.save(tmp_path / "s.npy", SERIES)
+    invoke("plan", "c.npy", *DEPLOY, "-o", "dep.json", "-q", cwd=tmp_path)
+    invoke("plan", "c.npy", *DEPLOY, "--engine", "sglang-static", "-o", "static.json", "-q", cwd=tmp_path)
+    return tmp_path
+
+
+@pytest.mark.parametrize("flags", [["--lost-gpus", "5", "--engine", "vllm"],
+                                   ["--lost-gpus", "5", "--engine", "tensorrt-llm"],
+                                   ["--gpus", "24", "--engine", "vllm"]])
+def test_issue_47_item_14_an_engine_with_a_change_plans(folder, flags):
+    out, _ = invoke("plan", "c.npy", "--previous", "dep.json", *flags, "-o", "next.json", cwd=folder)
+    written = read_placement(folder / "next.json").placement
+    assert written.dispatch == flags[-1] and (written.logcnt >= 1).all()
+    label = eplb.engines.DISPATCH_RULES[flags[-1]].label
+    assert _line(out, "balance").endswith(f"under {label}") and _line(out, "gap").endswith(f"under {label}")
+
+
+def test_issue_47_item_3_a_static_plan_grown_is_judged_and_written_under_its_rule(folder):
+    out, _ = invoke("plan", "c.npy", "--previous", "static.json", "--gpus", "24", "-o", "grown.json", cwd=folder)
+    written = read_placement(folder / "grown.json").placement
+    previous = read_placement(folder / "static.json").placement
+    assert written.dispatch == "sglang-static" and written.num_gpus == 24
+    before = previous.balancedness(COUNTS, "sglang-static").mean()
+    after = written.balancedness(COUNTS, "sglang-static").mean()
+    assert _line(out, "balance").startswith(f"balance  {before:.4f} in service before the change -> {after:.4f}")
+    assert _line(out, "balance").endswith("under SGLang static dispatch")
+    assert json.loads((folder / "grown.json").read_text())["diagnostics"]["judged_under"] == "sglang-static"
+
+
+def test_issue_47_item_3_engine_sglang_static_with_previous_is_accepted(folder):
+    out, _ = invoke("plan", "c.npy", *DEPLOY, "--previous", "static.json", "--engine", "sglang-static", "-o", "n.json",
+                    cwd=folder)
+    assert read_placement(folder / "n.json").placement.dispatch == "sglang-static"
+    assert "judged and written under SGLang static dispatch" in out
+    assert _line(out, "balance").endswith("under SGLang static dispatch")
+
+
+def test_issue_47_item_15_previous_alone_keeps_the_rule_and_says_no_change(folder):
+    out, _ = invoke("plan", "c.npy", "--previous", "static.json", "-o", "same.json", cwd=folder)
+    assert not any(line.startswith("change") for line in out.splitlines())
+    written = read_placement(folder / "same.json").placement
+    assert written.dispatch == "sglang-static"
+    assert _line(out, "balance").endswith("under SGLang static dispatch")
+    assert "static.json records the plan was made for" in _line(out, "rule")
+
+
+def test_issue_47_item_3_a_lost_gpu_under_a_static_plan_says_which_rule(folder):
+    """A masked GPU has no static table in eplb's model: the re-plan says it is judged under an
+    even split instead of silently switching."""
+    out, _ = invoke("plan", "c.npy", "--previous", "static.json", "--lost-gpus", "5", "-o", "n.json", cwd=folder)
+    assert "SGLang static dispatch is modelled on the same slots on every GPU" in _line(out, "rule")
+    assert _line(out, "balance").endswith("under an even split")
+    assert read_placement(folder / "n.json").placement.dispatch == "uniform"
+
+
+def test_issue_47_item_6_the_recovery_by_default_the_rebalance_a_flag_away(folder):
+    invoke("plan", "s.npy", *DEPLOY, "-o", "sdep.json", "-q", cwd=folder)
+    previous = read_placement(folder / "sdep.json").placement
+    change = eplb.DeploymentChange.lose(previous.deployment, [5])
+    out, _ = invoke("plan", "s.npy", "--previous", "sdep.json", "--lost-gpus", "5", "-o", "rec.json", cwd=folder)
+    recovery = eplb.plan(SERIES, change, previous=previous, objective="sum", tolerance=0.005)
+    rebalance = eplb.plan(SERIES, change, previous=previous, tolerance=0.005)
+    np.testing.assert_array_equal(read_placement(folder / "rec.json").placement.phy2log, recovery.phy2log)
+    assert "the recovery: planned on the summed windows" in _line(out, "plan")
+    other = _line(out, "other")
+    copies = eplb.transfer_plan(previous, rebalance, change, expert_bytes=44040192).counts()["total"]
+    assert other.startswith(f"other    the rebalance: {copies:,} copies")
+    assert f"balance {rebalance.balancedness(SERIES.sum(0)).mean():.4f}" in other
+    out, _ = invoke("plan", "s.npy", "--previous", "sdep.json", "--lost-gpus", "5", "--rebalance", "-o", "reb.json",
+                    cwd=folder)
+    np.testing.assert_array_equal(read_placement(folder / "reb.json").placement.phy2log, rebalance.phy2log)
+    assert _line(out, "other").startswith("other    the recovery: ") and "without --rebalance" in _line(out, "other")
+
+
+def test_issue_47_item_5_dense_layers_are_no_copies_or_orphans(folder):
+    dense = COUNTS.copy()
+    dense[:2] = 0                                                      # two dense layers
+    np.save(folder / "d.npy", dense)
+    invoke("plan", "d.npy", *DEPLOY, "-o", "ddep.json", "-q", cwd=folder)
+    out, _ = invoke("plan", "d.npy", "--previous", "ddep.json", "--lost-gpus", "5", "-o", "n.json", "--transfer",
+                    "t.json", cwd=folder)
+    transfer = json.loads((folder / "t.json").read_text())
+    assert transfer["layer"] and min(transfer["layer"]) >= 2         # no copy in a dense layer
+    previous = read_placement(folder / "ddep.json").placement
+    change = eplb.DeploymentChange.lose(previous.deployment, [5])
+    orphans = change.orphans(previous.phy2log)[2:].sum()
+    assert f"{orphans:,} experts lost every replica ({orphans / 4:.1f} per MoE layer)" in _line(out, "orphans")
+    floor = int(change.floor(previous.phy2log)[2:].sum())
+    assert f"the floor of {floor:,}" in _line(out, "copies") and len(transfer["layer"]) == transfer["totals"]["copies"]["total"]
+
+
+def test_issue_47_item_16_the_transfer_plan_as_a_file(folder):
+    invoke("plan", "c.npy", "--previous", "dep.json", "--lost-gpus", "5", "-o", "n.json", "--transfer", "t.json",
+           cwd=folder)
+    previous = read_placement(folder / "dep.json").placement
+    written = read_placement(folder / "n.json").placement
+    change = eplb.DeploymentChange.lose(previous.deployment, [5])
+    expected = eplb.transfer_plan(previous, written, change, expert_bytes=44040192).to_dict()
+    document = json.loads((folder / "t.json").read_text())
+    for name in ("layer", "expert", "src_slot", "dst_slot", "src_gpu", "dst_gpu", "kind", "totals"):
+        assert document[name] == expected[name], name
+    assert document["expert_bytes"] == 44040192 and document["change"].startswith("GPU 5 lost")
+    _, err = invoke("plan", "c.npy", *DEPLOY, "-o", "x.json", "--transfer", "t2.json", cwd=folder, expect=2)
+    assert "across a deployment change only" in err and not (folder / "x.json").exists()
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--lost-gpus", "5,5"], "names GPU 5 twice"),                                  # item 17
+    (["--lost-gpus", "5", "--slots-per-gpu", "200000"], "above the limit"),         # item 16
+    (["--slots-per-gpu", "99999999"], "above the limit"),                           # item 16
+    (["--gpu-map", "0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,99999999"], "above the limit"),
+])
+def test_issue_47_items_16_17_bad_sizes_and_lists_refused_before_anything_is_made(folder, flags, message):
+    _, err = invoke("plan", "c.npy", "--previous", "dep.json", *flags, "-o", "x.json", "--transfer", "t.json",
+                    cwd=folder, expect=2)
+    assert message in err and len(err.strip().splitlines()) == 1
+    assert not (folder / "x.json").exists() and not (folder / "t.json").exists()
+
+
+def test_issue_47_item_10_judged_under_names_the_even_split(folder):
+    document = json.loads((folder / "dep.json").read_text())
+    assert document["diagnostics"]["judged_under"] == "uniform"
+
+
+def test_issue_47_item_4_validate_judges_live_gpus_only(folder):
+    invoke("plan", "s.npy", *DEPLOY, "-o", "sdep.json", "-q", cwd=folder)
+    invoke("plan", "s.npy", "--previous", "sdep.json", "--lost-gpus", "8,9,10,11,12,13,14,15", "--slots-per-gpu",
+           "10", "-o", "lost.json", "-q", cwd=folder)
+    out, _ = invoke("validate", "lost.json", "--counts", "s.npy", cwd=folder)
+    placement = read_placement(folder / "lost.json").placement
+    loads = placement.gpu_loads(SERIES.sum(0))
+    live = metrics.imbalance(loads, placement.topology).mean()
+    assert _line(out, "imbalance").startswith(f"imbalance {live:.4f} mean") and "8 GPUs that hold slots" in out
+    assert live < metrics.imbalance(loads).mean()                      # the dead GPUs counted as idle: worse
+    per_window = metrics.balancedness(placement.gpu_loads(SERIES), placement.topology).mean(axis=1)
+    assert _line(out, "windows").startswith(f"windows  4: balancedness per window {per_window.min():.4f}.."
+                                            f"{per_window.max():.4f}")
