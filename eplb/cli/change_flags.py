@@ -164,6 +164,8 @@ def _check_engine_layout(change, output_format: str) -> None:
     topology = change.new.topology
     if output_format not in ENGINE_ROWS or topology.is_uniform:
         return
+    if output_format == "sglang" and _masked_ranks_fit(change):
+        return  # written with the lost ranks masked (:func:`_with_masked_ranks`)
     serving = np.flatnonzero(topology.slots_per_gpu > 0)
     ranks = np.full(topology.num_gpus, -1)
     ranks[serving] = np.arange(serving.size)
@@ -176,3 +178,25 @@ def _check_engine_layout(change, output_format: str) -> None:
     raise ChangeRefused(f"--format {output_format}: the engine needs the same slots on every GPU and the new deployment "
                         f"holds {topology.slots_per_gpu.tolist()}: write eplb JSON (.json) or .npz, or renumber the "
                         f"survivors for the engine restarted on them: {hint}")
+
+
+def _masked_ranks_fit(change) -> bool:
+    """Whether the new deployment is the old one with some GPUs lost and every survivor keeping its
+    slot count: SGLang's elastic EP then keeps the lost ranks in its map and masks them."""
+    old, new = change.old.topology.slots_per_gpu, change.new.topology.slots_per_gpu
+    return (change.old.num_gpus == change.new.num_gpus and np.array_equal(change.gpu_map, np.arange(len(old)))
+            and bool(np.all((new == old) | (new == 0))) and np.unique(old).size == 1)
+
+
+def _with_masked_ranks(placement, previous, change):
+    """``placement`` (the re-plan, lost GPUs holding no slots) as SGLang's elastic EP keeps it: every
+    rank with its slots, a lost rank's slots holding what they held in ``previous`` (the placement
+    in service: its weights are gone with the rank, and the engine masks the rank, so no token
+    reaches them), the survivors' slots the re-plan's. ``[L, G * k]`` on the old, even layout."""
+    old_top, new_top = change.old.topology, change.new.topology
+    phy2log = np.array(previous.phy2log, copy=True)
+    for gpu in np.flatnonzero(new_top.slots_per_gpu > 0).tolist():
+        start, k = int(new_top.slot_offsets[gpu]), int(new_top.slots_per_gpu[gpu])
+        phy2log[:, old_top.slot_offsets[gpu]:old_top.slot_offsets[gpu] + k] = placement.phy2log[:, start:start + k]
+    return eplb.Placement(phy2log, placement.num_experts, old_top, placement.num_groups, placement.method,
+                          dispatch=placement.dispatch)

@@ -21,14 +21,16 @@ from ..engines import DISPATCH_RULES
 from ..planning.methods import METHODS
 from ..analysis.metrics import moe_layers, moe_mean
 from ..io.report import moe_note
-from .change_flags import CHANGE_FLAGS, _check_engine_layout, _deployment_change
-from .plan_inputs import _model_layers, _plan_options, _planned_for_line, _planning_rule, _plan_output_format, \
-    _read_plan_counts
+from .change_flags import CHANGE_FLAGS, _check_engine_layout, _deployment_change, _with_masked_ranks
+from .plan_inputs import (
+    _check_outputs, _model_layers, _plan_options, _plan_output_format, _planned_for_line, _planning_rule,
+    _read_plan_counts,
+)
 from .plan_summary import _plan_bound
 from .shared import (
-    ChangeRefused, _accepts, _check_flag_sizes, _check_previous, _check_previous_layers, _note_global_groups,
-    _note_overwrite, _note_plan_warnings, _read_previous, _recorded_engine, _refuse_input_as_output, _with_timer,
-    show_progress,
+    ChangeRefused, _accepts, _check_flag_sizes, _check_previous, _check_previous_layers, _counts_paths,
+    _counts_text, _note_global_groups, _note_overwrite, _note_plan_warnings, _read_previous, _recorded_engine,
+    show_progress, _with_timer,
 )
 from .wording import _dense_layers_note, _engine_rows_line, _groups_text, _rule_name, _seconds_text, _shape_text
 
@@ -49,18 +51,10 @@ def _plan_across_change(params: dict, command_start: float) -> None:
                                        expert_bytes=p["expert_bytes"], model_preset=p["model_preset"], groups=p["groups"],
                                        nodes=p["nodes"])
     output_format = _plan_output_format(p["output"], p["output_format"], p["num_layers"], quiet)
-    if p["layer_updates_per_iter"] and output_format != "trtllm":
-        raise click.BadParameter(f"applies to TensorRT-LLM YAML output only, not to {output_format} output",
-                                 param_hint="--layer-updates-per-iter")
     _check_flag_sizes(slots=p["slots"], gpus=p["gpus"], nodes=p["nodes"], groups=p["groups"],
                       **{"num-layers": p["num_layers"]})
     outputs = [p["output"]] + ([p["transfer"]] if p.get("transfer") is not None else [])
-    for path in outputs:
-        _refuse_input_as_output(path, [p["counts"], p["previous"]])
-    if output_format == "sglang":
-        from ..io.formats.sglang import sidecar_path
-
-        _refuse_input_as_output(sidecar_path(p["output"]), [p["counts"], p["previous"]], what="the SGLang side file of -o")
+    _check_outputs(outputs, output_format, p["layer_updates_per_iter"], [*_counts_paths(p["counts"]), p["previous"]])
     start = time.perf_counter()
     data, model_layers, prev = _change_inputs(p, output_format)
     rule, rule_lines = _recorded_engine(p["engine"] or (p["dispatch"] if p["dispatch"] != "uniform" else None),
@@ -85,8 +79,14 @@ def _plan_across_change(params: dict, command_start: float) -> None:
     figures["elapsed"] = elapsed
     configuration, diagnostics = _change_records(p, data, change, placement, options, migration, figures)
     _note_overwrite(p["output"], quiet)
-    write_placement(placement, p["output"], output_format, layer_ids=data.layer_ids, configuration=configuration,
+    written = placement
+    if output_format == "sglang" and not change.new.topology.is_uniform:  # lost ranks kept in the map, masked
+        written = _with_masked_ranks(placement, prev.placement, change)
+        configuration["masked_ranks"] = change.lost_gpus.tolist()
+    write_placement(written, p["output"], output_format, layer_ids=data.layer_ids, configuration=configuration,
                     diagnostics=diagnostics, layer_updates_per_iter=p["layer_updates_per_iter"], num_layers=model_layers)
+    if written is not placement:
+        _record_masked_ranks(p["output"], change.lost_gpus.tolist())
     if p.get("transfer") is not None:
         _write_transfer(p["transfer"], figures["transfer"], change, data)
     if not quiet:
@@ -96,6 +96,11 @@ def _plan_across_change(params: dict, command_start: float) -> None:
                      "the whole command")
         lines.append(f"wrote    {p['output']} ({output_format})"
                      + (f"; the transfer plan {p['transfer']}" if p.get("transfer") is not None else ""))
+        if written is not placement:
+            lost = ", ".join(map(str, change.lost_gpus.tolist()))
+            lines.append(f"masked   rank {lost}: SGLang's elastic EP keeps a lost rank in its map and masks it; its "
+                         "slots keep the experts they held in the placement in service (no token reaches them), the "
+                         "survivors' slots hold the re-plan (the side file records masked_ranks)")
         lines += [line for line in (_engine_rows_line(data.layer_ids, output_format, model_layers),
                                     _dense_layers_note(data.weights, data.layer_ids, output_format)) if line]
         click.echo("\n".join(lines))
@@ -221,6 +226,18 @@ def _change_figures(data, change, previous, placement, points: dict, p: dict, ju
     return figures
 
 
+def _record_masked_ranks(output, ranks: list[int]) -> None:
+    """Add ``masked_ranks`` to the SGLang side file of ``output``: the ranks the engine masks."""
+    import json
+
+    from ..io.formats.sglang import sidecar_path
+
+    side = sidecar_path(output)
+    document = json.loads(side.read_text())
+    document["masked_ranks"] = ranks
+    side.write_text(json.dumps(document) + "\n")
+
+
 def _write_transfer(path, transfer, change, data) -> None:
     """The transfer plan as JSON (:meth:`eplb.TransferPlan.to_dict`: every copy in the plan's own
     order, with its source kind, slot and GPU, its destination and its bytes), beside the model
@@ -240,7 +257,7 @@ def _change_records(p: dict, data, change, placement, options: dict, migration: 
     configuration = {
         "num_slots": new.num_slots, "num_gpus": new.num_gpus, "num_nodes": new.num_nodes, "num_groups": new.num_groups,
         "slots_per_gpu": new.topology.slots_per_gpu.tolist(), "method": p["method"], "options": options,
-        "counts_file": str(p["counts"]), "counts_format": data.format, "counts_shape": list(data.counts.shape),
+        "counts_file": _counts_text(p["counts"]), "counts_format": data.format, "counts_shape": list(data.counts.shape),
         "phase": p["phase"], "previous": str(p["previous"]), "migration_aware": True, "migration": migration,
         "command": "eplb " + shlex.join(sys.argv[1:]),
         "change": {"description": change.describe(), "gpu_map": change.gpu_map.tolist(),

@@ -21,12 +21,14 @@ from ..io.formats import COUNTS_FORMATS, PLACEMENT_FORMATS
 from .change_flags import _plans_across_change
 from .group import main
 from .plan_change import _plan_across_change
-from .plan_inputs import _model_layers, _plan_options, _planned_for_line, _plan_output_format, _read_plan_counts
+from .plan_inputs import (
+    _check_outputs, _model_layers, _plan_options, _plan_output_format, _planned_for_line, _read_plan_counts,
+)
 from .plan_summary import _global_balancedness, _held_out_estimates, _plan_bound, _plan_records, _plan_summary
 from .shared import (
-    NamedChoice, _accepts, _check_experts_fit, _check_flag_sizes, _check_previous, _note_global_groups,
-    _note_overwrite, _note_plan_warnings, _read_previous, _recorded_engine, _refuse_input_as_output, _with_timer,
-    allow_shape_option, deployment_arguments, friendly_errors, quiet_option, show_progress, transpose_option
+    NamedChoice, _accepts, allow_shape_option, _check_experts_fit, _check_flag_sizes, _check_previous,
+    _counts_paths, deployment_arguments, friendly_errors, _note_global_groups, _note_overwrite, _note_plan_warnings,
+    quiet_option, _read_previous, _recorded_engine, show_progress, transpose_option, _with_timer,
 )
 
 
@@ -57,6 +59,14 @@ def plan_with_progress(weights, *, num_slots, num_gpus, num_nodes, num_groups, m
         return eplb.plan(weights, **kwargs), use_previous
     return _with_timer(lambda: eplb.plan(weights, **kwargs), f"planning {weights.shape[-2]} layers ({method})"), \
         use_previous
+
+
+def _refuse_change_only_flags(across: dict) -> None:
+    """``--rebalance`` and ``--transfer`` are for a plan across a deployment change only."""
+    given = [flag for flag, name in (("--rebalance", "rebalance"), ("--transfer", "transfer")) if across.get(name)]
+    if given:
+        raise click.UsageError(f"{given[0]} applies across a deployment change only (--previous with --lost-gpus, "
+                               "--gpu-map, --slots-per-gpu or other --slots/--gpus)")
 
 
 def _deployed_plan(previous, fmt, data, engine, *, slots, gpus, nodes):
@@ -195,25 +205,14 @@ def plan(counts, slots, gpus, nodes, groups, method, previous, previous_format, 
     params = click.get_current_context().params
     if _plans_across_change(params):
         return _plan_across_change(params, command_start)
-    given = [flag for flag, name in (("--rebalance", "rebalance"), ("--transfer", "transfer")) if across.get(name)]
-    if given:
-        raise click.UsageError(f"{given[0]} applies across a deployment change only (--previous with --lost-gpus, "
-                               "--gpu-map, --slots-per-gpu or other --slots/--gpus)")
+    _refuse_change_only_flags(across)
     migration, options = _plan_options(method, previous, tolerance, max_moves, time_limit, deterministic_time,
                                        engine=engine, dispatch=dispatch, objective=objective,
                                        max_off_node=max_off_node, expert_bytes=expert_bytes,
                                        model_preset=model_preset, groups=groups, nodes=nodes)
     output_format = _plan_output_format(output, output_format, num_layers, quiet)
-    if layer_updates_per_iter and output_format != "trtllm":
-        raise click.BadParameter(f"applies to TensorRT-LLM YAML output only, not to {output_format} output",
-                                 param_hint="--layer-updates-per-iter")
     _check_flag_sizes(slots=slots, gpus=gpus, nodes=nodes, groups=groups, **{"num-layers": num_layers})
-    _refuse_input_as_output(output, [counts, previous])
-    if output_format == "sglang":
-        from ..io.formats.sglang import sidecar_path
-
-        _refuse_input_as_output(sidecar_path(output), [counts, previous], what="the SGLang side file of -o")
-
+    _check_outputs([output], output_format, layer_updates_per_iter, [*_counts_paths(counts), previous])
     start = time.perf_counter()
     data = _read_plan_counts(counts, input_format, transpose, allow_shape, phase, passes_per_window)
     data, model_layers = _model_layers(data, layer_ids, model_preset, num_layers, output_format)

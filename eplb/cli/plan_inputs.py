@@ -14,19 +14,17 @@ from ..model.cost import MODELS as COST_MODELS
 from ..planning.methods import METHODS
 from ..engines import DISPATCH_RULES
 from ..planning.pipeline import combination_error
-from .shared import _accepts, _output_format
+from .shared import _accepts, _output_format, _read_counts, _refuse_input_as_output
 from .wording import ENGINE_ROWS
 
 
 def _read_plan_counts(counts, input_format, transpose, allow_shape, phase, passes_per_window):
     """The counts ``eplb plan`` plans from: read, then the passes of ``phase`` only, then cut into
     windows of ``passes_per_window`` passes (each when given)."""
-    from ..io.formats import read_counts
-
-    data = read_counts(counts, input_format, transpose=transpose, allow_shape=allow_shape)
+    data = _read_counts(counts, input_format, transpose, allow_shape)
     if phase is not None:
         if data.phases is None:
-            raise click.BadParameter(f"{counts} records no phase per pass (only SGLang's per_token detail dump "
+            raise click.BadParameter(f"{data.path} records no phase per pass (only SGLang's per_token detail dump "
                                      "records one): plan it without --phase", param_hint="--phase")
         data = data.select_phase(phase)
     if passes_per_window is not None:
@@ -65,6 +63,21 @@ def _plan_options(method, previous, tolerance, max_moves, time_limit, determinis
     options.update({k: v for k, v in (("dispatch", None if rule == "uniform" else rule), ("objective", objective),
                                       ("max_off_node", max_off_node)) if v is not None})
     return migration, options
+
+
+def _check_outputs(outputs: list, output_format: str, layer_updates_per_iter: int, inputs: list) -> None:
+    """What ``eplb plan`` will write, checked before anything is read: ``--layer-updates-per-iter``
+    only for TensorRT-LLM's YAML, and no output (``outputs``: ``-o`` first, the SGLang side file of
+    ``-o`` after them) naming an input."""
+    if layer_updates_per_iter and output_format != "trtllm":
+        raise click.BadParameter(f"applies to TensorRT-LLM YAML output only, not to {output_format} output",
+                                 param_hint="--layer-updates-per-iter")
+    for path in outputs:
+        _refuse_input_as_output(path, inputs)
+    if output_format == "sglang":
+        from ..io.formats.sglang import sidecar_path
+
+        _refuse_input_as_output(sidecar_path(outputs[0]), inputs, what="the SGLang side file of -o")
 
 
 def _planning_rule(rule: str, *, previous: bool) -> str:

@@ -12,12 +12,13 @@ import numpy as np
 
 import eplb
 
+from .shared import _counts_text
 from ..planning.methods import DEFAULT_METHOD
 from ..analysis.metrics import moe_layers, moe_mean
 from ..io.report import Bound, bound_for
 from .wording import (
-    DEPLOYED_BETTER_BY, _balance_line, _copy_cost_line, _dense_layers_note, _engine_rows_line, _groups_text,
-    _held_out_lines, _judge, _regrouped_lines, _rule_name, _served_without_shares, _shape_text, engine_line
+    DEPLOYED_BETTER_BY, _balance_line, _copy_cost_line, _dense_layers_note, engine_line, _engine_rows_line,
+    _groups_text, _held_out_lines, _judge, _regrouped_lines, _rule_name, _served_without_shares, _shape_text,
 )
 
 
@@ -80,7 +81,7 @@ def _plan_records(*, slots, gpus, nodes, groups, method, options, counts, data, 
     windows judged under ``judge`` (``None``: the plan's own rule, :func:`_judge`)."""
     configuration = {
         "num_slots": slots, "num_gpus": gpus, "num_nodes": nodes, "num_groups": groups, "method": method,
-        "options": options, "counts_file": str(counts), "counts_format": data.format,
+        "options": options, "counts_file": _counts_text(counts), "counts_format": data.format,
         "counts_shape": list(data.counts.shape), "phase": phase,
         "previous": None if previous is None else str(previous),
         "migration_aware": used_previous, "migration": migration, "command": "eplb " + shlex.join(sys.argv[1:]),

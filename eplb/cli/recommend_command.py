@@ -12,8 +12,9 @@ from ..io.progress import Progress
 from ..io.formats import COUNTS_FORMATS
 from .group import main
 from .shared import (
-    NamedChoice, _check_flag_sizes, _check_sweep_slots, _int_list, _note_overwrite, _output_format,
-    _refuse_input_as_output, allow_shape_option, friendly_errors, quiet_option, transpose_option
+    NamedChoice, allow_shape_option, _check_flag_sizes, _check_sweep_slots, counts_argument, _counts_paths,
+    _counts_text, friendly_errors, _int_list, _note_overwrite, _output_format, quiet_option, _read_counts,
+    _refuse_input_as_output, transpose_option,
 )
 from .wording import _shape_text
 
@@ -25,7 +26,7 @@ _RECOMMEND_FLAGS = {"num_gpus": "--gpus", "num_nodes": "--nodes", "num_groups": 
 
 
 @main.command()
-@click.argument("counts", type=click.Path(path_type=Path))
+@counts_argument
 @click.option("--gpus", "-g", type=click.IntRange(min=1), required=True, help="GPUs of the pool.")
 @click.option("--phase", type=click.Choice(["decode", "prefill"]), default="decode", show_default=True)
 @click.option("--batch", "-b", type=click.IntRange(min=1, max=2 ** 40), required=True,
@@ -67,7 +68,7 @@ def recommend(counts, gpus, phase, batch, hardware, model, extra_slots, slots, n
       eplb recommend decode_pool.npz --gpus 32 --phase decode --batch 16 --hardware H100 \\
           --model deepseek-v3 --extra-slots 0,1,2 -o plan.json
     """
-    from ..io.formats import placement_format_for_output, read_counts, write_placement
+    from ..io.formats import placement_format_for_output, write_placement
     from ..model.deployment import Deployment
     from ..simulation.pools import recommend as run_recommend
     from ..model.deployment import slots_for
@@ -78,9 +79,9 @@ def recommend(counts, gpus, phase, batch, hardware, model, extra_slots, slots, n
                       **{"deployed-slots": deployed_slots})
     output_format = None
     if output is not None:
-        _refuse_input_as_output(output, [counts])
+        _refuse_input_as_output(output, _counts_paths(counts))
         output_format = _output_format(output, placement_format_for_output)
-    data = read_counts(counts, input_format, transpose=transpose, allow_shape=allow_shape)
+    data = _read_counts(counts, input_format, transpose, allow_shape)
     if slot_counts is None:
         _check_sweep_slots(data.counts.shape[-1], [gpus], extras)
     try:
@@ -101,7 +102,7 @@ def recommend(counts, gpus, phase, batch, hardware, model, extra_slots, slots, n
         best = result.recommended
         write_placement(result.placement, output, output_format, layer_ids=data.layer_ids,
                         configuration=dict(num_slots=best.num_slots, num_gpus=gpus, num_nodes=nodes, num_groups=groups,
-                                           method=result.placement.method, counts=str(counts), phase=phase, batch=batch),
+                                           method=result.placement.method, counts=_counts_text(counts), phase=phase, batch=batch),
                         diagnostics=dict(recommended=result.rows(), default_step_ms=result.default_step_ms,
                                          bound_step_ms=result.bound_step_ms))
     if report_dir is not None:

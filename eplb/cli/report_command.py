@@ -14,14 +14,15 @@ from ..io.formats import COUNTS_FORMATS, PLACEMENT_FORMATS
 from .group import main
 from .plan_summary import _held_out_estimates
 from .shared import (
-    _check_flag_sizes, _check_previous, _recorded_engine, _refuse_input_as_output, allow_shape_option,
-    engine_option, friendly_errors, gpus_hint, groups_hint, quiet_option, show_progress, transpose_option
+    allow_shape_option, _check_flag_sizes, _check_previous, counts_argument, _counts_paths, engine_option,
+    friendly_errors, gpus_hint, groups_hint, quiet_option, _read_counts, _recorded_engine, _refuse_input_as_output,
+    show_progress, transpose_option,
 )
-from .wording import _left_out_note, _rule_name, engine_line
+from .wording import engine_line, _left_out_note, _rule_name
 
 
 @main.command()
-@click.argument("counts", type=click.Path(path_type=Path))
+@counts_argument
 @click.argument("plan_file", metavar="PLAN", type=click.Path(path_type=Path))
 @click.option("--output", "-o", type=click.Path(path_type=Path), required=True, help="Folder for index.html and the PNGs.")
 @click.option("--previous", type=click.Path(path_type=Path), default=None, help="An earlier placement: show what moved.")
@@ -49,17 +50,17 @@ def report(counts, plan_file, output, previous, input_format, plan_format, gpus,
     planning from these windows (leave one window out): hedged over them and from their sum.
     With --engine NAME the summary also judges the plan under that engine's dispatch rule.
     """
-    from ..io.formats import FormatError, read_counts, read_placement
+    from ..io.formats import FormatError, read_placement
     from ..io.report import make_report
     from ..io.formats.errors import require
 
     _check_flag_sizes(gpus=gpus, nodes=nodes, groups=groups)
-    _refuse_input_as_output(output, [counts, plan_file, previous])
-    data = read_counts(counts, input_format, transpose=transpose, allow_shape=allow_shape)
+    _refuse_input_as_output(output, [*_counts_paths(counts), plan_file, previous])
+    data = _read_counts(counts, input_format, transpose, allow_shape)
     loaded = read_placement(plan_file, plan_format, num_gpus=gpus, num_nodes=nodes, num_groups=groups)
     p = loaded.placement
     if (data.num_layers, data.num_experts) != (p.num_layers, p.num_experts):
-        raise FormatError(counts, f"counts have {data.num_layers} layers x {data.num_experts} experts but the "
+        raise FormatError(data.path, f"counts have {data.num_layers} layers x {data.num_experts} experts but the "
                                   f"placement {plan_file} has {p.num_layers} x {p.num_experts}")
     prev = None
     if previous is not None:

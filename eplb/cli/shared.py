@@ -97,10 +97,32 @@ engine_option = click.option("--engine", type=click.Choice(ENGINE_RULES), defaul
                                   "per-rank table; vllm, tensorrt-llm: an even split).")
 
 
+counts_argument = click.argument("counts", nargs=-1, required=True, type=click.Path(path_type=Path))
+"""COUNTS: one file or folder, or several (a glob matching several dumps, a folder of dumps), read
+as one series (:func:`eplb.io.formats.read_counts_many`)."""
+
+
+def _read_counts(counts, input_format, transpose: bool, allow_shape: bool):
+    """The counts of COUNTS (one path or several: :func:`eplb.io.formats.read_counts_many`)."""
+    from ..io.formats import read_counts_many
+
+    return read_counts_many(_counts_paths(counts), input_format, transpose=transpose, allow_shape=allow_shape)
+
+
+def _counts_paths(counts) -> list:
+    """COUNTS as a list of paths (one path, or the several of ``nargs=-1``)."""
+    return [counts] if isinstance(counts, (str, Path)) else list(counts)
+
+
+def _counts_text(counts) -> str:
+    """COUNTS as written in a record: the path, or the paths separated by spaces."""
+    return " ".join(str(p) for p in _counts_paths(counts))
+
+
 def deployment_arguments(command):
     """COUNTS and the deployment flags (--slots, --gpus, --nodes, --groups) of plan and simulate."""
     options = [
-        click.argument("counts", type=click.Path(path_type=Path)),
+        counts_argument,
         click.option("--slots", "-s", type=click.IntRange(min=1), default=None,
                      help="Physical expert slots in all (S >= E). Required but for eplb plan --previous (from the file)."),
         click.option("--gpus", "-g", type=click.IntRange(min=1), default=None,

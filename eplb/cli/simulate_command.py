@@ -19,9 +19,9 @@ from ..io.progress import Progress, offset
 from ..io.formats import COUNTS_FORMATS
 from .group import main
 from .shared import (
-    ChangeRefused, Failure, NamedChoice, _check_experts_fit, _check_flag_sizes, _note_global_groups,
-    _refuse_input_as_output, _require_deployment_flags, allow_shape_option, deployment_arguments, friendly_errors,
-    quiet_option, transpose_option
+    ChangeRefused, Failure, NamedChoice, allow_shape_option, _check_experts_fit, _check_flag_sizes, _counts_paths,
+    deployment_arguments, friendly_errors, _note_global_groups, quiet_option, _read_counts, _refuse_input_as_output,
+    _require_deployment_flags, transpose_option,
 )
 from .wording import _seconds_text
 
@@ -109,15 +109,14 @@ def simulate(counts, slots, gpus, nodes, groups, policies, method, rebalance_fn,
       eplb simulate steps.npz --slots 288 --gpus 32 --nodes 4 --fail-gpu 5@2000 --add-nodes 1@3000 -o sim/
     """
     from ..model.cost import CostModel
-    from ..io.formats import read_counts
     from ..serving.policy import PolicyError
     from ..simulation.simulate import simulate as run_simulation
     from ..io.simulation_report import write_simulation_report
 
     _require_deployment_flags(slots, gpus)
     _check_flag_sizes(slots=slots, gpus=gpus, nodes=nodes, groups=groups)
-    _refuse_input_as_output(output, [counts])
-    data = read_counts(counts, input_format, transpose=transpose, allow_shape=allow_shape)
+    _refuse_input_as_output(output, _counts_paths(counts))
+    data = _read_counts(counts, input_format, transpose, allow_shape)
     _check_experts_fit(data, slots)
     events = _simulation_events(changes, data.counts.shape, eplb.Deployment.of(
         data.counts.shape[-1], num_slots=slots, num_gpus=gpus, num_nodes=nodes, num_groups=groups, dispatch=dispatch))

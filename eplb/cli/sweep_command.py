@@ -15,8 +15,8 @@ from ..io.progress import Progress
 from ..io.formats import COUNTS_FORMATS
 from .group import main
 from .shared import (
-    NamedChoice, _check_flag_sizes, _check_sweep_slots, _int_list, _refuse_input_as_output, allow_shape_option,
-    friendly_errors, quiet_option, transpose_option
+    NamedChoice, allow_shape_option, _check_flag_sizes, _check_sweep_slots, counts_argument, _counts_paths,
+    friendly_errors, _int_list, quiet_option, _read_counts, _refuse_input_as_output, transpose_option,
 )
 
 
@@ -44,7 +44,7 @@ def _check_sweep_deployments(gpu_counts, node_counts, groups, num_experts: int) 
 
 
 @main.command()
-@click.argument("counts", type=click.Path(path_type=Path))
+@counts_argument
 @click.option("--extra-slots", default="0,1,2", show_default=True,
               help="Redundant slots per GPU beyond the fewest that hold every expert, comma-separated.")
 @click.option("--gpus", "-g", default="32", show_default=True, help="GPU counts, comma-separated.")
@@ -86,7 +86,6 @@ def sweep(counts, extra_slots, gpus, nodes, groups, dispatches, policies, hardwa
       eplb sweep steps.npz --extra-slots 0,1,2,3 --gpus 32,64 --nodes 4,8 --groups 8 -p vllm -p balancer -o sweep/
     """
     from ..model.cost import CostModel
-    from ..io.formats import read_counts
     from ..io.simulation_report import write_sweep_report
     from ..model.deployment import Deployment
     from ..simulation.sweep import knee, sweep as run_sweep
@@ -98,8 +97,8 @@ def sweep(counts, extra_slots, gpus, nodes, groups, dispatches, policies, hardwa
     for value in node_counts:
         _check_flag_sizes(nodes=value)
     _check_flag_sizes(groups=groups)
-    _refuse_input_as_output(output, [counts])
-    data = read_counts(counts, input_format, transpose=transpose, allow_shape=allow_shape)
+    _refuse_input_as_output(output, _counts_paths(counts))
+    data = _read_counts(counts, input_format, transpose, allow_shape)
     notes = _check_sweep_deployments(gpu_counts, node_counts, groups, data.counts.shape[-1])
     _check_sweep_slots(data.counts.shape[-1], gpu_counts, extras)
     cost = CostModel.preset(hardware, model, regime=regime, copy_mode=copy_mode)

@@ -13,16 +13,17 @@ from ..io.report import bound_for, moe_note
 from ..io.formats import COUNTS_FORMATS, PLACEMENT_FORMATS
 from .group import main
 from .shared import (
-    _check_flag_sizes, _recorded_engine, allow_shape_option, engine_option, friendly_errors, gpus_hint, groups_hint,
-    transpose_option
+    allow_shape_option, _check_flag_sizes, engine_option, friendly_errors, gpus_hint, groups_hint, _read_counts,
+    _recorded_engine, transpose_option,
 )
-from .wording import _rule_name, engine_line
+from .wording import engine_line, _rule_name
 
 
 @main.command()
 @click.argument("plan_file", metavar="PLAN", type=click.Path(path_type=Path))
-@click.option("--counts", "counts_file", type=click.Path(path_type=Path), default=None,
-              help="Expert counts to measure the placement on (balancedness, gap to the lower bound).")
+@click.option("--counts", "counts_file", type=click.Path(path_type=Path), multiple=True,
+              help="Expert counts to measure the placement on (balancedness, gap to the lower bound): a file, a "
+                   "folder of dumps, or repeated for several files (read as one series).")
 @click.option("--format", "-f", "plan_format", type=click.Choice(PLACEMENT_FORMATS), default=None,
               help="Format of PLAN (default: detected).")
 @click.option("--input-format", type=click.Choice(COUNTS_FORMATS), default=None, help="Format of --counts.")
@@ -43,13 +44,13 @@ def validate(plan_file, counts_file, plan_format, input_format, gpus, nodes, gro
     With --counts and --engine NAME, also its balancedness under that engine's dispatch rule.
     """
     from ..analysis import metrics
-    from ..io.formats import FormatError, read_counts, read_placement
+    from ..io.formats import FormatError, read_placement
 
     _check_flag_sizes(gpus=gpus, nodes=nodes, groups=groups)
+    counts_file = counts_file or None
     if engine is not None and counts_file is None:
         raise click.UsageError("--engine judges the plan on counts: give --counts")
-    data = (read_counts(counts_file, input_format, transpose=transpose, allow_shape=allow_shape)
-            if counts_file is not None else None)
+    data = _read_counts(counts_file, input_format, transpose, allow_shape) if counts_file is not None else None
     # the experts come from the file (or its side file), so counts of another width are blamed on the counts
     loaded = read_placement(plan_file, plan_format, num_gpus=gpus, num_nodes=nodes, num_groups=groups)
     p = loaded.placement
@@ -67,7 +68,7 @@ def validate(plan_file, counts_file, plan_format, input_format, gpus, nodes, gro
     ]
     if data is not None:
         if (data.num_layers, data.num_experts) != (p.num_layers, p.num_experts):
-            raise FormatError(counts_file, f"counts have {data.num_layers} layers x {data.num_experts} experts but the "
+            raise FormatError(data.path, f"counts have {data.num_layers} layers x {data.num_experts} experts but the "
                                            f"placement has {p.num_layers} x {p.num_experts}")
         engine, recorded_line = _recorded_engine(engine, p, plan_file)
         lines += recorded_line

@@ -135,6 +135,7 @@ def test_trtllm_yaml_and_npz_for_a_grown_deployment(deployed):
 @pytest.mark.parametrize("previous_gpus, flags", [
     (10, ["--gpus", "8", "--nodes", "1", "--gpu-map", "0,1,-1,2,3,4,5,-1,6,7"]),   # GPUs 2 and 7 lost, renumbered
     (5, ["--gpus", "8", "--nodes", "1"]),                                          # grown from 5 GPUs to 8
+    (8, ["--lost-gpus", "2"]),                  # GPU 2 lost, kept in the map and masked (issue 47 item 2)
 ])
 def test_sglang_loads_the_map_of_the_new_deployment(monkeypatch, tmp_path, previous_gpus, flags):
     """SGLang's own loader (8 ranks, 40 slots, a DeepSeek-V3-shaped model) finds each MoE layer's
@@ -154,10 +155,11 @@ def test_sglang_loads_the_map_of_the_new_deployment(monkeypatch, tmp_path, previ
 
 
 def test_an_engine_format_after_a_loss_says_how_to_renumber(deployed):
-    _, err = invoke("plan", "c.npy", "--previous", "dep.json", "--lost-gpus", "5", "--format", "sglang", "-o",
-                    "init.json", cwd=deployed, expect=2)
+    """TensorRT-LLM's YAML needs the same slots on every rank (SGLang's file keeps the lost rank, masked)."""
+    _, err = invoke("plan", "c.npy", "--previous", "dep.json", "--lost-gpus", "5", "--format", "trtllm", "-o",
+                    "init.yaml", cwd=deployed, expect=2)
     assert err.count("\n") == 1 and "--gpus 15 --gpu-map 0,1,2,3,4,-1,5,6,7,8,9,10,11,12,13,14" in err
-    assert not (deployed / "init.json").exists()
+    assert not (deployed / "init.yaml").exists()
     hint = err.split("restarted on them: ")[1].split()
     invoke("plan", "c.npy", "--previous", "dep.json", *hint, "--format", "sglang", "-o", "init.json", cwd=deployed)
     assert read_placement(deployed / "init.json").placement.num_gpus == 15

@@ -168,3 +168,51 @@ def test_issue_47_item_4_validate_judges_live_gpus_only(folder):
     per_window = metrics.balancedness(placement.gpu_loads(SERIES), placement.topology).mean(axis=1)
     assert _line(out, "windows").startswith(f"windows  4: balancedness per window {per_window.min():.4f}.."
                                             f"{per_window.max():.4f}")
+
+
+def test_issue_47_item_7_two_dumps_of_a_glob_and_a_folder_of_json_dumps(folder):
+    torch = pytest.importorskip("torch")
+    dumps = folder / "dumps"
+    dumps.mkdir()
+    for k in range(2):
+        torch.save(dict(rank=0, logical_count=torch.tensor(SERIES[2 * k:2 * k + 2], dtype=torch.int32)),
+                   dumps / f"expert_distribution_recorder_{k}.pt")
+    out, _ = invoke("plan", "dumps/expert_distribution_recorder_0.pt", "dumps/expert_distribution_recorder_1.pt",
+                    *DEPLOY, "-o", "two.json", "--no-held-out", cwd=folder)
+    assert "4 windows x 6 layers x 64 experts" in _line(out, "counts") and "and 1 more" in _line(out, "counts")
+    expected = eplb.plan(SERIES, num_slots=80, num_gpus=16, num_nodes=2, num_groups=8)
+    np.testing.assert_array_equal(read_placement(folder / "two.json").placement.phy2log, expected.phy2log)
+    jsons = folder / "json_dumps"
+    jsons.mkdir()
+    for t in range(4):
+        (jsons / f"window_{t}.json").write_text(json.dumps({"logical_count": SERIES[t].tolist()}))
+    out, _ = invoke("plan", "json_dumps", *DEPLOY, "-o", "folder.json", "--no-held-out", cwd=folder)
+    np.testing.assert_array_equal(read_placement(folder / "folder.json").placement.phy2log, expected.phy2log)
+    out, _ = invoke("validate", "folder.json", "--counts", "json_dumps", cwd=folder)
+    assert _line(out, "windows").startswith("windows  4:")
+    out, _ = invoke("simulate", "json_dumps", *DEPLOY, "-p", "none", "-o", "sim", cwd=folder)
+    assert "4 steps" in _line(out, "counts")
+    (jsons / "other.json").write_text(json.dumps({"logical_count": SERIES[0, :3].tolist()}))
+    _, err = invoke("plan", "json_dumps", *DEPLOY, "-o", "bad.json", cwd=folder, expect=1)
+    assert "several count files must record the same layers and experts" in err
+
+
+def test_issue_47_item_2_sglang_file_after_a_lost_gpu_keeps_the_rank_masked(folder):
+    """SGLang's elastic EP keeps a lost rank's slots in its map and masks the rank: the file holds
+    every rank's slots, the survivors' the re-plan's and the lost rank's what it held (SGLang's own
+    loader reads it in tests/cli/test_cli_elastic.py when its sources are at hand)."""
+    out, _ = invoke("plan", "c.npy", "--previous", "dep.json", "--lost-gpus", "5", "-o", "replan.json", cwd=folder)
+    out, _ = invoke("plan", "c.npy", "--previous", "dep.json", "--lost-gpus", "5", "--format", "sglang", "-o",
+                    "init_expert_location.json", cwd=folder)
+    assert _line(out, "masked").startswith("masked   rank 5: SGLang's elastic EP keeps a lost rank in its map")
+    previous = read_placement(folder / "dep.json").placement
+    replan = read_placement(folder / "replan.json").placement
+    written = read_placement(folder / "init_expert_location.json").placement
+    assert written.topology.is_uniform and written.num_gpus == 16
+    np.testing.assert_array_equal(written.phy2log[:, 25:30], previous.phy2log[:, 25:30])    # rank 5, masked
+    survivors = np.r_[0:25, 30:80]
+    np.testing.assert_array_equal(written.phy2log[:, survivors], replan.phy2log)
+    side = json.loads((folder / "init_expert_location.eplb.json").read_text())
+    assert side["masked_ranks"] == [5]
+    live = np.unique(replan.phy2log, axis=None)
+    assert set(live.tolist()) == set(range(64))                   # every expert on a live rank
