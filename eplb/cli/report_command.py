@@ -8,6 +8,8 @@ from pathlib import Path
 import click
 import numpy as np
 
+import eplb
+
 from ..planning.methods import DEFAULT_METHOD
 from ..analysis.metrics import moe_mean
 from ..io.formats import COUNTS_FORMATS, PLACEMENT_FORMATS
@@ -62,14 +64,7 @@ def report(counts, plan_file, output, previous, input_format, plan_format, gpus,
     if (data.num_layers, data.num_experts) != (p.num_layers, p.num_experts):
         raise FormatError(data.path, f"counts have {data.num_layers} layers x {data.num_experts} experts but the "
                                   f"placement {plan_file} has {p.num_layers} x {p.num_experts}")
-    prev = None
-    if previous is not None:
-        prev = read_placement(previous, plan_format, num_gpus=p.num_gpus, num_nodes=p.num_nodes,
-                              num_experts=p.num_experts)
-        _check_previous(prev, dict(layers=p.num_layers, experts=p.num_experts, slots=p.num_slots, gpus=p.num_gpus,
-                                   nodes=p.num_nodes), previous)
-        if prev.placement.topology != p.topology:
-            raise FormatError(previous, "incompatible configuration: slots per GPU differ from the plan's")
+    prev, change = _report_previous(previous, plan_format, loaded)
     if output.exists() and not output.is_dir():
         raise FormatError(output, "exists and is not a folder")
     engine, recorded_line = _recorded_engine(engine, p, plan_file)
@@ -78,7 +73,7 @@ def report(counts, plan_file, output, previous, input_format, plan_format, gpus,
     output.mkdir(parents=True, exist_ok=True)
     try:
         result = make_report(data, loaded, output, previous=prev, top=top, progress=show_progress(quiet),
-                             engine=engine)
+                             engine=engine, change=change)
     except BaseException:
         if created and not any(output.iterdir()):
             output.rmdir()
@@ -108,3 +103,35 @@ def report(counts, plan_file, output, previous, input_format, plan_format, gpus,
     lines.append(f"wrote    {result.html}")
     lines += [f"         {figure}" for figure in result.figures]
     click.echo("\n".join(lines))
+
+
+def _report_previous(previous, plan_format, loaded):
+    """``(prev, change)``: ``--previous`` read beside the plan ``loaded``; on the same deployment
+    ``change`` is ``None``, on another (a plan made across a deployment change) the
+    :class:`eplb.DeploymentChange` between them, with the GPU map the plan records (eplb JSON) or
+    by index (issue 47 item 8)."""
+    from ..io.formats import FormatError, read_placement
+
+    if previous is None:
+        return None, None
+    p = loaded.placement
+    try:  # files that do not record their GPUs (SGLang's without a side file) are on the plan's
+        prev = read_placement(previous, plan_format, num_gpus=p.num_gpus, num_nodes=p.num_nodes,
+                              num_experts=p.num_experts)
+    except FormatError:  # a file that records other GPUs: a plan across a deployment change
+        prev = read_placement(previous, plan_format, num_experts=p.num_experts)
+    old = prev.placement
+    if old.topology == p.topology:
+        _check_previous(prev, dict(layers=p.num_layers, experts=p.num_experts, slots=p.num_slots, gpus=p.num_gpus,
+                                   nodes=p.num_nodes), previous)
+        return prev, None
+    if (old.num_layers, old.num_experts) != (p.num_layers, p.num_experts):
+        raise FormatError(previous, f"incompatible configuration: the previous placement has {old.num_layers} layers x "
+                                    f"{old.num_experts} experts, the plan {p.num_layers} x {p.num_experts}")
+    recorded = (loaded.metadata.get("configuration") or {}).get("change") or {}
+    try:
+        change = eplb.DeploymentChange(old.deployment, p.deployment, recorded.get("gpu_map"))
+    except ValueError as exc:
+        raise FormatError(previous, f"incompatible configuration: no deployment change leads from it to the plan "
+                                    f"({exc})") from None
+    return prev, change

@@ -141,9 +141,9 @@ def simulate(counts, slots, gpus, nodes, groups, policies, method, rebalance_fn,
             except PolicyError as exc:  # the user's planning function: its error, not the configuration's
                 raise Failure(str(exc)) from None
             caught += raised
-    for warning in caught:  # after the progress bar is gone
-        if not quiet:
-            click.echo(f"note: {warning.message}", err=True)
+    for message in dict.fromkeys(_simulation_note(str(w.message), bool(events)) for w in caught):
+        if not quiet:  # after the progress bar is gone
+            click.echo(f"note: {message}", err=True)
     _note_global_groups(groups, nodes, quiet)  # once the runs are done: never before a real error
     written = write_simulation_report(results, output, title=f"eplb simulate {data.path.name}")
     if written.get("missing"):
@@ -153,12 +153,7 @@ def simulate(counts, slots, gpus, nodes, groups, policies, method, rebalance_fn,
     lines = [f"counts   {data.path} ({data.format}): {data.counts.shape[0]} steps x {data.counts.shape[1]} layers"
              f" x {data.counts.shape[2]} experts; cost model {cost.name}, {regime}, copies {copy_mode}"
              + (f", applied {layers_per_step} layer(s) per step" if layers_per_step else "")]
-    for r in results:
-        s = r.summary()
-        lines.append(f"{s['policy']:<40} lost {100 * s['lost_share']:6.2f}%  with stalls "
-                     f"{100 * s['lost_with_stalls_share']:6.2f}%  max stall {s['max_stall_s']:.3g} s  "
-                     f"rebalances {s['rebalances']:4d}  copies {s['copies']}  host per step "
-                     f"{s['host_ms_mean']:.3f} ms mean, {s['host_ms_p99']:.3f} p99, {s['host_ms_max']:.1f} max")
+    lines += [_policy_line(r) for r in results]
     lines += _event_lines(results)
     lines.append(f"wrote    {written['html']}")
     click.echo("\n".join(lines))
@@ -192,21 +187,76 @@ def _simulation_events(changes: dict, shape: tuple, deployment) -> list:
         if events and events[-1].step == step:
             raise ChangeRefused(f"--{kind} {text}: another change comes after step {step} too; make them one "
                                 "(--fail-gpu 5,6@STEP loses two GPUs at once)")
+        _check_event_sizes(kind, text, resize, current)
         try:
             change = resize(current, deployment.num_groups)
         except TooFewSlots as exc:
             raise ChangeRefused(f"--{kind} {text}: {exc} (--{kind} {text.split(':')[0]}:{exc.slots_per_gpu})") from None
         except ValueError as exc:
             raise ChangeRefused(f"--{kind} {text}: {exc}") from None
+        _refuse_nothing_removed(kind, text, current, change)
         events.append(Event(step, change, resize.label))
         current = change.new
     return events
+
+
+def _refuse_nothing_removed(kind: str, text: str, current, change) -> None:
+    """``--remove-nodes`` of nodes whose GPUs are all lost already removes nothing that serves: refused
+    (:class:`ChangeRefused`), saying which nodes are gone, rather than charged as a change."""
+    if kind != "remove-nodes":
+        return
+    removed = current.topology.slots_per_gpu[change.new.num_gpus:]
+    if removed.size and not removed.any():
+        raise ChangeRefused(f"--remove-nodes {text}: the last nodes' GPUs ({change.new.num_gpus} .. "
+                            f"{current.num_gpus - 1}) are already lost (no slots): nothing that serves is removed")
+
+
+def _check_event_sizes(kind: str, text: str, resize, current) -> None:
+    """The GPUs and slots a change flag leads to (from ``current``, the deployment before it) within
+    the limits, before the change is built (:class:`ChangeRefused`, exit 2; issue 47 item 16)."""
+    from ..io.formats.limits import check_size
+
+    gpus = current.num_gpus + (int(resize.value) * current.topology.gpus_per_node if kind == "add-nodes" else 0)
+    try:
+        check_size(gpus, "gpus", f"GPUs after --{kind} {text}")
+        if resize.slots_per_gpu is not None:
+            check_size(int(resize.slots_per_gpu) * gpus, "slots", f"slots after --{kind} {text}")
+    except ValueError as exc:
+        raise ChangeRefused(f"--{kind}: {exc}") from None
+
+
+def _simulation_note(message: str, with_events: bool) -> str:
+    """A warning of the runs as the note says it: with deployment changes a policy whose timer
+    never fires still answers every change (issue 47 item 9), so it is not "the same as no
+    rebalancing"."""
+    if with_events and "never acts" in message:
+        head = message.split(": it never acts")[0]
+        return f"{head}: its timer never fires in this series, so it rebalances only in answer to the deployment changes"
+    return message
+
+
+def _policy_line(result) -> str:
+    """A policy's line of ``eplb simulate``: the MoE time lost to imbalance (a share of the balanced
+    time) and the MoE time per step itself, the stalls, the rebalances and the answers to deployment
+    changes, the copies counted as the per-change lines count them (between GPUs, from host, local)."""
+    s = result.summary()
+    steps = max(int(s["steps"]), 1)
+    answers = len(result.events)
+    return (f"{s['policy']:<40} lost {100 * s['lost_share']:6.2f}%  with stalls {100 * s['lost_with_stalls_share']:6.2f}%"
+            f"  step {1e3 * s['moe_time_s'] / steps:.4g} ms MoE (balanced {1e3 * s['balanced_time_s'] / steps:.4g} ms)"
+            f"  max stall {s['max_stall_s']:.3g} s  rebalances {s['rebalances']:4d}"
+            + (f" + {answers} answer{'s' if answers != 1 else ''} to changes" if answers else "")
+            + f"  copies {s['copies']:,} between GPUs, {s['host_loads']:,} from host, {s['local_moves']:,} local"
+            f"  host per step {s['host_ms_mean']:.3f} ms mean, {s['host_ms_p99']:.3f} p99, {s['host_ms_max']:.1f} max")
 
 
 def _event_lines(results) -> list[str]:
     """Per deployment change, a line saying what changed, then one per policy: the recovery's copies
     by source, bytes and time, and the token imbalance before, during and after it."""
     lines = []
+    if results and results[0].events:
+        lines.append("imbalance (max - mean) / mean GPU load over the GPUs that serve, mean over MoE layers: 0 is "
+                     "perfect, higher is worse (balancedness, mean / max, is 1 / (1 + imbalance))")
     for k, first in enumerate(results[0].events if results else ()):
         lines.append(f"change   after step {first['step']}: {first['label']}: {first['change'].split('; ')[-1]}")
         for r in results:

@@ -163,13 +163,14 @@ def _pyplot():
 
 
 def make_report(counts: CountsFile, plan: PlacementFile, out_dir, *, previous: PlacementFile | None = None,
-                top: int = 16, progress: bool = False, engine: str | None = None) -> Report:
+                top: int = 16, progress: bool = False, engine: str | None = None, change=None) -> Report:
     """Write ``index.html`` and the PNG figures into ``out_dir`` (which must exist).
 
     Args:
         counts: the counts to evaluate on (``[T, L, E]``; the plan is judged on their sum over windows).
         plan: the placement, with as many layers and experts as the counts.
-        previous: an earlier placement on the same topology, to show what moved.
+        previous: an earlier placement on the same topology, to show what moved; on another
+            topology with ``change`` (the :class:`eplb.DeploymentChange` from it to the plan's).
         top: how many of the hottest (layer, expert) pairs to show.
         progress: a tqdm bar over windows on stderr.
         engine: an engine's dispatch rule (``eplb.engines.ENGINE_RULES``): every figure
@@ -216,8 +217,8 @@ def make_report(counts: CountsFile, plan: PlacementFile, out_dir, *, previous: P
         figures.append(_locality_figure(plt, out_dir, curve, placement, weights, greedy_bal, moe, judge, under))
     moves = None
     if previous is not None:
-        moves = metrics.moves(previous.placement.phy2log, placement.phy2log, placement.topology)
-        figures.append(_moves_figure(plt, out_dir, layer_ids, previous.placement, placement))
+        moves = _moved(previous.placement, placement, change)
+        figures.append(_moves_figure(plt, out_dir, layer_ids, moves, placement))
 
     finite = gap[np.isfinite(gap) & moe] if moe.any() else gap[np.isfinite(gap)]
     worst = int(np.flatnonzero(moe)[plan_bal[moe].argmin()]) if moe.any() else int(plan_bal.argmin())
@@ -250,9 +251,9 @@ def make_report(counts: CountsFile, plan: PlacementFile, out_dir, *, previous: P
         total = placement.num_layers * placement.num_slots
         summary["previous placement on these counts"] = (
             f"balancedness {moe_mean(previous.placement.balancedness(weights, judge), weights):.4f}{under}")
-        summary["moves from previous"] = (f"{moves.slots_changed} of {total} slots changed "
-                                          f"({100 * moves.slots_changed / total:.1f}%), {moves.gpu_copies} weight "
-                                          f"copies to GPUs, {moves.cross_node_copies} across nodes")
+        summary["moves from previous"] = (f"{moves['slots_changed']} of {total} slots changed "
+                                          f"({100 * moves['slots_changed'] / total:.1f}%), {moves['copies'].sum()} weight "
+                                          f"copies to GPUs, {moves['cross'].sum()} across nodes" + moves["note"])
     page = out_dir / "index.html"
     page.write_text(_html(summary, figures))
     return Report(page, tuple(figures), summary)
@@ -463,11 +464,33 @@ def _windows_figure(plt, out_dir, rows, method, under="") -> Path:
     return _save(plt, fig, out_dir / "windows.png")
 
 
-def _moves_figure(plt, out_dir, layer_ids, old, new) -> Path:
-    changed = old.phy2log != new.phy2log                                    # [L, S]
-    per_layer = [metrics.moves(old.phy2log[i:i + 1], new.phy2log[i:i + 1], new.topology) for i in range(new.num_layers)]
-    copies = np.array([m.gpu_copies for m in per_layer])
-    cross = np.array([m.cross_node_copies for m in per_layer])
+def _moved(old, new, change=None) -> dict:
+    """What moved from ``old`` to ``new``: ``changed [L, S]`` (the slots of ``new`` whose expert is
+    not the one they held), ``copies [L]`` and ``cross [L]`` (weights copied to a GPU, of them across
+    nodes), ``slots_changed`` and a ``note``. Across a deployment ``change`` (another topology) the
+    old placement is carried onto the new slots first and the copies are its transfer plan's (host
+    loads counted as copies to a GPU)."""
+    if change is None:
+        per_layer = [metrics.moves(old.phy2log[i:i + 1], new.phy2log[i:i + 1], new.topology)
+                     for i in range(new.num_layers)]
+        changed = old.phy2log != new.phy2log                                # [L, S]
+        copies = np.array([m.gpu_copies for m in per_layer])
+        cross = np.array([m.cross_node_copies for m in per_layer])
+        return {"changed": changed, "copies": copies, "cross": cross, "slots_changed": int(changed.sum()), "note": ""}
+    from ..serving.transfer import transfer_plan
+
+    changed = change.carry(old.phy2log) != new.phy2log                      # [L, S_new]; a hole counts as changed
+    transfer = transfer_plan(old, new, change)
+    between = transfer.kind != 0
+    copies = np.bincount(transfer.layer[between], minlength=new.num_layers)
+    cross = np.bincount(transfer.layer[transfer.kind == 2], minlength=new.num_layers)
+    return {"changed": changed, "copies": copies, "cross": cross, "slots_changed": int(changed.sum()),
+            "note": f" across the change ({change.describe()}; {int((transfer.kind == 3).sum())} of the copies "
+                    "loaded from host memory)"}
+
+
+def _moves_figure(plt, out_dir, layer_ids, moved: dict, new) -> Path:
+    changed, copies, cross = moved["changed"], moved["copies"], moved["cross"]
     fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4), gridspec_kw={"width_ratios": [3, 2]})
     left.imshow(changed, aspect="auto", cmap="Greys", interpolation="nearest", vmin=0, vmax=1)
     for boundary in new.topology.slot_offsets[1:-1]:

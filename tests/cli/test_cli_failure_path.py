@@ -6,6 +6,7 @@ made. Each test names the item of the issue it covers."""
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -216,3 +217,49 @@ def test_issue_47_item_2_sglang_file_after_a_lost_gpu_keeps_the_rank_masked(fold
     assert side["masked_ranks"] == [5]
     live = np.unique(replan.phy2log, axis=None)
     assert set(live.tolist()) == set(range(64))                   # every expert on a live rank
+
+
+SIM = ["simulate", "steps.npy", *DEPLOY]
+
+
+@pytest.fixture
+def steps(tmp_path):
+    np.save(tmp_path / "steps.npy", drifting_counts(8, 4, 64, num_groups=8, seed=1))
+    return tmp_path
+
+
+def test_issue_47_item_9_simulate_counts_copies_alike_and_defines_imbalance(steps):
+    out, err = invoke(*SIM, "--fail-gpu", "5@2", "-p", "vllm", "-p", "replan", "-o", "sim", cwd=steps)
+    policy_lines = [line for line in out.splitlines() if " lost " in line and "step " in line]
+    change_lines = [line for line in out.splitlines() if line.startswith("  ") and " copies (" in line]
+    assert len(policy_lines) == len(change_lines) == 2
+    for policy, change in zip(policy_lines, change_lines):
+        between, host, local = (int(x.replace(",", "")) for x in re.search(
+            r"copies ([\d,]+) between GPUs, ([\d,]+) from host, ([\d,]+) local", policy).groups())
+        assert int(re.search(r"  ([\d,]+) copies \(", change).group(1).replace(",", "")) == between + host + local
+        assert "+ 1 answer to changes" in policy and re.search(r"step [\d.]+ ms MoE \(balanced [\d.]+ ms\)", policy)
+    assert _line(out, "imbalance").startswith("imbalance (max - mean) / mean GPU load over the GPUs that serve")
+    assert "never acts" not in err and "rebalances only in answer to the deployment changes" in err
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--add-nodes", "2000@3"], "above the limit of 4,096"),
+    (["--fail-gpu", "5@3:99999999"], "above the limit of 1,048,576"),
+    (["--fail-node", "1@2:8", "--remove-nodes", "1@4"], "already lost (no slots): nothing that serves is removed"),
+])
+def test_issue_47_items_9_16_simulate_changes_checked_before_anything_runs(steps, flags, message):
+    _, err = invoke(*SIM, *flags, "-o", "sim", cwd=steps, expect=2)
+    assert message in err and len(err.strip().splitlines()) == 1 and not (steps / "sim").exists()
+
+
+def test_issue_47_item_8_report_previous_across_a_change_and_greedy_says_why(folder):
+    pytest.importorskip("matplotlib")
+    invoke("plan", "c.npy", "--previous", "dep.json", "--lost-gpus", "5", "-o", "n.json", "--transfer", "t.json",
+           cwd=folder)
+    invoke("report", "c.npy", "n.json", "--previous", "dep.json", "-o", "rep", "-q", cwd=folder)
+    page = (folder / "rep" / "index.html").read_text()
+    transfer = json.loads((folder / "t.json").read_text())
+    between = sum(1 for kind in transfer["kind"] if kind != 0)
+    assert f"{between} weight copies to GPUs" in page and "across the change (GPU 5 lost" in page
+    assert "n/a (the published greedy cannot plan this configuration" in page
+    assert (folder / "rep" / "moves.png").exists()
