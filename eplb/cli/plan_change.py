@@ -71,7 +71,10 @@ def _plan_across_change(params: dict, command_start: float) -> None:
     _note_global_groups(p["groups"], change.new.num_nodes, quiet)
     points = _recovery_and_rebalance(data, change, prev.placement, p, options, migration, quiet)
     placement = points["chosen"]
-    if placement.dispatch != rule:  # written recording the rule it is served by
+    made_for_rule = rule != planned and change.new.topology.is_uniform
+    if made_for_rule:  # the re-plan for an even split, then made for the engine's rule
+        placement = _made_for_rule(placement, data, change.new, rule)
+    elif placement.dispatch != rule:  # written recording the rule it is served by
         placement = dataclasses.replace(placement, dispatch=rule)
     elapsed = time.perf_counter() - start
     judge = rule if rule != "uniform" else "shares"
@@ -91,7 +94,10 @@ def _plan_across_change(params: dict, command_start: float) -> None:
         _write_transfer(p["transfer"], figures["transfer"], change, data)
     if not quiet:
         lines = _change_summary(p, data, change, placement, figures)
-        lines[2:2] = rule_lines + _planned_for_line(rule, planned)
+        lines[2:2] = rule_lines + (_planned_for_line(rule, planned) if not made_for_rule else [
+            f"rule     re-planned near the placement in service for {_rule_name(planned)}, then made for "
+            f"{_rule_name(rule)}'s shares (eplb.planning.engine_planning: slots swapped between GPUs where the rule "
+            "serves the windows better, never worse than the even-split re-plan under it)"])
         lines.append(f"time     {elapsed:.2f} s reading and planning; {time.perf_counter() - command_start:.2f} s for "
                      "the whole command")
         lines.append(f"wrote    {p['output']} ({output_format})"
@@ -125,6 +131,17 @@ def _rule_on(change, rule: str, rule_lines: list[str]) -> tuple[str, list[str]]:
         f"rule     {DISPATCH_RULES[rule].label} is modelled on the same slots on every GPU; the new deployment holds "
         f"{topology.slots_per_gpu.tolist()} slots per GPU, so the re-plan is planned, judged and written for "
         f"{DISPATCH_RULES['uniform'].label}"]
+
+
+def _made_for_rule(placement, data, deployment, rule: str):
+    """``placement`` (planned for an even split on ``deployment``, the same slots on every GPU) made
+    for ``rule``'s shares from the windows of ``data`` (:func:`eplb.planning.engine_planning.plan_for_rule`),
+    recording ``rule``."""
+    from ..planning.engine_planning import plan_for_rule
+
+    phy2log, info = plan_for_rule(data.counts, placement.phy2log, deployment, rule)
+    return eplb.Placement(phy2log, placement.num_experts, placement.topology, placement.num_groups, placement.method,
+                          info={**placement.info, "made_for_rule": info}, dispatch=rule)
 
 
 def _change_inputs(p: dict, output_format: str):

@@ -59,6 +59,10 @@ def test_issue_47_item_3_a_static_plan_grown_is_judged_and_written_under_its_rul
     assert _line(out, "balance").startswith(f"balance  {before:.4f} in service before the change -> {after:.4f}")
     assert _line(out, "balance").endswith("under SGLang static dispatch")
     assert json.loads((folder / "grown.json").read_text())["diagnostics"]["judged_under"] == "sglang-static"
+    even = eplb.plan(COUNTS, eplb.DeploymentChange(previous.deployment, eplb.Deployment.of(
+        64, num_slots=120, num_gpus=24, num_nodes=3, num_groups=8)), previous=previous, tolerance=0.005)
+    assert after >= even.balancedness(COUNTS, "sglang-static").mean()      # made for the rule, not an even split
+    assert "then made for SGLang static dispatch's shares" in out
 
 
 def test_issue_47_item_3_engine_sglang_static_with_previous_is_accepted(folder):
