@@ -212,15 +212,17 @@ def test_issue_47_item_2_sglang_file_after_a_lost_gpu_keeps_the_rank_masked(fold
     assert _line(out, "masked").startswith("masked   rank 5: SGLang's elastic EP keeps a lost rank in its map")
     previous = read_placement(folder / "dep.json").placement
     replan = read_placement(folder / "replan.json").placement
-    written = read_placement(folder / "init_expert_location.json").placement
-    assert written.topology.is_uniform and written.num_gpus == 16
-    np.testing.assert_array_equal(written.phy2log[:, 25:30], previous.phy2log[:, 25:30])    # rank 5, masked
-    survivors = np.r_[0:25, 30:80]
-    np.testing.assert_array_equal(written.phy2log[:, survivors], replan.phy2log)
+    table = np.asarray(json.loads((folder / "init_expert_location.json").read_text())["physical_to_logical_map"])
+    assert table.shape == (6, 80)                                       # every rank's 5 slots, as SGLang keeps them
+    np.testing.assert_array_equal(table[:, 25:30], previous.phy2log[:, 25:30])    # rank 5, masked
+    np.testing.assert_array_equal(table[:, np.r_[0:25, 30:80]], replan.phy2log)
     side = json.loads((folder / "init_expert_location.eplb.json").read_text())
     assert side["masked_ranks"] == [5]
-    live = np.unique(replan.phy2log, axis=None)
-    assert set(live.tolist()) == set(range(64))                   # every expert on a live rank
+    back = read_placement(folder / "init_expert_location.json")        # read back as the ranks that serve
+    assert back.placement == replan and back.metadata["masked_ranks"] == [5]
+    assert set(np.unique(replan.phy2log).tolist()) == set(range(64))   # every expert on a live rank
+    out, _ = invoke("validate", "init_expert_location.json", "--counts", "c.npy", cwd=folder)
+    assert "over the 15 GPUs that hold slots" in _line(out, "imbalance")
 
 
 SIM = ["simulate", "steps.npy", *DEPLOY]
@@ -267,3 +269,14 @@ def test_issue_47_item_8_report_previous_across_a_change_and_greedy_says_why(fol
     assert f"{between} weight copies to GPUs" in page and "across the change (GPU 5 lost" in page
     assert "n/a (the published greedy cannot plan this configuration" in page
     assert (folder / "rep" / "moves.png").exists()
+
+
+def test_issue_47_item_2_a_side_file_with_bad_masked_ranks_is_refused(folder):
+    invoke("plan", "c.npy", "--previous", "dep.json", "--lost-gpus", "5", "--format", "sglang", "-o",
+           "init_expert_location.json", "-q", cwd=folder)
+    side = folder / "init_expert_location.eplb.json"
+    document = json.loads(side.read_text())
+    document["masked_ranks"] = [99]
+    side.write_text(json.dumps(document))
+    _, err = invoke("validate", "init_expert_location.json", cwd=folder, expect=1)
+    assert "masked_ranks [99]: expected GPU indices below 16" in err and len(err.strip().splitlines()) == 1
