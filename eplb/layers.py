@@ -1,7 +1,8 @@
 """The package's layers, lowest first: each is a folder of ``eplb/``, and a module imports only
 from its own layer or the layers below it (``tests/project/test_layering.py`` checks every import, inside
 functions too, and that no modules import each other in a circle). The modules at the root of
-``eplb/`` are the top layer: the public names (``eplb/__init__.py``) and the entry points.
+``eplb/`` are the top layer: the public names (``eplb/__init__.py``) and the entry points, with the
+command line's package ``eplb/cli/`` (:data:`ROOT_FOLDERS`).
 
 This map is the only copy: the layering test reads it, and the README's Design section shows it.
 """
@@ -23,7 +24,8 @@ LAYERS: tuple[tuple[str, str], ...] = (
     ("simulation", "simulate, sweep, synthetic counts and series generators"),
     ("io", "formats/ (the registry and one module a family of formats: counts and placements in every engine's "
            "files), reports"),
-    ("", "the root: public names (__init__), cli, demo, precompile (warmup), this map"),
+    ("", "the root: public names (__init__), cli/ (the command line, a module per command), demo, precompile "
+         "(warmup), this map"),
 )
 """``(folder, what it holds)`` for every layer, lowest first; a layer's rank is its index. The
 empty folder is the root of ``eplb/``."""
@@ -48,8 +50,13 @@ above may import any of them."""
 FOUNDATION: tuple[str, ...] = ("_version",)
 """Root modules every layer may import (rank 0): the version string, which file writers record."""
 
-FOLDERS: dict[str, int] = {folder: rank for rank, (folder, _) in enumerate(LAYERS)}
-"""Folder -> rank."""
+ROOT_FOLDERS: tuple[str, ...] = ("cli",)
+"""Folders of ``eplb/`` in the root layer: the command line is an entry point beside ``demo`` and
+``precompile`` (it imports them, and ``python -m eplb`` imports it), one package of modules."""
+
+FOLDERS: dict[str, int] = {folder: rank for rank, (folder, _) in enumerate(LAYERS)} | \
+    {folder: len(LAYERS) - 1 for folder in ROOT_FOLDERS}
+"""Folder -> rank (the root layer's folders with the root's rank)."""
 
 
 def layer_of(module: str) -> int:

@@ -163,13 +163,14 @@ def _pyplot():
 
 
 def make_report(counts: CountsFile, plan: PlacementFile, out_dir, *, previous: PlacementFile | None = None,
-                top: int = 16, progress: bool = False, engine: str | None = None) -> Report:
+                top: int = 16, progress: bool = False, engine: str | None = None, change=None) -> Report:
     """Write ``index.html`` and the PNG figures into ``out_dir`` (which must exist).
 
     Args:
         counts: the counts to evaluate on (``[T, L, E]``; the plan is judged on their sum over windows).
         plan: the placement, with as many layers and experts as the counts.
-        previous: an earlier placement on the same topology, to show what moved.
+        previous: an earlier placement on the same topology, to show what moved; on another
+            topology with ``change`` (the :class:`eplb.DeploymentChange` from it to the plan's).
         top: how many of the hottest (layer, expert) pairs to show.
         progress: a tqdm bar over windows on stderr.
         engine: an engine's dispatch rule (``eplb.engines.ENGINE_RULES``): every figure
@@ -194,8 +195,9 @@ def make_report(counts: CountsFile, plan: PlacementFile, out_dir, *, previous: P
     try:
         greedy = make_plan(weights, method="greedy", topology=placement.topology, num_groups=placement.num_groups)
         greedy_bal = greedy.balancedness(weights, judge)
-    except ValueError:
-        greedy, greedy_bal = None, None
+        greedy_why = ""
+    except ValueError as exc:  # e.g. a changed deployment (a GPU lost) the published greedy cannot plan
+        greedy, greedy_bal, greedy_why = None, None, str(exc)
     bound = bound_for(weights, placement, engine)
     gap = metrics.gap(loads.max(axis=-1), bound.values)
     moe = moe_layers(weights)
@@ -215,8 +217,8 @@ def make_report(counts: CountsFile, plan: PlacementFile, out_dir, *, previous: P
         figures.append(_locality_figure(plt, out_dir, curve, placement, weights, greedy_bal, moe, judge, under))
     moves = None
     if previous is not None:
-        moves = metrics.moves(previous.placement.phy2log, placement.phy2log, placement.topology)
-        figures.append(_moves_figure(plt, out_dir, layer_ids, previous.placement, placement))
+        moves = _moved(previous.placement, placement, change)
+        figures.append(_moves_figure(plt, out_dir, layer_ids, moves, placement))
 
     finite = gap[np.isfinite(gap) & moe] if moe.any() else gap[np.isfinite(gap)]
     worst = int(np.flatnonzero(moe)[plan_bal[moe].argmin()]) if moe.any() else int(plan_bal.argmin())
@@ -230,7 +232,8 @@ def make_report(counts: CountsFile, plan: PlacementFile, out_dir, *, previous: P
                          + (f", {placement.num_groups} groups" if placement.num_groups else ", no expert groups"),
         f"balancedness{under} (mean over layers)":
             f"over {moe_note(weights)}: plan {moe_mean(plan_bal, weights):.4f} · greedy on the same configuration "
-            + ("n/a" if greedy_bal is None else f"{moe_mean(greedy_bal, weights):.4f}")
+            + (f"n/a (the published greedy cannot plan this configuration: {greedy_why})" if greedy_bal is None
+               else f"{moe_mean(greedy_bal, weights):.4f}")
             + f" · no rebalancing {moe_mean(none_bal, weights):.4f}",
         "worst layer": f"layer {layer_ids[worst]}: balancedness {plan_bal[worst]:.4f}",
         "lower bound": bound.description,
@@ -248,9 +251,9 @@ def make_report(counts: CountsFile, plan: PlacementFile, out_dir, *, previous: P
         total = placement.num_layers * placement.num_slots
         summary["previous placement on these counts"] = (
             f"balancedness {moe_mean(previous.placement.balancedness(weights, judge), weights):.4f}{under}")
-        summary["moves from previous"] = (f"{moves.slots_changed} of {total} slots changed "
-                                          f"({100 * moves.slots_changed / total:.1f}%), {moves.gpu_copies} weight "
-                                          f"copies to GPUs, {moves.cross_node_copies} across nodes")
+        summary["moves from previous"] = (f"{moves['slots_changed']} of {total} slots changed "
+                                          f"({100 * moves['slots_changed'] / total:.1f}%), {moves['copies'].sum()} weight "
+                                          f"copies to GPUs, {moves['cross'].sum()} across nodes" + moves["note"])
     page = out_dir / "index.html"
     page.write_text(_html(summary, figures))
     return Report(page, tuple(figures), summary)
@@ -307,9 +310,10 @@ def _heatmap_figure(plt, out_dir, layer_ids, loads, topology, moe, under="") -> 
     """GPU load / layer mean on a scale from 0 (white at 1.0); node boundaries drawn; dense layers grey."""
     from matplotlib.colors import TwoSlopeNorm
 
-    mean = loads.mean(axis=1, keepdims=True)
+    live = topology.slots_per_gpu > 0                                      # [G]: a lost GPU is no idle GPU
+    mean = loads[:, live].mean(axis=1, keepdims=True)
     relative = np.divide(loads, mean, out=np.ones_like(loads), where=mean > 0)
-    relative = np.where(moe[:, None], relative, np.nan)
+    relative = np.where(moe[:, None] & live[None, :], relative, np.nan)
     num_layers, num_gpus = loads.shape
     fig, ax = plt.subplots(figsize=(min(14, 4 + 0.18 * num_gpus), min(12, 2.5 + 0.14 * num_layers)))
     finite = relative[np.isfinite(relative)]
@@ -327,7 +331,9 @@ def _heatmap_figure(plt, out_dir, layer_ids, loads, topology, moe, under="") -> 
     ax.set_yticklabels([str(i) for i in layer_ids[::step]])
     fig.colorbar(image, ax=ax, label="GPU load / layer mean")
     title = f"GPU load / layer mean under the plan{under}\n(red: above the mean"
-    title += "; grey: all-zero layers)" if not moe.all() else ")"
+    greys = [what for what, shown in (("all-zero layers", not moe.all()), ("GPUs holding no slots", not live.all()))
+             if shown]
+    title += f"; grey: {' and '.join(greys)})" if greys else ")"
     ax.set_title(title, fontsize=10)
     return _save(plt, fig, out_dir / "gpu_loads.png")
 
@@ -429,11 +435,11 @@ def _window_balancedness(counts: CountsFile, placement, greedy, progress: bool, 
     starts = range(0, counts.num_windows, WINDOW_CHUNK)
     for start in tqdm(starts, desc="windows", unit="chunk", disable=not progress, file=sys.stderr):
         chunk = counts.counts[start:start + WINDOW_CHUNK]                    # [t, L, E]
-        per_window = lambda loads: moe_mean(metrics.balancedness(loads), chunk)  # noqa: E731  [t], MoE layers
-        series["plan"].append(per_window(placement.gpu_loads(chunk, judge)))
+        per_window = lambda loads, top=None: moe_mean(metrics.balancedness(loads, top), chunk)  # noqa: E731  [t]
+        series["plan"].append(per_window(placement.gpu_loads(chunk, judge), placement.topology))  # live GPUs only
         series["no rebalancing"].append(per_window(metrics.static_gpu_loads(chunk, placement.num_gpus)))
         if greedy is not None:
-            series["greedy"].append(per_window(greedy.gpu_loads(chunk, judge)))
+            series["greedy"].append(per_window(greedy.gpu_loads(chunk, judge), greedy.topology))
     return {name: np.concatenate(parts) for name, parts in series.items()}
 
 
@@ -458,11 +464,33 @@ def _windows_figure(plt, out_dir, rows, method, under="") -> Path:
     return _save(plt, fig, out_dir / "windows.png")
 
 
-def _moves_figure(plt, out_dir, layer_ids, old, new) -> Path:
-    changed = old.phy2log != new.phy2log                                    # [L, S]
-    per_layer = [metrics.moves(old.phy2log[i:i + 1], new.phy2log[i:i + 1], new.topology) for i in range(new.num_layers)]
-    copies = np.array([m.gpu_copies for m in per_layer])
-    cross = np.array([m.cross_node_copies for m in per_layer])
+def _moved(old, new, change=None) -> dict:
+    """What moved from ``old`` to ``new``: ``changed [L, S]`` (the slots of ``new`` whose expert is
+    not the one they held), ``copies [L]`` and ``cross [L]`` (weights copied to a GPU, of them across
+    nodes), ``slots_changed`` and a ``note``. Across a deployment ``change`` (another topology) the
+    old placement is carried onto the new slots first and the copies are its transfer plan's (host
+    loads counted as copies to a GPU)."""
+    if change is None:
+        per_layer = [metrics.moves(old.phy2log[i:i + 1], new.phy2log[i:i + 1], new.topology)
+                     for i in range(new.num_layers)]
+        changed = old.phy2log != new.phy2log                                # [L, S]
+        copies = np.array([m.gpu_copies for m in per_layer])
+        cross = np.array([m.cross_node_copies for m in per_layer])
+        return {"changed": changed, "copies": copies, "cross": cross, "slots_changed": int(changed.sum()), "note": ""}
+    from ..serving.transfer import transfer_plan
+
+    changed = change.carry(old.phy2log) != new.phy2log                      # [L, S_new]; a hole counts as changed
+    transfer = transfer_plan(old, new, change)
+    between = transfer.kind != 0
+    copies = np.bincount(transfer.layer[between], minlength=new.num_layers)
+    cross = np.bincount(transfer.layer[transfer.kind == 2], minlength=new.num_layers)
+    return {"changed": changed, "copies": copies, "cross": cross, "slots_changed": int(changed.sum()),
+            "note": f" across the change ({change.describe()}; {int((transfer.kind == 3).sum())} of the copies "
+                    "loaded from host memory)"}
+
+
+def _moves_figure(plt, out_dir, layer_ids, moved: dict, new) -> Path:
+    changed, copies, cross = moved["changed"], moved["copies"], moved["cross"]
     fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4), gridspec_kw={"width_ratios": [3, 2]})
     left.imshow(changed, aspect="auto", cmap="Greys", interpolation="nearest", vmin=0, vmax=1)
     for boundary in new.topology.slot_offsets[1:-1]:

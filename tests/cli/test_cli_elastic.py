@@ -44,7 +44,7 @@ def test_lost_gpus_keep_the_survivors_and_match_the_library(deployed):
     out, _ = invoke("plan", "c.npy", "--previous", "dep.json", "--lost-gpus", "5,6", "-o", "next.json", cwd=deployed)
     previous = _previous(deployed)
     change = eplb.DeploymentChange.lose(previous.deployment, [5, 6])
-    expected = eplb.plan(COUNTS, change, previous=previous)
+    expected = eplb.plan(COUNTS, change, previous=previous, tolerance=0.005)  # the CLI's tolerance (issue 47 item 10)
     written = read_placement(deployed / "next.json").placement
     assert written == expected and written.topology.slots_per_gpu.tolist() == [5] * 5 + [0, 0] + [5] * 9
     assert (written.logcnt >= 1).all()                                     # no expert dropped
@@ -89,7 +89,7 @@ def test_gpu_map_renumbers_the_survivors(deployed):
            ",".join(map(str, mapping)), "-o", "next.json", cwd=deployed)
     previous, written = _previous(deployed), read_placement(deployed / "next.json").placement
     assert written.topology.slots_per_gpu.tolist() == [5] * 15
-    expected = eplb.plan(COUNTS, written.deployment, previous=previous, gpu_map=mapping)
+    expected = eplb.plan(COUNTS, written.deployment, previous=previous, gpu_map=mapping, tolerance=0.005)
     np.testing.assert_array_equal(written.phy2log, expected.phy2log)
     # old GPU 6 is new GPU 5: a slot it kept holds what it held (no copy)
     change = eplb.DeploymentChange(previous.deployment, written.deployment, mapping)
@@ -104,7 +104,7 @@ def test_previous_alone_takes_its_deployment(deployed):
     out, _ = invoke("plan", "c.npy", "--previous", "dep.json", "-o", "same.json", cwd=deployed)
     written = read_placement(deployed / "same.json").placement
     assert written.topology == _previous(deployed).topology
-    assert "16 GPUs with 80 slots (were 16 with 80)" in _line(out, "change")
+    assert not any(line.startswith("change") for line in out.splitlines())  # nothing changed (issue 47 item 15)
 
 
 def test_hardware_and_expert_size_price_the_recovery(deployed):
@@ -135,6 +135,7 @@ def test_trtllm_yaml_and_npz_for_a_grown_deployment(deployed):
 @pytest.mark.parametrize("previous_gpus, flags", [
     (10, ["--gpus", "8", "--nodes", "1", "--gpu-map", "0,1,-1,2,3,4,5,-1,6,7"]),   # GPUs 2 and 7 lost, renumbered
     (5, ["--gpus", "8", "--nodes", "1"]),                                          # grown from 5 GPUs to 8
+    (8, ["--lost-gpus", "2"]),                  # GPU 2 lost, kept in the map and masked (issue 47 item 2)
 ])
 def test_sglang_loads_the_map_of_the_new_deployment(monkeypatch, tmp_path, previous_gpus, flags):
     """SGLang's own loader (8 ranks, 40 slots, a DeepSeek-V3-shaped model) finds each MoE layer's
@@ -154,10 +155,11 @@ def test_sglang_loads_the_map_of_the_new_deployment(monkeypatch, tmp_path, previ
 
 
 def test_an_engine_format_after_a_loss_says_how_to_renumber(deployed):
-    _, err = invoke("plan", "c.npy", "--previous", "dep.json", "--lost-gpus", "5", "--format", "sglang", "-o",
-                    "init.json", cwd=deployed, expect=2)
+    """TensorRT-LLM's YAML needs the same slots on every rank (SGLang's file keeps the lost rank, masked)."""
+    _, err = invoke("plan", "c.npy", "--previous", "dep.json", "--lost-gpus", "5", "--format", "trtllm", "-o",
+                    "init.yaml", cwd=deployed, expect=2)
     assert err.count("\n") == 1 and "--gpus 15 --gpu-map 0,1,2,3,4,-1,5,6,7,8,9,10,11,12,13,14" in err
-    assert not (deployed / "init.json").exists()
+    assert not (deployed / "init.yaml").exists()
     hint = err.split("restarted on them: ")[1].split()
     invoke("plan", "c.npy", "--previous", "dep.json", *hint, "--format", "sglang", "-o", "init.json", cwd=deployed)
     assert read_placement(deployed / "init.json").placement.num_gpus == 15

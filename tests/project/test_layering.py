@@ -65,6 +65,7 @@ def test_layer_of_reads_the_folder():
     assert layer_of("eplb.kernels.split.shares") == FOLDERS["kernels"]
     assert layer_of("eplb.planning.methods.best") == FOLDERS["planning"] > FOLDERS["analysis"]
     assert layer_of("eplb.cli") == layer_of("eplb") == len(LAYERS) - 1
+    assert layer_of("eplb.cli.plan_command") == layer_of("eplb.demo") == len(LAYERS) - 1  # the command line's folder
     with pytest.raises(ValueError, match="module must be a module of eplb"):
         layer_of("numpy.linalg")
 

@@ -95,7 +95,7 @@ PLACEMENT_FORMATS = tuple(_PLACEMENTS_BY_NAME)
 __all__ = [
     "COUNTS_FORMATS", "FORMATS", "OTHER_PHASE", "PHASES", "PLACEMENT_FORMATS", "CountsFile", "Format", "FormatError",
     "MissingExtraError", "PlacementFile",
-    "check_counts", "detect_counts_format", "detect_placement_format", "jsonable", "read_counts",
+    "check_counts", "detect_counts_format", "detect_placement_format", "jsonable", "read_counts", "read_counts_many",
     "read_placement", "write_placement", "placement_format_for_output", "named_output_format",
 ]
 
@@ -163,6 +163,30 @@ def read_counts(path, format: str | None = None, *, transpose: bool = False, all
     if not allow_shape:
         check_plausible_shape(data)
     return data
+
+
+def read_counts_many(paths, format: str | None = None, *, transpose: bool = False,
+                     allow_shape: bool = False) -> CountsFile:
+    """Counts from one or several paths (:mod:`eplb.io.formats.several`): one file or a counts
+    folder (a TensorRT-LLM statistics folder) as :func:`read_counts` reads it; several files, or a
+    folder of count files (sorted by name), as one series whose windows are the files' windows in
+    that order. ``format`` applies to every file (``None``: each detected)."""
+    from .several import counts_files, join_counts
+
+    paths = [Path(p) for p in ([paths] if isinstance(paths, (str, Path)) else paths)]
+    if not paths:
+        raise ValueError("counts: give at least one file or folder")
+    folders = [f for f in _COUNTS_BY_NAME.values() if f.folder]
+    if len(paths) == 1 and (not paths[0].is_dir() or format in {f.name for f in folders}
+                            or _recognised(paths[0], folders) is not None):
+        return read_counts(paths[0], format, transpose=transpose, allow_shape=allow_shape)
+    suffixes = {suffix for f in _COUNTS_BY_NAME.values() if not f.folder for suffix in f.suffixes}
+    files = counts_files(paths, suffixes)
+    parts = [read_counts(path, format, transpose=transpose, allow_shape=allow_shape) for path in files]
+    if len(parts) == 1:
+        return parts[0]
+    name = paths[0] if len(paths) == 1 else Path(f"{files[0]} and {len(files) - 1} more")
+    return join_counts(parts, name)
 
 
 #: more MoE layers than any released model has; with over twice as many layers as experts the

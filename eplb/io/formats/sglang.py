@@ -418,6 +418,7 @@ def read_sidecar(path: Path) -> dict:
                                  allow_none=True),
         "layer_ids": _sidecar_layer_ids(document.get("layer_ids"), side),
         "dispatch": recorded_dispatch(document.get("dispatch"), side, "it"),
+        "masked_ranks": document.get("masked_ranks"),  # SGLang's elastic EP masks these ranks (checked by the reader)
         "path": side,
     }
 
@@ -482,12 +483,33 @@ def read_sglang_placement(path: Path, *, num_gpus=None, num_nodes=None, num_expe
         phy2log = phy2log[layer_ids]
     try:
         topology = Topology.uniform(phy2log.shape[1], num_gpus, num_nodes)
+        phy2log, topology = _without_masked_ranks(phy2log, topology, side.get("masked_ranks"), path, source)
         placement = Placement(phy2log, num_experts, topology, num_groups=num_groups,
                               method=side.get("method", "sglang file"), dispatch=side.get("dispatch", "uniform"))
     except ValueError as exc:
         raise FormatError(path, f"invalid placement: {exc}") from None
     metadata = {"sidecar": str(side["path"])} if side else {}
+    if side.get("masked_ranks"):
+        metadata["masked_ranks"] = list(side["masked_ranks"])
     return PlacementFile(placement, check_layer_ids(layer_ids, phy2log.shape[0], path), "sglang", path, metadata)
+
+
+def _without_masked_ranks(phy2log: np.ndarray, topology: Topology, masked, path: Path, source: str):
+    """``(phy2log, topology)`` of the ranks that serve: SGLang's elastic EP keeps a lost rank's slots in
+    its map and masks the rank (the side file's ``masked_ranks``), so those slots serve nothing and
+    the placement is the others' (``phy2log [L, S]`` -> ``[L, S - k * masked]``, the masked GPUs
+    holding no slots); unchanged without masked ranks."""
+    if not masked:
+        return phy2log, topology
+    if not isinstance(masked, list) or not all(isinstance(r, int) and 0 <= r < topology.num_gpus for r in masked):
+        raise FormatError(path, f"{source} records masked_ranks {masked!r}: expected GPU indices below "
+                                f"{topology.num_gpus}")
+    slots = topology.slots_per_gpu.copy()
+    keep = np.ones(phy2log.shape[1], bool)
+    for rank in set(masked):
+        keep[topology.slot_offsets[rank]:topology.slot_offsets[rank] + slots[rank]] = False
+        slots[rank] = 0
+    return np.ascontiguousarray(phy2log[:, keep]), Topology(slots, topology.num_nodes)
 
 
 def is_sglang_placement(document) -> bool:
