@@ -254,6 +254,29 @@ def headline(results_dir: Path) -> list[tuple[str, str, str]]:
     return out
 
 
+def readme_rows(results_dir: Path) -> list[tuple[str, str, str]]:
+    """The README's row: the default at 72 and 144 GPUs (4 and 2 slots each) beside the published
+    algorithm's NumPy port, in sample, held out and in plan time."""
+    path = results_dir / "rack.csv"
+    if not path.exists():
+        return []
+    rows = {(int(r["gpus"]), r["method"]): r for r in read_csv(path) if int(r["slots"]) == 288}
+
+    def cells(method: str, held: str) -> str:
+        parts = []
+        for gpus in (72, 144):
+            r = rows[(gpus, method)]
+            parts.append(f"288/{gpus}: {float(r['in_sample']):.4f} / {float(r[held] or 'nan'):.4f}, "
+                         f"{float(r['median_ms']):.0f} ms ({float(r['cpu_median_ms']):.0f} CPU)")
+        return "; ".join(parts)
+
+    return [("Rack scale, 58 layers x 256 experts, 288 slots on 72 and 144 GPUs, global: balancedness in sample / "
+             "held out (leave one of 12 workloads out), warm plan time",
+             f"default `{eplb.DEFAULT_METHOD}` (held out: planned from the series): "
+             f"{cells(eplb.DEFAULT_METHOD, 'held_out_series')}",
+             f"the published greedy (NumPy port; held out: greedy's, same loads): {cells(PORT, 'held_out')}")]
+
+
 def main() -> None:
     """Run the section alone and write ``section_rack.md`` as ``bench/run.py --only rack`` would,
     without rewriting the other sections' summary."""
