@@ -21,6 +21,8 @@ BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
 if str(BENCH) not in sys.path:  # the NumPy port of the published greedy lives next to this file
     sys.path.insert(0, str(BENCH))
+if str(ROOT) not in sys.path:  # `python bench/x.py` measures this checkout's eplb, not an installed one
+    sys.path.insert(0, str(ROOT))
 
 
 # ---------------------------------------------------------------------------------------- traces

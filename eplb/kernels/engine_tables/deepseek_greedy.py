@@ -8,39 +8,11 @@ per-GPU loads agree exactly.
 import numpy as np
 from numba import njit
 
-from ..plumbing.common import INTERNAL
+from ..plumbing.common import INTERNAL, heap_sift_down, heapify
 
 TOP = np.int64(0)
 """The heap's root position, as a typed int64: a literal ``0`` argument makes Numba compile a
 second specialization of the sift for the constant."""
-
-
-@njit(cache=True, nogil=True, error_model="numpy")
-def _before(keys, a, b):
-    """Heap order: the smaller key first, the smaller id on ties (the published code's argmin/argmax
-    picks the first index among equal values)."""
-    return keys[a] < keys[b] or (keys[a] == keys[b] and a < b)
-
-
-@njit(cache=True, nogil=True, error_model="numpy")
-def _sift_down(heap, size, keys, i):
-    """Restore the min-heap ``heap[:size]`` (ids ordered by ``keys[id]``, then id) below position ``i``."""
-    while True:
-        child = 2 * i + 1
-        if child >= size:
-            return
-        if child + 1 < size and _before(keys, heap[child + 1], heap[child]):
-            child += 1
-        if not _before(keys, heap[child], heap[i]):
-            return
-        heap[i], heap[child] = heap[child], heap[i]
-        i = child
-
-
-@njit(cache=True, nogil=True, error_model="numpy")
-def _heapify(heap, size, keys):
-    for i in range(size // 2 - 1, -1, -1):
-        _sift_down(heap, size, keys, i)
 
 
 @njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
@@ -62,13 +34,13 @@ def replicate_greedy(weights, num_replicas, phy2expert, replica_counts):
         replica_counts[e] = 1
         minus_load[e] = -weights[e]
         heap[e] = e
-    _heapify(heap, num_experts, minus_load)
+    heapify(heap, num_experts, minus_load)
     for i in range(num_experts, num_replicas):
         best = heap[0]
         phy2expert[i] = best
         replica_counts[best] += 1
         minus_load[best] = -(weights[best] / np.float32(replica_counts[best]))
-        _sift_down(heap, num_experts, minus_load, TOP)
+        heap_sift_down(heap, num_experts, minus_load, TOP)
 
 
 @njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
@@ -94,7 +66,7 @@ def pack_largest_first(weights, num_packs, capacity, pack_of_item, rank_in_pack)
     for i in range(n):
         minus_weight[i] = -weights[i]
         items[i] = i
-    _heapify(items, n, minus_weight)
+    heapify(items, n, minus_weight)
     pack_load = np.zeros(num_packs, np.float32)
     pack_size = np.zeros(num_packs, np.int64)
     heap = np.empty(num_packs, np.int64)  # packs with room; all loads 0: already a heap
@@ -104,7 +76,7 @@ def pack_largest_first(weights, num_packs, capacity, pack_of_item, rank_in_pack)
     for remaining in range(n, 0, -1):
         item = items[0]
         items[0] = items[remaining - 1]
-        _sift_down(items, remaining - 1, minus_weight, TOP)
+        heap_sift_down(items, remaining - 1, minus_weight, TOP)
         best = heap[0]
         pack_of_item[item] = best
         rank_in_pack[item] = pack_size[best]
@@ -113,7 +85,7 @@ def pack_largest_first(weights, num_packs, capacity, pack_of_item, rank_in_pack)
         if pack_size[best] == capacity:  # full: leaves the heap
             open_packs -= 1
             heap[0] = heap[open_packs]
-        _sift_down(heap, open_packs, pack_load, TOP)
+        heap_sift_down(heap, open_packs, pack_load, TOP)
 
 
 @njit(cache=True, nogil=True, error_model="numpy")

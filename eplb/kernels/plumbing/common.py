@@ -1,5 +1,5 @@
-"""Small kernels several kernel files share: a random stream, a sort, replica counts under a cap,
-the lightest replicas of a set, and duplicate replicas on a GPU. Each file imports them from here
+"""Small kernels several kernel files share: a random stream, a sort, a binary heap, replica counts
+under a cap, the lightest replicas of a set, and duplicate replicas on a GPU. Each file imports them from here
 (no kernel file imports another file's private helpers)."""
 
 import numpy as np
@@ -34,6 +34,36 @@ def shell_sort(values):
                 values[j] = values[j - gap]
                 j -= gap
             values[j] = value
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def heap_before(keys, a, b):
+    """Heap order of ids ``a`` and ``b``: the smaller ``keys[id]`` first, the smaller id on ties (the
+    first index among equal values, as an argmin scanning ids in increasing order picks)."""
+    return keys[a] < keys[b] or (keys[a] == keys[b] and a < b)
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def heap_sift_down(heap, size, keys, i):
+    """Restore the min-heap ``heap[:size]`` (ids ordered by :func:`heap_before` on ``keys``) below
+    position ``i``."""
+    while True:
+        child = 2 * i + 1
+        if child >= size:
+            return
+        if child + 1 < size and heap_before(keys, heap[child + 1], heap[child]):
+            child += 1
+        if not heap_before(keys, heap[child], heap[i]):
+            return
+        heap[i], heap[child] = heap[child], heap[i]
+        i = child
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def heapify(heap, size, keys):
+    """Make ``heap[:size]`` (ids into ``keys``) a min-heap in the order of :func:`heap_before`."""
+    for i in range(size // 2 - 1, -1, -1):
+        heap_sift_down(heap, size, keys, i)
 
 
 @njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)

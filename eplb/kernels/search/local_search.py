@@ -8,7 +8,7 @@ expert on a GPU that did not already hold one.
 import numpy as np
 from numba import njit
 
-from ..plumbing.common import INTERNAL
+from ..plumbing.common import INTERNAL, stable_argsort
 
 from .packing import load_state, new_state, recompute_loads, store_state
 
@@ -88,6 +88,46 @@ def _order_by_load(gpus, gpu_load, gpu_fill, order):
     return h
 
 
+@njit(cache=True, nogil=True, error_model="numpy")
+def _lighter(gpus, gpu_load, a, b):
+    """Whether position ``a`` of ``gpus`` comes before position ``b`` in load order (the lighter
+    GPU first, the earlier position on ties)."""
+    la, lb = gpu_load[gpus[a]], gpu_load[gpus[b]]
+    return la < lb or (la == lb and a < b)
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _reposition(gpus, gpu_load, order, rank, a):
+    """Move position ``a`` of ``gpus`` to its place in ``order [m]`` (positions in load order,
+    :func:`_lighter`) after its GPU's load changed; ``rank [m]`` is each position's index in ``order``."""
+    i = rank[a]
+    while i > 0 and _lighter(gpus, gpu_load, a, order[i - 1]):
+        order[i] = order[i - 1]
+        rank[order[i]] = i
+        i -= 1
+    while i + 1 < order.shape[0] and _lighter(gpus, gpu_load, order[i + 1], a):
+        order[i] = order[i + 1]
+        rank[order[i]] = i
+        i += 1
+    order[i] = a
+    rank[a] = i
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _heaviest(gpus, gpu_load, gpu_fill, order):
+    """The earliest position of ``gpus`` among the heaviest GPUs that hold a replica (``order`` in
+    load order, :func:`_lighter`), or -1."""
+    h = np.int64(-1)
+    for i in range(order.shape[0] - 1, -1, -1):
+        p = order[i]
+        if gpu_fill[gpus[p]] == 0:
+            continue
+        if h >= 0 and gpu_load[gpus[p]] < gpu_load[gpus[h]]:
+            break
+        h = p  # equal loads run in increasing position: the last one met is the earliest
+    return h
+
+
 @njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
 def swap_descent(item_load, item_expert, gpus, gpu_items, gpu_fill, gpu_load, holds, max_steps):
     """Lower the heaviest GPU by swaps until no single swap lowers it.
@@ -96,7 +136,9 @@ def swap_descent(item_load, item_expert, gpus, gpu_items, gpu_fill, gpu_load, ho
     lightest (the 4 lightest when one of them helps, else all) and every pair (replica on ``h``,
     lighter replica on ``g``), applies the swap that makes ``max(load_h, load_g)`` smallest, if that
     is below the old ``load_h``; it stops when no GPU offers such a swap. The sum of squared
-    loads falls at every step, so the search ends; ``max_steps`` bounds it.
+    loads falls at every step, so the search ends; ``max_steps`` bounds it. The GPUs are kept in
+    load order across steps (a swap moves two of them: O(m) a step, not a sort), ties in the order
+    of ``gpus`` (the earliest heaviest GPU is ``h``).
 
     Args:
         gpus: ``[m]`` int64 GPU ids the search may use. State arrays: :mod:`eplb.kernels.search.packing`.
@@ -105,27 +147,36 @@ def swap_descent(item_load, item_expert, gpus, gpu_items, gpu_fill, gpu_load, ho
         the number of swaps made.
     """
     steps = 0
-    order = np.empty(gpus.shape[0], np.int64)
+    m = gpus.shape[0]
+    keys = np.empty(m)
+    for p in range(m):
+        keys[p] = gpu_load[gpus[p]]
+    order = stable_argsort(keys)  # positions of gpus, lightest first, earlier position on ties
+    rank = np.empty(m, np.int64)
+    for i in range(m):
+        rank[order[i]] = i
     while steps < max_steps:
-        h = _order_by_load(gpus, gpu_load, gpu_fill, order)
-        if h < 0:
+        hp = _heaviest(gpus, gpu_load, gpu_fill, order)
+        if hp < 0:
             break
+        h = gpus[hp]
         top = gpu_load[h]
         best_score = top - 1e-12 * top
-        best_g = np.int64(-1)
+        best_p = np.int64(-1)
         best_i = np.int64(-1)
         best_j = np.int64(-1)
         # lightest partners first: a swap with g leaves max(load_h, load_g) >= (load_h + load_g) / 2,
         # so once that reaches the best score found no heavier partner can do better
         scanned = 0
-        for gi in range(gpus.shape[0]):
-            g = order[gi]
+        for oi in range(m):
+            p = order[oi]
+            g = gpus[p]
             if g == h or gpu_fill[g] == 0:
                 continue
             low = gpu_load[g]
             if 0.5 * (top + low) >= best_score:
                 break
-            if scanned >= 4 and best_g >= 0:
+            if scanned >= 4 and best_p >= 0:
                 break  # an improving swap with one of the 4 lightest GPUs will do
             scanned += 1
             for i in range(gpu_fill[h]):
@@ -141,12 +192,14 @@ def swap_descent(item_load, item_expert, gpus, gpu_items, gpu_fill, gpu_load, ho
                     score = max(top - d, low + d)
                     if score < best_score and holds[h, item_expert[b]] == 0:
                         best_score = score
-                        best_g = g
+                        best_p = p
                         best_i = i
                         best_j = j
-        if best_g < 0:
+        if best_p < 0:
             break
-        _swap(h, best_i, best_g, best_j, item_load, item_expert, gpu_items, gpu_load, holds)
+        _swap(h, best_i, gpus[best_p], best_j, item_load, item_expert, gpu_items, gpu_load, holds)
+        _reposition(gpus, gpu_load, order, rank, hp)
+        _reposition(gpus, gpu_load, order, rank, best_p)
         steps += 1
     return steps
 

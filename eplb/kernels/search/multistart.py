@@ -413,10 +413,33 @@ def _candidate_rows(w, experts, counts, domain, cap, wide, rows, split):
 
 @njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
 def _pack_rows(w, experts, rows, first, last, domain, pack, kept, best_max):
-    """:func:`_pack_and_keep` every replication ``rows[first:last, :n]`` in turn. Returns the best max load."""
+    """:func:`_pack_and_keep` every replication ``rows[first:last, :n]`` in turn, except one that cannot
+    be kept (:func:`_packing_floor` not below ``best_max``). Returns the best max load."""
+    least = np.int64(0)  # the fewest slots of a GPU of the domain (every one has some)
+    for gi in range(domain.gpus.shape[0]):
+        slots = domain.slots_per_gpu[domain.gpus[gi]]
+        if gi == 0 or slots < least:
+            least = slots
     for trial in range(first, last):
-        best_max = _pack_and_keep(w, experts, rows[trial, :experts.shape[0]].copy(), domain, pack, kept, best_max)
+        counts = rows[trial, :experts.shape[0]]
+        if _packing_floor(w, experts, counts, least) >= best_max:
+            continue  # every packing of it is at least as heavy: _pack_and_keep would not keep it
+        best_max = _pack_and_keep(w, experts, counts.copy(), domain, pack, kept, best_max)
     return best_max
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _packing_floor(w, experts, counts, least):
+    """A load no packing of the replication ``counts [n]`` (of ``experts [n]``) on GPUs of at least
+    ``least`` slots each, all filled, goes below: the GPU holding the heaviest replica holds
+    ``least - 1`` others, each at least the lightest replica."""
+    heaviest = 0.0
+    lightest = np.inf
+    for i in range(experts.shape[0]):
+        load = w[experts[i]] / counts[i]
+        heaviest = max(heaviest, load)
+        lightest = min(lightest, load)
+    return heaviest + max(least - 1, 0) * lightest
 
 
 @njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)

@@ -17,7 +17,7 @@ from collections import namedtuple
 import numpy as np
 from numba import njit
 
-from ..plumbing.common import INTERNAL, stable_argsort
+from ..plumbing.common import INTERNAL, heap_sift_down, heapify, stable_argsort
 
 PackState = namedtuple("PackState", ["item_expert", "item_load", "gpu_items", "gpu_fill", "gpu_load", "holds"])
 PackState.__doc__ = """The working state of one layer (module docstring), as :func:`new_state` returns it."""
@@ -54,16 +54,25 @@ def pack_spread_largest_first(item_load, item_expert, items, gpus, slots_per_gpu
         slots_per_gpu: ``[G]`` int64.
         The working-state arrays (module docstring) are updated in place.
     """
+    # the GPUs with a free slot in a min-heap of their positions in ``gpus``, keyed by load (the
+    # lighter first, the earlier position on ties): O(n log m) per domain, not O(n m)
+    m = gpus.shape[0]
+    key = np.empty(m)
+    heap = np.empty(m, np.int64)
+    size = np.int64(0)
+    for gi in range(m):
+        key[gi] = gpu_load[gpus[gi]]
+        if gpu_fill[gpus[gi]] < slots_per_gpu[gpus[gi]]:
+            heap[size] = gi
+            size += 1
+    heapify(heap, size, key)
+    top = np.int64(0)  # typed, not the literal: one specialization of the sift
     for t in range(items.shape[0]):
         item = items[t]
         e = item_expert[item]
-        best = -1
-        for gi in range(gpus.shape[0]):
-            g = gpus[gi]
-            if gpu_fill[g] < slots_per_gpu[g] and (best < 0 or gpu_load[g] < gpu_load[best]):
-                best = g
+        best = gpus[heap[0]]
         if holds[best, e] > 0:  # rare: look for the lightest GPU with room that lacks the expert
-            for gi in range(gpus.shape[0]):
+            for gi in range(m):
                 g = gpus[gi]
                 if gpu_fill[g] < slots_per_gpu[g] and holds[g, e] == 0 and (
                     holds[best, e] > 0 or gpu_load[g] < gpu_load[best]
@@ -73,6 +82,20 @@ def pack_spread_largest_first(item_load, item_expert, items, gpus, slots_per_gpu
         gpu_fill[best] += 1
         gpu_load[best] += item_load[item]
         holds[best, e] += 1
+        if best == gpus[heap[0]]:  # the root's load rose (or it is full: it leaves the heap)
+            key[heap[0]] = gpu_load[best]
+            if gpu_fill[best] == slots_per_gpu[best]:
+                size -= 1
+                heap[0] = heap[size]
+            heap_sift_down(heap, size, key, top)
+        else:  # another GPU changed: rebuild the heap (rare)
+            size = 0
+            for gi in range(m):
+                key[gi] = gpu_load[gpus[gi]]
+                if gpu_fill[gpus[gi]] < slots_per_gpu[gpus[gi]]:
+                    heap[size] = gi
+                    size += 1
+            heapify(heap, size, key)
 
 
 @njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)

@@ -3,6 +3,8 @@
 import numpy as np
 from numba import njit
 
+from ..plumbing.common import heap_sift_down, heapify
+
 
 @njit(cache=True, nogil=True, error_model="numpy")
 def replicate_capped(weights, experts, num_replicas, cap, counts):
@@ -27,14 +29,18 @@ def replicate_capped(weights, experts, num_replicas, cap, counts):
     limit = cap
     while limit * n < num_replicas:
         limit += cap
-    per_replica = np.empty(n)
+    # the expert with the largest load per replica (the first on ties) is the root of a min-heap
+    # keyed by minus that load: O(R log n), not O(R n) (R = 512 replicas of 256 experts: 20x fewer steps)
+    minus_load = np.empty(n)
+    heap = np.empty(n, np.int64)
     for i in range(n):
         counts[i] = 1
-        per_replica[i] = weights[experts[i]] if limit > 1 else -1.0
+        minus_load[i] = -weights[experts[i]] if limit > 1 else 1.0
+        heap[i] = i
+    heapify(heap, n, minus_load)
+    top = np.int64(0)  # typed, not the literal: one specialization of the sift
     for _ in range(num_replicas - n):
-        best = 0
-        for i in range(1, n):
-            if per_replica[i] > per_replica[best]:
-                best = i
+        best = heap[0]
         counts[best] += 1
-        per_replica[best] = weights[experts[best]] / counts[best] if counts[best] < limit else -1.0
+        minus_load[best] = -(weights[experts[best]] / counts[best]) if counts[best] < limit else 1.0
+        heap_sift_down(heap, n, minus_load, top)
