@@ -359,3 +359,21 @@ def test_item20_the_re_plan_policy_label_says_the_tolerance_it_plans_with():
     assert answer.info["tolerance"] == 0.05
     with pytest.raises(ValueError, match="tolerance"):
         Replan(tolerance=-1)
+
+
+@pytest.mark.parametrize("change, message", [
+    (Resize("add-nodes", 2000), "2000 nodes added: the number of GPUs is 8,008, above the limit of 4,096"),
+    (Resize("fail-gpu", (1,), 40_000), "GPU 1 lost: the number of slots is 280,000, above the limit of 100,000"),
+    (Resize("add-nodes", 1, 30_000), "1 node added: the number of slots is 360,000, above the limit of 100,000"),
+])
+def test_item16_simulated_changes_beyond_the_limits_are_refused_before_the_run(change, message, monkeypatch):
+    """``--add-nodes 2000@3`` simulated 8,008 GPUs past the 4,096 limit and ``--fail-gpu 5@3:99999999``
+    was killed for memory: a change whose deployment exceeds a limit is one ValueError, before a step."""
+    monkeypatch.setenv("EPLB_MAX_SLOTS", "100000")
+    deployment = eplb.Deployment.of(16, num_slots=24, num_gpus=8, num_nodes=2)
+    with pytest.raises(ValueError, match=message):
+        simulate(_series(), deployment, policy=DonorRepair(), events={3: change})
+    with pytest.raises(ValueError, match="slots_per_gpu is 99,999,999, above the limit of 100,000"):
+        Resize("fail-gpu", (5,), 99_999_999)
+    with pytest.raises(ValueError, match="add-nodes: the number of nodes is 5,000, above the limit of 4,096"):
+        Resize("add-nodes", 5000)
