@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ._validation import as_int
+from .sizes import check_limit
 from .deployment import Deployment, make_deployment
 from .topology import Topology
 
@@ -79,7 +80,11 @@ class DeploymentChange:
         lost = _gpu_list(gpus, "lost GPUs", old.num_gpus)
         slots = old.topology.slots_per_gpu.copy()
         if slots_per_gpu is not None:
-            slots[slots > 0] = as_int(slots_per_gpu, "slots_per_gpu", minimum=1)
+            slots_per_gpu = as_int(slots_per_gpu, "slots_per_gpu", minimum=1)
+            check_limit(slots_per_gpu, "slots", "slots_per_gpu")  # before a slot table is built (issue 47 item 16)
+            survivors = int((slots > 0).sum()) - int((slots[lost] > 0).sum())
+            check_limit(slots_per_gpu * survivors, "slots", f"the slots of the {survivors} surviving GPUs")
+            slots[slots > 0] = slots_per_gpu
         slots[lost] = 0
         survivors = int((slots > 0).sum())
         if slots.sum() < old.num_experts:
@@ -174,11 +179,22 @@ class DeploymentChange:
         return np.maximum((carried == HOLE).sum(axis=1), missing).astype(np.int64)
 
     def _old_rows(self, phy2log: np.ndarray) -> np.ndarray:
-        phy2log = np.asarray(phy2log, dtype=np.int64)
-        if phy2log.ndim != 2 or phy2log.shape[1] != self.old.num_slots:
+        """``phy2log [L, S_old]`` as int64, checked: integer expert ids in ``[0, E)`` (issue 47 item 18:
+        float ids were truncated, negative ones miscounted, ids >= E an IndexError)."""
+        if type(phy2log).__module__.split(".")[0] == "torch":
+            phy2log = phy2log.detach().cpu().numpy()
+        values = np.asarray(phy2log)
+        if values.ndim != 2 or values.shape[1] != self.old.num_slots:
             raise ValueError(f"previous must be phy2log [L, {self.old.num_slots}] on the old deployment, "
-                             f"got shape {phy2log.shape}")
-        return phy2log
+                             f"got shape {values.shape}")
+        if values.size and values.dtype.kind not in "iu":
+            raise ValueError(f"previous must hold integer expert ids, got {values.dtype} values such as "
+                             f"{values.flat[0].item()!r}")
+        num_experts = self.old.num_experts
+        if values.size and (values.min() < 0 or values.max() >= num_experts):
+            bad = values[(values < 0) | (values >= num_experts)]
+            raise ValueError(f"previous must hold expert ids in [0, {num_experts}), got {bad[:5].tolist()}")
+        return values.astype(np.int64)
 
 
 def _present(carried: np.ndarray, num_experts: int) -> np.ndarray:
@@ -214,16 +230,20 @@ def _checked_gpu_map(gpu_map, old_gpus: int, new_gpus: int) -> np.ndarray:
         return mapped
     if type(gpu_map).__module__.split(".")[0] == "torch":
         gpu_map = gpu_map.detach().cpu().numpy()
-    values = np.asarray(gpu_map)
+    try:
+        values = np.asarray(gpu_map)
+    except (OverflowError, TypeError, ValueError):
+        values = np.asarray(gpu_map, dtype=object)
     if values.ndim != 1 or values.dtype == object or (values.size and values.dtype.kind not in "iu"):
         raise ValueError(f"gpu_map must be a list of integers (the new index of each old GPU, -1: gone), "
                          f"got {gpu_map!r:.80}")
     if values.size != old_gpus:
         raise ValueError(f"gpu_map must give one new index per old GPU: {old_gpus} entries, got {values.size}")
-    values = values.astype(np.int64)
-    bad = values[(values < -1) | (values >= new_gpus)]
+    # compared in their own type: an unsigned 2**64 - 1 is not -1 (issue 47 item 17)
+    bad = values[(values >= new_gpus) | ((values < -1) if values.dtype.kind == "i" else False)]
     if bad.size:
         raise ValueError(f"gpu_map entries must be -1 (gone) or new GPU indices in [0, {new_gpus}), got {bad.tolist()}")
+    values = values.astype(np.int64)
     kept = values[values >= 0]
     if np.unique(kept).size != kept.size:
         twice = np.unique(kept[np.unique(kept, return_counts=True)[1][np.searchsorted(np.unique(kept), kept)] > 1])

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ._validation import as_int
+from .sizes import check_limit
 from .topology import OnTopology, Topology
 
 
@@ -121,6 +122,7 @@ def make_deployment(num_experts: int, num_slots=None, num_gpus=None, num_nodes=1
             ``num_gpus`` need not be a multiple of ``num_nodes``.
     """
     num_experts = as_int(num_experts, "num_experts", minimum=1)
+    check_limit(num_experts, "experts", "num_experts")
     if not isinstance(dispatch, str):
         raise ValueError(f"dispatch must be the name of a dispatch rule, got {dispatch!r}")
     groups = None if num_groups is None else as_int(num_groups, "num_groups", minimum=1)

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ._validation import as_int
+from .sizes import check_limit
 
 
 class OnTopology:
@@ -53,6 +54,9 @@ class Topology:
             raise ValueError(f"slots_per_gpu must hold integers, got dtype {slots.dtype}")
         if (slots < 0).any():
             raise ValueError("slots_per_gpu must be non-negative")
+        check_limit(slots.size, "gpus", "the number of GPUs")  # before any [S] array is built
+        check_limit(slots.max(), "slots", "the slots of one GPU")
+        check_limit(slots.astype(np.int64).sum(), "slots", "the number of slots")
         if slots.sum() < 1:
             raise ValueError("slots_per_gpu must give at least one slot in total")
         num_nodes = as_int(self.num_nodes, "num_nodes", minimum=1)
@@ -73,6 +77,8 @@ class Topology:
         num_slots = as_int(num_slots, "num_slots", minimum=1)
         num_gpus = as_int(num_gpus, "num_gpus", minimum=1)
         num_nodes = as_int(num_nodes, "num_nodes", minimum=1)
+        check_limit(num_gpus, "gpus", "num_gpus")
+        check_limit(num_slots, "slots", "num_slots")
         if num_slots % num_gpus:
             raise ValueError(f"num_slots ({num_slots}) must be divisible by num_gpus ({num_gpus})")
         if num_gpus % num_nodes:
@@ -93,9 +99,14 @@ class Topology:
         num_slots = as_int(num_slots, "num_slots", minimum=1)
         num_gpus = as_int(num_gpus, "num_gpus", minimum=1)
         num_nodes = as_int(num_nodes, "num_nodes", minimum=1)
+        check_limit(num_gpus, "gpus", "num_gpus")
+        check_limit(num_slots, "slots", "num_slots")
         if num_gpus % num_nodes:
             raise ValueError(f"num_gpus ({num_gpus}) must be divisible by num_nodes ({num_nodes})")
-        masked = sorted({as_int(g, "masked_gpus entry") for g in masked_gpus})
+        listed = [as_int(g, "masked_gpus entry") for g in masked_gpus]
+        masked = sorted(set(listed))
+        if len(masked) != len(listed):  # as DeploymentChange.lose and the simulator refuse them (issue 47 item 17)
+            raise ValueError(f"masked_gpus names a GPU twice: {listed}")
         if masked and (masked[0] < 0 or masked[-1] >= num_gpus):
             raise ValueError(f"masked_gpus must hold GPU indices in [0, {num_gpus}), got {masked}")
         active = np.setdiff1d(np.arange(num_gpus), masked)

@@ -58,11 +58,13 @@ from ..analysis.placement import Placement
 from ..model._validation import as_int
 from ..model.change import HOLE, DeploymentChange
 from ..model.cost import CostModel
-from ..model.defaults import PLAN_TOLERANCE
+from ..model.defaults import CHANGE_TOLERANCE
 from ..model.deployment import Deployment, make_deployment
 from ..model.topology import Topology
 from ..planning.api import plan
+from ..engines import dispatch_rule
 from ..planning.methods import DEFAULT_METHOD, get_method
+from ..planning.migration import check_trade_off
 from ..planning.replan import fit_groups, warn_relaxed
 from .balancer import Balancer
 
@@ -518,23 +520,31 @@ class Replan(_ChangeAnswer):
     """eplb's answer: re-plan across the change from the placement in service (:func:`eplb.plan`
     with the change and ``previous=``: every orphan placed, the survivors' weights kept where that
     costs little balance, ``tolerance`` the trade), for the last ``window`` steps' counts; no
-    rebalance between changes.
+    rebalance between changes. Under optimal dispatch the re-plan is made for an even split (a
+    plan near the placement in service is made for one; optimal dispatch serves it at least as
+    well), as :class:`BalancerPolicy` plans.
 
     Args:
-        method: an ``eplb.METHODS`` name; tolerance, max_moves: as :func:`eplb.plan`'s.
+        method: an ``eplb.METHODS`` name; max_moves: as :func:`eplb.plan`'s.
+        tolerance: as :func:`eplb.plan`'s across a change; default
+            :data:`eplb.model.defaults.CHANGE_TOLERANCE`, what ``plan`` uses there (the label says it).
         window: steps of counts the plan is made from.
     """
 
-    def __init__(self, method: str = DEFAULT_METHOD, *, tolerance: float | None = PLAN_TOLERANCE,
+    def __init__(self, method: str = DEFAULT_METHOD, *, tolerance: float | None = CHANGE_TOLERANCE,
                  max_moves: int | None = None, window: int = CHANGE_WINDOW):
         super().__init__(window)
         get_method(method)
+        tolerance, _ = check_trade_off(tolerance, max_moves, 1)  # refused here, not at the first change
         self.method, self.tolerance, self.max_moves = method, tolerance, max_moves
         self.name = f"eplb re-plan (tolerance {tolerance})"
 
     def redeploy(self, step: int, change: DeploymentChange, placement: Placement, deployment: PolicyContext):
-        return plan(self._recent.total(), change, previous=placement, method=self.method, tolerance=self.tolerance,
-                    max_moves=self.max_moves)
+        if dispatch_rule(change.new.dispatch).kind == "optimal":  # planned for an even split (class docstring)
+            change = DeploymentChange(replace(change.old, dispatch="uniform"), replace(change.new, dispatch="uniform"),
+                                      change.gpu_map)
+        return plan(self._recent.total(), change, previous=placement.phy2log, method=self.method,
+                    tolerance=self.tolerance, max_moves=self.max_moves)
 
 
 # ------------------------------------------------------------------------------------ registry

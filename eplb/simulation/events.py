@@ -30,6 +30,7 @@ import numpy as np
 
 from ..model._validation import as_int
 from ..model.change import DeploymentChange
+from ..model.sizes import check_limit
 from ..model.deployment import Deployment, make_deployment
 from ..model.topology import Topology
 
@@ -94,8 +95,11 @@ class Resize:
             object.__setattr__(self, "value", gpus)
         else:
             object.__setattr__(self, "value", as_int(self.value, self.kind, minimum=0 if self.kind == "fail-node" else 1))
+        if self.kind == "add-nodes":
+            check_limit(self.value, "gpus", "add-nodes: the number of nodes")
         if self.slots_per_gpu is not None:
             object.__setattr__(self, "slots_per_gpu", as_int(self.slots_per_gpu, "slots_per_gpu", minimum=1))
+            check_limit(self.slots_per_gpu, "slots", f"{self.label}: slots_per_gpu")
 
     @property
     def label(self) -> str:
@@ -119,8 +123,9 @@ class Resize:
         per_node = topology.gpus_per_node
         slots = _survivor_slots(topology.slots_per_gpu, self.slots_per_gpu)
         if self.kind == "add-nodes":
+            check_limit(topology.num_gpus + self.value * per_node, "gpus", f"{self.label}: the number of GPUs")
             added = np.full(self.value * per_node, self.slots_per_gpu or _usual_slots(topology), np.int64)
-            new = Topology(np.concatenate([slots, added]), topology.num_nodes + self.value)
+            new = _topology(np.concatenate([slots, added]), topology.num_nodes + self.value, self.label)
         else:
             if self.value >= topology.num_nodes:
                 raise ValueError(f"{self.label}: the deployment has {topology.num_nodes} node"
@@ -128,7 +133,7 @@ class Resize:
             kept = (topology.num_nodes - self.value) * per_node
             if slots[:kept].sum() == 0:
                 raise ValueError(f"{self.label}: no GPU with slots would be left")
-            new = Topology(slots[:kept], topology.num_nodes - self.value)
+            new = _topology(slots[:kept], topology.num_nodes - self.value, self.label)
         return DeploymentChange(deployment, _deployment_on(deployment, new, self.label, groups))
 
     def _lost(self, topology: Topology) -> np.ndarray:
@@ -171,7 +176,15 @@ def _masked(deployment: Deployment, lost: np.ndarray, slots_per_gpu: int | None,
     slots[lost] = 0
     if slots.sum() == 0:
         raise ValueError(f"{label}: no GPU with slots would be left")
-    return _deployment_on(deployment, Topology(slots, deployment.topology.num_nodes), label, num_groups)
+    return _deployment_on(deployment, _topology(slots, deployment.topology.num_nodes, label), label, num_groups)
+
+
+def _topology(slots: np.ndarray, num_nodes: int, label: str) -> Topology:
+    """The topology of ``slots [G]`` on ``num_nodes`` nodes, its size checked against
+    :mod:`eplb.model.sizes` first (a ``ValueError`` naming the change ``label``)."""
+    check_limit(slots.size, "gpus", f"{label}: the number of GPUs")
+    check_limit(int(slots.sum()), "slots", f"{label}: the number of slots")
+    return Topology(slots, num_nodes)
 
 
 def _deployment_on(deployment: Deployment, topology: Topology, label: str, num_groups: int | None) -> Deployment:

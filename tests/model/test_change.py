@@ -115,3 +115,82 @@ def test_the_carried_placement_is_the_old_one_on_surviving_gpus(old_slots, new_s
             sources = change.slot_map[lo:hi]
             sources = sources[sources >= 0]
             assert ((sources >= old.topology.slot_offsets[g_old]) & (sources < old.topology.slot_offsets[g_old + 1])).all()
+
+
+# -- issue 47 items 16, 17, 18: sizes, maps and expert ids checked before anything is done ------------------
+
+DEEPSEEK = eplb.Deployment.of(256, num_slots=288, num_gpus=32, num_nodes=4, num_groups=8)
+
+
+@pytest.mark.parametrize("slots_per_gpu, message", [
+    (10**12, "slots_per_gpu is 1,000,000,000,000, above the limit of 1,048,576 .*EPLB_MAX_SLOTS"),
+    (200_000, "the slots of the 31 surviving GPUs is 6,200,000, above the limit of 1,048,576"),
+])
+def test_item16_lose_checks_the_slot_limit_before_allocating(slots_per_gpu, message):
+    """``lose(slots_per_gpu=10**12)`` raised MemoryError (a slot table of 31 trillion entries) and
+    200,000 ran for minutes: one ValueError naming the size, the limit and how to raise it."""
+    with pytest.raises(ValueError, match=message):
+        DeploymentChange.lose(DEEPSEEK, [5], slots_per_gpu=slots_per_gpu)
+
+
+def test_item16_deployments_beyond_the_documented_limits_are_refused_by_name(monkeypatch):
+    with pytest.raises(ValueError, match="num_gpus is 8,008, above the limit of 4,096 .*EPLB_MAX_GPUS"):
+        eplb.Deployment.of(256, num_slots=8008 * 9, num_gpus=8008)
+    with pytest.raises(ValueError, match="the number of GPUs is 5,000, above the limit of 4,096"):
+        eplb.Topology(np.ones(5000, np.int64))
+    with pytest.raises(ValueError, match="the slots of one GPU is 2,000,000"):
+        eplb.Topology(np.array([2_000_000, 1]))
+    with pytest.raises(ValueError, match="num_experts is 100,000, above the limit of 65,536 .*EPLB_MAX_EXPERTS"):
+        eplb.Deployment.of(100_000, num_slots=100_000, num_gpus=1000)
+    monkeypatch.setenv("EPLB_MAX_GPUS", "8192")  # the limits move with their variables
+    assert eplb.Deployment.of(256, num_slots=8008 * 9, num_gpus=8008).num_gpus == 8008
+    monkeypatch.setenv("EPLB_MAX_SLOTS", "100")
+    with pytest.raises(ValueError, match="num_slots is 288, above the limit of 100"):
+        eplb.Deployment.of(256, num_slots=288, num_gpus=32)
+
+
+def test_item17_an_unsigned_gpu_map_entry_never_wraps_to_minus_one():
+    """A uint64 ``gpu_map`` holding 2**64 - 1 wrapped to -1 and its GPU counted as lost."""
+    old = _deployment([3, 3, 3], experts=6)
+    for gpu_map in (np.array([0, 2**64 - 1, 2], np.uint64), np.array([0, 255, 2], np.uint8)):
+        with pytest.raises(ValueError, match="gpu_map entries must be -1 .* new GPU indices in \\[0, 3\\)"):
+            DeploymentChange(old, old, gpu_map)
+    assert DeploymentChange(old, old, np.array([2, 1, 0], np.uint64)).gpu_map.tolist() == [2, 1, 0]
+    for gpu_map in ([0, 2**64 - 1, 2], [0, 2**70, 2], [0, 1.0, 2]):
+        with pytest.raises(ValueError, match="gpu_map must be a list of integers"):
+            DeploymentChange(old, old, gpu_map)
+
+
+def test_item17_duplicate_lost_gpus_are_refused_in_every_entry():
+    with pytest.raises(ValueError, match="names a GPU twice"):
+        DeploymentChange.lose(_deployment([3, 3, 3]), [1, 1])
+    with pytest.raises(ValueError, match="masked_gpus names a GPU twice"):
+        eplb.Topology.from_layout(12, 4, masked_gpus=[1, 1])
+    from eplb.simulation.events import Resize
+
+    with pytest.raises(ValueError, match="fail-gpu names each GPU once"):
+        Resize("fail-gpu", (5, 5))
+
+
+@pytest.mark.parametrize("previous, message", [
+    (np.array([[0, 1, 2, 3, 4, 5, 6, 7, 0.5]]), "integer expert ids, got float64"),
+    (np.array([[0, 1, 2, 3, 4, 5, 6, 7, 1.0]]), "integer expert ids, got float64"),
+    (np.array([[0, 1, 2, 3, 4, 5, 6, 7, -1]]), r"expert ids in \[0, 8\), got \[-1\]"),
+    (np.array([[0, 1, 2, 3, 4, 5, 6, 7, 8]]), r"expert ids in \[0, 8\), got \[8\]"),
+    (np.array([[0, 1, 2, 3, 4, 5, 6, 7]]), r"phy2log \[L, 9\]"),
+])
+@pytest.mark.parametrize("helper", ["carry", "missing", "orphans", "floor", "given_up"])
+def test_item18_change_helpers_refuse_expert_ids_they_cannot_hold(previous, message, helper):
+    """``carry``, ``missing``, ``orphans`` and ``floor`` truncated float ids (0.5 -> expert 0),
+    miscounted negative ones and raised IndexError for ids >= E: one ValueError naming the rule."""
+    change = DeploymentChange(_deployment([3, 3, 3]), _deployment([4, 2, 3]), gpu_map=[2, -1, 0])
+    with pytest.raises(ValueError, match=message):
+        getattr(change, helper)(previous)
+
+
+def test_item18_integer_ids_of_any_width_are_read_as_they_are():
+    change = DeploymentChange(_deployment([3, 3, 3]), _deployment([4, 2, 3]), gpu_map=[2, -1, 0])
+    previous = np.array([[0, 1, 2, 3, 4, 5, 6, 7, 0]])
+    for dtype in (np.uint8, np.int32, np.uint64):
+        np.testing.assert_array_equal(change.carry(previous.astype(dtype)), change.carry(previous))
+        np.testing.assert_array_equal(change.floor(previous.astype(dtype)), change.floor(previous))

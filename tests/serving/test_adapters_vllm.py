@@ -445,10 +445,29 @@ def test_the_context_interface_plans_a_resize_from_the_placement_in_service():
 def test_a_rank_mapping_that_does_not_fit_the_placement_in_service_is_refused():
     weight = torch.tensor(_series(seed=13).sum(axis=0))
     old = torch.tensor(_in_service(14))  # 96 slots
-    with adapter.rank_mapping({r: r for r in range(5)}), pytest.raises(ValueError, match="do not divide the 96 slots"):
+    with adapter.rank_mapping({r: r for r in range(5)}), pytest.raises(ValueError, match="names 5 old ranks"):
         adapter.EplbPolicy.rebalance_experts(weight, 72, GROUPS, NODES, 6, old)
     with adapter.rank_mapping({0: 0, 2: 1}), pytest.raises(ValueError, match="every old rank"):
         adapter.EplbPolicy.rebalance_experts(weight, 72, GROUPS, NODES, 6, old)
+
+
+def test_item17_a_short_or_float_rank_mapping_is_refused_never_read_another_way():
+    """Issue 47 item 17: a mapping of 6 ranks for a placement of 8 ranks x 12 slots divides its 96
+    slots and was read as 6 old ranks of 16; a float rank was truncated (1.7 -> 1). vLLM keeps a
+    rank's slots across a resize, so the old ranks are 96 / 12 = 8: both are one clear ValueError."""
+    weight = torch.tensor(_series(seed=13).sum(axis=0))
+    old = torch.tensor(_in_service(14))  # 96 slots on 8 ranks
+    with adapter.rank_mapping({r: r for r in range(6)}), pytest.raises(ValueError, match="names 6 old ranks.*8 old ranks"):
+        adapter.EplbPolicy.rebalance_experts(weight, 6 * PER_RANK, GROUPS, NODES, 6, old)
+    floats = {r: (r if r < 6 else -1) + (0.7 if r == 1 else 0) for r in range(8)}
+    with adapter.rank_mapping(floats), pytest.raises(ValueError, match=r"rank_mapping\[1\] must be an integer"):
+        adapter.EplbPolicy.rebalance_experts(weight, 6 * PER_RANK, GROUPS, NODES, 6, old)
+    whole = {r: float(r if r < 6 else -1) for r in range(8)}  # floats, even whole ones: not ranks
+    with adapter.rank_mapping(whole), pytest.raises(ValueError, match="must be an integer"):
+        adapter.EplbPolicy.rebalance_experts(weight, 6 * PER_RANK, GROUPS, NODES, 6, old)
+    numpy_ints = {np.int64(r): np.int64(r if r < 6 else -1) for r in range(8)}  # numpy integers are ranks
+    with adapter.rank_mapping(numpy_ints):
+        assert adapter.EplbPolicy.rebalance_experts(weight, 6 * PER_RANK, GROUPS, NODES, 6, old).shape == (L, 72)
 
 
 def test_install_wraps_rearrange_once(monkeypatch):

@@ -320,3 +320,60 @@ def test_events_are_reported_in_events_csv(tmp_path):
     header = rows[0].split(",")
     assert {"policy", "step", "copies_from_host", "bytes_total", "recovery_s", "imbalance_after"} <= set(header)
     assert rows[1].startswith("donor repair,5,GPU 2 lost")
+
+
+# -- issue 47 items 13 and 20: every default policy through a lost GPU under optimal dispatch; labels ----------
+
+@pytest.mark.parametrize("name", ["replan", "balancer", "from-scratch", "donor-repair", "vllm", "none"])
+def test_item13_every_policy_answers_a_lost_gpu_under_optimal_dispatch(name):
+    """``simulate(..., dispatch="optimal")`` with a GPU lost: the re-plan policy raised (a plan near
+    the placement in service is made for an even split); every policy now answers with a valid
+    placement on the GPUs left, priced under optimal dispatch."""
+    deployment = eplb.Deployment.of(16, num_slots=24, num_gpus=4, num_nodes=2, dispatch="optimal")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # the timers never act on 40 steps
+        result = simulate(_series(), deployment, policy=policy_by_name(name, check_every=10),
+                          events={10: Resize("fail-gpu", (1,))})
+    event, = result.events
+    final = result.final_placement.phy2log
+    assert final.shape == (3, 18) and all(set(row.tolist()) == set(range(16)) for row in final)
+    assert event["copies"]["from_host"] == event["orphans"] and event["copies"]["total"] >= event["copy_floor"]
+    if name == "replan":
+        plain = simulate(_series(), eplb.Deployment.of(16, num_slots=24, num_gpus=4, num_nodes=2),
+                         policy=policy_by_name(name), events={10: Resize("fail-gpu", (1,))})
+        np.testing.assert_array_equal(final, plain.final_placement.phy2log)  # the same plan, priced otherwise
+
+
+def test_item20_the_re_plan_policy_label_says_the_tolerance_it_plans_with():
+    """The re-plan policy said "tolerance 0.005" and planned with 0.01 (eplb.plan's default across a
+    change); the label and the plan now give one value, the default named in eplb.model.defaults."""
+    from eplb.model.defaults import CHANGE_TOLERANCE
+
+    policy = Replan(window=5)
+    assert policy.tolerance == CHANGE_TOLERANCE and policy.name == f"eplb re-plan (tolerance {CHANGE_TOLERANCE})"
+    assert Replan(tolerance=0.05).name == "eplb re-plan (tolerance 0.05)"
+    deployment = eplb.Deployment.of(16, num_slots=24, num_gpus=4)
+    recording = Recording(Replan(window=5, tolerance=0.05))
+    simulate(_series(), deployment, policy=recording, cost_model=COMPUTE, events={5: Resize("fail-gpu", 2)})
+    (_, _, _, answer), = recording.changes
+    assert answer.info["tolerance"] == 0.05
+    with pytest.raises(ValueError, match="tolerance"):
+        Replan(tolerance=-1)
+
+
+@pytest.mark.parametrize("change, message", [
+    (Resize("add-nodes", 2000), "2000 nodes added: the number of GPUs is 8,008, above the limit of 4,096"),
+    (Resize("fail-gpu", (1,), 40_000), "GPU 1 lost: the number of slots is 280,000, above the limit of 100,000"),
+    (Resize("add-nodes", 1, 30_000), "1 node added: the number of slots is 360,000, above the limit of 100,000"),
+])
+def test_item16_simulated_changes_beyond_the_limits_are_refused_before_the_run(change, message, monkeypatch):
+    """``--add-nodes 2000@3`` simulated 8,008 GPUs past the 4,096 limit and ``--fail-gpu 5@3:99999999``
+    was killed for memory: a change whose deployment exceeds a limit is one ValueError, before a step."""
+    monkeypatch.setenv("EPLB_MAX_SLOTS", "100000")
+    deployment = eplb.Deployment.of(16, num_slots=24, num_gpus=8, num_nodes=2)
+    with pytest.raises(ValueError, match=message):
+        simulate(_series(), deployment, policy=DonorRepair(), events={3: change})
+    with pytest.raises(ValueError, match="slots_per_gpu is 99,999,999, above the limit of 100,000"):
+        Resize("fail-gpu", (5,), 99_999_999)
+    with pytest.raises(ValueError, match="add-nodes: the number of nodes is 5,000, above the limit of 4,096"):
+        Resize("add-nodes", 5000)

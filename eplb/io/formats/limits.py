@@ -1,4 +1,5 @@
-"""Size limits checked before anything is allocated for a file or a command line.
+"""Size limits checked before anything is allocated for a file or a command line (the table and
+:func:`limit` live in :mod:`eplb.model.sizes`, which the deployment itself checks too).
 
 A tiny file can imply a huge array (an expert id of 20,000,000 in a 37-byte CSV means 20 million
 experts). Every size a file or a flag implies is checked against these limits first; they are far
@@ -8,8 +9,8 @@ above any real deployment and can be raised with an environment variable:
 variable               default       what it bounds
 =====================  ============  ======================================================
 ``EPLB_MAX_EXPERTS``   65,536        logical experts per layer (an expert id is < this)
-``EPLB_MAX_SLOTS``     1,048,576     physical slots per layer (and GPUs a file implies)
-``EPLB_MAX_GPUS``      4,096         GPUs (and nodes) a command line names (``--gpus``, ``--nodes``)
+``EPLB_MAX_SLOTS``     1,048,576     physical slots per layer
+``EPLB_MAX_GPUS``      4,096         GPUs (and nodes) of a deployment (``--gpus``, ``--nodes``)
 ``EPLB_MAX_LAYERS``    4,096         layers (a layer id in a file is < 2^31 whatever the limit)
 ``EPLB_MAX_WINDOWS``   1,048,576     recording windows of a series
 ``EPLB_MAX_CELLS``     134,217,728   numbers in one counts array (windows x layers x experts)
@@ -19,38 +20,13 @@ variable               default       what it bounds
 
 from __future__ import annotations
 
-import os
 
+from ...model.sizes import DEFAULTS, limit  # noqa: F401  (the one table of limits)
 from .errors import FormatError
-
-DEFAULTS = {
-    "experts": 1 << 16,
-    "slots": 1 << 20,
-    "gpus": 1 << 12,
-    "layers": 1 << 12,
-    "windows": 1 << 20,
-    "cells": 1 << 27,
-    "yaml_nodes": 1 << 20,
-}
 
 #: largest id (layer, window, iteration) accepted in a file: ids are kept as int64 but must stay
 #: far from its overflow
 MAX_ID = (1 << 31) - 1
-
-
-def limit(name: str) -> int:
-    """The limit ``name`` (a key of :data:`DEFAULTS`), from ``EPLB_MAX_<NAME>`` when set."""
-    variable = f"EPLB_MAX_{name.upper()}"
-    text = os.environ.get(variable)
-    if text is None:
-        return DEFAULTS[name]
-    try:
-        value = int(text)
-    except ValueError:
-        raise ValueError(f"{variable} must be a positive integer, got {text!r}") from None
-    if value < 1:
-        raise ValueError(f"{variable} must be a positive integer, got {text!r}")
-    return value
 
 
 def check_size(value, name: str, what: str, path=None) -> None:

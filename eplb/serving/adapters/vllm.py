@@ -66,7 +66,7 @@ import numpy as np
 from ...analysis.placement import Placement
 from ...model.change import DeploymentChange
 from ...model.defaults import PLAN_TOLERANCE
-from ...model._validation import as_counts
+from ...model._validation import as_counts, as_int
 from ...model.deployment import make_deployment
 from ...planning.api import plan
 from ...planning.methods import DEFAULT_METHOD, get_method
@@ -152,13 +152,18 @@ def resize_change(old_slots: int, deployment, mapping=None) -> DeploymentChange 
     else:
         try:
             old_ranks = len(mapping)
-            gpu_map = [int(mapping[rank]) for rank in range(old_ranks)]
-        except (KeyError, TypeError, ValueError):
+            # integers only: a float rank is refused, never truncated (issue 47 item 17)
+            gpu_map = [as_int(mapping[rank], f"rank_mapping[{rank}]", minimum=-1) for rank in range(old_ranks)]
+        except (KeyError, TypeError):
             raise ValueError(f"rank_mapping must map every old rank 0 .. G-1 to a new rank or -1, got {mapping!r:.200}") \
                 from None
-        if old_ranks == 0 or old_slots % old_ranks:
-            raise ValueError(f"rank_mapping has {old_ranks} old ranks, which do not divide the {old_slots} slots of the "
-                             "placement in service")
+        if old_ranks == 0 or old_slots != old_ranks * per_rank:
+            # vLLM keeps the slots per rank across a resize (num_replicas // ep_size * new ranks), so the
+            # old ranks are S_old / (S / G): a mapping of other length leaves ranks out or adds some
+            expected = f"{old_slots // per_rank} old ranks" if old_slots % per_rank == 0 else "a whole number of ranks"
+            raise ValueError(f"rank_mapping names {old_ranks} old ranks, but the {old_slots} slots of the placement in "
+                             f"service at {per_rank} per rank (vLLM keeps a rank's slots across a resize) are "
+                             f"{expected}: give every old rank 0 .. G-1 its new rank or -1")
     old = make_deployment(deployment.num_experts, old_slots, old_ranks)
     change = DeploymentChange(old, deployment, gpu_map)
     return None if change.is_identity else change
