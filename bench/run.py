@@ -63,6 +63,7 @@ SECTIONS = (
     ("simulate_elastic", "Simulated changes", "a GPU lost mid-series and nodes joining and leaving in eplb.simulate, beside the engines' answers"),
     ("survive", "Survive", "survive= against the plain plan: a lost GPU or node, in and out of sample; the exposure's cost"),
     ("exact_contract", "Exact contract", "the exact method on issue 43's reproductions: avoidable doubled replicas, time per layer"),
+    # the rack sections (rack, rack_bounds, rack_online, rack_nodes) go here, with their rows in bench/README.md
 )
 
 README_ROWS = 12
