@@ -24,7 +24,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-from _common import load_note, markdown_table, rows_of, run_alone, write_csv
+from _common import load_note, markdown_table, rows_of, run_alone, write_csv, write_section
 from simulate import BLOCK, DECODE_TOKENS, DS, QUICK_BLOCKS, TOKENS, Cached, scenarios
 
 from eplb import CostModel, Deployment
@@ -188,8 +188,7 @@ def run(quick: bool, results_dir: Path, *, blocks: int | None = None) -> str:
         + (f" Note: {fallback}." if fallback else ""),
         "",
     ])
-    (results_dir / "decision_rule.md").write_text(text)
-    return text
+    return write_section(results_dir, "decision_rule", text)
 
 
 if __name__ == "__main__":

@@ -36,7 +36,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from _common import load_note, markdown_table, rows_of, run_alone, traces_dir, write_csv
+from _common import load_note, markdown_table, rows_of, run_alone, traces_dir, write_csv, write_section
 
 import eplb
 from eplb import CostModel
@@ -311,8 +311,7 @@ def run(quick: bool, results_dir: Path, *, blocks: int | None = None, timing_ste
         *[f"- {note}" for note in notes],
         "",
     ])
-    (results_dir / "simulate.md").write_text(text)
-    return text
+    return write_section(results_dir, "simulate", text)
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from _common import load_note, markdown_table, rows_of, run_alone, write_csv
+from _common import load_note, markdown_table, rows_of, run_alone, write_csv, write_section
 from simulate import BLOCK, QUICK_BLOCKS, Cached, policies, scenarios
 
 from eplb import simulate
@@ -101,8 +101,7 @@ def run(quick: bool, results_dir: Path, *, blocks: int | None = None) -> str:
         table,
         "",
     ])
-    (results_dir / "simulate_chunks.md").write_text(text)
-    return text
+    return write_section(results_dir, "simulate_chunks", text)
 
 
 if __name__ == "__main__":
