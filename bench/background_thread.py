@@ -33,7 +33,7 @@ import threading
 import time
 
 import numpy as np
-from _common import load_note, markdown_table, run_alone
+from _common import load_note, markdown_table, rows_of, run_alone
 
 import eplb
 from eplb.simulation.synthetic import drifting_counts
@@ -194,12 +194,10 @@ def run(quick: bool, results_dir) -> str:
 
 
 def headline(results_dir):
-    from _common import read_csv
 
-    path = results_dir / "background_thread.csv"
-    if not path.exists():
+    rows = rows_of(results_dir, "background_thread")
+    if not rows:
         return []
-    rows = read_csv(path)
     text = ", ".join(f"{r['call']}: {float(r['busy_ms']) / float(r['alone_ms']):.1f}x" for r in rows)
     return [("Planning beside a busy Python thread, slowdown vs alone (DeepSeek-V3 size)", text, "reported")]
 

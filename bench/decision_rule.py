@@ -24,7 +24,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-from _common import load_note, markdown_table, read_csv, run_alone, write_csv
+from _common import load_note, markdown_table, rows_of, run_alone, write_csv, write_section
 from simulate import BLOCK, DECODE_TOKENS, DS, QUICK_BLOCKS, TOKENS, Cached, scenarios
 
 from eplb import CostModel, Deployment
@@ -141,10 +141,9 @@ def chosen(rows: list[dict]) -> tuple[str, str]:
 
 
 def headline(results_dir: Path) -> list[tuple[str, str, str]]:
-    path = Path(results_dir) / "decision_rule.csv"
-    if not path.exists():
+    rows = rows_of(results_dir, "decision_rule")
+    if not rows:
         return []
-    rows = read_csv(path)
     get = {(r["series"], r["phase"], r["deployment"], r["key"]): r for r in rows}
     out = []
     for phase in PHASES:
@@ -189,8 +188,7 @@ def run(quick: bool, results_dir: Path, *, blocks: int | None = None) -> str:
         + (f" Note: {fallback}." if fallback else ""),
         "",
     ])
-    (results_dir / "decision_rule.md").write_text(text)
-    return text
+    return write_section(results_dir, "decision_rule", text)
 
 
 if __name__ == "__main__":

@@ -54,7 +54,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from _common import load_note, markdown_table, median_time, read_csv, run_alone, trace_workloads, write_csv
+from _common import load_note, markdown_table, median_time, read_csv, rows_of, run_alone, trace_workloads, write_csv
 
 import eplb
 from eplb.analysis.metrics import moe_mean
@@ -433,10 +433,9 @@ def section(rows, sequence_rows, time_rows, notes, quick, default_tolerance) -> 
 
 def headline(results_dir: Path):
     """Headline rows: the issue's targets on the DeepSeek-V3 synthetic counts (default tolerance)."""
-    path = Path(results_dir) / "elastic.csv"
-    if not path.exists():
+    rows = rows_of(results_dir, "elastic")
+    if not rows:
         return
-    rows = read_csv(path)
     family = rows[0]["family"]
     for r in rows:
         if r["family"] == family and r["plan"].endswith("(default)"):
@@ -454,10 +453,9 @@ def readme_rows(results_dir: Path) -> list[tuple[str, str, str]]:
     """The README's rows: a GPU and a node lost at DeepSeek-V3 size, the default re-plan beside the
     engines' answers (from scratch, donor repair): copies and balancedness in sample (the synthetic
     counts) and held out (planned on 6 workloads mixed over time, judged on the windows after)."""
-    path = Path(results_dir) / "elastic.csv"
-    if not path.exists():
+    rows = rows_of(results_dir, "elastic")
+    if not rows:
         return []
-    rows = read_csv(path)
 
     def cell(configuration, plan):
         def row(family):

@@ -35,7 +35,7 @@ import warnings
 from pathlib import Path
 
 import numpy as np
-from _common import load_note, markdown_table, read_csv, run_alone, write_csv
+from _common import load_note, markdown_table, rows_of, run_alone, write_csv
 
 import eplb
 from eplb.simulation.series import Series, mixture_path, synthetic_workloads
@@ -205,10 +205,9 @@ def run(quick: bool, results_dir) -> str:
 
 
 def headline(results_dir):
-    path = Path(results_dir) / "elastic_serving.csv"
-    if not path.exists():
+    rows = rows_of(results_dir, "elastic_serving")
+    if not rows:
         return []
-    rows = read_csv(path)
     found = verdict(rows)
     if found is None:
         return []

@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from _common import load_note, markdown_table, run_alone, write_csv
+from _common import load_note, markdown_table, rows_of, run_alone, write_csv
 
 import eplb
 from eplb.planning.spread import avoidable_doubled
@@ -115,12 +115,10 @@ def run(quick: bool, results_dir: Path) -> str:
 
 def headline(results_dir: Path):
     """Headline rows: avoidable doubled replicas of the exact method and its per-layer overrun."""
-    from _common import read_csv
 
-    path = Path(results_dir) / "exact_contract.csv"
-    if not path.exists():
+    rows = rows_of(results_dir, "exact_contract")
+    if not rows:
         return
-    rows = read_csv(path)
     exact = [r for r in rows if r["method"] == "exact" and "deterministic_time" in r["options"]]
     yield ("Exact method: avoidable doubled replicas on issue 43's reproductions",
            f"{sum(int(r['avoidable_doubled']) for r in exact)} over {len(exact)} plans", "0")

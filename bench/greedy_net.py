@@ -18,7 +18,7 @@ import numpy as np
 import eplb
 from eplb.simulation.synthetic import skewed_counts
 
-from _common import run_alone, trace_workloads  # noqa: E402  (bench/ is on sys.path when run as a script
+from _common import rows_of, run_alone, trace_workloads  # noqa: E402  (bench/ is on sys.path when run as a script
 from quality import CONFIGS, FAMILIES  # noqa: E402
 
 
@@ -57,12 +57,10 @@ def run(quick: bool, results_dir) -> str:
 
 
 def headline(results_dir):
-    from _common import read_csv
 
-    path = results_dir / "greedy_net.csv"
-    if not path.exists():
+    rows = rows_of(results_dir, "greedy_net")
+    if not rows:
         return []
-    rows = read_csv(path)
     total, fired = sum(int(r["layers"]) for r in rows), sum(int(r["fired"]) for r in rows)
     return [("Default without the greedy net: layers where the published greedy is lighter (synthetic families and traces)",
              f"{fired} of {total}", "reported")]

@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from _common import load_note, markdown_table, read_csv, run_alone, write_csv
+from _common import load_note, markdown_table, read_csv, rows_of, run_alone, write_csv
 from background_thread import busy_python
 
 import eplb
@@ -191,10 +191,9 @@ def run(quick: bool, results_dir) -> str:
 
 
 def headline(results_dir):
-    path = Path(results_dir) / "host_loop.csv"
-    if not path.exists():
+    rows = rows_of(results_dir, "host_loop")
+    if not rows:
         return []
-    rows = read_csv(path)
     found = verdicts(rows)
     if not found:
         return []

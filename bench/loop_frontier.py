@@ -27,7 +27,7 @@ import inspect
 from pathlib import Path
 
 import numpy as np
-from _common import load_note, markdown_table, read_csv, run_alone, write_csv
+from _common import load_note, markdown_table, read_csv, run_alone, write_csv, write_section
 from simulate import BLOCK, DS, QUICK_BLOCKS, TARGETS, TOKENS, Cached, scenarios
 from simulate import policies as simulate_policies
 
@@ -207,8 +207,7 @@ def run(quick: bool, results_dir: Path, *, blocks: int | None = None, every: int
         *verdicts(rows),
         "",
     ])
-    (results_dir / "loop_frontier.md").write_text(text)
-    return text
+    return write_section(results_dir, "loop_frontier", text)
 
 
 if __name__ == "__main__":

@@ -26,7 +26,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-from _common import (BENCH, fmt_ms, load_note, markdown_table, median_time, pct, read_csv, run_alone, trace_workloads,
+from _common import (BENCH, fmt_ms, load_note, markdown_table, median_time, pct, rows_of, run_alone, trace_workloads,
                      write_csv)
 
 import eplb
@@ -241,10 +241,9 @@ def readme_rows(results_dir: Path) -> list[tuple[str, str, str]]:
     """The README's rows: in-sample balancedness and gap to the proven bound of the default against
     the published greedy (the file's rows; eplb's ``greedy``, which reproduces it, where the CSV has
     none), DeepSeek-V3-sized realistic synthetic loads (hierarchical and global) and the real traces."""
-    path = Path(results_dir) / "quality.csv"
-    if not path.exists():
+    rows = rows_of(results_dir, "quality")
+    if not rows:
         return []
-    rows = read_csv(path)
 
     def mean(method, select, key):
         return float(np.mean([float(r[key]) for r in rows if r["method"] == method and select(r)]))

@@ -64,6 +64,7 @@ SECTIONS = (
     ("survive", "Survive", "survive= against the plain plan: a lost GPU or node, in and out of sample; the exposure's cost"),
     ("rack", "Rack scale", "58 x 256 on 32 to 320 GPUs (1 to 9 slots each): balance, held out, plan and decision time"),
     ("exact_contract", "Exact contract", "the exact method on issue 43's reproductions: avoidable doubled replicas, time per layer"),
+    # the rack sections (rack, rack_bounds, rack_online, rack_nodes) go here, with their rows in bench/README.md
 )
 
 README_ROWS = 12

@@ -36,7 +36,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from _common import load_note, markdown_table, read_csv, run_alone, traces_dir, write_csv
+from _common import load_note, markdown_table, rows_of, run_alone, traces_dir, write_csv, write_section
 
 import eplb
 from eplb import CostModel
@@ -227,16 +227,21 @@ def verdicts(rows: list[dict]) -> list[str]:
     return lines
 
 
+def deepseek_policies(results_dir: Path) -> dict[str, dict[str, dict]]:
+    """``{deployment: {policy key: row}}`` of ``simulate.csv``'s DeepSeek-V3-sized series (the rows
+    the targets apply to), deployments in the order they ran."""
+    out: dict[str, dict[str, dict]] = {}
+    for r in rows_of(results_dir, "simulate"):
+        if r.get("targets", "True") == "True" and r["series"].startswith("DeepSeek-V3"):
+            out.setdefault(r["deployment"], {})[r["policy_key"]] = r
+    return out
+
+
 def headline(results_dir: Path) -> list[tuple[str, str, str]]:
     """README headline rows ``(figure, measured, target)``: the Balancer against the reference and
     the engines' timers on the DeepSeek-V3-sized drifting series."""
-    path = Path(results_dir) / "simulate.csv"
-    if not path.exists():
-        return []
-    rows = [r for r in read_csv(path) if r.get("targets", "True") == "True" and r["series"].startswith("DeepSeek-V3")]
     out = []
-    for deployment in dict.fromkeys(r["deployment"] for r in rows):
-        get = {r["policy_key"]: r for r in rows if r["deployment"] == deployment}
+    for deployment, get in deepseek_policies(results_dir).items():
         if not {"balancer", "reference", "vllm", "sglang"} <= set(get):
             continue
         lost = {k: float(get[k]["lost_share"]) for k in get}
@@ -256,13 +261,8 @@ def headline(results_dir: Path) -> list[tuple[str, str, str]]:
 def readme_rows(results_dir: Path) -> list[tuple[str, str, str]]:
     """The README's rows: MoE time lost to imbalance and weight copies on the held-out drifting
     DeepSeek-V3-sized series, the Balancer's defaults against the engines' own timers."""
-    path = Path(results_dir) / "simulate.csv"
-    if not path.exists():
-        return []
-    rows = [r for r in read_csv(path) if r.get("targets", "True") == "True" and r["series"].startswith("DeepSeek-V3")]
     out = []
-    for deployment in dict.fromkeys(r["deployment"] for r in rows):
-        get = {r["policy_key"]: r for r in rows if r["deployment"] == deployment}
+    for deployment, get in deepseek_policies(results_dir).items():
         if not {"balancer", "vllm", "sglang"} <= set(get):
             continue
 
@@ -311,8 +311,7 @@ def run(quick: bool, results_dir: Path, *, blocks: int | None = None, timing_ste
         *[f"- {note}" for note in notes],
         "",
     ])
-    (results_dir / "simulate.md").write_text(text)
-    return text
+    return write_section(results_dir, "simulate", text)
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from _common import load_note, markdown_table, read_csv, run_alone, write_csv
+from _common import load_note, markdown_table, rows_of, run_alone, write_csv, write_section
 from simulate import BLOCK, QUICK_BLOCKS, Cached, policies, scenarios
 
 from eplb import simulate
@@ -57,10 +57,9 @@ def measure(blocks: int) -> list[dict]:
 def headline(results_dir: Path) -> list[tuple[str, str, str]]:
     """README headline rows ``(figure, measured, target)``: the longest stall and the time lost with
     stalls, all at once against one layer per step, per deployment."""
-    path = Path(results_dir) / "simulate_chunks.csv"
-    if not path.exists():
+    rows = rows_of(results_dir, "simulate_chunks")
+    if not rows:
         return []
-    rows = read_csv(path)
     out = []
     for deployment in dict.fromkeys(r["deployment"] for r in rows):
         get = {r["applied"]: r for r in rows if r["deployment"] == deployment}
@@ -102,8 +101,7 @@ def run(quick: bool, results_dir: Path, *, blocks: int | None = None) -> str:
         table,
         "",
     ])
-    (results_dir / "simulate_chunks.md").write_text(text)
-    return text
+    return write_section(results_dir, "simulate_chunks", text)
 
 
 if __name__ == "__main__":

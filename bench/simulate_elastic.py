@@ -33,7 +33,7 @@ import time
 import warnings
 from pathlib import Path
 
-from _common import load_note, markdown_table, read_csv, run_alone, write_csv
+from _common import load_note, markdown_table, rows_of, run_alone, write_csv
 from simulate import BLOCK, TOKENS, Cached
 
 import eplb
@@ -146,10 +146,9 @@ def run(quick: bool, results_dir: Path) -> str:
 
 def headline(results_dir: Path):
     """Headline rows: the simulated GPU loss (global) and the node sequence's worst step."""
-    path = Path(results_dir) / "simulate_elastic.csv"
-    if not path.exists():
+    rows = rows_of(results_dir, "simulate_elastic")
+    if not rows:
         return
-    rows = read_csv(path)
     lost = {r["answer"]: r for r in rows if r["table"] == "lost" and r["deployment"] == "global 288/32"}
     if lost:
         replan, scratch = lost["eplb re-plan"], lost["from scratch (vLLM, SGLang)"]

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from _common import markdown_table, planning_methods, pyplot, read_csv, run_alone, trace_workloads, write_csv
+from _common import markdown_table, planning_methods, pyplot, rows_of, run_alone, trace_workloads, write_csv
 
 import eplb
 from eplb.simulation.synthetic import DEEPSEEK_V3, drifting_counts
@@ -170,10 +170,9 @@ def run(quick: bool, results_dir: Path, include_traces: bool = True) -> str:
 
 
 def headline(results_dir: Path) -> list[tuple[str, str, str]]:
-    path = results_dir / "generalisation.csv"
-    if not path.exists():
+    rows = rows_of(results_dir, "generalisation")
+    if not rows:
         return []
-    rows = read_csv(path)
     out = []
     for dataset, scheme in (("gpt-oss-20b", "pairwise"), ("olmoe-1b-7b", "pairwise")):
         chosen = [r for r in rows if r["dataset"] == dataset and r["scheme"] == scheme]

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from _common import markdown_table, pyplot, read_csv, run_alone, trace_workloads, write_csv
+from _common import markdown_table, pyplot, read_csv, rows_of, run_alone, trace_workloads, write_csv
 
 import eplb
 from eplb.analysis.dispatch import optimal_dispatch
@@ -200,10 +200,9 @@ def run(quick: bool, results_dir: Path, layers: int | None = None, traces: bool 
 
 
 def headline(results_dir: Path):
-    path = results_dir / "locality.csv"
-    if not path.exists():
+    rows = rows_of(results_dir, "locality")
+    if not rows:
         return []
-    rows = read_csv(path)
     timing = {r["case"]: r for r in read_csv(results_dir / "locality_time.csv")} if (
         results_dir / "locality_time.csv").exists() else {}
     out = []
