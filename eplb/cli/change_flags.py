@@ -190,11 +190,12 @@ def _masked_ranks_fit(change) -> bool:
 
 def _with_masked_ranks(placement, previous, change):
     """``placement`` (the re-plan, lost GPUs holding no slots) as SGLang's elastic EP keeps it: every
-    rank with its slots, a lost rank's slots holding what they held in ``previous`` (the placement
-    in service: its weights are gone with the rank, and the engine masks the rank, so no token
-    reaches them), the survivors' slots the re-plan's. ``[L, G * k]`` on the old, even layout."""
+    rank with its slots, a lost rank's slots holding expert 0 (as SGLang's ``elasticity_aware``
+    algorithm fills an inactive rank; the engine masks the rank, so no token reaches them), the
+    survivors' slots the re-plan's. ``[L, G * k]`` on the old, even layout (``previous`` gives the
+    layers' count and dtype only)."""
     old_top, new_top = change.old.topology, change.new.topology
-    phy2log = np.array(previous.phy2log, copy=True)
+    phy2log = np.zeros_like(previous.phy2log)
     for gpu in np.flatnonzero(new_top.slots_per_gpu > 0).tolist():
         start, k = int(new_top.slot_offsets[gpu]), int(new_top.slots_per_gpu[gpu])
         phy2log[:, old_top.slot_offsets[gpu]:old_top.slot_offsets[gpu] + k] = placement.phy2log[:, start:start + k]

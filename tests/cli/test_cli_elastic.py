@@ -149,8 +149,13 @@ def test_sglang_loads_the_map_of_the_new_deployment(monkeypatch, tmp_path, previ
     table = metadata.physical_to_logical_map.numpy()
     planned = read_placement(tmp_path / "init.json")
     assert planned.placement.num_gpus == GPUS and planned.layer_ids.tolist() == MOE_IDS.tolist()
-    np.testing.assert_array_equal(table[MOE_IDS], planned.placement.phy2log)
-    assert all(set(table[layer].tolist()) == set(range(EXPERTS)) for layer in range(MODEL_LAYERS))
+    live = np.ones(SLOTS, bool)                 # a masked rank's slots hold expert 0, as SGLang fills an inactive rank
+    for rank in planned.metadata.get("masked_ranks") or []:
+        live[rank * (SLOTS // GPUS):(rank + 1) * (SLOTS // GPUS)] = False
+    np.testing.assert_array_equal(table[MOE_IDS][:, live], planned.placement.phy2log)
+    assert (table[MOE_IDS][:, ~live] == 0).all()
+    assert all(set(table[layer][live if layer in MOE_IDS else slice(None)].tolist()) == set(range(EXPERTS))
+               for layer in range(MODEL_LAYERS))
     assert DENSE == 3
 
 
