@@ -260,7 +260,8 @@ def plan_locality(weights: np.ndarray, deployment: Deployment, max_off_node: flo
         method: the method that plans the hierarchical start and every node's items.
     Returns:
         ``phy2log [L, S]`` int64, ``shares [L, S]`` float64, ``home_node [L, K]`` int64 and info
-        (``off_node_fraction [L]``, ``source [L]``: 0 hierarchical plan, 1 node plan (pieces, or
+        (``off_node_fraction [L]``, ``off_node_tokens [L]`` (priced on the network by
+        :func:`eplb.model.cost.crossing_cost`), ``source [L]``: 0 hierarchical plan, 1 node plan (pieces, or
         the global plan's replicas by node, every expert keeping a replica at home), 2 global
         plan, 3 the global plan's replicas by node where an expert's last replica may leave home).
     """
@@ -275,7 +276,8 @@ def plan_locality(weights: np.ndarray, deployment: Deployment, max_off_node: flo
         base, _ = solve(weights, deployment, **options)
         home = home_nodes(base, deployment.num_groups, num_experts, topology)
         return base, even_shares(base, num_experts), home, {
-            "off_node_fraction": np.zeros(num_layers), "source": np.zeros(num_layers, np.int64)}
+            "off_node_fraction": np.zeros(num_layers), "off_node_tokens": np.zeros(num_layers),
+            "source": np.zeros(num_layers, np.int64)}
     home, _ = group_assignment(weights, deployment)
     per_node = topology.slots_per_gpu.reshape(topology.num_nodes, -1)
     gpus = (per_node > 0).sum(axis=1).astype(np.float64)
@@ -315,7 +317,8 @@ def plan_locality(weights: np.ndarray, deployment: Deployment, max_off_node: flo
     source = np.argmin(np.where(near, away, np.inf), axis=0)
     phy2log, shares, home = (np.stack([candidates[c][i][layer] for layer, c in enumerate(source)]) for i in range(3))
     fraction = away[source, np.arange(num_layers)] / np.where(total > 0, total, 1.0)
-    return phy2log, shares, home, {"off_node_fraction": fraction, "source": np.array([1, 1, 3, 0, 2])[source]}
+    return phy2log, shares, home, {"off_node_fraction": fraction, "off_node_tokens": away[source, np.arange(num_layers)],
+                                   "source": np.array([1, 1, 3, 0, 2])[source]}
 
 
 def capped_lower_bound(weights: np.ndarray, deployment: Deployment, max_off_node: float) -> np.ndarray:
