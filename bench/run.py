@@ -64,6 +64,7 @@ SECTIONS = (
     ("elastic_serving", "Elastic serving", "rebalance(deployment=) across a lost or joining GPU, DeepSeek-V3 size"),
     ("simulate_elastic", "Simulated changes", "a GPU lost mid-series and nodes joining and leaving in eplb.simulate, beside the engines' answers"),
     ("survive", "Survive", "survive= against the plain plan: a lost GPU or node, in and out of sample; the exposure's cost"),
+    ("rack_nodes", "Rack scale", "racks as nodes (2 x 72, 4 x 36 GPUs), recommend at 72 and 144 GPUs, a GPU or a rack lost"),
     ("exact_contract", "Exact contract", "the exact method on issue 43's reproductions: avoidable doubled replicas, time per layer"),
 )
 
