@@ -7,7 +7,7 @@ on each of ``[8, 16)`` (held out: the mean over those windows of the mean over M
 
 1. **Racks as nodes**: 288 slots on 144 GPUs (2 a GPU) in 2 racks of 72 or 4 racks of 36, 8
    groups: the global plan, groups kept home (``max_off_node=0``) and the locality trade at caps
-   0.05 and 0.15 (balancedness under the plan's own shares; the share of tokens served off their
+   0.05 and 0.15 (balancedness under the plan's own shares and under the even split; the share of tokens served off their
    rack; those tokens' bytes over the network, 2 x hidden x 2 bytes a token there and back,
    :func:`eplb.model.cost.crossing_cost`). Target: within 0.01 of global at <= 15% off the rack.
 2. **Recommend** for a decode pool on 72 GPUs (288 / 360 / 432 slots: 4, 5, 6 a GPU) and on 144
@@ -64,8 +64,10 @@ def families(quick: bool) -> list[tuple[str, np.ndarray, np.ndarray | None, np.n
             ("6 workloads mixed over time", mixed[PLANNED].sum(axis=0), mixed[JUDGED], mixed[PLANNED])]
 
 
-def _balance(placement: eplb.Placement, counts: np.ndarray) -> float:
-    values = placement.balancedness(counts)
+def _balance(placement: eplb.Placement, counts: np.ndarray, dispatch: str | None = None) -> float:
+    """Mean over MoE layers of mean / max GPU load (over windows too for ``[T, L, E]``), split among
+    replicas as ``dispatch`` says (``None``: the even split, what the engines do unless told)."""
+    values = placement.balancedness(counts, dispatch)
     if counts.ndim == 2:
         return float(moe_mean(values, counts))
     return float(np.mean([moe_mean(values[t], counts[t]) for t in range(len(counts))]))
@@ -98,11 +100,12 @@ def racks_as_nodes(name: str, planned: np.ndarray, judged) -> list[dict]:
             label = "groups kept home" if cap == 0 else f"max_off_node={cap}"
             entries.append((label, placement, time.perf_counter() - start))
         for label, placement, seconds in entries:
-            balance, off = _balance(placement, planned), _off(placement, planned)
+            balance, off = _balance(placement, planned, "shares"), _off(placement, planned)
             row = dict(family=name, configuration=config, plan=label, balance_in_sample=round(balance, 4),
+                       balance_even_split=round(_balance(placement, planned, "uniform"), 4),
                        off_rack_in_sample=round(off, 4) if np.isfinite(off) else "",
                        network_gb_per_million_tokens=round(off * per_token * 1e6 / 1e9, 2) if np.isfinite(off) else "",
-                       balance_held_out=round(_balance(placement, judged), 4) if judged is not None else "",
+                       balance_held_out=round(_balance(placement, judged, "shares"), 4) if judged is not None else "",
                        off_rack_held_out=round(_off(placement, judged), 4) if judged is not None and
                        placement.home_node is not None else "",
                        plan_s=round(seconds, 3) if seconds else "",
@@ -232,11 +235,13 @@ def section(locality, recommended, elastic, fronts, quick) -> str:
         "",
         "### Racks as nodes (288 slots on 144 GPUs, 8 groups)",
         "",
-        "Balancedness under the plan's own shares; off rack: share of tokens served off their group's "
+        "Balancedness under the plan's own shares (its off-rack share is what the cap bounds), and under "
+        "the even split engines apply unless told (the plans at 2 slots a GPU mostly split evenly); off "
+        "rack: share of tokens served off their group's "
         "home rack; network: those tokens' bytes (2 x 7168 x 2 bytes a token there and back) per million "
         "routed tokens. Target: the cap 0.15 row within 0.01 of global at <= 15% off.",
         "",
-        table(locality, ["family", "configuration", "plan", "balance_in_sample", "off_rack_in_sample",
+        table(locality, ["family", "configuration", "plan", "balance_in_sample", "balance_even_split", "off_rack_in_sample",
                          "network_gb_per_million_tokens", "balance_held_out", "off_rack_held_out", "plan_s",
                          "meets_target"]),
         "",
