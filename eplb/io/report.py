@@ -29,6 +29,7 @@ import numpy as np
 
 from ..analysis import metrics
 from ..analysis.bounds import strongest_bound
+from ..model.cost import MODELS, CostModel, crossing_cost
 from ..planning.locality import any_split_bound, busiest_nodes, off_node_tokens
 from ..planning.migration import groups_spread
 from ..model.deployment import Deployment, make_deployment
@@ -244,6 +245,8 @@ def make_report(counts: CountsFile, plan: PlacementFile, out_dir, *, previous: P
     if curve is not None:
         at = {f: (b, o) for f, b, o in zip(curve["max_off_node"], curve["balancedness"], curve["off_node_fraction"])}
         summary["off-node trade-off"] = " · ".join(f"cap {f:.0%}: {b:.4f} ({o:.1%} off node)" for f, (b, o) in at.items())
+    if curve is not None:
+        summary["crossing the node boundary"] = crossing_note(weights, placement, judge)
     if window_rows is not None:
         summary["per window"] = (f"plan balancedness {window_rows['plan'].min():.4f} .. {window_rows['plan'].max():.4f}"
                                  f" over {counts.num_windows} windows")
@@ -384,6 +387,24 @@ def _locality_curve(weights: np.ndarray, placement) -> dict:
     from ..planning.api import pareto
 
     return pareto(weights, placement.deployment, fractions=LOCALITY_CAPS)
+
+
+def crossing_note(weights: np.ndarray, placement, judge: str = "shares") -> str:
+    """One line: the tokens the placement serves off their home node (racks as nodes: off their
+    rack) and what they cost on the network, priced by :func:`eplb.model.cost.crossing_cost` with
+    the H100 preset of the model with as many routed experts (none: the bytes per token unknown)."""
+    share = _off_node_share(weights, placement, placement.num_groups, judge)
+    tokens = share * float(weights.sum())
+    line = f"{share:.1%} of the tokens ({tokens:,.0f} of these counts) are served off their group's home node"
+    models = [m for m in MODELS.values() if m.num_experts == placement.num_experts]
+    if not models:
+        return line + f" (no model preset has {placement.num_experts} routed experts to price the bytes)"
+    cost = CostModel.preset("H100", models[0])
+    price = crossing_cost(tokens, placement.num_gpus, cost, models[0])
+    return (line + f"; priced as {models[0].name} on H100 ({price['bytes_per_token'] / 1e3:.1f} kB a token there "
+            f"and back): {float(price['bytes']) / 1e9:.2f} GB over the network, "
+            f"{1e3 * float(price['network_s']):.2f} ms on {placement.num_gpus} NICs at "
+            f"{cost.network_bandwidth / 1e9:.0f} GB/s each, {1e3 * float(price['extra_s']):.2f} ms more than over NVLink")
 
 
 def _off_node_share(weights: np.ndarray, placement, num_groups: int, judge: str = "shares") -> float:

@@ -258,7 +258,7 @@ def write_sweep_report(rows: Sequence[dict], out_dir, knees: dict) -> dict:
 
 
 RECOMMEND_COLUMNS = ("num_slots", "redundant_experts", "planner", "step_ms", "replica_gib_per_gpu", "vs_default_pct",
-                     "beats_tokens", "recommended")
+                     "beats_tokens", "balancedness_held_out", "recommended")
 
 
 def write_recommend_report(result, out_dir) -> dict:

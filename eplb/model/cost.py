@@ -322,6 +322,34 @@ class CostModel:
         return float(max(num_slots - num_experts, 0) * num_layers * self.expert_bytes)
 
 
+def crossing_cost(off_node_tokens, num_gpus: int, cost: CostModel, model: MoEModel) -> dict:
+    """What tokens served off their home node cost on the network (racks as nodes: off the rack).
+
+    A token served on another node sends its hidden state there and receives the expert's output
+    back: ``2 * hidden_size * activation_bytes`` bytes over the network instead of NVLink.
+
+    Args:
+        off_node_tokens: tokens (token-expert pairs) served off home, any shape (e.g. ``[L]``).
+        num_gpus: ``G``, the GPUs whose NICs carry them (the all-to-all spreads them over all).
+        cost: the :class:`CostModel` (its ``network_bandwidth`` and ``nvlink_bandwidth`` per GPU).
+        model: the :class:`MoEModel` (its ``hidden_size`` and ``activation_bytes``).
+    Returns:
+        ``bytes_per_token``, ``bytes`` (the same shape as ``off_node_tokens``), ``network_s``: the
+        seconds those bytes take on the network spread over ``G`` NICs, and ``extra_s``: that less
+        the seconds over NVLink (what crossing adds, with the all-to-all bound by bandwidth).
+    """
+    tokens = np.asarray(off_node_tokens, dtype=np.float64)
+    if not np.isfinite(tokens).all() or (tokens < 0).any():
+        raise ValueError("off_node_tokens must be finite and non-negative")
+    if int(num_gpus) != num_gpus or num_gpus < 1:
+        raise ValueError(f"num_gpus must be a positive integer, got {num_gpus!r}")
+    per_token = 2.0 * model.hidden_size * model.activation_bytes
+    moved = tokens * per_token
+    network = moved / (num_gpus * cost.network_bandwidth)
+    return {"bytes_per_token": per_token, "bytes": moved, "network_s": network,
+            "extra_s": network - moved / (num_gpus * cost.nvlink_bandwidth)}
+
+
 def _lookup(table: dict, key, kind: type, name: str):
     if isinstance(key, kind):
         return key
@@ -330,4 +358,4 @@ def _lookup(table: dict, key, kind: type, name: str):
     return next(v for k, v in table.items() if k.lower() == key.lower())
 
 
-__all__ = ["CostModel", "Hardware", "MoEModel", "HARDWARE", "MODELS", "REGIMES", "COPY_MODES"]
+__all__ = ["CostModel", "Hardware", "MoEModel", "HARDWARE", "MODELS", "REGIMES", "COPY_MODES", "crossing_cost"]

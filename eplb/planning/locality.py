@@ -18,8 +18,19 @@ Per layer:
 3. every node is then planned as a global placement of its *items* (its experts with the tokens
    they keep, and the pieces it receives) on its own GPUs with ``method``; a slot's share is its
    item's tokens over its expert's tokens, split evenly over the item's replicas;
-4. the layer keeps whichever is lightest (max GPU load under its shares) of that plan, the
-   hierarchical plan and the global plan of ``method``, among those within the cap.
+4. beside it, the global plan's replicas by node (:func:`_replica_plans`): the global plan of
+   ``method`` gives every expert's replica count; each node holds one replica of each of its
+   experts and as many of their others as its slots take, the rest (the lightest) go to nodes
+   with free slots, the nodes' tokens are balanced by exchanging replicas, every node is packed,
+   and slots are then exchanged across nodes while that lowers the heaviest GPU within the cap
+   (once keeping a replica of every expert at home, once letting an expert's last replica leave).
+   With few slots per GPU (2 to 4 on a rack of 36 or 72 GPUs) this is what spends the budget:
+   step 2 balances the nodes' tokens only, and a hot expert's piece on one slot of a receiving
+   node (up to twice a GPU's mean load at 2 slots a GPU) takes the slot that node's own hot
+   experts needed, so the node plan came out worse than keeping every group home (``bench/rack_nodes.py``);
+5. the layer keeps whichever is lightest (max GPU load under its shares) of those plans, the
+   hierarchical plan and the global plan of ``method``, among those within the cap (within
+   :data:`TIE` of the lightest, the fewest off-node tokens).
 
 Engines that split an expert's tokens uniformly over its replicas do not realise the shares: for
 them the placement still holds, but the balance and the off-node share differ (see the README).
@@ -32,7 +43,8 @@ import numpy as np
 from ..analysis.bounds import average_bound, replica_bound, strongest_bound
 from ..analysis.dispatch import optimal_dispatch
 from ..kernels.plumbing.layout import replica_counts
-from ..kernels.search.off_node import off_node_pieces
+from ..kernels.search.off_node import exchange_descent, off_node_pieces, replica_nodes
+from ..kernels.search.pack_descend import place_node_counts
 from .methods import get_method
 from ..analysis.searches import group_assignment
 from ..analysis.loads import gpu_loads, slot_loads
@@ -49,6 +61,9 @@ REPLAN = 0.01
 
 GLOBAL_FROM = 0.5
 """Caps from which the global plan is a candidate (it serves most tokens off their home node)."""
+
+MAX_STEPS = 4096
+"""Most swaps per layer and node of the descent that packs the global plan's replicas node by node."""
 
 MAX_PIECE = 0.75
 """Largest fraction of an expert's tokens moved off its home node (the rest stays home)."""
@@ -197,6 +212,44 @@ def _merge_duplicates(weights: np.ndarray, phy2log: np.ndarray, shares: np.ndarr
         share[source] -= fraction
 
 
+def _replica_plans(weights: np.ndarray, home: np.ndarray, replicas: np.ndarray, deployment: Deployment,
+                   budget: np.ndarray, max_steps: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    """The global plan's replicas, each node holding what its slots can
+    (:func:`eplb.kernels.search.off_node.replica_nodes`) and packing them on its GPUs
+    (:func:`eplb.kernels.search.pack_descend.place_node_counts`), then slots exchanged across GPUs and
+    nodes while that lowers the heaviest GPU within the cap (:func:`eplb.kernels.search.off_node.exchange_descent`):
+    two ``([L, S] phy2log, shares)`` (an even split), the first keeping a replica of every expert
+    on its home node, the second letting an expert's last replica leave (its tokens off home).
+
+    ``home [L, K]`` home node of each group, ``replicas [L, E]`` the global plan's replica counts,
+    ``budget [L]`` tokens that may leave home. Where the piece step (step 2) balances the nodes'
+    tokens alone, a receiving node takes a hot expert's piece on one slot and its own hot experts
+    lose the slots they needed (with 2 slots a GPU a piece can weigh twice a GPU's mean load); here
+    a node's slots hold whole replicas of the global plan, and the nodes' tokens are balanced by
+    exchanging them.
+    """
+    topology = deployment.topology
+    num_layers, num_experts = weights.shape
+    size = num_experts // deployment.num_groups
+    per_node = topology.slots_per_gpu.reshape(topology.num_nodes, -1)
+    gpus = (per_node > 0).sum(axis=1).astype(np.float64)
+    node_count = np.zeros((num_layers, topology.num_nodes, num_experts), np.int64)
+    replicas = np.array(replicas, dtype=np.int64)  # replica_nodes may move a replica where the budget is short
+    replica_nodes(weights, np.ascontiguousarray(np.repeat(home, size, axis=1)), replicas, per_node.sum(axis=1).astype(np.int64),
+                  gpus / gpus.sum(), np.ascontiguousarray(budget, dtype=np.float64), node_count)
+    node_of_gpu = np.ascontiguousarray(topology.node_of_gpu, dtype=np.int64)
+    expert_node = np.ascontiguousarray(np.repeat(home, size, axis=1))
+    phy2log = place_node_counts(weights, node_count, np.ascontiguousarray(topology.slots_per_gpu, dtype=np.int64),
+                                node_of_gpu, max_steps)
+    plans = []
+    for keep_home in (True, False):
+        exchanged = phy2log.copy()
+        exchange_descent(weights, exchanged, replicas, np.ascontiguousarray(topology.gpu_of_slot, dtype=np.int64),
+                         node_of_gpu, expert_node, np.ascontiguousarray(budget, dtype=np.float64), max_steps, keep_home)
+        plans.append((exchanged, even_shares(exchanged, num_experts)))
+    return plans
+
+
 def plan_locality(weights: np.ndarray, deployment: Deployment, max_off_node: float, method: str = "balanced",
                   **options) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict]:
     """Hierarchical placement with a capped share of off-node tokens (module docstring).
@@ -207,8 +260,10 @@ def plan_locality(weights: np.ndarray, deployment: Deployment, max_off_node: flo
         method: the method that plans the hierarchical start and every node's items.
     Returns:
         ``phy2log [L, S]`` int64, ``shares [L, S]`` float64, ``home_node [L, K]`` int64 and info
-        (``off_node_fraction [L]``, ``source [L]``: 0 hierarchical plan, 1 node plan with pieces,
-        2 global plan).
+        (``off_node_fraction [L]``, ``off_node_tokens [L]`` (priced on the network by
+        :func:`eplb.model.cost.crossing_cost`), ``source [L]``: 0 hierarchical plan, 1 node plan (pieces, or
+        the global plan's replicas by node, every expert keeping a replica at home), 2 global
+        plan, 3 the global plan's replicas by node where an expert's last replica may leave home).
     """
     if not deployment.hierarchical:
         raise ValueError("max_off_node needs a hierarchical configuration (num_groups a multiple of num_nodes)")
@@ -221,7 +276,8 @@ def plan_locality(weights: np.ndarray, deployment: Deployment, max_off_node: flo
         base, _ = solve(weights, deployment, **options)
         home = home_nodes(base, deployment.num_groups, num_experts, topology)
         return base, even_shares(base, num_experts), home, {
-            "off_node_fraction": np.zeros(num_layers), "source": np.zeros(num_layers, np.int64)}
+            "off_node_fraction": np.zeros(num_layers), "off_node_tokens": np.zeros(num_layers),
+            "source": np.zeros(num_layers, np.int64)}
     home, _ = group_assignment(weights, deployment)
     per_node = topology.slots_per_gpu.reshape(topology.num_nodes, -1)
     gpus = (per_node > 0).sum(axis=1).astype(np.float64)
@@ -232,32 +288,37 @@ def plan_locality(weights: np.ndarray, deployment: Deployment, max_off_node: flo
     count = off_node_pieces(weights, np.ascontiguousarray(np.repeat(home, size, axis=1)), gpus,
                             np.ascontiguousarray(free), np.ascontiguousarray(max_off_node * total), MAX_PIECE, *pieces)
     local = _place_nodes(weights, home, (*pieces, count), deployment, method, options)
-    candidates = [(*local, home)]
+    flat = Deployment(num_experts, topology)
+    global_plan, _ = solve(weights, flat, **options)
+    by_node = _replica_plans(weights, home, replica_counts(global_plan, num_experts), deployment, max_off_node * total,
+                             MAX_STEPS)
+    candidates = [(*local, home), (*by_node[0], home), (*by_node[1], home)]
     # the hierarchical plan, and with a loose cap the global plan, only where the node plan is not at the bound
     bound = node_cap_bound(weights, deployment, max_off_node)
-    peak = gpu_loads(weights, local[0], topology, shares=local[1]).max(axis=1)
+    peak = np.min([gpu_loads(weights, p, topology, shares=s).max(axis=1) for p, s, _ in candidates], axis=0)
     plans = [(deployment, np.flatnonzero(peak > bound * (1 + REPLAN)))]
     if max_off_node >= GLOBAL_FROM:
-        flat = Deployment(num_experts, topology)
-        plans.append((flat, np.flatnonzero(peak > average_bound(weights, topology) * (1 + TIE))))
+        plans.append((flat, np.arange(num_layers)))
     for other, rows in plans:
         phy2log, shares, other_home = local[0].copy(), local[1].copy(), home.copy()
         if rows.size:
-            phy2log[rows], _ = solve(np.ascontiguousarray(weights[rows]), other, **options)
+            phy2log[rows] = global_plan if other is flat else solve(np.ascontiguousarray(weights[rows]), other,
+                                                                     **options)[0]
             shares[rows] = even_shares(phy2log[rows], num_experts)
             other_home[rows] = busiest_nodes(weights[rows], phy2log[rows], shares[rows], deployment.num_groups, topology)
         candidates.append((phy2log, shares, other_home))
     peaks = np.stack([gpu_loads(weights, p, topology, shares=s).max(axis=1) for p, s, _ in candidates])
     away = np.stack([off_node_tokens(weights, p, s, h, topology) for p, s, h in candidates])
     allowed = away <= max_off_node * total[None, :] * (1 + 1e-9)
-    allowed[1] = True  # the hierarchical plan has none
+    allowed[3] = True  # the hierarchical plan has none
     peaks = np.where(allowed, peaks, np.inf)
     # lightest first; among plans within TIE of the lightest, the one with the fewest off-node tokens
     near = peaks <= peaks.min(axis=0) * (1 + TIE)
     source = np.argmin(np.where(near, away, np.inf), axis=0)
     phy2log, shares, home = (np.stack([candidates[c][i][layer] for layer, c in enumerate(source)]) for i in range(3))
     fraction = away[source, np.arange(num_layers)] / np.where(total > 0, total, 1.0)
-    return phy2log, shares, home, {"off_node_fraction": fraction, "source": np.array([1, 0, 2])[source]}
+    return phy2log, shares, home, {"off_node_fraction": fraction, "off_node_tokens": away[source, np.arange(num_layers)],
+                                   "source": np.array([1, 1, 3, 0, 2])[source]}
 
 
 def capped_lower_bound(weights: np.ndarray, deployment: Deployment, max_off_node: float) -> np.ndarray:

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..model.defaults import PLAN_TOLERANCE
+from ..model.defaults import COPY_COST, PLAN_TOLERANCE
 from ..model._validation import as_int
 from ..analysis.bounds import average_bound
 from ..kernels.search.few_changes import (SearchLayout, fewest_changes_search, min_cost_assignment, relabel_like,
@@ -97,13 +97,43 @@ class Carried:
     def rows(self, rows) -> "Carried":
         return Carried(np.ascontiguousarray(self.slots[rows]), self.recover_to[rows], self.groups)
 
-    def target(self, fresh: np.ndarray, tolerance: float) -> np.ndarray:
+    def target(self, fresh: np.ndarray, tolerance: float, paying: np.ndarray | None = None) -> np.ndarray:
         """``[L]`` the search's target across the change, from ``fresh [L]`` (a plan from scratch's
         peak, or a bound on it, times ``1 + tolerance``): where the service balanced worse than that
-        (``recover_to`` above it), ``recover_to * (1 + tolerance)``; elsewhere ``fresh``. A service
+        (``recover_to`` above it), ``recover_to * (1 + tolerance)``, unless ``paying [L]`` (bool,
+        :func:`copies_pay`) says the copies to reach ``fresh`` pay; elsewhere ``fresh``. A service
         within the tolerance of a fresh plan thus never lets a change loose another tolerance: a
         sequence of changes keeps the fresh plan's (bench/elastic.py, 2 -> 4 -> 8 -> 4 -> 2 nodes)."""
-        return np.where(self.recover_to > fresh, self.recover_to * (1.0 + tolerance), fresh)
+        worse = self.recover_to > fresh
+        if paying is not None:
+            worse &= ~paying
+        return np.where(worse, self.recover_to * (1.0 + tolerance), fresh)
+
+
+def copies_pay(weights: np.ndarray, carried: Carried, topology, fresh: np.ndarray) -> np.ndarray:
+    """``[L]`` bool: across a change, whether reaching the fresh plan's target ``fresh [L]`` instead
+    of the service's own balance (``carried.recover_to``) pays for its copies even if every slot
+    changed: the gain ``(recover_to - fresh) / mean`` (in ``peak / mean``) above
+    :data:`eplb.model.defaults.COPY_COST` (the price of one copy in ``peak / mean``) times the slots
+    beyond the fewest any plan copies (``max(orphans, holes)``, counted against ``carried.slots``).
+
+    A rack of two lost (144 GPUs of 2 slots, the 72 survivors taking 4, DeepSeek-V3 synthetic): the
+    service balanced 0.876 (2 slots a GPU), a fresh plan 0.998; the re-plan kept 0.884 at 1.07x the
+    copy floor and now reaches 0.986 at 1.09x (``bench/rack_nodes.py``). Never where the change
+    relaxed a hierarchy (``carried.groups`` set): there a fresh plan beats the service's balance by
+    spreading groups over nodes, whose off-node traffic a copy's price does not count (a
+    hierarchical 32-GPU deployment that lost one GPU, 0.926 before, would go from 0.922 at 2.69x
+    the floor to 0.942 at 3.19x, past bench/elastic.py's target of 3x)."""
+    if carried.groups is not None:
+        return np.zeros(weights.shape[0], bool)
+    num_layers, num_experts = weights.shape
+    slots = carried.slots
+    held = slots >= 0
+    present = np.array([np.unique(row[keep]).size for row, keep in zip(slots, held)], dtype=np.int64)
+    floor = np.maximum((~held).sum(axis=1), num_experts - present)
+    mean = weights.sum(axis=1) / max(int((topology.slots_per_gpu > 0).sum()), 1)
+    gain = (carried.recover_to - fresh) / np.where(mean > 0, mean, 1.0)
+    return (mean > 0) & (gain > COPY_COST * (slots.shape[1] - floor))
 
 
 RESTARTS = ("steepest", "recount", "regroup", "ungrouped")  # the searches tried where the first one stalls
@@ -151,8 +181,8 @@ def migrate(weights: np.ndarray, deployment: Deployment, previous: np.ndarray, s
 
     scratch_peak = _peaks(weights, scratch, topology)
     target = np.full(num_layers, -1.0) if tolerance is None else scratch_peak * (1.0 + tolerance)
-    if carried is not None and tolerance is not None:  # across a change: recover, never spend copies to improve
-        target = carried.target(target, tolerance)
+    if carried is not None and tolerance is not None:  # across a change: recover; improve only where copies pay
+        target = carried.target(target, tolerance, copies_pay(weights, carried, topology, target))
     layout = search_layout(deployment, num_experts, None if carried is None else carried.groups)
     budgets = np.full(num_layers, budget, np.int64)
     # a layer whose previous placement spreads a group over nodes takes the relabelled fresh plan (below)
@@ -447,7 +477,7 @@ def near_bound(weights: np.ndarray, deployment: Deployment, previous: np.ndarray
     reference = np.require(reference, np.int64, "CW")
     target = reference_bound(weights, deployment) * (1.0 + tolerance)
     if carried is not None:
-        target = carried.target(target, tolerance)
+        target = carried.target(target, tolerance, copies_pay(weights, carried, deployment.topology, target))
     near[rows], changes[rows], _ = search_near_previous(
         weights, previous, reference, search_layout(deployment, num_experts, None if carried is None else carried.groups),
         target,

@@ -91,3 +91,20 @@ def test_report_on_one_window_and_uneven_slots(tmp_path):
     assert [f.name for f in result.figures] == ["balancedness.png", "gpu_loads.png", "hottest_experts.png"]
     assert result.summary["balancedness (mean over layers)"].count("n/a") == 1
     assert result.html.read_text().count("data:image/png;base64,") == 3
+
+
+def test_crossing_note_prices_the_tokens_off_the_rack():
+    """The report's summary line: the tokens a capped plan serves off their rack, and their bytes and
+    time on the network, priced with the model preset of as many routed experts (none: said so)."""
+    from eplb.io.report import crossing_note
+    from eplb.simulation.synthetic import skewed_counts
+
+    counts = skewed_counts(3, 256, num_groups=8, seed=1).astype(float)
+    capped = eplb.plan(counts, num_slots=288, num_gpus=36, num_nodes=2, num_groups=8, max_off_node=0.15)
+    note = crossing_note(counts, capped)
+    share = float((capped.off_node_fraction(counts) * counts.sum(axis=1)).sum() / counts.sum())
+    assert note.startswith(f"{share:.1%} of the tokens") and "DeepSeek-V3" in note and "GB over the network" in note
+    small = skewed_counts(3, 48, num_groups=8, seed=1).astype(float)
+    home = eplb.plan(small, num_slots=64, num_gpus=8, num_nodes=2, num_groups=8, max_off_node=0.0)
+    assert crossing_note(small, home).startswith("0.0% of the tokens")
+    assert "no model preset has 48 routed experts" in crossing_note(small, home)

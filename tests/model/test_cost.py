@@ -119,3 +119,22 @@ def test_bad_preset_arguments_raise():
         CostModel.preset(compute_efficiency=1.5)
     with pytest.raises(ValueError, match="unknown CostModel fields"):
         CostModel.preset(flop=1)
+
+
+def test_crossing_cost_by_hand():
+    """A token served off its rack sends its hidden state and gets the output back over the network."""
+    from eplb.model.cost import crossing_cost
+
+    model = MODELS["deepseek-v3"]
+    cost = CostModel.preset("H100", model)
+    price = crossing_cost(np.array([1000.0, 0.0]), 144, cost, model)
+    per_token = 2 * model.hidden_size * model.activation_bytes
+    assert price["bytes_per_token"] == per_token
+    np.testing.assert_allclose(price["bytes"], [1000 * per_token, 0.0])
+    np.testing.assert_allclose(price["network_s"], [1000 * per_token / (144 * cost.network_bandwidth), 0.0])
+    assert price["extra_s"][0] > 0 and price["extra_s"][0] < price["network_s"][0]
+    for bad in (np.array([-1.0]), np.array([np.nan])):
+        with pytest.raises(ValueError, match="off_node_tokens"):
+            crossing_cost(bad, 144, cost, model)
+    with pytest.raises(ValueError, match="num_gpus"):
+        crossing_cost(1.0, 0, cost, model)

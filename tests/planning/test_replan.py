@@ -293,6 +293,52 @@ def test_a_tolerance_also_applies_to_the_balance_in_service():
     assert loose.balancedness(counts).mean() >= before - 0.01
 
 
+def test_a_lost_rack_whose_survivors_take_more_slots_spends_the_copies_that_pay():
+    """A rack of two lost, the survivors taking twice the slots (2 -> 4 a GPU): the service balanced
+    poorly (2 slots a GPU), a fresh plan on 4 a GPU balances far better, and the copies to get there
+    pay at the package's price of a copy (:func:`eplb.planning.migration.copies_pay`): the default
+    re-plan comes within 0.02 of the fresh plan where it once kept the service's balance, at little
+    more than the copy floor."""
+    from eplb.simulation.synthetic import skewed_counts
+
+    counts = skewed_counts(6, 64, num_groups=8, seed=2).astype(float)
+    old = eplb.plan(counts, num_slots=72, num_gpus=36, num_nodes=2)
+    change = eplb.DeploymentChange.lose(old.deployment, list(range(18, 36)), slots_per_gpu=4)
+    after = eplb.plan(counts, change, previous=old)
+    check_step(after, counts, change, old.phy2log)
+    fresh = eplb.plan(counts, change.new)
+    before = old.balancedness(counts).mean()
+    assert fresh.balancedness(counts).mean() > before + 0.05  # the room the change opens
+    assert after.balancedness(counts).mean() >= fresh.balancedness(counts).mean() - 0.02
+    assert after.info["copies"].sum() <= 1.5 * after.info["copy_floor"].sum()
+
+
+@settings(max_examples=20, deadline=None)
+@given(seed=st.integers(0, 2**16), relaxed=st.booleans(), scale=st.sampled_from([1e-3, 1.0, 1e6]))
+def test_copies_pay_only_for_a_gain_above_the_price_of_every_slot(seed, relaxed, scale):
+    """copies_pay: True exactly where the gain (service's peak over the fresh target, in means)
+    exceeds COPY_COST per slot beyond the floor; never with a relaxed hierarchy; scale-free."""
+    from eplb.model.defaults import COPY_COST
+    from eplb.planning.migration import Carried, copies_pay
+
+    rng = np.random.default_rng(seed)
+    topology = eplb.Topology.uniform(num_slots=24, num_gpus=6)
+    weights = rng.pareto(1.0, (4, 16)) * scale
+    slots = np.stack([rng.permutation(np.concatenate([np.arange(16), rng.integers(0, 16, 8)])) for _ in range(4)])
+    slots[:, :4] = -1  # a lost GPU's slots are holes
+    mean = weights.sum(axis=1) / 6
+    fresh = mean * 1.01
+    recover = fresh + mean * rng.uniform(0.0, 0.02, 4)
+    carried = Carried(slots.astype(np.int64), recover, 8 if relaxed else None)
+    paid = copies_pay(weights, carried, topology, fresh)
+    if relaxed:
+        assert not paid.any()
+        return
+    floor = np.array([max(4, 16 - np.unique(row[row >= 0]).size) for row in slots])
+    expected = (recover - fresh) / mean > COPY_COST * (24 - floor)
+    np.testing.assert_array_equal(paid, expected)
+
+
 # ------------------------------------------------------------------------------------ bad input
 
 def _served():

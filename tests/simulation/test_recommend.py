@@ -397,3 +397,20 @@ def test_node_loss_slots(experts, gpus, nodes, groups, slots):
     assert node_loss_slots(deployment) == slots
     note = node_loss_note(deployment, deployment.num_slots, 0.25, slots)
     assert ("without groups" in note) == bool(groups)
+
+
+def test_every_option_reports_its_held_out_balancedness(series, result):
+    """Each option's held-out token balancedness is its plans' on the windows they did not see: the
+    token plan's at each slot count recomputed here from leave-one-window-out plans."""
+    for option in result.options:
+        assert 0.0 < option.balancedness_held_out <= 1.0
+    row = {(r["num_slots"], r["planner"]): r for r in result.rows()}
+    for num_slots in sorted({o.num_slots for o in result.options}):
+        values = []
+        for t in range(len(series)):
+            kept = np.concatenate([series[:t], series[t + 1:]])
+            placement = eplb.plan(kept, POOL.with_slots(num_slots))
+            per_layer = placement.balancedness(series[t])
+            moe = series[t].sum(axis=1) > 0
+            values.append(per_layer[moe].mean())
+        assert row[(num_slots, "tokens")]["balancedness_held_out"] == pytest.approx(np.mean(values), rel=1e-9)

@@ -126,3 +126,51 @@ def balanced_placement(weights, slots_per_gpu, gpu_domain, expert_domain, max_st
             descend(pack, gpus, max_steps)
         store_state(item_expert, gpu_items, gpu_fill, slot_offsets, phy2log[layer])
     return phy2log
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def place_node_counts(weights, node_count, slots_per_gpu, gpu_domain, max_steps):
+    """Place given replicas node by node: ``node_count [L, N, E]`` int64 replicas of each expert on
+    each node (a node's sum is its slots), each carrying ``w / r`` of its expert's tokens, ``r``
+    its replicas over all nodes (an even split); every node packed as :func:`balanced_placement`
+    packs a domain, then swap descent.
+
+    ``weights [L, E]`` float64, ``slots_per_gpu [G]`` int64, ``gpu_domain [G]`` int64 the node of
+    each GPU, ``max_steps`` most swaps per layer and node. Returns ``phy2log [L, S]`` int64.
+    """
+    num_layers, num_nodes, num_experts = node_count.shape
+    num_gpus = slots_per_gpu.shape[0]
+    num_slots = np.int64(0)
+    width = np.int64(1)
+    for g in range(num_gpus):
+        num_slots += slots_per_gpu[g]
+        width = max(width, slots_per_gpu[g])
+    slot_offsets = np.zeros(num_gpus + 1, np.int64)
+    for g in range(num_gpus):
+        slot_offsets[g + 1] = slot_offsets[g] + slots_per_gpu[g]
+    phy2log = np.empty((num_layers, num_slots), np.int64)
+    item_expert, item_load, gpu_items, gpu_fill, gpu_load, holds = new_state(num_slots, num_gpus, width, num_experts)
+    pack = PackState(item_expert, item_load, gpu_items, gpu_fill, gpu_load, holds)
+    for layer in range(num_layers):
+        gpu_fill[:] = 0
+        gpu_load[:] = 0.0
+        holds[:, :] = 0
+        item = np.int64(0)
+        total = np.zeros(num_experts, np.int64)
+        for n in range(num_nodes):
+            total += node_count[layer, n]
+        for n in range(num_nodes):
+            gpus = np.where((gpu_domain == n) & (slots_per_gpu > 0))[0].astype(np.int64)
+            if gpus.shape[0] == 0:
+                continue
+            experts = np.where(node_count[layer, n] > 0)[0].astype(np.int64)
+            counts = node_count[layer, n][experts].copy()
+            # the node's share of each expert's tokens: its replicas then carry w / r each
+            share = np.zeros(num_experts)
+            for i in range(experts.shape[0]):
+                e = experts[i]
+                share[e] = weights[layer, e] * counts[i] / total[e]
+            item = pack_domain(share, experts, counts, gpus, slots_per_gpu, item, pack)
+            descend(pack, gpus, max_steps)
+        store_state(item_expert, gpu_items, gpu_fill, slot_offsets, phy2log[layer])
+    return phy2log
