@@ -35,6 +35,7 @@ import json
 import threading
 import time
 import warnings
+import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -202,6 +203,10 @@ class Balancer:
         self._candidate: tuple[int, int, Placement] | None = None  # (steps, rebalances, plan)
         self._committing: Placement | None = None  # the placement last committed (whole or in part)
         self._changing: tuple[Placement, DeploymentChange] | None = None  # a plan across a change, not committed
+        # the plans rebalance() handed out -> the epoch they were planned in; a deployment change or
+        # load_state_dict starts a new epoch, and a plan of an older one is refused by commit()
+        self._epoch = 0
+        self._planned_in: dict[int, tuple[weakref.ref, int]] = {}  # id(plan) -> (plan, epoch)
         self._lock = threading.Lock()
         # every recorded pass is converted into one of these first, so the window kernels see
         # float64 [L, E] / [L, S] arrays only (one compiled specialization, any input dtype)
@@ -553,6 +558,7 @@ class Balancer:
             candidate = self._plan(self.planning_counts())
         old = self.placement
         transfer = transfer_plan(old, candidate, expert_bytes=self.expert_bytes)
+        self._remember(candidate)
         moved = int(np.sum(candidate.info["slots_changed"]))
         self.history.append({
             "step": self.steps, "slots_changed": moved, "moved_fraction": moved / candidate.phy2log.size,
@@ -571,6 +577,7 @@ class Balancer:
         recovery = recovery_summary(candidate, transfer, self.cost_model)
         # the placement was just planned here and not handed out yet: its info gains the summary
         object.__setattr__(candidate, "info", MappingProxyType({**candidate.info, "recovery": recovery}))
+        self._remember(candidate)
         moved = int(np.sum(candidate.info["slots_changed"]))
         self.history.append({
             "step": self.steps, "slots_changed": moved, "moved_fraction": moved / candidate.phy2log.size,
@@ -593,6 +600,14 @@ class Balancer:
             self._committing = placement
             self._candidate = None
             self._changing = None
+            self._epoch += 1  # plans of the deployment before are stale (issue 47 item 19)
+        self._remember(placement)
+
+    def _remember(self, plan: Placement) -> None:
+        """Note that ``plan`` was planned in the current epoch (dropped once the caller drops it)."""
+        key = id(plan)
+        with self._lock:
+            self._planned_in[key] = (weakref.ref(plan, lambda _, key=key: self._planned_in.pop(key, None)), self._epoch)
 
     def commit(self, placement: Placement, layers: tuple[int, int] | None = None) -> None:
         """Make ``placement`` the one in service (after the engine moved the weights).
@@ -608,7 +623,16 @@ class Balancer:
                 placement. A plan across a deployment change (``rebalance(deployment=...,
                 commit=False)``) is committed whole, before any other commit: the balancer then
                 serves its deployment.
+
+        A plan :meth:`rebalance` made before a deployment change was put in service or before
+        :meth:`load_state_dict` replaced the placement it was planned from is refused
+        (``ValueError``): its copies start from weights no longer in service, even where the
+        topology is the same (GPUs renumbered).
         """
+        planned = self._planned_in.get(id(placement))
+        if planned is not None and planned[0]() is placement and planned[1] != self._epoch:
+            raise ValueError("placement was planned from a placement no longer in service (a deployment change "
+                                 "or load_state_dict came since): plan again with rebalance()")
         changing = self._changing
         if changing is not None and placement is changing[0]:
             if commit_range(layers, self.num_layers) != (0, self.num_layers):
@@ -697,6 +721,8 @@ class Balancer:
             self.steps, self.rebalances = steps, rebalances
             self.placement = placement
             self._candidate = None
+            self._changing = None  # a plan across a change started from the placement replaced here
+            self._epoch += 1
 
     @classmethod
     def from_state_dict(cls, state, *, compile: str = "eager", cost_model: CostModel | None = None,

@@ -691,6 +691,7 @@ class BalancerProcess:
     def load_state_dict(self, state) -> None:
         """:meth:`eplb.Balancer.load_state_dict` in the child."""
         self._call("call", "load_state_dict", (plain_state(state),), {})
+        self._changing = None  # the child refuses a plan of the placement it replaced (issue 47 item 19)
 
     def close(self) -> None:
         """Stop the worker process and free the shared memory (idempotent)."""
