@@ -48,6 +48,7 @@ from ..model.change import DeploymentChange
 from ..model.deployment import Deployment, deployment_argument, make_deployment
 from ..engines import dispatch_rule
 from ..planning.pipeline import build, run, windows_of
+from ..planning.pipeline import MAX_MOVES_WARNING
 from ..planning.replan import RELAXED_WARNING, fit_groups, warn_relaxed
 from ..analysis.bounds import average_bound, replica_bound
 from ..model.cost import CostModel
@@ -805,16 +806,25 @@ def recovery_summary(placement: Placement, transfer: TransferPlan, cost_model: C
     """What putting a plan across a deployment change in service takes, summed over layers:
     ``orphans`` (experts with no replica left, loaded from host memory once each), ``copy_floor``
     (the fewest copies any re-plan makes), ``copies`` (:meth:`TransferPlan.counts`, by kind),
-    ``bytes`` (:meth:`TransferPlan.bytes`, or with the cost model's ``expert_bytes``; ``None``
-    without either) and ``recovery_s`` (:meth:`eplb.CostModel.transfer_time`: the GPU copies, then the
-    host loads, then the copies that read them, at its bandwidths; ``None`` without a cost model). ``placement``: planned across the
-    change (``info`` with ``orphans [L]`` and ``copy_floor [L]``); ``transfer``: its copies."""
+    ``expert_bytes`` (one expert's weights in one layer: the transfer plan's, else the cost
+    model's; ``None`` without either), ``bytes`` (copies times ``expert_bytes``), ``recovery_s``
+    (:meth:`eplb.CostModel.transfer_time` at that same size: the GPU copies, then the host loads,
+    then the copies that read them, at the cost model's bandwidths; ``None`` without a cost model)
+    and ``tolerance`` (the one the re-plan used, ``info["tolerance"]``). ``placement``: planned
+    across the change (``info`` with ``orphans [L]`` and ``copy_floor [L]``); ``transfer``: its
+    copies. Bytes and seconds are priced with one size (issue 47 item 20: the seconds used the
+    cost model's where the bytes used ``expert_bytes``)."""
     counts = transfer.counts()
     size = transfer.expert_bytes if transfer.expert_bytes is not None else (
         None if cost_model is None else cost_model.expert_bytes)
+    seconds = None
+    if cost_model is not None:
+        priced = cost_model if size == cost_model.expert_bytes else cost_model.with_(expert_bytes=float(size))
+        seconds = float(priced.transfer_time(transfer))
     return {"orphans": int(np.sum(placement.info["orphans"])), "copy_floor": int(np.sum(placement.info["copy_floor"])),
-            "copies": counts, "bytes": None if size is None else {k: int(v * size) for k, v in counts.items()},
-            "recovery_s": None if cost_model is None else float(cost_model.transfer_time(transfer))}
+            "copies": counts, "expert_bytes": None if size is None else int(size),
+            "bytes": None if size is None else {k: int(v * size) for k, v in counts.items()},
+            "recovery_s": seconds, "tolerance": placement.info.get("tolerance")}
 
 
 def merged_placement(in_service: Placement, placement: Placement, start: int, stop: int, num_groups) -> Placement:
@@ -1067,6 +1077,7 @@ def _throwaway_warnings_hidden():
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=SPREAD_WARNING, category=RuntimeWarning)
         warnings.filterwarnings("ignore", message=RELAXED_WARNING, category=RuntimeWarning)  # its change (_warm_change)
+        warnings.filterwarnings("ignore", message=MAX_MOVES_WARNING, category=RuntimeWarning)  # ditto
         yield
 
 

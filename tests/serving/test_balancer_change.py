@@ -443,3 +443,19 @@ def test_balancer_process_changes_deployment_as_a_balancer_does():
         assert_same_state(process.state_dict(), reference.state_dict())
         restored = eplb.Balancer.from_state_dict(process.state_dict(), compile="lazy")
         assert restored.deployment == grown
+
+
+def test_item20_the_recovery_summary_prices_bytes_and_seconds_with_one_expert_size():
+    """With ``expert_bytes`` and a cost model of another expert size, the summary's bytes used one
+    and its seconds the other; both now use the Balancer's ``expert_bytes`` and say it."""
+    rng = np.random.default_rng(21)
+    deployment = eplb.Deployment.of(16, num_slots=24, num_gpus=8, num_nodes=2)
+    cost = eplb.CostModel.preset("H100")  # DeepSeek-V3's expert size
+    balancer = eplb.Balancer(2, deployment, window=12, compile="lazy", expert_bytes=1 << 20, cost_model=cost)
+    for _ in range(5):
+        balancer.record(loads(rng, 2, 16))
+    placement, transfer = balancer.rebalance(deployment=DeploymentChange.lose(deployment, [4]))
+    recovery = placement.info["recovery"]
+    assert recovery["expert_bytes"] == 1 << 20 and recovery["bytes"] == transfer.bytes()
+    assert recovery["recovery_s"] == pytest.approx(cost.with_(expert_bytes=1 << 20).transfer_time(transfer))
+    assert recovery["recovery_s"] < cost.transfer_time(transfer)  # not the cost model's (44 MB) size
