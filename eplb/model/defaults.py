@@ -1,5 +1,23 @@
 """The package's tuned defaults, in one place (each chosen on held-out windows; the figures that
-chose them are in ``bench/results``)."""
+chose them are in ``bench/results``).
+
+The migration tolerance (how far above the best plan's peak a plan near the placement in service
+may be, to copy fewer experts) has three defaults, each where it was measured best:
+
+==========================  =====  ==========================================================
+constant                    value  used by (when no ``tolerance`` is given)
+==========================  =====  ==========================================================
+:data:`PLAN_TOLERANCE`      0.005  :func:`eplb.plan` with ``previous=`` on the same deployment
+                                   (a one-off rebalance), vLLM's adapter
+:data:`CHANGE_TOLERANCE`    0.01   :func:`eplb.plan` across a deployment change, the simulator's
+                                   re-plan policy (:class:`eplb.serving.policy.Replan`), the CLI
+:data:`BALANCER_TOLERANCE`  0.03   :class:`eplb.Balancer`: every rebalance, a change included
+                                   (``rebalance(deployment=...)``), and the policies built on it
+==========================  =====  ==========================================================
+
+Every result says the one it used: ``placement.info["tolerance"]``, the Balancer's
+``info["recovery"]["tolerance"]`` across a change, the re-plan policy's label.
+"""
 
 PLAN_TOLERANCE = 0.005
 """:func:`eplb.plan` with ``previous=``: how far (a fraction) above the best plan's peak a plan
@@ -20,7 +38,9 @@ BALANCER_TOLERANCE = 0.03
 """The :class:`eplb.Balancer`'s migration tolerance: looser than :data:`PLAN_TOLERANCE` because it
 replans every window; on the drifting DeepSeek-V3-sized series of ``bench/simulate.py`` it lost
 the least MoE time, weight-copy stalls included (0.005 moved twice the weights: a lower balance
-time but more stalls)."""
+time but more stalls). The Balancer re-plans across a deployment change with it too, not with
+:data:`CHANGE_TOLERANCE`: its next routine rebalance restores the balance a looser recovery left,
+and fewer copies shorten the recovery (a Balancer given ``tolerance=`` uses that for both)."""
 
 COPY_COST = 0.0005
 """A hedged plan's price of one changed slot, in mean ``peak / mean`` of the windows it serves

@@ -46,16 +46,29 @@ from ..analysis.searches import group_assignment
 from .spread import avoidable_doubled
 
 
+def _differs(mine, theirs) -> str:
+    """What differs between the topologies ``mine`` (previous's) and ``theirs`` (the deployment's),
+    in words (issue 47 item 20: the nodes were never named)."""
+    parts = []
+    if mine.num_gpus != theirs.num_gpus:
+        parts.append(f"{mine.num_gpus} GPUs, the deployment {theirs.num_gpus}")
+    elif not np.array_equal(mine.slots_per_gpu, theirs.slots_per_gpu):
+        where = np.flatnonzero(mine.slots_per_gpu != theirs.slots_per_gpu)[:8].tolist()
+        parts.append(f"slots per GPU {mine.slots_per_gpu[where].tolist()} on GPUs {where}, the deployment "
+                     f"{theirs.slots_per_gpu[where].tolist()}")
+    if mine.num_nodes != theirs.num_nodes:
+        parts.append(f"{mine.num_nodes} node{'s' if mine.num_nodes != 1 else ''}, the deployment {theirs.num_nodes}")
+    return "previous has " + "; ".join(parts)
+
+
 def as_previous(previous, num_experts: int, deployment: Deployment, num_layers: int) -> np.ndarray:
     """The previous placement as ``phy2log [L, S]`` int64, checked against the new deployment."""
     if isinstance(previous, Placement):
-        if previous.topology != deployment.topology:
-            raise ValueError(
-                "previous must be planned on the same topology (slots per GPU, nodes) as the new plan; "
-                f"got {previous.topology.slots_per_gpu.tolist()} vs {deployment.topology.slots_per_gpu.tolist()}"
-            )
         if previous.num_experts != num_experts:
             raise ValueError(f"previous has {previous.num_experts} experts, counts have {num_experts}")
+        if previous.topology != deployment.topology:
+            raise ValueError("previous must be planned on the deployment it is read on (the old one of a change): "
+                             + _differs(previous.topology, deployment.topology))
         phy2log = previous.phy2log
     else:
         if type(previous).__module__.split(".")[0] == "torch":

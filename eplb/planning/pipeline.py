@@ -48,6 +48,7 @@ the placement alone (the published entry point's arrays). The Balancer plans thr
 from __future__ import annotations
 
 import time
+import warnings
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
@@ -400,6 +401,11 @@ def combination_error(dispatch: str, *, objective: str | None, previous: bool, m
     return None
 
 
+MAX_MOVES_WARNING = "move budget below the copy floor"
+"""Opens the ``RuntimeWarning`` (and ``info["max_moves_exceeded"]``) of a re-plan across a change
+whose ``max_moves`` is below the copies the change forces."""
+
+
 def build(windows: Windows, deployment: Deployment, *, method: str, objective: str, previous=None,
           tolerance: float | None = PLAN_TOLERANCE, max_moves=None, max_off_node=None, copy_cost: float = 0.0,
           threads: int = 1, options: dict | None = None, change: DeploymentChange | None = None,
@@ -476,9 +482,17 @@ def run(windows: Windows, deployment: Deployment, stages: list, method: str, not
     if isinstance(stages[0], Near) and stages[0].change is not None:  # what the change cost, slot order kept
         carried = stages[0].carried.slots
         phy2log = aligned(phy2log, carried, deployment)
-        planned = replace(planned, phy2log=phy2log, info={
-            **planned.info, **change_info(stages[0].change, stages[0].in_service, phy2log),
-            "slots_changed": (phy2log != carried).sum(axis=1)})
+        info = {**planned.info, **change_info(stages[0].change, stages[0].in_service, phy2log),
+                "slots_changed": (phy2log != carried).sum(axis=1)}
+        if stages[0].max_moves is not None and (info["copy_floor"] > stages[0].max_moves).any():
+            # the change forces copies beyond the budget (issue 47 item 20): said, not silently exceeded
+            over = np.flatnonzero(info["copy_floor"] > stages[0].max_moves)
+            info["max_moves_exceeded"] = (
+                f"{MAX_MOVES_WARNING}: max_moves={stages[0].max_moves} is below the copy floor of layers "
+                f"{over[:8].tolist()}{' ...' if over.size > 8 else ''} (up to {int(info['copy_floor'].max())}): "
+                "the change forces those copies")
+            warnings.warn(info["max_moves_exceeded"], RuntimeWarning, stacklevel=4)
+        planned = replace(planned, phy2log=phy2log, info=info)
     home = planned.home
     if deployment.hierarchical and home is None:
         home = home_nodes(even_split, deployment.num_groups, weights.shape[1], deployment.topology)

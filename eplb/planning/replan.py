@@ -234,7 +234,8 @@ def change_info(change: DeploymentChange, in_service: np.ndarray, phy2log: np.nd
     :meth:`~eplb.model.change.DeploymentChange.floor`) and ``copies [L]`` (new slots whose expert
     their GPU did not carry)."""
     return {"change": change.describe(), "lost_gpus": change.lost_gpus.tolist(),
-            "added_gpus": change.added_gpus.tolist(), "orphans": change.orphans(in_service).sum(axis=1),
+            "added_gpus": change.added_gpus.tolist(), "gpu_map": change.gpu_map.tolist(),
+            "orphans": change.orphans(in_service).sum(axis=1),
             "copy_floor": change.floor(in_service), "copies": copies_across(change.carry(in_service), phy2log, change.new)}
 
 

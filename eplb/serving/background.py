@@ -197,10 +197,13 @@ class BackgroundBalancer(WorkerBalancer):
         self._checks = 0  # checks posted in all
         self._commits = 0  # commits posted in all
         self._check_commits: dict[int, int] = {}  # check id -> commits posted before it
+        self._switches = 0  # deployment changes put in service in all
+        self._check_switches: dict[int, int] = {}  # check id -> deployment changes put in service before it
         self._inbox: collections.deque = collections.deque()  # messages read, not yet handed out
-        # id(placement) -> (check id, weak reference) of every proposal poll() handed out and the caller
-        # still holds; the reference's callback queues (id, check id) in _released when the caller drops it
-        self._proposals: dict[int, tuple[int, weakref.ref]] = {}
+        # id(placement) -> (check id, weak reference, deployment changes before its check) of every
+        # proposal poll() handed out and the caller still holds; the reference's callback queues
+        # (id, check id) in _released when the caller drops it
+        self._proposals: dict[int, tuple[int, weakref.ref, int]] = {}
         self._released: collections.deque = collections.deque()  # (id, check id) to tell the worker to drop
         self._in_service = attributes["placement"]  # the placement in service, after the pending commits
         self._pending_commits: list[tuple[Placement, int, int]] = []
@@ -310,7 +313,7 @@ class BackgroundBalancer(WorkerBalancer):
             raise_remote(*error[1:])
         key = id(placement)
         self._proposals[key] = (proposal, weakref.ref(placement, functools.partial(_dropped, self._released, key,
-                                                                                   proposal)))
+                                                                                   proposal)), self._switches)
         if commit:
             self._commits += 1  # a commit: proposals of earlier checks no longer start from what is in service
             self._pending_commits.append((placement, 0, self.num_layers))
@@ -327,6 +330,7 @@ class BackgroundBalancer(WorkerBalancer):
         """Mirror the worker balancer's deployment after a change: its slots are what record() takes."""
         self.deployment, self.topology, self.num_groups = deployment, deployment.topology, deployment.num_groups
         self._num_slots = deployment.topology.num_slots
+        self._switches += 1  # proposals planned before are stale, even on the same topology (GPUs renumbered)
         self._stagers.clear()  # rows per slot were laid out for the old slots
         self._stager = _Stager.none()
 
@@ -351,6 +355,7 @@ class BackgroundBalancer(WorkerBalancer):
         check_id = self._checks
         self._post(CHECK, check_id)
         self._check_commits[check_id] = self._commits
+        self._check_switches[check_id] = self._switches
         self._checks = check_id + 1
         return check_id
 
@@ -376,6 +381,7 @@ class BackgroundBalancer(WorkerBalancer):
     def _take_decision(self, message: tuple):
         _, check_id, decision, placement, transfer = message
         commits_before = self._check_commits.pop(check_id, self._commits)
+        switches_before = self._check_switches.pop(check_id, self._switches)
         stale = placement is not None and commits_before != self._commits
         self.last_decision = {**decision, "check": check_id, "stale": stale}
         self.decisions.append(self.last_decision)
@@ -386,13 +392,14 @@ class BackgroundBalancer(WorkerBalancer):
             return None
         key = id(placement)
         self._proposals[key] = (check_id, weakref.ref(placement, functools.partial(_dropped, self._released, key,
-                                                                                   check_id)))
+                                                                                   check_id)), switches_before)
         return placement, transfer
 
     def _take_check_error(self, message: tuple):
         """Record that check ``message[1]`` raised in the worker, and raise its exception here."""
         _, check_id, exc, text = message
         self._check_commits.pop(check_id, None)
+        self._check_switches.pop(check_id, None)
         self.last_decision = {"rebalance": False, "reason": f"the check raised {type(exc).__name__}: {exc}",
                               "check": check_id, "stale": False}
         self.decisions.append(self.last_decision)
@@ -412,12 +419,16 @@ class BackgroundBalancer(WorkerBalancer):
         """Make a proposed ``placement`` (or its ``layers = (start, stop)``) the one in service, once
         the engine has moved those weights (as :meth:`eplb.Balancer.commit`; per-slot counts
         recorded afterwards are mapped through it). Takes a placement :meth:`poll` returned, however
-        long ago. Never waits."""
+        long ago, unless a deployment change was put in service since its check (``ValueError``).
+        Never waits."""
         self._live()
         start, stop = commit_range(layers, self.num_layers)
         held = self._proposals.get(id(placement))
         if held is None or held[1]() is not placement:
             raise ValueError("placement must be one that this BackgroundBalancer's poll() or rebalance() returned")
+        if held[2] != self._switches:  # issue 47 item 19
+            raise ValueError("placement was planned before a deployment change was put in service: its copies start "
+                             "from weights no longer in service (even with the same topology); check() again")
         changing = self._changing
         across = changing is not None and placement is changing[0]
         if placement.topology != self.topology and not across:

@@ -35,6 +35,7 @@ import json
 import threading
 import time
 import warnings
+import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -47,6 +48,7 @@ from ..model.change import DeploymentChange
 from ..model.deployment import Deployment, deployment_argument, make_deployment
 from ..engines import dispatch_rule
 from ..planning.pipeline import build, run, windows_of
+from ..planning.pipeline import MAX_MOVES_WARNING
 from ..planning.replan import RELAXED_WARNING, fit_groups, warn_relaxed
 from ..analysis.bounds import average_bound, replica_bound
 from ..model.cost import CostModel
@@ -202,6 +204,10 @@ class Balancer:
         self._candidate: tuple[int, int, Placement] | None = None  # (steps, rebalances, plan)
         self._committing: Placement | None = None  # the placement last committed (whole or in part)
         self._changing: tuple[Placement, DeploymentChange] | None = None  # a plan across a change, not committed
+        # the plans rebalance() handed out -> the epoch they were planned in; a deployment change or
+        # load_state_dict starts a new epoch, and a plan of an older one is refused by commit()
+        self._epoch = 0
+        self._planned_in: dict[int, tuple[weakref.ref, int]] = {}  # id(plan) -> (plan, epoch)
         self._lock = threading.Lock()
         # every recorded pass is converted into one of these first, so the window kernels see
         # float64 [L, E] / [L, S] arrays only (one compiled specialization, any input dtype)
@@ -553,6 +559,7 @@ class Balancer:
             candidate = self._plan(self.planning_counts())
         old = self.placement
         transfer = transfer_plan(old, candidate, expert_bytes=self.expert_bytes)
+        self._remember(candidate)
         moved = int(np.sum(candidate.info["slots_changed"]))
         self.history.append({
             "step": self.steps, "slots_changed": moved, "moved_fraction": moved / candidate.phy2log.size,
@@ -571,6 +578,7 @@ class Balancer:
         recovery = recovery_summary(candidate, transfer, self.cost_model)
         # the placement was just planned here and not handed out yet: its info gains the summary
         object.__setattr__(candidate, "info", MappingProxyType({**candidate.info, "recovery": recovery}))
+        self._remember(candidate)
         moved = int(np.sum(candidate.info["slots_changed"]))
         self.history.append({
             "step": self.steps, "slots_changed": moved, "moved_fraction": moved / candidate.phy2log.size,
@@ -593,6 +601,14 @@ class Balancer:
             self._committing = placement
             self._candidate = None
             self._changing = None
+            self._epoch += 1  # plans of the deployment before are stale (issue 47 item 19)
+        self._remember(placement)
+
+    def _remember(self, plan: Placement) -> None:
+        """Note that ``plan`` was planned in the current epoch (dropped once the caller drops it)."""
+        key = id(plan)
+        with self._lock:
+            self._planned_in[key] = (weakref.ref(plan, lambda _, key=key: self._planned_in.pop(key, None)), self._epoch)
 
     def commit(self, placement: Placement, layers: tuple[int, int] | None = None) -> None:
         """Make ``placement`` the one in service (after the engine moved the weights).
@@ -608,7 +624,16 @@ class Balancer:
                 placement. A plan across a deployment change (``rebalance(deployment=...,
                 commit=False)``) is committed whole, before any other commit: the balancer then
                 serves its deployment.
+
+        A plan :meth:`rebalance` made before a deployment change was put in service or before
+        :meth:`load_state_dict` replaced the placement it was planned from is refused
+        (``ValueError``): its copies start from weights no longer in service, even where the
+        topology is the same (GPUs renumbered).
         """
+        planned = self._planned_in.get(id(placement))
+        if planned is not None and planned[0]() is placement and planned[1] != self._epoch:
+            raise ValueError("placement was planned from a placement no longer in service (a deployment change "
+                                 "or load_state_dict came since): plan again with rebalance()")
         changing = self._changing
         if changing is not None and placement is changing[0]:
             if commit_range(layers, self.num_layers) != (0, self.num_layers):
@@ -697,6 +722,8 @@ class Balancer:
             self.steps, self.rebalances = steps, rebalances
             self.placement = placement
             self._candidate = None
+            self._changing = None  # a plan across a change started from the placement replaced here
+            self._epoch += 1
 
     @classmethod
     def from_state_dict(cls, state, *, compile: str = "eager", cost_model: CostModel | None = None,
@@ -779,16 +806,25 @@ def recovery_summary(placement: Placement, transfer: TransferPlan, cost_model: C
     """What putting a plan across a deployment change in service takes, summed over layers:
     ``orphans`` (experts with no replica left, loaded from host memory once each), ``copy_floor``
     (the fewest copies any re-plan makes), ``copies`` (:meth:`TransferPlan.counts`, by kind),
-    ``bytes`` (:meth:`TransferPlan.bytes`, or with the cost model's ``expert_bytes``; ``None``
-    without either) and ``recovery_s`` (:meth:`eplb.CostModel.transfer_time`: the GPU copies, then the
-    host loads, then the copies that read them, at its bandwidths; ``None`` without a cost model). ``placement``: planned across the
-    change (``info`` with ``orphans [L]`` and ``copy_floor [L]``); ``transfer``: its copies."""
+    ``expert_bytes`` (one expert's weights in one layer: the transfer plan's, else the cost
+    model's; ``None`` without either), ``bytes`` (copies times ``expert_bytes``), ``recovery_s``
+    (:meth:`eplb.CostModel.transfer_time` at that same size: the GPU copies, then the host loads,
+    then the copies that read them, at the cost model's bandwidths; ``None`` without a cost model)
+    and ``tolerance`` (the one the re-plan used, ``info["tolerance"]``). ``placement``: planned
+    across the change (``info`` with ``orphans [L]`` and ``copy_floor [L]``); ``transfer``: its
+    copies. Bytes and seconds are priced with one size (issue 47 item 20: the seconds used the
+    cost model's where the bytes used ``expert_bytes``)."""
     counts = transfer.counts()
     size = transfer.expert_bytes if transfer.expert_bytes is not None else (
         None if cost_model is None else cost_model.expert_bytes)
+    seconds = None
+    if cost_model is not None:
+        priced = cost_model if size == cost_model.expert_bytes else cost_model.with_(expert_bytes=float(size))
+        seconds = float(priced.transfer_time(transfer))
     return {"orphans": int(np.sum(placement.info["orphans"])), "copy_floor": int(np.sum(placement.info["copy_floor"])),
-            "copies": counts, "bytes": None if size is None else {k: int(v * size) for k, v in counts.items()},
-            "recovery_s": None if cost_model is None else float(cost_model.transfer_time(transfer))}
+            "copies": counts, "expert_bytes": None if size is None else int(size),
+            "bytes": None if size is None else {k: int(v * size) for k, v in counts.items()},
+            "recovery_s": seconds, "tolerance": placement.info.get("tolerance")}
 
 
 def merged_placement(in_service: Placement, placement: Placement, start: int, stop: int, num_groups) -> Placement:
@@ -1041,6 +1077,7 @@ def _throwaway_warnings_hidden():
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=SPREAD_WARNING, category=RuntimeWarning)
         warnings.filterwarnings("ignore", message=RELAXED_WARNING, category=RuntimeWarning)  # its change (_warm_change)
+        warnings.filterwarnings("ignore", message=MAX_MOVES_WARNING, category=RuntimeWarning)  # ditto
         yield
 
 

@@ -242,8 +242,10 @@ def transfer_plan(old, new, deployment: Deployment | DeploymentChange | None = N
             ``topology=`` and ``num_experts=`` still work, deprecated. Or an
             :class:`eplb.DeploymentChange`: ``old`` is on its old deployment, ``new`` on its new one.
         expert_bytes: bytes of one expert's weights in one layer, for :meth:`TransferPlan.bytes`.
-        gpu_map: with placements on two deployments, the new index of each old GPU (``-1``: gone;
-            ``None``: by index), as :func:`eplb.plan` takes it.
+        gpu_map: with placements on two deployments, the new index of each old GPU (``-1``: gone),
+            as :func:`eplb.plan` takes it; ``None``: the one ``new`` was planned with (a plan across
+            a change carries it in ``info["gpu_map"]``), else by index. A ``gpu_map`` (or a
+            change) other than the one ``new`` was planned with is refused.
     Returns:
         A :class:`TransferPlan` (on the new deployment across a change).
     """
@@ -283,12 +285,21 @@ def transfer_plan(old, new, deployment: Deployment | DeploymentChange | None = N
 
 
 def _change_of(old, new, deployment, gpu_map, deprecated: dict) -> DeploymentChange | None:
-    """The deployment change between ``old`` and ``new`` (``None``: the same deployment)."""
+    """The deployment change between ``old`` and ``new`` (``None``: the same deployment). A
+    placement planned across a change carries its ``gpu_map`` (``info["gpu_map"]``): used when none
+    is given, and one that differs from it is refused (issue 47 item 20: GPUs were paired by index)."""
+    planned = new.info.get("gpu_map") if isinstance(new, Placement) else None
     if isinstance(deployment, DeploymentChange):
         if gpu_map is not None or deprecated:
             raise ValueError("transfer_plan: give gpu_map in the DeploymentChange, not beside it")
+        _check_planned_map(planned, deployment.gpu_map)
         return None if deployment.is_identity else deployment
     both = isinstance(old, Placement) and isinstance(new, Placement)
+    if both and planned is not None and len(planned) == old.topology.num_gpus:
+        if gpu_map is None:
+            gpu_map = planned
+        else:
+            _check_planned_map(planned, gpu_map)
     if not both or (gpu_map is None and old.topology == new.topology):
         if gpu_map is not None:
             raise ValueError("transfer_plan: gpu_map needs old and new as eplb.Placement (they carry their "
@@ -296,6 +307,16 @@ def _change_of(old, new, deployment, gpu_map, deprecated: dict) -> DeploymentCha
         return None
     change = DeploymentChange(old.deployment, new.deployment, gpu_map)
     return None if change.is_identity else change
+
+
+def _check_planned_map(planned, gpu_map) -> None:
+    """``ValueError`` when ``new`` was planned with another ``gpu_map`` than the one given."""
+    if planned is None:
+        return
+    given = np.asarray(gpu_map).tolist()
+    if list(planned) != given:
+        raise ValueError(f"transfer_plan: new was planned with gpu_map={list(planned)!r:.200}, not {given!r:.200}: "
+                         "its copies would pair other GPUs")
 
 
 def _transfer_across(old, new, change: DeploymentChange, expert_bytes) -> TransferPlan:

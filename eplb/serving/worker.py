@@ -470,6 +470,7 @@ class BalancerProcess(WorkerBalancer):
     def load_state_dict(self, state) -> None:
         """:meth:`eplb.Balancer.load_state_dict` in the child."""
         self._call("call", "load_state_dict", (plain_state(state),), {})
+        self._changing = None  # the child refuses a plan of the placement it replaced (issue 47 item 19)
 
 def _signature() -> inspect.Signature:
     """``BalancerProcess.__init__``'s signature as documented: the Balancer's keywords, then its own."""

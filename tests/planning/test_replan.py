@@ -592,3 +592,52 @@ def test_item12_re_plans_across_hierarchical_changes_keep_the_spread_rule(case, 
         in_service = eplb.plan(rng.gamma(0.5, 100, (2, old.num_experts)), old)
         placement = eplb.plan(rng.gamma(0.5, 100, (2, old.num_experts)), change, previous=in_service)
     assert rule_breaks(placement, change) == 0
+
+
+# -- issue 47 items 10 and 20: the tolerance each path uses, said; budgets and errors that say what they mean ----
+def test_item10_each_path_says_the_tolerance_it_used():
+    from eplb.model.defaults import BALANCER_TOLERANCE, CHANGE_TOLERANCE, PLAN_TOLERANCE
+
+    assert (PLAN_TOLERANCE, CHANGE_TOLERANCE, BALANCER_TOLERANCE) == (0.005, 0.01, 0.03)
+    rng = np.random.default_rng(10)
+    counts = rng.gamma(0.7, 100.0, (2, 16))
+    old = eplb.Deployment.of(16, num_slots=32, num_gpus=8, num_nodes=2)
+    in_service = eplb.plan(counts, old)
+    change = eplb.DeploymentChange.lose(old, [3])
+    assert eplb.plan(counts, old, previous=in_service).info["tolerance"] == PLAN_TOLERANCE
+    assert eplb.plan(counts, change, previous=in_service).info["tolerance"] == CHANGE_TOLERANCE
+    assert eplb.plan(counts, change, previous=in_service, tolerance=0.05).info["tolerance"] == 0.05
+    balancer = eplb.Balancer(2, old, window=4, compile="lazy", placement=in_service)
+    balancer.record(counts)
+    placement, _ = balancer.rebalance(deployment=change)
+    assert placement.info["tolerance"] == placement.info["recovery"]["tolerance"] == BALANCER_TOLERANCE
+
+
+def test_item20_max_moves_below_the_copy_floor_is_said_not_silently_exceeded():
+    rng = np.random.default_rng(20)
+    counts = rng.gamma(0.7, 100.0, (2, 16))
+    old = eplb.Deployment.of(16, num_slots=32, num_gpus=8, num_nodes=2)
+    in_service = eplb.plan(counts, old)
+    change = eplb.DeploymentChange.lose(old, [3, 4])  # the experts only GPUs 3 and 4 held must be copied
+    floor = change.floor(in_service.phy2log)
+    with pytest.warns(RuntimeWarning, match="move budget below the copy floor: max_moves=1 is below the copy floor"):
+        placement = eplb.plan(counts, change, previous=in_service, tolerance=None, max_moves=1)
+    assert "max_moves_exceeded" in placement.info and (placement.info["copies"] >= floor).all()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # a budget the floor fits says nothing
+        quiet = eplb.plan(counts, change, previous=in_service, tolerance=None, max_moves=int(floor.max()))
+    assert "max_moves_exceeded" not in quiet.info
+
+
+def test_item20_a_previous_on_other_nodes_or_slots_names_what_differs():
+    counts = np.ones((1, 16))
+    previous = eplb.plan(counts, eplb.Deployment.of(16, num_slots=24, num_gpus=4, num_nodes=2))
+    on_one_node = eplb.DeploymentChange.lose(eplb.Deployment.of(16, num_slots=24, num_gpus=4, num_nodes=1), [1])
+    with pytest.raises(ValueError, match="previous has 2 nodes, the deployment 1"):
+        eplb.plan(counts, on_one_node, previous=previous)
+    wider = eplb.DeploymentChange.lose(eplb.Deployment.of(16, num_slots=32, num_gpus=4, num_nodes=2), [1])
+    with pytest.raises(ValueError, match=r"slots per GPU \[6, 6, 6, 6\] on GPUs \[0, 1, 2, 3\], the deployment \[8, 8"):
+        eplb.plan(counts, wider, previous=previous)
+    with pytest.raises(ValueError, match="previous has 16 experts, counts have 8"):
+        eplb.plan(np.ones((1, 8)), eplb.DeploymentChange.lose(eplb.Deployment.of(8, num_slots=24, num_gpus=4,
+                                                                                   num_nodes=2), [1]), previous=previous)

@@ -257,6 +257,62 @@ def test_a_plan_across_a_change_is_committed_whole():
     assert balancer.topology == change.new.topology
 
 
+def test_item19_a_plan_is_not_committed_after_the_placement_it_was_planned_from_was_replaced():
+    """Issue 47 item 19: a ``commit=False`` plan across a change could still be committed after
+    ``load_state_dict`` replaced the placement it was planned from, and a plan made before a
+    renumbering-only change (same topology) after it: both are refused, and nothing changes."""
+    rng = np.random.default_rng(19)
+    deployment = eplb.Deployment.of(16, num_slots=24, num_gpus=8, num_nodes=2)
+    balancer = eplb.Balancer(2, deployment, **CONFIG)
+    for _ in range(5):
+        balancer.record(loads(rng, 2, 16))
+    saved = balancer.state_dict()
+    balancer.commit(balancer.rebalance(commit=False)[0])
+    across, _ = balancer.rebalance(deployment=DeploymentChange.lose(deployment, [4]), commit=False)
+    balancer.load_state_dict(saved)  # the placement `across` was planned from is gone
+    restored = balancer.placement
+    with pytest.raises(ValueError, match="no longer in service"):
+        balancer.commit(across)
+    assert balancer.deployment is deployment and balancer.placement is restored
+    # a rebalance planned before GPUs were renumbered (same slots: the same topology)
+    early, _ = balancer.rebalance(commit=False)
+    renumbered = DeploymentChange(deployment, deployment, gpu_map=[1, 0, 3, 2, 5, 4, 7, 6])
+    moved, _ = balancer.rebalance(deployment=renumbered)
+    assert balancer.topology == early.topology and balancer.placement is moved
+    with pytest.raises(ValueError, match="no longer in service"):
+        balancer.commit(early)
+    with pytest.raises(ValueError, match="no longer in service"):
+        balancer.commit(early, (0, 1))
+    assert balancer.placement is moved
+    late, _ = balancer.rebalance(commit=False)  # one planned now is committed as before
+    balancer.commit(late, (0, 1))
+    balancer.commit(late, (1, 2))
+    assert np.array_equal(balancer.placement.phy2log, late.phy2log)
+
+
+def test_item19_a_background_proposal_polled_before_a_renumbering_is_refused():
+    rng = np.random.default_rng(20)
+    renumbered = DeploymentChange(WORKER_DEPLOYMENT, WORKER_DEPLOYMENT, gpu_map=[7, 6, 5, 4, 3, 2, 1, 0])
+    with eplb.BackgroundBalancer(WORKER_LAYERS, WORKER_DEPLOYMENT, **{**CONFIG, "min_gain": 0.0}) as background:
+        for _ in range(8):
+            background.record(loads(rng, WORKER_LAYERS, WORKER_EXPERTS))
+        background.check()
+        assert background.wait(60)
+        proposal = background.poll()
+        assert proposal is not None
+        moved, _ = background.rebalance(deployment=renumbered)
+        with pytest.raises(ValueError, match="before a deployment change"):
+            background.commit(proposal[0])
+        assert background.placement is moved  # nothing changed, and the worker serves on
+        background.record(loads(rng, WORKER_LAYERS, WORKER_EXPERTS))
+        background.check()
+        assert background.wait(60)
+        fresh = background.poll()
+        if fresh is not None:
+            background.commit(fresh[0])
+            assert background.placement is fresh[0]
+
+
 def test_a_hierarchical_deployment_that_no_longer_fits_warns_once_and_keeps_its_slots_after():
     # 32 experts in 8 groups of 4 on 4 nodes of 2 GPUs x 5 slots: a node that loses a GPU holds one group
     rng = np.random.default_rng(11)
@@ -387,3 +443,19 @@ def test_balancer_process_changes_deployment_as_a_balancer_does():
         assert_same_state(process.state_dict(), reference.state_dict())
         restored = eplb.Balancer.from_state_dict(process.state_dict(), compile="lazy")
         assert restored.deployment == grown
+
+
+def test_item20_the_recovery_summary_prices_bytes_and_seconds_with_one_expert_size():
+    """With ``expert_bytes`` and a cost model of another expert size, the summary's bytes used one
+    and its seconds the other; both now use the Balancer's ``expert_bytes`` and say it."""
+    rng = np.random.default_rng(21)
+    deployment = eplb.Deployment.of(16, num_slots=24, num_gpus=8, num_nodes=2)
+    cost = eplb.CostModel.preset("H100")  # DeepSeek-V3's expert size
+    balancer = eplb.Balancer(2, deployment, window=12, compile="lazy", expert_bytes=1 << 20, cost_model=cost)
+    for _ in range(5):
+        balancer.record(loads(rng, 2, 16))
+    placement, transfer = balancer.rebalance(deployment=DeploymentChange.lose(deployment, [4]))
+    recovery = placement.info["recovery"]
+    assert recovery["expert_bytes"] == 1 << 20 and recovery["bytes"] == transfer.bytes()
+    assert recovery["recovery_s"] == pytest.approx(cost.with_(expert_bytes=1 << 20).transfer_time(transfer))
+    assert recovery["recovery_s"] < cost.transfer_time(transfer)  # not the cost model's (44 MB) size

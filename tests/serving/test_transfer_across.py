@@ -104,3 +104,25 @@ def test_a_change_without_the_old_deployment_is_refused():
     assert swapped.counts()["from_host"] == 0 and swapped.counts()["intra_gpu"] == 2
     assert sorted(swapped.expert.tolist()) == [2, 3] and swapped.src_slot.tolist() == [-1, -1]
     assert sorted(swapped.src_old_slot.tolist()) == [2, 3] and set(swapped.src_gpu.tolist()) == {1}
+
+
+def test_item20_a_plan_made_with_a_gpu_map_carries_it_to_its_transfer_plan():
+    """Issue 47 item 20: ``transfer_plan(old, new)`` for a plan made with ``gpu_map=`` paired GPUs by
+    index when the map was not passed again (many more copies than planned); the plan carries its
+    map (``info["gpu_map"]``), and another map is refused."""
+    rng = np.random.default_rng(3)
+    counts = rng.gamma(0.7, 100.0, (2, 16))
+    old = eplb.Deployment.of(16, num_slots=32, num_gpus=8, num_nodes=2)
+    new = eplb.Deployment.of(16, num_slots=28, num_gpus=7, num_nodes=1)
+    gpu_map = [0, 1, -1, 2, 3, 4, 5, 6]  # GPU 2 gone, the later ones one index down
+    in_service = eplb.plan(counts, old)
+    placement = eplb.plan(counts, new, previous=in_service, gpu_map=gpu_map)
+    assert placement.info["gpu_map"] == gpu_map
+    carried = eplb.transfer_plan(in_service, placement)
+    given = eplb.transfer_plan(in_service, placement, gpu_map=gpu_map)
+    assert len(carried) == len(given) == int(placement.info["copies"].sum())
+    np.testing.assert_array_equal(carried.src_old_slot, given.src_old_slot)
+    with pytest.raises(ValueError, match="new was planned with gpu_map"):
+        eplb.transfer_plan(in_service, placement, gpu_map=[0, 1, 2, 3, 4, 5, 6, -1])
+    with pytest.raises(ValueError, match="new was planned with gpu_map"):
+        eplb.transfer_plan(in_service, placement, eplb.DeploymentChange(old, new))
