@@ -20,6 +20,7 @@ import eplb
 from ..engines import DISPATCH_RULES
 from ..planning.methods import METHODS
 from ..analysis.metrics import moe_layers, moe_mean
+from ..model.defaults import RECOVERY_TOLERANCE
 from ..io.report import moe_note
 from .change_flags import CHANGE_FLAGS, _check_engine_layout, _deployment_change, _with_masked_ranks
 from .plan_inputs import (
@@ -105,19 +106,12 @@ def _plan_across_change(params: dict, command_start: float) -> None:
         if written is not placement:
             lost = ", ".join(map(str, change.lost_gpus.tolist()))
             lines.append(f"masked   rank {lost}: SGLang's elastic EP keeps a lost rank in its map and masks it; its "
-                         "slots keep the experts they held in the placement in service (no token reaches them), the "
+                         "slots hold expert 0, as SGLang fills an inactive rank (no token reaches them), the "
                          "survivors' slots hold the re-plan (the side file records masked_ranks)")
         lines += [line for line in (_engine_rows_line(data.layer_ids, output_format, model_layers),
                                     _dense_layers_note(data.weights, data.layer_ids, output_format)) if line]
         click.echo("\n".join(lines))
 
-
-RECOVERY_TOLERANCE = 0.005
-"""``eplb plan``'s tolerance across a deployment change when ``--tolerance`` is not given: a max GPU
-load up to 0.5% above the better of planning from scratch and the placement in service's peak
-(eplb.plan's tolerance without a change). At DeepSeek-V3 size (288 slots, 32 GPUs, 4 nodes, 8
-groups, GPU 5 lost, 12 drifting windows) the recovery then makes 2.54x the orphan floor in copies
-at the placement in service's balancedness (0.9322 -> 0.9322), where 0.01 made 2.56x and lost 0.0054."""
 
 
 def _rule_on(change, rule: str, rule_lines: list[str]) -> tuple[str, list[str]]:

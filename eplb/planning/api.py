@@ -8,7 +8,7 @@ import inspect
 
 import numpy as np
 
-from ..model.defaults import CHANGE_TOLERANCE, COPY_COST, PLAN_TOLERANCE
+from ..model.defaults import CHANGE_TOLERANCE, COPY_COST, PLAN_TOLERANCE, Default
 from ..analysis.metrics import moe_mean
 from ..analysis.placement import Placement
 from ..kernels.plumbing.layout import replica_counts, slots_of_experts
@@ -113,8 +113,8 @@ def plan(counts, deployment: Deployment | None = None, *, num_slots=None, num_gp
     keywords = dict(num_slots=num_slots, num_gpus=num_gpus, num_nodes=num_nodes, num_groups=num_groups,
                     topology=topology, dispatch=dispatch)
     deployment, change, relaxed = _deployment_of(counts, deployment, keywords, previous, gpu_map)
-    if change is not None and tolerance is PLAN_TOLERANCE:  # the default object itself: no tolerance given
-        tolerance = CHANGE_TOLERANCE
+    if type(tolerance) is Default:  # no tolerance given
+        tolerance = CHANGE_TOLERANCE if change is not None else float(tolerance)
     dispatch = deployment.dispatch
     windows, objective = windows_of(counts, dispatch, objective, window_weights)
     stages = build(windows, deployment, method=method, objective=objective, previous=previous, tolerance=tolerance,
