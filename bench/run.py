@@ -64,6 +64,7 @@ SECTIONS = (
     ("elastic_serving", "Elastic serving", "rebalance(deployment=) across a lost or joining GPU, DeepSeek-V3 size"),
     ("simulate_elastic", "Simulated changes", "a GPU lost mid-series and nodes joining and leaving in eplb.simulate, beside the engines' answers"),
     ("survive", "Survive", "survive= against the plain plan: a lost GPU or node, in and out of sample; the exposure's cost"),
+    ("rack_bounds", "Rack-scale bounds", "gap to the bound and layers proven optimal at 1 to 4 slots a GPU, DeepSeek-V3 size"),
     ("exact_contract", "Exact contract", "the exact method on issue 43's reproductions: avoidable doubled replicas, time per layer"),
 )
 
