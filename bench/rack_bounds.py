@@ -47,7 +47,8 @@ def measure(counts: np.ndarray, slots: int, gpus: int, nodes: int) -> dict:
     gap = placement.max_load / bound - 1
     row = {"slots": slots, "gpus": gpus, "nodes": nodes, "k": slots // gpus,
            "default_gap": float(gap.mean()), "default_proven": float((gap <= 1e-9).mean()),
-           "bound_ms": median_time(lambda: eplb.lower_bound(counts, deployment), repeats=3).wall * 1e3}
+           "bound_ms": median_time(lambda: eplb.lower_bound(counts, deployment), repeats=3).wall * 1e3,
+           "hook_gap": "", "hook_proven": "", "construction_ms": ""}
     few = few_slot_plans(counts, deployment)
     if few is not None:
         rows, made = few
@@ -83,9 +84,9 @@ def run(quick: bool, results_dir: Path) -> str:
          "bound per model", "construction per model", "target gap"],
         [[r["family"], f"{r['slots']} / {r['gpus']}" + (f" ({r['nodes']} nodes)" if r["nodes"] > 1 else ""), r["k"],
           f"{100 * r['default_gap']:.3f}%", f"{100 * r['default_proven']:.0f}%",
-          f"{100 * r['hook_gap']:.3f}%" if "hook_gap" in r else "-",
-          f"{100 * r['hook_proven']:.0f}%" if "hook_proven" in r else "-",
-          f"{r['bound_ms']:.0f} ms", f"{r['construction_ms']:.0f} ms" if "construction_ms" in r else "-",
+          f"{100 * r['hook_gap']:.3f}%" if r["hook_gap"] != "" else "-",
+          f"{100 * r['hook_proven']:.0f}%" if r["hook_proven"] != "" else "-",
+          f"{r['bound_ms']:.0f} ms", f"{r['construction_ms']:.0f} ms" if r["construction_ms"] != "" else "-",
           f"<= {100 * TARGETS[(r['slots'], r['gpus'])]:.1f}%" if (r["slots"], r["gpus"]) in TARGETS and r["nodes"] == 1
           else "-"] for r in records])
     layers, limit = (2, 2.0) if quick else (4, 5.0)
