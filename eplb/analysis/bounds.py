@@ -12,7 +12,7 @@ from ..kernels.load_bounds import (min_max_replica_load, pigeonhole_bound, repli
                              tier_bound)
 from ..kernels.budget import budget_tier_bound
 from ..kernels.hierarchy import node_load_bound
-from ..kernels.pairs import pair_level_bound, pair_search
+from ..kernels.pairs import pair_level_bound
 from ..kernels.tiny import tiny_bound
 from ..model.deployment import Deployment, deployment_argument
 from ..model.counts import weights_2d
@@ -150,10 +150,6 @@ PAIR_BOUND_MULTIPLIERS = (0.25, 1.0)
 on 58 lognormal layers at 288 / 144 all six reach a mean plan-to-bound gap of 1.862%, these two
 1.866% in 85% of the time, ``1.0`` alone 1.866%, ``0.5`` alone 3.7%."""
 
-PAIR_SEARCH_MOVES = 256
-"""Rounds of replica moves of the count search that gives the two-slot bound its upper end."""
-
-
 def pairs(weights: np.ndarray, topology: Topology) -> np.ndarray:
     """Every GPU holds exactly two replicas: a pairing of the replica loads under a target ``T``
     needs, at each level ``x > T / 2``, as many replicas ``<= T - x`` as ``>= x``
@@ -170,10 +166,10 @@ def _pairs(desc: np.ndarray, topology: Topology, start: np.ndarray) -> np.ndarra
     active = topology.slots_per_gpu[topology.slots_per_gpu > 0]
     if active.size == 0 or active.min() != 2 or active.max() != 2 or not desc.size:
         return start
-    num_experts = desc.shape[1]
-    cap = active.size if topology.num_slots <= num_experts * active.size else topology.num_slots
-    _, upper = pair_search(desc, topology.num_slots, cap, PAIR_SEARCH_MOVES, 6)
-    return pair_level_bound(desc, np.ascontiguousarray(start, dtype=np.float64), upper, topology.num_slots,
+    # any pairing of D'Hondt's replicas is at most twice the heaviest, the replica bound (<= start):
+    # 2 * start is never rejected, so the bisection needs no plan for its upper end
+    start = np.ascontiguousarray(start, dtype=np.float64)
+    return pair_level_bound(desc, start, 2.0 * start, topology.num_slots,
                             np.asarray(PAIR_BOUND_MULTIPLIERS, dtype=np.float64))
 
 
