@@ -116,16 +116,19 @@ def pair_level_bound(desc, lower, upper, num_slots, mus):
 @njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
 def _sorted_peak(values, counts, order, num_pairs):
     """The sorted pairing's heaviest pair for experts ``order [E]`` (by decreasing ``values [E]``,
-    ``counts [E]`` replicas each): ``(peak, heavy expert, light expert)`` of the first heaviest pair."""
+    ``counts [E]`` replicas each): ``(peak, heavy expert, light expert, pairs at the peak)`` of the
+    first heaviest pair (pairs within a relative 1e-12 of the peak count as at it)."""
     p, q = 0, order.shape[0] - 1
     left_p, left_q = counts[order[p]], counts[order[q]]
-    peak, heavy, light = -1.0, -1, -1
+    peak, heavy, light, at_peak = -1.0, -1, -1, 0
     done = 0
     while done < num_pairs:
         take = min(left_p, left_q, num_pairs - done)
         pair = values[order[p]] + values[order[q]]
-        if pair > peak:
-            peak, heavy, light = pair, order[p], order[q]
+        if pair > peak * (1.0 + 1e-12):
+            peak, heavy, light, at_peak = pair, order[p], order[q], take
+        elif pair >= peak * (1.0 - 1e-12):
+            at_peak += take
         done += take
         left_p -= take
         left_q -= take
@@ -135,7 +138,7 @@ def _sorted_peak(values, counts, order, num_pairs):
         if left_q == 0 and q > 0:
             q -= 1
             left_q = counts[order[q]]
-    return peak, heavy, light
+    return peak, heavy, light, at_peak
 
 
 @njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
@@ -200,7 +203,7 @@ def _removal_candidates(w, counts, skip, out):
 
 @njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
 def _try_move(w, counts, values, order, add, remove, scratch, num_pairs):
-    """The sorted pairing's peak once one replica moves from ``remove`` to ``add``; the counts,
+    """The sorted pairing's peak and pairs at it once one replica moves from ``remove`` to ``add``; the counts,
     values and ``order`` are left as they were (``scratch [2, E]`` int64 is overwritten)."""
     counts[add] += 1
     counts[remove] -= 1
@@ -208,17 +211,18 @@ def _try_move(w, counts, values, order, add, remove, scratch, num_pairs):
     values[remove] = w[remove] / counts[remove]
     _reorder(order, values, add, scratch[0])
     _reorder(scratch[0], values, remove, scratch[1])
-    peak, _, _ = _sorted_peak(values, counts, scratch[1], num_pairs)
+    peak, _, _, at_peak = _sorted_peak(values, counts, scratch[1], num_pairs)
     counts[add] -= 1
     counts[remove] += 1
     values[add] = w[add] / counts[add]
     values[remove] = w[remove] / counts[remove]
-    return peak
+    return peak, at_peak
 
 
 @njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
 def _descend(w, counts, cap, max_moves, removals):
-    """Move single replicas between experts while the sorted pairing's peak drops: each round,
+    """Move single replicas between experts while the sorted pairing's peak drops (or stays, with
+    fewer pairs at it: a plateau of equal pairs is left one pair at a time): each round,
     one more replica for an expert of the heaviest pair (its heavy or its light side), one fewer
     for one of ``removals`` experts that lose least; the best move, until none helps or
     ``max_moves`` rounds. ``counts [E]`` is updated; returns the peak."""
@@ -226,12 +230,12 @@ def _descend(w, counts, cap, max_moves, removals):
     num_pairs = int(counts.sum()) // 2
     values = w / counts
     order = np.argsort(-values, kind="mergesort")
-    peak, heavy, light = _sorted_peak(values, counts, order, num_pairs)
+    peak, heavy, light, at_peak = _sorted_peak(values, counts, order, num_pairs)
     scratch = np.empty((2, num_experts), np.int64)
     candidates = np.empty(removals, np.int64)
     sides = np.empty(2, np.int64)
     for _ in range(max_moves):
-        best, best_add, best_remove = peak * (1.0 - 1e-12), -1, -1
+        best, best_count, best_add, best_remove = peak, at_peak, -1, -1
         sides[0], sides[1] = heavy, light
         for s in range(2):
             add = sides[s]
@@ -241,9 +245,9 @@ def _descend(w, counts, cap, max_moves, removals):
             for c in range(removals):
                 if candidates[c] < 0:
                     break
-                moved = _try_move(w, counts, values, order, add, candidates[c], scratch, num_pairs)
-                if moved < best:
-                    best, best_add, best_remove = moved, add, candidates[c]
+                moved, count = _try_move(w, counts, values, order, add, candidates[c], scratch, num_pairs)
+                if moved < best * (1.0 - 1e-12) or (moved <= best * (1.0 + 1e-12) and count < best_count):
+                    best, best_count, best_add, best_remove = moved, count, add, candidates[c]
         if best_add < 0:
             break
         counts[best_add] += 1
@@ -251,7 +255,7 @@ def _descend(w, counts, cap, max_moves, removals):
         values[best_add] = w[best_add] / counts[best_add]
         values[best_remove] = w[best_remove] / counts[best_remove]
         order = np.argsort(-values, kind="mergesort")
-        peak, heavy, light = _sorted_peak(values, counts, order, num_pairs)
+        peak, heavy, light, at_peak = _sorted_peak(values, counts, order, num_pairs)
     return peak
 
 
