@@ -64,6 +64,7 @@ SECTIONS = (
     ("survive", "Survive", "survive= against the plain plan: a lost GPU or node, in and out of sample; the exposure's cost"),
     ("rack", "Rack scale", "58 x 256 on 32 to 320 GPUs (1 to 9 slots each): balance, held out, plan and decision time"),
     ("rack_nodes", "Racks as nodes", "racks as nodes (2 x 72, 4 x 36 GPUs), recommend at 72 and 144 GPUs, a GPU or a rack lost"),
+    ("rack_bounds", "Rack-scale bounds", "gap to the bound and layers proven optimal at 1 to 4 slots a GPU, DeepSeek-V3 size"),
     ("exact_contract", "Exact contract", "the exact method on issue 43's reproductions: avoidable doubled replicas, time per layer"),
     # the rack sections (rack, rack_bounds, rack_online, rack_nodes) go here, with their rows in bench/README.md
 )

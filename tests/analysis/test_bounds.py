@@ -114,7 +114,7 @@ def test_the_reported_bound_is_below_every_methods_max_load(deployment):
 
 
 def test_the_bounds_are_listed_by_name():
-    assert set(BOUNDS) == {"average", "replica", "cardinality", "pigeonhole", "threshold", "tier", "search"}
+    assert set(BOUNDS) == {"average", "replica", "cardinality", "pigeonhole", "threshold", "tier", "search", "pairs"}
 
 
 def test_threshold_bound_sees_what_the_average_misses():
@@ -137,7 +137,8 @@ def test_tier_bound_sees_the_lightest_experts_the_hot_gpus_must_take():
     bounds = lower_bounds(weights, eplb.Deployment.of(weights.shape[-1], topology=topology))
     optimum = brute_force_optimum(weights, topology)[0]
     assert optimum == 30.0
-    assert max(v[0] for name, v in bounds.items() if name not in ("tier", "search")) <= 25.0
+    assert max(v[0] for name, v in bounds.items() if name not in ("tier", "search", "pairs")) <= 25.0
+    assert bounds["pairs"][0] <= optimum * (1 + 1e-9)
     assert optimum * (1 - 1e-6) < bounds["tier"][0] <= optimum
     assert lower_bound(weights, eplb.Deployment.of(weights.shape[-1], topology=topology))[0] >= bounds["tier"][0]
 

@@ -11,7 +11,11 @@ import importlib
 
 import numpy as np
 
+from ...analysis.bounds import strongest_bound
+from ...analysis.loads import slot_order_peaks
 from ...model._validation import MissingExtraError
+from ..spread import avoidable_doubled
+from .exact_pairs import few_slot_plans
 from . import DEFAULT_METHOD, Option, Deployment, get_method, register
 
 DEFAULT_TIME_LIMIT = 10.0
@@ -30,6 +34,48 @@ def load_solver():
     except ImportError:
         raise MissingExtraError("ortools", "exact", "method='exact'") from None
     return importlib.import_module("eplb.planning.methods.exact_model")
+
+
+def solve_unproven(exact, weights: np.ndarray, deployment: Deployment, warm: np.ndarray, **options
+                   ) -> tuple[np.ndarray, dict]:
+    """:func:`eplb.planning.methods.exact_model.solve` on the layers no closed form proves.
+
+    With one or two slots on every GPU (global placement), the construction of
+    :func:`eplb.planning.methods.exact_pairs.few_slot_plans` replaces the warm start ``warm [L, S]``
+    where it is lighter, and every layer whose plan meets the package's lower bound
+    (:func:`eplb.analysis.bounds.strongest_bound`, which holds for every placement) is proven
+    optimal there: status ``OPTIMAL``, source ``"closed form"``, no CP-SAT. The other layers go
+    to CP-SAT, warm-started from the lighter plan."""
+    few = few_slot_plans(weights, deployment)
+    if few is None:
+        return exact.solve(weights, deployment, warm, **options)
+    rows, made = few
+    topology = deployment.topology
+    warm = warm.copy()
+    lighter = made & (slot_order_peaks(weights, rows, topology) < slot_order_peaks(weights, warm, topology))
+    warm[lighter] = rows[lighter]
+    bound = strongest_bound(weights, deployment)
+    peaks = slot_order_peaks(weights, warm, topology)
+    proven = (peaks <= bound * (1.0 + 1e-9)) & (avoidable_doubled(warm, deployment) == 0)
+    open_layers = np.flatnonzero(~proven)
+    num_layers = weights.shape[0]
+    info = {"optimal": proven.copy(), "proven_bound": np.where(proven, peaks, bound), "solve_time_s": np.zeros(num_layers),
+            "status": ["OPTIMAL" if p else "SKIPPED" for p in proven],
+            "source": ["closed form" if p else "warm start" for p in proven],
+            "doubled": np.zeros(num_layers, np.int64), "warm_start_rearranged": np.zeros(num_layers, bool),
+            "interrupted": False, "exact_arithmetic": np.ones(num_layers, bool), "closed_form": proven}
+    phy2log = warm.copy()
+    if open_layers.size:
+        part, solved = exact.solve(np.ascontiguousarray(weights[open_layers]), deployment, warm[open_layers], **options)
+        phy2log[open_layers] = part
+        for key in ("optimal", "proven_bound", "solve_time_s", "doubled", "warm_start_rearranged", "exact_arithmetic"):
+            info[key][open_layers] = solved[key]
+        for key in ("status", "source"):
+            for i, layer in enumerate(open_layers):
+                info[key][layer] = solved[key][i]
+        info["interrupted"] = solved["interrupted"]
+        info["proven_bound"][open_layers] = np.maximum(solved["proven_bound"], bound[open_layers])
+    return phy2log, info
 
 
 @register("exact", options={"time_limit": Option("number", above=0, allow_none=True),
@@ -69,8 +115,9 @@ def exact_method(weights: np.ndarray, deployment: Deployment, *, time_limit: flo
     except ValueError:  # a configuration the default method does not take (e.g. uneven slots)
         warm_method = "largest-first"
         warm = np.stack([exact.largest_first_plan(w, deployment.topology) for w in weights])
-    phy2log, info = exact.solve(weights, deployment, np.asarray(warm, dtype=np.int64), time_limit=time_limit,
-                                deterministic_time=deterministic_time, workers=workers, progress=progress)
+    warm = np.asarray(warm, dtype=np.int64)
+    phy2log, info = solve_unproven(exact, weights, deployment, warm, time_limit=time_limit,
+                                   deterministic_time=deterministic_time, workers=workers, progress=progress)
     info.update(warm_start_method=warm_method, time_limit=time_limit, deterministic_time=deterministic_time,
                 workers=workers, hierarchical=deployment.hierarchical)
     return phy2log, info

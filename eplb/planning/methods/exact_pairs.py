@@ -1,0 +1,153 @@
+"""Placements for GPUs of one or two slots each, global placement (ARCHITECTURE.md section 3).
+
+With one slot a GPU, D'Hondt replication is optimal: the max GPU load is the heaviest replica and
+the replica bound (:func:`eplb.analysis.bounds.replica_bound`) equals it. With two, a GPU is a
+pair: for fixed replica counts the sorted pairing (heaviest replica with the lightest) is optimal,
+and :func:`eplb.kernels.bounds.pairs.pair_search` searches the counts. :func:`pair_rows` turns counts
+into ``phy2log`` rows that keep the spread rule (:mod:`eplb.planning.spread`): replicas of equal
+load are interleaved across experts, and a pair holding one expert twice trades one of them for a
+replica of equal load elsewhere (same pair loads), or for any replica that keeps both pairs under
+the peak; a layer where neither works gets no row (the caller keeps its own).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ...analysis.loads import slot_order_peaks
+from ...kernels.bounds.pairs import capped_counts, pair_search
+from ...model.deployment import Deployment
+
+PAIR_MOVES = 256
+"""Most rounds of single replica moves per layer in :func:`eplb.kernels.bounds.pairs.pair_search`."""
+
+PAIR_DONORS = 24
+"""Experts tried as the donor of a replica in each round of that search (58 lognormal layers at
+512 / 256: 6, 12, 24 donors reach a mean gap of 3.49%, 3.10%, 2.57% to the bound in 8, 12, 22 ms)."""
+
+
+def slots_per_gpu(deployment: Deployment) -> int | None:
+    """``k`` when the placement is global and every GPU holds exactly ``k`` slots, else ``None``."""
+    topology = deployment.topology
+    if deployment.hierarchical or not topology.is_uniform:
+        return None
+    return int(topology.slots_per_gpu[0])
+
+
+def spread_cap(num_experts: int, num_slots: int, num_gpus: int) -> int:
+    """Most replicas an expert may get under the spread rule's cap (the GPUs, unless the slots
+    exceed experts times GPUs)."""
+    return num_gpus if num_slots <= num_experts * num_gpus else num_slots
+
+
+def pair_counts(weights: np.ndarray, deployment: Deployment) -> tuple[np.ndarray, np.ndarray]:
+    """``(counts [L, E] int64, peaks [L] float64)``: the replica counts :func:`eplb.kernels.bounds.pairs.pair_search`
+    finds for ``weights [L, E]`` on GPUs of two slots, and their sorted pairing's max GPU load."""
+    topology = deployment.topology
+    num_experts = weights.shape[1]
+    order = np.argsort(-weights, axis=1, kind="stable")
+    desc = np.ascontiguousarray(np.take_along_axis(weights, order, axis=1), dtype=np.float64)
+    cap = spread_cap(num_experts, topology.num_slots, topology.num_gpus)
+    sorted_counts, peaks = pair_search(desc, topology.num_slots, cap, PAIR_MOVES, PAIR_DONORS)
+    counts = np.empty_like(sorted_counts)
+    np.put_along_axis(counts, order, sorted_counts, axis=1)
+    return counts, peaks
+
+
+def _interleaved(w: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """``[S]`` the replicas' experts by decreasing load; equal loads take one replica of each of
+    their experts in turn (so a block of equal loads alternates experts)."""
+    experts = np.repeat(np.arange(len(w)), counts)
+    copy = np.arange(len(experts)) - np.repeat(np.cumsum(counts) - counts, counts)
+    return experts[np.lexsort((experts, copy, -(w / counts)[experts]))]
+
+
+def _undouble(pairs: np.ndarray, load: np.ndarray, peak: float) -> bool:
+    """Rearrange ``pairs [G, 2]`` (experts; ``load [E]`` per replica) in place so that no pair holds
+    one expert twice, each pair staying ``<= peak``; whether it succeeded."""
+    for g in np.flatnonzero(pairs[:, 0] == pairs[:, 1]):
+        e = pairs[g, 1]
+        sums = load[pairs].sum(axis=1)
+        best = None
+        for h in range(len(pairs)):
+            if h == g:
+                continue
+            for side in range(2):
+                f, other = pairs[h, side], pairs[h, 1 - side]
+                if f == e or other == e:
+                    continue
+                new_g, new_h = load[e] + load[f], load[other] + load[e]
+                if max(new_g, new_h) > peak:
+                    continue
+                key = (load[f] != load[e], max(new_g, new_h) - max(sums[g], sums[h]))
+                if best is None or key < best[0]:
+                    best = (key, h, side)
+        if best is None:
+            return False
+        _, h, side = best
+        pairs[g, 1], pairs[h, side] = pairs[h, side], e
+    return True
+
+
+def pair_rows(weights: np.ndarray, counts: np.ndarray, num_gpus: int) -> list[np.ndarray | None]:
+    """For each layer of ``weights [L, E]`` with replica counts ``counts [L, E]`` (summing to
+    ``2 num_gpus``): the sorted pairing as a ``phy2log`` row ``[S]`` (GPU ``g`` holds slots
+    ``2g, 2g + 1``) with no expert twice on a GPU at the same max load, or ``None`` where that
+    needs a heavier pair (see the module docstring)."""
+    rows: list[np.ndarray | None] = []
+    for w, r in zip(weights, counts):
+        items = _interleaved(w, r)
+        pairs = np.stack([items[:num_gpus], items[::-1][:num_gpus]], axis=1)
+        load = w / r
+        peak = float(load[pairs].sum(axis=1).max())
+        rows.append(pairs.reshape(-1).astype(np.int64) if _undouble(pairs, load, peak) else None)
+    return rows
+
+
+def one_slot_rows(weights: np.ndarray, num_gpus: int) -> np.ndarray:
+    """``[L, S]`` with one slot a GPU (``S = num_gpus``): D'Hondt replication, one replica a GPU in
+    order of expert; optimal (its max load is the replica bound)."""
+    desc_order = np.argsort(-weights, axis=1, kind="stable")
+    desc = np.ascontiguousarray(np.take_along_axis(weights, desc_order, axis=1), dtype=np.float64)
+    sorted_counts = capped_counts(desc, num_gpus, num_gpus)
+    counts = np.empty_like(sorted_counts)
+    np.put_along_axis(counts, desc_order, sorted_counts, axis=1)
+    return np.stack([np.repeat(np.arange(weights.shape[1]), row) for row in counts]).astype(np.int64)
+
+
+def few_slot_plans(weights: np.ndarray, deployment: Deployment) -> tuple[np.ndarray, np.ndarray] | None:
+    """``(rows [L, S] int64, made [L] bool)``: the one-slot or two-slot construction for every layer
+    of ``weights [L, E]`` (``made`` False where :func:`pair_rows` gave none: the row is then
+    unset); ``None`` where it does not apply (hierarchical, uneven slots, or more than two a GPU)."""
+    k = slots_per_gpu(deployment)
+    topology = deployment.topology
+    weights = np.ascontiguousarray(weights, dtype=np.float64)
+    if k == 1:
+        return one_slot_rows(weights, topology.num_gpus), np.ones(weights.shape[0], bool)
+    if k != 2:
+        return None
+    counts, _ = pair_counts(weights, deployment)
+    rows = pair_rows(weights, counts, topology.num_gpus)
+    out = np.zeros((weights.shape[0], topology.num_slots), np.int64)
+    made = np.array([row is not None for row in rows])
+    for layer, row in enumerate(rows):
+        if row is not None:
+            out[layer] = row
+    return out, made
+
+
+def keep_lighter(weights: np.ndarray, deployment: Deployment, phy2log: np.ndarray) -> np.ndarray:
+    """``phy2log [L, S]`` with every layer replaced by :func:`few_slot_plans`' row where that is
+    strictly lighter (one or two slots a GPU, global placement; unchanged elsewhere). The rows
+    keep the spread rule, so the result keeps it wherever ``phy2log`` did."""
+    few = few_slot_plans(weights, deployment)
+    if few is None:
+        return phy2log
+    rows, made = few
+    topology = deployment.topology
+    lighter = made & (slot_order_peaks(weights, rows, topology) < slot_order_peaks(weights, phy2log, topology))
+    if not lighter.any():
+        return phy2log
+    phy2log = phy2log.copy()
+    phy2log[lighter] = rows[lighter]
+    return phy2log
