@@ -1,6 +1,8 @@
 """The package's tuned defaults, in one place (each chosen on held-out windows; the figures that
 chose them are in ``bench/results``)."""
 
+import numpy as np
+
 PLAN_TOLERANCE = 0.005
 """:func:`eplb.plan` with ``previous=``: how far (a fraction) above the best plan's peak a plan
 near the placement in service may be, to move fewer experts."""
@@ -17,10 +19,46 @@ is the loosest within 0.001 of the best held out (its cells differ from 0.005's 
 one can tell apart; in sample it still reaches 0.99 after a GPU or a node lost or GPUs added."""
 
 BALANCER_TOLERANCE = 0.03
-"""The :class:`eplb.Balancer`'s migration tolerance: looser than :data:`PLAN_TOLERANCE` because it
+"""The :class:`eplb.Balancer`'s migration tolerance without a move budget (``max_moves=None``;
+its default budget: :func:`balancer_move_budget`): looser than :data:`PLAN_TOLERANCE` because it
 replans every window; on the drifting DeepSeek-V3-sized series of ``bench/simulate.py`` it lost
 the least MoE time, weight-copy stalls included (0.005 moved twice the weights: a lower balance
 time but more stalls)."""
+
+AUTO = "auto"
+"""The :class:`eplb.Balancer`'s ``max_moves`` when not given: :func:`balancer_move_budget` of the
+slots per GPU; its ``tolerance`` when not given: 0 with a move budget (the most balanced plan within
+it), :data:`BALANCER_TOLERANCE` without one."""
+
+
+def slots_per_gpu(topology) -> float:
+    """``k``: the mean slots of the GPUs that hold slots (``S / G`` on a uniform topology)."""
+    serving = topology.slots_per_gpu[topology.slots_per_gpu > 0]
+    return float(serving.mean()) if serving.size else 1.0
+
+
+def balancer_move_budget(slots: float) -> int:
+    """The :class:`eplb.Balancer`'s default ``max_moves`` at ``slots`` per GPU (``k``): ``round(k)``,
+    at least 1. Per layer, a rebalance replaces at most one GPU's worth of slots, the most balanced
+    plan within that (tolerance 0).
+
+    A slot carries about ``1 / k`` of its GPU's load: at 2 slots a GPU one copy replaces half a GPU's
+    experts. Without a budget (tolerance 0.03, tuned at 9 slots a GPU) the Balancer changed about 30
+    slots per layer and rebalance at 4 and 2 slots a GPU, 1.6-1.7 times the copies of the engines'
+    fewest-copying timer on the drifting DeepSeek-V3-sized series of ``bench/rack_online.py``
+    (tuning series); with one GPU's worth, 0.35x (288 / 72) and 0.14x (288 / 144) their copies for
+    0.41x and 0.59x the better timer's MoE time lost. At 9 slots a GPU (288 / 32) it made 0.58x the
+    copies of the tolerance alone and lost less time, with copy stalls (9.9% against 11.5% of the
+    balanced time) and without (7.4% against 7.9%). Held-out figures: ``bench/results/rack_online.md``.
+
+    Args:
+        slots: ``k > 0``, e.g. :func:`slots_per_gpu` of the deployment's topology.
+    """
+    slots = float(slots)
+    if not (np.isfinite(slots) and slots > 0):
+        raise ValueError(f"slots must be a positive number of slots per GPU, got {slots}")
+    return max(1, int(round(slots)))
+
 
 COPY_COST = 0.0005
 """A hedged plan's price of one changed slot, in mean ``peak / mean`` of the windows it serves

@@ -40,7 +40,7 @@ from types import MappingProxyType
 
 import numpy as np
 
-from ..model.defaults import BALANCER_TOLERANCE, COPY_COST
+from ..model.defaults import AUTO, BALANCER_TOLERANCE, COPY_COST, balancer_move_budget, slots_per_gpu
 from ..model._validation import as_int
 from ..model.change import DeploymentChange
 from ..model.deployment import Deployment, deployment_argument, make_deployment
@@ -104,8 +104,14 @@ class Balancer:
         copy_cost: with ``subwindows > 1``, what one changed slot costs the hedged search, in mean
             ``peak / mean`` load (see :func:`eplb.plan`).
         method: the planning method (``eplb.METHODS``); tolerance, max_moves: the trade-off of
-            migration-aware planning (see :func:`eplb.plan`). The default tolerance is
-            :data:`eplb.model.defaults.BALANCER_TOLERANCE` (0.03: why there).
+            migration-aware planning (see :func:`eplb.plan`): how far above the best plan's peak a
+            rebalance may stay, and how many slots per layer it may change. By default
+            (``"auto"``) the move budget knows the slots per GPU ``k``: at most ``round(k)`` slots per
+            layer, one GPU's worth (at few slots a GPU one copy moves a large share of a GPU's load),
+            the most balanced plan within it (tolerance 0;
+            :func:`eplb.model.defaults.balancer_move_budget`: why); ``max_moves=None`` with tolerance
+            ``"auto"``: no budget, tolerance :data:`~eplb.model.defaults.BALANCER_TOLERANCE` (0.03,
+            the default before). Re-read after a deployment change.
         min_gain: rebalance only if the mean balancedness over layers rises by at least this much
             (on the window's loads) ...
         move_cost: ... plus ``move_cost`` times the fraction of slots that change (the migration cost
@@ -145,8 +151,8 @@ class Balancer:
     """
 
     def __init__(self, num_layers, deployment: Deployment | None = None, *, window: int = 100, decay: float | None = None,
-                 forecast: int | None = None, method: str = DEFAULT_METHOD, tolerance: float | None = BALANCER_TOLERANCE, max_moves=None,
-                 min_gain: float = 0.01, move_cost: float = 0.05, expert_bytes: int | None = None,
+                 forecast: int | None = None, method: str = DEFAULT_METHOD, tolerance: float | None | str = AUTO,
+                 max_moves: int | None | str = AUTO, min_gain: float = 0.01, move_cost: float = 0.05, expert_bytes: int | None = None,
                  placement: Placement | None = None, options: dict | None = None, threads: int = 1,
                  compile: str = "eager", cost_model: CostModel | None = None, horizon: int | None = None,
                  subwindows: int = SUBWINDOWS, copy_cost: float = COPY_COST, **deployment_keywords):
@@ -171,12 +177,8 @@ class Balancer:
         self.subwindows = as_int(subwindows, "subwindows", minimum=1)
         self.copy_cost = _non_negative(copy_cost, "copy_cost")
         self.method = method
-        if tolerance is not None and not (np.isfinite(float(tolerance)) and float(tolerance) >= 0):
-            raise ValueError(f"tolerance must be a non-negative number or None, got {tolerance}")
-        if tolerance is None and max_moves is None:
-            raise ValueError("give tolerance, max_moves or both")
-        self.tolerance = tolerance
-        self.max_moves = None if max_moves is None else as_int(max_moves, "max_moves", minimum=0)
+        self._move_arguments = (tolerance, max_moves)
+        self.tolerance, self.max_moves = move_settings(tolerance, max_moves, deployment.topology)
         self.min_gain = _non_negative(min_gain, "min_gain")
         self.move_cost = _non_negative(move_cost, "move_cost")
         self.expert_bytes = None if expert_bytes is None else as_int(expert_bytes, "expert_bytes", minimum=0)
@@ -215,7 +217,7 @@ class Balancer:
             self._compiled.set()
         else:
             _warm_window_kernels(self.num_layers, self.num_experts, self.topology.num_slots)
-            settings = dict(method=method, tolerance=tolerance, max_moves=self.max_moves, options=self.options)
+            settings = dict(method=method, tolerance=self.tolerance, max_moves=self.max_moves, options=self.options)
             if compile == "eager":
                 warm_kernels(self.deployment, **settings)
                 self._warm_cost_model()
@@ -588,6 +590,7 @@ class Balancer:
             self.deployment = change.new
             self.placement = placement
             self._physical = np.zeros((self.num_layers, change.new.topology.num_slots))
+            self.tolerance, self.max_moves = move_settings(*self._move_arguments, change.new.topology)
             self.rebalances += 1
             self._committing = placement
             self._candidate = None
@@ -1043,8 +1046,8 @@ def _throwaway_warnings_hidden():
         yield
 
 
-def warm_kernels(deployment: Deployment, *, method: str = DEFAULT_METHOD, tolerance: float | None = BALANCER_TOLERANCE,
-                 max_moves=None, options: dict | None = None) -> float:
+def warm_kernels(deployment: Deployment, *, method: str = DEFAULT_METHOD, tolerance: float | None | str = AUTO,
+                 max_moves: int | None | str = AUTO, options: dict | None = None) -> float:
     """Compile (or load from Numba's cache) every kernel a :class:`Balancer` of this ``deployment``
     and these options calls when it records, decides and rebalances. Returns the seconds it took.
 
@@ -1057,6 +1060,7 @@ def warm_kernels(deployment: Deployment, *, method: str = DEFAULT_METHOD, tolera
     """
     start = time.perf_counter()
     num_experts = deployment.num_experts
+    tolerance, max_moves = move_settings(tolerance, max_moves, deployment.topology)
     key = json.dumps([num_experts, deployment.topology.to_dict(), deployment.num_groups, method, tolerance is None,
                       max_moves is None, options or {}], sort_keys=True, default=str)
     if key in _WARMED:
@@ -1095,6 +1099,33 @@ def _warm_change(balancer: Balancer) -> None:
                                                           dispatch=deployment.dispatch))
     placement, transfer = balancer.rebalance(deployment=change)
     transfer.counts()
+
+
+def move_settings(tolerance, max_moves, topology: Topology) -> tuple[float | None, int | None]:
+    """The Balancer's ``(tolerance, max_moves)`` from its arguments, ``"auto"``
+    (:data:`~eplb.model.defaults.AUTO`) resolved: ``max_moves`` to
+    :func:`~eplb.model.defaults.balancer_move_budget` of the topology's slots per GPU, ``tolerance``
+    to 0 with a move budget and to :data:`~eplb.model.defaults.BALANCER_TOLERANCE` without one; the
+    others checked (``ValueError`` naming the argument and the rule)."""
+    for name, value in (("tolerance", tolerance), ("max_moves", max_moves)):
+        if isinstance(value, str) and value != AUTO:
+            raise ValueError(f"{name} must be a number, None or {AUTO!r}, got {value!r}")
+    if max_moves == AUTO:
+        max_moves = balancer_move_budget(slots_per_gpu(topology))
+    elif max_moves is not None:
+        max_moves = as_int(max_moves, "max_moves", minimum=0)
+    if tolerance == AUTO:
+        tolerance = BALANCER_TOLERANCE if max_moves is None else 0.0
+    elif tolerance is not None:
+        try:
+            tolerance = float(tolerance)
+        except (TypeError, ValueError):
+            raise ValueError(f"tolerance must be a non-negative number, None or {AUTO!r}, got {tolerance!r}") from None
+        if not (np.isfinite(tolerance) and tolerance >= 0):
+            raise ValueError(f"tolerance must be a non-negative number, None or {AUTO!r}, got {tolerance}")
+    if tolerance is None and max_moves is None:
+        raise ValueError("give tolerance, max_moves or both")
+    return tolerance, max_moves
 
 
 def _non_negative(value, name: str) -> float:
