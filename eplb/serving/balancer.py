@@ -53,7 +53,7 @@ from ..analysis.loads import RANDOM_SPLIT, gpu_work
 from ..kernels.load_window import (STAGED_DTYPES, copy_counts, first_bad_count, store_logical, store_physical,
                                    warm_copy_counts, weighted_window, window_residuals)
 from ..planning.methods import DEFAULT_METHOD, get_method
-from ..planning.migration import SPREAD_WARNING, warm_search_kernels
+from ..planning.migration import SPREAD_WARNING, groups_spread, warm_search_kernels
 from ..analysis.metrics import balancedness
 from ..analysis.placement import Placement, uniform_shares
 from ..model.topology import Topology
@@ -380,10 +380,23 @@ class Balancer:
                                         weights=load)
         deployment, relaxed = fit_groups(self.deployment if change is None else change.new, spill=True,
                                          near=change is None)
+        tolerance, max_moves = self._move_budget(change, deployment)
         stages = build(windows, deployment, method=self.method, objective=objective,
-                       previous=self.placement.phy2log, tolerance=self.tolerance, max_moves=self.max_moves,
+                       previous=self.placement.phy2log, tolerance=tolerance, max_moves=max_moves,
                        copy_cost=self.copy_cost, threads=self.threads, options=self.options, change=change)
         return run(windows, deployment, stages, self.method, notes={"relaxed": relaxed} if relaxed else None)
+
+    def _move_budget(self, change: DeploymentChange | None, deployment: Deployment) -> tuple[float | None, int | None]:
+        """``(tolerance, max_moves)`` of a plan: :attr:`tolerance` and :attr:`max_moves`, except
+        that the default budget (``max_moves="auto"``) does not bind a re-plan across ``change`` nor
+        one that must gather expert groups spread over nodes (the round-robin start of a
+        hierarchical deployment): those are not chosen for their gain, and plan as without a
+        budget (tolerance :data:`~eplb.model.defaults.BALANCER_TOLERANCE` unless given)."""
+        if not isinstance(self._move_arguments[1], str):
+            return self.tolerance, self.max_moves
+        if change is not None or groups_spread(self.placement.phy2log, deployment, self.num_experts).any():
+            return move_settings(self._move_arguments[0], None, deployment.topology)
+        return self.tolerance, self.max_moves
 
     def planning_windows(self) -> np.ndarray:
         """``[K, L, E]`` float64: the window's passes in ``K = min(subwindows, passes recorded)``
@@ -645,10 +658,20 @@ class Balancer:
             "num_layers": self.num_layers, "num_experts": self.num_experts, "topology": self.topology.to_dict(),
             "num_groups": self.num_groups, "window": self.window, "decay": self.decay, "forecast": self.forecast,
             "method": self.method,
-            "tolerance": self.tolerance, "max_moves": self.max_moves, "min_gain": self.min_gain,
+            # as given: "auto" stays "auto" (its value follows the deployment, which may change)
+            "tolerance": self._saved_move_argument(0), "max_moves": self._saved_move_argument(1),
+            "min_gain": self.min_gain,
             "move_cost": self.move_cost, "expert_bytes": self.expert_bytes, "options": self.options,
             "threads": self.threads, "subwindows": self.subwindows, "copy_cost": self.copy_cost,
         }
+
+    def _saved_move_argument(self, index: int):
+        """``tolerance`` (0) or ``max_moves`` (1) as saved: ``"auto"`` when left to the slots per GPU,
+        else the value in use."""
+        given = self._move_arguments[index]
+        if isinstance(given, str):
+            return given
+        return self.tolerance if index == 0 else self.max_moves
 
     def state_dict(self) -> dict:
         """Everything a restarted server needs, as numpy arrays, ints and a JSON string (no pickle):
