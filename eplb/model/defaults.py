@@ -27,8 +27,8 @@ time but more stalls)."""
 
 AUTO = "auto"
 """The :class:`eplb.Balancer`'s ``max_moves`` when not given: :func:`balancer_move_budget` of the
-slots per GPU; its ``tolerance`` when not given: 0 with a move budget (the most balanced plan within
-it), :data:`BALANCER_TOLERANCE` without one."""
+slots per GPU (a budget at 4 or fewer); its ``tolerance`` when not given: 0 with a move budget (the
+most balanced plan within it), :data:`BALANCER_TOLERANCE` without one."""
 
 
 def slots_per_gpu(topology) -> float:
@@ -37,26 +37,38 @@ def slots_per_gpu(topology) -> float:
     return float(serving.mean()) if serving.size else 1.0
 
 
-def balancer_move_budget(slots: float) -> int:
-    """The :class:`eplb.Balancer`'s default ``max_moves`` at ``slots`` per GPU (``k``): ``round(k)``,
-    at least 1. Per layer, a rebalance replaces at most one GPU's worth of slots, the most balanced
-    plan within that (tolerance 0).
+BUDGET_MAX_SLOTS_PER_GPU = 4
+"""Up to this many slots per GPU (one slot a quarter or more of a GPU's load) the :class:`eplb.Balancer`
+has a default move budget (:func:`balancer_move_budget`); above it, none."""
+
+
+def balancer_move_budget(slots: float) -> int | None:
+    """The :class:`eplb.Balancer`'s default ``max_moves`` at ``slots`` per GPU (``k``): ``round(k)``
+    (at least 1) up to :data:`BUDGET_MAX_SLOTS_PER_GPU` slots a GPU, else ``None`` (no budget).
 
     A slot carries about ``1 / k`` of its GPU's load: at 2 slots a GPU one copy replaces half a GPU's
-    experts. Without a budget (tolerance 0.03, tuned at 9 slots a GPU) the Balancer changed about 30
-    slots per layer and rebalance at 4 and 2 slots a GPU, 1.6-1.7 times the copies of the engines'
-    fewest-copying timer on the drifting DeepSeek-V3-sized series of ``bench/rack_online.py``
-    (tuning series); with one GPU's worth, 0.35x (288 / 72) and 0.14x (288 / 144) their copies for
-    0.41x and 0.59x the better timer's MoE time lost. At 9 slots a GPU (288 / 32) it made 0.58x the
-    copies of the tolerance alone and lost less time, with copy stalls (9.9% against 11.5% of the
-    balanced time) and without (7.4% against 7.9%). Held-out figures: ``bench/results/rack_online.md``.
+    experts. Per layer, a rebalance then replaces at most one GPU's worth of slots, the most balanced
+    plan within that (tolerance 0). Without a budget (tolerance 0.03, tuned at 9 slots a GPU) the
+    Balancer changed about 30 slots per layer and rebalance at 4 and 2 slots a GPU: 1.6-1.7 times
+    the copies of the engines' fewest-copying timer on the drifting DeepSeek-V3-sized series of
+    ``bench/rack_online.py`` (tuning series); with one GPU's worth, 0.35x (288 / 72) and 0.14x
+    (288 / 144) their copies, for 0.41x and 0.59x the better timer's MoE time lost (held-out figures:
+    ``bench/results/rack_online.md``). At 9 a GPU the same budget served 288 / 32 better (7.4%
+    against 7.9% of the balanced time lost, 0.58x the copies) but a small deployment (72 slots on
+    8 GPUs) worse (6.6% against 5.4%): above :data:`BUDGET_MAX_SLOTS_PER_GPU` the defaults stay those
+    tuned there.
 
     Args:
         slots: ``k > 0``, e.g. :func:`slots_per_gpu` of the deployment's topology.
     """
-    slots = float(slots)
+    try:
+        slots = float(slots)
+    except (TypeError, ValueError):
+        raise ValueError(f"slots must be a positive number of slots per GPU, got {slots!r}") from None
     if not (np.isfinite(slots) and slots > 0):
         raise ValueError(f"slots must be a positive number of slots per GPU, got {slots}")
+    if slots > BUDGET_MAX_SLOTS_PER_GPU:
+        return None
     return max(1, int(round(slots)))
 
 

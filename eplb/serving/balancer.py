@@ -106,12 +106,11 @@ class Balancer:
         method: the planning method (``eplb.METHODS``); tolerance, max_moves: the trade-off of
             migration-aware planning (see :func:`eplb.plan`): how far above the best plan's peak a
             rebalance may stay, and how many slots per layer it may change. By default
-            (``"auto"``) the move budget knows the slots per GPU ``k``: at most ``round(k)`` slots per
-            layer, one GPU's worth (at few slots a GPU one copy moves a large share of a GPU's load),
-            the most balanced plan within it (tolerance 0;
-            :func:`eplb.model.defaults.balancer_move_budget`: why); ``max_moves=None`` with tolerance
-            ``"auto"``: no budget, tolerance :data:`~eplb.model.defaults.BALANCER_TOLERANCE` (0.03,
-            the default before). Re-read after a deployment change.
+            (``"auto"``) the move budget knows the slots per GPU ``k``: up to 4 slots a GPU (one copy
+            moves a quarter or more of a GPU's load), at most ``round(k)`` slots per layer, one GPU's
+            worth, the most balanced plan within it (tolerance 0); above, no budget and tolerance
+            :data:`~eplb.model.defaults.BALANCER_TOLERANCE` (0.03), as tuned at 9 slots a GPU
+            (:func:`eplb.model.defaults.balancer_move_budget`: why). Re-read after a deployment change.
         min_gain: rebalance only if the mean balancedness over layers rises by at least this much
             (on the window's loads) ...
         move_cost: ... plus ``move_cost`` times the fraction of slots that change (the migration cost
