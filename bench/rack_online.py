@@ -41,7 +41,7 @@ from simulate import BLOCK, DS, QUICK_BLOCKS, TOKENS, Cached
 from simulate import policies as simulate_policies
 
 from eplb import BalancerPolicy, CostModel, Deployment, simulate
-from eplb.model.defaults import BALANCER_TOLERANCE, COPY_COST, balancer_move_budget
+from eplb.model.defaults import BALANCER_TOLERANCE, BUDGET_MAX_SLOTS_PER_GPU, COPY_COST, balancer_move_budget
 from eplb.simulation.series import Series, mixture_path, synthetic_workloads
 
 SERIES_SEEDS = {"tuning": (21, 22), "held out": (11, 12)}  # (workloads seed, series seed), as bench/decision_rule.py
@@ -61,7 +61,8 @@ BUDGETS = (2, 4, 8)  # the frontier: at most this many slots per layer and rebal
 
 
 def candidates() -> list[tuple[str, str, dict]]:
-    """``(key, label, Balancer options)``: the defaults, the defaults before, the frontier."""
+    """``(key, label, Balancer options)``: the defaults, the defaults before, the frontier (the
+    budgets are run at the global rack deployments, see :func:`_measure_one`)."""
     return ([("defaults", "Balancer defaults", {}),
              ("before", "Balancer defaults before (tolerance 0.03, no budget)", dict(BEFORE))]
             + [(f"budget_{b}", f"Balancer, at most {b} slots per layer, tolerance 0", dict(tolerance=0.0, max_moves=b))
@@ -95,21 +96,34 @@ class Stored:
         return Stored, (self.path,)
 
 
-def _measure_one(job: tuple[str, Stored, str, int]) -> list[dict]:
-    """The rows of one series on one deployment: every policy from the same start."""
-    kind, data, name, every = job
+def defaults_settings(slots: int) -> dict:
+    """The Balancer's default ``tolerance`` and ``max_moves`` at ``slots`` per GPU."""
+    budget = balancer_move_budget(slots)
+    return dict(tolerance=BALANCER_TOLERANCE if budget is None else 0.0, max_moves=budget)
+
+
+def _measure_one(job: tuple[str, Stored, str, int, bool]) -> list[dict]:
+    """The rows of one series on one deployment: every policy from the same start. A Balancer
+    setting the defaults already are (the defaults before, above 4 slots a GPU) is run once and
+    reported under both names; the free re-plan and the frontier (``frontier``) at the global rack
+    deployments only."""
+    kind, data, name, every, frontier = job
     deployment, cost = DEPLOYMENTS[name], cost_model()
     slots = deployment.num_slots // deployment.num_gpus
+    rack = name in TARGETS
     policies = [(key, key, policy, free) for key, policy, free in simulate_policies()
-                if key in ("vllm", "sglang", "reference")]
-    policies += [(key, "Balancer", BalancerPolicy(check_every=every, name=label, **options), False)
-                 for key, label, options in candidates()
-                 if not key.startswith("budget_") or (name.startswith("global 288/") and slots < 9
-                                                      and options["max_moves"] != slots)]
-    if slots > 4:  # the defaults there are the defaults before (no budget): one budget of one GPU's worth beside
-        policies.append((f"budget_{slots}", "Balancer", BalancerPolicy(
-            check_every=every, name=f"Balancer, at most {slots} slots per layer, tolerance 0", tolerance=0.0,
-            max_moves=slots), False))
+                if key in ("vllm", "sglang") or (key == "reference" and rack)]
+    budgets = [f"budget_{b}" for b in BUDGETS if frontier and rack and b != balancer_move_budget(slots)]
+    if frontier and slots > BUDGET_MAX_SLOTS_PER_GPU:
+        budgets.append(f"budget_{slots}")  # one GPU's worth where the defaults have no budget
+    known = {key: (label, options) for key, label, options in candidates()}
+    for key in budgets:
+        b = int(key.split("_")[1])
+        known.setdefault(key, (f"Balancer, at most {b} slots per layer, tolerance 0", dict(tolerance=0.0, max_moves=b)))
+    same_as_defaults = [key for key in ("before",) if known[key][1]["tolerance"] == defaults_settings(slots)["tolerance"]
+                        and known[key][1]["max_moves"] == defaults_settings(slots)["max_moves"]]
+    policies += [(key, "Balancer", BalancerPolicy(check_every=every, name=known[key][0], **known[key][1]), False)
+                 for key in ["defaults", "before", *budgets] if key not in same_as_defaults]
     rows = []
     for key, family, policy, free in policies:
         summary = simulate(data, deployment, policy=policy, cost_model=cost.with_(copy_mode="free") if free else cost,
@@ -119,27 +133,31 @@ def _measure_one(job: tuple[str, Stored, str, int]) -> list[dict]:
             balancer = policy.balancer
             settings = f"tolerance {balancer.tolerance:g}, " + (
                 "no budget" if balancer.max_moves is None else f"at most {balancer.max_moves} slots per layer")
-        rows.append({"series": kind, "deployment": name, "slots_per_gpu": slots,
-                     "key": key, "family": family, "policy": summary["policy"], "settings": settings,
-                     "lost_share": round(summary["lost_share"], 5),
-                     "lost_with_stalls_share": round(summary["lost_with_stalls_share"], 5),
-                     "rebalances": summary["rebalances"], "copies": summary["copies"]})
+        row = {"series": kind, "deployment": name, "slots_per_gpu": slots, "key": key, "family": family,
+               "policy": summary["policy"], "settings": settings,
+               "lost_share": round(summary["lost_share"], 5),
+               "lost_with_stalls_share": round(summary["lost_with_stalls_share"], 5),
+               "rebalances": summary["rebalances"], "copies": summary["copies"]}
+        rows.append(row)
+        if key == "defaults":
+            rows += [{**row, "key": same, "policy": known[same][0] + " (the defaults here: one run)"}
+                     for same in same_as_defaults]
     return rows
 
 
 def with_ratios(rows: list[dict]) -> list[dict]:
     """``rows`` with ``x_timer`` (time lost / the better timer's), ``x_limit`` (/ the free
-    re-plan's) and ``x_copies`` (copies / the timers' fewest), per series and deployment."""
+    re-plan's, where it ran) and ``x_copies`` (copies / the timers' fewest), per series and deployment."""
     out = []
     for group in dict.fromkeys((r["series"], r["deployment"]) for r in rows):
         get = {r["key"]: r for r in rows if (r["series"], r["deployment"]) == group}
         timer = min(float(get["vllm"]["lost_share"]), float(get["sglang"]["lost_share"]))
-        limit = float(get["reference"]["lost_share"])
+        limit = float(get["reference"]["lost_share"]) if "reference" in get else float("nan")
         fewest = min(int(get["vllm"]["copies"]), int(get["sglang"]["copies"]))
         for r in get.values():
             lost = float(r["lost_share"])
             out.append({**r, "x_timer": round(lost / timer, 4) if timer > 0 else float("inf"),
-                        "x_limit": round(lost / limit, 4) if limit > 0 else float("inf"),
+                        "x_limit": round(lost / limit, 4) if limit > 0 else float("nan"),
                         "x_copies": round(int(r["copies"]) / fewest, 4) if fewest else float("inf")})
     return out
 
@@ -153,8 +171,9 @@ def verdicts(rows: list[dict], kind: str) -> list[str]:
         if mine is None:
             continue
         copies_ok = mine["x_copies"] <= COPIES_TARGET
+        limit = f", {mine['x_limit']:.2f}x the free re-plan" if np.isfinite(mine["x_limit"]) else ""
         text = (f"- {name}: defaults lose {100 * float(mine['lost_share']):.2f}% = {mine['x_timer']:.2f}x the better "
-                f"timer, {mine['x_limit']:.2f}x the free re-plan, at {mine['x_copies']:.2f}x the timers' fewest copies")
+                f"timer{limit}, at {mine['x_copies']:.2f}x the timers' fewest copies")
         if name in TARGETS:
             met = copies_ok and mine["x_timer"] <= TARGETS[name]
             text += f" (target <= {TARGETS[name]}x at <= {COPIES_TARGET}x copies: {'met' if met else 'NOT met'})"
@@ -200,9 +219,11 @@ def headline(results_dir: Path) -> list[tuple[str, str, str]]:
 
 
 def run(quick: bool, results_dir: Path, *, blocks: int | None = None, every: int = CHECK,
-        deployments: tuple[str, ...] | None = None, kinds: tuple[str, ...] | None = None, workers: int = 2) -> str:
+        deployments: tuple[str, ...] | None = None, kinds: tuple[str, ...] | None = None, workers: int = 2,
+        frontier: bool = True) -> str:
     """The section's markdown; ``blocks``, ``every``, ``deployments``, ``kinds`` (series: keys of
-    :data:`SERIES_SEEDS`) and ``workers`` override the sizes (tests, a shared machine)."""
+    :data:`SERIES_SEEDS`), ``workers`` and ``frontier`` (the other move budgets) override the sizes
+    (tests, a shared machine)."""
     blocks = blocks or (QUICK_BLOCKS if quick else 900)
     names = tuple(deployments or DEPLOYMENTS)
     kinds = tuple(kinds or SERIES_SEEDS)
@@ -211,7 +232,7 @@ def run(quick: bool, results_dir: Path, *, blocks: int | None = None, every: int
         for kind in kinds:  # generated once, read by every job
             np.save(Path(folder) / f"{kind}.npy", series(kind, blocks).counts)
             stored[kind] = Stored(Path(folder) / f"{kind}.npy")
-        jobs = [(kind, stored[kind], name, every) for kind in kinds for name in names]
+        jobs = [(kind, stored[kind], name, every, frontier) for kind in kinds for name in names]
         if workers > 1:
             with ProcessPoolExecutor(min(workers, len(jobs))) as pool:
                 found = list(pool.map(_measure_one, jobs))
@@ -223,7 +244,7 @@ def run(quick: bool, results_dir: Path, *, blocks: int | None = None, every: int
         ["series", "deployment", "policy", "settings", "MoE time lost", "x better timer", "x free re-plan",
          "with stalls", "rebalances", "copies", "x timers' fewest"],
         [(r["series"], r["deployment"], r["policy"], r["settings"], f"{100 * float(r['lost_share']):.2f}%",
-          f"{r['x_timer']:.2f}", f"{r['x_limit']:.2f}", f"{100 * float(r['lost_with_stalls_share']):.2f}%",
+          f"{r['x_timer']:.2f}", f"{r['x_limit']:.2f}" if np.isfinite(r["x_limit"]) else "", f"{100 * float(r['lost_with_stalls_share']):.2f}%",
           r["rebalances"], r["copies"], f"{r['x_copies']:.2f}") for r in rows])
     budget = {k: balancer_move_budget(k) for k in (1, 2, 3, 4, 5, 9)}  # max_moves by slots per GPU
     text = "\n".join([
@@ -254,8 +275,10 @@ if __name__ == "__main__":
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--series", choices=list(SERIES_SEEDS), action="append",
                         help="only these series (default: all)")
+    parser.add_argument("--no-frontier", action="store_true", help="the defaults and the defaults before only")
     args = parser.parse_args()
     default = Path(__file__).resolve().parent / "results"
     out = default / "quick" if args.quick else default
     out.mkdir(parents=True, exist_ok=True)
-    print(run(args.quick, out, workers=args.workers, kinds=tuple(args.series or ()) or None))
+    print(run(args.quick, out, workers=args.workers, kinds=tuple(args.series or ()) or None,
+              frontier=not args.no_frontier))
