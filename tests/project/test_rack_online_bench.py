@@ -18,7 +18,10 @@ def test_rack_online_runs_every_policy_and_reports_the_targets(tmp_path):
     assert {r["deployment"] for r in rows} == set(names)
     for name in names:
         keys = {r["key"] for r in rows if r["deployment"] == name}
-        assert {"vllm", "sglang", "reference", "defaults", "before"} <= keys
+        assert {"vllm", "sglang", "defaults", "before"} <= keys
+        assert ("reference" in keys) == name.startswith("global")  # the free re-plan at the global rack deployments
+    # the frontier: the other budgets beside the defaults' one
+    assert {r["key"] for r in rows if r["deployment"] == "global 288/144"} >= {"budget_4", "budget_8"}
     defaults = {r["deployment"]: r["settings"] for r in rows if r["key"] == "defaults"}
     assert defaults["global 288/72"] == "tolerance 0, at most 4 slots per layer"
     assert defaults["global 288/144"] == "tolerance 0, at most 2 slots per layer"
