@@ -54,8 +54,8 @@ def balancer_move_budget(slots: float) -> int | None:
     ``bench/rack_online.py`` (tuning series); with one GPU's worth, 0.35x (288 / 72) and 0.14x
     (288 / 144) their copies, for 0.41x and 0.59x the better timer's MoE time lost (held out: 0.42x
     at 0.35x and 0.57x at 0.14x; racks as nodes at 288 / 144, 1.04x the global Balancer's time lost;
-    ``bench/results/rack_online.md``). More slots per layer lose less time for more copies (2k at 2
-    a GPU: 0.51x at 0.25x) but at 4 a GPU go past the engines' copies' third. At 9 a GPU the same budget served 288 / 32 better (7.4%
+    ``bench/results/rack_online.md``). More slots per layer lose less time for more copies (4 at 2 a
+    GPU: 0.51x at 0.25x; at 4 a GPU, 4 already make 0.35x the timers' copies). At 9 a GPU the same budget served 288 / 32 better (7.4%
     against 7.9% of the balanced time lost, 0.58x the copies) but a small deployment (72 slots on
     8 GPUs) worse (6.6% against 5.4%): above :data:`BUDGET_MAX_SLOTS_PER_GPU` the defaults stay those
     tuned there.
