@@ -32,11 +32,14 @@ from simulate import BLOCK, DS, QUICK_BLOCKS, TARGETS, TOKENS, Cached, scenarios
 from simulate import policies as simulate_policies
 
 from eplb import Balancer, BalancerPolicy, Deployment, Policy, plan, simulate
+from eplb.model.defaults import BALANCER_TOLERANCE
 
 CHECK = 100  # passes between decisions (the Balancer's check interval in the Simulate section)
 SUBWINDOWS = 10  # the clairvoyant plans hedge over the next CHECK passes in this many sub-windows
 DEPLOYMENTS = {"global 288/32": Deployment.of(256, **DS), "hierarchical 4 nodes": Deployment.of(256, **DS, num_groups=8)}
-BALANCER_DEFAULTS = {name: inspect.signature(Balancer).parameters[name].default for name in ("copy_cost", "tolerance")}
+# the Balancer's tolerance at 9 slots per GPU (its default follows the slots per GPU: "auto")
+BALANCER_DEFAULTS = {"copy_cost": inspect.signature(Balancer).parameters["copy_cost"].default,
+                     "tolerance": BALANCER_TOLERANCE}
 BUDGETS = (2, 4, 8)  # slots per layer a near plan may change (the Balancer rows take 4 and 8)
 
 

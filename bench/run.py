@@ -51,6 +51,7 @@ SECTIONS = (
     ("simulate", "Simulate", "rebalancing policies in step time and copies on drifting traffic"),
     ("decision_rule", "Decision rule", "Balancer settings chosen on tuning series, judged on held-out ones"),
     ("loop_frontier", "Loop frontier", "time lost against copies: the Balancer and a clairvoyant planner, held out"),
+    ("rack_online", "Rack-scale online loop", "the Balancer at 4 and 2 slots per GPU beside the engines' timers and the free re-plan"),
     ("simulate_chunks", "Rebalance in chunks", "a rebalance applied a few layers per step: stalls and time lost"),
     ("engine_dispatch", "Engine dispatch", "what each engine's replica choice serves: SGLang static, even split, optimal"),
     ("robust_default", "Robust by default", "the default plan of a series, held out, on real traces and structured families"),

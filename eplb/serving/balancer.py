@@ -42,7 +42,7 @@ from types import MappingProxyType
 
 import numpy as np
 
-from ..model.defaults import BALANCER_TOLERANCE, COPY_COST
+from ..model.defaults import AUTO, BALANCER_TOLERANCE, COPY_COST, balancer_move_budget, slots_per_gpu
 from ..model._validation import as_int
 from ..model.change import DeploymentChange
 from ..model.deployment import Deployment, deployment_argument, make_deployment
@@ -56,7 +56,7 @@ from ..analysis.loads import RANDOM_SPLIT, gpu_work
 from ..kernels.plumbing.load_window import (STAGED_DTYPES, copy_counts, first_bad_count, store_logical, store_physical,
                                    warm_copy_counts, weighted_window, window_residuals)
 from ..planning.methods import DEFAULT_METHOD, get_method
-from ..planning.migration import SPREAD_WARNING, warm_search_kernels
+from ..planning.migration import SPREAD_WARNING, groups_spread, warm_search_kernels
 from ..analysis.metrics import balancedness
 from ..analysis.placement import Placement, uniform_shares
 from ..model.topology import Topology
@@ -107,8 +107,13 @@ class Balancer:
         copy_cost: with ``subwindows > 1``, what one changed slot costs the hedged search, in mean
             ``peak / mean`` load (see :func:`eplb.plan`).
         method: the planning method (``eplb.METHODS``); tolerance, max_moves: the trade-off of
-            migration-aware planning (see :func:`eplb.plan`). The default tolerance is
-            :data:`eplb.model.defaults.BALANCER_TOLERANCE` (0.03: why there).
+            migration-aware planning (see :func:`eplb.plan`): how far above the best plan's peak a
+            rebalance may stay, and how many slots per layer it may change. By default
+            (``"auto"``) the move budget knows the slots per GPU ``k``: up to 4 slots a GPU (one copy
+            moves a quarter or more of a GPU's load), at most ``round(k)`` slots per layer, one GPU's
+            worth, the most balanced plan within it (tolerance 0); above, no budget and tolerance
+            :data:`~eplb.model.defaults.BALANCER_TOLERANCE` (0.03), as tuned at 9 slots a GPU
+            (:func:`eplb.model.defaults.balancer_move_budget`: why). Re-read after a deployment change.
         min_gain: rebalance only if the mean balancedness over layers rises by at least this much
             (on the window's loads) ...
         move_cost: ... plus ``move_cost`` times the fraction of slots that change (the migration cost
@@ -148,8 +153,8 @@ class Balancer:
     """
 
     def __init__(self, num_layers, deployment: Deployment | None = None, *, window: int = 100, decay: float | None = None,
-                 forecast: int | None = None, method: str = DEFAULT_METHOD, tolerance: float | None = BALANCER_TOLERANCE, max_moves=None,
-                 min_gain: float = 0.01, move_cost: float = 0.05, expert_bytes: int | None = None,
+                 forecast: int | None = None, method: str = DEFAULT_METHOD, tolerance: float | None | str = AUTO,
+                 max_moves: int | None | str = AUTO, min_gain: float = 0.01, move_cost: float = 0.05, expert_bytes: int | None = None,
                  placement: Placement | None = None, options: dict | None = None, threads: int = 1,
                  compile: str = "eager", cost_model: CostModel | None = None, horizon: int | None = None,
                  subwindows: int = SUBWINDOWS, copy_cost: float = COPY_COST, **deployment_keywords):
@@ -174,12 +179,8 @@ class Balancer:
         self.subwindows = as_int(subwindows, "subwindows", minimum=1)
         self.copy_cost = _non_negative(copy_cost, "copy_cost")
         self.method = method
-        if tolerance is not None and not (np.isfinite(float(tolerance)) and float(tolerance) >= 0):
-            raise ValueError(f"tolerance must be a non-negative number or None, got {tolerance}")
-        if tolerance is None and max_moves is None:
-            raise ValueError("give tolerance, max_moves or both")
-        self.tolerance = tolerance
-        self.max_moves = None if max_moves is None else as_int(max_moves, "max_moves", minimum=0)
+        self._move_arguments = (tolerance, max_moves)
+        self.tolerance, self.max_moves = move_settings(tolerance, max_moves, deployment.topology)
         self.min_gain = _non_negative(min_gain, "min_gain")
         self.move_cost = _non_negative(move_cost, "move_cost")
         self.expert_bytes = None if expert_bytes is None else as_int(expert_bytes, "expert_bytes", minimum=0)
@@ -222,7 +223,7 @@ class Balancer:
             self._compiled.set()
         else:
             _warm_window_kernels(self.num_layers, self.num_experts, self.topology.num_slots)
-            settings = dict(method=method, tolerance=tolerance, max_moves=self.max_moves, options=self.options)
+            settings = dict(method=method, tolerance=self.tolerance, max_moves=self.max_moves, options=self.options)
             if compile == "eager":
                 warm_kernels(self.deployment, **settings)
                 self._warm_cost_model()
@@ -385,10 +386,23 @@ class Balancer:
                                         weights=load)
         deployment, relaxed = fit_groups(self.deployment if change is None else change.new, spill=True,
                                          near=change is None)
+        tolerance, max_moves = self._move_budget(change, deployment)
         stages = build(windows, deployment, method=self.method, objective=objective,
-                       previous=self.placement.phy2log, tolerance=self.tolerance, max_moves=self.max_moves,
+                       previous=self.placement.phy2log, tolerance=tolerance, max_moves=max_moves,
                        copy_cost=self.copy_cost, threads=self.threads, options=self.options, change=change)
         return run(windows, deployment, stages, self.method, notes={"relaxed": relaxed} if relaxed else None)
+
+    def _move_budget(self, change: DeploymentChange | None, deployment: Deployment) -> tuple[float | None, int | None]:
+        """``(tolerance, max_moves)`` of a plan: :attr:`tolerance` and :attr:`max_moves`, except
+        that the default budget (``max_moves="auto"``) does not bind a re-plan across ``change`` nor
+        one that must gather expert groups spread over nodes (the round-robin start of a
+        hierarchical deployment): those are not chosen for their gain, and plan as without a
+        budget (tolerance :data:`~eplb.model.defaults.BALANCER_TOLERANCE` unless given)."""
+        if not isinstance(self._move_arguments[1], str):
+            return self.tolerance, self.max_moves
+        if change is not None or groups_spread(self.placement.phy2log, deployment, self.num_experts).any():
+            return move_settings(self._move_arguments[0], None, deployment.topology)
+        return self.tolerance, self.max_moves
 
     def planning_windows(self) -> np.ndarray:
         """``[K, L, E]`` float64: the window's passes in ``K = min(subwindows, passes recorded)``
@@ -597,6 +611,7 @@ class Balancer:
             self.deployment = change.new
             self.placement = placement
             self._physical = np.zeros((self.num_layers, change.new.topology.num_slots))
+            self.tolerance, self.max_moves = move_settings(*self._move_arguments, change.new.topology)
             self.rebalances += 1
             self._committing = placement
             self._candidate = None
@@ -668,10 +683,20 @@ class Balancer:
             "num_layers": self.num_layers, "num_experts": self.num_experts, "topology": self.topology.to_dict(),
             "num_groups": self.num_groups, "window": self.window, "decay": self.decay, "forecast": self.forecast,
             "method": self.method,
-            "tolerance": self.tolerance, "max_moves": self.max_moves, "min_gain": self.min_gain,
+            # as given: "auto" stays "auto" (its value follows the deployment, which may change)
+            "tolerance": self._saved_move_argument(0), "max_moves": self._saved_move_argument(1),
+            "min_gain": self.min_gain,
             "move_cost": self.move_cost, "expert_bytes": self.expert_bytes, "options": self.options,
             "threads": self.threads, "subwindows": self.subwindows, "copy_cost": self.copy_cost,
         }
+
+    def _saved_move_argument(self, index: int):
+        """``tolerance`` (0) or ``max_moves`` (1) as saved: ``"auto"`` when left to the slots per GPU,
+        else the value in use."""
+        given = self._move_arguments[index]
+        if isinstance(given, str):
+            return given
+        return self.tolerance if index == 0 else self.max_moves
 
     def state_dict(self) -> dict:
         """Everything a restarted server needs, as numpy arrays, ints and a JSON string (no pickle):
@@ -1081,8 +1106,8 @@ def _throwaway_warnings_hidden():
         yield
 
 
-def warm_kernels(deployment: Deployment, *, method: str = DEFAULT_METHOD, tolerance: float | None = BALANCER_TOLERANCE,
-                 max_moves=None, options: dict | None = None) -> float:
+def warm_kernels(deployment: Deployment, *, method: str = DEFAULT_METHOD, tolerance: float | None | str = AUTO,
+                 max_moves: int | None | str = AUTO, options: dict | None = None) -> float:
     """Compile (or load from Numba's cache) every kernel a :class:`Balancer` of this ``deployment``
     and these options calls when it records, decides and rebalances. Returns the seconds it took.
 
@@ -1095,6 +1120,7 @@ def warm_kernels(deployment: Deployment, *, method: str = DEFAULT_METHOD, tolera
     """
     start = time.perf_counter()
     num_experts = deployment.num_experts
+    tolerance, max_moves = move_settings(tolerance, max_moves, deployment.topology)
     key = json.dumps([num_experts, deployment.topology.to_dict(), deployment.num_groups, method, tolerance is None,
                       max_moves is None, options or {}], sort_keys=True, default=str)
     if key in _WARMED:
@@ -1133,6 +1159,33 @@ def _warm_change(balancer: Balancer) -> None:
                                                           dispatch=deployment.dispatch))
     placement, transfer = balancer.rebalance(deployment=change)
     transfer.counts()
+
+
+def move_settings(tolerance, max_moves, topology: Topology) -> tuple[float | None, int | None]:
+    """The Balancer's ``(tolerance, max_moves)`` from its arguments, ``"auto"``
+    (:data:`~eplb.model.defaults.AUTO`) resolved: ``max_moves`` to
+    :func:`~eplb.model.defaults.balancer_move_budget` of the topology's slots per GPU, ``tolerance``
+    to 0 with a move budget and to :data:`~eplb.model.defaults.BALANCER_TOLERANCE` without one; the
+    others checked (``ValueError`` naming the argument and the rule)."""
+    for name, value in (("tolerance", tolerance), ("max_moves", max_moves)):
+        if isinstance(value, str) and value != AUTO:
+            raise ValueError(f"{name} must be a number, None or {AUTO!r}, got {value!r}")
+    if max_moves == AUTO:
+        max_moves = balancer_move_budget(slots_per_gpu(topology))
+    elif max_moves is not None:
+        max_moves = as_int(max_moves, "max_moves", minimum=0)
+    if tolerance == AUTO:
+        tolerance = BALANCER_TOLERANCE if max_moves is None else 0.0
+    elif tolerance is not None:
+        try:
+            tolerance = float(tolerance)
+        except (TypeError, ValueError):
+            raise ValueError(f"tolerance must be a non-negative number, None or {AUTO!r}, got {tolerance!r}") from None
+        if not (np.isfinite(tolerance) and tolerance >= 0):
+            raise ValueError(f"tolerance must be a non-negative number, None or {AUTO!r}, got {tolerance}")
+    if tolerance is None and max_moves is None:
+        raise ValueError("give tolerance, max_moves or both")
+    return tolerance, max_moves
 
 
 def _non_negative(value, name: str) -> float:
