@@ -78,7 +78,7 @@ def validate(plan_file, counts_file, plan_format, input_format, gpus, nodes, gro
         loads = p.gpu_loads(weights, judge)
         bal = metrics.balancedness(loads, p.topology)
         live = int((p.topology.slots_per_gpu > 0).sum())
-        before = metrics.balancedness(metrics.static_gpu_loads(weights, p.num_gpus))
+        before = metrics.balancedness(metrics.static_gpu_loads(weights, live))  # the experts over the GPUs that serve
         bound = bound_for(weights, p, engine)
         gap = metrics.gap(loads.max(axis=-1), bound.values)
         moe = moe_layers(weights)

@@ -170,6 +170,8 @@ def test_issue_47_item_4_validate_judges_live_gpus_only(folder):
     live = metrics.imbalance(loads, placement.topology).mean()
     assert _line(out, "imbalance").startswith(f"imbalance {live:.4f} mean") and "8 GPUs that hold slots" in out
     assert live < metrics.imbalance(loads).mean()                      # the dead GPUs counted as idle: worse
+    unbalanced = metrics.moe_mean(metrics.balancedness(metrics.static_gpu_loads(SERIES.sum(0), 8)), SERIES.sum(0))
+    assert f"(no rebalancing: {unbalanced:.4f})" in _line(out, "balance")   # the experts over the 8 live GPUs
     per_window = metrics.balancedness(placement.gpu_loads(SERIES), placement.topology).mean(axis=1)
     assert _line(out, "windows").startswith(f"windows  4: balancedness per window {per_window.min():.4f}.."
                                             f"{per_window.max():.4f}")
