@@ -242,8 +242,7 @@ def test_layers_near_the_bound_skip_the_plan_from_scratch_soundly(deployment, se
 
     config, counts = deployment
     previous = random_previous(config, counts.shape[0], seed)
-    with mock.patch.object(migration, "BOUND_FIRST_SLOTS", 0), \
-            mock.patch.object(migration, "BOUND_FIRST_SLOTS_PER_GPU", 0):
+    with mock.patch.object(migration, "BOUND_FIRST_SLOTS", 0):
         near = eplb.plan(counts, previous=previous, tolerance=tolerance, **kwargs(config))
     bound = reference_bound(counts.astype(float), make_deployment(
         config["num_experts"], config["num_slots"], config["num_gpus"], config["num_nodes"], config["num_groups"], None))
@@ -311,8 +310,7 @@ def test_hierarchical_plan_is_hierarchical_from_any_previous(deployment, seed, t
 
     config, counts = deployment
     previous = random_previous(config, counts.shape[0], seed)
-    with mock.patch.object(migration, "BOUND_FIRST_SLOTS", 0 if bound_first else 10**9), \
-            mock.patch.object(migration, "BOUND_FIRST_SLOTS_PER_GPU", 0), warnings.catch_warnings():
+    with mock.patch.object(migration, "BOUND_FIRST_SLOTS", 0 if bound_first else 10**9), warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # the budget of 3 moves is exceeded to regroup
         near = eplb.plan(counts, previous=previous, tolerance=tolerance, max_moves=None if tolerance is not None else 3,
                          **kwargs(config))
