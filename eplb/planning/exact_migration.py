@@ -14,7 +14,7 @@ tells GPUs apart) plus::
 
 Slots on one GPU are interchangeable, so a GPU that keeps ``kept[e, g]`` replicas of ``e`` keeps
 them in the slots they had: the changed slots of GPU ``g`` are ``k_g - sum_e kept[e, g]`` and
-:func:`eplb.kernels.search.few_changes.align_slots` puts every kept expert back in its old slot.
+:func:`eplb.kernels.search.relabel.align_slots` puts every kept expert back in its old slot.
 
 Integer loads: the per-replica loads are the model's integer table (exact, or rounded down to a
 total of 2**31, see :func:`eplb.planning.methods.exact_model.load_table`). Rounded down, the model is a relaxation: the
@@ -36,7 +36,7 @@ from ortools.sat.python import cp_model
 
 from .methods.exact_model import load_table, solver_parameters
 from ..analysis.loads import slot_order_peaks
-from ..kernels.search.few_changes import align_slots
+from ..kernels.search.relabel import align_slots
 from .methods import Deployment
 
 @dataclass

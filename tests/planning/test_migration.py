@@ -8,7 +8,8 @@ from hypothesis import strategies as st
 from strategies import problems
 
 import eplb
-from eplb.kernels.search.few_changes import SearchLayout, min_cost_assignment, relabel_like, search_near_previous
+from eplb.kernels.search.few_changes import SearchLayout, search_near_previous
+from eplb.kernels.search.relabel import min_cost_assignment, relabel_like
 from eplb.analysis.metrics import moves
 from eplb.simulation.synthetic import drifting_counts
 

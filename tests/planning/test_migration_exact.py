@@ -186,7 +186,7 @@ def test_balancer_with_the_exact_method_rebalances_with_the_fewest_changes():
 @settings(max_examples=25, deadline=None)
 @given(tiny.filter(lambda c: c[3] is None), st.integers(0, 2**32 - 1), st.sampled_from([0.0, 0.005, 0.1]))
 def test_exhaustive_search_of_small_layers_finds_the_fewest_changes(config, seed, tolerance):
-    from eplb.kernels.search.few_changes import fewest_changes_search
+    from eplb.kernels.search.tiny_changes import fewest_changes_search
 
     num_experts, slots, num_nodes, _ = config
     slots = np.array(slots)

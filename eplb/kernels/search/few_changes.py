@@ -1,5 +1,6 @@
-"""Kernels of migration-aware planning: improve a previous placement with few slot changes, and
-relabel a fresh placement so that it keeps as many experts in place as possible.
+"""Kernels of migration-aware planning: improve a previous placement with few slot changes
+(relabelling a fresh placement: :mod:`.relabel`; the exhaustive search of small layers:
+:mod:`.tiny_changes`).
 
 Shapes: ``L`` layers, ``E`` experts, ``S`` slots, ``G`` GPUs, ``N`` nodes, ``K`` expert groups.
 A "change" is a slot whose expert differs from the previous placement.
@@ -12,6 +13,13 @@ The search (:func:`search_near_previous`) keeps two groups of arrays that travel
   slot lists and per-replica loads, per-GPU loads and replica counts, per-node group counts
   (allocated once per call, refilled per layer).
 
+Cost: a step scans every slot of the layer (moves (A) and (C) below), and a layer takes about as
+many steps as slots it changes, so a layer costs ``O(S * changes)``: at 512 slots on 256 GPUs
+(DeepSeek-V3 size, the bound-first search of 58 layers, 8,807 steps) 17 us a step, of which
+``perf`` puts ~56% in :func:`_best_new_replica`, ~19% in :func:`_best_swap` and ~20% in the
+reference counts of the state's arrays passed from call to call. Scanning only candidate GPUs
+(kept sorted by load) would change which of several equal moves is picked: not done yet.
+
 A candidate move is a tuple ``(score, local, kind, a, b)``: its gain per changed slot, the largest
 load it leaves on the GPUs it touches, and what it does (:data:`SWAP` slots ``a`` and ``b``,
 :data:`REASSIGN` slot ``a`` to expert ``b``; :data:`NO_MOVE` none).
@@ -23,6 +31,7 @@ import numpy as np
 from numba import njit
 
 from ..plumbing.common import INTERNAL, shell_sort, stable_argsort
+from .relabel import align_slots  # noqa: F401 (eplb.planning.replan imports it from here)
 
 _EPS = 1e-12
 NO_MOVE, SWAP, REASSIGN = -1, 0, 1  # kinds of moves; REASSIGN covers moves (B) and (C) below
@@ -64,6 +73,32 @@ def _refresh_loads(st, gpu_of_slot):
     x[:] = 0.0
     for s in range(row.shape[0]):
         x[gpu_of_slot[s]] += share[row[s]]
+
+
+@njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
+def _refresh_gpu(st, slot_offsets, g):
+    """Recompute ``st.x[g]`` from GPU ``g``'s slots, in slot order: bit for bit what
+    :func:`_refresh_loads` gives it."""
+    total = 0.0
+    for s in range(slot_offsets[g], slot_offsets[g + 1]):
+        total += st.share[st.row[s]]
+    st.x[g] = total
+
+
+@njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
+def _refresh_around(st, lay, s, t, e, f):
+    """Recompute the loads of the GPUs that a change of slots ``s`` and ``t`` (``-1``: none) between
+    experts ``e`` and ``f`` touched: theirs and every holder of ``e`` or ``f`` (whose shares changed).
+    The other GPUs' loads are unchanged; the touched ones get what :func:`_refresh_loads` gives
+    them, so the search's choices are those of refreshing every GPU, at ``O(replicas)`` a step."""
+    gpu_of_slot, slot_offsets = lay.gpu_of_slot, lay.slot_offsets
+    _refresh_gpu(st, slot_offsets, gpu_of_slot[s])
+    if t >= 0:
+        _refresh_gpu(st, slot_offsets, gpu_of_slot[t])
+    for i in range(st.cnt[e]):
+        _refresh_gpu(st, slot_offsets, gpu_of_slot[st.expert_slots[e, i]])
+    for i in range(st.cnt[f]):
+        _refresh_gpu(st, slot_offsets, gpu_of_slot[st.expert_slots[f, i]])
 
 
 @njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
@@ -423,9 +458,9 @@ def _best_swap(st, lay, heavy, limits, slot_share, undone, bar):
     num_gpus = slot_offsets.shape[0] - 1
     node_h = node_of_gpu[heavy]
     best = (0.0, peak, np.int64(NO_MOVE), np.int64(-1), np.int64(-1))
-    for b in range(row.shape[0]):
-        slot_share[b] = share[row[b]]
     lo = slot_offsets[heavy]
+    for a in range(lo, slot_offsets[heavy + 1]):  # the other slots' shares are read from share
+        slot_share[a] = share[row[a]]
     order = stable_argsort(-slot_share[lo:slot_offsets[heavy + 1]]) + lo
     # pruning, which never skips a pair that could be picked: with slot b, a swap lowers the
     # heaviest GPU at most by the largest share difference, leaves a local max at least midway
@@ -447,7 +482,7 @@ def _best_swap(st, lay, heavy, limits, slot_share, undone, bar):
             # the tests on slot b alone, before the pairs (every pair with b would fail them)
             if has[heavy, f] > 0 or (other_node and node_group[node_h, group_of_expert[f]] == 0):
                 continue
-            sb = slot_share[b]
+            sb = share[f]
             if pe_max <= sb:
                 continue
             divisor = 1.0
@@ -496,6 +531,8 @@ def _apply_move(st, lay, move):
         _set_slot(st, lay, a, f)
         _set_slot(st, lay, b, e)
         delta = int(f != prev[a]) - int(e != prev[a]) + int(e != prev[b]) - int(f != prev[b])
+        _refresh_gpu(st, lay.slot_offsets, lay.gpu_of_slot[a])  # a swap changes no share: its two GPUs only
+        _refresh_gpu(st, lay.slot_offsets, lay.gpu_of_slot[b])
     else:
         s, f = move[3], move[4]
         e = row[s]
@@ -503,7 +540,7 @@ def _apply_move(st, lay, move):
         delta = int(f != prev[s]) - int(e != prev[s])
         _shares(st, e)
         _shares(st, f)
-    _refresh_loads(st, lay.gpu_of_slot)
+        _refresh_around(st, lay, s, np.int64(-1), e, f)
     return delta
 
 
@@ -576,8 +613,9 @@ def _undo_one(st, lay, s, changed, cap):
         _set_slot(st, lay, partner, e)
     _shares(st, e)
     _shares(st, f)
-    # every GPU's load (refreshing only the holders of e and f gave wrong peaks: tests/model/test_topologies)
-    _refresh_loads(st, gpu_of_slot)
+    # the loads of the GPUs of s and the partner, and of every holder of e and f, recomputed whole
+    # (updating the holders' loads by differences gave wrong peaks: tests/model/test_topologies)
+    _refresh_around(st, lay, s, partner, e, f)
     peak = 0.0
     for g in range(st.x.shape[0]):
         peak = max(peak, st.x[g])
@@ -588,277 +626,6 @@ def _undo_one(st, lay, s, changed, cap):
     _set_slot(st, lay, s, e)
     _shares(st, e)
     _shares(st, f)
-    _refresh_loads(st, gpu_of_slot)
+    _refresh_around(st, lay, s, partner, e, f)
     return False
 
-
-@njit(cache=True, error_model="numpy")  # keeps the GIL: see below
-def min_cost_assignment(cost):
-    """Optimal assignment of an ``[n, n]`` float64 cost matrix (shortest augmenting paths, O(n^3)).
-
-    Returns:
-        ``[n]`` int64: the column assigned to each row, minimising the total cost.
-
-    Called from Python on node-sized matrices (one call per layer of the regroup restart), it keeps
-    the GIL: releasing it for microseconds of work made a planning thread wait up to a switch
-    interval (5 ms) per call to get the GIL back from a busy Python thread. Called from the
-    kernels that release the GIL (:func:`relabel_like`), it runs without it like they do.
-    """
-    n = cost.shape[0]
-    inf = np.inf
-    u = np.zeros(n + 1)
-    v = np.zeros(n + 1)
-    match_col = np.zeros(n + 1, np.int64)  # row (1-based) matched to each column; 0 = free
-    way = np.zeros(n + 1, np.int64)
-    min_v = np.empty(n + 1)
-    used = np.zeros(n + 1, np.bool_)
-    for i in range(1, n + 1):
-        match_col[0] = i
-        j0 = 0
-        min_v[:] = inf
-        used[:] = False
-        while True:
-            used[j0] = True
-            i0 = match_col[j0]
-            delta = inf
-            j1 = 0
-            for j in range(1, n + 1):
-                if not used[j]:
-                    cur = cost[i0 - 1, j - 1] - u[i0] - v[j]
-                    if cur < min_v[j]:
-                        min_v[j] = cur
-                        way[j] = j0
-                    if min_v[j] < delta:
-                        delta = min_v[j]
-                        j1 = j
-            for j in range(n + 1):
-                if used[j]:
-                    u[match_col[j]] += delta
-                    v[j] -= delta
-                else:
-                    min_v[j] -= delta
-            j0 = j1
-            if match_col[j0] == 0:
-                break
-        while j0 != 0:
-            j1 = way[j0]
-            match_col[j0] = match_col[j1]
-            j0 = j1
-    result = np.empty(n, np.int64)
-    for j in range(1, n + 1):
-        result[match_col[j] - 1] = j - 1
-    return result
-
-
-@njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
-def _overlap(new_row, prev_row, slot_offsets, num_experts):
-    """``[G, G]``: experts GPU ``gn`` holds under ``new_row`` that GPU ``go`` holds under ``prev_row``
-    (multiset intersection); ``-1`` where the two GPUs hold different numbers of slots."""
-    num_gpus = slot_offsets.shape[0] - 1
-    held = np.zeros((num_gpus, num_experts), np.int64)
-    for g in range(num_gpus):
-        for s in range(slot_offsets[g], slot_offsets[g + 1]):
-            held[g, prev_row[s]] += 1
-    overlap = np.zeros((num_gpus, num_gpus))
-    mine = np.zeros(num_experts, np.int64)
-    for gn in range(num_gpus):
-        size = slot_offsets[gn + 1] - slot_offsets[gn]
-        for s in range(slot_offsets[gn], slot_offsets[gn + 1]):
-            mine[new_row[s]] += 1
-        for go in range(num_gpus):
-            if slot_offsets[go + 1] - slot_offsets[go] != size:
-                overlap[gn, go] = -1.0
-                continue
-            total = 0
-            for s in range(slot_offsets[gn], slot_offsets[gn + 1]):
-                e = new_row[s]
-                if mine[e] > 0:  # count each distinct expert once
-                    total += min(mine[e], held[go, e])
-                    mine[e] = -mine[e]
-            for s in range(slot_offsets[gn], slot_offsets[gn + 1]):
-                e = new_row[s]
-                if mine[e] < 0:
-                    mine[e] = -mine[e]
-            overlap[gn, go] = total
-        for s in range(slot_offsets[gn], slot_offsets[gn + 1]):
-            mine[new_row[s]] = 0
-    return overlap
-
-
-@njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
-def _match_gpus(overlap, gpus_per_node, by_node):
-    """GPU relabelling ``[G]`` (new GPU -> position) maximising the kept experts.
-
-    ``by_node``: permute whole nodes, then GPUs inside each node (keeps groups on one node);
-    otherwise any GPU may take any position with the same slot count.
-    """
-    num_gpus = overlap.shape[0]
-    big = 1e9
-    if not by_node:
-        cost = np.empty((num_gpus, num_gpus))
-        for i in range(num_gpus):
-            for j in range(num_gpus):
-                cost[i, j] = big if overlap[i, j] < 0 else -overlap[i, j]
-        return min_cost_assignment(cost)
-    num_nodes = num_gpus // gpus_per_node
-    node_cost = np.empty((num_nodes, num_nodes))
-    inner = np.empty((num_nodes, num_nodes, gpus_per_node), np.int64)
-    sub = np.empty((gpus_per_node, gpus_per_node))
-    for a in range(num_nodes):
-        for b in range(num_nodes):
-            for i in range(gpus_per_node):
-                for j in range(gpus_per_node):
-                    o = overlap[a * gpus_per_node + i, b * gpus_per_node + j]
-                    sub[i, j] = big if o < 0 else -o
-            assignment = min_cost_assignment(sub)
-            total = 0.0
-            for i in range(gpus_per_node):
-                total += sub[i, assignment[i]]
-                inner[a, b, i] = assignment[i]  # not inner[a, b] = assignment: see hierarchy._copy
-            node_cost[a, b] = total
-    nodes = min_cost_assignment(node_cost)
-    result = np.empty(num_gpus, np.int64)
-    for a in range(num_nodes):
-        for i in range(gpus_per_node):
-            result[a * gpus_per_node + i] = nodes[a] * gpus_per_node + inner[a, nodes[a], i]
-    return result
-
-
-@njit(cache=True, nogil=True, error_model="numpy")
-def align_slots(row, prev_row, slot_offsets, num_experts, out):
-    """Order each GPU's experts so that those it held in a slot under ``prev_row`` stay there."""
-    num_gpus = slot_offsets.shape[0] - 1
-    want = np.zeros(num_experts, np.int64)
-    for g in range(num_gpus):
-        lo, hi = slot_offsets[g], slot_offsets[g + 1]
-        for s in range(lo, hi):
-            want[row[s]] += 1
-            out[s] = -1
-        for s in range(lo, hi):
-            e = prev_row[s]
-            if e >= 0 and want[e] > 0:  # e < 0: a hole of a carried placement
-                out[s] = e
-                want[e] -= 1
-        t = lo
-        for s in range(lo, hi):
-            e = row[s]
-            if want[e] > 0:
-                while out[t] >= 0:
-                    t += 1
-                out[t] = e
-                want[e] -= 1
-
-
-@njit(cache=True, nogil=True, error_model="numpy")
-def relabel_like(new, previous, slot_offsets, gpus_per_node, by_node, num_experts):
-    """Relabel GPUs (and nodes) of ``new [L, S]``, then slots inside each GPU, to keep the most
-    experts where ``previous [L, S]`` had them. GPU loads are only permuted.
-
-    Returns:
-        ``phy2log [L, S]`` int64 and ``changes [L]`` int64 (slots that differ from ``previous``).
-    """
-    num_layers, num_slots = new.shape
-    num_gpus = slot_offsets.shape[0] - 1
-    out = np.empty_like(new)
-    moved = np.empty(num_slots, np.int64)
-    changes = np.zeros(num_layers, np.int64)
-    for layer in range(num_layers):
-        overlap = _overlap(new[layer], previous[layer], slot_offsets, num_experts)
-        position = _match_gpus(overlap, gpus_per_node, by_node)
-        for gn in range(num_gpus):
-            go = position[gn]
-            for i in range(slot_offsets[gn + 1] - slot_offsets[gn]):
-                moved[slot_offsets[go] + i] = new[layer, slot_offsets[gn] + i]
-        align_slots(moved, previous[layer], slot_offsets, num_experts, out[layer])
-        for s in range(num_slots):
-            if out[layer, s] != previous[layer, s]:
-                changes[layer] += 1
-    return out, changes
-
-
-@njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
-def _fits(w, row, prev, slot_offsets, counts, target):
-    """Whether ``row [S]`` holds every expert, gives no GPU more replicas of an expert than
-    ``max(1, what it held in prev)``, and keeps every GPU at most ``target``."""
-    num_experts = w.shape[0]
-    counts[:] = 0
-    for s in range(row.shape[0]):
-        counts[row[s]] += 1
-    for e in range(num_experts):
-        if counts[e] == 0:
-            return False
-    for g in range(slot_offsets.shape[0] - 1):
-        total = 0.0
-        for s in range(slot_offsets[g], slot_offsets[g + 1]):
-            e = row[s]
-            total += w[e] / counts[e]
-            if e != prev[s]:  # a new replica: at most max(1, previous count) of e on this GPU
-                on_gpu = 0
-                before = 0
-                for t in range(slot_offsets[g], slot_offsets[g + 1]):
-                    on_gpu += row[t] == e
-                    before += prev[t] == e
-                if on_gpu > max(1, before):
-                    return False
-        if total > target:
-            return False
-    return True
-
-
-@njit(cache=True, nogil=True, error_model="numpy")
-def fewest_changes_search(w, prev, slot_offsets, target, most_changes, work):
-    """Exhaustive search of one small layer for a placement within ``target`` that changes fewer
-    than ``most_changes`` slots of ``prev``: every set of 1, 2, ... changed slots in increasing
-    order, each with every other expert, until one fits (:func:`_fits`) or ``work`` leaf checks are
-    spent. Deterministic (the first fit in that order).
-
-    Args:
-        w: ``[E]`` float64 loads; prev: ``[S]`` int64; slot_offsets: ``[G + 1]``; target: max load.
-        most_changes: search only fewer changes than this; work: most placements checked.
-    Returns:
-        ``(row [S] int64, changes)``: the fit, or ``prev`` and ``-1`` if none was found.
-    """
-    num_slots = prev.shape[0]
-    num_experts = w.shape[0]
-    row = prev.copy()
-    counts = np.zeros(num_experts, np.int64)
-    chosen = np.zeros(num_slots, np.int64)  # the changed slots, increasing
-    pick = np.zeros(num_slots, np.int64)  # the expert index tried in each changed slot
-    checked = 0
-    for c in range(1, most_changes):
-        if c > num_slots:
-            break
-        # odometer over (slots s_1 < ... < s_c) and (experts != prev) for each
-        for i in range(c):
-            chosen[i] = i
-        while True:
-            for i in range(c):
-                pick[i] = 0
-            while True:
-                for i in range(c):
-                    s = chosen[i]
-                    e = pick[i]
-                    row[s] = e if e < prev[s] else e + 1  # the (pick)-th expert other than prev[s]
-                checked += 1
-                if _fits(w, row, prev, slot_offsets, counts, target):
-                    return row, c
-                if checked >= work:
-                    return prev.copy(), np.int64(-1)
-                i = c - 1
-                while i >= 0 and pick[i] == num_experts - 2:
-                    pick[i] = 0
-                    i -= 1
-                if i < 0:
-                    break
-                pick[i] += 1
-            for i in range(c):
-                row[chosen[i]] = prev[chosen[i]]
-            i = c - 1
-            while i >= 0 and chosen[i] == num_slots - c + i:
-                i -= 1
-            if i < 0:
-                break
-            chosen[i] += 1
-            for j in range(i + 1, c):
-                chosen[j] = chosen[j - 1] + 1
-    return prev.copy(), np.int64(-1)
