@@ -13,6 +13,7 @@ import numpy as np
 
 from ...analysis.bounds import strongest_bound
 from ...analysis.loads import slot_order_peaks
+from ...analysis.metrics import replicas_sharing_a_gpu
 from ...model._validation import MissingExtraError
 from ..spread import avoidable_doubled
 from .exact_pairs import few_slot_plans
@@ -62,7 +63,7 @@ def solve_unproven(exact, weights: np.ndarray, deployment: Deployment, warm: np.
     info = {"optimal": proven.copy(), "proven_bound": np.where(proven, peaks, bound), "solve_time_s": np.zeros(num_layers),
             "status": ["OPTIMAL" if p else "SKIPPED" for p in proven],
             "source": ["closed form" if p else "warm start" for p in proven],
-            "doubled": np.zeros(num_layers, np.int64), "warm_start_rearranged": np.zeros(num_layers, bool),
+            "doubled": replicas_sharing_a_gpu(warm, topology), "warm_start_rearranged": np.zeros(num_layers, bool),
             "interrupted": False, "exact_arithmetic": np.ones(num_layers, bool), "closed_form": proven}
     phy2log = warm.copy()
     if open_layers.size:
