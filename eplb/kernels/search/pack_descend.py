@@ -74,6 +74,23 @@ def domain_slots(gpus, slots_per_gpu):
     return total
 
 
+@njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
+def _layout_state(slots_per_gpu, num_layers, num_experts):
+    """``(slot_offsets [G + 1], phy2log [L, S] (unfilled), pack)``: where each GPU's slots start,
+    the placement to fill and an empty :class:`eplb.kernels.search.packing.PackState` sized for
+    ``slots_per_gpu [G]``."""
+    num_gpus = slots_per_gpu.shape[0]
+    width = np.int64(1)
+    slot_offsets = np.zeros(num_gpus + 1, np.int64)
+    for g in range(num_gpus):
+        width = max(width, slots_per_gpu[g])
+        slot_offsets[g + 1] = slot_offsets[g] + slots_per_gpu[g]
+    num_slots = slot_offsets[num_gpus]
+    phy2log = np.empty((num_layers, num_slots), np.int64)
+    item_expert, item_load, gpu_items, gpu_fill, gpu_load, holds = new_state(num_slots, num_gpus, width, num_experts)
+    return slot_offsets, phy2log, PackState(item_expert, item_load, gpu_items, gpu_fill, gpu_load, holds)
+
+
 @njit(cache=True, nogil=True, error_model="numpy")
 def balanced_placement(weights, slots_per_gpu, gpu_domain, expert_domain, max_steps):
     """Place every layer, each domain on its own.
@@ -92,19 +109,11 @@ def balanced_placement(weights, slots_per_gpu, gpu_domain, expert_domain, max_st
     num_gpus = slots_per_gpu.shape[0]
     # typed int64 from the start: a literal 0 or 1 here would make the type inference compile the
     # callees once more for the literal while it settles the variable's type
-    num_slots = np.int64(0)
-    width = np.int64(1)
     num_domains = np.int64(0)
     for g in range(num_gpus):
-        num_slots += slots_per_gpu[g]
-        width = max(width, slots_per_gpu[g])
         num_domains = max(num_domains, gpu_domain[g] + 1)
-    slot_offsets = np.zeros(num_gpus + 1, np.int64)
-    for g in range(num_gpus):
-        slot_offsets[g + 1] = slot_offsets[g] + slots_per_gpu[g]
-    phy2log = np.empty((num_layers, num_slots), np.int64)
-    item_expert, item_load, gpu_items, gpu_fill, gpu_load, holds = new_state(num_slots, num_gpus, width, num_experts)
-    pack = PackState(item_expert, item_load, gpu_items, gpu_fill, gpu_load, holds)
+    slot_offsets, phy2log, pack = _layout_state(slots_per_gpu, num_layers, num_experts)
+    item_expert, item_load, gpu_items, gpu_fill, gpu_load, holds = pack
     domain_gpus = []
     for d in range(num_domains):
         domain_gpus.append(np.where((gpu_domain == d) & (slots_per_gpu > 0))[0].astype(np.int64))
@@ -140,17 +149,8 @@ def place_node_counts(weights, node_count, slots_per_gpu, gpu_domain, max_steps)
     """
     num_layers, num_nodes, num_experts = node_count.shape
     num_gpus = slots_per_gpu.shape[0]
-    num_slots = np.int64(0)
-    width = np.int64(1)
-    for g in range(num_gpus):
-        num_slots += slots_per_gpu[g]
-        width = max(width, slots_per_gpu[g])
-    slot_offsets = np.zeros(num_gpus + 1, np.int64)
-    for g in range(num_gpus):
-        slot_offsets[g + 1] = slot_offsets[g] + slots_per_gpu[g]
-    phy2log = np.empty((num_layers, num_slots), np.int64)
-    item_expert, item_load, gpu_items, gpu_fill, gpu_load, holds = new_state(num_slots, num_gpus, width, num_experts)
-    pack = PackState(item_expert, item_load, gpu_items, gpu_fill, gpu_load, holds)
+    slot_offsets, phy2log, pack = _layout_state(slots_per_gpu, num_layers, num_experts)
+    item_expert, item_load, gpu_items, gpu_fill, gpu_load, holds = pack
     for layer in range(num_layers):
         gpu_fill[:] = 0
         gpu_load[:] = 0.0

@@ -43,6 +43,20 @@ def clear_gpus(gpus, item_expert, gpu_items, gpu_fill, gpu_load, holds):
 
 
 @njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
+def _free_gpu_heap(gpus, slots_per_gpu, gpu_fill, gpu_load, key, heap):
+    """Fill ``heap`` with the positions in ``gpus [m]`` of the GPUs with a free slot, as a min-heap
+    keyed by ``key [m]`` (set here to their loads); returns the heap's size."""
+    size = np.int64(0)
+    for gi in range(gpus.shape[0]):
+        key[gi] = gpu_load[gpus[gi]]
+        if gpu_fill[gpus[gi]] < slots_per_gpu[gpus[gi]]:
+            heap[size] = gi
+            size += 1
+    heapify(heap, size, key)
+    return size
+
+
+@njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
 def pack_spread_largest_first(item_load, item_expert, items, gpus, slots_per_gpu, gpu_items, gpu_fill,
                               gpu_load, holds):
     """Place replicas in decreasing load, each on the lightest GPU with a free slot that does not
@@ -59,13 +73,7 @@ def pack_spread_largest_first(item_load, item_expert, items, gpus, slots_per_gpu
     m = gpus.shape[0]
     key = np.empty(m)
     heap = np.empty(m, np.int64)
-    size = np.int64(0)
-    for gi in range(m):
-        key[gi] = gpu_load[gpus[gi]]
-        if gpu_fill[gpus[gi]] < slots_per_gpu[gpus[gi]]:
-            heap[size] = gi
-            size += 1
-    heapify(heap, size, key)
+    size = _free_gpu_heap(gpus, slots_per_gpu, gpu_fill, gpu_load, key, heap)
     top = np.int64(0)  # typed, not the literal: one specialization of the sift
     for t in range(items.shape[0]):
         item = items[t]
@@ -89,13 +97,7 @@ def pack_spread_largest_first(item_load, item_expert, items, gpus, slots_per_gpu
                 heap[0] = heap[size]
             heap_sift_down(heap, size, key, top)
         else:  # another GPU changed: rebuild the heap (rare)
-            size = 0
-            for gi in range(m):
-                key[gi] = gpu_load[gpus[gi]]
-                if gpu_fill[gpus[gi]] < slots_per_gpu[gpus[gi]]:
-                    heap[size] = gi
-                    size += 1
-            heapify(heap, size, key)
+            size = _free_gpu_heap(gpus, slots_per_gpu, gpu_fill, gpu_load, key, heap)
 
 
 @njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
