@@ -641,3 +641,25 @@ def test_item20_a_previous_on_other_nodes_or_slots_names_what_differs():
     with pytest.raises(ValueError, match="previous has 16 experts, counts have 8"):
         eplb.plan(np.ones((1, 8)), eplb.DeploymentChange.lose(eplb.Deployment.of(8, num_slots=24, num_gpus=4,
                                                                                    num_nodes=2), [1]), previous=previous)
+
+
+def test_issue_47_item_10_groups_come_home_when_the_lost_gpu_returns():
+    """A lost GPU relaxes the hierarchy (groups spill to other nodes); when it returns, the re-plan
+    from the relaxed placement is hierarchical again: every group on its home node, no warning."""
+    from eplb.planning.migration import groups_spread
+    from eplb.simulation.synthetic import drifting_counts
+
+    counts = drifting_counts(1, 6, 64, num_groups=8, seed=11)[0]
+    deployment = eplb.Deployment.of(64, num_slots=80, num_gpus=8, num_nodes=4, num_groups=8)
+    in_service = eplb.plan(counts, deployment)
+    loss = eplb.DeploymentChange.lose(deployment, [1])  # node 0 keeps 10 slots for its 2 groups of 8
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        relaxed = eplb.plan(counts, loss, previous=in_service)
+    assert relaxed.info.get("relaxed") and groups_spread(relaxed.phy2log, loss.new, 64).any()
+    back = eplb.DeploymentChange(loss.new, deployment, np.arange(8))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)   # nothing relaxed any more
+        restored = eplb.plan(counts, back, previous=relaxed)
+    assert not restored.info.get("relaxed") and restored.home_node is not None
+    assert not groups_spread(restored.phy2log, deployment, 64).any()
