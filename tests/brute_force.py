@@ -1,6 +1,6 @@
 """Exhaustive search for tiny instances: the optimum max GPU load, in exact rational arithmetic.
 
-Used only by the tests, to check the CP-SAT model of :mod:`eplb.planning.methods.exact_model` against an independent
+Used only by the tests, to check the CP-SAT model of :mod:`eplb.planning.methods.exact_formulation` against an independent
 definition of the problem (ARCHITECTURE.md section 1): choose replica counts ``r_e >= 1`` summing
 to the slots, then put the replicas of each expert on GPUs (several may share a GPU) so that every
 GPU ``g`` holds exactly ``k_g`` of them; a GPU's load is ``sum_e x[e, g] * w_e / r_e``. With

@@ -3,7 +3,7 @@
 Migration-aware planning (:mod:`eplb.planning.migration`) searches for a placement close to the one in
 service; this module finds the closest one, with a certificate. For one layer with loads ``w[E]``,
 the previous placement's replica counts ``p[e, g]`` (expert ``e`` on GPU ``g``) and a cap ``C`` on
-the max GPU load, the model is the one of :class:`eplb.planning.methods.exact_model.LayerModel` (replica counts ``r_e``,
+the max GPU load, the model is the one of :class:`eplb.planning.methods.exact_formulation.LayerModel` (replica counts ``r_e``,
 replicas per GPU ``x[e, g]``, loads ``load_g``; no symmetry breaking, since the previous placement
 tells GPUs apart) plus::
 
@@ -17,7 +17,7 @@ them in the slots they had: the changed slots of GPU ``g`` are ``k_g - sum_e kep
 :func:`eplb.kernels.search.relabel.align_slots` puts every kept expert back in its old slot.
 
 Integer loads: the per-replica loads are the model's integer table (exact, or rounded down to a
-total of 2**31, see :func:`eplb.planning.methods.exact_model.load_table`). Rounded down, the model is a relaxation: the
+total of 2**31, see :func:`eplb.planning.methods.exact_formulation.load_table`). Rounded down, the model is a relaxation: the
 cap ``floor(C * scale)`` admits every placement whose true max load is at most ``C``, so the
 minimum it proves is a valid lower bound on the changes; the plan it returns is then checked with
 the true loads and, in the rare case it exceeds ``C`` by the rounding, the cap is lowered by one
@@ -34,7 +34,8 @@ from dataclasses import dataclass
 import numpy as np
 from ortools.sat.python import cp_model
 
-from .methods.exact_model import load_table, solver_parameters
+from .methods.exact_formulation import load_table
+from .methods.exact_model import solver_parameters
 from ..analysis.loads import slot_order_peaks
 from ..kernels.search.relabel import align_slots
 from .methods import Deployment

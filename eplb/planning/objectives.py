@@ -34,7 +34,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..model._validation import as_int, validated_counts
-from ..kernels.split.shares import improve_for_dispatch
+from ..kernels.split.dispatch_swaps import improve_for_dispatch
 from ..kernels.search.linked import linked_placement
 from .robust import Hedged, gpu_zones, hedge, slot_zones
 from ..analysis.windows import DISPATCH_SCORING, check_window_weights, window_peaks
@@ -161,7 +161,7 @@ def _blocks(series: np.ndarray, weights: np.ndarray, limit: int) -> tuple[np.nda
 def made_for_dispatch(series: np.ndarray, phy2log: np.ndarray, deployment, window_weights=None, *,
                       iterations: int = 300, max_windows: int = 16, seed: int = 1, keep_replicas: bool = False):
     """Swap slots of ``phy2log`` so that, with optimal dispatch, the weighted mean over windows of
-    ``peak / mean load`` drops (:func:`eplb.kernels.split.shares.improve_for_dispatch`).
+    ``peak / mean load`` drops (:func:`eplb.kernels.split.dispatch_swaps.improve_for_dispatch`).
 
     Swaps stay on one node when the problem keeps groups on their nodes; replica counts do not
     change, and with ``keep_replicas`` only experts with one replica move (the replicated ones

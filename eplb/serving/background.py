@@ -46,7 +46,10 @@ import numpy as np
 
 from ..analysis.placement import Placement
 from ..kernels.plumbing.load_window import STAGED_DTYPES, memory_fence, stage_pass, warm_copy_counts
-from .balancer import Balancer, bad_count_error, change_for, check_counts, commit_range, fold_pass, merged_placement
+from .balancer import Balancer
+from .balancer_change import change_for
+from .layer_commits import commit_range, merged_placement
+from .pass_counts import bad_count_error, check_counts, fold_pass
 from .event_ring import (CHANGE, CHECK, CLOSE, COMMIT, EVENTS_DONE, EVENTS_POSTED, FLOAT64, MESSAGE_LEN,
                          MESSAGES_SENT, MESSAGES_TAKEN, PASSES_DONE, PASSES_POSTED, QUEUED, RELEASE, STAGING,
                          STATE, EventBlock, event_layout, serve_events)
@@ -295,7 +298,7 @@ class BackgroundBalancer(WorkerBalancer):
         ``deployment=``, ``gpu_map=``, after every pass recorded so far) and this call returns its
         ``(placement, transfer)``: the caller's thread waits for that plan alone.
 
-        Bad input (:func:`eplb.serving.balancer.change_for`) is a ``ValueError`` raised here before
+        Bad input (:func:`eplb.serving.balancer_change.change_for`) is a ``ValueError`` raised here before
         the worker is asked, and so is an error of the re-plan (raised from the worker's): the
         worker serves on the deployment as it was. With ``commit=True`` the new deployment is in
         service when this returns (per-slot counts recorded afterwards are on its slots; proposals

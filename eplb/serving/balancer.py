@@ -29,40 +29,36 @@ container builds: the compiled kernels land in Numba's cache, and later processe
 
 from __future__ import annotations
 
-import contextlib
 import inspect
 import json
 import threading
 import time
-import warnings
 import weakref
-from collections.abc import Mapping
-from dataclasses import dataclass
-from types import MappingProxyType
 
 import numpy as np
 
-from ..model.defaults import AUTO, BALANCER_TOLERANCE, COPY_COST, balancer_move_budget, slots_per_gpu
+from ..model.defaults import AUTO, COPY_COST
 from ..model._validation import as_int
 from ..model.change import DeploymentChange
 from ..model.deployment import Deployment, deployment_argument, make_deployment
 from ..engines import dispatch_rule
-from ..planning.pipeline import build, run, windows_of
-from ..planning.pipeline import MAX_MOVES_WARNING
-from ..planning.replan import RELAXED_WARNING, fit_groups, warn_relaxed
 from ..analysis.bounds import average_bound, replica_bound
 from ..model.cost import CostModel
-from ..analysis.loads import RANDOM_SPLIT, gpu_work
-from ..kernels.plumbing.load_window import (STAGED_DTYPES, copy_counts, first_bad_count, store_logical, store_physical,
-                                   warm_copy_counts, weighted_window, window_residuals)
+from ..kernels.plumbing.load_window import (first_bad_count, store_logical, store_physical, weighted_window,
+                                            window_residuals)
 from ..planning.methods import DEFAULT_METHOD, get_method
-from ..planning.migration import SPREAD_WARNING, groups_spread, warm_search_kernels
+from ..planning.migration import warm_search_kernels
 from ..analysis.metrics import balancedness
-from ..analysis.placement import Placement, uniform_shares
+from ..analysis.placement import Placement
 from ..model.topology import Topology
+from .balancer_change import ChangeHandling, change_for
+from .balancer_decision import HORIZON_WINDOWS, DecisionSide, move_settings
+from .balancer_state import CONFIG_KEYS, STATE_VERSION, SavedConfig, read_state
+from .balancer_warmup import throwaway_warnings_hidden, warm_change, warm_loads, warm_window_kernels
+from .layer_commits import commit_range, merged_placement
+from .pass_counts import check_counts, pass_count_limit, stage_counts
 from .transfer import TransferPlan, transfer_plan
 
-STATE_VERSION = 1
 COMPILE_MODES = ("eager", "background", "lazy")
 
 
@@ -72,10 +68,6 @@ def round_robin_placement(num_layers: int, num_experts: int, topology: Topology,
     return Placement(np.tile(row, (num_layers, 1)), num_experts, topology, num_groups, method="round_robin")
 
 
-HORIZON_WINDOWS = 3
-"""With a cost model, a new placement's savings are counted over this many windows of passes
-unless ``horizon`` says otherwise (see :class:`Balancer`)."""
-
 FORECAST_MIN_PASSES = 10
 """Fewer recorded passes than this: no trend is fitted (see :meth:`Balancer.planning_counts`)."""
 
@@ -83,7 +75,7 @@ SUBWINDOWS = 10
 """The Balancer hedges its plans over this many sub-windows of its window (see :class:`Balancer`)."""
 
 
-class Balancer:
+class Balancer(DecisionSide, ChangeHandling, SavedConfig):
     """Online expert-load balancer: a window of recent loads and the placement in service.
 
     Args:
@@ -130,9 +122,10 @@ class Balancer:
             to stalls, the decision in time never rebalanced. ``move_cost`` is not used. Not part of
             :meth:`state_dict` (pass it again to :meth:`from_state_dict`).
         horizon: passes over which a new placement's savings are counted (default: three windows,
-            :data:`HORIZON_WINDOWS`; placements serve several windows between rebalances, and one
-            window under-counted the savings: the Balancer rebalanced too rarely and lost more time,
-            stalls included, on the series of ``bench/decision_rule.py``); with ``cost_model`` only.
+            :data:`~eplb.serving.balancer_decision.HORIZON_WINDOWS`; placements serve several windows
+            between rebalances, and one window under-counted the savings: the Balancer rebalanced too
+            rarely and lost more time, stalls included, on the series of ``bench/decision_rule.py``);
+            with ``cost_model`` only.
         placement: the placement in service at start (default: slot ``s`` holds expert ``s % E``).
         options: passed to the planning method.
         threads: plan chunks of layers on this many threads (the kernels release the GIL); the
@@ -222,7 +215,7 @@ class Balancer:
         if compile == "lazy":
             self._compiled.set()
         else:
-            _warm_window_kernels(self.num_layers, self.num_experts, self.topology.num_slots)
+            warm_window_kernels(self.num_layers, self.num_experts, self.topology.num_slots)
             settings = dict(method=method, tolerance=self.tolerance, max_moves=self.max_moves, options=self.options)
             if compile == "eager":
                 warm_kernels(self.deployment, **settings)
@@ -264,7 +257,7 @@ class Balancer:
 
     @property
     def count_limit(self) -> float:
-        """The largest count :meth:`record` takes (:func:`pass_count_limit` of this balancer's
+        """The largest count :meth:`record` takes (:func:`~eplb.serving.pass_counts.pass_count_limit` of this balancer's
         window, forecast, experts and slots): above it the window's sums could overflow float64."""
         return pass_count_limit(self.window, self.forecast, self.num_experts, self.topology.num_slots)
 
@@ -371,39 +364,6 @@ class Balancer:
         return np.maximum(predicted, mean / 20.0) * mass
 
     # -- deciding and planning -------------------------------------------------------------------
-    def _plan(self, load: np.ndarray, change: DeploymentChange | None = None) -> Placement:
-        """Migration-aware plan for ``load [L, E]`` from the placement in service, hedged over
-        :meth:`planning_windows` (``plan``'s pipeline from the placement in service; its bounds are computed only if read).
-        Across ``change`` (from the balancer's deployment), the re-plan for ``change.new`` as
-        :func:`eplb.plan` makes it (a hierarchical deployment whose groups no longer fit is relaxed as
-        there: :func:`eplb.planning.replan.fit_groups`), for ``load`` alone: a change is not chosen for
-        its gain, so its plan makes the copies recovery takes and no hedging swaps (one GPU of 32 lost
-        on drifting DeepSeek-V3-sized traffic: hedged, 1.7x the copies global and 6x hierarchical,
-        for no better balance on ``load``; ``bench/elastic_serving.py``).
-        Later plans on such a deployment are global, close to the placement in service (regrouping it
-        into units of groups, as a plan from scratch does, would move many slots again; ``info["relaxed"]``)."""
-        windows, objective = windows_of(self.planning_windows() if self._filled and change is None else load[None],
-                                        weights=load)
-        deployment, relaxed = fit_groups(self.deployment if change is None else change.new, spill=True,
-                                         near=change is None)
-        tolerance, max_moves = self._move_budget(change, deployment)
-        stages = build(windows, deployment, method=self.method, objective=objective,
-                       previous=self.placement.phy2log, tolerance=tolerance, max_moves=max_moves,
-                       copy_cost=self.copy_cost, threads=self.threads, options=self.options, change=change)
-        return run(windows, deployment, stages, self.method, notes={"relaxed": relaxed} if relaxed else None)
-
-    def _move_budget(self, change: DeploymentChange | None, deployment: Deployment) -> tuple[float | None, int | None]:
-        """``(tolerance, max_moves)`` of a plan: :attr:`tolerance` and :attr:`max_moves`, except
-        that the default budget (``max_moves="auto"``) does not bind a re-plan across ``change`` nor
-        one that must gather expert groups spread over nodes (the round-robin start of a
-        hierarchical deployment): those are not chosen for their gain, and plan as without a
-        budget (tolerance :data:`~eplb.model.defaults.BALANCER_TOLERANCE` unless given)."""
-        if not isinstance(self._move_arguments[1], str):
-            return self.tolerance, self.max_moves
-        if change is not None or groups_spread(self.placement.phy2log, deployment, self.num_experts).any():
-            return move_settings(self._move_arguments[0], None, deployment.topology)
-        return self.tolerance, self.max_moves
-
     def planning_windows(self) -> np.ndarray:
         """``[K, L, E]`` float64: the window's passes in ``K = min(subwindows, passes recorded)``
         sub-windows of consecutive passes, oldest first (decay-weighted), what plans hedge over."""
@@ -480,55 +440,6 @@ class Balancer:
                                             "time saved below copy time"}
         return bool(worth)
 
-    def _layers_that_pay(self, load: np.ndarray, candidate: Placement, gain: np.ndarray) -> Placement:
-        """``candidate`` with every layer whose move does not pay for itself on ``load [L, E]``
-        given back its slots in service: with a cost model, a layer pays when the time it saves
-        over the horizon exceeds its share of the copy stall (its copies' share of the plan's);
-        otherwise when its balancedness gain is at least ``move_cost`` times the fraction of its
-        slots that change (``gain [L]``: the candidate's balancedness minus the placement in
-        service's, per layer). Copies then go to the layers where they buy balance."""
-        previous = self.placement.phy2log
-        changed = np.asarray(candidate.info["slots_changed"], dtype=np.int64)
-        if not changed.any():
-            return candidate
-        if self.cost_model is None:
-            pays = gain >= self.move_cost * changed / previous.shape[1]
-        else:
-            per_pass = load / self._effective_passes()
-            saved = (self._layer_times(self.placement, per_pass) - self._layer_times(candidate, per_pass)) \
-                * (self.horizon or HORIZON_WINDOWS * self.window)
-            stall = np.zeros(self.num_layers)
-            if self.cost_model.copy_mode == "stall":
-                transfer = transfer_plan(self.placement, candidate, expert_bytes=int(self.cost_model.expert_bytes))
-                copies = np.bincount(transfer.layer, minlength=self.num_layers)
-                stall = self.cost_model.transfer_time(transfer) * copies / max(int(copies.sum()), 1)
-            pays = saved > stall
-        keep = pays & (changed > 0)
-        if keep.all():
-            return candidate
-        phy2log = np.where(keep[:, None], candidate.phy2log, previous)
-        info = {**candidate.info, "slots_changed": np.where(keep, changed, 0), "layers_rebalanced": keep}
-        return Placement(phy2log, self.num_experts, self.topology, self.num_groups, method=self.method, info=info)
-
-    def _effective_passes(self) -> float:
-        """The weight of the window's passes (their number without decay)."""
-        if self.decay is None:
-            return float(self._filled)
-        return float(np.sum(self.decay ** np.arange(self._filled)))
-
-    def _layer_times(self, placement: Placement, per_pass: np.ndarray) -> np.ndarray:
-        """``[L]`` predicted seconds of each MoE layer of one pass of ``per_pass [L, E]`` counts under
-        ``placement`` (even split): the layer's slowest GPU."""
-        phy2log = np.ascontiguousarray(placement.phy2log)
-        shares = uniform_shares(phy2log, placement.logcnt)[None]
-        tokens, active = gpu_work(per_pass[None], phy2log, self.topology, shares, RANDOM_SPLIT)
-        live = self.topology.slots_per_gpu > 0
-        return self.cost_model.layer_time(tokens[..., live], active[..., live])[0]
-
-    def _step_time(self, placement: Placement, per_pass: np.ndarray) -> float:
-        """Predicted seconds of one pass of ``per_pass [L, E]`` counts under ``placement`` (even split)."""
-        return float(self._layer_times(placement, per_pass).sum())
-
     def rebalance(self, *, commit: bool = True, deployment: Deployment | DeploymentChange | None = None,
                   gpu_map=None) -> tuple[Placement, TransferPlan]:
         """Plan a new placement close to the one in service, for the window's loads.
@@ -547,12 +458,12 @@ class Balancer:
                 the fewest copies). Committed, the deployment is the balancer's: physical counts are
                 then on its slots and :meth:`state_dict` saves it. The placement's ``info`` has the
                 re-plan's ``change``, ``orphans``, ``copy_floor`` and ``copies`` (per layer) and
-                ``recovery`` (:func:`recovery_summary`: orphans, copies, bytes and the estimated
-                seconds at the cost model's bandwidths); the :class:`TransferPlan` loads each orphan
-                from host memory once and never reads a lost GPU. Committed later, it is committed
+                ``recovery`` (:func:`~eplb.serving.balancer_change.recovery_summary`: orphans, copies,
+                bytes and the estimated seconds at the cost model's bandwidths); the
+                :class:`TransferPlan` loads each orphan from host memory once and never reads a lost GPU. Committed later, it is committed
                 whole (``commit(placement)``), before any other commit. Bad input (see
-                :func:`change_for`) is a ``ValueError`` and changes nothing; the deployment in
-                service itself (a change that changes nothing) is a plain rebalance.
+                :func:`~eplb.serving.balancer_change.change_for`) is a ``ValueError`` and changes
+                nothing; the deployment in service itself (a change that changes nothing) is a plain rebalance.
             gpu_map: with ``deployment`` an :class:`eplb.Deployment`: the new index of each GPU of
                 the balancer's deployment (``-1``: gone; vLLM's ``rank_mapping``); ``None``: by index.
         Returns:
@@ -583,47 +494,6 @@ class Balancer:
         if commit:
             self.commit(candidate)
         return candidate, transfer
-
-    def _rebalance_across(self, change: DeploymentChange, commit: bool, start: float) -> tuple[Placement, TransferPlan]:
-        """:meth:`rebalance` across ``change`` (checked by :func:`change_for`)."""
-        candidate = self._plan(self.planning_counts(), change)
-        warn_relaxed(candidate.info.get("relaxed"), stacklevel=4)
-        transfer = transfer_plan(self.placement, candidate, change, expert_bytes=self.expert_bytes)
-        recovery = recovery_summary(candidate, transfer, self.cost_model)
-        # the placement was just planned here and not handed out yet: its info gains the summary
-        object.__setattr__(candidate, "info", MappingProxyType({**candidate.info, "recovery": recovery}))
-        self._remember(candidate)
-        moved = int(np.sum(candidate.info["slots_changed"]))
-        self.history.append({
-            "step": self.steps, "slots_changed": moved, "moved_fraction": moved / candidate.phy2log.size,
-            "plan_time_s": float(candidate.info["time_s"]), "time_s": time.perf_counter() - start,
-            "copies": transfer.counts(), "change": change.describe(), "recovery": recovery,
-        })
-        if commit:
-            self._switch(change, candidate)
-        else:
-            self._changing = (candidate, change)
-        return candidate, transfer
-
-    def _switch(self, change: DeploymentChange, placement: Placement) -> None:
-        """Serve ``change.new`` with ``placement`` from now on (the window's logical counts stay)."""
-        with self._lock:
-            self.deployment = change.new
-            self.placement = placement
-            self._physical = np.zeros((self.num_layers, change.new.topology.num_slots))
-            self.tolerance, self.max_moves = move_settings(*self._move_arguments, change.new.topology)
-            self.rebalances += 1
-            self._committing = placement
-            self._candidate = None
-            self._changing = None
-            self._epoch += 1  # plans of the deployment before are stale (issue 47 item 19)
-        self._remember(placement)
-
-    def _remember(self, plan: Placement) -> None:
-        """Note that ``plan`` was planned in the current epoch (dropped once the caller drops it)."""
-        key = id(plan)
-        with self._lock:
-            self._planned_in[key] = (weakref.ref(plan, lambda _, key=key: self._planned_in.pop(key, None)), self._epoch)
 
     def commit(self, placement: Placement, layers: tuple[int, int] | None = None) -> None:
         """Make ``placement`` the one in service (after the engine moved the weights).
@@ -678,26 +548,6 @@ class Balancer:
             raise ValueError("placement must match the balancer's layers, experts and topology")
 
     # -- persistence -----------------------------------------------------------------------------
-    def _config(self) -> dict:
-        return {
-            "num_layers": self.num_layers, "num_experts": self.num_experts, "topology": self.topology.to_dict(),
-            "num_groups": self.num_groups, "window": self.window, "decay": self.decay, "forecast": self.forecast,
-            "method": self.method,
-            # as given: "auto" stays "auto" (its value follows the deployment, which may change)
-            "tolerance": self._saved_move_argument(0), "max_moves": self._saved_move_argument(1),
-            "min_gain": self.min_gain,
-            "move_cost": self.move_cost, "expert_bytes": self.expert_bytes, "options": self.options,
-            "threads": self.threads, "subwindows": self.subwindows, "copy_cost": self.copy_cost,
-        }
-
-    def _saved_move_argument(self, index: int):
-        """``tolerance`` (0) or ``max_moves`` (1) as saved: ``"auto"`` when left to the slots per GPU,
-        else the value in use."""
-        given = self._move_arguments[index]
-        if isinstance(given, str):
-            return given
-        return self.tolerance if index == 0 else self.max_moves
-
     def state_dict(self) -> dict:
         """Everything a restarted server needs, as numpy arrays, ints and a JSON string (no pickle):
         save it with ``np.savez(path, **state)`` (load with ``allow_pickle=False``) or as JSON after
@@ -716,7 +566,8 @@ class Balancer:
 
     def load_state_dict(self, state) -> None:
         """Restore a :meth:`state_dict` (also as read back by ``np.load`` or from JSON lists). A
-        malformed state is a ``ValueError`` naming the key and the rule (:func:`read_state`)."""
+        malformed state is a ``ValueError`` naming the key and the rule
+        (:func:`~eplb.serving.balancer_state.read_state`)."""
         saved = read_state(state)
         config, buffer, phy2log = saved.config, saved.window_buffer, saved.phy2log
         position, filled, steps, rebalances = saved.position, saved.filled, saved.steps, saved.rebalances
@@ -775,337 +626,6 @@ class Balancer:
         return balancer
 
 
-def commit_range(layers, num_layers: int) -> tuple[int, int]:
-    """The ``(start, stop)`` layers a commit switches: ``layers`` checked (``None``: every layer)."""
-    if layers is None:
-        return 0, num_layers
-    try:
-        start, stop = (as_int(v, "layers entry") for v in layers)
-    except (TypeError, ValueError):
-        raise ValueError(f"layers must be None or a (start, stop) pair of integer layer indices, "
-                         f"got {layers!r}") from None
-    if not 0 <= start < stop <= num_layers:
-        raise ValueError(f"layers must satisfy 0 <= start < stop <= {num_layers}, got {layers!r}")
-    return start, stop
-
-
-def change_for(current: Deployment, deployment, gpu_map) -> DeploymentChange | None:
-    """The deployment change a rebalance crosses from ``current`` (the deployment in service), or
-    ``None`` (``deployment=None``, or a change that changes nothing).
-
-    ``deployment``: the :class:`Deployment` to serve next (``gpu_map``: the new index of each GPU
-    of ``current``, ``-1`` gone; ``None``: by index) or a :class:`DeploymentChange` from
-    ``current``. ``ValueError`` naming the argument and the rule: ``gpu_map`` without
-    ``deployment`` or beside a change, of the wrong length, out of range or mapping two GPUs to one
-    (:class:`DeploymentChange`), another number of experts, fewer slots than experts, a dispatch
-    rule that is not an even split, a change that does not start from ``current``."""
-    if deployment is None:
-        if gpu_map is not None:
-            raise ValueError("gpu_map needs deployment=, the deployment to serve next")
-        return None
-    if isinstance(deployment, DeploymentChange):
-        if gpu_map is not None:
-            raise ValueError("give gpu_map in the DeploymentChange or as gpu_map=, not both")
-        change = deployment
-        if change.old.topology != current.topology or change.old.num_experts != current.num_experts:
-            raise ValueError("deployment: the DeploymentChange must start from the deployment in service "
-                             f"({current.num_experts} experts, slots per GPU {current.topology.slots_per_gpu.tolist()})")
-    elif isinstance(deployment, Deployment):
-        change = DeploymentChange(current, deployment, gpu_map)
-    else:
-        raise ValueError(f"deployment must be an eplb.Deployment or eplb.DeploymentChange, got "
-                         f"{type(deployment).__name__}")
-    new = change.new
-    if dispatch_rule(new.dispatch).kind != "uniform":
-        raise ValueError(f"deployment: the Balancer plans for an even split; dispatch={new.dispatch!r} plans from "
-                         "scratch (eplb.plan)")
-    if new.num_slots < new.num_experts:
-        survivors = max(int((new.topology.slots_per_gpu > 0).sum()), 1)
-        raise ValueError(f"deployment: {new.num_slots} slots for {new.num_experts} experts after the change "
-                         f"({change.describe()}); every expert needs a slot: give the {survivors} GPUs "
-                         f"{-(-new.num_experts // survivors)} slots each")
-    return None if change.is_identity else change
-
-
-def recovery_summary(placement: Placement, transfer: TransferPlan, cost_model: CostModel | None = None) -> dict:
-    """What putting a plan across a deployment change in service takes, summed over layers:
-    ``orphans`` (experts with no replica left, loaded from host memory once each), ``copy_floor``
-    (the fewest copies any re-plan makes), ``copies`` (:meth:`TransferPlan.counts`, by kind),
-    ``expert_bytes`` (one expert's weights in one layer: the transfer plan's, else the cost
-    model's; ``None`` without either), ``bytes`` (copies times ``expert_bytes``), ``recovery_s``
-    (:meth:`eplb.CostModel.transfer_time` at that same size: the GPU copies, then the host loads,
-    then the copies that read them, at the cost model's bandwidths; ``None`` without a cost model)
-    and ``tolerance`` (the one the re-plan used, ``info["tolerance"]``). ``placement``: planned
-    across the change (``info`` with ``orphans [L]`` and ``copy_floor [L]``); ``transfer``: its
-    copies. Bytes and seconds are priced with one size (issue 47 item 20: the seconds used the
-    cost model's where the bytes used ``expert_bytes``)."""
-    counts = transfer.counts()
-    size = transfer.expert_bytes if transfer.expert_bytes is not None else (
-        None if cost_model is None else cost_model.expert_bytes)
-    seconds = None
-    if cost_model is not None:
-        priced = cost_model if size == cost_model.expert_bytes else cost_model.with_(expert_bytes=float(size))
-        seconds = float(priced.transfer_time(transfer))
-    return {"orphans": int(np.sum(placement.info["orphans"])), "copy_floor": int(np.sum(placement.info["copy_floor"])),
-            "copies": counts, "expert_bytes": None if size is None else int(size),
-            "bytes": None if size is None else {k: int(v * size) for k, v in counts.items()},
-            "recovery_s": seconds, "tolerance": placement.info.get("tolerance")}
-
-
-def merged_placement(in_service: Placement, placement: Placement, start: int, stop: int, num_groups) -> Placement:
-    """The placement in service once layers ``start <= l < stop`` of ``placement`` are committed:
-    ``placement`` itself when that makes every layer its own, else a ``"mixed"`` one (of the
-    balancer's ``num_groups``)."""
-    if (start, stop) == (0, in_service.num_layers):
-        return placement
-    mixed = in_service.phy2log.copy()
-    mixed[start:stop] = placement.phy2log[start:stop]
-    if np.array_equal(mixed, placement.phy2log):
-        return placement
-    return Placement(mixed, in_service.num_experts, in_service.topology, num_groups, method="mixed")
-
-
-CONFIG_KEYS = ("num_layers", "num_experts", "topology", "num_groups", "window", "decay", "forecast", "method",
-               "tolerance", "max_moves", "min_gain", "move_cost", "expert_bytes", "options", "threads",
-               "subwindows", "copy_cost")
-"""The keys of a saved configuration (``state_dict()["config"]``)."""
-
-
-CONFIG_DEFAULTS = {"window": inspect.signature(Balancer).parameters["window"].default}
-"""What a saved configuration means by a key it leaves out (the constructor's default)."""
-
-STATE_KEYS = ("format_version", "config", "window_buffer", "position", "filled", "steps", "rebalances", "phy2log")
-"""The keys of :meth:`Balancer.state_dict`."""
-
-
-@dataclass(frozen=True)
-class SavedState:
-    """A :meth:`Balancer.state_dict` read back and checked for types (:func:`read_state`).
-
-    Attributes:
-        config: the saved configuration (a dict of :data:`CONFIG_KEYS`, ``topology`` a dict).
-        window_buffer: ``[window, L, E]`` float64; phy2log: ``[L, S]`` integer array.
-        position, filled, steps, rebalances: non-negative ints.
-    """
-
-    config: dict
-    window_buffer: np.ndarray
-    phy2log: np.ndarray
-    position: int
-    filled: int
-    steps: int
-    rebalances: int
-
-
-def read_state(state) -> SavedState:
-    """Read a saved state (a dict, an ``np.load`` result or JSON lists) or raise ``ValueError``
-    naming the key and the rule it breaks: every key of :data:`STATE_KEYS` present, a supported
-    ``format_version``, ``config`` a JSON object with ``num_layers``, ``num_experts`` and
-    ``topology``, ``window_buffer`` a numeric array, ``phy2log`` an integer array, the counters
-    non-negative integers. Shapes and values against a configuration are the caller's to check."""
-    if not isinstance(state, Mapping):  # a dict, or what np.load returns for an .npz
-        raise ValueError(f"state must be a mapping of {list(STATE_KEYS)} (Balancer.state_dict()), "
-                         f"got {type(state).__name__}")
-    missing = [key for key in STATE_KEYS if key not in state]
-    if missing:
-        raise ValueError(f"state is missing the keys {missing}")
-    version = _state_int(state, "format_version")
-    if version != STATE_VERSION:
-        raise ValueError(f"unsupported balancer state format_version {version} (this eplb reads {STATE_VERSION})")
-    text = np.asarray(state["config"])
-    if text.ndim != 0 or text.dtype.kind not in "US":
-        raise ValueError(f"state config must be a JSON string (an object of {list(CONFIG_KEYS)}), got {text!r}")
-    try:
-        config = json.loads(str(text))
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"state config must be a JSON object, could not parse it: {exc}") from None
-    if not isinstance(config, dict):
-        raise ValueError(f"state config must be a JSON object of {list(CONFIG_KEYS)}, got {type(config).__name__} "
-                         f"{config!r}"[:300])
-    needed = sorted({"num_layers", "num_experts", "topology"} - set(config))
-    if needed:
-        raise ValueError(f"state config is missing the keys {needed}")
-    for key in ("num_layers", "num_experts", "window"):
-        if key in config:
-            as_int(config[key], f"state config {key}", minimum=1)
-    buffer = _state_array(state, "window_buffer", np.float64, "a numeric array [window, num_layers, num_experts]")
-    phy2log = _state_array(state, "phy2log", None, "an integer array [num_layers, num_slots] of expert ids")
-    if phy2log.dtype.kind not in "iu":
-        raise ValueError(f"state phy2log must hold integer expert ids, got dtype {phy2log.dtype}")
-    position, filled, steps, rebalances = (_state_int(state, key) for key in ("position", "filled", "steps",
-                                                                              "rebalances"))
-    return SavedState(config, buffer, phy2log, position, filled, steps, rebalances)
-
-
-def _state_array(state, key: str, dtype, rule: str) -> np.ndarray:
-    """``state[key]`` as a numpy array (of ``dtype`` when given), else ``ValueError`` saying ``rule``."""
-    try:
-        array = np.asarray(state[key], dtype=dtype)
-    except (TypeError, ValueError) as exc:
-        raise ValueError(f"state {key} must be {rule}: {exc}") from None
-    if array.dtype == object:
-        raise ValueError(f"state {key} must be {rule}, got objects")
-    return array
-
-
-def _state_int(state, key: str) -> int:
-    """``state[key]`` as a non-negative int (a 0-d array, a number): floats and bools are refused."""
-    try:
-        value = np.asarray(state[key])
-    except (TypeError, ValueError) as exc:
-        raise ValueError(f"state {key} must be one integer: {exc}") from None
-    if value.ndim != 0:
-        raise ValueError(f"state {key} must be one integer, got shape {value.shape}")
-    return as_int(value.item(), f"state {key}", minimum=0)
-
-
-def check_counts(counts, num_layers: int, num_experts: int, num_slots: int, physical: bool | None):
-    """One forward pass's counts checked for shape (:meth:`Balancer.record`): returns ``(counts,
-    physical)``, ``counts`` a numpy array ``[L, E]`` (``physical=False``) or ``[L, S]`` (``True``);
-    ``physical=None`` is inferred from the shape unless ``E == S``."""
-    if type(counts) is not np.ndarray or counts.dtype not in STAGED_DTYPES:  # else already a real numpy array
-        counts = _counts_array(counts)
-    if counts.ndim != 2 or counts.shape[0] != num_layers or counts.shape[1] not in (num_experts, num_slots):
-        raise ValueError(
-            f"counts must have shape [L, E] = [{num_layers}, {num_experts}] or per slot "
-            f"[L, S] = [{num_layers}, {num_slots}], got {counts.shape}"
-        )
-    if physical is None:
-        if num_experts == num_slots:
-            raise ValueError("E == S: pass physical=True (per-slot counts) or physical=False (per expert)")
-        return counts, counts.shape[1] == num_slots
-    expected = num_slots if physical else num_experts
-    if counts.shape[1] != expected:
-        raise ValueError(f"counts must have {expected} columns with physical={physical}, got {counts.shape[1]}")
-    return counts, bool(physical)
-
-
-FLOAT64_MAX = float(np.finfo(np.float64).max)
-
-COUNT_HEADROOM = 1024.0
-"""Room :func:`pass_count_limit` leaves above the largest sum of a window: what is computed from
-the sums (a forecast along a trend, the hedged plan's sub-window peaks, prices) stays finite."""
-
-
-def pass_count_limit(window: int, forecast: int, num_experts: int, num_slots: int) -> float:
-    """The largest count a balancer's ``record`` takes: float64's largest value over
-    ``COUNT_HEADROOM * (window + forecast) * max(E, S)``, so a layer's total over the window, carried
-    ``forecast`` passes along its trend, cannot overflow (about 1e300 at DeepSeek-V3 size; counts are
-    scale-free, so only values no engine records are refused)."""
-    return FLOAT64_MAX / (COUNT_HEADROOM * (window + forecast) * max(num_experts, num_slots))
-
-
-def bad_count_error(counts: np.ndarray, staged: np.ndarray, limit: float) -> ValueError:
-    """The ``ValueError`` for a pass ``counts`` whose staged copy ``staged`` (the same shape) holds a
-    value :func:`~eplb.kernels.plumbing.load_window.first_bad_count` refuses under ``limit``."""
-    bad = first_bad_count(staged, limit)
-    value = staged.flat[bad]
-    if value >= 0 and np.isfinite(value):  # finite and non-negative: too large
-        return ValueError(f"counts must be at most {limit:.3g} (beyond it the window's sums overflow float64; "
-                          f"counts are scale-free: divide them by a common factor), found {counts.flat[bad]} at "
-                          f"flat index {bad}")
-    return ValueError(f"counts must be finite and non-negative, found {counts.flat[bad]} at flat index {bad}")
-
-
-def stage_counts(counts: np.ndarray, staged: np.ndarray, limit: float) -> None:
-    """Copy ``counts`` (any real dtype) into ``staged``, float64 of the same shape, and refuse
-    (``ValueError``) a value that is not finite and non-negative or is above ``limit``
-    (:func:`pass_count_limit`)."""
-    if counts.dtype in STAGED_DTYPES and counts.flags.c_contiguous and counts.flags.writeable:
-        if not copy_counts(counts, staged, limit):  # the engine's case: one compiled pass
-            return
-    else:
-        # any other real dtype (float16, longdouble, big-endian, any integer width) or layout to
-        # float64 in place: values beyond float64's range become inf and are refused just below
-        with np.errstate(over="ignore", invalid="ignore"):
-            np.copyto(staged, counts, casting="unsafe")
-        if first_bad_count(staged, limit) < 0:
-            return
-    raise bad_count_error(counts, staged, limit)
-
-
-def fold_pass(counts: np.ndarray, phy2log: np.ndarray, staged: np.ndarray, out: np.ndarray, limit: float) -> None:
-    """One pass's counts per slot ``counts [L, S]``, checked and copied into ``staged [L, S]``
-    float64 (:func:`stage_counts`), summed per expert into ``out [L, E]`` float64 through
-    ``phy2log [L, S]``: what :meth:`Balancer.record` keeps of a pass per slot. A worker whose
-    staging rows are narrower than a grown deployment's slots hands the pass over so. ``limit``: the
-    largest count accepted (:func:`pass_count_limit`)."""
-    stage_counts(counts, staged, limit)
-    store_physical(staged, phy2log, out)
-
-
-def _counts_array(counts) -> np.ndarray:
-    """One forward pass's counts as a numpy array of real numbers (not copied when already one).
-
-    Torch tensors: dense, on any real device; bfloat16 (which numpy lacks) is widened on the
-    tensor's device first. Sparse, meta and complex inputs get a ``ValueError``.
-    """
-    if type(counts).__module__.split(".")[0] == "torch":
-        layout = str(getattr(counts, "layout", "torch.strided"))
-        if layout != "torch.strided":
-            raise ValueError(f"counts must be a dense tensor, got layout {layout} (call .to_dense() first)")
-        if counts.device.type == "meta":
-            raise ValueError("counts is a meta tensor (shape only, no values): pass a tensor holding the counts")
-        if counts.is_complex():
-            raise ValueError(f"counts must hold real numbers, got dtype {counts.dtype}")
-        counts = counts.detach()
-        if str(counts.dtype) == "torch.bfloat16":
-            counts = counts.float()
-        counts = counts.cpu().numpy()
-    counts = np.asarray(counts)
-    if counts.dtype.kind == "c":
-        raise ValueError(f"counts must hold real numbers, got complex dtype {counts.dtype}")
-    if counts.dtype.kind not in "biuf":
-        raise ValueError(f"counts must hold numbers, got dtype {counts.dtype}")
-    return counts
-
-
-def _warm_window_kernels(num_layers: int, num_experts: int, num_slots: int) -> None:
-    """Compile (or load from the cache) the kernels :meth:`Balancer.record` and
-    :meth:`Balancer.window_counts` call, with the array types they pass."""
-    logical = np.zeros((num_layers, num_experts))
-    warm_copy_counts()
-    store_logical(logical, np.zeros((num_layers, num_experts)))
-    phy2log = np.zeros((num_layers, num_slots), np.int64) % num_experts
-    phy2log.setflags(write=False)  # record(physical=True) passes a placement's read-only phy2log
-    store_physical(np.zeros((num_layers, num_slots)), phy2log, np.zeros((num_layers, num_experts)))
-    weighted_window(np.zeros((1, num_layers, num_experts)), np.ones(1), np.zeros((num_layers, num_experts)))
-    level, slope, out = (np.zeros((num_layers, num_experts)) for _ in range(3))
-    window_residuals(np.zeros((1, num_layers, num_experts)), np.ones(1), np.zeros(1), level, slope,
-                     np.ones((num_layers, num_experts)), out)
-
-
-def _warm_loads(num_layers: int, num_experts: int) -> list[np.ndarray]:
-    """Passes ``[L, E]`` that take a balancer through its planning paths: skewed loads, the same
-    loads on other experts (the search from the placement in service stalls), a small drift (it
-    does not), a dense (all-zero) layer and a one-hot layer. Fixed seed."""
-    rng = np.random.default_rng(0)
-    skewed = np.floor(rng.pareto(1.0, (num_layers, num_experts)) * 100.0) + 1.0
-    moved = skewed[:, rng.permutation(num_experts)]
-    drifted = np.floor(moved * rng.uniform(0.8, 1.25, moved.shape))
-    extreme = drifted.copy()
-    extreme[0] = 0.0
-    extreme[-1] = 0.0
-    extreme[-1, num_experts // 2] = 1e6
-    return [skewed, moved, drifted, extreme]
-
-
-@contextlib.contextmanager
-def _throwaway_warnings_hidden():
-    """Hide the warning that the throw-away balancer's round-robin start spreads groups over more
-    slots than its move budget allows: it is about no placement of the caller's. Warning filters are
-    process-wide and not thread-safe, so they change only on the main thread (a background compile
-    may show it)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=SPREAD_WARNING, category=RuntimeWarning)
-        warnings.filterwarnings("ignore", message=RELAXED_WARNING, category=RuntimeWarning)  # its change (_warm_change)
-        warnings.filterwarnings("ignore", message=MAX_MOVES_WARNING, category=RuntimeWarning)  # ditto
-        yield
-
-
 def warm_kernels(deployment: Deployment, *, method: str = DEFAULT_METHOD, tolerance: float | None | str = AUTO,
                  max_moves: int | None | str = AUTO, options: dict | None = None) -> float:
     """Compile (or load from Numba's cache) every kernel a :class:`Balancer` of this ``deployment``
@@ -1128,17 +648,17 @@ def warm_kernels(deployment: Deployment, *, method: str = DEFAULT_METHOD, tolera
     balancer = Balancer(2, deployment, window=2, method=method, tolerance=tolerance, max_moves=max_moves,
                         min_gain=0.0, move_cost=0.0, options=options, compile="lazy")
     num_slots = balancer.topology.num_slots
-    _warm_window_kernels(2, num_experts, num_slots)
+    warm_window_kernels(2, num_experts, num_slots)
     warm_search_kernels(balancer.topology)
-    with _throwaway_warnings_hidden():
-        for load in _warm_loads(2, num_experts):
+    with throwaway_warnings_hidden():
+        for load in warm_loads(2, num_experts):
             balancer.record(load, physical=False)
             balancer.should_rebalance()
             placement, transfer = balancer.rebalance()
             transfer.counts()
             balancer.record(np.ones((2, num_slots)), physical=True)
             balancer.rebalance(commit=False)  # planned again: not the cached candidate
-        _warm_change(balancer)
+        warm_change(balancer)
     _WARMED.add(key)
     return time.perf_counter() - start
 
@@ -1146,46 +666,8 @@ def warm_kernels(deployment: Deployment, *, method: str = DEFAULT_METHOD, tolera
 _WARMED: set[str] = set()  # configurations warm_kernels has run in this process
 
 
-def _warm_change(balancer: Balancer) -> None:
-    """Take a throw-away ``balancer`` across a deployment change, so the kernels of the re-plan and
-    of its transfer plan are compiled before a GPU is lost in service: one more slot on every GPU
-    with slots (the kernels are the same for any change; this one keeps a uniform deployment
-    uniform, which every method plans)."""
-    deployment = balancer.deployment
-    slots = deployment.topology.slots_per_gpu
-    grown = Topology(slots + (slots > 0), deployment.topology.num_nodes)
-    change = DeploymentChange(deployment, make_deployment(deployment.num_experts, topology=grown,
-                                                          num_groups=deployment.num_groups,
-                                                          dispatch=deployment.dispatch))
-    placement, transfer = balancer.rebalance(deployment=change)
-    transfer.counts()
-
-
-def move_settings(tolerance, max_moves, topology: Topology) -> tuple[float | None, int | None]:
-    """The Balancer's ``(tolerance, max_moves)`` from its arguments, ``"auto"``
-    (:data:`~eplb.model.defaults.AUTO`) resolved: ``max_moves`` to
-    :func:`~eplb.model.defaults.balancer_move_budget` of the topology's slots per GPU, ``tolerance``
-    to 0 with a move budget and to :data:`~eplb.model.defaults.BALANCER_TOLERANCE` without one; the
-    others checked (``ValueError`` naming the argument and the rule)."""
-    for name, value in (("tolerance", tolerance), ("max_moves", max_moves)):
-        if isinstance(value, str) and value != AUTO:
-            raise ValueError(f"{name} must be a number, None or {AUTO!r}, got {value!r}")
-    if max_moves == AUTO:
-        max_moves = balancer_move_budget(slots_per_gpu(topology))
-    elif max_moves is not None:
-        max_moves = as_int(max_moves, "max_moves", minimum=0)
-    if tolerance == AUTO:
-        tolerance = BALANCER_TOLERANCE if max_moves is None else 0.0
-    elif tolerance is not None:
-        try:
-            tolerance = float(tolerance)
-        except (TypeError, ValueError):
-            raise ValueError(f"tolerance must be a non-negative number, None or {AUTO!r}, got {tolerance!r}") from None
-        if not (np.isfinite(tolerance) and tolerance >= 0):
-            raise ValueError(f"tolerance must be a non-negative number, None or {AUTO!r}, got {tolerance}")
-    if tolerance is None and max_moves is None:
-        raise ValueError("give tolerance, max_moves or both")
-    return tolerance, max_moves
+CONFIG_DEFAULTS = {"window": inspect.signature(Balancer).parameters["window"].default}
+"""What a saved configuration means by a key it leaves out (the constructor's default)."""
 
 
 def _non_negative(value, name: str) -> float:

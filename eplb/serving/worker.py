@@ -47,7 +47,9 @@ import numpy as np
 
 from ..analysis.placement import Placement
 from ..kernels.plumbing.load_window import warm_copy_counts
-from .balancer import Balancer, change_for, check_counts, fold_pass, pass_count_limit, stage_counts
+from .balancer import Balancer
+from .balancer_change import change_for
+from .pass_counts import check_counts, fold_pass, pass_count_limit, stage_counts
 from .process_link import (POLL_S, SharedBlock, WorkerBalancer, WorkerLink, balancer_arguments, dumps,
                            error_message, from_state_arguments, place, plain_state, proposal_bytes, raise_remote,
                            ring_rows, serve, take)

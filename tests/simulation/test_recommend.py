@@ -37,7 +37,7 @@ def predicted_step_time(window, phy2log, cost, routed, seed, t) -> float:
     ``PASSES`` multinomial passes seeded by ``(seed, t)``, each token sent to one replica of its
     expert (the module's seeded split, checked on its own below), a slot read when it receives a
     token, a layer its slowest GPU."""
-    from eplb.simulation.pools import _split_tokens
+    from eplb.simulation.step_time import _split_tokens
 
     num_layers, num_experts = window.shape
     rng = np.random.default_rng([seed, t])
@@ -60,7 +60,7 @@ def test_each_token_goes_to_one_replica_of_its_expert_at_random(num_gpus, extra,
     """The split that prices a pass: every expert's tokens land on its own replicas and nowhere
     else, all of them; an expert without replicas keeps them on its slot; and over many draws each
     replica takes ``c / r`` tokens on average and is read with probability ``1 - (1 - 1/r)^c``."""
-    from eplb.simulation.pools import _split_tokens, sample_passes
+    from eplb.simulation.step_time import _split_tokens, sample_passes
 
     rng = np.random.default_rng(seed)
     num_experts, num_slots = 16, 16 + num_gpus * (extra // num_gpus + 1)  # every GPU as many slots
@@ -174,7 +174,7 @@ def pools(draw):
 
 def in_sample_layer_times(counts, placements, batch, gpus, model, seed) -> np.ndarray:
     """``[C, T, L]`` layer times of each placement on each window, 4 passes seeded by ``(seed, t)``."""
-    from eplb.simulation.pools import _Sampler, layer_times
+    from eplb.simulation.step_time import _Sampler, layer_times
 
     cost = CostModel.preset("H100", model)
     sampler = _Sampler(counts.astype(float), batch * gpus * model.top_k, 4, seed)
@@ -270,7 +270,7 @@ def test_cold_replicas_keep_the_base_and_fill_the_extra_slots_with_the_coldest_e
 def test_layer_time_bound_is_below_every_placement(pool, regime, overhead):
     """No placement, token plan, step-time plan or a random layout, is faster than the bound, on
     any regime; and with one GPU (nothing to balance) the bound is the time itself."""
-    from eplb.simulation.pools import _Sampler, layer_time_bound, layer_times
+    from eplb.simulation.step_time import _Sampler, layer_time_bound, layer_times
 
     counts, gpus, num_slots, batch, seed = pool
     model = MoEModel("tiny", 64, 32, counts.shape[2], 2, counts.shape[1], 2.0, "bf16")

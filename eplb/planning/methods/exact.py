@@ -1,5 +1,6 @@
-"""``method="exact"``: the CP-SAT model of :mod:`eplb.planning.methods.exact_model`, one layer at a time, warm-started
-from the default method, with per-layer optimality certificates and proven bounds.
+"""``method="exact"``: the CP-SAT model of :mod:`eplb.planning.methods.exact_formulation` (searched by
+:mod:`eplb.planning.methods.exact_model`), one layer at a time, warm-started from the default method,
+with per-layer optimality certificates and proven bounds.
 
 Needs OR-Tools, an optional extra: ``pip install 'eplb[exact]'``. It is imported only when the
 method runs (``import eplb`` never loads it).
