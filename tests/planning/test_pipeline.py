@@ -142,7 +142,6 @@ def test_a_previous_placement_on_another_topology_is_re_planned_across_the_chang
 
 
 @pytest.mark.parametrize("flags, message", [
-    (["--engine", "sglang-static", "--previous", "previous.json"], "--engine 'sglang-static' plans from scratch: not with --previous"),
     (["--engine", "sglang-static", "--max-off-node", "0.1", "--groups", "4", "--nodes", "2"], "not with --max-off-node"),
     (["--max-off-node", "0.1", "--previous", "previous.json", "--groups", "4", "--nodes", "2"],
      "--max-off-node cannot be combined with --previous"),
@@ -150,7 +149,9 @@ def test_a_previous_placement_on_another_topology_is_re_planned_across_the_chang
 ])
 def test_the_cli_refuses_the_same_combinations_by_its_flags_before_reading_the_counts(tmp_path, flags, message):
     """One rule (``combination_error``) for ``plan`` and ``eplb plan``: a usage error (exit 2) naming
-    the flags, before the (here absent) counts file is read."""
+    the flags, before the (here absent) counts file is read. (``--engine sglang-static`` with
+    ``--previous`` is the command line's own: it re-plans near the placement in service and makes
+    the result for the static table, tests/cli/test_cli_failure_path.py, issue 47 item 3.)"""
     _, err = invoke("plan", "absent.npy", "--slots", "40", "--gpus", "8", "-o", "plan.json", *flags, cwd=tmp_path,
                     expect=2)
     assert message in err and "absent.npy" not in err
