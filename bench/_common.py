@@ -21,7 +21,9 @@ BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
 if str(BENCH) not in sys.path:  # the NumPy port of the published greedy lives next to this file
     sys.path.insert(0, str(BENCH))
-if str(ROOT) not in sys.path:  # `python bench/x.py` measures this checkout's eplb, not an installed one
+if "eplb" not in sys.modules and str(ROOT) not in sys.path:
+    # `python bench/x.py` measures this checkout's eplb, not an installed one; a process that already
+    # imported eplb (a test importing a section) keeps its path, which its worker processes inherit
     sys.path.insert(0, str(ROOT))
 
 
