@@ -6,7 +6,7 @@ Deployments (slots / GPUs, 256 experts, 58 MoE layers; global: every expert may 
 
 Counts: 12 DeepSeek-V3-sized synthetic workloads, 6 "prefill" and 6 "decode" (each a mixture of 4
 latent routing distributions with a little noise of its own, the decode ones moved by one shift
-common to the phase; :func:`phase_workloads`), one window of sampled routings each. Per deployment
+common to the phase; :func:`robust_default.phase_workloads`), one window of sampled routings each. Per deployment
 and method (eplb's default, ``best``, ``greedy``, and the published algorithm's pure-NumPy port,
 ``bench/published_greedy.py``):
 
@@ -42,7 +42,7 @@ from _common import fmt_ms, load_note, markdown_table, median_time, read_csv, wr
 
 import eplb
 import published_greedy
-from eplb.simulation.series import synthetic_workloads
+from robust_default import phase_workloads
 
 CONFIGS = ((288, 32), (288, 72), (384, 128), (288, 144), (512, 256), (320, 320))
 NUM_EXPERTS = 256
@@ -52,19 +52,6 @@ PORT = "published (NumPy port)"
 METHODS = (eplb.DEFAULT_METHOD, "best", "greedy")
 BEST_HELD_OUT_S = 2.0
 TARGET_MS = {(288, 72): 20.0, (288, 144): 20.0, (384, 128): 40.0, (512, 256): 40.0}
-
-
-def phase_workloads(num_layers: int, seed: int = 1) -> np.ndarray:
-    """``[12, L, 256]`` routing distributions: 6 prefill workloads (each a Dirichlet(0.5) mixture of
-    4 latent ones, each expert then moved by ``exp(N(0, 0.1))``) and the same 6 moved by one
-    decode shift ``exp(N(0, 0.35))`` per expert (the recipe of ``bench/robust_default.py``)."""
-    latent = synthetic_workloads(4, num_layers, NUM_EXPERTS, shift=0.5, num_groups=8, seed=seed)
-    rng = np.random.default_rng(seed + 1000)
-    prefill = np.tensordot(rng.dirichlet(np.full(4, 0.5), size=6), latent, axes=1)
-    prefill *= np.exp(rng.normal(0.0, 0.1, size=prefill.shape))
-    decode = prefill * np.exp(rng.normal(0.0, 0.35, size=prefill.shape[1:]))[None]
-    both = np.concatenate([prefill, decode])
-    return both / both.sum(axis=2, keepdims=True)
 
 
 def sampled(workloads: np.ndarray, tokens: int, rng: np.random.Generator) -> np.ndarray:
@@ -223,7 +210,7 @@ def run(quick: bool, results_dir: Path) -> str:
     results_dir.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     layers = 8 if quick else 58
-    workloads = phase_workloads(layers)
+    workloads = phase_workloads(1, layers, NUM_EXPERTS, 8)  # robust_default's 12 prefill and decode workloads
     if quick:
         workloads = workloads[[0, 1, 6, 7]]  # two prefill, two decode
     windows = sampled(workloads, TOKENS, np.random.default_rng(2))

@@ -73,7 +73,7 @@ def _score(placement, windows: np.ndarray, judge: str = "uniform") -> np.ndarray
     return moe_mean(placement.balancedness(windows, judge), windows)
 
 
-def _phase_workloads(seed: int, num_layers: int, num_experts: int, num_groups: int | None):
+def phase_workloads(seed: int, num_layers: int, num_experts: int, num_groups: int | None):
     """``[12, L, E]``: 6 prefill workloads and 6 decode ones. A workload (a task, a request mix) is
     a mixture of 4 latent routing distributions with weights from a Dirichlet(0.5), each expert
     then moved by ``exp(N(0, 0.1))`` of its own; the decode workloads are the prefill ones moved by
@@ -123,7 +123,7 @@ def families(quick: bool):
         benchmarks = next(c for k, _, c, _ in real if k == "gpt-oss-20b")
         mixed = mixture_windows(benchmarks, 24, concentration=0.3, tokens=200_000, seed=3).astype(np.float64)
         out.append(("gpt-oss-20b benchmarks mixed over time", "next-window", mixed, deployment))
-    phases = _sampled(_phase_workloads(1, **size), seed=2)
+    phases = _sampled(phase_workloads(1, **size), seed=2)
     out.append(("synthetic, same phase (6 workloads)", "leave-one-out", phases[:6], deployments))
     out.append(("synthetic, phases mixed (12 workloads)", "leave-one-out", phases, deployments))
     mixing = synthetic_workloads(6, size["num_layers"], size["num_experts"], shift=0.5, num_groups=8, seed=4)

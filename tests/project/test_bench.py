@@ -170,7 +170,7 @@ def test_robust_default_section_on_tiny_sizes():
     import numpy as np
     import robust_default
 
-    phases = robust_default._phase_workloads(1, 2, 16, 4)
+    phases = robust_default.phase_workloads(1, 2, 16, 4)
     assert phases.shape == (12, 2, 16)
     np.testing.assert_allclose(phases.sum(axis=2), 1.0)
     windows = robust_default._sampled(phases[:4], seed=2, tokens=5000)
