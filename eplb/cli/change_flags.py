@@ -188,14 +188,13 @@ def _masked_ranks_fit(change) -> bool:
             and bool(np.all((new == old) | (new == 0))) and np.unique(old).size == 1)
 
 
-def _with_masked_ranks(placement, previous, change):
+def _with_masked_ranks(placement, change):
     """``placement`` (the re-plan, lost GPUs holding no slots) as SGLang's elastic EP keeps it: every
     rank with its slots, a lost rank's slots holding expert 0 (as SGLang's ``elasticity_aware``
     algorithm fills an inactive rank; the engine masks the rank, so no token reaches them), the
-    survivors' slots the re-plan's. ``[L, G * k]`` on the old, even layout (``previous`` gives the
-    layers' count and dtype only)."""
+    survivors' slots the re-plan's. ``[L, G * k]`` on the old, even layout."""
     old_top, new_top = change.old.topology, change.new.topology
-    phy2log = np.zeros_like(previous.phy2log)
+    phy2log = np.zeros((placement.num_layers, old_top.num_slots), np.int64)
     for gpu in np.flatnonzero(new_top.slots_per_gpu > 0).tolist():
         start, k = int(new_top.slot_offsets[gpu]), int(new_top.slots_per_gpu[gpu])
         phy2log[:, old_top.slot_offsets[gpu]:old_top.slot_offsets[gpu] + k] = placement.phy2log[:, start:start + k]

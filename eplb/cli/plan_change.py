@@ -85,7 +85,7 @@ def _plan_across_change(params: dict, command_start: float) -> None:
     _note_overwrite(p["output"], quiet)
     written = placement
     if output_format == "sglang" and not change.new.topology.is_uniform:  # lost ranks kept in the map, masked
-        written = _with_masked_ranks(placement, prev.placement, change)
+        written = _with_masked_ranks(placement, change)
         configuration["masked_ranks"] = change.lost_gpus.tolist()
     write_placement(written, p["output"], output_format, layer_ids=data.layer_ids, configuration=configuration,
                     diagnostics=diagnostics, layer_updates_per_iter=p["layer_updates_per_iter"], num_layers=model_layers)
