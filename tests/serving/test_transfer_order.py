@@ -206,3 +206,20 @@ def test_item11_every_plan_on_one_deployment_runs_in_the_documented_order(expert
         assert (plan.phase == COPY).all()
         check_plan_runs(plan, old.phy2log, target)
 
+
+
+@pytest.mark.parametrize("layout, lost", [
+    (dict(num_slots=288, num_gpus=72), [5]),                                 # one GPU of an NVL72 rack (4 slots each)
+    (dict(num_slots=288, num_gpus=144, num_nodes=2), list(range(72, 144))),  # a rack of two lost (2 slots each)
+])
+def test_item11_rack_scale_changes_run_in_the_documented_order(layout, lost):
+    """At rack scale (2-4 slots a GPU) a copy moves a quarter to half of a GPU's experts: the plan
+    across a lost GPU or a lost rack, run in its documented steps, still ends in the placement."""
+    deployment = eplb.Deployment.of(256, **layout)
+    counts = deepseek_v3_counts(0)
+    in_service = eplb.plan(counts, deployment)
+    slots_per_gpu = 4 if len(lost) > 1 else None   # the 72 survivors of a lost rack take 4 slots each
+    change = eplb.DeploymentChange.lose(deployment, lost, slots_per_gpu=slots_per_gpu)
+    placement = eplb.plan(counts, change, previous=in_service)
+    plan = eplb.transfer_plan(in_service, placement, change)
+    check_plan_runs(plan, in_service.phy2log, placement.phy2log, change)
