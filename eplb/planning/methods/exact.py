@@ -9,6 +9,7 @@ method runs (``import eplb`` never loads it).
 from __future__ import annotations
 
 import importlib
+import time
 
 import numpy as np
 
@@ -17,7 +18,7 @@ from ...analysis.loads import slot_order_peaks
 from ...analysis.metrics import replicas_sharing_a_gpu
 from ...model._validation import MissingExtraError
 from ..spread import avoidable_doubled
-from .exact_pairs import few_slot_plans
+from .exact_pairs import few_slot_plans, slots_per_gpu
 from . import DEFAULT_METHOD, Option, Deployment, get_method, register
 
 DEFAULT_TIME_LIMIT = 10.0
@@ -46,8 +47,11 @@ def solve_unproven(exact, weights: np.ndarray, deployment: Deployment, warm: np.
     :func:`eplb.planning.methods.exact_pairs.few_slot_plans` replaces the warm start ``warm [L, S]``
     where it is lighter, and every layer whose plan meets the package's lower bound
     (:func:`eplb.analysis.bounds.strongest_bound`, which holds for every placement) is proven
-    optimal there: status ``OPTIMAL``, source ``"closed form"``, no CP-SAT. The other layers go
-    to CP-SAT, warm-started from the lighter plan."""
+    optimal there: status ``OPTIMAL``, source ``"closed form"``, no CP-SAT. With two slots, the
+    other layers first get the search over replica counts
+    (:func:`eplb.planning.methods.exact_pair_counts.prove_pairs`, half of each layer's budget):
+    source ``"pair counts"`` where it proves or lightens the plan. What is still open goes to
+    CP-SAT's placement model with the rest of the budget, warm-started from the lightest plan."""
     few = few_slot_plans(weights, deployment)
     if few is None:
         return exact.solve(weights, deployment, warm, **options)
@@ -59,25 +63,59 @@ def solve_unproven(exact, weights: np.ndarray, deployment: Deployment, warm: np.
     bound = strongest_bound(weights, deployment)
     peaks = slot_order_peaks(weights, warm, topology)
     proven = (peaks <= bound * (1.0 + 1e-9)) & (avoidable_doubled(warm, deployment) == 0)
-    open_layers = np.flatnonzero(~proven)
     num_layers = weights.shape[0]
     info = {"optimal": proven.copy(), "proven_bound": np.where(proven, peaks, bound), "solve_time_s": np.zeros(num_layers),
             "status": ["OPTIMAL" if p else "SKIPPED" for p in proven],
             "source": ["closed form" if p else "warm start" for p in proven],
             "doubled": replicas_sharing_a_gpu(warm, topology), "warm_start_rearranged": np.zeros(num_layers, bool),
             "interrupted": False, "exact_arithmetic": np.ones(num_layers, bool), "closed_form": proven}
+    if slots_per_gpu(deployment) == 2:
+        options = _pair_counts(weights, deployment, warm, proven, info, options)
+    open_layers = np.flatnonzero(~info["optimal"])
     phy2log = warm.copy()
     if open_layers.size:
         part, solved = exact.solve(np.ascontiguousarray(weights[open_layers]), deployment, warm[open_layers], **options)
         phy2log[open_layers] = part
-        for key in ("optimal", "proven_bound", "solve_time_s", "doubled", "warm_start_rearranged", "exact_arithmetic"):
+        for key in ("optimal", "proven_bound", "doubled", "warm_start_rearranged", "exact_arithmetic"):
             info[key][open_layers] = solved[key]
+        info["solve_time_s"][open_layers] += solved["solve_time_s"]
         for key in ("status", "source"):
             for i, layer in enumerate(open_layers):
-                info[key][layer] = solved[key][i]
+                if not (key == "source" and solved[key][i] == "warm start"):
+                    info[key][layer] = solved[key][i]
         info["interrupted"] = solved["interrupted"]
         info["proven_bound"][open_layers] = np.maximum(solved["proven_bound"], bound[open_layers])
     return phy2log, info
+
+
+def _pair_counts(weights: np.ndarray, deployment: Deployment, warm: np.ndarray, proven: np.ndarray, info: dict,
+                 options: dict) -> dict:
+    """Run the replica-count search on the layers of ``warm [L, S]`` not ``proven [L]`` with half of
+    each layer's budget, updating ``warm`` and ``info`` in place; the options for what is left."""
+    from .exact_pair_counts import PROOF_MARGIN, prove_pairs
+
+    time_limit, deterministic = options.get("time_limit"), options.get("deterministic_time")
+    half_wall = None if time_limit is None else 0.5 * time_limit
+    half_det = None if deterministic is None else 0.5 * deterministic
+    for layer in np.flatnonzero(~proven):
+        start = time.perf_counter()
+        deadline = None if half_wall is None else start + half_wall
+        row, optimal, _ = prove_pairs(weights[layer], deployment, warm[layer], deadline=deadline,
+                                      deterministic=half_det, workers=options.get("workers", 1))
+        info["solve_time_s"][layer] = time.perf_counter() - start
+        if not (row == warm[layer]).all():
+            warm[layer] = row
+            info["source"][layer] = "pair counts"
+        if optimal:
+            peak = float(slot_order_peaks(weights[layer][None], row[None], deployment.topology)[0])
+            info["optimal"][layer] = True
+            info["proven_bound"][layer] = peak * (1.0 - PROOF_MARGIN)
+            info["status"][layer] = "OPTIMAL"
+            info["source"][layer] = "pair counts"
+            info["doubled"][layer] = replicas_sharing_a_gpu(row[None], deployment.topology)[0]
+    rest = dict(options)
+    rest.update(time_limit=half_wall, deterministic_time=half_det)
+    return rest
 
 
 @register("exact", options={"time_limit": Option("number", above=0, allow_none=True),
