@@ -21,7 +21,8 @@ import brute_force
 import eplb
 from eplb.analysis.bounds import lower_bounds, pairs, strongest_bound
 from eplb.kernels.bounds.pairs import capped_counts, pair_search
-from eplb.planning.methods.exact_pairs import few_slot_plans, pair_counts
+from eplb.planning.methods.exact_pairs import DEFAULT_PAIR_DONORS, few_slot_plans, pair_counts
+from eplb.simulation.synthetic import skewed_counts
 from eplb.planning.spread import avoidable_doubled
 
 
@@ -138,3 +139,31 @@ def test_hierarchical_two_slot_bound_stays_below_the_hierarchical_optimum():
     deployment = eplb.Deployment.of(4, num_slots=8, num_gpus=4, num_nodes=2, num_groups=2)
     optimum = float(brute_force.optimum(w[0], [2] * 4, num_nodes=2, num_groups=2))
     assert float(strongest_bound(w, deployment)[0]) <= optimum * (1 + 1e-9)
+
+
+@settings(max_examples=100, deadline=None)
+@given(two_slot_layers())
+def test_the_default_at_two_slots_is_never_heavier_than_its_pairing_construction(instance):
+    w, num_gpus = instance
+    deployment = eplb.Deployment.of(len(w), num_slots=2 * num_gpus, num_gpus=num_gpus)
+    placement = eplb.plan(w[None, :], deployment)
+    optimum = float(sorted_pairing_optimum(w, num_gpus))
+    assert placement.max_load[0] >= optimum * (1 - 1e-9)
+    rows, made = few_slot_plans(w[None, :], deployment, DEFAULT_PAIR_DONORS)
+    if made[0]:
+        counts = np.bincount(rows[0], minlength=len(w))
+        construction = max(w[a] / counts[a] + w[b] / counts[b] for a, b in rows[0].reshape(-1, 2))
+        assert placement.max_load[0] <= construction * (1 + 1e-12)
+    assert avoidable_doubled(placement.phy2log, deployment)[0] == 0
+
+
+def test_the_default_at_deepseek_decode_size_pairs_lighter_than_greedy():
+    """288 slots on 144 GPUs: the default's other steps end at greedy's loads; the pairing
+    construction lightens most layers, and no GPU holds an expert twice."""
+    counts = np.asarray(skewed_counts(8, 256, family="lognormal", skew=0.7, num_groups=8, seed=1), float)
+    deployment = eplb.Deployment.of(256, num_slots=288, num_gpus=144)
+    default = eplb.plan(counts, deployment)
+    greedy = eplb.plan(counts, deployment, method="greedy")
+    assert (default.max_load <= greedy.max_load * (1 + 1e-12)).all()
+    assert default.info["layers_paired"] >= 4 and (default.max_load < greedy.max_load).sum() >= 4
+    assert avoidable_doubled(default.phy2log, deployment).sum() == 0

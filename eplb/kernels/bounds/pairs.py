@@ -296,3 +296,41 @@ def capped_counts(desc, num_slots, cap):
     for layer in range(num_layers):
         _capped_counts(desc[layer], num_slots, cap, counts[layer])
     return counts
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def sorted_pairings(weights, counts, num_gpus):
+    """The sorted pairing of each layer's replicas as ``phy2log`` rows (GPU ``g`` holds slots
+    ``2g, 2g + 1``: the ``g``-th heaviest replica and the ``g``-th lightest). Replicas are ordered
+    by decreasing load, then by copy number, then by expert, so a block of equal loads alternates
+    experts.
+
+    Args:
+        weights: ``[L, E]`` float64 non-negative loads; counts: ``[L, E]`` int64 replica counts,
+            each row summing to ``2 num_gpus``.
+    Returns:
+        ``(rows [L, 2 G] int64, doubled [L] bool)``: whether some GPU of the row holds one expert twice.
+    """
+    num_layers, num_experts = weights.shape
+    num_slots = 2 * num_gpus
+    rows = np.empty((num_layers, num_slots), np.int64)
+    doubled = np.zeros(num_layers, np.bool_)
+    experts = np.empty(num_slots, np.int64)
+    keys = np.empty(num_slots)
+    for layer in range(num_layers):
+        n = 0
+        copy = 0
+        while n < num_slots:  # (copy, expert) order; the stable sort below keeps it among equal loads
+            for e in range(num_experts):
+                if counts[layer, e] > copy and n < num_slots:
+                    experts[n] = e
+                    keys[n] = -weights[layer, e] / counts[layer, e]
+                    n += 1
+            copy += 1
+        order = np.argsort(keys, kind="mergesort")
+        for g in range(num_gpus):
+            heavy, light = experts[order[g]], experts[order[num_slots - 1 - g]]
+            rows[layer, 2 * g], rows[layer, 2 * g + 1] = heavy, light
+            if heavy == light:
+                doubled[layer] = True
+    return rows, doubled

@@ -15,15 +15,20 @@ from __future__ import annotations
 import numpy as np
 
 from ...analysis.loads import slot_order_peaks
-from ...kernels.bounds.pairs import capped_counts, pair_search
+from ...kernels.bounds.pairs import capped_counts, pair_search, sorted_pairings
 from ...model.deployment import Deployment
 
 PAIR_MOVES = 256
 """Most rounds of single replica moves per layer in :func:`eplb.kernels.bounds.pairs.pair_search`."""
 
 PAIR_DONORS = 24
-"""Experts tried as the donor of a replica in each round of that search (58 lognormal layers at
-512 / 256: 6, 12, 24 donors reach a mean gap of 3.49%, 3.10%, 2.57% to the bound in 8, 12, 22 ms)."""
+"""Experts tried as the donor of a replica in each round of that search, for ``method="best"`` and
+``method="exact"`` (58 lognormal layers at 512 / 256: 6, 12, 24 donors reach a mean gap of 3.89%,
+3.47%, 2.79% to the bound, the search taking 10, 17, 31 ms)."""
+
+DEFAULT_PAIR_DONORS = 6
+"""Donors for the default method (step 9 of :mod:`eplb.planning.methods.balanced`): the most that
+keeps its plan within 20 ms at 288 / 144 and 40 ms at 512 / 256 (58 layers, `bench/rack.py`)."""
 
 
 def slots_per_gpu(deployment: Deployment) -> int | None:
@@ -40,68 +45,58 @@ def spread_cap(num_experts: int, num_slots: int, num_gpus: int) -> int:
     return num_gpus if num_slots <= num_experts * num_gpus else num_slots
 
 
-def pair_counts(weights: np.ndarray, deployment: Deployment) -> tuple[np.ndarray, np.ndarray]:
+def pair_counts(weights: np.ndarray, deployment: Deployment, donors: int = PAIR_DONORS
+                ) -> tuple[np.ndarray, np.ndarray]:
     """``(counts [L, E] int64, peaks [L] float64)``: the replica counts :func:`eplb.kernels.bounds.pairs.pair_search`
-    finds for ``weights [L, E]`` on GPUs of two slots, and their sorted pairing's max GPU load."""
+    finds for ``weights [L, E]`` on GPUs of two slots (``donors`` tried a round), and their sorted
+    pairing's max GPU load."""
     topology = deployment.topology
     num_experts = weights.shape[1]
     order = np.argsort(-weights, axis=1, kind="stable")
     desc = np.ascontiguousarray(np.take_along_axis(weights, order, axis=1), dtype=np.float64)
     cap = spread_cap(num_experts, topology.num_slots, topology.num_gpus)
-    sorted_counts, peaks = pair_search(desc, topology.num_slots, cap, PAIR_MOVES, PAIR_DONORS)
+    sorted_counts, peaks = pair_search(desc, topology.num_slots, cap, PAIR_MOVES, donors)
     counts = np.empty_like(sorted_counts)
     np.put_along_axis(counts, order, sorted_counts, axis=1)
     return counts, peaks
 
 
-def _interleaved(w: np.ndarray, counts: np.ndarray) -> np.ndarray:
-    """``[S]`` the replicas' experts by decreasing load; equal loads take one replica of each of
-    their experts in turn (so a block of equal loads alternates experts)."""
-    experts = np.repeat(np.arange(len(w)), counts)
-    copy = np.arange(len(experts)) - np.repeat(np.cumsum(counts) - counts, counts)
-    return experts[np.lexsort((experts, copy, -(w / counts)[experts]))]
-
-
 def _undouble(pairs: np.ndarray, load: np.ndarray, peak: float) -> bool:
     """Rearrange ``pairs [G, 2]`` (experts; ``load [E]`` per replica) in place so that no pair holds
-    one expert twice, each pair staying ``<= peak``; whether it succeeded."""
+    one expert twice, each pair staying ``<= peak``; whether it succeeded. Each doubled pair ``g``
+    trades one replica with a side of another pair ``h``: a replica of equal load first, then the
+    trade that raises the heavier of the two pairs least, the first such ``(h, side)`` on ties."""
     for g in np.flatnonzero(pairs[:, 0] == pairs[:, 1]):
         e = pairs[g, 1]
         sums = load[pairs].sum(axis=1)
-        best = None
-        for h in range(len(pairs)):
-            if h == g:
-                continue
-            for side in range(2):
-                f, other = pairs[h, side], pairs[h, 1 - side]
-                if f == e or other == e:
-                    continue
-                new_g, new_h = load[e] + load[f], load[other] + load[e]
-                if max(new_g, new_h) > peak:
-                    continue
-                key = (load[f] != load[e], max(new_g, new_h) - max(sums[g], sums[h]))
-                if best is None or key < best[0]:
-                    best = (key, h, side)
-        if best is None:
+        f, other = pairs.reshape(-1), pairs[:, ::-1].reshape(-1)  # candidate (h, side) in order
+        h = np.repeat(np.arange(len(pairs)), 2)
+        new_g, new_h = load[e] + load[f], load[other] + load[e]
+        ok = (h != g) & (f != e) & (other != e) & (np.maximum(new_g, new_h) <= peak)
+        if not ok.any():
             return False
-        _, h, side = best
-        pairs[g, 1], pairs[h, side] = pairs[h, side], e
+        unequal = (load[f] != load[e]).astype(np.int64)
+        rise = np.maximum(new_g, new_h) - np.maximum(sums[g], sums[h])
+        candidates = np.flatnonzero(ok)
+        pick = candidates[np.lexsort((candidates, rise[candidates], unequal[candidates]))[0]]
+        pairs[g, 1], pairs[h[pick], pick % 2] = pairs[h[pick], pick % 2], e
     return True
 
 
 def pair_rows(weights: np.ndarray, counts: np.ndarray, num_gpus: int) -> list[np.ndarray | None]:
     """For each layer of ``weights [L, E]`` with replica counts ``counts [L, E]`` (summing to
     ``2 num_gpus``): the sorted pairing as a ``phy2log`` row ``[S]`` (GPU ``g`` holds slots
-    ``2g, 2g + 1``) with no expert twice on a GPU at the same max load, or ``None`` where that
-    needs a heavier pair (see the module docstring)."""
-    rows: list[np.ndarray | None] = []
-    for w, r in zip(weights, counts):
-        items = _interleaved(w, r)
-        pairs = np.stack([items[:num_gpus], items[::-1][:num_gpus]], axis=1)
-        load = w / r
+    ``2g, 2g + 1``, :func:`eplb.kernels.bounds.pairs.sorted_pairings`) with no expert twice on a GPU
+    at the same max load, or ``None`` where that needs a heavier pair (see the module docstring)."""
+    weights = np.ascontiguousarray(weights, dtype=np.float64)
+    rows, doubled = sorted_pairings(weights, np.ascontiguousarray(counts, dtype=np.int64), int(num_gpus))
+    out: list[np.ndarray | None] = list(rows)
+    for layer in np.flatnonzero(doubled):
+        pairs = rows[layer].reshape(-1, 2).copy()
+        load = weights[layer] / counts[layer]
         peak = float(load[pairs].sum(axis=1).max())
-        rows.append(pairs.reshape(-1).astype(np.int64) if _undouble(pairs, load, peak) else None)
-    return rows
+        out[layer] = pairs.reshape(-1) if _undouble(pairs, load, peak) else None
+    return out
 
 
 def one_slot_rows(weights: np.ndarray, num_gpus: int) -> np.ndarray:
@@ -115,10 +110,12 @@ def one_slot_rows(weights: np.ndarray, num_gpus: int) -> np.ndarray:
     return np.stack([np.repeat(np.arange(weights.shape[1]), row) for row in counts]).astype(np.int64)
 
 
-def few_slot_plans(weights: np.ndarray, deployment: Deployment) -> tuple[np.ndarray, np.ndarray] | None:
+def few_slot_plans(weights: np.ndarray, deployment: Deployment, donors: int = PAIR_DONORS
+                   ) -> tuple[np.ndarray, np.ndarray] | None:
     """``(rows [L, S] int64, made [L] bool)``: the one-slot or two-slot construction for every layer
     of ``weights [L, E]`` (``made`` False where :func:`pair_rows` gave none: the row is then
-    unset); ``None`` where it does not apply (hierarchical, uneven slots, or more than two a GPU)."""
+    unset); ``None`` where it does not apply (hierarchical, uneven slots, or more than two a GPU).
+    ``donors``: see :func:`pair_counts`."""
     k = slots_per_gpu(deployment)
     topology = deployment.topology
     weights = np.ascontiguousarray(weights, dtype=np.float64)
@@ -126,7 +123,7 @@ def few_slot_plans(weights: np.ndarray, deployment: Deployment) -> tuple[np.ndar
         return one_slot_rows(weights, topology.num_gpus), np.ones(weights.shape[0], bool)
     if k != 2:
         return None
-    counts, _ = pair_counts(weights, deployment)
+    counts, _ = pair_counts(weights, deployment, donors)
     rows = pair_rows(weights, counts, topology.num_gpus)
     out = np.zeros((weights.shape[0], topology.num_slots), np.int64)
     made = np.array([row is not None for row in rows])
@@ -136,18 +133,29 @@ def few_slot_plans(weights: np.ndarray, deployment: Deployment) -> tuple[np.ndar
     return out, made
 
 
-def keep_lighter(weights: np.ndarray, deployment: Deployment, phy2log: np.ndarray) -> np.ndarray:
-    """``phy2log [L, S]`` with every layer replaced by :func:`few_slot_plans`' row where that is
-    strictly lighter (one or two slots a GPU, global placement; unchanged elsewhere). The rows
-    keep the spread rule, so the result keeps it wherever ``phy2log`` did."""
-    few = few_slot_plans(weights, deployment)
-    if few is None:
-        return phy2log
-    rows, made = few
+def keep_lighter(weights: np.ndarray, deployment: Deployment, phy2log: np.ndarray, donors: int = PAIR_DONORS,
+                 slots: tuple[int, ...] = (1, 2)) -> tuple[np.ndarray, int]:
+    """``(phy2log [L, S], layers replaced)``: every layer replaced by the one- or two-slot
+    construction (:func:`few_slot_plans`) where that is strictly lighter (global placement with
+    ``k`` slots on every GPU, ``k`` in ``slots``; unchanged elsewhere). At two slots the rows are
+    laid out only for the layers whose searched counts pair lighter. The rows keep the spread rule,
+    so the result keeps it wherever ``phy2log`` did."""
+    k = slots_per_gpu(deployment)
+    if k not in slots:
+        return phy2log, 0
     topology = deployment.topology
-    lighter = made & (slot_order_peaks(weights, rows, topology) < slot_order_peaks(weights, phy2log, topology))
-    if not lighter.any():
-        return phy2log
+    weights = np.ascontiguousarray(weights, dtype=np.float64)
+    current = slot_order_peaks(weights, phy2log, topology)
+    if k == 1:
+        layers, rows = np.arange(weights.shape[0]), list(one_slot_rows(weights, topology.num_gpus))
+    else:
+        counts, peaks = pair_counts(weights, deployment, donors)
+        layers = np.flatnonzero(peaks < current)
+        rows = pair_rows(weights[layers], counts[layers], topology.num_gpus)
     phy2log = phy2log.copy()
-    phy2log[lighter] = rows[lighter]
-    return phy2log
+    replaced = 0
+    for layer, row in zip(layers, rows):
+        if row is not None and slot_order_peaks(weights[layer][None], row[None], topology)[0] < current[layer]:
+            phy2log[layer] = row
+            replaced += 1
+    return phy2log, replaced
