@@ -225,17 +225,9 @@ def migrate(weights: np.ndarray, deployment: Deployment, previous: np.ndarray, s
         hopeless = _beyond_budget(weights[missed], previous[missed], topology,
                                   np.maximum(target, scratch_peak)[missed], budget)
         missed = missed[~hopeless | spread[missed]]  # (a spread layer takes the fresh plan whatever it costs)
-    relabelled, fresh_changes = local.copy(), np.full(num_layers, num_slots + 1, np.int64)
-    fresh_peak, matched = np.full(num_layers, np.inf), np.empty((0, num_slots), np.int64)
-    if missed.size:
-        before = np.ascontiguousarray(previous[missed])
-        matched, _ = relabel_like(np.ascontiguousarray(scratch[missed], dtype=np.int64), before,
-                                  topology.slot_offsets, topology.gpus_per_node, deployment.hierarchical, num_experts)
-        # then give slots back their previous expert wherever the target allows (no search steps)
-        relabelled[missed], fresh_changes[missed], _ = search_near_previous(
-            weights[missed], matched, np.ascontiguousarray(reference[missed]), layout, target[missed],
-            budgets[missed], 0, True)
-        fresh_peak[missed] = _peaks(weights[missed], relabelled[missed], topology)
+    relabelled, fresh_changes, fresh_peak, matched = _relabelled_fresh(
+        weights, deployment, previous, scratch, missed, fallback=local, reference=reference, layout=layout,
+        target=target, budgets=budgets)
     use_fresh = spread.copy()
     for layer in kept:
         use_fresh[layer] = fresh_changes[layer] <= budget and _better(
@@ -273,6 +265,29 @@ def migrate(weights: np.ndarray, deployment: Deployment, previous: np.ndarray, s
         "max_moves": max_moves,
     }
     return phy2log, info
+
+
+def _relabelled_fresh(weights, deployment, previous, scratch, missed, *, fallback, reference, layout, target,
+                      budgets):
+    """The fresh plan ``scratch [L, S]`` of the layers ``missed``, relabelled to keep what stays in
+    place (:func:`eplb.kernels.search.relabel.relabel_like`), then with every changed slot the
+    target allows given back its previous expert (the search without steps). Returns ``rows [L,
+    S]`` (``fallback``'s row elsewhere), ``changes [L]`` against ``reference`` (``S + 1``
+    elsewhere), ``peaks [L]`` (inf elsewhere) and the relabelled rows before any slot was given
+    back (``[len(missed), S]``)."""
+    topology = deployment.topology
+    num_layers, num_slots = previous.shape
+    rows, changes = fallback.copy(), np.full(num_layers, num_slots + 1, np.int64)
+    peaks, matched = np.full(num_layers, np.inf), np.empty((0, num_slots), np.int64)
+    if missed.size:
+        matched, _ = relabel_like(np.ascontiguousarray(scratch[missed], dtype=np.int64),
+                                  np.ascontiguousarray(previous[missed]), topology.slot_offsets,
+                                  topology.gpus_per_node, deployment.hierarchical, weights.shape[1])
+        rows[missed], changes[missed], _ = search_near_previous(
+            weights[missed], matched, np.ascontiguousarray(reference[missed]), layout, target[missed],
+            budgets[missed], 0, True)
+        peaks[missed] = _peaks(weights[missed], rows[missed], topology)
+    return rows, changes, peaks, matched
 
 
 def _keep_spread(phy2log, changes, deployment, reference, fresh_rows: dict, use_fresh, budget: int) -> None:
@@ -366,7 +381,8 @@ def _beyond_budget(weights: np.ndarray, previous: np.ndarray, topology, cap: np.
     cnt = np.zeros((num_layers, num_experts), np.int64)
     np.add.at(cnt, (np.arange(num_layers)[:, None], previous), 1)
     most = min(budget, num_experts)
-    reach = budget + np.partition(cnt, num_experts - most, axis=1)[:, num_experts - most:].sum(axis=1)
+    top = np.partition(cnt, num_experts - most, axis=1)[:, num_experts - most:].sum(axis=1) if most else 0
+    reach = budget + top
     loads = gpu_loads(weights, previous, topology, logcnt=cnt)  # [L, G]
     above = (loads > cap[:, None] * (1.0 + 1e-9) + 1e-250).sum(axis=1)
     return sane & (above > reach)

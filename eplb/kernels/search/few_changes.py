@@ -83,6 +83,7 @@ def _refresh_gpu(st, slot_offsets, g):
     for s in range(slot_offsets[g], slot_offsets[g + 1]):
         total += st.share[st.row[s]]
     st.x[g] = total
+    return total
 
 
 @njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
@@ -90,15 +91,17 @@ def _refresh_around(st, lay, s, t, e, f):
     """Recompute the loads of the GPUs that a change of slots ``s`` and ``t`` (``-1``: none) between
     experts ``e`` and ``f`` touched: theirs and every holder of ``e`` or ``f`` (whose shares changed).
     The other GPUs' loads are unchanged; the touched ones get what :func:`_refresh_loads` gives
-    them, so the search's choices are those of refreshing every GPU, at ``O(replicas)`` a step."""
+    them, so the search's choices are those of refreshing every GPU, at ``O(replicas)`` a step.
+    Returns the largest load of those GPUs."""
     gpu_of_slot, slot_offsets = lay.gpu_of_slot, lay.slot_offsets
-    _refresh_gpu(st, slot_offsets, gpu_of_slot[s])
+    most = _refresh_gpu(st, slot_offsets, gpu_of_slot[s])
     if t >= 0:
-        _refresh_gpu(st, slot_offsets, gpu_of_slot[t])
+        most = max(most, _refresh_gpu(st, slot_offsets, gpu_of_slot[t]))
     for i in range(st.cnt[e]):
-        _refresh_gpu(st, slot_offsets, gpu_of_slot[st.expert_slots[e, i]])
+        most = max(most, _refresh_gpu(st, slot_offsets, gpu_of_slot[st.expert_slots[e, i]]))
     for i in range(st.cnt[f]):
-        _refresh_gpu(st, slot_offsets, gpu_of_slot[st.expert_slots[f, i]])
+        most = max(most, _refresh_gpu(st, slot_offsets, gpu_of_slot[st.expert_slots[f, i]]))
+    return most
 
 
 @njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
@@ -142,13 +145,18 @@ def _load_layer(st, lay):
     row, prev, cnt, expert_slots, has, node_group = st.row, st.prev, st.cnt, st.expert_slots, st.has, st.node_group
     gpu_of_slot, node_of_gpu, group_of_expert = lay.gpu_of_slot, lay.node_of_gpu, lay.group_of_expert
     cnt[:] = 0
-    for s in range(row.shape[0]):
-        e = row[s]
-        _add_slot(expert_slots, cnt, e, s)
+    for s in range(row.shape[0]):  # in line, not _add_slot and _shares per slot and expert: a call
+        e = row[s]                 # passes its arrays' references, most of a layer's load time
+        expert_slots[e, cnt[e]] = s
+        cnt[e] += 1
         has[gpu_of_slot[s], e] += 1
         node_group[node_of_gpu[gpu_of_slot[s]], group_of_expert[e]] += 1
-    for e in range(st.w.shape[0]):
-        _shares(st, e)
+    w, share, share_up, gain_down = st.w, st.share, st.share_up, st.gain_down
+    for e in range(w.shape[0]):  # as _shares(st, e)
+        c = cnt[e]
+        share[e] = w[e] / c
+        share_up[e] = w[e] / (c + 1)
+        gain_down[e] = w[e] / (c - 1) - share[e] if c > 1 else np.inf
     _refresh_loads(st, gpu_of_slot)
     changed = 0
     for s in range(row.shape[0]):
@@ -253,6 +261,13 @@ def _heaviest(x):
 def _better(score, local, best):
     """Whether a move ``(score, local)`` beats the move ``best``: a higher score, then a lower local max."""
     return score > best[0] or (score == best[0] and local < best[1])
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _cannot_beat(score, local, best):
+    """Whether a move of at most ``score`` and at least ``local`` cannot be picked over ``best``
+    (:func:`_better` is false for every such move)."""
+    return score < best[0] or (score == best[0] and local >= best[1])
 
 
 @njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
@@ -390,7 +405,7 @@ def _best_new_replica(st, lay, heavy, limits, most, spare, best):
     expert ``e`` of the heaviest GPU (at most ``most`` replicas). Only the experts whose extra replica
     relieves the heaviest GPU most are tried. ``limits``: a :class:`MoveLimits`. Returns the better of
     ``best`` and the best such move."""
-    peak, limit = limits.peak, limits.limit
+    peak, limit, floor, per_change = limits.peak, limits.limit, limits.floor, limits.per_change
     row, prev, cnt, has, x = st.row, st.prev, st.cnt, st.has, st.x
     share, share_up, gain_down = st.share, st.share_up, st.gain_down
     expert_slots, node_group = st.expert_slots, st.node_group
@@ -422,10 +437,19 @@ def _best_new_replica(st, lay, heavy, limits, most, spare, best):
             continue
         relief = (share[e] - share_up[e]) * has[heavy, e]
         new_share = share_up[e]
+        # pruning, which never skips a move that could be picked: every move of e leaves a local
+        # max of at least least_local (new_h below, g2 held on the heavy GPU or not), so a slot b
+        # whose best score at that local max cannot beat the best so far is skipped unread
+        least_local = peak - relief
+        if _cannot_beat(_score(peak, least_local, floor, 0, per_change), least_local, best):
+            continue  # (cost 0 scores highest)
         for i_spare in range(num_spare):
             b = spare[i_spare]
             g2 = row[b]
             if g2 == e:
+                continue
+            cost = int(e != prev[b]) - int(g2 != prev[b])
+            if _cannot_beat(_score(peak, least_local, floor, cost, per_change), least_local, best):
                 continue
             gain_g = gain_down[g2]
             gb = gpu_of_slot[b]
@@ -440,7 +464,7 @@ def _best_new_replica(st, lay, heavy, limits, most, spare, best):
                 g = gpu_of_slot[expert_slots[g2, i]]
                 if g != heavy and g != gb:
                     local = max(local, x[g] + gain_g * has[g, g2])
-            best = _offer(best, limits, local, int(e != prev[b]) - int(g2 != prev[b]), REASSIGN, b, e)
+            best = _offer(best, limits, local, cost, REASSIGN, b, e)
     return best
 
 
@@ -566,7 +590,9 @@ def _undo_needless(st, lay, target):
     while progress:
         progress = False
         for s in changed:
-            if _undo_one(st, lay, s, changed, cap):
+            # a slot given back (or a hole) is skipped here, not in _undo_one: a call passes the
+            # state's arrays' references, which was most of this loop's time
+            if row[s] != prev[s] and prev[s] >= 0 and _undo_one(st, lay, s, changed, cap):
                 progress = True
     after = 0
     for s in changed:
@@ -614,12 +640,11 @@ def _undo_one(st, lay, s, changed, cap):
     _shares(st, e)
     _shares(st, f)
     # the loads of the GPUs of s and the partner, and of every holder of e and f, recomputed whole
-    # (updating the holders' loads by differences gave wrong peaks: tests/model/test_topologies)
-    _refresh_around(st, lay, s, partner, e, f)
-    peak = 0.0
-    for g in range(st.x.shape[0]):
-        peak = max(peak, st.x[g])
-    if peak <= cap:
+    # (updating the holders' loads by differences gave wrong peaks: tests/model/test_topologies);
+    # the other GPUs' loads are unchanged and at most cap (every GPU is, from the first undo on:
+    # an undo that breaks it is taken back, its GPUs' loads recomputed bit for bit), so the max
+    # GPU load stays at most cap exactly when these GPUs' loads do
+    if _refresh_around(st, lay, s, partner, e, f) <= cap:
         return True
     if partner >= 0:
         _set_slot(st, lay, partner, f)
