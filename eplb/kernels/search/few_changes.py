@@ -14,11 +14,16 @@ The search (:func:`search_near_previous`) keeps two groups of arrays that travel
   (allocated once per call, refilled per layer).
 
 Cost: a step scans every slot of the layer (moves (A) and (C) below), and a layer takes about as
-many steps as slots it changes, so a layer costs ``O(S * changes)``: at 512 slots on 256 GPUs
-(DeepSeek-V3 size, the bound-first search of 58 layers, 8,807 steps) 17 us a step, of which
-``perf`` puts ~56% in :func:`_best_new_replica`, ~19% in :func:`_best_swap` and ~20% in the
-reference counts of the state's arrays passed from call to call. Scanning only candidate GPUs
-(kept sorted by load) would change which of several equal moves is picked: not done yet.
+many steps as slots it changes, so a layer costs ``O(S * changes)``. Both scans skip, unread, the
+candidates whose best possible score (from a bound on the load they leave) cannot beat the best
+move so far; that never changes which move is picked (ties keep the first found). The state's
+arrays travel in named tuples, and each call of a small function with them costs reference counts
+of every array: loading a layer fills its tables in line, and giving slots back skips the slots
+already given back before calling. Timed on DeepSeek-V3-sized Balancer decisions (58 layers, the move budget of 2-4
+slots per layer, ``bench/rack.py``): a search of 58 layers at 512 slots on 256 GPUs 6.4 -> 1.1 ms
+(``perf`` had put 70% of it in :func:`_best_new_replica`), 384 / 128 7.0 -> 1.5 ms. Without a
+budget (a plan near the placement in service at 512 / 256, ~150 steps a layer) a step still
+costs ~25 us, most of it in :func:`_best_new_replica` and :func:`_best_swap`.
 
 A candidate move is a tuple ``(score, local, kind, a, b)``: its gain per changed slot, the largest
 load it leaves on the GPUs it touches, and what it does (:data:`SWAP` slots ``a`` and ``b``,
@@ -439,7 +444,7 @@ def _best_new_replica(st, lay, heavy, limits, most, spare, best):
         new_share = share_up[e]
         # pruning, which never skips a move that could be picked: every move of e leaves a local
         # max of at least least_local (new_h below, g2 held on the heavy GPU or not), so a slot b
-        # whose best score at that local max cannot beat the best so far is skipped unread
+        # whose best score at such a local max cannot beat the best so far is skipped unread
         least_local = peak - relief
         if _cannot_beat(_score(peak, least_local, floor, 0, per_change), least_local, best):
             continue  # (cost 0 scores highest)
@@ -449,10 +454,12 @@ def _best_new_replica(st, lay, heavy, limits, most, spare, best):
             if g2 == e:
                 continue
             cost = int(e != prev[b]) - int(g2 != prev[b])
-            if _cannot_beat(_score(peak, least_local, floor, cost, per_change), least_local, best):
+            gb = gpu_of_slot[b]
+            # and b's GPU leaves at least its load with e for g2 (its other replicas of g2 only add)
+            least_b = max(least_local, x[gb] - share[g2] + new_share)
+            if least_b >= limit or _cannot_beat(_score(peak, least_b, floor, cost, per_change), least_b, best):
                 continue
             gain_g = gain_down[g2]
-            gb = gpu_of_slot[b]
             new_h = peak - relief + gain_g * has[heavy, g2]
             local = max(new_h, x[gb] - share[g2] + new_share + (has[gb, g2] - 1) * gain_g)
             if local >= limit or gb == heavy or has[gb, e] > 0:
