@@ -162,8 +162,9 @@ hierarchical, 8.8 -> 9.0% global, bench/serving.py). In smaller layers one slot 
 of the layer, every avoided move matters (gpt-oss-20b on 40 slots: 27.4% -> 27.9%), and planning
 from scratch takes a few milliseconds anyway. At 2 slots per GPU few layers get within the
 tolerance of the cheap bound (DeepSeek-V3 size, decode loads with the prefill plan in service:
-0 of 58 at 288/144, 0-1 of 58 at 512/256, where it costs 15 and 200 ms of a 130 and 690 ms plan),
-yet it stays: the one layer that got there at 512/256 (the Balancer's window) reached 0.9716
+0 of 58 at 288/144, 0-1 of 58 at 512/256, where it cost 15 and 200 ms of a 130 and 690 ms plan;
+since the search skips what cannot fit the move budget, about a tenth of a 17 ms and a 20th of a
+36 ms decision, bench/rack.py), yet it stays: the one layer that got there at 512/256 (the Balancer's window) reached 0.9716
 balancedness at 181 copies, where without the stage the Balancer's plan reached 0.9010 at 91 (its
 mean over layers 0.002 lower), bench/rack.py's loads."""
 TINY_WORK = 1_300_000  # placements that search checks per layer at most (~40 ms if it finds none)
