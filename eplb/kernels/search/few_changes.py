@@ -641,6 +641,15 @@ def _undo_one(st, lay, s, changed, cap):
             return False
         if node_group[node_of_gpu[gpu_of_slot[partner]], group_of_expert[e]] == 0:
             return False
+    if _surely_over(st, lay, s, partner, cap):
+        # made and taken back, the undo would leave only this changed: s (and the partner) last
+        # in their experts' slot lists (which (B) reads in order)
+        _remove_slot(st.expert_slots, st.cnt, e, s)
+        _add_slot(st.expert_slots, st.cnt, e, s)
+        if partner >= 0:
+            _remove_slot(st.expert_slots, st.cnt, f, partner)
+            _add_slot(st.expert_slots, st.cnt, f, partner)
+        return False
     _set_slot(st, lay, s, f)
     if partner >= 0:
         _set_slot(st, lay, partner, e)
@@ -661,3 +670,30 @@ def _undo_one(st, lay, s, changed, cap):
     _refresh_around(st, lay, s, partner, e, f)
     return False
 
+
+@njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
+def _surely_over(st, lay, s, partner, cap):
+    """Whether giving slot ``s`` back its previous expert (with ``partner``, the slot that swapped
+    with it, or ``-1``) surely puts a GPU above ``cap``: its GPU or a holder of the expert leaving
+    ``s`` ends above ``cap`` by more than rounding (the loads that undo would recompute, formed from
+    the current ones; every GPU is at most ``cap`` now). A cheap test before the undo is made, so
+    that most undos that fail are not made and taken back."""
+    x, share, w, cnt, has, expert_slots = st.x, st.share, st.w, st.cnt, st.has, st.expert_slots
+    gpu_of_slot = lay.gpu_of_slot
+    e, f = st.row[s], st.prev[s]
+    gpu_s = gpu_of_slot[s]
+    bar = cap * (1.0 + 1e-9) + 1e-300  # rounding: loads summed in another order, denormals
+    if partner >= 0:  # the two experts trade slots: no replica count changes
+        gpu_p = gpu_of_slot[partner]
+        if gpu_p == gpu_s:
+            return False
+        return x[gpu_s] - share[e] + share[f] > bar or x[gpu_p] - share[f] + share[e] > bar
+    rise = w[e] / (cnt[e] - 1) - share[e]  # what each other replica of e gains (cnt[e] >= 2 here)
+    share_f = w[f] / (cnt[f] + 1)  # and each replica of f, with one more (none on s's GPU)
+    if x[gpu_s] - share[e] + share_f + (has[gpu_s, e] - 1) * rise > bar:
+        return True
+    for i in range(cnt[e]):
+        g = gpu_of_slot[expert_slots[e, i]]
+        if g != gpu_s and x[g] + has[g, e] * rise - has[g, f] * (share[f] - share_f) > bar:
+            return True
+    return False
