@@ -28,8 +28,8 @@ and method (eplb's default, ``best``, ``greedy``, and the published algorithm's 
   gain) and ``rebalance(commit=False)`` after one more pass (so it plans afresh), median and max.
 
 Targets (issue 49): the default plan <= 20 ms at 288/72 and 288/144, <= 40 ms at 384/128 and
-512/256 (58 layers, warm). ``python bench/rack.py [--quick]`` (quick: 8 layers, 4 workloads held
-out, few repeats).
+512/256 (58 layers, warm). ``python bench/rack.py [--quick] [--decision-only]`` (quick: 8 layers, 4 workloads held
+out, few repeats; decision only: the Balancer's decision table, printed).
 """
 
 from __future__ import annotations
@@ -198,11 +198,7 @@ def markdown(rows: list[dict], decisions: list[dict], quick: bool, layers: int, 
     out += ["The Balancer's decision (defaults, 100-pass window, the default plan of the prefill workloads in "
             "service, decode passes recorded): `should_rebalance()` and `rebalance(commit=False)` after one "
             "more pass, ms (median, max):", ""]
-    out += [markdown_table(("slots/GPUs", "should_rebalance", "its CPU ms", "rebalance", "calls", "last decision"),
-                           [(f"{d['slots']}/{d['gpus']}", f"{d['decide_median_ms']:.1f} ({d['decide_max_ms']:.1f})",
-                             f"{d['decide_cpu_median_ms']:.1f}",
-                             f"{d['rebalance_median_ms']:.1f} ({d['rebalance_max_ms']:.1f})", d["calls"], d["decision"])
-                            for d in decisions]), ""]
+    out += [decision_markdown(decisions), ""]
     return "\n".join(out)
 
 
@@ -224,6 +220,24 @@ def run(quick: bool, results_dir: Path) -> str:
     write_csv(results_dir / "rack.csv", rows)
     write_csv(results_dir / "rack_balancer.csv", decisions)
     return markdown(rows, decisions, quick, layers, windows.shape[0], time.perf_counter() - started)
+
+
+def decision_markdown(decisions: list[dict]) -> str:
+    """The Balancer's decision table from :func:`decision_times`' rows."""
+    return markdown_table(("slots/GPUs", "should_rebalance", "its CPU ms", "rebalance", "calls", "last decision"),
+                          [(f"{d['slots']}/{d['gpus']}", f"{d['decide_median_ms']:.1f} ({d['decide_max_ms']:.1f})",
+                            f"{d['decide_cpu_median_ms']:.1f}",
+                            f"{d['rebalance_median_ms']:.1f} ({d['rebalance_max_ms']:.1f})", d["calls"], d["decision"])
+                           for d in decisions])
+
+
+def decision_table(quick: bool) -> str:
+    """The Balancer's decision table alone (``--decision-only``): every deployment, timed as :func:`run`
+    times it, and the machine's load."""
+    layers = 8 if quick else 58
+    workloads = phase_workloads(1, layers, NUM_EXPERTS, 8)
+    decisions = [decision_times(slots, gpus, workloads, quick) for slots, gpus in CONFIGS]
+    return f"{decision_markdown(decisions)}\n\n{load_note()}"
 
 
 def headline(results_dir: Path) -> list[tuple[str, str, str]]:
@@ -274,7 +288,12 @@ def main() -> None:
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="8 layers, 4 workloads, few repeats")
+    parser.add_argument("--decision-only", action="store_true",
+                        help="only the Balancer's decision table, printed (no file written)")
     args = parser.parse_args()
+    if args.decision_only:
+        print(decision_table(args.quick))
+        return
     results = Path(__file__).resolve().parent / "results" / ("quick" if args.quick else "")
     when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     commit = git_commit()

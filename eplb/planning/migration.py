@@ -38,9 +38,10 @@ from ..model.defaults import COPY_COST, PLAN_TOLERANCE
 from ..model._validation import as_int
 from ..analysis.bounds import average_bound
 from ..kernels.search.few_changes import SearchLayout, search_near_previous
+from ..kernels.search.recount import recounted_starts
 from ..kernels.search.relabel import min_cost_assignment, relabel_like
 from ..kernels.search.tiny_changes import fewest_changes_search
-from ..analysis.loads import peak_loads
+from ..analysis.loads import gpu_loads, peak_loads
 from .methods import Deployment, get_method
 from ..analysis.placement import Placement, check_placement
 from ..analysis.searches import group_assignment
@@ -161,8 +162,9 @@ hierarchical, 8.8 -> 9.0% global, bench/serving.py). In smaller layers one slot 
 of the layer, every avoided move matters (gpt-oss-20b on 40 slots: 27.4% -> 27.9%), and planning
 from scratch takes a few milliseconds anyway. At 2 slots per GPU few layers get within the
 tolerance of the cheap bound (DeepSeek-V3 size, decode loads with the prefill plan in service:
-0 of 58 at 288/144, 0-1 of 58 at 512/256, where it costs 15 and 200 ms of a 130 and 690 ms plan),
-yet it stays: the one layer that got there at 512/256 (the Balancer's window) reached 0.9716
+0 of 58 at 288/144, 0-1 of 58 at 512/256, where it cost 15 and 200 ms of a 130 and 690 ms plan;
+since the search skips what cannot fit the move budget, about a tenth of a 17 ms and a 20th of a
+36 ms decision, bench/rack.py), yet it stays: the one layer that got there at 512/256 (the Balancer's window) reached 0.9716
 balancedness at 181 copies, where without the stage the Balancer's plan reached 0.9010 at 91 (its
 mean over layers 0.002 lower), bench/rack.py's loads."""
 TINY_WORK = 1_300_000  # placements that search checks per layer at most (~40 ms if it finds none)
@@ -220,17 +222,13 @@ def migrate(weights: np.ndarray, deployment: Deployment, previous: np.ndarray, s
                           ungrouped=getattr(carried, "groups", None) is not None)
     # the relabelled fresh plan is only needed where the local search missed the target
     missed = np.flatnonzero(local_peak > target)
-    relabelled, fresh_changes = local.copy(), np.full(num_layers, num_slots + 1, np.int64)
-    fresh_peak, matched = np.full(num_layers, np.inf), np.empty((0, num_slots), np.int64)
-    if missed.size:
-        before = np.ascontiguousarray(previous[missed])
-        matched, _ = relabel_like(np.ascontiguousarray(scratch[missed], dtype=np.int64), before,
-                                  topology.slot_offsets, topology.gpus_per_node, deployment.hierarchical, num_experts)
-        # then give slots back their previous expert wherever the target allows (no search steps)
-        relabelled[missed], fresh_changes[missed], _ = search_near_previous(
-            weights[missed], matched, np.ascontiguousarray(reference[missed]), layout, target[missed],
-            budgets[missed], 0, True)
-        fresh_peak[missed] = _peaks(weights[missed], relabelled[missed], topology)
+    if carried is None and missed.size:  # not where no fresh plan's relabelling can fit the budget (exact)
+        hopeless = _beyond_budget(weights[missed], previous[missed], topology,
+                                  np.maximum(target, scratch_peak)[missed], budget)
+        missed = missed[~hopeless | spread[missed]]  # (a spread layer takes the fresh plan whatever it costs)
+    relabelled, fresh_changes, fresh_peak, matched = _relabelled_fresh(
+        weights, deployment, previous, scratch, missed, fallback=local, reference=reference, layout=layout,
+        target=target, budgets=budgets)
     use_fresh = spread.copy()
     for layer in kept:
         use_fresh[layer] = fresh_changes[layer] <= budget and _better(
@@ -270,6 +268,29 @@ def migrate(weights: np.ndarray, deployment: Deployment, previous: np.ndarray, s
     return phy2log, info
 
 
+def _relabelled_fresh(weights, deployment, previous, scratch, missed, *, fallback, reference, layout, target,
+                      budgets):
+    """The fresh plan ``scratch [L, S]`` of the layers ``missed``, relabelled to keep what stays in
+    place (:func:`eplb.kernels.search.relabel.relabel_like`), then with every changed slot the
+    target allows given back its previous expert (the search without steps). Returns ``rows [L,
+    S]`` (``fallback``'s row elsewhere), ``changes [L]`` against ``reference`` (``S + 1``
+    elsewhere), ``peaks [L]`` (inf elsewhere) and the relabelled rows before any slot was given
+    back (``[len(missed), S]``)."""
+    topology = deployment.topology
+    num_layers, num_slots = previous.shape
+    rows, changes = fallback.copy(), np.full(num_layers, num_slots + 1, np.int64)
+    peaks, matched = np.full(num_layers, np.inf), np.empty((0, num_slots), np.int64)
+    if missed.size:
+        matched, _ = relabel_like(np.ascontiguousarray(scratch[missed], dtype=np.int64),
+                                  np.ascontiguousarray(previous[missed]), topology.slot_offsets,
+                                  topology.gpus_per_node, deployment.hierarchical, weights.shape[1])
+        rows[missed], changes[missed], _ = search_near_previous(
+            weights[missed], matched, np.ascontiguousarray(reference[missed]), layout, target[missed],
+            budgets[missed], 0, True)
+        peaks[missed] = _peaks(weights[missed], rows[missed], topology)
+    return rows, changes, peaks, matched
+
+
 def _keep_spread(phy2log, changes, deployment, reference, fresh_rows: dict, use_fresh, budget: int) -> None:
     """Where a layer took the relabelled fresh plan (``use_fresh [L]``; ``fresh_rows``: layer ->
     row, before any slot was given back; it keeps the spread rule of :mod:`eplb.planning.spread`)
@@ -304,7 +325,6 @@ def _restart_where_missed(weights, deployment, previous, scratch, *, layout, tar
     local, local_changes, local_peak = best
     topology = deployment.topology
     num_slots = topology.num_slots
-    group_of_expert = layout.group_of_expert
     for restart in RESTARTS:
         if restart == "regroup" and not (deployment.hierarchical and topology.num_nodes > 1):
             continue
@@ -316,12 +336,13 @@ def _restart_where_missed(weights, deployment, previous, scratch, *, layout, tar
         elif restart == "ungrouped":
             starts = [(layer, local[layer]) for layer in missed]
         elif restart == "recount":
-            starts = [(layer, _recounted(weights[layer], previous[layer], scratch[layer], topology, group_of_expert,
-                                         deployment.hierarchical)) for layer in missed]
+            starts = _recounted(weights, previous, scratch, missed, layout, deployment.hierarchical)
         else:
             starts = [(layer, _regrouped(weights[layer], previous[layer], scratch[layer], topology,
                                          deployment.num_groups)) for layer in missed]
         starts = [(layer, row) for layer, row in starts if row is not None]
+        if restart == "recount" and starts and reference is previous:
+            starts = _within_reach(weights, previous, topology, starts, target, budget)
         if starts:
             rows = np.array([layer for layer, _ in starts])
             tried, tried_changes, _ = search_near_previous(
@@ -333,6 +354,52 @@ def _restart_where_missed(weights, deployment, previous, scratch, *, layout, tar
                 if tried_changes[i] <= budget and _better(tried_peak[i], tried_changes[i], local_peak[layer],
                                                           local_changes[layer], target[layer]):
                     local[layer], local_changes[layer], local_peak[layer] = tried[i], tried_changes[i], tried_peak[i]
+
+
+def _beyond_budget(weights: np.ndarray, previous: np.ndarray, topology, cap: np.ndarray, budget: int) -> np.ndarray:
+    """``[L]`` bool: True where no placement that changes at most ``budget`` slots of ``previous
+    [L, S]`` has every GPU load at most ``cap [L]`` under ``weights [L, E]`` (never True where one
+    exists; False where the test cannot tell).
+
+    The test: a GPU none of whose slots changed carries at least its previous load unless an
+    expert it holds gained a replica, and ``budget`` changed slots give new replicas to at most
+    ``budget`` experts, held by at most their previous replica counts of GPUs each. So at most
+    ``budget`` plus the sum of the ``budget`` largest previous replica counts of GPUs can get below
+    their previous load: if more GPUs than that are above ``cap``, no such placement exists. Where
+    the search's result never ends above ``cap`` (the relabelled fresh plan: its peak or the
+    target; a restart: its start's peak or the target) and is kept only within the budget, that
+    search cannot change the plan and need not run. At few slots per GPU with the Balancer's move
+    budget (2 slots of 288 at 144 GPUs) the relabelling (an assignment over GPUs, ``O(G^3)``) and
+    the search that follows were most of a decision's time (``bench/rack.py``); they are skipped
+    on nearly every layer there, without a budget never."""
+    num_layers, num_experts = weights.shape
+    hopeless = np.zeros(num_layers, bool)
+    if budget >= topology.num_gpus or num_layers == 0:
+        return hopeless
+    # guards against rounding: loads summed in another order (relative 1e-9) and, with sums near
+    # the largest or the smallest floats, no test at all
+    sane = weights.sum(axis=1) < 1e300
+    cnt = np.zeros((num_layers, num_experts), np.int64)
+    np.add.at(cnt, (np.arange(num_layers)[:, None], previous), 1)
+    most = min(budget, num_experts)
+    top = np.partition(cnt, num_experts - most, axis=1)[:, num_experts - most:].sum(axis=1) if most else 0
+    reach = budget + top
+    loads = gpu_loads(weights, previous, topology, logcnt=cnt)  # [L, G]
+    above = (loads > cap[:, None] * (1.0 + 1e-9) + 1e-250).sum(axis=1)
+    return sane & (above > reach)
+
+
+def _within_reach(weights, previous, topology, starts: list, target: np.ndarray, budget: int) -> list:
+    """The ``(layer, row)`` starts of a restart whose search may end within ``budget`` changed slots
+    of ``previous [L, S]``: its result's peak is at most the start's or the target (steps only
+    lower the peak; slots are given back while the peak stays at most the larger of the two), so
+    where :func:`_beyond_budget` finds that out of reach the search runs for nothing (its result is
+    kept only within the budget)."""
+    layers = np.array([layer for layer, _ in starts])
+    rows = np.stack([row for _, row in starts])
+    cap = np.maximum(target[layers], _peaks(weights[layers], rows, topology))
+    hopeless = _beyond_budget(weights[layers], previous[layers], topology, cap, budget)
+    return [start for start, skip in zip(starts, hopeless) if not skip]
 
 
 def _fewer_changes_on_small_layers(weights, previous, topology, *, target, budget, phy2log, changes,
@@ -530,65 +597,20 @@ def _better(peak_a, changes_a, peak_b, changes_b, target) -> bool:
     return bool(peak_a < peak_b)
 
 
-def _recounted(weights: np.ndarray, previous: np.ndarray, scratch: np.ndarray, topology, group_of_expert,
-               hierarchical: bool):
-    """A start for the local search of one layer: the previous placement with the replica counts
-    of the fresh plan. Surplus replicas leave the most loaded GPUs first; the freed slots go to the
-    experts short of replicas, largest per-replica load first, lightest GPU first (same node as the
-    expert's group in hierarchical mode). ``None`` when that is not possible.
-
-    Args:
-        weights: ``[E]``; previous, scratch: ``[S]``; group_of_expert: ``[E]``.
-    Returns:
-        ``[S]`` int64 or ``None``.
-    """
-    num_experts = weights.shape[0]
-    have = np.bincount(previous, minlength=num_experts)
-    want = np.bincount(scratch, minlength=num_experts)
-    if np.array_equal(have, want):
-        return None
-    gpu, offsets = topology.gpu_of_slot, topology.slot_offsets
-    node_of_slot = topology.node_of_gpu[gpu]
-    share = weights / np.maximum(want, 1)
-    row = previous.copy()
-    loads = np.bincount(gpu, weights=share[row], minlength=topology.num_gpus)
-    free = []
-    # Python sorts of short lists, not NumPy's: NumPy's sorts release the GIL, and each time a
-    # planning thread then waits up to a switch interval for a busy thread to give it back
-    for e in np.flatnonzero(have > want):
-        slots = sorted(np.flatnonzero(row == e).tolist(), key=lambda s: (-loads[gpu[s]], s))[: have[e] - want[e]]
-        for s in slots:
-            loads[gpu[s]] -= share[e]
-        free.extend(slots)
-    short = np.flatnonzero(want > have)
-    needs = sorted(np.repeat(short, (want - have)[short]).tolist(), key=lambda e: (-share[e], e))
-    free = np.array(free, dtype=np.int64)
-    taken = np.zeros(free.size, bool)
-    group_node = None
-    if hierarchical:
-        num_groups = int(group_of_expert.max()) + 1
-        present = np.zeros((num_groups, topology.num_nodes), bool)
-        present[group_of_expert[previous], node_of_slot] = True
-        if (present.sum(axis=1) != 1).any():
-            return None
-        group_node = np.argmax(present, axis=1)
-    for e in needs:
-        best = -1
-        for i in np.flatnonzero(~taken):
-            s = free[i]
-            if hierarchical and node_of_slot[s] != group_node[group_of_expert[e]]:
-                continue
-            if np.any(row[offsets[gpu[s]]:offsets[gpu[s] + 1]] == e):
-                continue  # never a second replica of e on one GPU
-            key = (loads[gpu[s]], s)
-            if best < 0 or key < best_key:
-                best, best_key = i, key
-        if best < 0:
-            return None
-        taken[best] = True
-        row[free[best]] = e
-        loads[gpu[free[best]]] += share[e]
-    return row
+def _recounted(weights, previous, scratch, layers, layout: SearchLayout, hierarchical: bool) -> list:
+    """Starts for the local search of ``layers``: the previous placement with the replica counts
+    of the fresh plan (:func:`eplb.kernels.search.recount.recounted_starts`: surplus replicas leave
+    the most loaded GPUs first, the freed slots go to the experts short of replicas, largest
+    per-replica load first, lightest GPU first, on the node of the expert's group in hierarchical
+    mode). ``weights [L, E]``, ``previous``, ``scratch [L, S]``; returns ``[(layer, row [S])]``
+    for the layers that have one."""
+    if layers.size == 0:
+        return []
+    rows, found = recounted_starts(
+        np.ascontiguousarray(weights[layers], dtype=np.float64), np.ascontiguousarray(previous[layers], dtype=np.int64),
+        np.ascontiguousarray(scratch[layers], dtype=np.int64), layout.gpu_of_slot, layout.slot_offsets,
+        layout.node_of_gpu, layout.group_of_expert, bool(hierarchical))
+    return [(layer, rows[i]) for i, layer in enumerate(layers) if found[i]]
 
 
 def _regrouped(weights: np.ndarray, previous: np.ndarray, scratch: np.ndarray, topology, num_groups: int):

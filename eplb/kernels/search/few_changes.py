@@ -14,11 +14,16 @@ The search (:func:`search_near_previous`) keeps two groups of arrays that travel
   (allocated once per call, refilled per layer).
 
 Cost: a step scans every slot of the layer (moves (A) and (C) below), and a layer takes about as
-many steps as slots it changes, so a layer costs ``O(S * changes)``: at 512 slots on 256 GPUs
-(DeepSeek-V3 size, the bound-first search of 58 layers, 8,807 steps) 17 us a step, of which
-``perf`` puts ~56% in :func:`_best_new_replica`, ~19% in :func:`_best_swap` and ~20% in the
-reference counts of the state's arrays passed from call to call. Scanning only candidate GPUs
-(kept sorted by load) would change which of several equal moves is picked: not done yet.
+many steps as slots it changes, so a layer costs ``O(S * changes)``. Both scans skip, unread, the
+candidates whose best possible score (from a bound on the load they leave) cannot beat the best
+move so far; that never changes which move is picked (ties keep the first found). The state's
+arrays travel in named tuples, and each call of a small function with them costs reference counts
+of every array: loading a layer fills its tables in line, and giving slots back skips the slots
+already given back before calling. Timed on DeepSeek-V3-sized Balancer decisions (58 layers, the move budget of 2-4
+slots per layer, ``bench/rack.py``): a search of 58 layers at 512 slots on 256 GPUs 6.4 -> 1.1 ms
+(``perf`` had put 70% of it in :func:`_best_new_replica`), 384 / 128 7.0 -> 1.5 ms. Without a
+budget (a plan near the placement in service at 512 / 256, ~150 steps a layer) a step still
+costs ~25 us, most of it in :func:`_best_new_replica` and :func:`_best_swap`.
 
 A candidate move is a tuple ``(score, local, kind, a, b)``: its gain per changed slot, the largest
 load it leaves on the GPUs it touches, and what it does (:data:`SWAP` slots ``a`` and ``b``,
@@ -83,6 +88,7 @@ def _refresh_gpu(st, slot_offsets, g):
     for s in range(slot_offsets[g], slot_offsets[g + 1]):
         total += st.share[st.row[s]]
     st.x[g] = total
+    return total
 
 
 @njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
@@ -90,15 +96,17 @@ def _refresh_around(st, lay, s, t, e, f):
     """Recompute the loads of the GPUs that a change of slots ``s`` and ``t`` (``-1``: none) between
     experts ``e`` and ``f`` touched: theirs and every holder of ``e`` or ``f`` (whose shares changed).
     The other GPUs' loads are unchanged; the touched ones get what :func:`_refresh_loads` gives
-    them, so the search's choices are those of refreshing every GPU, at ``O(replicas)`` a step."""
+    them, so the search's choices are those of refreshing every GPU, at ``O(replicas)`` a step.
+    Returns the largest load of those GPUs."""
     gpu_of_slot, slot_offsets = lay.gpu_of_slot, lay.slot_offsets
-    _refresh_gpu(st, slot_offsets, gpu_of_slot[s])
+    most = _refresh_gpu(st, slot_offsets, gpu_of_slot[s])
     if t >= 0:
-        _refresh_gpu(st, slot_offsets, gpu_of_slot[t])
+        most = max(most, _refresh_gpu(st, slot_offsets, gpu_of_slot[t]))
     for i in range(st.cnt[e]):
-        _refresh_gpu(st, slot_offsets, gpu_of_slot[st.expert_slots[e, i]])
+        most = max(most, _refresh_gpu(st, slot_offsets, gpu_of_slot[st.expert_slots[e, i]]))
     for i in range(st.cnt[f]):
-        _refresh_gpu(st, slot_offsets, gpu_of_slot[st.expert_slots[f, i]])
+        most = max(most, _refresh_gpu(st, slot_offsets, gpu_of_slot[st.expert_slots[f, i]]))
+    return most
 
 
 @njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
@@ -142,13 +150,18 @@ def _load_layer(st, lay):
     row, prev, cnt, expert_slots, has, node_group = st.row, st.prev, st.cnt, st.expert_slots, st.has, st.node_group
     gpu_of_slot, node_of_gpu, group_of_expert = lay.gpu_of_slot, lay.node_of_gpu, lay.group_of_expert
     cnt[:] = 0
-    for s in range(row.shape[0]):
-        e = row[s]
-        _add_slot(expert_slots, cnt, e, s)
+    for s in range(row.shape[0]):  # in line, not _add_slot and _shares per slot and expert: a call
+        e = row[s]                 # passes its arrays' references, most of a layer's load time
+        expert_slots[e, cnt[e]] = s
+        cnt[e] += 1
         has[gpu_of_slot[s], e] += 1
         node_group[node_of_gpu[gpu_of_slot[s]], group_of_expert[e]] += 1
-    for e in range(st.w.shape[0]):
-        _shares(st, e)
+    w, share, share_up, gain_down = st.w, st.share, st.share_up, st.gain_down
+    for e in range(w.shape[0]):  # as _shares(st, e)
+        c = cnt[e]
+        share[e] = w[e] / c
+        share_up[e] = w[e] / (c + 1)
+        gain_down[e] = w[e] / (c - 1) - share[e] if c > 1 else np.inf
     _refresh_loads(st, gpu_of_slot)
     changed = 0
     for s in range(row.shape[0]):
@@ -253,6 +266,13 @@ def _heaviest(x):
 def _better(score, local, best):
     """Whether a move ``(score, local)`` beats the move ``best``: a higher score, then a lower local max."""
     return score > best[0] or (score == best[0] and local < best[1])
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _cannot_beat(score, local, best):
+    """Whether a move of at most ``score`` and at least ``local`` cannot be picked over ``best``
+    (:func:`_better` is false for every such move)."""
+    return score < best[0] or (score == best[0] and local >= best[1])
 
 
 @njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
@@ -390,7 +410,7 @@ def _best_new_replica(st, lay, heavy, limits, most, spare, best):
     expert ``e`` of the heaviest GPU (at most ``most`` replicas). Only the experts whose extra replica
     relieves the heaviest GPU most are tried. ``limits``: a :class:`MoveLimits`. Returns the better of
     ``best`` and the best such move."""
-    peak, limit = limits.peak, limits.limit
+    peak, limit, floor, per_change = limits.peak, limits.limit, limits.floor, limits.per_change
     row, prev, cnt, has, x = st.row, st.prev, st.cnt, st.has, st.x
     share, share_up, gain_down = st.share, st.share_up, st.gain_down
     expert_slots, node_group = st.expert_slots, st.node_group
@@ -422,13 +442,24 @@ def _best_new_replica(st, lay, heavy, limits, most, spare, best):
             continue
         relief = (share[e] - share_up[e]) * has[heavy, e]
         new_share = share_up[e]
+        # pruning, which never skips a move that could be picked: every move of e leaves a local
+        # max of at least least_local (new_h below, g2 held on the heavy GPU or not), so a slot b
+        # whose best score at such a local max cannot beat the best so far is skipped unread
+        least_local = peak - relief
+        if _cannot_beat(_score(peak, least_local, floor, 0, per_change), least_local, best):
+            continue  # (cost 0 scores highest)
         for i_spare in range(num_spare):
             b = spare[i_spare]
             g2 = row[b]
             if g2 == e:
                 continue
-            gain_g = gain_down[g2]
+            cost = int(e != prev[b]) - int(g2 != prev[b])
             gb = gpu_of_slot[b]
+            # and b's GPU leaves at least its load with e for g2 (its other replicas of g2 only add)
+            least_b = max(least_local, x[gb] - share[g2] + new_share)
+            if least_b >= limit or _cannot_beat(_score(peak, least_b, floor, cost, per_change), least_b, best):
+                continue
+            gain_g = gain_down[g2]
             new_h = peak - relief + gain_g * has[heavy, g2]
             local = max(new_h, x[gb] - share[g2] + new_share + (has[gb, g2] - 1) * gain_g)
             if local >= limit or gb == heavy or has[gb, e] > 0:
@@ -440,7 +471,7 @@ def _best_new_replica(st, lay, heavy, limits, most, spare, best):
                 g = gpu_of_slot[expert_slots[g2, i]]
                 if g != heavy and g != gb:
                     local = max(local, x[g] + gain_g * has[g, g2])
-            best = _offer(best, limits, local, int(e != prev[b]) - int(g2 != prev[b]), REASSIGN, b, e)
+            best = _offer(best, limits, local, cost, REASSIGN, b, e)
     return best
 
 
@@ -566,7 +597,9 @@ def _undo_needless(st, lay, target):
     while progress:
         progress = False
         for s in changed:
-            if _undo_one(st, lay, s, changed, cap):
+            # a slot given back (or a hole) is skipped here, not in _undo_one: a call passes the
+            # state's arrays' references, which was most of this loop's time
+            if row[s] != prev[s] and prev[s] >= 0 and _undo_one(st, lay, s, changed, cap):
                 progress = True
     after = 0
     for s in changed:
@@ -608,18 +641,26 @@ def _undo_one(st, lay, s, changed, cap):
             return False
         if node_group[node_of_gpu[gpu_of_slot[partner]], group_of_expert[e]] == 0:
             return False
+    if _surely_over(st, lay, s, partner, cap):
+        # made and taken back, the undo would leave only this changed: s (and the partner) last
+        # in their experts' slot lists (which (B) reads in order)
+        _remove_slot(st.expert_slots, st.cnt, e, s)
+        _add_slot(st.expert_slots, st.cnt, e, s)
+        if partner >= 0:
+            _remove_slot(st.expert_slots, st.cnt, f, partner)
+            _add_slot(st.expert_slots, st.cnt, f, partner)
+        return False
     _set_slot(st, lay, s, f)
     if partner >= 0:
         _set_slot(st, lay, partner, e)
     _shares(st, e)
     _shares(st, f)
     # the loads of the GPUs of s and the partner, and of every holder of e and f, recomputed whole
-    # (updating the holders' loads by differences gave wrong peaks: tests/model/test_topologies)
-    _refresh_around(st, lay, s, partner, e, f)
-    peak = 0.0
-    for g in range(st.x.shape[0]):
-        peak = max(peak, st.x[g])
-    if peak <= cap:
+    # (updating the holders' loads by differences gave wrong peaks: tests/model/test_topologies);
+    # the other GPUs' loads are unchanged and at most cap (every GPU is, from the first undo on:
+    # an undo that breaks it is taken back, its GPUs' loads recomputed bit for bit), so the max
+    # GPU load stays at most cap exactly when these GPUs' loads do
+    if _refresh_around(st, lay, s, partner, e, f) <= cap:
         return True
     if partner >= 0:
         _set_slot(st, lay, partner, f)
@@ -629,3 +670,30 @@ def _undo_one(st, lay, s, changed, cap):
     _refresh_around(st, lay, s, partner, e, f)
     return False
 
+
+@njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
+def _surely_over(st, lay, s, partner, cap):
+    """Whether giving slot ``s`` back its previous expert (with ``partner``, the slot that swapped
+    with it, or ``-1``) surely puts a GPU above ``cap``: its GPU or a holder of the expert leaving
+    ``s`` ends above ``cap`` by more than rounding (the loads that undo would recompute, formed from
+    the current ones; every GPU is at most ``cap`` now). A cheap test before the undo is made, so
+    that most undos that fail are not made and taken back."""
+    x, share, w, cnt, has, expert_slots = st.x, st.share, st.w, st.cnt, st.has, st.expert_slots
+    gpu_of_slot = lay.gpu_of_slot
+    e, f = st.row[s], st.prev[s]
+    gpu_s = gpu_of_slot[s]
+    bar = cap * (1.0 + 1e-9) + 1e-300  # rounding: loads summed in another order, denormals
+    if partner >= 0:  # the two experts trade slots: no replica count changes
+        gpu_p = gpu_of_slot[partner]
+        if gpu_p == gpu_s:
+            return False
+        return x[gpu_s] - share[e] + share[f] > bar or x[gpu_p] - share[f] + share[e] > bar
+    rise = w[e] / (cnt[e] - 1) - share[e]  # what each other replica of e gains (cnt[e] >= 2 here)
+    share_f = w[f] / (cnt[f] + 1)  # and each replica of f, with one more (none on s's GPU)
+    if x[gpu_s] - share[e] + share_f + (has[gpu_s, e] - 1) * rise > bar:
+        return True
+    for i in range(cnt[e]):
+        g = gpu_of_slot[expert_slots[e, i]]
+        if g != gpu_s and x[g] + has[g, e] * rise - has[g, f] * (share[f] - share_f) > bar:
+            return True
+    return False
