@@ -27,6 +27,10 @@ CANDIDATES = 14
 """Replica counts tried per heavy expert: the ends of the pieces on which ``r phi(w / r)`` is linear
 in ``r`` (each with its neighbours, against rounding), 1 and the most replicas."""
 
+MARGIN = 1e-9
+"""What ``L(mu)`` must exceed, relative to ``T S``, to prove a target unreachable: far above the
+rounding of a sum of ``S`` terms of size ``T``."""
+
 
 @njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
 def _piece_value(w, r, target, theta, tau, lam, k):
@@ -77,7 +81,8 @@ def _lagrangian(reps, values, heavy, light_count, light_value, mu, num_slots):
 @njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
 def _proves(desc, suffix, target, theta, lam, k, num_slots, reps, values):
     """Whether ``L(mu) > 0`` for some ``mu`` in ``[lam, target]`` (golden-section search: ``L`` is
-    concave). ``suffix [E + 1]``: ``suffix[i] = sum(desc[i:])``."""
+    concave), by more than :data:`MARGIN` ``T S`` (ties make ``L`` exactly 0, which rounding can
+    turn into a hair above). ``suffix [E + 1]``: ``suffix[i] = sum(desc[i:])``."""
     num_experts = desc.shape[0]
     tau = target - theta
     heavy = 0  # experts of load >= tau: the others are companions at one replica
@@ -97,8 +102,9 @@ def _proves(desc, suffix, target, theta, lam, k, num_slots, reps, values):
     b = lo + ratio * (hi - lo)
     fa = _lagrangian(reps, values, heavy, light_count, light_value, a, num_slots)
     fb = _lagrangian(reps, values, heavy, light_count, light_value, b, num_slots)
+    margin = MARGIN * target * num_slots
     for _ in range(40):
-        if fa > 0.0 or fb > 0.0:
+        if fa > margin or fb > margin:
             return True
         if fa < fb:
             lo = a
@@ -112,7 +118,7 @@ def _proves(desc, suffix, target, theta, lam, k, num_slots, reps, values):
             fb = fa
             a = hi - ratio * (hi - lo)
             fa = _lagrangian(reps, values, heavy, light_count, light_value, a, num_slots)
-    return fa > 0.0 or fb > 0.0
+    return fa > margin or fb > margin
 
 
 @njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
