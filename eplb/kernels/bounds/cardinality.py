@@ -122,16 +122,20 @@ def _proves(desc, suffix, target, theta, lam, k, num_slots, reps, values):
 
 
 @njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
-def _infeasible(desc, suffix, target, k, num_slots, grid, reps, values):
-    """Whether some threshold ``theta = T / 2 + (T / 2) i / grid`` and ``lam = tau j / grid``
-    (``i < grid``, ``1 <= j <= grid``) proves that no placement reaches ``target``."""
-    for i in range(grid):
+def _infeasible(desc, suffix, target, k, num_slots, grid, reps, values, hint):
+    """The pair ``(i, j)`` (as ``i grid + j - 1``) of a threshold ``theta = T / 2 + (T / 2) i / grid``
+    and ``lam = tau j / grid`` (``i < grid``, ``1 <= j <= grid``) that proves no placement reaches
+    ``target``, or -1; the pairs are tried from ``hint`` on (the last one that proved)."""
+    pairs = grid * grid
+    for n in range(pairs):
+        index = (hint + n) % pairs
+        i = index // grid
+        j = index % grid + 1
         theta = 0.5 * target + 0.5 * target * i / grid
         tau = target - theta
-        for j in range(1, grid + 1):
-            if _proves(desc, suffix, target, theta, tau * j / grid, k, num_slots, reps, values):
-                return True
-    return False
+        if _proves(desc, suffix, target, theta, tau * j / grid, k, num_slots, reps, values):
+            return index
+    return -1
 
 
 @njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
@@ -183,13 +187,18 @@ def head_companion_bound(sorted_desc, lower, num_slots, slots_per_gpu, grid, tol
             suffix[e] = suffix[e + 1] + desc[e]
         hi = _no_big_target(desc, num_slots)
         first = lo * (1.0 + tolerance)
-        if hi <= first or not _infeasible(desc, suffix, first, slots_per_gpu, num_slots, grid, reps, values):
+        if hi <= first:
+            continue
+        hint = _infeasible(desc, suffix, first, slots_per_gpu, num_slots, grid, reps, values, 0)
+        if hint < 0:
             continue
         lo = first
         while hi - lo > tolerance * lo:
             mid = 0.5 * (lo + hi)
-            if _infeasible(desc, suffix, mid, slots_per_gpu, num_slots, grid, reps, values):
+            proved = _infeasible(desc, suffix, mid, slots_per_gpu, num_slots, grid, reps, values, hint)
+            if proved >= 0:
                 lo = mid
+                hint = proved
             else:
                 hi = mid
         out[layer] = max(lower[layer], lo * (1.0 - 1e-9))
