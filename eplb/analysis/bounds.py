@@ -201,7 +201,8 @@ def _heads(desc: np.ndarray, topology: Topology, start: np.ndarray) -> np.ndarra
     active = topology.slots_per_gpu[topology.slots_per_gpu > 0]
     if active.size == 0 or active.min() != active.max() or int(active.min()) not in HEAD_SLOTS or not desc.size:
         return start
-    return head_companion_bound(desc, np.ascontiguousarray(start, dtype=np.float64), topology.num_slots,
+    return head_companion_bound(desc, np.ascontiguousarray(start, dtype=np.float64),
+                                min_max_replica_load(desc, topology.num_slots), topology.num_slots,
                                 int(active.min()), HEAD_GRID, HEAD_TOLERANCE)
 
 
