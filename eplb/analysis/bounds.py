@@ -11,6 +11,7 @@ import numpy as np
 from ..kernels.bounds.load_bounds import (min_max_replica_load, pigeonhole_bound, replica_and_pigeonhole_upper, threshold_bound,
                              tier_bound)
 from ..kernels.bounds.budget import budget_tier_bound
+from ..kernels.bounds.cardinality import head_companion_bound
 from ..kernels.bounds.hierarchy import node_load_bound
 from ..kernels.bounds.pairs import pair_level_bound
 from ..kernels.search.tiny import tiny_bound
@@ -173,6 +174,38 @@ def _pairs(desc: np.ndarray, topology: Topology, start: np.ndarray) -> np.ndarra
                             np.asarray(PAIR_BOUND_MULTIPLIERS, dtype=np.float64))
 
 
+HEAD_SLOTS = (3, 4)
+"""Slots a GPU (the same on every GPU with slots) where the head-companion bound runs."""
+
+HEAD_GRID = 8
+"""Thresholds and companion levels tried per target by the head-companion bound
+(:func:`eplb.kernels.bounds.cardinality.head_companion_bound`)."""
+
+HEAD_TOLERANCE = 1e-5
+"""Relative precision of the head-companion bound's bisection."""
+
+
+def heads(weights: np.ndarray, topology: Topology) -> np.ndarray:
+    """Every GPU holds exactly ``k`` replicas: the GPUs holding the replicas heavier than half a
+    target also hold ``k - 1`` light companions each
+    (:func:`eplb.kernels.bounds.cardinality.head_companion_bound`), from the average and replica
+    bounds up, at :data:`HEAD_SLOTS` slots a GPU; the average bound on other topologies."""
+    weights = np.ascontiguousarray(weights, dtype=np.float64)
+    desc = _descending(weights)
+    start = np.maximum(average_bound(weights, topology), min_max_replica_load(desc, topology.num_slots))
+    return _heads(desc, topology, start)
+
+
+def _heads(desc: np.ndarray, topology: Topology, start: np.ndarray) -> np.ndarray:
+    """:func:`heads` on ``desc [L, E]`` (rows decreasing) from ``start [L]`` (valid bounds)."""
+    active = topology.slots_per_gpu[topology.slots_per_gpu > 0]
+    if active.size == 0 or active.min() != active.max() or int(active.min()) not in HEAD_SLOTS or not desc.size:
+        return start
+    return head_companion_bound(desc, np.ascontiguousarray(start, dtype=np.float64),
+                                min_max_replica_load(desc, topology.num_slots), topology.num_slots,
+                                int(active.min()), HEAD_GRID, HEAD_TOLERANCE)
+
+
 BOUNDS = {
     "average": average_bound,
     "replica": replica_bound,
@@ -182,6 +215,7 @@ BOUNDS = {
     "tier": tier,
     "search": search,
     "pairs": pairs,
+    "heads": heads,
 }
 
 
@@ -283,6 +317,7 @@ def _strongest(weights: np.ndarray, topology: Topology) -> np.ndarray:
     others = _tier(desc, topology, others, replica)
     others = _search(weights, topology, others)
     others = _pairs(desc, topology, others)
+    others = _heads(desc, topology, others)
     needed = ~(upper * (1.0 + 1e-6) < others)
     if needed.any():
         rows = np.flatnonzero(needed)

@@ -114,7 +114,7 @@ def test_the_reported_bound_is_below_every_methods_max_load(deployment):
 
 
 def test_the_bounds_are_listed_by_name():
-    assert set(BOUNDS) == {"average", "replica", "cardinality", "pigeonhole", "threshold", "tier", "search", "pairs"}
+    assert set(BOUNDS) == {"average", "replica", "cardinality", "pigeonhole", "threshold", "tier", "search", "pairs", "heads"}
 
 
 def test_threshold_bound_sees_what_the_average_misses():
