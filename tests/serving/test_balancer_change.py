@@ -216,6 +216,33 @@ def test_a_gpu_with_more_slots_than_experts_does_not_take_an_expert_beyond_the_c
     assert balancer.topology.slots_per_gpu.tolist() == [0, 5, 1] and placement.logcnt.max() == 2
 
 
+@settings(max_examples=40)
+@given(data=st.data(), experts=st.integers(2, 8), gpus=st.integers(1, 3), seed=st.integers(0, 2**16))
+def test_uneven_growth_and_crowded_gpus_keep_the_spread_rule(data, experts, gpus, seed):
+    """Sequences of growth by GPUs of any size (1 slot, more slots than experts) and of losses whose
+    survivors take more slots than experts: every re-plan keeps the spread rule (check_across),
+    the cap included where a GPU must hold an expert twice."""
+    rng = np.random.default_rng(seed)
+    per_gpu = -(-experts // gpus) + data.draw(st.integers(0, 1), label="redundant slots per GPU")
+    balancer = eplb.Balancer(1, eplb.Deployment.of(experts, num_slots=per_gpu * gpus, num_gpus=gpus), **CONFIG)
+    for _ in range(data.draw(st.integers(1, 3), label="steps")):
+        for _ in range(int(rng.integers(0, 3))):
+            balancer.record(loads(rng, 1, experts), physical=False)
+        slots = balancer.topology.slots_per_gpu
+        live = np.flatnonzero(slots > 0)
+        if live.size > 1 and data.draw(st.booleans(), label="lose"):
+            lost = data.draw(st.sampled_from(live.tolist()), label="lost")
+            given = data.draw(st.integers(-(-experts // (live.size - 1)), experts + 2), label="survivors' slots")
+            change = DeploymentChange.lose(balancer.deployment, [lost], slots_per_gpu=given)
+        else:
+            added = data.draw(st.lists(st.integers(1, experts + 2), min_size=1, max_size=2), label="added slots")
+            grown = eplb.Deployment.of(experts, topology=Topology(np.append(slots, added), 1))
+            change = DeploymentChange(balancer.deployment, grown)
+        old = balancer.placement.phy2log.copy()
+        placement, transfer = balancer.rebalance(deployment=change)
+        check_across(change, old, placement, transfer)
+
+
 def test_with_nothing_recorded_the_change_costs_the_fewest_copies():
     deployment = eplb.Deployment.of(16, num_slots=24, num_gpus=8, num_nodes=2)
     balancer = eplb.Balancer(3, deployment, **CONFIG)
