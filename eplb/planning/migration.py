@@ -45,7 +45,7 @@ from ..analysis.loads import gpu_loads, peak_loads
 from .methods import Deployment, get_method
 from ..analysis.placement import Placement, check_placement
 from ..analysis.searches import group_assignment
-from .spread import avoidable_doubled
+from .spread import avoidable_doubled, within_cap
 
 
 def _differs(mine, theirs) -> str:
@@ -244,7 +244,7 @@ def migrate(weights: np.ndarray, deployment: Deployment, previous: np.ndarray, s
     _keep_spread(phy2log, changes, deployment, reference, dict(zip(missed.tolist(), matched)), use_fresh, budget)
     if (topology.num_slots <= TINY_MIGRATION_SLOTS and not deployment.hierarchical and tolerance is not None
             and reference is previous):  # (that search counts changes against a whole placement)
-        _fewer_changes_on_small_layers(weights, previous, topology, target=target, budget=budget, phy2log=phy2log,
+        _fewer_changes_on_small_layers(weights, previous, deployment, target=target, budget=budget, phy2log=phy2log,
                                        changes=changes, chosen_peak=np.where(use_fresh, fresh_peak, local_peak))
     info = {}
     if exact is not None:
@@ -402,10 +402,14 @@ def _within_reach(weights, previous, topology, starts: list, target: np.ndarray,
     return [start for start, skip in zip(starts, hopeless) if not skip]
 
 
-def _fewer_changes_on_small_layers(weights, previous, topology, *, target, budget, phy2log, changes,
+def _fewer_changes_on_small_layers(weights, previous, deployment, *, target, budget, phy2log, changes,
                                    chosen_peak) -> None:
     """Small layers: an exhaustive search for fewer changed slots within the target (a fixed amount
-    of work per layer); ``phy2log [L, S]`` and ``changes [L]`` are updated in place."""
+    of work per layer); ``phy2log [L, S]`` and ``changes [L]`` are updated in place. The search
+    keeps each GPU's doubled replicas to those of ``previous`` but not the spread rule (its new
+    replica counts may make a kept doubled replica avoidable, or bring an expert doubled on a GPU
+    beyond the cap elsewhere): a row that breaks the rule where the chosen one keeps it is not taken."""
+    topology = deployment.topology
     num_layers, num_slots = phy2log.shape
     for layer in range(num_layers):
         met = chosen_peak[layer] <= target[layer]
@@ -414,7 +418,9 @@ def _fewer_changes_on_small_layers(weights, previous, topology, *, target, budge
             continue
         row, fewer = fewest_changes_search(weights[layer], previous[layer], topology.slot_offsets, target[layer],
                                            min(most, num_slots + 1), TINY_WORK)
-        if fewer > 0 and _peaks(weights[layer:layer + 1], row[None], topology)[0] <= target[layer]:
+        if (fewer > 0 and _peaks(weights[layer:layer + 1], row[None], topology)[0] <= target[layer]
+                and avoidable_doubled(row[None], deployment)[0] <= avoidable_doubled(phy2log[layer:layer + 1],
+                                                                                     deployment)[0]):
             phy2log[layer], changes[layer] = row, fewer
 
 
@@ -429,6 +435,7 @@ def plan_near(weights: np.ndarray, deployment: Deployment, previous: np.ndarray 
     the GIL). Every layer's row depends on that layer alone, so the result is the same for any
     number of threads (property-tested); only the wall time changes. ``carried``: across a
     deployment change, the placement in service carried (:func:`migrate`), ``previous`` its repair.
+    A layer whose ``previous`` keeps the spread rule keeps it (:func:`keep_rule`).
     """
     start = time.perf_counter()
     threads = as_int(threads, "threads", minimum=1)
@@ -444,7 +451,35 @@ def plan_near(weights: np.ndarray, deployment: Deployment, previous: np.ndarray 
                 options, None if carried is None else carried.rows(rows)), chunks))
         phy2log = np.concatenate([part for part, _ in parts])
         info = _merge_infos([part_info for _, part_info in parts])
+    if previous is not None:
+        reference = previous if carried is None else carried.slots
+        if keep_rule(weights, deployment, previous, phy2log, reference).size:
+            info = {**info, "slots_changed": (phy2log != reference).sum(axis=1)}
     return phy2log, {**info, "time_s": time.perf_counter() - start}
+
+
+def keep_rule(weights: np.ndarray, deployment: Deployment, start: np.ndarray, phy2log: np.ndarray,
+              reference: np.ndarray) -> np.ndarray:
+    """Where ``phy2log [L, S]``, searched from ``start [L, S]``, breaks the spread rule
+    (:mod:`eplb.planning.spread`) and ``start`` keeps it, the row brought within the cap
+    (:func:`eplb.planning.spread.within_cap`, few slots changed against ``reference [L, S]``),
+    else ``start``'s row; ``phy2log`` is updated in place. Returns the layers changed.
+
+    The searches give no GPU a second replica of an expert, which keeps the rule on GPUs with at
+    most as many slots as their domain has experts; a GPU with more must double one, and a search
+    move that then gives that expert a replica on every other GPU too breaks the cap (slots 3, 4, 2
+    for 3 experts: replica counts 2, 4, 3). Costs one sort when nothing is doubled."""
+    gpu = deployment.topology.gpu_of_slot
+    keys = np.sort(gpu[None, :] * (deployment.num_experts + 1) + phy2log, axis=1)
+    fixed = []
+    for layer in np.flatnonzero((np.diff(keys, axis=1) == 0).any(axis=1)).tolist():
+        rows = slice(layer, layer + 1)
+        if not avoidable_doubled(phy2log[rows], deployment)[0] or avoidable_doubled(start[rows], deployment)[0]:
+            continue
+        row = within_cap(phy2log[layer], weights[layer], deployment, reference[layer])
+        phy2log[layer] = start[layer] if row is None else row
+        fixed.append(layer)
+    return np.asarray(fixed, np.int64)
 
 
 def _plan_layers(weights, deployment, previous, method, tolerance, max_moves, options, carried=None):

@@ -33,6 +33,7 @@ from ..kernels.change.repair import repair_carried
 from ..model.change import HOLE, DeploymentChange
 from ..model.deployment import Deployment
 from .migration import Carried
+from .spread import replica_caps
 
 RELAXED_WARNING = "hierarchical deployment relaxed"  # opens the warning of fit_groups
 
@@ -184,10 +185,13 @@ def _repair(weights: np.ndarray, carried: np.ndarray, deployment: Deployment, ex
             spill: bool = False) -> np.ndarray:
     """``[L, S]`` int64: ``carried [L, S]`` (``-1`` holes) with every missing expert placed and every hole
     filled (:func:`eplb.kernels.change.repair.repair_carried`), every expert on its node of ``expert_node
-    [L, E]`` (or, with ``spill``, any node where its own has no room). ``weights [L, E]`` float64."""
+    [L, E]`` (or, with ``spill``, any node where its own has no room), no hole bringing an expert
+    beyond the spread rule's cap on ``deployment`` (:func:`eplb.planning.spread.replica_caps`): the
+    repair keeps the rule, so the search that goes on from it does. ``weights [L, E]`` float64."""
     topology = deployment.topology
     out, ok = repair_carried(np.ascontiguousarray(weights, dtype=np.float64), np.ascontiguousarray(carried),
-                             topology.gpu_of_slot, topology.node_of_gpu, topology.num_gpus, expert_node, spill)
+                             topology.gpu_of_slot, topology.node_of_gpu, topology.num_gpus, expert_node,
+                             replica_caps(deployment, expert_node), spill)
     if not ok.all():  # unit_nodes leaves every unit room on its node; kept as a clear error
         raise ValueError(f"the deployment change leaves no slot for some experts in layers "
                          f"{np.flatnonzero(~ok).tolist()}")

@@ -27,7 +27,7 @@ import numpy as np
 from ..model.deployment import Deployment
 
 __all__ = ["avoidable_doubled", "capped", "counts_allow_spread", "domains", "keeps_rule", "largest_slot_sums",
-           "spread_row"]
+           "replica_caps", "spread_row", "within_cap"]
 
 
 def domains(deployment: Deployment) -> list[np.ndarray]:
@@ -66,6 +66,27 @@ def capped(num_experts: int, slots: np.ndarray) -> bool:
     """Whether the cap applies to a domain of ``num_experts`` experts on GPUs with ``slots [n]``
     (each > 0): its slots are at most its experts times its GPUs."""
     return int(np.sum(slots)) <= num_experts * len(slots)
+
+
+def replica_caps(deployment: Deployment, expert_node: np.ndarray) -> np.ndarray:
+    """``[L, E]`` int64: the most replicas each expert may have under the cap, per layer: the GPUs
+    with slots of its domain where the cap applies there, else the domain's slots (no limit).
+    ``expert_node [L, E]``: the node of each expert when ``deployment`` is hierarchical (its
+    domain is that node, holding the experts given that node); ignored otherwise (one domain)."""
+    topology = deployment.topology
+    active = topology.slots_per_gpu > 0
+    if not deployment.hierarchical:
+        gpus, slots = int(active.sum()), int(topology.num_slots)
+        limit = gpus if capped(deployment.num_experts, topology.slots_per_gpu[active]) else slots
+        return np.full(np.shape(expert_node), limit, np.int64)
+    gpus = np.bincount(topology.node_of_gpu[active], minlength=topology.num_nodes)
+    slots = np.asarray(topology.slots_per_node, dtype=np.int64)
+    out = np.empty(np.shape(expert_node), np.int64)
+    for layer, nodes in enumerate(np.asarray(expert_node)):
+        experts = np.bincount(nodes, minlength=topology.num_nodes)
+        limit = np.where(slots <= experts * gpus, gpus, slots)  # [N]
+        out[layer] = limit[nodes]
+    return out
 
 
 def keeps_rule(replicas: np.ndarray, slots: np.ndarray, doubled: int) -> bool:
@@ -135,3 +156,46 @@ def spread_row(row: np.ndarray, deployment: Deployment) -> np.ndarray:
         for g, experts in _arranged(counts, gpus, slots).items():
             row[offsets[g]:offsets[g + 1]] = experts
     return row
+
+
+def _uniform_peak(w: np.ndarray, row: np.ndarray, counts: np.ndarray, gpu_of_slot: np.ndarray, num_gpus: int) -> float:
+    """The max GPU load of ``row [S]`` under an even split (``counts [E]`` its replica counts)."""
+    return float(np.bincount(gpu_of_slot, weights=w[row] / counts[row], minlength=num_gpus).max())
+
+
+def within_cap(row: np.ndarray, weights: np.ndarray, deployment: Deployment, reference: np.ndarray | None = None):
+    """``row [S]`` (a valid ``phy2log`` row) with every expert above its domain's cap brought down to
+    it, one replica at a time, or ``None`` when the result still breaks the rule.
+
+    An expert above the cap (the most replicas first, then the lowest id) has a second replica on
+    some GPU; one such replica becomes a replica of an expert of the same domain below the cap, not
+    on that GPU where one is (else any below the cap), the pair (slot, expert) that leaves the
+    lowest max GPU load under an even split for ``weights [E]``, then the fewest slots changed
+    against ``reference [S]`` (default ``row``), then the lowest slot and id. Each such change moves
+    one slot; the other slots are kept. Deterministic."""
+    row = np.array(row, dtype=np.int64)
+    reference = row.copy() if reference is None else np.asarray(reference)
+    w = np.asarray(weights, dtype=np.float64)
+    topology = deployment.topology
+    gpu_of_slot, slots = topology.gpu_of_slot, topology.slots_per_gpu
+    for gpus, mask, counts in list(_domain_rows(row, deployment)):
+        present = np.flatnonzero(counts)
+        if not capped(len(present), slots[gpus]):
+            continue
+        while counts.max() > len(gpus):
+            e = int(np.argmax(counts))
+            held = np.bincount(gpu_of_slot[mask & (row == e)], minlength=topology.num_gpus)
+            best = None
+            for s in np.flatnonzero(mask & (row == e) & (held[gpu_of_slot] >= 2)).tolist():
+                on_gpu = row[gpu_of_slot == gpu_of_slot[s]]
+                below = present[counts[present] < len(gpus)]
+                absent = below[~np.isin(below, on_gpu)]
+                for f in (absent if absent.size else below).tolist():
+                    row[s], counts[e], counts[f] = f, counts[e] - 1, counts[f] + 1
+                    key = (_uniform_peak(w, row, np.maximum(counts, 1), gpu_of_slot, topology.num_gpus),
+                           int((row != reference).sum()), s, f)
+                    row[s], counts[e], counts[f] = e, counts[e] + 1, counts[f] - 1
+                    best = key if best is None or key < best else best
+            _, _, s, f = best
+            row[s], counts[e], counts[f] = f, counts[e] - 1, counts[f] + 1
+    return None if avoidable_doubled(row[None], deployment)[0] else row

@@ -69,7 +69,8 @@ def test_the_budget_bound_reaches_the_proven_optimum(gpus, k, loads, before, bes
     assert exact.info["optimal"][0] and exact.max_load[0] == pytest.approx(best)
     assert lower_bound(weights, eplb.Deployment.of(weights.shape[-1], topology=topology))[0] == pytest.approx(best, rel=1e-6)
     assert lower_bound(weights, eplb.Deployment.of(weights.shape[-1], topology=topology))[0] <= best
-    monkeypatch.setattr(bounds, "BUDGET_TIERS", 0)  # no budget tiers: the tier bound alone
+    monkeypatch.setattr(bounds, "BUDGET_TIERS", 0)  # no budget tiers and no heads bound: the tier bound alone
+    monkeypatch.setattr(bounds, "HEAD_SLOTS", ())
     assert lower_bound(weights, eplb.Deployment.of(weights.shape[-1], topology=topology))[0] == pytest.approx(before, rel=1e-6)
 
 

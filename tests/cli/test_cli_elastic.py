@@ -196,6 +196,25 @@ def test_a_change_that_cannot_be_made_is_one_line_and_writes_nothing(deployed, f
     assert not (deployed / "next.json").exists()
 
 
+def test_a_loss_from_an_uneven_previous_keeps_the_spread_rule(tmp_path):
+    """``--previous`` on GPUs of 1, 1 and 4 slots (3 experts; a dense layer and a skewed one), GPU 0
+    lost: the survivors' 5 slots give no expert more than 2 replicas (one a GPU; the GPU of 4 must
+    double one). The re-plan gave the expert it doubles the other survivor's slot as well: 3
+    replicas on 2 GPUs in the dense layer."""
+    from eplb.io.formats import write_placement
+    from eplb.planning.spread import avoidable_doubled
+
+    counts = np.array([[0.0, 0.0, 0.0], [5.0, 40.0, 2.0]])
+    np.save(tmp_path / "c.npy", counts)
+    in_service = eplb.plan(counts, eplb.Deployment.of(3, topology=eplb.Topology(np.array([1, 1, 4]))))
+    write_placement(in_service, tmp_path / "dep.npz")
+    invoke("plan", "c.npy", "--previous", "dep.npz", "--lost-gpus", "0", "-o", "next.npz", "-q", cwd=tmp_path)
+    written = read_placement(tmp_path / "next.npz").placement
+    assert written.topology.slots_per_gpu.tolist() == [0, 1, 4]
+    np.testing.assert_array_equal(avoidable_doubled(written.phy2log, written.deployment), 0)
+    assert written.logcnt.max() <= 2
+
+
 def test_another_expert_count_and_a_change_flag_without_previous(deployed):
     np.save(deployed / "c32.npy", skewed_counts(6, 32, seed=1))
     _, err = invoke("plan", "c32.npy", "--previous", "dep.json", "--lost-gpus", "3", "-o", "next.json", cwd=deployed,

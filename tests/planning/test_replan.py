@@ -663,3 +663,105 @@ def test_issue_47_item_10_groups_come_home_when_the_lost_gpu_returns():
         restored = eplb.plan(counts, back, previous=relaxed)
     assert not restored.info.get("relaxed") and restored.home_node is not None
     assert not groups_spread(restored.phy2log, deployment, 64).any()
+
+
+# -- GPUs with more slots than their domain has experts: the cap across changes and near the service --
+# Such a GPU must hold an expert twice, so the spread part of the rule never applies in its domain,
+# but the cap does where the domain's slots are at most its experts times its GPUs: the expert the
+# GPU doubles must not also take a replica on every other GPU (growth by GPUs of uneven sizes gets
+# there: test_balancer_change.py's sequences drew 4 experts on GPUs of 0, 5 and 1 slots).
+
+def test_a_loss_beside_a_gpu_with_more_slots_than_experts_keeps_the_cap():
+    """3 experts on GPUs of 1, 1 and 4 slots, GPU 0 lost: the repair of the carried placement made
+    the second replica on the GPU of 4 a hole and filled it with expert 0, which GPU 1 holds too:
+    3 replicas on 2 GPUs (any counts; zeros here, as in a dense layer)."""
+    start = deployment(3, [1, 1, 4], 1)
+    counts = np.zeros((1, 3))
+    placement = eplb.plan(counts, start)
+    change = eplb.DeploymentChange.lose(start, [0])
+    after = eplb.plan(counts, change, previous=placement)
+    check_step(after, counts, change, placement.phy2log)
+    assert after.logcnt.max() <= 2
+
+
+def test_a_search_across_growth_keeps_the_cap_where_a_gpu_has_more_slots_than_experts():
+    """3 experts on one GPU of 3 slots grown by GPUs of 4 and 1 slots: the search near the carried
+    placement gave the expert the GPU of 4 doubles a replica on both other GPUs (4 on 3 GPUs). Kept
+    within the cap, the re-plan is at least as balanced as a plan from scratch, at the fewest copies."""
+    start, grown = deployment(3, [3], 1), deployment(3, [3, 4, 1], 1)
+    placement = eplb.plan(np.array([[2.0, 24.0, 50.0]]), start)
+    counts = np.array([[3.0, 15.0, 16.0]])
+    change = eplb.DeploymentChange(start, grown)
+    after = eplb.plan(counts, change, previous=placement)
+    check_step(after, counts, change, placement.phy2log)
+    assert after.logcnt.max() <= 3
+    assert after.max_load[0] <= eplb.plan(counts, grown).max_load[0]
+    assert after.info["copies"][0] == after.info["copy_floor"][0] == 5  # the new GPUs' slots
+
+
+def test_a_plan_near_the_service_keeps_the_cap_on_a_gpu_with_more_slots_than_experts():
+    """No change: 6 experts on GPUs of 8 and 4 slots, every expert twice (GPU 0 doubles expert 2).
+    The exhaustive search for fewer changed slots of small layers kept GPU 0's doubled expert 2 and
+    gave it GPU 1's slot of expert 5: 3 replicas on 2 GPUs."""
+    grown = deployment(6, [8, 4], 1)
+    in_service = np.array([[2, 2, 3, 4, 1, 5, 0, 4, 3, 1, 5, 0]])
+    assert avoidable_doubled(in_service, grown)[0] == 0
+    after = eplb.plan(np.array([[7.0, 8.0, 1.0, 178.0, 1.0, 0.0]]), grown, previous=in_service)
+    assert avoidable_doubled(after.phy2log, grown)[0] == 0 and after.logcnt.max() <= 2
+
+
+@st.composite
+def uneven_growth(draw):
+    """``(start, steps)``: a uniform deployment (global, or hierarchical on 2 nodes) and 1-3 changes
+    of it as ``(slots_per_gpu, gpu_map)``: GPUs added (as many on every node, each its own slots, up
+    to 2 more than the experts), one GPU given other slots, or one lost (masked)."""
+    hierarchical = draw(st.booleans())
+    num_nodes = 2 if hierarchical else 1
+    num_groups = 2 * draw(st.sampled_from([1, 2])) if hierarchical else None
+    num_experts = num_groups * draw(st.integers(1, 2)) if hierarchical else draw(st.integers(2, 8))
+    num_gpus = num_nodes * draw(st.integers(1, 2))
+    slots = np.full(num_gpus, -(-num_experts // num_gpus) + int(hierarchical) + draw(st.integers(0, 2)), np.int64)
+    start, steps = deployment(num_experts, slots, num_nodes, num_groups), []
+    for _ in range(draw(st.integers(1, 3))):
+        kind = draw(st.sampled_from(["grow", "grow", "reslot", "lose"]))
+        gpu_map, new = np.arange(slots.size), slots.copy()
+        if kind == "grow":  # the new GPUs go at the end of each node
+            per_node, old_per_node = draw(st.integers(1, 2)), slots.size // num_nodes
+            added = np.array([draw(st.integers(1, num_experts + 2)) for _ in range(per_node * num_nodes)], np.int64)
+            new = np.concatenate([np.concatenate([slots[n * old_per_node:(n + 1) * old_per_node],
+                                                  added[n * per_node:(n + 1) * per_node]]) for n in range(num_nodes)])
+            gpu_map = gpu_map + per_node * (gpu_map // old_per_node)
+        else:
+            new[draw(st.integers(0, slots.size - 1))] = draw(st.integers(1, num_experts + 2)) if kind == "reslot" else 0
+        if new.sum() >= num_experts:
+            steps.append((new, gpu_map))
+            slots = new
+    return start, steps
+
+
+@settings(max_examples=60, deadline=None)
+@given(uneven_growth(), st.data())
+def test_uneven_growth_keeps_the_spread_rule_in_the_repair_and_the_re_plan(case, data):
+    """Every step of a sequence of uneven changes (GPUs with one slot, with more slots than experts):
+    the repair the re-plan starts from and the re-plan keep the spread rule (check_step), and the
+    plan is deterministic."""
+    from eplb.planning.replan import carried_across, fit_groups
+
+    start, steps = case
+    num_experts = start.num_experts
+    counts = data.draw(counts_for(num_experts))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # a relaxed hierarchy
+        placement = eplb.plan(counts, start)
+        for slots, gpu_map in steps:
+            new = deployment(num_experts, slots, start.num_nodes, start.num_groups)
+            change = eplb.DeploymentChange(placement.deployment, new, gpu_map)
+            if change.is_identity:
+                continue
+            kept, _ = fit_groups(new, spill=True)
+            repaired, _ = carried_across(counts, change, placement.phy2log, kept)
+            np.testing.assert_array_equal(avoidable_doubled(repaired, kept), 0)
+            after = eplb.plan(counts, change, previous=placement)
+            check_step(after, counts, change, placement.phy2log)
+            np.testing.assert_array_equal(eplb.plan(counts, change, previous=placement).phy2log, after.phy2log)
+            placement = after

@@ -7,11 +7,11 @@ from __future__ import annotations
 import numpy as np
 from brute_force import _fits_spread
 from checks import assert_valid, avoidable_doubled as oracle
-from hypothesis import given, settings
+from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
 import eplb
-from eplb.planning.spread import avoidable_doubled, counts_allow_spread, spread_row
+from eplb.planning.spread import avoidable_doubled, capped, counts_allow_spread, domains, spread_row, within_cap
 
 
 @settings(max_examples=300)
@@ -79,3 +79,36 @@ def test_spread_row_keeps_the_rule_each_experts_domain_and_the_rows_that_keep_it
         assert set(node_of_slot[spread == e]) <= set(node_of_slot[row == e]) or not deployment.hierarchical
     if avoidable_doubled(row[None], deployment)[0] == 0:
         np.testing.assert_array_equal(spread, row)
+
+
+@settings(max_examples=300)
+@given(rows(), st.integers(0, 2**32 - 1))
+def test_within_cap_changes_one_slot_per_replica_above_the_cap_and_keeps_each_experts_domain(case, seed):
+    """``within_cap`` (the guard of a search near the placement in service): the row within the cap,
+    one changed slot per replica above it, each to an expert of the slot's domain; ``None`` only
+    where a domain would still break the spread part, which a domain with a GPU of more slots than
+    experts never does; a row that keeps the rule is returned as it is."""
+    deployment, row = case
+    topology = deployment.topology
+    weights = np.random.default_rng(seed).gamma(0.5, 10.0, deployment.num_experts)
+    out = within_cap(row, weights, deployment)
+    excess, crowded = 0, True
+    for gpus in domains(deployment):
+        counts = np.bincount(row[np.isin(topology.gpu_of_slot, gpus)], minlength=deployment.num_experts)
+        present, slots = np.flatnonzero(counts), topology.slots_per_gpu[gpus]
+        if capped(present.size, slots):
+            excess += int(np.maximum(counts - gpus.size, 0).sum())
+        crowded &= bool(slots.max() > present.size)  # a GPU must hold an expert twice: no spread part
+    event("replicas above the cap" if excess else "within the cap")
+    if out is None:
+        assert not crowded and avoidable_doubled(row[None], deployment)[0] > 0
+        return
+    placement = eplb.Placement(out[None], deployment.num_experts, topology, deployment.num_groups)
+    assert_valid(placement, deployment.num_experts)
+    assert oracle(placement, deployment.hierarchical)[0] == 0
+    assert int((out != row).sum()) == excess
+    node_of_slot = topology.node_of_gpu[topology.gpu_of_slot]
+    for e in range(deployment.num_experts):  # every expert stays on the nodes it was on
+        assert set(node_of_slot[out == e]) <= set(node_of_slot[row == e]) or not deployment.hierarchical
+    if avoidable_doubled(row[None], deployment)[0] == 0:
+        np.testing.assert_array_equal(out, row)

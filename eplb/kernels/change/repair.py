@@ -68,11 +68,11 @@ def _place_orphan(w, row, e, cnt, x, lay, allowed):
 
 
 @njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
-def _fill_hole(w, row, cnt, has, x, lay, expert_node, double):
+def _fill_hole(w, row, cnt, has, x, lay, expert_node, cap, double):
     """Fill one hole, on the lightest GPU that has one, with a replica of the expert of the
-    largest per-replica load it may take (on its node, not yet on that GPU; with ``double``, a
-    second replica on the GPU when every allowed expert is there already); ``x [G]`` updated.
-    Returns False if no expert may go."""
+    largest per-replica load it may take (on its node, fewer than ``cap[f]`` replicas, not yet on
+    that GPU; with ``double``, a second replica on the GPU when every such expert is there
+    already); ``x [G]`` updated. Returns False if no expert may go."""
     gpu_of_slot, node_of_gpu = lay
     hole = np.int64(-1)
     for s in range(row.shape[0]):
@@ -81,7 +81,7 @@ def _fill_hole(w, row, cnt, has, x, lay, expert_node, double):
     g = gpu_of_slot[hole]
     best, doubled = np.int64(-1), np.int64(-1)
     for f in range(w.shape[0]):
-        if expert_node[f] >= 0 and expert_node[f] != node_of_gpu[g]:
+        if (expert_node[f] >= 0 and expert_node[f] != node_of_gpu[g]) or cnt[f] >= cap[f]:
             continue
         # per-replica loads compared as w[f] / cnt[f] > w[b] / cnt[b], without a division per expert
         if has[g, f] == 0 and (best < 0 or w[f] * cnt[best] > w[best] * cnt[f]):
@@ -102,7 +102,7 @@ def _fill_hole(w, row, cnt, has, x, lay, expert_node, double):
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def repair_carried(weights, carried, gpu_of_slot, node_of_gpu, num_gpus, expert_node, spill):
+def repair_carried(weights, carried, gpu_of_slot, node_of_gpu, num_gpus, expert_node, cap, spill):
     """Every orphan placed and every hole filled, per layer.
 
     Orphans go heaviest first, each to the slot that leaves the lowest load (a hole, or a replica
@@ -112,12 +112,17 @@ def repair_carried(weights, carried, gpu_of_slot, node_of_gpu, num_gpus, expert_
     goes when that node has room, and an orphan it has no room for goes anywhere (so does a hole
     on a node that is no expert's home). A second replica of
     an expert on one GPU becomes a hole too (the hole is filled with another expert where one may go,
-    else with a replica again).
+    else with a replica again). A hole never takes an expert that has ``cap`` replicas already (the
+    spread rule's cap, :mod:`eplb.planning.spread`: a GPU with more slots than its domain has
+    experts must double one, and the expert it doubles must not then take a replica on every other
+    GPU too).
 
     Args:
         weights: ``[L, E]`` float64 loads; carried: ``[L, S]`` int64 with ``-1`` holes.
         gpu_of_slot: ``[S]``; node_of_gpu: ``[G]``; num_gpus: ``G``.
         expert_node: ``[L, E]`` int64, the node each expert must be on (``-1``: any).
+        cap: ``[L, E]`` int64, the most replicas a hole may bring each expert to (the GPUs of its
+            domain where the rule's cap applies, else the slots).
         spill: bool, orphans may leave their node when it has no room (and carried slots stay).
     Returns:
         ``phy2log [L, S]`` int64 (every expert present) and ``ok [L]`` bool (False: a layer where an
@@ -133,7 +138,7 @@ def repair_carried(weights, carried, gpu_of_slot, node_of_gpu, num_gpus, expert_
     lay = (gpu_of_slot, node_of_gpu)
     anywhere = np.full(num_experts, -1, np.int64)
     for layer in range(num_layers):
-        w, row, allowed = weights[layer], out[layer], expert_node[layer]
+        w, row, allowed, most = weights[layer], out[layer], expert_node[layer], cap[layer]
         cnt[:] = 0
         has[:, :] = 0
         for s in range(num_slots):
@@ -171,10 +176,10 @@ def repair_carried(weights, carried, gpu_of_slot, node_of_gpu, num_gpus, expert_
         for _ in range(holes):
             # spilled: a hole whose node's experts are all on its GPU takes an expert of another node
             # before a second replica of one on the GPU (issue 47 item 12)
-            if not (_fill_hole(w, row, cnt, has, x, lay, allowed, False)
-                    or (spill and _fill_hole(w, row, cnt, has, x, lay, anywhere, False))
-                    or _fill_hole(w, row, cnt, has, x, lay, allowed, True)
-                    or (spill and _fill_hole(w, row, cnt, has, x, lay, anywhere, True))):
+            if not (_fill_hole(w, row, cnt, has, x, lay, allowed, most, False)
+                    or (spill and _fill_hole(w, row, cnt, has, x, lay, anywhere, most, False))
+                    or _fill_hole(w, row, cnt, has, x, lay, allowed, most, True)
+                    or (spill and _fill_hole(w, row, cnt, has, x, lay, anywhere, most, True))):
                 ok[layer] = False
                 break
     return out, ok
