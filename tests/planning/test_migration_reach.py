@@ -1,4 +1,4 @@
-"""Searches skipped where their result cannot fit the move budget (:func:`eplb.planning.migration._beyond_budget`):
+"""Searches skipped where their result cannot fit the move budget (:func:`eplb.planning.move_reach.beyond_budget`):
 the test never calls a budget out of reach when a placement within it exists (brute force), and
 skipping changes no plan (the same plans with the test switched off), including where it skips
 most layers (a DeepSeek-V3-sized decode pool at 2 slots per GPU)."""
@@ -14,7 +14,7 @@ from strategies import problems
 import eplb
 from eplb.analysis.loads import gpu_loads
 from eplb.model.topology import Topology
-from eplb.planning import migration
+from eplb.planning import move_reach
 
 
 def brute_force_best_peak(weights, previous, topology, budget):
@@ -57,7 +57,7 @@ def test_a_budget_called_out_of_reach_is_out_of_reach(case):
     best = brute_force_best_peak(weights, previous, topology, budget)
     # at the best peak reachable within the budget (and above it) the test must not call it out of reach
     for cap in (best, best * 1.5 + 1.0):
-        assert not migration._beyond_budget(weights[None], previous[None], topology, np.array([cap]), budget)[0]
+        assert not move_reach.beyond_budget(weights[None], previous[None], topology, np.array([cap]), budget)[0]
 
 
 def test_a_budget_out_of_reach_is_called_so():
@@ -66,9 +66,9 @@ def test_a_budget_out_of_reach_is_called_so():
     test cannot tell."""
     topology = Topology.uniform(4, 4)
     weights, previous = np.full((1, 4), 10.0), np.arange(4, dtype=np.int64)[None]
-    assert migration._beyond_budget(weights, previous, topology, np.array([5.0]), 1)[0]
-    assert not migration._beyond_budget(weights, previous, topology, np.array([5.0]), 4)[0]
-    assert not migration._beyond_budget(weights, previous, topology, np.array([10.0]), 1)[0]
+    assert move_reach.beyond_budget(weights, previous, topology, np.array([5.0]), 1)[0]
+    assert not move_reach.beyond_budget(weights, previous, topology, np.array([5.0]), 4)[0]
+    assert not move_reach.beyond_budget(weights, previous, topology, np.array([10.0]), 1)[0]
 
 
 def _plans(counts, config, previous, tolerance, max_moves):
@@ -77,7 +77,7 @@ def _plans(counts, config, previous, tolerance, max_moves):
 
 
 def _without_the_test(monkeypatch):
-    monkeypatch.setattr(migration, "_beyond_budget",
+    monkeypatch.setattr(move_reach, "beyond_budget",
                         lambda weights, *args: np.zeros(weights.shape[0], bool))
 
 
@@ -109,14 +109,14 @@ def test_a_decode_pool_at_two_slots_per_gpu_skips_most_layers_for_the_same_plan(
     config = dict(num_slots=288, num_gpus=144)
     previous = eplb.plan(series[0], **config).phy2log
     calls = []
-    real = migration._beyond_budget
+    real = move_reach.beyond_budget
 
     def counted(*args):
         hopeless = real(*args)
         calls.append(hopeless)
         return hopeless
 
-    monkeypatch.setattr(migration, "_beyond_budget", counted)
+    monkeypatch.setattr(move_reach, "beyond_budget", counted)
     with_test = _plans(series[1], config, previous, 0.0, 2)
     assert sum(int(h.sum()) for h in calls) >= series.shape[1]  # most of the 12 layers, in one search or the other
     _without_the_test(monkeypatch)
