@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 
 pytest.importorskip("ortools")
 
@@ -25,6 +25,7 @@ def sorted_peak(w: np.ndarray, counts: np.ndarray) -> float:
 
 @settings(max_examples=120, deadline=None)
 @given(two_slot_layers())
+@example((np.array([1.0, 11.0, 17.0]), 5))  # the optimum gives the light expert 5 replicas, above those listed
 def test_the_count_model_is_exact_on_both_sides_of_the_optimum(instance):
     w, num_gpus = instance
     optimum = float(sorted_pairing_optimum(w, num_gpus))

@@ -39,12 +39,14 @@ plan optimal within the package's ``1e-9`` optimality tolerance."""
 _TIE = 1e-12  # relative: loads this close to a threshold count on the side that keeps a relaxation
 
 
-def _options(w: np.ndarray, num_slots: int, target: float, listed: np.ndarray) -> list[tuple[int, int, float, bool]]:
-    """``(expert, count, replica load, heavy)`` for every count the model offers each expert of
-    ``w [E]`` under ``target`` ``T``: from the fewest that keep a replica ``<= T`` through the
-    fewest that keep it ``<= T / 2`` and ``listed [E]`` more, and "more than that" (count ``-1``),
-    modelled at the load of the most replicas the expert could get (the slots the others leave
-    it at their fewest): a relaxation, as lighter replicas only help a pairing."""
+def _options(w: np.ndarray, num_slots: int, target: float, listed: np.ndarray
+             ) -> list[tuple[int, int, float, bool, int]]:
+    """``(expert, count, replica load, heavy, replicas counted)`` for every count the model offers
+    each expert of ``w [E]`` under ``target`` ``T``: from the fewest that keep a replica ``<= T``
+    through the fewest that keep it ``<= T / 2`` and ``listed [E]`` more, and "more than that"
+    (count ``-n``: ``n`` the fewest such), modelled as the most replicas the expert could get (the
+    slots the others leave it at their fewest), at their load, while it costs only ``n`` slots: a
+    relaxation, as more and lighter light replicas only help a pairing."""
     fewest = np.maximum(1, np.ceil(w / target * (1.0 - _TIE))).astype(np.int64)
     most = num_slots - (int(fewest.sum()) - fewest)
     out = []
@@ -52,9 +54,9 @@ def _options(w: np.ndarray, num_slots: int, target: float, listed: np.ndarray) -
         light = max(int(fewest[e]), int(np.ceil(2.0 * load / target * (1.0 - _TIE))))
         last = light + int(listed[e])
         for c in range(int(fewest[e]), min(last, int(most[e])) + 1):
-            out.append((e, c, load / c, c < light))
+            out.append((e, c, load / c, c < light, c))
         if last < most[e]:
-            out.append((e, -(last + 1), load / most[e], False))
+            out.append((e, -(last + 1), load / most[e], False, int(most[e])))
     return out
 
 
@@ -75,15 +77,15 @@ def pairing_model(w: np.ndarray, num_slots: int, target: float, listed: np.ndarr
     model = cp_model.CpModel()
     choices = []
     by_expert: dict[int, list] = {}
-    for e, c, load, heavy in _options(w, num_slots, target, listed):
+    for e, c, load, heavy, counted in _options(w, num_slots, target, listed):
         var = model.new_bool_var(f"e{e}c{c}")
         by_expert.setdefault(e, []).append(var)
-        choices.append((e, abs(c), load, heavy, var, c < 0))
+        choices.append((e, abs(c), load, heavy, var, c < 0, counted))
     for e in range(len(w)):
         model.add_exactly_one(by_expert[e])
-    model.add(sum(c * var for _, c, _, _, var, _ in choices) <= num_slots)
-    heavy = sorted(((load, c, var) for _, c, load, h, var, _ in choices if h), key=lambda t: -t[0])
-    light = sorted(((load, c, var) for _, c, load, h, var, _ in choices if not h), key=lambda t: t[0])
+    model.add(sum(c * var for _, c, _, _, var, _, _ in choices) <= num_slots)
+    heavy = sorted(((load, n, var) for _, _, load, h, var, _, n in choices if h), key=lambda t: -t[0])
+    light = sorted(((load, n, var) for _, _, load, h, var, _, n in choices if not h), key=lambda t: t[0])
     # Hall at each heavy level x (decreasing): the replicas <= T - x (increasing) cover those >= x;
     # running totals as variables keep the model linear in the options
     demand, supply, i, j = 0, 0, 0, 0
@@ -100,7 +102,7 @@ def pairing_model(w: np.ndarray, num_slots: int, target: float, listed: np.ndarr
             j += 1
         supply = _running(model, supply, added, num_slots)
         model.add(supply >= demand)
-    return model, [(e, c, var, more) for e, c, _, _, var, more in choices]
+    return model, [(e, c, var, more) for e, c, _, _, var, more, _ in choices]
 
 
 def _solver(wall: float | None, deterministic: float | None, workers: int) -> cp_model.CpSolver:
