@@ -55,3 +55,22 @@ def problems(draw, **kwargs):
     """``(config, counts)`` pairs."""
     config = draw(configs(**kwargs))
     return config, draw(counts_for(config["num_experts"]))
+
+
+def small_loads(draw, num_experts: int, hot_low: int, tail_high: int) -> np.ndarray:
+    """``[num_experts]`` float64 small integer loads of a drawn kind: any, ties (0, 3, 6), one hot
+    expert (``hot_low``..400 beside loads up to ``tail_high``), all equal, or all zero but one."""
+    kind = draw(st.sampled_from(["any", "ties", "hot", "equal", "zeros"]))
+    if kind == "equal":
+        w = [draw(st.integers(1, 9))] * num_experts
+    elif kind == "ties":
+        w = draw(st.lists(st.sampled_from([0, 3, 6]), min_size=num_experts, max_size=num_experts))
+    elif kind == "hot":
+        w = [draw(st.integers(hot_low, 400))] + draw(st.lists(st.integers(0, tail_high), min_size=num_experts - 1,
+                                                               max_size=num_experts - 1))
+    elif kind == "zeros":
+        w = [0] * (num_experts - 1) + [draw(st.integers(1, 30))]
+    else:
+        w = draw(st.lists(st.integers(0, 60), min_size=num_experts, max_size=num_experts))
+    return np.asarray(w, dtype=np.float64)
+

@@ -151,15 +151,21 @@ PAIR_BOUND_MULTIPLIERS = (0.25, 1.0)
 on 58 lognormal layers at 288 / 144 all six reach a mean plan-to-bound gap of 1.862%, these two
 1.866% in 85% of the time, ``1.0`` alone 1.866%, ``0.5`` alone 3.7%."""
 
+def _from_average_and_replica(weights: np.ndarray, topology: Topology, bound) -> np.ndarray:
+    """``bound(desc [L, E], topology, start [L])`` on ``weights [L, E]`` sorted decreasing, from
+    the larger of the average and replica bounds."""
+    weights = np.ascontiguousarray(weights, dtype=np.float64)
+    desc = _descending(weights)
+    start = np.maximum(average_bound(weights, topology), min_max_replica_load(desc, topology.num_slots))
+    return bound(desc, topology, start)
+
+
 def pairs(weights: np.ndarray, topology: Topology) -> np.ndarray:
     """Every GPU holds exactly two replicas: a pairing of the replica loads under a target ``T``
     needs, at each level ``x > T / 2``, as many replicas ``<= T - x`` as ``>= x``
     (:func:`eplb.kernels.bounds.pairs.pair_level_bound`), from the average and replica bounds up; the
     average bound on other topologies."""
-    weights = np.ascontiguousarray(weights, dtype=np.float64)
-    desc = _descending(weights)
-    start = np.maximum(average_bound(weights, topology), min_max_replica_load(desc, topology.num_slots))
-    return _pairs(desc, topology, start)
+    return _from_average_and_replica(weights, topology, _pairs)
 
 
 def _pairs(desc: np.ndarray, topology: Topology, start: np.ndarray) -> np.ndarray:
@@ -190,10 +196,7 @@ def heads(weights: np.ndarray, topology: Topology) -> np.ndarray:
     target also hold ``k - 1`` light companions each
     (:func:`eplb.kernels.bounds.cardinality.head_companion_bound`), from the average and replica
     bounds up, at :data:`HEAD_SLOTS` slots a GPU; the average bound on other topologies."""
-    weights = np.ascontiguousarray(weights, dtype=np.float64)
-    desc = _descending(weights)
-    start = np.maximum(average_bound(weights, topology), min_max_replica_load(desc, topology.num_slots))
-    return _heads(desc, topology, start)
+    return _from_average_and_replica(weights, topology, _heads)
 
 
 def _heads(desc: np.ndarray, topology: Topology, start: np.ndarray) -> np.ndarray:

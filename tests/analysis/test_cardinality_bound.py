@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import brute_force
+from strategies import small_loads
 import eplb
 from eplb.analysis.bounds import HEAD_TOLERANCE, heads, lower_bounds, strongest_bound
 from eplb.simulation.synthetic import skewed_counts
@@ -22,19 +23,7 @@ def few_slot_layers(draw):
     slots, num_gpus = draw(st.sampled_from([(3, 2), (3, 3), (4, 2)]))
     num_slots = slots * num_gpus
     num_experts = draw(st.integers(max(2, num_slots - 3), num_slots))
-    kind = draw(st.sampled_from(["any", "ties", "hot", "equal", "zeros"]))
-    if kind == "equal":
-        w = [draw(st.integers(1, 9))] * num_experts
-    elif kind == "ties":
-        w = draw(st.lists(st.sampled_from([0, 3, 6]), min_size=num_experts, max_size=num_experts))
-    elif kind == "hot":
-        w = [draw(st.integers(20, 400))] + draw(st.lists(st.integers(0, 6), min_size=num_experts - 1,
-                                                          max_size=num_experts - 1))
-    elif kind == "zeros":
-        w = [0] * (num_experts - 1) + [draw(st.integers(1, 30))]
-    else:
-        w = draw(st.lists(st.integers(0, 60), min_size=num_experts, max_size=num_experts))
-    return np.asarray(w, dtype=np.float64), slots, num_gpus
+    return small_loads(draw, num_experts, 20, 6), slots, num_gpus
 
 
 @pytest.mark.slow

@@ -18,6 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import brute_force
+from strategies import small_loads
 import eplb
 from eplb.analysis.bounds import lower_bounds, pairs, strongest_bound
 from eplb.kernels.bounds.pairs import capped_counts, pair_search
@@ -48,19 +49,7 @@ def two_slot_layers(draw):
     """Small integer loads with zeros, ties and hot experts, on ``G`` GPUs of two slots."""
     num_experts = draw(st.integers(2, 5))
     num_gpus = draw(st.integers(max(1, (num_experts + 1) // 2), min(5, num_experts + 2)))
-    kind = draw(st.sampled_from(["any", "ties", "hot", "equal", "zeros"]))
-    if kind == "equal":
-        w = [draw(st.integers(1, 9))] * num_experts
-    elif kind == "ties":
-        w = draw(st.lists(st.sampled_from([0, 3, 6]), min_size=num_experts, max_size=num_experts))
-    elif kind == "hot":
-        w = [draw(st.integers(50, 400))] + draw(st.lists(st.integers(0, 5), min_size=num_experts - 1,
-                                                          max_size=num_experts - 1))
-    elif kind == "zeros":
-        w = [0] * (num_experts - 1) + [draw(st.integers(1, 30))]
-    else:
-        w = draw(st.lists(st.integers(0, 60), min_size=num_experts, max_size=num_experts))
-    return np.asarray(w, dtype=np.float64), num_gpus
+    return small_loads(draw, num_experts, 50, 5), num_gpus
 
 
 @settings(max_examples=150, deadline=None)

@@ -12,7 +12,8 @@ from hypothesis import example, given, settings
 pytest.importorskip("ortools")
 
 import eplb  # noqa: E402
-from eplb.planning.methods.exact_pair_counts import _Budget, counts_under  # noqa: E402
+from eplb.planning.methods.exact_model import Budget  # noqa: E402
+from eplb.planning.methods.exact_pair_counts import counts_under  # noqa: E402
 from eplb.simulation.synthetic import skewed_counts  # noqa: E402
 
 from analysis.test_pair_bounds import sorted_pairing_optimum, two_slot_layers  # noqa: E402
@@ -31,11 +32,11 @@ def test_the_count_model_is_exact_on_both_sides_of_the_optimum(instance):
     optimum = float(sorted_pairing_optimum(w, num_gpus))
     if optimum == 0.0:
         return
-    answer, counts = counts_under(w, 2 * num_gpus, optimum, _Budget(None, None), 1)
+    answer, counts = counts_under(w, 2 * num_gpus, optimum, Budget(None, None), 1)
     assert answer == "FEASIBLE"
     assert counts.sum() == 2 * num_gpus and (counts >= 1).all()
     assert sorted_peak(w, counts) <= optimum * (1 + 1e-9)
-    below, none = counts_under(w, 2 * num_gpus, optimum * (1 - 1e-9), _Budget(None, None), 1)
+    below, none = counts_under(w, 2 * num_gpus, optimum * (1 - 1e-9), Budget(None, None), 1)
     assert below == "INFEASIBLE" and none is None
 
 

@@ -23,13 +23,13 @@ Needs OR-Tools (the ``exact`` extra); imported only by ``method="exact"``.
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 from ortools.sat.python import cp_model
 
 from ...analysis.loads import slot_order_peaks
 from ...model.deployment import Deployment
+from .exact_formulation import Levers
+from .exact_model import Budget
 from .exact_pairs import pair_rows, spread_cap
 
 PROOF_MARGIN = 1e-10
@@ -105,19 +105,6 @@ def pairing_model(w: np.ndarray, num_slots: int, target: float, listed: np.ndarr
     return model, [(e, c, var, more) for e, c, _, _, var, more, _ in choices]
 
 
-def _solver(wall: float | None, deterministic: float | None, workers: int) -> cp_model.CpSolver:
-    solver = cp_model.CpSolver()
-    params = solver.parameters
-    params.num_workers = int(workers)
-    params.random_seed = 0
-    params.catch_sigint_signal = False
-    if wall is not None:
-        params.max_time_in_seconds = float(max(wall, 1e-3))
-    if deterministic is not None:
-        params.max_deterministic_time = float(max(deterministic, 1e-3))
-    return solver
-
-
 def _filled(w: np.ndarray, counts: np.ndarray, num_slots: int, target: float) -> np.ndarray:
     """``counts [E]`` raised to ``num_slots`` in all, one replica at a time to the expert with
     replicas ``<= target / 2`` whose replicas stay lightest (which keeps a pairing under ``target``)."""
@@ -128,36 +115,18 @@ def _filled(w: np.ndarray, counts: np.ndarray, num_slots: int, target: float) ->
     return counts
 
 
-class _Budget:
-    """What a layer may still spend: a wall-clock ``deadline`` (``time.perf_counter()``) and CP-SAT
-    ``deterministic`` time, each ``None`` when unbounded."""
-
-    def __init__(self, deadline: float | None, deterministic: float | None):
-        self.deadline, self.deterministic = deadline, deterministic
-
-    def solver(self, workers: int) -> cp_model.CpSolver | None:
-        wall = None if self.deadline is None else self.deadline - time.perf_counter()
-        if (wall is not None and wall <= 0.01) or (self.deterministic is not None and self.deterministic <= 0.01):
-            return None
-        return _solver(wall, self.deterministic, workers)
-
-    def spend(self, solver: cp_model.CpSolver) -> None:
-        if self.deterministic is not None:
-            self.deterministic -= float(solver.response_proto.deterministic_time)
-
-
-def counts_under(w: np.ndarray, num_slots: int, target: float, budget: _Budget, workers: int
+def counts_under(w: np.ndarray, num_slots: int, target: float, budget: Budget, workers: int
                  ) -> tuple[str, np.ndarray | None]:
     """``(answer, counts [E] or None)``: ``"INFEASIBLE"`` (no counts summing to ``num_slots``
     pair ``w [E]`` under ``target``, proven), ``"FEASIBLE"`` with such counts, or ``"UNKNOWN"``
-    (the budget ended)."""
+    (the budget ended; ``budget`` is spent as CP-SAT runs)."""
     if np.maximum(1, np.ceil(w / target * (1.0 - _TIE))).sum() > num_slots:
         return "INFEASIBLE", None  # some replica exceeds the target whatever the counts
     listed = np.full(len(w), 2, np.int64)
     while True:
-        solver = budget.solver(workers)
-        if solver is None:
+        if not budget.left():
             return "UNKNOWN", None
+        solver = budget.solver(workers, Levers())
         model, choices = pairing_model(w, num_slots, target, listed)
         answer = solver.solve(model)
         budget.spend(solver)
@@ -188,7 +157,7 @@ def prove_pairs(w: np.ndarray, deployment: Deployment, row: np.ndarray, *, deadl
     topology = deployment.topology
     num_slots, num_gpus = topology.num_slots, topology.num_gpus
     cap = spread_cap(len(w), num_slots, num_gpus)
-    budget = _Budget(deadline, deterministic)
+    budget = Budget(deadline, deterministic)
     peak = float(slot_order_peaks(w[None], row[None], topology)[0])
     answer = "UNKNOWN"
     while peak > 0.0:
