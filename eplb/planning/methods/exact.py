@@ -13,7 +13,7 @@ import time
 
 import numpy as np
 
-from ...analysis.bounds import strongest_bound
+from ...analysis.bounds import pair_weights, strongest_bound
 from ...analysis.loads import slot_order_peaks
 from ...analysis.metrics import replicas_sharing_a_gpu
 from ...model._validation import MissingExtraError
@@ -51,7 +51,8 @@ def solve_unproven(exact, weights: np.ndarray, deployment: Deployment, warm: np.
     With one or two slots on every GPU (global placement), the construction of
     :func:`eplb.planning.methods.exact_pairs.few_slot_plans` replaces the warm start ``warm [L, S]``
     where it is lighter, and every layer whose plan meets the package's lower bound
-    (:func:`eplb.analysis.bounds.strongest_bound`, which holds for every placement) is proven
+    (:func:`eplb.analysis.bounds.strongest_bound`, with two slots the weighting bound aimed at the
+    plan, :func:`eplb.analysis.bounds.pair_weights`; both hold for every placement) is proven
     optimal there: status ``OPTIMAL``, source ``"closed form"``, no CP-SAT. With two slots, the
     other layers first get the search over replica counts
     (:func:`eplb.planning.methods.exact_pair_counts.prove_pairs`, half of each layer's budget):
@@ -65,8 +66,8 @@ def solve_unproven(exact, weights: np.ndarray, deployment: Deployment, warm: np.
     warm = warm.copy()
     lighter = made & (slot_order_peaks(weights, rows, topology) < slot_order_peaks(weights, warm, topology))
     warm[lighter] = rows[lighter]
-    bound = strongest_bound(weights, deployment)
     peaks = slot_order_peaks(weights, warm, topology)
+    bound = pair_weights(weights, topology, strongest_bound(weights, deployment), peaks)
     proven = (peaks <= bound * (1.0 + 1e-9)) & (avoidable_doubled(warm, deployment) == 0)
     num_layers = weights.shape[0]
     info = {"optimal": proven.copy(), "proven_bound": np.where(proven, peaks, bound), "solve_time_s": np.zeros(num_layers),
