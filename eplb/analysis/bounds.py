@@ -183,10 +183,11 @@ def _pairs(desc: np.ndarray, topology: Topology, start: np.ndarray) -> np.ndarra
 
 PAIR_WEIGHT_ITERATIONS = 400
 """Most ascent steps of one weighting test (:func:`eplb.kernels.bounds.pair_weights.pair_weight_bound`).
-The default's plans at 288 / 144 (lognormal, Zipf 1.0, Zipf 0.5, drift; 58 layers): 100, 200, 400
-steps leave mean gaps of 0.46 / 0.06 / 1.63 / 0.22%, 0.38 / 0.05 / 1.42 / 0.14%, 0.33 / 0.04 / 1.29 /
-0.13% (the one-level bound alone: 1.36 / 0.27 / 2.78 / 0.66%), the bound taking about 0.1-0.25,
-0.1-0.35, 0.15-0.55 s a model."""
+The default's plans at 288 / 144 (lognormal, Zipf 1.0, Zipf 0.5, drift; 58 layers), steps falling
+as ``1 / sqrt(t)``: 100, 200, 400 steps leave mean gaps of 0.46 / 0.06 / 1.63 / 0.22%, 0.38 / 0.05 /
+1.42 / 0.14%, 0.33 / 0.04 / 1.29 / 0.13% (the one-level bound alone: 1.36 / 0.27 / 2.78 / 0.66%), the
+bound taking about 0.1-0.25, 0.1-0.35, 0.15-0.55 s a model; 400 steps falling as in
+:data:`eplb.kernels.bounds.pair_weights.STEP_DECAY`: 0.32 / 0.04 / 1.25 / 0.11%."""
 
 PAIR_WEIGHT_STEP = 10.0
 """The ascent's first step (58 lognormal layers at 288 / 144, ``best``'s plans, 300 steps a test:

@@ -34,6 +34,11 @@ from ..plumbing.common import INTERNAL
 MARGIN = 1e-12
 """Relative slack on every rounding-sensitive comparison, always toward a weaker test."""
 
+STEP_DECAY = 20.0
+"""The ascent's step halves after this many steps, thirds after twice as many, ... (best's plans at
+288 / 144, the first 16 layers, 400 steps a test: lognormal / Zipf 0.5 mean gaps 0.345 / 0.936% with
+steps falling as ``1 / sqrt(t)``, 0.336 / 0.809% with this, 0.315 / 0.678% with 3,000 steps)."""
+
 GIVE_UP = 0.01
 """A test stops after a quarter of its steps when the best ``F`` so far is below ``-GIVE_UP S``
 (six lognormal layers, a quarter of 400 steps: ``F / S`` above -0.003 at 288 / 144 on every target
@@ -110,8 +115,8 @@ def _ascend(counts, above, below, first, idle, num_slots, num_levels, iterations
     """Whether some ``(mu, lam)`` makes ``F > 0`` (module docstring) for the candidates of
     :func:`_options`; ``idle`` experts carry nothing (one replica each, weight 0). Exponentiated
     subgradient ascent on the simplex of ``(mu [levels], lam)`` (``F`` is homogeneous), the
-    subgradient scaled by its largest entry, step ``step / sqrt(t)``, at most ``iterations`` steps
-    (:data:`GIVE_UP`)."""
+    subgradient scaled by its largest entry, step ``step / (1 + t / STEP_DECAY)``, at most
+    ``iterations`` steps (:data:`GIVE_UP`)."""
     weights = np.full(num_levels + 1, 0.5 / num_levels)  # the levels share half, lam the other
     weights[num_levels] = 0.5
     prefix = np.empty(num_levels + 1)
@@ -151,7 +156,7 @@ def _ascend(counts, above, below, first, idle, num_slots, num_levels, iterations
             scale = max(scale, abs(grad[j]))
         grad[num_levels] = used - num_slots
         scale = max(scale, abs(grad[num_levels]), 1.0)
-        rate = step / np.sqrt(t + 1.0) / scale
+        rate = step / (1.0 + t / STEP_DECAY) / scale
         for j in range(num_levels + 1):
             weights[j] = max(weights[j] * np.exp(rate * grad[j]), 1e-12)
         weights /= weights.sum()
