@@ -310,7 +310,8 @@ def strongest_bound(weights: np.ndarray, deployment: Deployment) -> np.ndarray:
 def lower_bound(counts, deployment: Deployment | None = None, **deployment_keywords) -> np.ndarray:
     """``[L]`` float64: a proven lower bound on the max GPU load any placement of ``counts`` can
     reach in the deployment, per layer (``eplb.plan``'s ``Placement.lower_bound`` is this bound,
-    tightened by what an exact method proved).
+    tightened by what an exact method proved and, with two slots on every GPU, by the weighting
+    bound aimed at the plan's max load, :func:`pair_weights`, which needs a plan to aim at).
 
     Args:
         counts: ``[L, E]`` (``[E]`` for one layer; a series ``[T, L, E]`` is summed), non-negative.

@@ -543,9 +543,10 @@ def _split_bound(weights: np.ndarray, phy2log: np.ndarray, deployment: Deploymen
 
 
 def _bound(weights: np.ndarray, phy2log: np.ndarray, deployment: Deployment, proven) -> np.ndarray:
-    """``[L]`` the package's lower bound (computed on scaled counts like :func:`_peaks`),
-    tightened by the bound a method proved (``proven [L]``, e.g. the exact solver's), never above
-    the plan's own max load."""
+    """``[L]`` the package's lower bound (computed on scaled counts like :func:`_peaks`), with two
+    slots on every GPU tightened by the weighting bound aimed at the plan's max load
+    (:func:`eplb.analysis.bounds.pair_weights`) and by the bound a method proved (``proven [L]``,
+    e.g. the exact solver's), never above the plan's own max load."""
     scaled, shift = power_of_two_scale(weights)
     bound = np.ldexp(strongest_bound(scaled, deployment), -shift)
     peak = _peaks(weights, phy2log, deployment)
