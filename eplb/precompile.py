@@ -185,9 +185,13 @@ SHIPPED_DEPLOYMENTS = (
     Deployment.of(256, num_slots=288, num_gpus=32, num_nodes=4, num_groups=8),  # DeepSeek-V3 (and global)
     Deployment.of(32, num_slots=40, num_gpus=8),  # small models (gpt-oss-20b): the searches of few experts
     Deployment.of(8, num_slots=8, num_gpus=8),  # as many slots as experts (Mixtral)
+    Deployment.of(256, num_slots=288, num_gpus=144),  # DeepSeek's decode unit: two slots a GPU
+    Deployment.of(256, num_slots=288, num_gpus=72),  # a 72-GPU rack: four slots a GPU
 )
-"""The deployments :func:`ship` warms: between them, the paths of large and small models and of
-hierarchical and global deployments."""
+"""The deployments :func:`ship` warms: between them, the paths of large and small models, of
+hierarchical and global deployments, and of the two- and four-slot kernels of wide expert
+parallelism (the pairing step and the pair and head bounds; the last two add 6 s and 3 s to the
+build after the others)."""
 
 
 def ship(folder) -> dict:
