@@ -30,8 +30,8 @@ ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = {k: DEEPSEEK_V3[k] for k in ("num_slots", "num_gpus", "num_nodes", "num_groups")}
 
 # A fresh interpreter on the installed copy: the numba functions it compiled (not loaded) while
-# planning the README's example, building a Balancer and answering its first decision, and
-# planning a small model.
+# planning the README's example, building a Balancer and answering its first decision, planning
+# a small model, and planning (with the gap) and deciding at two and four slots a GPU.
 CHILD = """
 import json, numpy as np
 from numba.core import event
@@ -50,6 +50,12 @@ balancer.record(counts)
 balancer.should_rebalance()
 small = skewed_counts(4, 32, seed=2)  # a small model's paths (the searches of few experts)
 eplb.plan(small, num_slots=40, num_gpus=4).gap
+for slots, gpus in ((288, 144), (288, 72)):  # wide expert parallelism: two and four slots a GPU
+    wide = eplb.Deployment.of(counts.shape[1], num_slots=slots, num_gpus=gpus)
+    eplb.plan(counts, wide).gap
+    rack = eplb.Balancer(counts.shape[0], wide)
+    rack.record(counts)
+    rack.should_rebalance()
 print(json.dumps({"file": eplb.__file__, "compiled": compiled, "phy2log": placement.phy2log.tolist()}))
 """
 
