@@ -132,3 +132,22 @@ def test_warmup_command_reports_what_it_compiled(tmp_path):
     assert "Balancer" not in out and out.splitlines()[-1].startswith("time")
     _, err = invoke("warmup", "--experts", "16", "--slots", "20", "--gpus", "3", cwd=tmp_path, expect=1)
     assert "divisible" in err
+
+
+def test_two_slots_a_gpu_plan_validate_and_the_api_agree_on_the_weighting_bound(tmp_path):
+    """DeepSeek's decode unit (288 slots on 144 GPUs): the bound aimed at the plan (the weighting
+    bound) is what the API reports, and ``plan`` and ``validate`` print the same gap from it."""
+    from eplb.simulation.synthetic import skewed_counts
+
+    counts = np.asarray(skewed_counts(4, 256, family="lognormal", skew=0.7, num_groups=8, seed=1), float)
+    np.save(tmp_path / "c.npy", counts)
+    config = ["--slots", "288", "--gpus", "144"]
+    planned, _ = invoke("plan", "c.npy", *config, "-o", "p.json", cwd=tmp_path)
+    checked, _ = invoke("validate", "p.json", "--counts", "c.npy", cwd=tmp_path)
+    assert _line(planned, "gap") == _line(checked, "gap")
+    decode = eplb.Deployment.of(256, num_slots=288, num_gpus=144)
+    placement = eplb.plan(counts, decode)
+    bound = bound_for(counts, read_placement(tmp_path / "p.json").placement)
+    assert np.allclose(bound.values, placement.lower_bound)
+    assert (bound.values <= placement.max_load * (1 + 1e-12)).all()
+    assert (bound.values > eplb.lower_bound(counts, decode)).any()  # the plan-free bound is weaker there
