@@ -19,7 +19,9 @@ Per layer, and per node in hierarchical mode:
    between experts, each packed again: the seeded search of ``method="best"``), as many as a
    per-layer work budget affords (many on small models, none at DeepSeek-V3 size), and keep the
    best; every layer is searched on its own, so a layer's row never depends on the other layers
-   planned with it;
+   planned with it; then, at 3 or 4 slots a GPU (global), on layers still above those bounds, a
+   pair-swap descent and a few moves of one replica from one expert to another, each followed by
+   the descent and kept when the heaviest GPU gets lighter (:func:`recount_layers`);
 7. on tiny global instances (at most 16 slots, e.g. Mixtral's 8 experts on 12), replace every
    layer by the optimum over spread placements when the exact branch and bound
    (:mod:`eplb.kernels.search.tiny`) finds one lighter within its node budget;
@@ -39,6 +41,7 @@ from ...kernels.search.pack_descend import balanced_placement
 from ...kernels.engine_tables.deepseek_greedy import greedy_placement
 from ...kernels.search.multistart import (NO_MOVES, NO_PAIR_SWAPS, NO_STARTS, SEED, MoveSearch, aligned_placement,
                                    best_placement)
+from ...kernels.search.recount_descent import recount_descent
 from ...kernels.search.tiny import SPREAD, tiny_optimum
 from ...analysis.bounds import TINY_BUDGET, TINY_SLOTS, average_bound
 from ...analysis.loads import slot_order_peaks
@@ -194,6 +197,47 @@ def retry_replication(weights: np.ndarray, deployment: Deployment, phy2log: np.n
     return phy2log, int(layers.size)
 
 
+RECOUNT_SLOTS = (3, 4)
+"""Slots a GPU (global placement, every GPU alike) where :func:`recount_layers` runs: there a swap descent
+stops on coarse replica loads. At 2 slots a GPU the pairing construction of step 9 decides, and at 9
+(288 / 32) the swaps already land within 0.02% of the bound."""
+
+RECOUNT_TRIALS = {3: 8, 4: 2}
+"""Moves tried per layer by :func:`recount_layers` (each a slot's expert changed, then a swap descent).
+DeepSeek-V3 size, 58 layers, ``bench/rack_bounds.py``'s four families (lognormal 0.7, Zipf 1.0, Zipf 0.5,
+drift), mean gap to the bound: at 288 / 72 0.198 / 1.242 / 0.150 / 0.269% -> 0.074 / 1.164 / 0.080 /
+0.171% (pair swaps alone: 0.106 / 1.234 / 0.089 / 0.196%), at 384 / 128 0.229 / 0.681 / 0.193 / 0.318% ->
+0.165 / 0.596 / 0.128 / 0.240%, for 9-21 ms a model on a loaded 2-core machine; 8 trials gain 0.01-0.02
+points more for about twice the time, 16 trials 0.02-0.04 points more for three to six times."""
+
+
+def recount_layers(weights: np.ndarray, deployment: Deployment, phy2log: np.ndarray, bound: np.ndarray,
+                   max_steps: int, trials: int | None = None, tolerance: float = 2e-4) -> tuple[np.ndarray, int]:
+    """At 3 or 4 slots a GPU (:data:`RECOUNT_SLOTS`, global, every GPU alike), on the layers more than
+    ``tolerance`` above the average and heaviest-replica bounds and ``bound [L]``: a swap descent
+    (pair swaps too at 4), then up to ``trials`` moves of one replica from one expert to another,
+    each followed by the descent and kept when the heaviest GPU gets lighter
+    (:func:`eplb.kernels.search.recount_descent.recount_descent`). Each layer on its own, no random
+    numbers; a layer is changed only when its max load falls. Returns the placement and the number of
+    layers made lighter."""
+    topology = deployment.topology
+    if deployment.hierarchical or not topology.is_uniform or int(topology.slots_per_gpu[0]) not in RECOUNT_SLOTS:
+        return phy2log, 0
+    cheap = np.maximum(np.maximum(average_bound(weights, topology), weights.max(axis=1) / topology.num_gpus), bound)
+    own = slot_order_peaks(weights, phy2log, topology)
+    layers = np.flatnonzero(own > cheap * (1 + tolerance)).astype(np.int64)
+    if layers.size == 0:
+        return phy2log, 0
+    slots = int(topology.slots_per_gpu[0])
+    trials = RECOUNT_TRIALS[slots] if trials is None else trials
+    rows, _ = recount_descent(weights, phy2log, writable(topology.slot_offsets).astype(np.int64), layers,
+                              slots >= 4, int(trials), int(max_steps))
+    lighter = slot_order_peaks(weights[layers], rows, topology) < own[layers]
+    phy2log = phy2log.copy()
+    phy2log[layers[lighter]] = rows[lighter]
+    return phy2log, int(lighter.sum())
+
+
 def align_replication(weights: np.ndarray, deployment: Deployment, phy2log: np.ndarray, gpu_domain: np.ndarray,
                       bound: np.ndarray, max_steps: int, tolerance: float = 2e-3,
                       retries: bool = True) -> tuple[np.ndarray, int]:
@@ -258,10 +302,12 @@ def balanced(weights: np.ndarray, deployment: Deployment, max_steps: int = 4096,
     phy2log, aligned = align_replication(weights, deployment, phy2log, gpu_domain, bound, max_steps,
                                          retries=retry_starts(deployment, num_starts) > 0)
     phy2log, retried = retry_replication(weights, deployment, phy2log, gpu_domain, bound, num_starts, max_steps)
+    phy2log, recounted = recount_layers(weights, deployment, phy2log, bound, max_steps)
     phy2log, solved = solve_tiny(weights, deployment, phy2log)
     from_greedy = 0
     if greedy_fallback:
         phy2log, from_greedy = keep_better_than_greedy(weights, deployment, phy2log)
     phy2log, paired = keep_lighter(weights, deployment, phy2log, DEFAULT_PAIR_DONORS, slots=(2,))
     return phy2log, {"hierarchical": deployment.hierarchical, "layers_aligned": aligned, "layers_retried": retried,
+                     "layers_recounted": recounted,
                      "layers_solved_exactly": solved, "layers_from_greedy": from_greedy, "layers_paired": paired}
