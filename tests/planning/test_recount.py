@@ -1,6 +1,7 @@
 """The default method's replica moves at 3 and 4 slots a GPU (step 6b of ``method="balanced"``,
-:mod:`eplb.kernels.search.recount_descent`): never heavier, valid, spread, deterministic, a layer's
-row its own, other layouts untouched, and lighter where the swaps stop on DeepSeek-V3-sized loads."""
+``recount=True``, :mod:`eplb.kernels.search.recount_descent`): never heavier, valid, spread,
+deterministic, a layer's row its own, other layouts untouched, lighter where the swaps stop on
+DeepSeek-V3-sized loads, and off unless asked."""
 
 import numpy as np
 import pytest
@@ -10,14 +11,8 @@ from hypothesis import strategies as st
 from strategies import small_loads
 
 import eplb
-import eplb.planning.methods.balanced as balanced_module
 from eplb.analysis.loads import slot_order_peaks
 from eplb.kernels.search.recount_descent import recount_descent
-
-
-def without_step(monkeypatch):
-    """The default method as it was before the step: ``recount_layers`` leaves every layer."""
-    monkeypatch.setattr(balanced_module, "recount_layers", lambda weights, deployment, phy2log, *a, **k: (phy2log, 0))
 
 
 @st.composite
@@ -43,7 +38,7 @@ def test_the_kernel_never_raises_a_layer_keeps_it_valid_and_spread(case):
     counts, num_slots, num_gpus = case
     deployment = eplb.Deployment.of(counts.shape[1], num_slots=num_slots, num_gpus=num_gpus)
     topology = deployment.topology
-    start = eplb.plan(counts, deployment).phy2log
+    start = eplb.plan(counts, deployment).phy2log  # the default's plan, without the step
     layers = np.arange(counts.shape[0], dtype=np.int64)
     offsets = topology.slot_offsets.astype(np.int64)
     rows, moves = recount_descent(counts, start, offsets, layers, num_slots // num_gpus >= 4, 16, 4096)
@@ -62,13 +57,11 @@ def test_the_kernel_never_raises_a_layer_keeps_it_valid_and_spread(case):
 
 @settings(max_examples=40, deadline=None)
 @given(few_slot_layers())
-def test_the_default_is_never_heavier_than_without_the_step(case):
+def test_the_default_is_never_heavier_with_the_step(case):
     counts, num_slots, num_gpus = case
     deployment = eplb.Deployment.of(counts.shape[1], num_slots=num_slots, num_gpus=num_gpus)
-    after = eplb.plan(counts, deployment)
-    with pytest.MonkeyPatch.context() as patch:
-        without_step(patch)
-        before = eplb.plan(counts, deployment)
+    after = eplb.plan(counts, deployment, recount=True)
+    before = eplb.plan(counts, deployment)
     assert_valid(after, counts.shape[1])
     assert (after.max_load <= before.max_load * (1 + 1e-12)).all()
     assert (after.replicas_sharing_a_gpu() <= before.replicas_sharing_a_gpu()).all()
@@ -83,10 +76,9 @@ def test_lighter_on_deepseek_v3_sized_layers_at_72_and_128_gpus():
     counts = np.asarray(skewed_counts(6, 256, family="lognormal", skew=0.7, num_groups=8, seed=1), dtype=np.float64)
     for num_slots, num_gpus in ((288, 72), (384, 128)):
         deployment = eplb.Deployment.of(256, num_slots=num_slots, num_gpus=num_gpus)
-        after = eplb.plan(counts, deployment)
-        with pytest.MonkeyPatch.context() as patch:
-            without_step(patch)
-            before = eplb.plan(counts, deployment)
+        after = eplb.plan(counts, deployment, recount=True)
+        before = eplb.plan(counts, deployment)
+        assert before.info["layers_recounted"] == 0  # off by default
         assert after.info["layers_recounted"] >= 2
         assert (after.max_load <= before.max_load * (1 + 1e-12)).all()
         assert after.max_load.mean() < before.max_load.mean()
@@ -103,4 +95,4 @@ def test_other_layouts_are_left_as_they_were(num_slots, num_gpus, num_nodes, num
     counts = np.asarray(skewed_counts(2, num_experts, family="zipf", skew=1.0, seed=5), dtype=np.float64)
     deployment = eplb.Deployment.of(num_experts, num_slots=num_slots, num_gpus=num_gpus, num_nodes=num_nodes,
                                     num_groups=num_groups)
-    assert eplb.plan(counts, deployment).info["layers_recounted"] == 0
+    assert eplb.plan(counts, deployment, recount=True).info["layers_recounted"] == 0
