@@ -53,7 +53,7 @@ def test_lazy_bound_equals_the_bound_of_the_planning_counts():
 
 
 @pytest.mark.parametrize("method, options, message", [
-    ("balanced", {"num_start": 3}, r"unknown option\(s\) num_start; accepted options: greedy_fallback, max_steps, num_starts"),
+    ("balanced", {"num_start": 3}, r"unknown option\(s\) num_start; accepted options: greedy_fallback, max_steps, num_starts, recount"),
     ("greedy", {"seed": 1}, r"unknown option\(s\) seed; accepted options: none"),
     ("best", {"nums_starts": 1}, "unknown option.*nums_starts.*capped_budget"),
     ("balanced", {"num_starts": -5}, r"option num_starts must be an integer >= 1 and <= 9223372036854775807, got -5"),

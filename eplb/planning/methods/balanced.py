@@ -19,7 +19,10 @@ Per layer, and per node in hierarchical mode:
    between experts, each packed again: the seeded search of ``method="best"``), as many as a
    per-layer work budget affords (many on small models, none at DeepSeek-V3 size), and keep the
    best; every layer is searched on its own, so a layer's row never depends on the other layers
-   planned with it;
+   planned with it; then, with ``recount=True`` (off by default: :data:`RECOUNT`), at 3 or 4
+   slots a GPU (global), on layers still above those bounds, a pair-swap descent and a few moves
+   of one replica from one expert to another, each followed by the descent and kept when the
+   heaviest GPU gets lighter (:func:`recount_layers`);
 7. on tiny global instances (at most 16 slots, e.g. Mixtral's 8 experts on 12), replace every
    layer by the optimum over spread placements when the exact branch and bound
    (:mod:`eplb.kernels.search.tiny`) finds one lighter within its node budget;
@@ -39,6 +42,7 @@ from ...kernels.search.pack_descend import balanced_placement
 from ...kernels.engine_tables.deepseek_greedy import greedy_placement
 from ...kernels.search.multistart import (NO_MOVES, NO_PAIR_SWAPS, NO_STARTS, SEED, MoveSearch, aligned_placement,
                                    best_placement)
+from ...kernels.search.recount_descent import recount_descent
 from ...kernels.search.tiny import SPREAD, tiny_optimum
 from ...analysis.bounds import TINY_BUDGET, TINY_SLOTS, average_bound
 from ...analysis.loads import slot_order_peaks
@@ -194,6 +198,59 @@ def retry_replication(weights: np.ndarray, deployment: Deployment, phy2log: np.n
     return phy2log, int(layers.size)
 
 
+RECOUNT = False
+"""Whether the default runs step 6b (:func:`recount_layers`) unless told (option ``recount``). Off: it
+lowers the in-sample gap at 288 / 72 and 384 / 128 (:data:`RECOUNT_TRIALS`) but held out it loses
+(``bench/rack.py``'s workloads, 58 layers, 12 folds, two draws of workloads and windows): plans of the
+summed windows 0.7160 -> 0.7153 and 0.6880 -> 0.6859 at 288 / 72, 0.6863 -> 0.6873 and 0.6601 -> 0.6591
+at 384 / 128; the default series objective (``expected_peak_search``, whose hedge starts from this plan)
+0.7691 -> 0.7653, 0.7396 -> 0.7359, 0.7454 -> 0.7421, 0.7116 -> 0.7032. The pair swaps alone (same
+replica counts) lose as much there at 288 / 72 (series 0.7396 -> 0.7346): the tighter in-sample fit,
+not the replica moves, is what the series plan loses on."""
+
+RECOUNT_SLOTS = (3, 4)
+"""Slots a GPU (global placement, every GPU alike) where :func:`recount_layers` runs: there a swap descent
+stops on coarse replica loads. At 2 slots a GPU the pairing construction of step 9 decides, and at 9
+(288 / 32) the swaps already land within 0.02% of the bound."""
+
+RECOUNT_TRIALS = {3: 8, 4: 2}
+"""Moves tried per layer by :func:`recount_layers` at 3 and 4 slots a GPU (each a slot's expert changed,
+then a swap descent, about 20-40 us at 72-128 GPUs). DeepSeek-V3 size, 58 layers, ``bench/rack_bounds.py``'s
+four families (lognormal 0.7, Zipf 1.0, Zipf 0.5, drift), mean gap to the bound, and plan time (median of 20
+warm plans, one run, load average 2.2 on 2 cores): at 288 / 72 0.198 / 1.242 / 0.150 / 0.269% -> 0.082 /
+1.198 / 0.082 / 0.178%, 10.5 -> 19.1 ms (the pair swaps alone: 0.106 / 1.234 / 0.089 / 0.196%; 4 trials:
+0.074 / 1.164 / 0.080 / 0.171% for about 8 ms more); at 384 / 128 0.229 / 0.681 / 0.193 / 0.318% -> 0.151 /
+0.591 / 0.114 / 0.219%, 18.9 -> 36.1 ms (16 trials: 0.142 / 0.568 / 0.107 / 0.207%). The targets of 20 and
+40 ms a model set the budgets."""
+
+
+def recount_layers(weights: np.ndarray, deployment: Deployment, phy2log: np.ndarray, bound: np.ndarray,
+                   max_steps: int, trials: int | None = None, tolerance: float = 2e-4) -> tuple[np.ndarray, int]:
+    """At 3 or 4 slots a GPU (:data:`RECOUNT_SLOTS`, global, every GPU alike), on the layers more than
+    ``tolerance`` above the average and heaviest-replica bounds and ``bound [L]``: a swap descent
+    (pair swaps too at 4), then up to ``trials`` moves of one replica from one expert to another,
+    each followed by the descent and kept when the heaviest GPU gets lighter
+    (:func:`eplb.kernels.search.recount_descent.recount_descent`). Each layer on its own, no random
+    numbers; a layer is changed only when its max load falls. Returns the placement and the number of
+    layers made lighter."""
+    topology = deployment.topology
+    if deployment.hierarchical or not topology.is_uniform or int(topology.slots_per_gpu[0]) not in RECOUNT_SLOTS:
+        return phy2log, 0
+    cheap = np.maximum(np.maximum(average_bound(weights, topology), weights.max(axis=1) / topology.num_gpus), bound)
+    own = slot_order_peaks(weights, phy2log, topology)
+    layers = np.flatnonzero(own > cheap * (1 + tolerance)).astype(np.int64)
+    if layers.size == 0:
+        return phy2log, 0
+    slots = int(topology.slots_per_gpu[0])
+    trials = RECOUNT_TRIALS[slots] if trials is None else trials
+    rows, _ = recount_descent(weights, phy2log, writable(topology.slot_offsets).astype(np.int64), layers,
+                              slots >= 4, int(trials), int(max_steps))
+    lighter = slot_order_peaks(weights[layers], rows, topology) < own[layers]
+    phy2log = phy2log.copy()
+    phy2log[layers[lighter]] = rows[lighter]
+    return phy2log, int(lighter.sum())
+
+
 def align_replication(weights: np.ndarray, deployment: Deployment, phy2log: np.ndarray, gpu_domain: np.ndarray,
                       bound: np.ndarray, max_steps: int, tolerance: float = 2e-3,
                       retries: bool = True) -> tuple[np.ndarray, int]:
@@ -243,13 +300,14 @@ def solve_tiny(weights: np.ndarray, deployment: Deployment, phy2log: np.ndarray)
 
 
 @register("balanced", options={"max_steps": Option("int", minimum=0), "num_starts": Option("int", minimum=1),
-                               "greedy_fallback": Option("bool")})
+                               "greedy_fallback": Option("bool"), "recount": Option("bool")})
 def balanced(weights: np.ndarray, deployment: Deployment, max_steps: int = 4096, num_starts: int = 4,
-             greedy_fallback: bool = True) -> tuple[np.ndarray, dict]:
+             greedy_fallback: bool = True, recount: bool = RECOUNT) -> tuple[np.ndarray, dict]:
     """The default method (module docstring). ``max_steps``: most swaps per layer and node;
     ``num_starts``: replications tried on layers left above the simple bounds (1 = none);
     ``greedy_fallback``: step 8 (keep greedy's layer where it is lighter); ``False`` shows the
-    method's own placements (``bench/greedy_net.py`` counts how often step 8 fires)."""
+    method's own placements (``bench/greedy_net.py`` counts how often step 8 fires); ``recount``:
+    step 6b at 3 or 4 slots a GPU (:func:`recount_layers`; off by default, see :data:`RECOUNT`)."""
     weights = np.ascontiguousarray(weights, dtype=np.float64)
     topology = deployment.topology
     gpu_domain, expert_domain, bound = domains(weights, deployment)
@@ -258,10 +316,14 @@ def balanced(weights: np.ndarray, deployment: Deployment, max_steps: int = 4096,
     phy2log, aligned = align_replication(weights, deployment, phy2log, gpu_domain, bound, max_steps,
                                          retries=retry_starts(deployment, num_starts) > 0)
     phy2log, retried = retry_replication(weights, deployment, phy2log, gpu_domain, bound, num_starts, max_steps)
+    recounted = 0
+    if recount:
+        phy2log, recounted = recount_layers(weights, deployment, phy2log, bound, max_steps)
     phy2log, solved = solve_tiny(weights, deployment, phy2log)
     from_greedy = 0
     if greedy_fallback:
         phy2log, from_greedy = keep_better_than_greedy(weights, deployment, phy2log)
     phy2log, paired = keep_lighter(weights, deployment, phy2log, DEFAULT_PAIR_DONORS, slots=(2,))
     return phy2log, {"hierarchical": deployment.hierarchical, "layers_aligned": aligned, "layers_retried": retried,
+                     "layers_recounted": recounted,
                      "layers_solved_exactly": solved, "layers_from_greedy": from_greedy, "layers_paired": paired}
