@@ -150,30 +150,6 @@ def _start(w, num_slots, cap, target, counts, keys, heap, lists, nxt, ptr):
 
 
 @njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
-def _add(w, counts, target, y, e, kind, fk, heap, lists, ptr):
-    """One more replica for expert ``e`` chosen by :func:`_choose` (``kind``) at ``y``; returns the
-    rise of the prefix sum at ``y``. A heavy expert moved past ``y``, or turned light but still
-    above it, gets its new event (by ``fk[0]``)."""
-    c = counts[e]
-    counts[e] = c + 1
-    load = w[e] / (c + 1)
-    if kind == 2:
-        lists[3, e] = 1
-        ptr[7] = _drop(lists[2], ptr[7], e)
-        return c + 1
-    ptr[5 + kind] = _pop(lists[kind], ptr[5 + kind], fk[1])
-    if kind == 0 and load <= y:
-        return 2 * c + 1
-    fk[0, e] = load if kind == 0 else target - load
-    lists[3, e] = 0
-    ptr[2] = _push(heap, ptr[2], fk[0], e)
-    if kind == 0:
-        lists[2, ptr[7]] = e
-        ptr[7] += 1
-    return c
-
-
-@njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
 def _cover(w, num_slots, cap, target, counts, fk, heap, lists, nxt, ptr):
     """The sweep of the module docstring for ``target``: counts ``[E]`` summing to ``num_slots``
     whose sorted pairing keeps every pair ``<= target``; whether it found them. ``w [E]``
@@ -200,11 +176,30 @@ def _cover(w, num_slots, cap, target, counts, fk, heap, lists, nxt, ptr):
         if ptr[2] > 0 and keys[heap[0]] < y:
             src, e, y = 2, heap[0], keys[heap[0]]
         if y != at and total < 0:  # every event at ``at`` counted: the check, then look again
-            chosen, kind = _choose(w, counts, target, at, -total, fk, lists, ptr, nxt, cap)
+            e, kind = _choose(w, counts, target, at, -total, fk, lists, ptr, nxt, cap)
             used += 1
-            if chosen < 0 or used > num_slots:
+            if e < 0 or used > num_slots:
                 return False
-            total += _add(w, counts, target, at, chosen, kind, fk, heap, lists, ptr)
+            c = counts[e]  # one more replica: the prefix sum at ``at`` rises
+            counts[e] = c + 1
+            load = w[e] / (c + 1)
+            if kind == 2:  # an uncounted light expert, now counted
+                lists[3, e] = 1
+                if ptr[7] > 0:
+                    ptr[7] = _drop(lists[2], ptr[7], e)
+                total += c + 1
+                continue
+            ptr[5 + kind] = _pop(lists[kind], ptr[5 + kind], ranks)
+            total += c  # its heavy replicas leave the sum
+            if kind == 0 and load <= at:
+                total += c + 1
+                continue
+            keys[e] = load if kind == 0 else target - load  # a later event, light or heavy
+            lists[3, e] = 0
+            ptr[2] = _push(heap, ptr[2], keys, e)
+            if kind == 0:
+                lists[2, ptr[7]] = e
+                ptr[7] += 1
             continue
         if src < 0:
             break
@@ -221,9 +216,10 @@ def _cover(w, num_slots, cap, target, counts, fk, heap, lists, nxt, ptr):
                 ptr[7] = _drop(lists[2], ptr[7], e)
         else:
             total -= c
-            k = 0 if w[e] / (c + 1) <= half else 1
-            ranks[e] = -float(c) * (n + 1) + e
-            ptr[5 + k] = _push(lists[k], ptr[5 + k], ranks, e)
+            if c < cap:  # else it cannot take one more
+                k = 0 if w[e] / (c + 1) <= half else 1
+                ranks[e] = -float(c) * (n + 1) + e
+                ptr[5 + k] = _push(lists[k], ptr[5 + k], ranks, e)
     return _fill(w, counts, num_slots - used, cap, half, keys, heap)
 
 
