@@ -15,8 +15,15 @@ replicas light (their demand leaves the sum), or keeps them heavy but moves them
 a light expert whose replicas then fall to ``<= y`` (the heaviest single replica that does).
 Slots left at the end go to light experts (D'Hondt: still light, so the condition holds).
 :func:`pair_cover` bisects ``T`` between the average pair ``sum(w) / G`` and a searched plan's peak
-and keeps the lightest sorted pairing found; the sweep is a heuristic (a target it misses may be
-feasible), so a layer keeps its input counts unless they pair strictly heavier.
+and keeps the lightest sorted pairing found whose middle holds one expert twice in at most
+:data:`MAX_DOUBLED` pairs; the sweep is a heuristic (a target it misses may be feasible), so a
+layer keeps its input counts unless they pair strictly heavier.
+
+Measured (58 layers, 256 experts, 512 slots on 256 GPUs, from the default's 6-donor move search):
+mean gap to eplb's bound 3.87% -> 1.63% / 1.55% with 3 / 4 steps (lognormal), 3.16% -> 1.20% /
+1.12% (Zipf 0.5), 10.70% -> 7.34% / 6.57% (Zipf 1.0), for 7-8 / 9-10 ms of CPU; from the 24-donor
+search with 16 steps 2.79% -> 1.43%, 2.43% -> 1.05%, 3.97% -> 3.29%. At 288 on 144 it finds nothing
+lighter (there the average pair is 12-100% below the bound, so its targets all miss).
 """
 
 import numpy as np
@@ -250,8 +257,8 @@ def _fill(w, counts, extra, cap, half, keys, heap):
 @njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
 def _pairing_peak(w, counts, num_pairs):
     """``(peak, doubled)``: the heaviest pair of the sorted pairing of ``counts [E]`` replicas of
-    ``w [E]``, and whether its middle pair holds one expert twice with no other expert's replica
-    at that load (the layout could not trade one away at the same loads)."""
+    ``w [E]``, and how many of its middle pairs hold one expert twice with no other expert's replica
+    at that load (the layout cannot trade those away at the same loads)."""
     values = w / counts
     order = stable_argsort(-values)
     p, q = 0, order.shape[0] - 1
@@ -288,7 +295,8 @@ def pair_cover(weights, num_slots, cap, counts, peaks, steps):
             GPU load (e.g. :func:`eplb.kernels.bounds.pairs.pair_search`'s); steps: bisection steps.
     Returns:
         ``(counts [L, E] int64, peaks [L] float64)``: a layer's counts change only where their
-        sorted pairing is strictly lighter.
+        sorted pairing is strictly lighter (and holds one expert twice in at most
+        :data:`MAX_DOUBLED` pairs).
     """
     num_layers, num_experts = weights.shape
     out, out_peaks = counts.copy(), peaks.copy()
