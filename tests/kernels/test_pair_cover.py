@@ -100,3 +100,23 @@ def test_at_deepseek_size_the_bisection_pairs_lighter_than_the_move_search():
     average = desc.sum(axis=1) / 256
     assert (peaks <= old_peaks).all() and (peaks < old_peaks).sum() >= 6
     assert np.mean(peaks / average) - 1 < 0.6 * (np.mean(old_peaks / average) - 1)
+
+
+def test_the_pairing_step_with_the_bisection_is_never_heavier_than_without_it():
+    """``keep_lighter`` at two slots a GPU (step 9 of the default, ``best``'s last step) with the
+    bisection after the move search, against the move search alone, from the same plan: never
+    heavier on a layer, lighter on most, and no expert twice on a GPU."""
+    import eplb
+    from eplb.analysis.loads import slot_order_peaks
+    from eplb.planning.methods.exact_pairs import DEFAULT_PAIR_DONORS, keep_lighter
+    from eplb.planning.spread import avoidable_doubled
+
+    counts = np.asarray(skewed_counts(6, 256, family="zipf", skew=0.5, seed=3), float)
+    deployment = eplb.Deployment.of(256, num_slots=512, num_gpus=256)
+    start = eplb.plan(counts, deployment, method="greedy").phy2log
+    old, _ = keep_lighter(counts, deployment, start, DEFAULT_PAIR_DONORS, slots=(2,), steps=0)
+    new, _ = keep_lighter(counts, deployment, start, DEFAULT_PAIR_DONORS, slots=(2,), steps=3)
+    old_peaks = slot_order_peaks(counts, old, deployment.topology)
+    new_peaks = slot_order_peaks(counts, new, deployment.topology)
+    assert (new_peaks <= old_peaks).all() and (new_peaks < old_peaks).sum() >= 4
+    assert avoidable_doubled(new, deployment).sum() == 0

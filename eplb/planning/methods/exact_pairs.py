@@ -37,12 +37,14 @@ PAIR_STEPS = 16
 ``method="best"`` and ``method="exact"`` (at 512 / 256 with 24 donors: mean gap 2.79% -> 1.43%
 lognormal, 2.43% -> 1.05% Zipf 0.5, 3.97% -> 3.29% Zipf 1.0, for about 20 ms of CPU more)."""
 
-DEFAULT_PAIR_STEPS = 3
-"""Bisection steps for the default method (step 9 of :mod:`eplb.planning.methods.balanced`): at
-512 / 256 its plan's mean gap drops from 3.89% to 1.63% (lognormal) and 3.17% to 1.20% (Zipf 0.5)
-for 8-10 ms of CPU more (about 29 -> 38-40 ms, 58 layers, measured side by side on a shared
-machine); 2 steps: 1.91% / 1.39% for 6-8 ms, 4 steps: 1.55% / 1.12% for 11-13 ms. At 288 / 144
-it changes nothing (about 0.2 ms)."""
+DEFAULT_PAIR_STEPS = 0
+"""Bisection steps for the default method (step 9 of :mod:`eplb.planning.methods.balanced`): none,
+the move search alone. Measured at 512 / 256 (58 layers, side by side): 3 steps take the default's
+mean gap from 3.89% to 1.63% (lognormal) and 3.17% to 1.20% (Zipf 0.5) for 8-10 ms of CPU more
+(about 29 -> 38-40 ms on a shared machine), but its plans do worse out of sample: leave one workload
+out (`bench/rack.py`'s 12 workloads, 58 layers) 0.6245 -> 0.6189 balancedness (worst fold 0.572 ->
+0.560), 0.5633 -> 0.5429 in `--quick`; 1 step: 2.18% in sample, 0.6199 held out. At 288 / 144 it
+changes nothing. Tighter pairings fit the window they were planned on more closely."""
 
 
 def slots_per_gpu(deployment: Deployment) -> int | None:
