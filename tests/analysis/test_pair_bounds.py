@@ -22,7 +22,7 @@ from strategies import small_loads
 import eplb
 from eplb.analysis.bounds import lower_bounds, pairs, strongest_bound
 from eplb.kernels.bounds.pairs import capped_counts, pair_search
-from eplb.planning.methods.exact_pairs import DEFAULT_PAIR_DONORS, few_slot_plans, pair_counts
+from eplb.planning.methods.exact_pairs import DEFAULT_PAIR_DONORS, DEFAULT_PAIR_STEPS, few_slot_plans, pair_counts
 from eplb.simulation.synthetic import skewed_counts
 from eplb.planning.spread import avoidable_doubled
 
@@ -138,7 +138,7 @@ def test_the_default_at_two_slots_is_never_heavier_than_its_pairing_construction
     placement = eplb.plan(w[None, :], deployment)
     optimum = float(sorted_pairing_optimum(w, num_gpus))
     assert placement.max_load[0] >= optimum * (1 - 1e-9)
-    rows, made = few_slot_plans(w[None, :], deployment, DEFAULT_PAIR_DONORS)
+    rows, made = few_slot_plans(w[None, :], deployment, DEFAULT_PAIR_DONORS, DEFAULT_PAIR_STEPS)
     if made[0]:
         counts = np.bincount(rows[0], minlength=len(w))
         construction = max(w[a] / counts[a] + w[b] / counts[b] for a, b in rows[0].reshape(-1, 2))

@@ -254,7 +254,8 @@ def _descend(w, counts, cap, max_moves, removals):
         counts[best_remove] -= 1
         values[best_add] = w[best_add] / counts[best_add]
         values[best_remove] = w[best_remove] / counts[best_remove]
-        order = np.argsort(-values, kind="mergesort")
+        _reorder(order, values, best_add, scratch[0])  # the argsort's order (ties by id), kept
+        _reorder(scratch[0], values, best_remove, order)
         peak, heavy, light, at_peak = _sorted_peak(values, counts, order, num_pairs)
     return peak
 

@@ -3,7 +3,8 @@
 With one slot a GPU, D'Hondt replication is optimal: the max GPU load is the heaviest replica and
 the replica bound (:func:`eplb.analysis.bounds.replica_bound`) equals it. With two, a GPU is a
 pair: for fixed replica counts the sorted pairing (heaviest replica with the lightest) is optimal,
-and :func:`eplb.kernels.bounds.pairs.pair_search` searches the counts. :func:`pair_rows` turns counts
+and :func:`eplb.kernels.bounds.pairs.pair_search` searches the counts (single replica moves), then
+:func:`eplb.kernels.bounds.pair_cover.pair_cover` bisects on the max load from there. :func:`pair_rows` turns counts
 into ``phy2log`` rows that keep the spread rule (:mod:`eplb.planning.spread`): replicas of equal
 load are interleaved across experts, and a pair holding one expert twice trades one of them for a
 replica of equal load elsewhere (same pair loads), or for any replica that keeps both pairs under
@@ -15,6 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from ...analysis.loads import slot_order_peaks
+from ...kernels.bounds.pair_cover import pair_cover
 from ...kernels.bounds.pairs import capped_counts, pair_search, sorted_pairings
 from ...model.deployment import Deployment
 
@@ -23,12 +25,26 @@ PAIR_MOVES = 256
 
 PAIR_DONORS = 24
 """Experts tried as the donor of a replica in each round of that search, for ``method="best"`` and
-``method="exact"`` (58 lognormal layers at 512 / 256: 6, 12, 24 donors reach a mean gap of 3.89%,
-3.47%, 2.79% to the bound, the search taking 10, 17, 31 ms)."""
+``method="exact"`` (58 lognormal layers at 512 / 256: 6, 12, 24 donors reach a mean gap of 3.87%,
+3.45%, 2.79% to the bound, the search taking 9, 15, 28 ms of CPU; the bisection after it,
+:data:`PAIR_STEPS`, takes 24 donors to 1.43%)."""
 
 DEFAULT_PAIR_DONORS = 6
-"""Donors for the default method (step 9 of :mod:`eplb.planning.methods.balanced`): the most that
-keeps its plan within 20 ms at 288 / 144 and 40 ms at 512 / 256 (58 layers, `bench/rack.py`)."""
+"""Donors for the default method (step 9 of :mod:`eplb.planning.methods.balanced`)."""
+
+PAIR_STEPS = 16
+"""Bisection steps of :func:`eplb.kernels.bounds.pair_cover.pair_cover` after the move search, for
+``method="best"`` and ``method="exact"`` (at 512 / 256 with 24 donors: mean gap 2.79% -> 1.43%
+lognormal, 2.43% -> 1.05% Zipf 0.5, 3.97% -> 3.29% Zipf 1.0, for about 20 ms of CPU more)."""
+
+DEFAULT_PAIR_STEPS = 0
+"""Bisection steps for the default method (step 9 of :mod:`eplb.planning.methods.balanced`): none,
+the move search alone. Measured at 512 / 256 (58 layers, side by side): 3 steps take the default's
+mean gap from 3.89% to 1.63% (lognormal) and 3.17% to 1.20% (Zipf 0.5) for 8-10 ms of CPU more
+(about 29 -> 38-40 ms on a shared machine), but its plans do worse out of sample: leave one workload
+out (`bench/rack.py`'s 12 workloads, 58 layers) 0.6245 -> 0.6189 balancedness (worst fold 0.572 ->
+0.560), 0.5633 -> 0.5429 in `--quick`; 1 step: 2.18% in sample, 0.6199 held out. At 288 / 144 it
+changes nothing. Tighter pairings fit the window they were planned on more closely."""
 
 
 def slots_per_gpu(deployment: Deployment) -> int | None:
@@ -45,20 +61,34 @@ def spread_cap(num_experts: int, num_slots: int, num_gpus: int) -> int:
     return num_gpus if num_slots <= num_experts * num_gpus else num_slots
 
 
-def pair_counts(weights: np.ndarray, deployment: Deployment, donors: int = PAIR_DONORS
-                ) -> tuple[np.ndarray, np.ndarray]:
-    """``(counts [L, E] int64, peaks [L] float64)``: the replica counts :func:`eplb.kernels.bounds.pairs.pair_search`
-    finds for ``weights [L, E]`` on GPUs of two slots (``donors`` tried a round), and their sorted
-    pairing's max GPU load."""
+def pair_candidates(weights: np.ndarray, deployment: Deployment, donors: int = PAIR_DONORS,
+                    steps: int = PAIR_STEPS) -> list[tuple[np.ndarray, np.ndarray]]:
+    """``[(counts [L, E] int64, peaks [L] float64)]``, lightest first: replica counts for ``weights
+    [L, E]`` on GPUs of two slots and their sorted pairing's max GPU load. Last, those
+    :func:`eplb.kernels.bounds.pairs.pair_search` finds (``donors`` tried a round); before them (with
+    ``steps > 0``) those of :func:`eplb.kernels.bounds.pair_cover.pair_cover` (``steps`` bisection
+    steps from there: never heavier, and where its counts cannot be laid out without an expert twice
+    on a GPU the search's still may)."""
     topology = deployment.topology
     num_experts = weights.shape[1]
     order = np.argsort(-weights, axis=1, kind="stable")
     desc = np.ascontiguousarray(np.take_along_axis(weights, order, axis=1), dtype=np.float64)
     cap = spread_cap(num_experts, topology.num_slots, topology.num_gpus)
-    sorted_counts, peaks = pair_search(desc, topology.num_slots, cap, PAIR_MOVES, donors)
-    counts = np.empty_like(sorted_counts)
-    np.put_along_axis(counts, order, sorted_counts, axis=1)
-    return counts, peaks
+    found = [pair_search(desc, topology.num_slots, cap, PAIR_MOVES, donors)]
+    if steps > 0:
+        found.insert(0, pair_cover(desc, topology.num_slots, cap, found[0][0], found[0][1], int(steps)))
+    out = []
+    for sorted_counts, peaks in found:
+        counts = np.empty_like(sorted_counts)
+        np.put_along_axis(counts, order, sorted_counts, axis=1)
+        out.append((counts, peaks))
+    return out
+
+
+def pair_counts(weights: np.ndarray, deployment: Deployment, donors: int = PAIR_DONORS,
+                steps: int = PAIR_STEPS) -> tuple[np.ndarray, np.ndarray]:
+    """``(counts [L, E] int64, peaks [L] float64)``: the lightest of :func:`pair_candidates`."""
+    return pair_candidates(weights, deployment, donors, steps)[0]
 
 
 def _undouble(pairs: np.ndarray, load: np.ndarray, peak: float) -> bool:
@@ -110,12 +140,12 @@ def one_slot_rows(weights: np.ndarray, num_gpus: int) -> np.ndarray:
     return np.stack([np.repeat(np.arange(weights.shape[1]), row) for row in counts]).astype(np.int64)
 
 
-def few_slot_plans(weights: np.ndarray, deployment: Deployment, donors: int = PAIR_DONORS
-                   ) -> tuple[np.ndarray, np.ndarray] | None:
+def few_slot_plans(weights: np.ndarray, deployment: Deployment, donors: int = PAIR_DONORS,
+                   steps: int = PAIR_STEPS) -> tuple[np.ndarray, np.ndarray] | None:
     """``(rows [L, S] int64, made [L] bool)``: the one-slot or two-slot construction for every layer
     of ``weights [L, E]`` (``made`` False where :func:`pair_rows` gave none: the row is then
     unset); ``None`` where it does not apply (hierarchical, uneven slots, or more than two a GPU).
-    ``donors``: see :func:`pair_counts`."""
+    ``donors``, ``steps``: see :func:`pair_counts`."""
     k = slots_per_gpu(deployment)
     topology = deployment.topology
     weights = np.ascontiguousarray(weights, dtype=np.float64)
@@ -123,23 +153,24 @@ def few_slot_plans(weights: np.ndarray, deployment: Deployment, donors: int = PA
         return one_slot_rows(weights, topology.num_gpus), np.ones(weights.shape[0], bool)
     if k != 2:
         return None
-    counts, _ = pair_counts(weights, deployment, donors)
-    rows = pair_rows(weights, counts, topology.num_gpus)
     out = np.zeros((weights.shape[0], topology.num_slots), np.int64)
-    made = np.array([row is not None for row in rows])
-    for layer, row in enumerate(rows):
-        if row is not None:
-            out[layer] = row
+    made = np.zeros(weights.shape[0], bool)
+    for counts, _ in pair_candidates(weights, deployment, donors, steps):
+        layers = np.flatnonzero(~made)
+        for layer, row in zip(layers, pair_rows(weights[layers], counts[layers], topology.num_gpus)):
+            if row is not None:
+                out[layer], made[layer] = row, True
     return out, made
 
 
 def keep_lighter(weights: np.ndarray, deployment: Deployment, phy2log: np.ndarray, donors: int = PAIR_DONORS,
-                 slots: tuple[int, ...] = (1, 2)) -> tuple[np.ndarray, int]:
+                 slots: tuple[int, ...] = (1, 2), steps: int = PAIR_STEPS) -> tuple[np.ndarray, int]:
     """``(phy2log [L, S], layers replaced)``: every layer replaced by the one- or two-slot
     construction (:func:`few_slot_plans`) where that is strictly lighter (global placement with
     ``k`` slots on every GPU, ``k`` in ``slots``; unchanged elsewhere). At two slots the rows are
-    laid out only for the layers whose searched counts pair lighter. The rows keep the spread rule,
-    so the result keeps it wherever ``phy2log`` did."""
+    laid out only for the layers whose searched counts pair lighter (:func:`pair_candidates`, the
+    lightest that lays out). The rows keep the spread rule, so the result keeps it wherever
+    ``phy2log`` did."""
     k = slots_per_gpu(deployment)
     if k not in slots:
         return phy2log, 0
@@ -149,9 +180,7 @@ def keep_lighter(weights: np.ndarray, deployment: Deployment, phy2log: np.ndarra
     if k == 1:
         layers, rows = np.arange(weights.shape[0]), list(one_slot_rows(weights, topology.num_gpus))
     else:
-        counts, peaks = pair_counts(weights, deployment, donors)
-        layers = np.flatnonzero(peaks < current)
-        rows = pair_rows(weights[layers], counts[layers], topology.num_gpus)
+        return _keep_lighter_pairs(weights, deployment, phy2log, current, pair_candidates(weights, deployment, donors, steps))
     phy2log = phy2log.copy()
     replaced = 0
     for layer, row in zip(layers, rows):
@@ -159,3 +188,30 @@ def keep_lighter(weights: np.ndarray, deployment: Deployment, phy2log: np.ndarra
             phy2log[layer] = row
             replaced += 1
     return phy2log, replaced
+
+
+def _keep_lighter_pairs(weights: np.ndarray, deployment: Deployment, phy2log: np.ndarray, current: np.ndarray,
+                        candidates: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, int]:
+    """:func:`keep_lighter` at two slots: each layer takes the first of ``candidates`` (lightest
+    first) whose counts pair strictly lighter than ``current [L]`` and lay out without an expert
+    twice on a GPU (counts equal to the previous candidate's are not laid out again)."""
+    topology = deployment.topology
+    phy2log = phy2log.copy()
+    current = current.copy()
+    replaced = np.zeros(weights.shape[0], bool)
+    tried = None
+    for counts, peaks in candidates:
+        fresh = np.ones(len(counts), bool) if tried is None else (counts != tried).any(axis=1)
+        layers = np.flatnonzero((peaks < current) & ~replaced & fresh)
+        tried = counts
+        rows = pair_rows(weights[layers], counts[layers], topology.num_gpus)
+        made = [i for i, row in enumerate(rows) if row is not None]
+        if not made:
+            continue
+        layers = layers[made]
+        rows = np.stack([rows[i] for i in made])
+        lighter = slot_order_peaks(weights[layers], rows, topology) < current[layers]
+        layers, rows = layers[lighter], rows[lighter]
+        phy2log[layers], replaced[layers] = rows, True
+        current[layers] = slot_order_peaks(weights[layers], rows, topology)
+    return phy2log, int(replaced.sum())
