@@ -30,7 +30,8 @@ PAIR_DONORS = 24
 :data:`PAIR_STEPS`, takes 24 donors to 1.43%)."""
 
 DEFAULT_PAIR_DONORS = 6
-"""Donors for the default method (step 9 of :mod:`eplb.planning.methods.balanced`)."""
+"""Donors for the default method (step 9 of :mod:`eplb.planning.methods.balanced`): the most that
+keeps its plan within 20 ms at 288 / 144 and 40 ms at 512 / 256 (58 layers, `bench/rack.py`)."""
 
 PAIR_STEPS = 16
 """Bisection steps of :func:`eplb.kernels.bounds.pair_cover.pair_cover` after the move search, for
