@@ -169,10 +169,15 @@ def pairs(weights: np.ndarray, topology: Topology) -> np.ndarray:
     return _from_average_and_replica(weights, topology, _pairs)
 
 
+def two_slots(topology: Topology) -> bool:
+    """Whether every GPU that holds slots holds exactly two (the pair bounds apply)."""
+    active = topology.slots_per_gpu[topology.slots_per_gpu > 0]
+    return bool(active.size) and int(active.min()) == 2 and int(active.max()) == 2
+
+
 def _pairs(desc: np.ndarray, topology: Topology, start: np.ndarray) -> np.ndarray:
     """:func:`pairs` on ``desc [L, E]`` (rows decreasing) from ``start [L]`` (valid bounds)."""
-    active = topology.slots_per_gpu[topology.slots_per_gpu > 0]
-    if active.size == 0 or active.min() != 2 or active.max() != 2 or not desc.size:
+    if not two_slots(topology) or not desc.size:
         return start
     # any pairing of D'Hondt's replicas is at most twice the heaviest, the replica bound (<= start):
     # 2 * start is never rejected, so the bisection needs no plan for its upper end
@@ -203,8 +208,7 @@ def pair_weights(weights: np.ndarray, topology: Topology, start: np.ndarray, upp
     ``weights [L, E]``: where it proves, the plan is optimal), else bisected between ``start [L]``
     (valid bounds) and ``upper``; ``start`` on other topologies. ``[L]``, never below ``start``."""
     start = np.ascontiguousarray(start, dtype=np.float64)
-    active = topology.slots_per_gpu[topology.slots_per_gpu > 0]
-    if active.size == 0 or active.min() != 2 or active.max() != 2 or not weights.size:
+    if not two_slots(topology) or not weights.size:
         return start
     return pair_weight_bound(_descending(weights), start, np.ascontiguousarray(upper, dtype=np.float64),
                              topology.num_slots, PAIR_WEIGHT_ITERATIONS, PAIR_WEIGHT_STEP, PAIR_WEIGHT_HALVINGS)

@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from ..analysis import metrics
-from ..analysis.bounds import pair_weights, strongest_bound
+from ..analysis.bounds import pair_weights, strongest_bound, two_slots
 from ..model.cost import MODELS, CostModel, crossing_cost
 from ..planning.locality import any_split_bound, busiest_nodes, off_node_tokens
 from ..planning.migration import groups_spread
@@ -102,7 +102,8 @@ def bound_for(weights: np.ndarray, placement, dispatch: str | None = None) -> Bo
         return _split_bound(weights, placement, rule)
     values = strongest_bound(weights, Deployment(placement.num_experts, topology))
     # two replicas a GPU: the weighting bound aimed at the placement, as Placement.lower_bound does
-    values = pair_weights(weights, topology, values, placement.gpu_loads(weights, "uniform").max(axis=-1))
+    if two_slots(topology):
+        values = pair_weights(weights, topology, values, placement.gpu_loads(weights, "uniform").max(axis=-1))
     if groups is None:
         return Bound(values, "global", "global (no expert groups)")
     if placement.num_experts % groups:

@@ -54,7 +54,7 @@ from typing import Callable
 
 import numpy as np
 
-from ..analysis.bounds import pair_weights, strongest_bound
+from ..analysis.bounds import pair_weights, strongest_bound, two_slots
 from ..analysis.exposure import worst_loss
 from ..analysis.loads import peak_loads
 from ..analysis.placement import Placement
@@ -549,6 +549,8 @@ def _bound(weights: np.ndarray, phy2log: np.ndarray, deployment: Deployment, pro
     e.g. the exact solver's), never above the plan's own max load."""
     scaled, shift = power_of_two_scale(weights)
     bound = np.ldexp(strongest_bound(scaled, deployment), -shift)
+    if proven is None and not two_slots(deployment.topology):
+        return bound
     peak = _peaks(weights, phy2log, deployment)
     # two replicas a GPU: the weighting bound needs a plan's max load to aim at
     bound = np.maximum(bound, np.ldexp(pair_weights(scaled, deployment.topology, np.ldexp(bound, shift),

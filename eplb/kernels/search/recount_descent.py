@@ -133,7 +133,7 @@ def _give(w, h, top, pack, index, best):
 
 
 @njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
-def _recount(w, slot, receiver, pack, index):
+def _recount(w, slot, receiver, pack, index, gpus):
     """Turn the replica in ``slot`` into one of ``receiver``: the experts' replica loads, the GPU
     loads and ``index`` follow."""
     item_expert, item_load, gpu_items, gpu_fill, gpu_load, holds = pack
@@ -148,25 +148,11 @@ def _recount(w, slot, receiver, pack, index):
         r = first[e + 1] - first[e]
         for p in range(first[e], first[e + 1]):
             item_load[slots_of[p]] = w[e] / r
-    for g in range(gpu_fill.shape[0]):
-        total = 0.0
-        for j in range(gpu_fill[g]):
-            total += item_load[gpu_items[g, j]]
-        gpu_load[g] = total
+    recompute_loads(item_load, gpus, gpu_items, gpu_fill, gpu_load)
 
 
 @njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
-def _heaviest(gpu_load):
-    """The heaviest GPU (the lowest id on ties)."""
-    h = 0
-    for g in range(gpu_load.shape[0]):
-        if gpu_load[g] > gpu_load[h]:
-            h = g
-    return h
-
-
-@njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
-def _restore(w, pack, index, saved_expert, saved_items):
+def _restore(w, pack, index, saved_expert, saved_items, gpus):
     """Put back the replicas' experts ``saved_expert [S]`` and the GPUs' replicas ``saved_items [G, K]``
     (each GPU's fill unchanged): ``holds``, the replica loads, the GPU loads and ``index`` follow."""
     item_expert, item_load, gpu_items, gpu_fill, gpu_load, holds = pack
@@ -183,11 +169,7 @@ def _restore(w, pack, index, saved_expert, saved_items):
     for s in range(item_expert.shape[0]):
         e = item_expert[s]
         item_load[s] = w[e] / (first[e + 1] - first[e])
-    for g in range(gpu_fill.shape[0]):
-        total = 0.0
-        for j in range(gpu_fill[g]):
-            total += item_load[gpu_items[g, j]]
-        gpu_load[g] = total
+    recompute_loads(item_load, gpus, gpu_items, gpu_fill, gpu_load)
 
 
 @njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
@@ -215,7 +197,7 @@ def _descend_layer(w, pack, index, gpus, pair_swaps, trials, max_steps):
     moves = 0
     while trials > 0:
         _index(item_expert, gpu_items, gpu_fill, index[0], index[1], index[2])
-        h = _heaviest(gpu_load)
+        h = np.argmax(gpu_load)  # the heaviest GPU, the lowest id on ties
         best[:, 0] = np.inf
         best[:, 1] = -1.0
         _receive(w, h, top, pack, index, best)
@@ -227,13 +209,13 @@ def _descend_layer(w, pack, index, gpus, pair_swaps, trials, max_steps):
             if best[t, 1] < 0 or trials == 0:
                 break
             trials -= 1
-            _recount(w, np.int64(best[t, 1]), np.int64(best[t, 2]), pack, index)
+            _recount(w, np.int64(best[t, 1]), np.int64(best[t, 2]), pack, index, gpus)
             after = _swaps(pack, gpus, pair_swaps, max_steps)
             if after < top * (1.0 - 1e-12):
                 top = after
                 kept = True
                 break
-            _restore(w, pack, index, saved_expert, saved_items)
+            _restore(w, pack, index, saved_expert, saved_items, gpus)
         if not kept:
             break
         moves += 1
