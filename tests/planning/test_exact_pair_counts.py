@@ -58,13 +58,15 @@ def test_exact_at_two_slots_never_claims_more_than_the_oracle(instance):
 
 @pytest.mark.slow
 def test_exact_proves_deepseek_decode_layers_optimal_by_their_counts():
-    """288 slots on 144 GPUs: the closed form leaves these layers 0.4-3% above the bound; the
-    count search proves each optimal (deterministic time, so the proof does not depend on the load)."""
+    """288 slots on 144 GPUs: the weighting bound aimed at ``best``'s plans proves some of these
+    layers; the count search proves the others optimal (deterministic time, so the proof does not
+    depend on the load)."""
     counts = np.asarray(skewed_counts(4, 256, family="lognormal", skew=0.7, num_groups=8, seed=1), float)
     deployment = eplb.Deployment.of(256, num_slots=288, num_gpus=144)
     best = eplb.plan(counts, deployment, method="best")
     placement = eplb.plan(counts, deployment, method="exact", deterministic_time=60)
-    assert all(placement.info["optimal"]) and set(placement.info["source"]) == {"pair counts"}
+    sources = set(placement.info["source"])
+    assert all(placement.info["optimal"]) and "pair counts" in sources and sources <= {"closed form", "pair counts"}
     assert (placement.max_load <= best.max_load).all()
     assert (placement.max_load / placement.lower_bound - 1 <= 1e-9).all()
     assert placement.info["doubled"].sum() == 0

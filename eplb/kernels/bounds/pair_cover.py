@@ -227,11 +227,11 @@ def _cover(w, num_slots, cap, target, counts, fk, heap, lists, nxt, ptr):
                 k = 0 if w[e] / (c + 1) <= half else 1
                 ranks[e] = -float(c) * (n + 1) + e
                 ptr[5 + k] = _push(lists[k], ptr[5 + k], ranks, e)
-    return _fill(w, counts, num_slots - used, cap, half, keys, heap)
+    return fill_light(w, counts, num_slots - used, cap, half, keys, heap)
 
 
 @njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
-def _fill(w, counts, extra, cap, half, keys, heap):
+def fill_light(w, counts, extra, cap, half, keys, heap):
     """``extra`` more replicas for the light experts (``w / counts <= half``), each to the heaviest
     light replica under ``cap`` (D'Hondt); whether there was room. ``keys [E]``, ``heap [E]`` scratch."""
     size = 0
@@ -255,7 +255,7 @@ def _fill(w, counts, extra, cap, half, keys, heap):
 
 
 @njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
-def _pairing_peak(w, counts, num_pairs):
+def pairing_peak(w, counts, num_pairs):
     """``(peak, doubled)``: the heaviest pair of the sorted pairing of ``counts [E]`` replicas of
     ``w [E]``, and how many of its middle pairs hold one expert twice with no other expert's replica
     at that load (the layout cannot trade those away at the same loads)."""
@@ -317,7 +317,7 @@ def pair_cover(weights, num_slots, cap, counts, peaks, steps):
             if not _cover(w, num_slots, cap, target, trial, fk, heap, lists, nxt, ptr):
                 lo = target
                 continue
-            peak, doubled = _pairing_peak(w, trial, num_pairs)
+            peak, doubled = pairing_peak(w, trial, num_pairs)
             if doubled <= MAX_DOUBLED and peak < out_peaks[layer] * (1.0 - _REL):
                 out_peaks[layer] = peak
                 out[layer] = trial

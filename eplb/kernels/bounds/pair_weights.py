@@ -19,6 +19,8 @@ of DeepSeek's decode unit (288 slots / 144 GPUs) where the one-level test of
 subgradient ascent over the levels and the price (:func:`_ascend`, the subgradient of a level is
 how much the cheapest replication breaks Hall's condition there) finds a proof in a few hundred
 steps on those layers. Any ``(mu, lam)`` it stops at is a valid certificate, converged or not.
+The cheapest replication at each step's prices (:func:`ascent_step`) is also a start for the count
+search of :mod:`eplb.kernels.bounds.pair_starts`.
 
 The levels are the replica loads ``w_e / r`` in ``(T / 2, T]`` (where Hall's condition can bind);
 an expert's cheapest count is the fewest of each run of counts with the same weight, so its
@@ -111,55 +113,96 @@ def _options(desc, most, target, levels, counts, above, below, first):
 
 
 @njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
+def candidates(desc, idle, num_slots, target, levels):
+    """:func:`_levels` and :func:`_options` for ``desc [E']`` (positive loads, decreasing; ``idle``
+    zero loads besides) under ``target``: ``(num_levels, counts, above, below, first)``, the
+    candidate arrays cut to their length; ``num_levels`` is 0 where no level exists and -1 where
+    ``target`` is out of reach whatever the counts. ``levels [M]`` scratch (``M >= G + E``)."""
+    num_levels = _levels(desc, target, levels)
+    size = desc.shape[0] * (2 * num_levels + 1)
+    counts = np.empty(size, np.int64)
+    above = np.empty(size, np.int64)
+    below = np.empty(size, np.int64)
+    first = np.empty(desc.shape[0] + 1, np.int64)
+    if num_levels == 0:
+        return 0, counts, above, below, first
+    most = num_slots - desc.shape[0] - idle + 1
+    n = _options(desc, most, target, levels[:num_levels], counts, above, below, first)
+    if n < 0:
+        return -1, counts, above, below, first
+    return num_levels, counts[:n], above[:n], below[:n], first
+
+
+@njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
+def start_weights(num_levels):
+    """The ascent's first ``(mu [levels], lam)``: the levels share half, ``lam`` the other."""
+    weights = np.full(num_levels + 1, 0.5 / num_levels)
+    weights[num_levels] = 0.5
+    return weights
+
+
+@njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
+def ascent_step(t, weights, options, idle, num_slots, step, picks, work):
+    """Step ``t`` of the ascent of :func:`_ascend` at ``weights [levels + 1]`` (``mu``, then ``lam``;
+    moved in place along the subgradient) over the candidates ``options = (counts, above, below,
+    first)`` of :func:`candidates`: returns ``(F, replicas used)`` there and puts each expert's
+    cheapest candidate (an index into ``counts``) in ``picks [E']``. ``work [3, levels + 1]``
+    scratch."""
+    counts, above, below, first = options
+    prefix, spread, grad = work[0], work[1], work[2]
+    num_levels = weights.shape[0] - 1
+    prefix[0] = 0.0
+    for j in range(num_levels):
+        prefix[j + 1] = prefix[j] + weights[j]
+    lam, total = weights[num_levels], prefix[num_levels]
+    value, used = idle * lam - num_slots * (total + lam), idle
+    spread[:] = 0.0
+    for e in range(first.shape[0] - 1):
+        cheapest, pick = np.inf, first[e]
+        for i in range(first[e], first[e + 1]):
+            cost = counts[i] * (prefix[above[i]] + total - prefix[below[i]] + lam)
+            if cost < cheapest:
+                cheapest, pick = cost, i
+        picks[e] = pick
+        value += cheapest
+        r = counts[pick]
+        used += r
+        spread[0] += r  # r replicas weigh 1 at the levels below `above` and those from `below` on
+        spread[above[pick]] -= r
+        spread[below[pick]] += r
+        spread[num_levels] -= r
+    running, scale = 0.0, 0.0
+    for j in range(num_levels):
+        running += spread[j]
+        grad[j] = running - num_slots  # how far the cheapest replication breaks level j
+        scale = max(scale, abs(grad[j]))
+    grad[num_levels] = used - num_slots
+    scale = max(scale, abs(grad[num_levels]), 1.0)
+    rate = step / (1.0 + t / STEP_DECAY) / scale
+    for j in range(num_levels + 1):
+        weights[j] = max(weights[j] * np.exp(rate * grad[j]), 1e-12)
+    weights /= weights.sum()
+    return value, used
+
+
+@njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
 def _ascend(counts, above, below, first, idle, num_slots, num_levels, iterations, step):
     """Whether some ``(mu, lam)`` makes ``F > 0`` (module docstring) for the candidates of
     :func:`_options`; ``idle`` experts carry nothing (one replica each, weight 0). Exponentiated
     subgradient ascent on the simplex of ``(mu [levels], lam)`` (``F`` is homogeneous), the
     subgradient scaled by its largest entry, step ``step / (1 + t / STEP_DECAY)``, at most
     ``iterations`` steps (:data:`GIVE_UP`)."""
-    weights = np.full(num_levels + 1, 0.5 / num_levels)  # the levels share half, lam the other
-    weights[num_levels] = 0.5
-    prefix = np.empty(num_levels + 1)
-    spread = np.empty(num_levels + 1)
-    grad = np.empty(num_levels + 1)
-    num_experts = first.shape[0] - 1
+    weights = start_weights(num_levels)
+    work = np.empty((3, num_levels + 1))
+    picks = np.empty(first.shape[0] - 1, np.int64)
     best = -np.inf
     for t in range(iterations):
-        prefix[0] = 0.0
-        for j in range(num_levels):
-            prefix[j + 1] = prefix[j] + weights[j]
-        lam, total = weights[num_levels], prefix[num_levels]
-        value, used = idle * lam - num_slots * (total + lam), idle
-        spread[:] = 0.0
-        for e in range(num_experts):
-            cheapest, pick = np.inf, first[e]
-            for i in range(first[e], first[e + 1]):
-                cost = counts[i] * (prefix[above[i]] + total - prefix[below[i]] + lam)
-                if cost < cheapest:
-                    cheapest, pick = cost, i
-            value += cheapest
-            r = counts[pick]
-            used += r
-            spread[0] += r  # r replicas weigh 1 at the levels below `above` and those from `below` on
-            spread[above[pick]] -= r
-            spread[below[pick]] += r
-            spread[num_levels] -= r
+        value, _ = ascent_step(t, weights, (counts, above, below, first), idle, num_slots, step, picks, work)
         if value > 1e-9 * num_slots:
             return True
         best = max(best, value)
         if t == iterations // 4 and best < -GIVE_UP * num_slots:
             return False
-        running, scale = 0.0, 0.0
-        for j in range(num_levels):
-            running += spread[j]
-            grad[j] = running - num_slots  # how far the cheapest replication breaks level j
-            scale = max(scale, abs(grad[j]))
-        grad[num_levels] = used - num_slots
-        scale = max(scale, abs(grad[num_levels]), 1.0)
-        rate = step / (1.0 + t / STEP_DECAY) / scale
-        for j in range(num_levels + 1):
-            weights[j] = max(weights[j] * np.exp(rate * grad[j]), 1e-12)
-        weights /= weights.sum()
     return False
 
 
@@ -168,19 +211,10 @@ def _unreachable(desc, idle, num_slots, target, iterations, step, levels):
     """Whether the weighting test proves no placement of ``desc [E']`` (positive loads, decreasing;
     ``idle`` zero loads besides) on ``S = num_slots`` slots, two a GPU, reaches ``target``;
     ``levels [M]`` scratch (``M >= G + E`` holds every level: ``T`` is at least the average load)."""
-    num_levels = _levels(desc, target, levels)
-    if num_levels == 0:
-        return False
-    size = desc.shape[0] * (2 * num_levels + 1)
-    counts = np.empty(size, np.int64)
-    above = np.empty(size, np.int64)
-    below = np.empty(size, np.int64)
-    first = np.empty(desc.shape[0] + 1, np.int64)
-    most = num_slots - desc.shape[0] - idle + 1
-    n = _options(desc, most, target, levels[:num_levels], counts, above, below, first)
-    if n < 0:
-        return True
-    return _ascend(counts[:n], above[:n], below[:n], first, idle, num_slots, num_levels, iterations, step)
+    num_levels, counts, above, below, first = candidates(desc, idle, num_slots, target, levels)
+    if num_levels <= 0:
+        return num_levels < 0
+    return _ascend(counts, above, below, first, idle, num_slots, num_levels, iterations, step)
 
 
 @njit(cache=True, nogil=True, error_model="numpy")

@@ -220,7 +220,7 @@ def _try_move(w, counts, values, order, add, remove, scratch, num_pairs):
 
 
 @njit(cache=True, nogil=True, error_model="numpy", **INTERNAL)
-def _descend(w, counts, cap, max_moves, removals):
+def descend_counts(w, counts, cap, max_moves, removals):
     """Move single replicas between experts while the sorted pairing's peak drops (or stays, with
     fewer pairs at it: a plateau of equal pairs is left one pair at a time): each round,
     one more replica for an expert of the heaviest pair (its heavy or its light side), one fewer
@@ -263,7 +263,7 @@ def _descend(w, counts, cap, max_moves, removals):
 @njit(cache=True, nogil=True, error_model="numpy")
 def pair_search(weights, num_slots, cap, max_moves, removals):
     """Replica counts for GPUs of two slots each, per layer: D'Hondt's capped at ``cap`` replicas an
-    expert, then single replica moves while the sorted pairing's peak drops (:func:`_descend`).
+    expert, then single replica moves while the sorted pairing's peak drops (:func:`descend_counts`).
 
     Args:
         weights: ``[L, E]`` float64 non-negative loads; num_slots: ``S`` (even, ``>= E``);
@@ -278,7 +278,7 @@ def pair_search(weights, num_slots, cap, max_moves, removals):
     for layer in range(num_layers):
         w = weights[layer]
         _capped_counts(w, num_slots, cap, counts[layer])
-        peaks[layer] = _descend(w, counts[layer], cap, max_moves, removals)
+        peaks[layer] = descend_counts(w, counts[layer], cap, max_moves, removals)
     return counts, peaks
 
 

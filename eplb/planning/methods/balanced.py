@@ -48,7 +48,7 @@ from ...analysis.bounds import TINY_BUDGET, TINY_SLOTS, average_bound
 from ...analysis.loads import slot_order_peaks
 from ...analysis.searches import group_assignment
 from ...model.topology import Topology
-from .exact_pairs import DEFAULT_PAIR_DONORS, DEFAULT_PAIR_STEPS, keep_lighter
+from .exact_pairs import DEFAULT_PAIR_DONORS, DEFAULT_PAIR_STEPS, DEFAULT_PRICES, keep_lighter
 from . import Option, Deployment, register
 
 def writable(array: np.ndarray) -> np.ndarray:
@@ -324,7 +324,7 @@ def balanced(weights: np.ndarray, deployment: Deployment, max_steps: int = 4096,
     if greedy_fallback:
         phy2log, from_greedy = keep_better_than_greedy(weights, deployment, phy2log)
     phy2log, paired = keep_lighter(weights, deployment, phy2log, DEFAULT_PAIR_DONORS, slots=(2,),
-                                   steps=DEFAULT_PAIR_STEPS)
+                                   steps=DEFAULT_PAIR_STEPS, prices=DEFAULT_PRICES)
     return phy2log, {"hierarchical": deployment.hierarchical, "layers_aligned": aligned, "layers_retried": retried,
                      "layers_recounted": recounted,
                      "layers_solved_exactly": solved, "layers_from_greedy": from_greedy, "layers_paired": paired}

@@ -16,7 +16,9 @@ from __future__ import annotations
 import numpy as np
 
 from ...analysis.loads import slot_order_peaks
+from ...analysis.bounds import PAIR_WEIGHT_ITERATIONS, PAIR_WEIGHT_STEP, strongest_bound
 from ...kernels.bounds.pair_cover import pair_cover
+from ...kernels.bounds.pair_starts import price_search
 from ...kernels.bounds.pairs import capped_counts, pair_search, sorted_pairings
 from ...model.deployment import Deployment
 
@@ -48,6 +50,23 @@ out (`bench/rack.py`'s 12 workloads, 58 layers) 0.6245 -> 0.6189 balancedness (w
 changes nothing. Tighter pairings fit the window they were planned on more closely."""
 
 
+PRICE_FRACTIONS = (0.5, 0.85)
+"""Targets of :func:`eplb.kernels.bounds.pair_starts.price_search` for ``method="best"`` and
+``method="exact"``, as the share of the way from the plan-free bound to the plan's peak. From
+:func:`eplb.kernels.bounds.pairs.pair_search`'s counts (58 layers at 288 / 144, lognormal / Zipf 0.5 /
+drift): mean gap 0.312 / 1.033 / 0.111% -> 0.222 / 0.697 / 0.054%, 3.4 / 9.2 / 1.8 ms a layer;
+targets at 0.3 / 0.5 / 0.7 / 0.85: 0.218 / 0.689 / 0.054% for twice the time; 0.3 / 0.6: 0.247 /
+0.710 / 0.078%. At 512 / 256 (12 layers) 2.99 / 2.43 / 3.66% -> 1.44 / 1.50 / 1.50%, 18-65 ms a layer."""
+
+PRICE_EVERY = 40
+"""Ascent steps between two starts of that search (10 a target; every 80: 0.234% instead of 0.218%
+lognormal at 288 / 144, 5.0 instead of 6.3 ms a layer, four targets)."""
+
+DEFAULT_PRICES = False
+"""The default method does not run the price search: 0.05-0.5 s a model at 288 / 144 and 1-4 s at
+512 / 256, against the default's 20 and 40 ms."""
+
+
 def slots_per_gpu(deployment: Deployment) -> int | None:
     """``k`` when the placement is global and every GPU holds exactly ``k`` slots, else ``None``."""
     topology = deployment.topology
@@ -63,13 +82,15 @@ def spread_cap(num_experts: int, num_slots: int, num_gpus: int) -> int:
 
 
 def pair_candidates(weights: np.ndarray, deployment: Deployment, donors: int = PAIR_DONORS,
-                    steps: int = PAIR_STEPS) -> list[tuple[np.ndarray, np.ndarray]]:
+                    steps: int = PAIR_STEPS, prices: bool = True) -> list[tuple[np.ndarray, np.ndarray]]:
     """``[(counts [L, E] int64, peaks [L] float64)]``, lightest first: replica counts for ``weights
     [L, E]`` on GPUs of two slots and their sorted pairing's max GPU load. Last, those
     :func:`eplb.kernels.bounds.pairs.pair_search` finds (``donors`` tried a round); before them (with
     ``steps > 0``) those of :func:`eplb.kernels.bounds.pair_cover.pair_cover` (``steps`` bisection
-    steps from there: never heavier, and where its counts cannot be laid out without an expert twice
-    on a GPU the search's still may)."""
+    steps from there), and first (with ``prices``) those of
+    :func:`eplb.kernels.bounds.pair_starts.price_search` from the lightest so far (its lower end
+    :func:`eplb.analysis.bounds.strongest_bound`). Each is never heavier than the one after it, and
+    where its counts cannot be laid out without an expert twice on a GPU the next ones still may."""
     topology = deployment.topology
     num_experts = weights.shape[1]
     order = np.argsort(-weights, axis=1, kind="stable")
@@ -78,6 +99,11 @@ def pair_candidates(weights: np.ndarray, deployment: Deployment, donors: int = P
     found = [pair_search(desc, topology.num_slots, cap, PAIR_MOVES, donors)]
     if steps > 0:
         found.insert(0, pair_cover(desc, topology.num_slots, cap, found[0][0], found[0][1], int(steps)))
+    if prices:
+        lower = np.ascontiguousarray(strongest_bound(weights, deployment), dtype=np.float64)
+        found.insert(0, price_search(desc, found[0][0], found[0][1], lower, topology.num_slots, cap,
+                                     np.array(PRICE_FRACTIONS), (PAIR_WEIGHT_ITERATIONS, PAIR_WEIGHT_STEP, PRICE_EVERY),
+                                     PAIR_MOVES, donors))
     out = []
     for sorted_counts, peaks in found:
         counts = np.empty_like(sorted_counts)
@@ -87,9 +113,9 @@ def pair_candidates(weights: np.ndarray, deployment: Deployment, donors: int = P
 
 
 def pair_counts(weights: np.ndarray, deployment: Deployment, donors: int = PAIR_DONORS,
-                steps: int = PAIR_STEPS) -> tuple[np.ndarray, np.ndarray]:
+                steps: int = PAIR_STEPS, prices: bool = True) -> tuple[np.ndarray, np.ndarray]:
     """``(counts [L, E] int64, peaks [L] float64)``: the lightest of :func:`pair_candidates`."""
-    return pair_candidates(weights, deployment, donors, steps)[0]
+    return pair_candidates(weights, deployment, donors, steps, prices)[0]
 
 
 def _undouble(pairs: np.ndarray, load: np.ndarray, peak: float) -> bool:
@@ -142,11 +168,11 @@ def one_slot_rows(weights: np.ndarray, num_gpus: int) -> np.ndarray:
 
 
 def few_slot_plans(weights: np.ndarray, deployment: Deployment, donors: int = PAIR_DONORS,
-                   steps: int = PAIR_STEPS) -> tuple[np.ndarray, np.ndarray] | None:
+                   steps: int = PAIR_STEPS, prices: bool = True) -> tuple[np.ndarray, np.ndarray] | None:
     """``(rows [L, S] int64, made [L] bool)``: the one-slot or two-slot construction for every layer
     of ``weights [L, E]`` (``made`` False where :func:`pair_rows` gave none: the row is then
     unset); ``None`` where it does not apply (hierarchical, uneven slots, or more than two a GPU).
-    ``donors``, ``steps``: see :func:`pair_counts`."""
+    ``donors``, ``steps``, ``prices``: see :func:`pair_candidates`."""
     k = slots_per_gpu(deployment)
     topology = deployment.topology
     weights = np.ascontiguousarray(weights, dtype=np.float64)
@@ -156,7 +182,7 @@ def few_slot_plans(weights: np.ndarray, deployment: Deployment, donors: int = PA
         return None
     out = np.zeros((weights.shape[0], topology.num_slots), np.int64)
     made = np.zeros(weights.shape[0], bool)
-    for counts, _ in pair_candidates(weights, deployment, donors, steps):
+    for counts, _ in pair_candidates(weights, deployment, donors, steps, prices):
         layers = np.flatnonzero(~made)
         for layer, row in zip(layers, pair_rows(weights[layers], counts[layers], topology.num_gpus)):
             if row is not None:
@@ -165,7 +191,8 @@ def few_slot_plans(weights: np.ndarray, deployment: Deployment, donors: int = PA
 
 
 def keep_lighter(weights: np.ndarray, deployment: Deployment, phy2log: np.ndarray, donors: int = PAIR_DONORS,
-                 slots: tuple[int, ...] = (1, 2), steps: int = PAIR_STEPS) -> tuple[np.ndarray, int]:
+                 slots: tuple[int, ...] = (1, 2), steps: int = PAIR_STEPS, prices: bool = True
+                 ) -> tuple[np.ndarray, int]:
     """``(phy2log [L, S], layers replaced)``: every layer replaced by the one- or two-slot
     construction (:func:`few_slot_plans`) where that is strictly lighter (global placement with
     ``k`` slots on every GPU, ``k`` in ``slots``; unchanged elsewhere). At two slots the rows are
@@ -181,7 +208,8 @@ def keep_lighter(weights: np.ndarray, deployment: Deployment, phy2log: np.ndarra
     if k == 1:
         layers, rows = np.arange(weights.shape[0]), list(one_slot_rows(weights, topology.num_gpus))
     else:
-        return _keep_lighter_pairs(weights, deployment, phy2log, current, pair_candidates(weights, deployment, donors, steps))
+        candidates = pair_candidates(weights, deployment, donors, steps, prices)
+        return _keep_lighter_pairs(weights, deployment, phy2log, current, candidates)
     phy2log = phy2log.copy()
     replaced = 0
     for layer, row in zip(layers, rows):
