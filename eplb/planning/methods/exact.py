@@ -141,7 +141,8 @@ def exact_method(weights: np.ndarray, deployment: Deployment, *, time_limit: flo
     Options:
         time_limit: per layer, in wall-clock seconds, > 0: every stage of the layer (building the
             model, the search, the spreading search) ends within it (the up-front warm start and
-            bound come before: ``method="best"`` takes 0.1 to 4 s per model at DeepSeek-V3 size). Default :data:`DEFAULT_TIME_LIMIT` unless
+            bound come before: ``method="best"`` takes 0.1 to 8 s per model at DeepSeek-V3 size,
+            the most at two slots a GPU). Default :data:`DEFAULT_TIME_LIMIT` unless
             ``deterministic_time`` is given. Where the search stops then depends on the machine's
             speed and load.
         deterministic_time: per layer, every stage included, in CP-SAT deterministic time units
