@@ -5,15 +5,16 @@ lowers the sorted pairing's peak, and the lighter counts are often several moves
 hot expert one replica fewer, so its replicas turn heavy, while two others turn light). The
 ascent of :mod:`eplb.kernels.bounds.pair_weights` prices replicas by level for a target ``T``, and
 the cheapest replication at those prices is the relaxation's answer to "which counts pair under
-``T``": nearly a pairing, a few replicas short. :func:`price_search` takes it every
-few steps of the ascent at a few targets between a lower bound and the plan's peak,
-fills the slots left (D'Hondt over the light experts), runs the single moves from there, and
-keeps the lightest sorted pairing.
+``T``": nearly a pairing, a few replicas short. :func:`price_search` takes it every few steps of
+the ascent at a few targets between a lower bound and the plan's peak, fills the slots left
+(D'Hondt over the light experts), runs the single moves from there, and keeps the lightest sorted
+pairing.
 
-Measured (`bench/rack_bounds.py`'s families, first 10 layers, 288 / 144, from ``best``'s plans):
-mean gap 0.877% -> 0.313% (Zipf 0.5), 0.344% -> 0.193% (lognormal); targets at 0.1 / 0.3 / 0.6 of
-the way from the bound 0.308% / 0.193%, one start every 20 steps the same as every 40. At 512 /
-256 it finds nothing lighter (the ascent there never leaves the average bound).
+Measured (`bench/rack_bounds.py`'s families, 58 layers, the two-slot construction of ``best`` with
+and without it, targets at 0.5 and 0.85 of the way from the plan-free bound, a start every 40 of
+400 steps): mean gap at 288 / 144 0.320 -> 0.231% (lognormal), 1.031 -> 0.695% (Zipf 0.5), 0.114
+-> 0.057% (drift), unchanged 0.039% (Zipf 1.0), for 0.1-0.6 s a model; at 512 / 256 1.43 -> 1.32%,
+3.81 -> 2.66%, 1.15 -> 1.14%, 1.63 -> 1.52%, for 1.1-3.8 s.
 """
 
 import numpy as np

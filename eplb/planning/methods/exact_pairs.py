@@ -63,8 +63,8 @@ PRICE_EVERY = 40
 lognormal at 288 / 144, 5.0 instead of 6.3 ms a layer, four targets)."""
 
 DEFAULT_PRICES = False
-"""The default method does not run the price search: 0.05-0.5 s a model at 288 / 144 and 1-4 s at
-512 / 256, against the default's 20 and 40 ms."""
+"""The default method does not run the price search: it takes 0.1-0.6 s a model at 288 / 144 and
+1.1-3.8 s at 512 / 256 (`bench/rack_bounds.py`), against the default's 20 and 40 ms."""
 
 
 def slots_per_gpu(deployment: Deployment) -> int | None:
