@@ -57,7 +57,14 @@ def searched(desc: np.ndarray, num_gpus: int, cap: int, steps: int):
 @given(two_slot_rows(), st.integers(0, 20))
 def test_counts_are_valid_never_heavier_than_the_search_and_never_below_the_optimum(instance, steps):
     desc, num_gpus, cap = instance
-    (old_counts, old_peaks), (counts, peaks) = searched(desc, num_gpus, cap, steps)
+    assert_valid_and_never_heavier(desc, num_gpus, cap, *searched(desc, num_gpus, cap, steps))
+
+
+def assert_valid_and_never_heavier(desc, num_gpus, cap, start, found):
+    """``found = (counts [L, E], peaks [L])`` from ``start`` (the same): valid counts (``1 .. cap``,
+    ``2 G`` in all), peaks their sorted pairing's, never heavier than the start and strictly lighter
+    where the counts changed, and never below the brute-force optimum on small instances."""
+    (old_counts, old_peaks), (counts, peaks) = start, found
     assert counts.dtype == np.int64 and counts.shape == desc.shape
     assert (counts >= 1).all() and (counts <= cap).all() and (counts.sum(axis=1) == 2 * num_gpus).all()
     for layer in range(len(desc)):

@@ -11,7 +11,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from test_pair_cover import optimum, sorted_peak, two_slot_rows
+from test_pair_cover import assert_valid_and_never_heavier, optimum, two_slot_rows
 from eplb.kernels.bounds.pair_starts import price_search
 from eplb.kernels.bounds.pairs import pair_search
 from eplb.simulation.synthetic import skewed_counts
@@ -31,16 +31,8 @@ def searched(desc: np.ndarray, num_gpus: int, cap: int, lower: np.ndarray, fract
 def test_counts_are_valid_never_heavier_than_the_start_and_never_below_the_optimum(instance, every, fractions):
     desc, num_gpus, cap = instance
     lower = np.ascontiguousarray(desc.sum(axis=1) / num_gpus)  # the average pair: a valid lower bound
-    (old_counts, old_peaks), (counts, peaks) = searched(desc, num_gpus, cap, lower, np.array(fractions), every)
-    assert counts.dtype == np.int64 and counts.shape == desc.shape
-    assert (counts >= 1).all() and (counts <= cap).all() and (counts.sum(axis=1) == 2 * num_gpus).all()
-    for layer in range(len(desc)):
-        assert peaks[layer] <= old_peaks[layer]
-        if not np.array_equal(counts[layer], old_counts[layer]):
-            assert peaks[layer] < old_peaks[layer]
-        assert np.isclose(peaks[layer], sorted_peak(desc[layer], counts[layer]), rtol=1e-12, atol=0)
-        if desc.shape[1] <= 5 and num_gpus <= 5:
-            assert peaks[layer] >= optimum(desc[layer], num_gpus, cap) * (1 - 1e-12)
+    found = searched(desc, num_gpus, cap, lower, np.array(fractions), every)
+    assert_valid_and_never_heavier(desc, num_gpus, cap, *found)
 
 
 @settings(max_examples=50, deadline=None)

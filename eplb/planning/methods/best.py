@@ -94,5 +94,6 @@ def best(weights: np.ndarray, deployment: Deployment, num_starts: int = 32, max_
     worse = slot_order_peaks(weights, phy2log, topology) > slot_order_peaks(weights, start, topology)
     phy2log[worse] = start[worse]  # per-domain improvement cannot raise a layer's max; kept as a guarantee
     phy2log = finish_capped(weights, deployment, phy2log, bound, capped_budget)
-    phy2log, _ = keep_lighter(weights, deployment, phy2log)  # one or two slots a GPU: the pairing construction
+    # one or two slots a GPU: the pairing construction
+    phy2log, _ = keep_lighter(weights, deployment, phy2log, lower=bound)
     return phy2log, {**info, "num_starts": int(num_starts), "seed": int(seed)}

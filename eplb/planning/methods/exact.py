@@ -18,7 +18,7 @@ from ...analysis.loads import slot_order_peaks
 from ...analysis.metrics import replicas_sharing_a_gpu
 from ...model._validation import MissingExtraError
 from ..spread import avoidable_doubled
-from .exact_pairs import few_slot_plans, slots_per_gpu
+from .exact_pairs import keep_lighter, slots_per_gpu
 from . import Option, Deployment, get_method, register
 
 DEFAULT_TIME_LIMIT = 10.0
@@ -48,9 +48,10 @@ def solve_unproven(exact, weights: np.ndarray, deployment: Deployment, warm: np.
                    ) -> tuple[np.ndarray, dict]:
     """:func:`eplb.planning.methods.exact_model.solve` on the layers no closed form proves.
 
-    With one or two slots on every GPU (global placement), the construction of
-    :func:`eplb.planning.methods.exact_pairs.few_slot_plans` replaces the warm start ``warm [L, S]``
-    where it is lighter, and every layer whose plan meets the package's lower bound
+    With one or two slots on every GPU (global placement), the warm start ``warm [L, S]`` already
+    holds the one- and two-slot construction where it is lighter
+    (:func:`eplb.planning.methods.exact_pairs.keep_lighter`, ``best``'s last step), and every layer
+    whose plan meets the package's lower bound
     (:func:`eplb.analysis.bounds.strongest_bound`, with two slots the weighting bound aimed at the
     plan, :func:`eplb.analysis.bounds.pair_weights`; both hold for every placement) is proven
     optimal there: status ``OPTIMAL``, source ``"closed form"``, no CP-SAT. With two slots, the
@@ -58,14 +59,10 @@ def solve_unproven(exact, weights: np.ndarray, deployment: Deployment, warm: np.
     (:func:`eplb.planning.methods.exact_pair_counts.prove_pairs`, half of each layer's budget):
     source ``"pair counts"`` where it proves or lightens the plan. What is still open goes to
     CP-SAT's placement model with the rest of the budget, warm-started from the lightest plan."""
-    few = few_slot_plans(weights, deployment)
-    if few is None:
+    if slots_per_gpu(deployment) not in (1, 2):
         return exact.solve(weights, deployment, warm, **options)
-    rows, made = few
     topology = deployment.topology
     warm = warm.copy()
-    lighter = made & (slot_order_peaks(weights, rows, topology) < slot_order_peaks(weights, warm, topology))
-    warm[lighter] = rows[lighter]
     peaks = slot_order_peaks(weights, warm, topology)
     bound = pair_weights(weights, topology, strongest_bound(weights, deployment), peaks)
     proven = (peaks <= bound * (1.0 + 1e-9)) & (avoidable_doubled(warm, deployment) == 0)
@@ -162,6 +159,7 @@ def exact_method(weights: np.ndarray, deployment: Deployment, *, time_limit: flo
     except ValueError:  # a configuration the default method does not take (e.g. uneven slots)
         warm_method = "largest-first"
         warm = np.stack([exact.largest_first_plan(w, deployment.topology) for w in weights])
+        warm, _ = keep_lighter(weights, deployment, warm)  # what ``best`` adds at one or two slots a GPU
     warm = np.asarray(warm, dtype=np.int64)
     phy2log, info = solve_unproven(exact, weights, deployment, warm, time_limit=time_limit,
                                    deterministic_time=deterministic_time, workers=workers, progress=progress)

@@ -82,15 +82,17 @@ def spread_cap(num_experts: int, num_slots: int, num_gpus: int) -> int:
 
 
 def pair_candidates(weights: np.ndarray, deployment: Deployment, donors: int = PAIR_DONORS,
-                    steps: int = PAIR_STEPS, prices: bool = True) -> list[tuple[np.ndarray, np.ndarray]]:
+                    steps: int = PAIR_STEPS, prices: bool = True, lower: np.ndarray | None = None
+                    ) -> list[tuple[np.ndarray, np.ndarray]]:
     """``[(counts [L, E] int64, peaks [L] float64)]``, lightest first: replica counts for ``weights
     [L, E]`` on GPUs of two slots and their sorted pairing's max GPU load. Last, those
     :func:`eplb.kernels.bounds.pairs.pair_search` finds (``donors`` tried a round); before them (with
     ``steps > 0``) those of :func:`eplb.kernels.bounds.pair_cover.pair_cover` (``steps`` bisection
     steps from there), and first (with ``prices``) those of
     :func:`eplb.kernels.bounds.pair_starts.price_search` from the lightest so far (its lower end
-    :func:`eplb.analysis.bounds.strongest_bound`). Each is never heavier than the one after it, and
-    where its counts cannot be laid out without an expert twice on a GPU the next ones still may."""
+    ``lower [L]``, by default :func:`eplb.analysis.bounds.strongest_bound`). Each is never heavier
+    than the one after it, and where its counts cannot be laid out without an expert twice on a GPU
+    the next ones still may."""
     topology = deployment.topology
     num_experts = weights.shape[1]
     order = np.argsort(-weights, axis=1, kind="stable")
@@ -100,7 +102,9 @@ def pair_candidates(weights: np.ndarray, deployment: Deployment, donors: int = P
     if steps > 0:
         found.insert(0, pair_cover(desc, topology.num_slots, cap, found[0][0], found[0][1], int(steps)))
     if prices:
-        lower = np.ascontiguousarray(strongest_bound(weights, deployment), dtype=np.float64)
+        if lower is None:
+            lower = strongest_bound(weights, deployment)
+        lower = np.ascontiguousarray(lower, dtype=np.float64)
         found.insert(0, price_search(desc, found[0][0], found[0][1], lower, topology.num_slots, cap,
                                      np.array(PRICE_FRACTIONS), (PAIR_WEIGHT_ITERATIONS, PAIR_WEIGHT_STEP, PRICE_EVERY),
                                      PAIR_MOVES, donors))
@@ -168,11 +172,12 @@ def one_slot_rows(weights: np.ndarray, num_gpus: int) -> np.ndarray:
 
 
 def few_slot_plans(weights: np.ndarray, deployment: Deployment, donors: int = PAIR_DONORS,
-                   steps: int = PAIR_STEPS, prices: bool = True) -> tuple[np.ndarray, np.ndarray] | None:
+                   steps: int = PAIR_STEPS, prices: bool = True, lower: np.ndarray | None = None
+                   ) -> tuple[np.ndarray, np.ndarray] | None:
     """``(rows [L, S] int64, made [L] bool)``: the one-slot or two-slot construction for every layer
     of ``weights [L, E]`` (``made`` False where :func:`pair_rows` gave none: the row is then
     unset); ``None`` where it does not apply (hierarchical, uneven slots, or more than two a GPU).
-    ``donors``, ``steps``, ``prices``: see :func:`pair_candidates`."""
+    ``donors``, ``steps``, ``prices``, ``lower``: see :func:`pair_candidates`."""
     k = slots_per_gpu(deployment)
     topology = deployment.topology
     weights = np.ascontiguousarray(weights, dtype=np.float64)
@@ -182,7 +187,7 @@ def few_slot_plans(weights: np.ndarray, deployment: Deployment, donors: int = PA
         return None
     out = np.zeros((weights.shape[0], topology.num_slots), np.int64)
     made = np.zeros(weights.shape[0], bool)
-    for counts, _ in pair_candidates(weights, deployment, donors, steps, prices):
+    for counts, _ in pair_candidates(weights, deployment, donors, steps, prices, lower):
         layers = np.flatnonzero(~made)
         for layer, row in zip(layers, pair_rows(weights[layers], counts[layers], topology.num_gpus)):
             if row is not None:
@@ -191,14 +196,15 @@ def few_slot_plans(weights: np.ndarray, deployment: Deployment, donors: int = PA
 
 
 def keep_lighter(weights: np.ndarray, deployment: Deployment, phy2log: np.ndarray, donors: int = PAIR_DONORS,
-                 slots: tuple[int, ...] = (1, 2), steps: int = PAIR_STEPS, prices: bool = True
-                 ) -> tuple[np.ndarray, int]:
+                 slots: tuple[int, ...] = (1, 2), steps: int = PAIR_STEPS, prices: bool = True,
+                 lower: np.ndarray | None = None) -> tuple[np.ndarray, int]:
     """``(phy2log [L, S], layers replaced)``: every layer replaced by the one- or two-slot
     construction (:func:`few_slot_plans`) where that is strictly lighter (global placement with
     ``k`` slots on every GPU, ``k`` in ``slots``; unchanged elsewhere). At two slots the rows are
     laid out only for the layers whose searched counts pair lighter (:func:`pair_candidates`, the
     lightest that lays out). The rows keep the spread rule, so the result keeps it wherever
-    ``phy2log`` did."""
+    ``phy2log`` did. ``lower [L]``: the caller's :func:`eplb.analysis.bounds.strongest_bound`, if it
+    has it (:func:`pair_candidates`)."""
     k = slots_per_gpu(deployment)
     if k not in slots:
         return phy2log, 0
@@ -208,7 +214,7 @@ def keep_lighter(weights: np.ndarray, deployment: Deployment, phy2log: np.ndarra
     if k == 1:
         layers, rows = np.arange(weights.shape[0]), list(one_slot_rows(weights, topology.num_gpus))
     else:
-        candidates = pair_candidates(weights, deployment, donors, steps, prices)
+        candidates = pair_candidates(weights, deployment, donors, steps, prices, lower)
         return _keep_lighter_pairs(weights, deployment, phy2log, current, candidates)
     phy2log = phy2log.copy()
     replaced = 0
